@@ -1,0 +1,38 @@
+# ucpx — see README.md. `make demo` and `make test` do all set-up on a fresh Debian 12 machine.
+GO ?= go
+export CGO_ENABLED = 1
+
+.PHONY: all deps build demo test vet race bench ptx gpu-bundle clean
+
+all: build
+
+# deps installs the system packages the cgo build needs (Debian's UCX). It is a no-op when present.
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	$(GO) build ./...
+	$(GO) build -o bin/ucpx ./cmd/ucpx
+
+demo: build
+	./bin/ucpx demo
+
+vet: deps
+	$(GO) vet ./...
+
+test: deps vet
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+bench: build
+	bash bench/vs-ucx-perftest.sh
+
+# ptx regenerates the committed PTX from device/*.cu (needs nvcc; running needs only the driver).
+ptx:
+	bash scripts/ptx.sh
+
+# gpu-bundle builds GPU test binaries, ucpx and the UCX libraries they need into gpu-bundle/.
+gpu-bundle: deps
+	bash scripts/gpu-bundle.sh
+
+clean:
+	rm -rf bin gpu-bundle

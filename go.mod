@@ -1,0 +1,3 @@
+module github.com/ucpx/ucpx
+
+go 1.24

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build and test ucpx: Debian's UCX
+# (headers, libraries, ucx_perftest), pkg-config and a C compiler for cgo.
+set -euo pipefail
+need=()
+dpkg -s libucx-dev >/dev/null 2>&1 || need+=(libucx-dev)
+dpkg -s ucx-utils >/dev/null 2>&1 || need+=(ucx-utils)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+[ ${#need[@]} -eq 0 ] && exit 0
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "installing: ${need[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need[@]}"

@@ -1,0 +1,136 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind says which execution engine runs a Stream.
+type Kind int
+
+const (
+	// KindHost is a serial CPU execution context: a goroutine draining an ordered queue.
+	KindHost Kind = iota + 1
+	// KindCUDA is a CUstream driven through the CUDA driver API.
+	KindCUDA
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindHost:
+		return "host"
+	case KindCUDA:
+		return "cuda"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Compare is the condition a WaitValue blocks on. The values match
+// CU_STREAM_WAIT_VALUE_{GEQ,EQ,AND,NOR} so the CUDA backend passes them through.
+type Compare uint32
+
+const (
+	// GEQ waits until (int32/int64)(*word - value) >= 0, the CUDA wrap-aware "greater or equal".
+	GEQ Compare = 0x0
+	// EQ waits until *word == value.
+	EQ Compare = 0x1
+	// AND waits until (*word & value) != 0.
+	AND Compare = 0x2
+	// NOR waits until ^(*word | value) != 0.
+	NOR Compare = 0x3
+)
+
+func (c Compare) String() string {
+	switch c {
+	case GEQ:
+		return "GEQ"
+	case EQ:
+		return "EQ"
+	case AND:
+		return "AND"
+	case NOR:
+		return "NOR"
+	}
+	return fmt.Sprintf("Compare(%d)", uint32(c))
+}
+
+// Holds reports whether current satisfies the comparison against value, with the
+// semantics CUDA documents for 64-bit stream memops (GEQ is wrap-aware signed difference).
+func (c Compare) Holds(current, value uint64) bool {
+	switch c {
+	case GEQ:
+		return int64(current-value) >= 0
+	case EQ:
+		return current == value
+	case AND:
+		return current&value != 0
+	case NOR:
+		return ^(current|value) != 0
+	}
+	return false
+}
+
+// Errors common to every backend. Backends wrap them with detail (fmt.Errorf("...: %w", ErrX)).
+var (
+	// ErrClosed: the stream, event or backend was closed or destroyed.
+	ErrClosed = errors.New("stream: closed")
+	// ErrInvalidArgument: nil word, unaligned address, zero-length or overlapping copy, bad Compare.
+	ErrInvalidArgument = errors.New("stream: invalid argument")
+	// ErrNotSupported: the backend or device lacks the feature (for example 64-bit memops).
+	ErrNotSupported = errors.New("stream: not supported")
+	// ErrWrongBackend: an object from one backend was handed to another (a host Event to a CUDA stream).
+	ErrWrongBackend = errors.New("stream: object belongs to another backend")
+)
+
+// Stream is an ordered queue of work. Every method enqueues and returns without waiting
+// for the work, except Synchronize and Query. Methods are safe for concurrent use; the
+// order of work from one goroutine is the order of its calls.
+type Stream interface {
+	Kind() Kind
+	// WriteValue stores value into w once all earlier work on the stream is done.
+	WriteValue(w *Word, value uint64) error
+	// WaitValue holds back later work until cmp(w, value) holds.
+	WaitValue(w *Word, value uint64, cmp Compare) error
+	// LaunchHostFunc runs fn on a CPU thread in stream order. fn must not enqueue on or
+	// synchronize the stream it was launched on.
+	LaunchHostFunc(fn func()) error
+	// Copy copies n bytes from src to dst in stream order. Addresses are raw: C memory,
+	// pinned host memory or device memory, never unpinned Go memory.
+	Copy(dst, src uintptr, n int) error
+	// Record captures the stream's current end into e.
+	Record(e Event) error
+	// WaitEvent holds back later work until the work captured by e is done.
+	WaitEvent(e Event) error
+	// Synchronize blocks until all enqueued work is done; it returns the first error
+	// the stream met (a failed copy, a destroyed word).
+	Synchronize() error
+	// Query reports whether all enqueued work is done, without blocking.
+	Query() (bool, error)
+	// Handle is the raw CUstream for CUDA streams (so gorgonia.org/cu or cgo users can
+	// interoperate) and 0 for host streams.
+	Handle() uintptr
+	// Close waits for enqueued work, then releases the stream. Later calls return ErrClosed.
+	Close() error
+}
+
+// Event marks a point in a stream.
+type Event interface {
+	// Query reports whether the recorded work is done. An event never recorded is done.
+	Query() (bool, error)
+	// Synchronize blocks until the recorded work is done.
+	Synchronize() error
+	// Handle is the raw CUevent for CUDA events and 0 for host events.
+	Handle() uintptr
+	Close() error
+}
+
+// Backend creates streams, events and signal words of one kind.
+type Backend interface {
+	Kind() Kind
+	NewStream() (Stream, error)
+	NewEvent() (Event, error)
+	// AllocWords returns n zeroed 64-bit signal words visible to the CPU (atomics) and,
+	// on CUDA, to the GPU (device pointer of host-mapped pinned memory).
+	AllocWords(n int) (*WordBlock, error)
+	Close() error
+}

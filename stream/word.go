@@ -1,0 +1,82 @@
+package stream
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Word is a 64-bit signal word shared between the CPU (proxy thread, host streams) and,
+// on CUDA, the GPU. Its memory is never Go memory: C memory on host backends,
+// host-mapped pinned memory on CUDA, so C, the GPU and Go may all hold its address.
+type Word struct {
+	host   *uint64 // CPU address, 8-byte aligned
+	device uintptr // GPU address of the same word (0 on host backends)
+	block  *WordBlock
+}
+
+// Load reads the word with acquire ordering.
+func (w *Word) Load() uint64 { return atomic.LoadUint64(w.host) }
+
+// Store writes the word with release ordering.
+func (w *Word) Store(v uint64) { atomic.StoreUint64(w.host, v) }
+
+// Add adds delta and returns the new value.
+func (w *Word) Add(delta uint64) uint64 { return atomic.AddUint64(w.host, delta) }
+
+// CompareAndSwap is an atomic compare-and-swap on the word.
+func (w *Word) CompareAndSwap(old, new uint64) bool {
+	return atomic.CompareAndSwapUint64(w.host, old, new)
+}
+
+// HostPtr is the CPU address of the word.
+func (w *Word) HostPtr() uintptr { return uintptr(unsafe.Pointer(w.host)) }
+
+// DevicePtr is the GPU address of the word, 0 on host backends.
+func (w *Word) DevicePtr() uintptr { return w.device }
+
+// Kind reports the backend the word belongs to.
+func (w *Word) Kind() Kind { return w.block.kind }
+
+func (w *Word) String() string {
+	return fmt.Sprintf("Word(%s host=%#x dev=%#x)", w.block.kind, w.HostPtr(), w.device)
+}
+
+// WordBlock is a run of signal words allocated together; Close frees them all.
+type WordBlock struct {
+	kind  Kind
+	words []Word
+	free  func() error
+	freed atomic.Bool
+}
+
+// NewWordBlock wraps n words at hostBase (and devBase, 0 if none). Backends call it;
+// free releases the memory once.
+func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, free func() error) *WordBlock {
+	b := &WordBlock{kind: kind, words: make([]Word, n), free: free}
+	for i := range b.words {
+		b.words[i].host = (*uint64)(unsafe.Add(hostBase, 8*i))
+		if devBase != 0 {
+			b.words[i].device = devBase + uintptr(8*i)
+		}
+		b.words[i].block = b
+	}
+	return b
+}
+
+// Len is the number of words in the block.
+func (b *WordBlock) Len() int { return len(b.words) }
+
+// Word returns word i of the block.
+func (b *WordBlock) Word(i int) *Word { return &b.words[i] }
+
+// Closed reports whether the block was freed (streams refuse words of a freed block).
+func (b *WordBlock) Closed() bool { return b.freed.Load() }
+
+// Close frees the words. Work still enqueued on them must be finished first.
+func (b *WordBlock) Close() error {
+	if !b.freed.CompareAndSwap(false, true) {
+		return fmt.Errorf("word block: %w", ErrClosed)
+	}
+	return b.free()
+}
