@@ -1,0 +1,506 @@
+// Package ucx is the raw cgo layer over Debian's UCX 1.13 (libucp): one Go function
+// per C helper in glue.c, handles as small Go structs holding C pointers, statuses as
+// Status. It holds no policy: locking, lifetimes, pinning and errors belong to package ucp.
+//
+// Callbacks from UCX never enter Go. They append to a per-worker event queue that
+// Drain copies out; see glue.h.
+package ucx
+
+/*
+#cgo pkg-config: ucx
+#cgo LDFLAGS: -lucp -lucs
+#include <stdlib.h>
+#include "glue.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+)
+
+// Status is a ucs_status_t.
+type Status int32
+
+// Status values of UCX 1.13 (ucs/type/status.h).
+const (
+	OK                   Status = C.UCS_OK
+	InProgress           Status = C.UCS_INPROGRESS
+	ErrNoMessage         Status = C.UCS_ERR_NO_MESSAGE
+	ErrNoResource        Status = C.UCS_ERR_NO_RESOURCE
+	ErrIOError           Status = C.UCS_ERR_IO_ERROR
+	ErrNoMemory          Status = C.UCS_ERR_NO_MEMORY
+	ErrInvalidParam      Status = C.UCS_ERR_INVALID_PARAM
+	ErrUnreachable       Status = C.UCS_ERR_UNREACHABLE
+	ErrInvalidAddr       Status = C.UCS_ERR_INVALID_ADDR
+	ErrNotImplemented    Status = C.UCS_ERR_NOT_IMPLEMENTED
+	ErrMessageTruncated  Status = C.UCS_ERR_MESSAGE_TRUNCATED
+	ErrNoProgress        Status = C.UCS_ERR_NO_PROGRESS
+	ErrBufferTooSmall    Status = C.UCS_ERR_BUFFER_TOO_SMALL
+	ErrNoElem            Status = C.UCS_ERR_NO_ELEM
+	ErrSomeConnectsFail  Status = C.UCS_ERR_SOME_CONNECTS_FAILED
+	ErrNoDevice          Status = C.UCS_ERR_NO_DEVICE
+	ErrBusy              Status = C.UCS_ERR_BUSY
+	ErrCanceled          Status = C.UCS_ERR_CANCELED
+	ErrShmemSegment      Status = C.UCS_ERR_SHMEM_SEGMENT
+	ErrAlreadyExists     Status = C.UCS_ERR_ALREADY_EXISTS
+	ErrOutOfRange        Status = C.UCS_ERR_OUT_OF_RANGE
+	ErrTimedOut          Status = C.UCS_ERR_TIMED_OUT
+	ErrExceedsLimit      Status = C.UCS_ERR_EXCEEDS_LIMIT
+	ErrUnsupported       Status = C.UCS_ERR_UNSUPPORTED
+	ErrRejected          Status = C.UCS_ERR_REJECTED
+	ErrNotConnected      Status = C.UCS_ERR_NOT_CONNECTED
+	ErrConnectionReset   Status = C.UCS_ERR_CONNECTION_RESET
+	ErrFirstLinkFailure  Status = C.UCS_ERR_FIRST_LINK_FAILURE
+	ErrLastLinkFailure   Status = C.UCS_ERR_LAST_LINK_FAILURE
+	ErrFirstEPFailure    Status = C.UCS_ERR_FIRST_ENDPOINT_FAILURE
+	ErrEndpointTimeout   Status = C.UCS_ERR_ENDPOINT_TIMEOUT
+	ErrLastEPFailure     Status = C.UCS_ERR_LAST_ENDPOINT_FAILURE
+	errLast              Status = C.UCS_ERR_LAST
+)
+
+// statusPtrErrBoundary is UCS_PTR_IS_ERR's threshold: (uintptr)UCS_ERR_LAST.
+var statusPtrErrBoundary = func() uintptr { v := int64(errLast); return uintptr(v) }()
+
+// String is UCX's own text for the status.
+func (s Status) String() string { return C.GoString(C.ucs_status_string(C.ucs_status_t(s))) }
+
+// Feature bits of ucp_params_t.features.
+const (
+	FeatureTag    uint64 = C.UCP_FEATURE_TAG
+	FeatureRMA    uint64 = C.UCP_FEATURE_RMA
+	FeatureAMO32  uint64 = C.UCP_FEATURE_AMO32
+	FeatureAMO64  uint64 = C.UCP_FEATURE_AMO64
+	FeatureWakeup uint64 = C.UCP_FEATURE_WAKEUP
+	FeatureAM     uint64 = C.UCP_FEATURE_AM
+)
+
+// Operation attribute flags (ucp_op_attr_t).
+const (
+	OpNoImmCmpl    uint32 = C.UCP_OP_ATTR_FLAG_NO_IMM_CMPL
+	OpFastCmpl     uint32 = C.UCP_OP_ATTR_FLAG_FAST_CMPL
+	OpForceImmCmpl uint32 = C.UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL
+	OpMultiSend    uint32 = C.UCP_OP_ATTR_FLAG_MULTI_SEND
+)
+
+// AM send flags and receive attributes.
+const (
+	AmSendReply uint32 = C.UCP_AM_SEND_FLAG_REPLY
+	AmSendEager uint32 = C.UCP_AM_SEND_FLAG_EAGER
+	AmSendRndv  uint32 = C.UCP_AM_SEND_FLAG_RNDV
+
+	AmRecvReplyEP uint64 = C.UCP_AM_RECV_ATTR_FIELD_REPLY_EP
+	AmRecvData    uint64 = C.UCP_AM_RECV_ATTR_FLAG_DATA
+	AmRecvRndv    uint64 = C.UCP_AM_RECV_ATTR_FLAG_RNDV
+	AmRecvCopied  uint64 = C.UCPX_AM_COPIED
+)
+
+// Atomic opcodes (ucp_atomic_op_t).
+const (
+	AtomicAdd   = C.UCP_ATOMIC_OP_ADD
+	AtomicSwap  = C.UCP_ATOMIC_OP_SWAP
+	AtomicCswap = C.UCP_ATOMIC_OP_CSWAP
+	AtomicAnd   = C.UCP_ATOMIC_OP_AND
+	AtomicOr    = C.UCP_ATOMIC_OP_OR
+	AtomicXor   = C.UCP_ATOMIC_OP_XOR
+)
+
+// Memory types (ucs_memory_type_t).
+const (
+	MemHost        = C.UCS_MEMORY_TYPE_HOST
+	MemCUDA        = C.UCS_MEMORY_TYPE_CUDA
+	MemCUDAManaged = C.UCS_MEMORY_TYPE_CUDA_MANAGED
+	MemROCm        = C.UCS_MEMORY_TYPE_ROCM
+	MemROCmManaged = C.UCS_MEMORY_TYPE_ROCM_MANAGED
+	MemLast        = C.UCS_MEMORY_TYPE_LAST
+)
+
+// Event types of the worker queue.
+const (
+	EvReqDone  = C.UCPX_EV_REQ_DONE
+	EvEPError  = C.UCPX_EV_EP_ERROR
+	EvConnReq  = C.UCPX_EV_CONN_REQ
+	EvAmRecv   = C.UCPX_EV_AM_RECV
+	EventBatch = 64
+)
+
+// Version returns the UCX library version.
+func Version() (major, minor, release uint) {
+	var a, b, c C.uint
+	C.ucp_get_version(&a, &b, &c)
+	return uint(a), uint(b), uint(c)
+}
+
+// Context is a ucp_context_h.
+type Context struct{ h C.ucp_context_h }
+
+// Init creates a context. cfg holds UCX configuration overrides (name without the UCX_ prefix).
+func Init(features uint64, cfg map[string]string, estimatedEPs int) (*Context, Status) {
+	kv := make([]*C.char, 0, 2*len(cfg))
+	for k, v := range cfg {
+		kv = append(kv, C.CString(k), C.CString(v))
+	}
+	defer func() {
+		for _, p := range kv {
+			C.free(unsafe.Pointer(p))
+		}
+	}()
+	var arr **C.char
+	if len(kv) > 0 {
+		// C memory, so the array itself may be handed over.
+		a := (*[1 << 20]*C.char)(C.malloc(C.size_t(len(kv)) * C.size_t(unsafe.Sizeof(kv[0]))))
+		copy(a[:len(kv)], kv)
+		arr = &a[0]
+		defer C.free(unsafe.Pointer(arr))
+	}
+	c := &Context{}
+	st := C.ucpx_init(C.uint64_t(features), arr, C.int(len(kv)/2), C.size_t(estimatedEPs), &c.h)
+	if st != C.UCS_OK {
+		return nil, Status(st)
+	}
+	return c, OK
+}
+
+// Cleanup destroys the context.
+func (c *Context) Cleanup() { C.ucp_cleanup(c.h) }
+
+// MemoryTypes is the bitmap of ucs_memory_type_t the context can communicate from.
+func (c *Context) MemoryTypes() uint64 { return uint64(C.ucpx_context_mem_types(c.h)) }
+
+// Print writes UCX's description of the context to stdout (ucp_context_print_info).
+func (c *Context) Print() { C.ucp_context_print_info(c.h, C.stdout) }
+
+// MemH is a ucp_mem_h.
+type MemH struct{ h C.ucp_mem_h }
+
+// MemMap registers (or, with allocate, allocates and registers) memory.
+func (c *Context) MemMap(addr unsafe.Pointer, length int, allocate bool, memType int) (*MemH, unsafe.Pointer, int, Status) {
+	m := &MemH{}
+	var outAddr unsafe.Pointer
+	var outLen C.size_t
+	st := C.ucpx_mem_map(c.h, addr, C.size_t(length), cbool(allocate), C.int(memType), &m.h, &outAddr, &outLen)
+	if st != C.UCS_OK {
+		return nil, nil, 0, Status(st)
+	}
+	return m, outAddr, int(outLen), OK
+}
+
+// Addr converts an integer address of memory Go does not manage (C, pinned host or
+// device memory) into a pointer for UCX.
+func Addr(a uintptr) unsafe.Pointer { return C.ucpx_addr(C.uintptr_t(a)) }
+
+// MemUnmap releases the registration (and the memory if it was allocated).
+func (c *Context) MemUnmap(m *MemH) Status { return Status(C.ucp_mem_unmap(c.h, m.h)) }
+
+// RkeyPack packs the remote key of m; the bytes are copied into Go memory.
+func (c *Context) RkeyPack(m *MemH) ([]byte, Status) {
+	var buf unsafe.Pointer
+	var n C.size_t
+	st := C.ucp_rkey_pack(c.h, m.h, &buf, &n)
+	if st != C.UCS_OK {
+		return nil, Status(st)
+	}
+	out := C.GoBytes(buf, C.int(n))
+	C.ucp_rkey_buffer_release(buf)
+	return out, OK
+}
+
+// Worker is a ucpx_worker_t: a ucp_worker_h plus its event queue and scratch
+// memory for immediate-completion results (C memory, so UCX may write it).
+type Worker struct {
+	w       *C.ucpx_worker_t
+	info    *C.ucp_tag_recv_info_t
+	length  *C.size_t
+	events  *C.ucpx_event_t
+	queue   *C.size_t
+	evSlice []C.ucpx_event_t
+}
+
+// NewWorker creates a worker in serialized thread mode.
+func (c *Context) NewWorker(wakeup bool) (*Worker, Status) {
+	w := &Worker{}
+	st := C.ucpx_worker_create(c.h, cbool(wakeup), &w.w)
+	if st != C.UCS_OK {
+		return nil, Status(st)
+	}
+	w.info = (*C.ucp_tag_recv_info_t)(C.calloc(1, C.sizeof_ucp_tag_recv_info_t))
+	w.length = (*C.size_t)(C.calloc(1, C.sizeof_size_t))
+	w.events = (*C.ucpx_event_t)(C.calloc(EventBatch, C.sizeof_ucpx_event_t))
+	w.evSlice = unsafe.Slice(w.events, EventBatch)
+	w.queue = &w.w.nevents
+	return w, OK
+}
+
+// Destroy destroys the worker; undrained events are released.
+func (w *Worker) Destroy() {
+	C.ucpx_worker_destroy(w.w)
+	C.free(unsafe.Pointer(w.info))
+	C.free(unsafe.Pointer(w.length))
+	C.free(unsafe.Pointer(w.events))
+}
+
+// Address returns the worker address bytes.
+func (w *Worker) Address() ([]byte, Status) {
+	var p unsafe.Pointer
+	var n C.size_t
+	st := C.ucpx_worker_address(w.w, &p, &n)
+	if st != C.UCS_OK {
+		return nil, Status(st)
+	}
+	out := C.GoBytes(p, C.int(n))
+	C.ucpx_worker_address_release(w.w, p)
+	return out, OK
+}
+
+// EventFD returns the worker's wakeup file descriptor.
+func (w *Worker) EventFD() (int, Status) {
+	var fd C.int
+	st := C.ucp_worker_get_efd(w.w.worker, &fd)
+	return int(fd), Status(st)
+}
+
+// Arm arms the event fd; ErrBusy means events are pending and progress is needed.
+func (w *Worker) Arm() Status { return Status(C.ucp_worker_arm(w.w.worker)) }
+
+// Signal wakes up a thread blocked on the event fd.
+func (w *Worker) Signal() Status { return Status(C.ucp_worker_signal(w.w.worker)) }
+
+// Pending is the number of queued events, read without a cgo call.
+func (w *Worker) Pending() int { return int(*w.queue) }
+
+// Progress progresses until req completes or maxSpins rounds pass (req nil: once).
+// It returns the number of queued events.
+func (w *Worker) Progress(req unsafe.Pointer, maxSpins uint) int {
+	return int(C.ucpx_progress(w.w, req, C.uint(maxSpins)))
+}
+
+// Event is one drained event; see ucpx_event_t.
+type Event struct {
+	Type      int
+	Status    Status
+	Ptr       unsafe.Pointer
+	ID        uint64
+	Tag       uint64
+	Length    int
+	Header    unsafe.Pointer
+	HeaderLen int
+	ReplyEP   unsafe.Pointer
+	Flags     uint64
+}
+
+// Drain moves up to EventBatch events into out and returns them.
+func (w *Worker) Drain(out []Event) []Event {
+	n := int(C.ucpx_drain(w.w, w.events, EventBatch))
+	for i := 0; i < n; i++ {
+		e := &w.evSlice[i]
+		out = append(out, Event{
+			Type: int(e._type), Status: Status(e.status), Ptr: e.ptr, ID: uint64(e.id),
+			Tag: uint64(e.tag), Length: int(e.length), Header: e.header,
+			HeaderLen: int(e.header_len), ReplyEP: e.reply_ep, Flags: uint64(e.flags),
+		})
+	}
+	return out
+}
+
+// SetSlot records which Go request waits on the UCX request req.
+func SetSlot(req unsafe.Pointer, slot uint64) { (*C.ucpx_req_t)(req).slot = C.uint64_t(slot) }
+
+// Free releases C memory handed out with an event (AM header, copied AM data).
+func Free(p unsafe.Pointer) { C.free(p) }
+
+// CallbackArg is C memory identifying a listener or AM handler to its C callback.
+type CallbackArg struct{ a *C.ucpx_cb_arg_t }
+
+// NewCallbackArg allocates an argument block for id.
+func (w *Worker) NewCallbackArg(id uint64) *CallbackArg {
+	a := (*C.ucpx_cb_arg_t)(C.calloc(1, C.sizeof_ucpx_cb_arg_t))
+	a.w = w.w
+	a.id = C.uint64_t(id)
+	return &CallbackArg{a: a}
+}
+
+// Free releases the argument block.
+func (a *CallbackArg) Free() { C.free(unsafe.Pointer(a.a)) }
+
+// EP is a ucp_ep_h.
+type EP struct{ h C.ucp_ep_h }
+
+// Ptr is the raw handle, used as a map key to find the Go endpoint of an event.
+func (e *EP) Ptr() unsafe.Pointer { return unsafe.Pointer(e.h) }
+
+// EPFromPtr wraps a raw ucp_ep_h handed over in an event (AM reply endpoint).
+func EPFromPtr(p unsafe.Pointer) *EP { return &EP{h: C.ucp_ep_h(p)} }
+
+// ConnectSockaddr creates a client-server endpoint to ip:port.
+func (w *Worker) ConnectSockaddr(ip []byte, port int, peerErr bool) (*EP, Status) {
+	e := &EP{}
+	st := C.ucpx_ep_create_sockaddr(w.w, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.int(port), cbool(peerErr), &e.h)
+	return e, Status(st)
+}
+
+// ConnectAddress creates an endpoint to a worker address (C memory or pinned).
+func (w *Worker) ConnectAddress(addr []byte, peerErr bool) (*EP, Status) {
+	e := &EP{}
+	ca := C.CBytes(addr)
+	defer C.free(ca)
+	st := C.ucpx_ep_create_worker(w.w, ca, cbool(peerErr), &e.h)
+	return e, Status(st)
+}
+
+// ConnRequest is a ucp_conn_request_h.
+type ConnRequest struct{ h C.ucp_conn_request_h }
+
+// ConnRequestFromEvent wraps the handle of a UCPX_EV_CONN_REQ event.
+func ConnRequestFromEvent(p unsafe.Pointer) *ConnRequest { return &ConnRequest{h: C.ucp_conn_request_h(p)} }
+
+// Accept creates the server-side endpoint of a connection request.
+func (w *Worker) Accept(r *ConnRequest, peerErr bool) (*EP, Status) {
+	e := &EP{}
+	st := C.ucpx_ep_create_conn(w.w, r.h, cbool(peerErr), &e.h)
+	return e, Status(st)
+}
+
+// RemoteAddr is the client's IP and port.
+func (r *ConnRequest) RemoteAddr() ([]byte, int, Status) {
+	var ip [16]byte
+	var n, port C.int
+	st := C.ucpx_conn_request_addr(r.h, (*C.uint8_t)(unsafe.Pointer(&ip[0])), &n, &port)
+	if st != C.UCS_OK {
+		return nil, 0, Status(st)
+	}
+	return append([]byte(nil), ip[:n]...), int(port), OK
+}
+
+// Close starts closing the endpoint; the result is a status pointer.
+func (w *Worker) Close(e *EP, force bool) unsafe.Pointer {
+	return C.ucpx_ep_close(w.w, e.h, cbool(force))
+}
+
+// Listener is a ucp_listener_h.
+type Listener struct{ h C.ucp_listener_h }
+
+// Listen creates a listener on ip:port (port 0 picks one).
+func (w *Worker) Listen(ip []byte, port int, arg *CallbackArg) (*Listener, Status) {
+	l := &Listener{}
+	st := C.ucpx_listener_create(w.w, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.int(port), arg.a, &l.h)
+	return l, Status(st)
+}
+
+// Port is the port the listener is bound to.
+func (l *Listener) Port() (int, Status) {
+	var p C.int
+	st := C.ucpx_listener_port(l.h, &p)
+	return int(p), Status(st)
+}
+
+// Reject refuses a connection request.
+func (l *Listener) Reject(r *ConnRequest) Status { return Status(C.ucpx_listener_reject(l.h, r.h)) }
+
+// Destroy destroys the listener.
+func (l *Listener) Destroy() { C.ucp_listener_destroy(l.h) }
+
+// Rkey is a ucp_rkey_h.
+type Rkey struct{ h C.ucp_rkey_h }
+
+// RkeyUnpack unpacks a packed remote key for use on e.
+func (e *EP) RkeyUnpack(packed []byte) (*Rkey, Status) {
+	r := &Rkey{}
+	cb := C.CBytes(packed)
+	defer C.free(cb)
+	st := C.ucp_ep_rkey_unpack(e.h, cb, &r.h)
+	return r, Status(st)
+}
+
+// Destroy releases the rkey.
+func (r *Rkey) Destroy() { C.ucp_rkey_destroy(r.h) }
+
+func memh(m *MemH) C.ucp_mem_h {
+	if m == nil {
+		return nil
+	}
+	return m.h
+}
+
+// TagSend posts ucp_tag_send_nbx.
+func (w *Worker) TagSend(e *EP, buf unsafe.Pointer, n int, tag uint64, flags uint32, memType int, m *MemH) unsafe.Pointer {
+	return C.ucpx_tag_send(w.w, e.h, buf, C.size_t(n), C.uint64_t(tag), C.uint32_t(flags), C.int(memType), memh(m))
+}
+
+// TagRecv posts ucp_tag_recv_nbx. On immediate completion RecvInfo holds the result.
+func (w *Worker) TagRecv(buf unsafe.Pointer, n int, tag, mask uint64, flags uint32, memType int, m *MemH) unsafe.Pointer {
+	return C.ucpx_tag_recv(w.w, buf, C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.uint32_t(flags), C.int(memType), memh(m), w.info)
+}
+
+// RecvInfo is the sender tag and length of the last immediately completed TagRecv.
+func (w *Worker) RecvInfo() (uint64, int) { return uint64(w.info.sender_tag), int(w.info.length) }
+
+// RecvLength is the length of the last immediately completed AmRecvData.
+func (w *Worker) RecvLength() int { return int(*w.length) }
+
+// AmSend posts ucp_am_send_nbx.
+func (w *Worker) AmSend(e *EP, id uint, header unsafe.Pointer, headerLen int, buf unsafe.Pointer, n int, flags, amFlags uint32, memType int, m *MemH) unsafe.Pointer {
+	return C.ucpx_am_send(w.w, e.h, C.uint(id), header, C.size_t(headerLen), buf, C.size_t(n), C.uint32_t(flags), C.uint32_t(amFlags), C.int(memType), memh(m))
+}
+
+// AmRecvData posts ucp_am_recv_data_nbx for a rendezvous descriptor.
+func (w *Worker) AmRecvData(desc, buf unsafe.Pointer, n int, flags uint32, memType int, m *MemH) unsafe.Pointer {
+	return C.ucpx_am_recv_data(w.w, desc, buf, C.size_t(n), C.uint32_t(flags), C.int(memType), memh(m), w.length)
+}
+
+// AmDataRelease releases a kept AM data descriptor.
+func (w *Worker) AmDataRelease(desc unsafe.Pointer) { C.ucp_am_data_release(w.w.worker, desc) }
+
+// SetAmHandler installs (or with enable false, removes) the AM handler for id.
+func (w *Worker) SetAmHandler(id uint, arg *CallbackArg, enable bool) Status {
+	var a *C.ucpx_cb_arg_t
+	if arg != nil {
+		a = arg.a
+	}
+	return Status(C.ucpx_set_am_handler(w.w, C.uint(id), a, cbool(enable)))
+}
+
+// Put posts ucp_put_nbx.
+func (w *Worker) Put(e *EP, buf unsafe.Pointer, n int, raddr uint64, r *Rkey, flags uint32, memType int, m *MemH) unsafe.Pointer {
+	return C.ucpx_put(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
+}
+
+// Get posts ucp_get_nbx.
+func (w *Worker) Get(e *EP, buf unsafe.Pointer, n int, raddr uint64, r *Rkey, flags uint32, memType int, m *MemH) unsafe.Pointer {
+	return C.ucpx_get(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
+}
+
+// Atomic posts ucp_atomic_op_nbx on one element of size 4 or 8 bytes.
+func (w *Worker) Atomic(e *EP, op int, operand unsafe.Pointer, size int, reply unsafe.Pointer, raddr uint64, r *Rkey, flags uint32) unsafe.Pointer {
+	return C.ucpx_atomic(w.w, e.h, C.int(op), operand, C.size_t(size), reply, C.uint64_t(raddr), r.h, C.uint32_t(flags))
+}
+
+// FlushEP posts ucp_ep_flush_nbx.
+func (w *Worker) FlushEP(e *EP) unsafe.Pointer { return C.ucpx_ep_flush(w.w, e.h) }
+
+// Flush posts ucp_worker_flush_nbx.
+func (w *Worker) Flush() unsafe.Pointer { return C.ucpx_worker_flush(w.w) }
+
+// Cancel cancels a pending request.
+func (w *Worker) Cancel(req unsafe.Pointer) { C.ucp_request_cancel(w.w.worker, req) }
+
+// PtrStatus decodes a ucs_status_ptr_t: (nil, OK) done, (nil, err) failed, (req, InProgress) pending.
+func PtrStatus(p unsafe.Pointer) (unsafe.Pointer, Status) {
+	u := uintptr(p)
+	switch {
+	case u == 0:
+		return nil, OK
+	case u >= statusPtrErrBoundary:
+		return nil, Status(int64(u))
+	default:
+		return p, InProgress
+	}
+}
+
+// Malloc returns zeroed C memory; MallocFree releases it.
+func Malloc(n int) unsafe.Pointer { return C.calloc(1, C.size_t(n)) }
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,136 @@
+package stream
+
+import (
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Polling policy of host executors. Signal words are written by other goroutines, C
+// threads or a GPU with no notification, so a blocked wait has to poll. The phases
+// trade wake-up latency against CPU:
+//
+//   - spin: poll back to back for pollSpinFor — a proxy that answers in a few hundred
+//     nanoseconds is seen at once;
+//   - yield: poll with runtime.Gosched between reads until pollYieldFor — other
+//     goroutines (the proxy itself, when GOMAXPROCS is small) run, latency stays
+//     around a microsecond;
+//   - sleep: time.Sleep, from pollSleepMin doubling to pollSleepMax, so a stream
+//     blocked for long costs next to nothing. Go's timers on Linux round sleeps
+//     below 1 ms up to about 1 ms when the process is otherwise idle (the netpoller
+//     waits in whole milliseconds), so the real interval is pollSleepMax in a busy
+//     process and up to ~1 ms in an idle one.
+const (
+	pollSpinFor  = 10 * time.Microsecond
+	pollYieldFor = 200 * time.Microsecond
+	pollSleepMin = 10 * time.Microsecond
+	pollSleepMax = 100 * time.Microsecond
+
+	// pollClockEvery: read the clock once per this many spin polls; a clock read
+	// costs several word reads.
+	pollClockEvery = 32
+)
+
+// backoff paces one blocked wait. The zero value starts in the spin phase.
+type backoff struct {
+	polls   int
+	start   time.Time
+	elapsed time.Duration
+	sleep   time.Duration
+}
+
+// pause waits before the next poll, longer the longer the wait has lasted.
+func (b *backoff) pause() {
+	if b.polls == 0 {
+		b.start = time.Now()
+	}
+	b.polls++
+	if b.elapsed < pollSpinFor {
+		if b.polls%pollClockEvery == 0 {
+			b.elapsed = time.Since(b.start)
+		}
+		return
+	}
+	b.elapsed = time.Since(b.start)
+	if b.elapsed < pollYieldFor {
+		runtime.Gosched()
+		return
+	}
+	b.sleep = min(max(2*b.sleep, pollSleepMin), pollSleepMax)
+	time.Sleep(b.sleep)
+}
+
+// Word access guard.
+//
+// WaitValue and WriteValue touch C memory that the block's owner may free at any time
+// (WordBlock.Close). Checking WordBlock.Closed before each access is not enough on its
+// own: the block could be freed between the check and the access, and a store into
+// freed C memory corrupts the C heap. So each executor brackets "check, access" with
+// an odd/even counter, and the host block's free function, which runs after the block
+// is marked closed, waits until no executor sits inside such a bracket it entered
+// before the mark. Go atomics are sequentially consistent, so either the executor's
+// check sees the mark, or the freeing side sees the bracket open and waits for it.
+// The cost is two uncontended atomic adds per access.
+
+// wordAccessors holds every running host executor, for quiesceWordAccess.
+var wordAccessors struct {
+	mu  sync.Mutex
+	set map[*hostStream]struct{}
+}
+
+func registerWordAccessor(s *hostStream) {
+	wordAccessors.mu.Lock()
+	if wordAccessors.set == nil {
+		wordAccessors.set = make(map[*hostStream]struct{})
+	}
+	wordAccessors.set[s] = struct{}{}
+	wordAccessors.mu.Unlock()
+}
+
+func unregisterWordAccessor(s *hostStream) {
+	wordAccessors.mu.Lock()
+	delete(wordAccessors.set, s)
+	wordAccessors.mu.Unlock()
+}
+
+// quiesceWordAccess returns once every executor that might have seen a word block as
+// open has left its access bracket. Call it after marking the block closed and before
+// freeing its memory.
+func quiesceWordAccess() {
+	wordAccessors.mu.Lock()
+	defer wordAccessors.mu.Unlock()
+	for s := range wordAccessors.set {
+		g := s.wordAccess.Load()
+		if g&1 == 0 {
+			continue
+		}
+		// Wait for this bracket to close; a later one will see the mark.
+		for s.wordAccess.Load() == g {
+			runtime.Gosched()
+		}
+	}
+}
+
+// loadWord reads w for the executor, or reports false if its block was freed.
+func (s *hostStream) loadWord(w *Word) (uint64, bool) {
+	s.wordAccess.Add(1)
+	if w.block.Closed() {
+		s.wordAccess.Add(1)
+		return 0, false
+	}
+	v := w.Load()
+	s.wordAccess.Add(1)
+	return v, true
+}
+
+// storeWord writes w for the executor, or reports false if its block was freed.
+func (s *hostStream) storeWord(w *Word, v uint64) bool {
+	s.wordAccess.Add(1)
+	if w.block.Closed() {
+		s.wordAccess.Add(1)
+		return false
+	}
+	w.Store(v)
+	s.wordAccess.Add(1)
+	return true
+}

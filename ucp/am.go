@@ -1,0 +1,206 @@
+package ucp
+
+import (
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// AmSendFlags are ucp_am_send_flags.
+type AmSendFlags uint32
+
+const (
+	// AmReply lets the receiver reply through AmMessage.ReplyEndpoint.
+	AmReply = AmSendFlags(ucx.AmSendReply)
+	// AmEager forces the eager protocol.
+	AmEager = AmSendFlags(ucx.AmSendEager)
+	// AmRendezvous forces the rendezvous protocol: the receiver pulls the data with AmMessage.RecvData.
+	AmRendezvous = AmSendFlags(ucx.AmSendRndv)
+)
+
+// AmHandler receives active messages of one id. It runs on the goroutine that drove
+// progress, without worker locks held, so it may call any ucpx method.
+type AmHandler func(msg *AmMessage)
+
+type amHandler struct {
+	fn  AmHandler
+	arg *ucx.CallbackArg
+}
+
+// AmMessage is an active message delivered to an AmHandler.
+//
+// Eager data (IsRendezvous false) is available from Data during the handler; after the
+// handler returns it is released unless the handler called Retain. Rendezvous data must
+// be pulled with RecvData (during the handler, or later after Retain); a message
+// neither received nor retained is dropped when the handler returns.
+type AmMessage struct {
+	w        *Worker
+	ID       uint
+	Header   []byte // a Go copy, the handler may keep it
+	length   int
+	data     unsafe.Pointer
+	flags    uint64
+	replyEP  *Endpoint
+	retained bool
+	consumed bool // under w.mu
+}
+
+// SetAmHandler installs fn for messages sent with id (nil removes the handler).
+func (w *Worker) SetAmHandler(id uint, fn AmHandler) error {
+	if id > 0xffff {
+		return opErr("set_am_recv_handler", ErrInvalidParam, "id %d exceeds 16 bits", id)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return opErr("set_am_recv_handler", ErrClosed, "")
+	}
+	old := w.am[uint64(id)]
+	if fn == nil {
+		if old == nil {
+			return nil
+		}
+		st := w.raw.SetAmHandler(id, nil, false)
+		old.arg.Free()
+		delete(w.am, uint64(id))
+		return opErr("set_am_recv_handler", statusErr(st), "id %d", id)
+	}
+	h := &amHandler{fn: fn, arg: w.raw.NewCallbackArg(uint64(id))}
+	if st := w.raw.SetAmHandler(id, h.arg, true); st != ucx.OK {
+		h.arg.Free()
+		return opErr("set_am_recv_handler", statusErr(st), "id %d", id)
+	}
+	if old != nil {
+		old.arg.Free()
+	}
+	w.am[uint64(id)] = h
+	return nil
+}
+
+func (w *Worker) deliverAmLocked(ev *ucx.Event) {
+	msg := &AmMessage{w: w, ID: uint(ev.ID), length: ev.Length, data: ev.Ptr, flags: ev.Flags}
+	if ev.HeaderLen > 0 {
+		msg.Header = append([]byte(nil), unsafe.Slice((*byte)(ev.Header), ev.HeaderLen)...)
+		ucx.Free(ev.Header)
+	}
+	if ev.Flags&ucx.AmRecvReplyEP != 0 {
+		msg.replyEP = w.replyEndpointLocked(ev.ReplyEP)
+	}
+	h := w.am[ev.ID]
+	if h == nil { // removed after UCX queued the message
+		msg.releaseLocked()
+		return
+	}
+	fn := h.fn
+	w.deferred = append(w.deferred, func() {
+		fn(msg)
+		if !msg.retained {
+			msg.Release()
+		}
+	})
+}
+
+// Length is the length of the message's data.
+func (m *AmMessage) Length() int { return m.length }
+
+// IsRendezvous reports whether the data must be pulled with RecvData.
+func (m *AmMessage) IsRendezvous() bool { return m.flags&ucx.AmRecvRndv != 0 }
+
+// ReplyEndpoint is the endpoint to reply on, if the sender set AmReply.
+func (m *AmMessage) ReplyEndpoint() *Endpoint { return m.replyEP }
+
+// Data is the eager data (nil for rendezvous messages or after Release). It points
+// into UCX or C memory: copy what must outlive the handler or call Retain.
+func (m *AmMessage) Data() []byte {
+	if m.IsRendezvous() || m.data == nil || m.length == 0 {
+		return nil
+	}
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	if m.consumed {
+		return nil
+	}
+	return unsafe.Slice((*byte)(m.data), m.length)
+}
+
+// Retain keeps the message's data beyond the handler; the holder must later call
+// Release or RecvData.
+func (m *AmMessage) Retain() { m.retained = true }
+
+// RecvData receives the message's data into buf (ucp_am_recv_data_nbx for
+// rendezvous; a copy for eager data). It consumes the message.
+func (m *AmMessage) RecvData(buf []byte, p *RequestParam) (*Request, error) {
+	const op = "am_recv_data_nbx"
+	p = param(p)
+	if err := p.check(op); err != nil {
+		return nil, err
+	}
+	w := m.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m.consumed || w.closed.Load() {
+		return nil, opErr(op, ErrClosed, "message already received or released")
+	}
+	if len(buf) < m.length {
+		return nil, opErr(op, ErrMessageTruncated, "buffer %d < message %d", len(buf), m.length)
+	}
+	if !m.IsRendezvous() {
+		copy(buf, unsafe.Slice((*byte)(m.data), m.length))
+		m.releaseLocked()
+		r := &Request{w: w, op: op, length: m.length}
+		r.done.Store(true)
+		return r, nil
+	}
+	m.consumed = true
+	ptr := w.raw.AmRecvData(m.data, bufPtr(buf), m.length, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+	n := m.length
+	return w.postLocked(op, ptr, p, func() *Request {
+		r := &Request{w: w, op: op, length: n}
+		r.done.Store(true)
+		return r
+	}, bufPtr(buf))
+}
+
+// Release drops the message's data. Releasing twice does nothing.
+func (m *AmMessage) Release() {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	m.releaseLocked()
+}
+
+func (m *AmMessage) releaseLocked() {
+	if m.consumed {
+		return
+	}
+	m.consumed = true
+	switch {
+	case m.flags&ucx.AmRecvCopied != 0:
+		ucx.Free(m.data)
+	case m.w.closed.Load():
+		// the worker's destruction released UCX's descriptors already
+	case m.data != nil:
+		m.w.raw.AmDataRelease(m.data)
+	}
+	m.data = nil
+}
+
+// AmSendNbx sends an active message with id, a header and data (ucp_am_send_nbx).
+// The receiver's handler for id gets it. header and buf must stay untouched until done.
+func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Request, error) {
+	const op = "am_send_nbx"
+	p = param(p)
+	if err := p.check(op); err != nil {
+		return nil, err
+	}
+	if id > 0xffff {
+		return nil, opErr(op, ErrInvalidParam, "id %d exceeds 16 bits", id)
+	}
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, err
+	}
+	ptr := w.raw.AmSend(ep.raw, id, bufPtr(header), len(header), bufPtr(buf), len(buf), uint32(p.Flags), uint32(p.AmFlags), p.memType(), p.MemH.rawOrNil())
+	return w.postLocked(op, ptr, p, nil, bufPtr(header), bufPtr(buf))
+}

@@ -1,0 +1,289 @@
+package ucp
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// Feature selects the UCX capabilities a context is created with.
+type Feature uint64
+
+const (
+	FeatureTag    = Feature(ucx.FeatureTag)
+	FeatureRMA    = Feature(ucx.FeatureRMA)
+	FeatureAMO32  = Feature(ucx.FeatureAMO32)
+	FeatureAMO64  = Feature(ucx.FeatureAMO64)
+	FeatureAM     = Feature(ucx.FeatureAM)
+	FeatureWakeup = Feature(ucx.FeatureWakeup)
+	// FeatureAll is every feature ucpx uses; the default when ContextParams.Features is 0.
+	FeatureAll = FeatureTag | FeatureRMA | FeatureAMO32 | FeatureAMO64 | FeatureAM | FeatureWakeup
+)
+
+// MemoryType is a ucs_memory_type_t.
+type MemoryType int
+
+const (
+	// MemoryUnknown lets UCX detect the memory type (the default in RequestParam).
+	MemoryUnknown     MemoryType = -1
+	MemoryHost        MemoryType = ucx.MemHost
+	MemoryCUDA        MemoryType = ucx.MemCUDA
+	MemoryCUDAManaged MemoryType = ucx.MemCUDAManaged
+	MemoryROCm        MemoryType = ucx.MemROCm
+	MemoryROCmManaged MemoryType = ucx.MemROCmManaged
+)
+
+func (m MemoryType) String() string {
+	switch m {
+	case MemoryUnknown:
+		return "unknown"
+	case MemoryHost:
+		return "host"
+	case MemoryCUDA:
+		return "cuda"
+	case MemoryCUDAManaged:
+		return "cuda-managed"
+	case MemoryROCm:
+		return "rocm"
+	case MemoryROCmManaged:
+		return "rocm-managed"
+	}
+	return fmt.Sprintf("MemoryType(%d)", int(m))
+}
+
+// ContextParams configures NewContext.
+type ContextParams struct {
+	// Features defaults to FeatureAll.
+	Features Feature
+	// Config overrides UCX configuration on top of the UCX_* environment, by name
+	// with or without the UCX_ prefix: {"TLS": "tcp", "RNDV_THRESH": "16k"}.
+	Config map[string]string
+	// EstimatedEndpoints helps UCX size its resources; 0 leaves the default.
+	EstimatedEndpoints int
+}
+
+// Context is a ucp_context_h: the UCX configuration and the memory registrations.
+// It is safe for concurrent use.
+type Context struct {
+	mu       sync.Mutex
+	raw      *ucx.Context
+	features Feature
+	memTypes uint64
+	workers  map[*Worker]struct{}
+	memhs    map[*MemH]struct{}
+	closed   bool
+}
+
+// NewContext creates a UCX context; UCX reads its UCX_* environment variables here.
+func NewContext(p ContextParams) (*Context, error) {
+	if p.Features == 0 {
+		p.Features = FeatureAll
+	}
+	if p.EstimatedEndpoints < 0 {
+		return nil, opErr("init", ErrInvalidParam, "EstimatedEndpoints %d", p.EstimatedEndpoints)
+	}
+	cfg := make(map[string]string, len(p.Config))
+	for k, v := range p.Config {
+		cfg[strings.TrimPrefix(k, "UCX_")] = v
+	}
+	raw, st := ucx.Init(uint64(p.Features), cfg, p.EstimatedEndpoints)
+	if err := statusErr(st); err != nil {
+		return nil, opErr("init", err, "features %#x config %v", uint64(p.Features), p.Config)
+	}
+	live.contexts.Add(1)
+	return &Context{
+		raw:      raw,
+		features: p.Features,
+		memTypes: raw.MemoryTypes(),
+		workers:  map[*Worker]struct{}{},
+		memhs:    map[*MemH]struct{}{},
+	}, nil
+}
+
+// Features reports the features the context was created with.
+func (c *Context) Features() Feature { return c.features }
+
+// MemoryTypes lists the memory types UCX can communicate from directly (queried once).
+func (c *Context) MemoryTypes() []MemoryType {
+	var out []MemoryType
+	for m := MemoryHost; m < MemoryType(ucx.MemLast); m++ {
+		if c.memTypes&(1<<uint(m)) != 0 {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// SupportsMemoryType reports whether UCX handles buffers of type m without staging.
+func (c *Context) SupportsMemoryType(m MemoryType) bool {
+	return m >= 0 && c.memTypes&(1<<uint(m)) != 0
+}
+
+// Print writes UCX's own description of the context to standard output.
+func (c *Context) Print() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.raw.Print()
+	}
+}
+
+// Close closes every worker and memory handle of the context, then the context.
+// A second Close returns ErrClosed.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return opErr("cleanup", ErrClosed, "")
+	}
+	c.closed = true
+	workers := make([]*Worker, 0, len(c.workers))
+	for w := range c.workers {
+		workers = append(workers, w)
+	}
+	memhs := make([]*MemH, 0, len(c.memhs))
+	for m := range c.memhs {
+		memhs = append(memhs, m)
+	}
+	c.mu.Unlock()
+	for _, w := range workers {
+		_ = w.Close()
+	}
+	for _, m := range memhs {
+		_ = m.Close()
+	}
+	c.raw.Cleanup()
+	live.contexts.Add(-1)
+	return nil
+}
+
+func (c *Context) register(add func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	return add()
+}
+
+// MemH is registered memory (ucp_mem_h): either user memory mapped with MemMap
+// (kept pinned until Close) or memory UCX allocated with MemAlloc.
+type MemH struct {
+	ctx     *Context
+	raw     *ucx.MemH
+	addr    unsafe.Pointer
+	length  int
+	memType MemoryType
+	pin     runtime.Pinner
+	closed  bool // under ctx.mu
+}
+
+// MemMap registers buf for RMA and zero-copy. buf stays pinned until Close: UCX keeps
+// its address. For memory that is not Go memory (device memory, C memory) use MemMapPtr.
+func (c *Context) MemMap(buf []byte) (*MemH, error) {
+	if len(buf) == 0 {
+		return nil, opErr("mem_map", ErrInvalidParam, "empty buffer")
+	}
+	m := &MemH{ctx: c, memType: MemoryHost}
+	m.pin.Pin(&buf[0])
+	if err := c.mapInto(m, unsafe.Pointer(&buf[0]), len(buf), false, MemoryHost); err != nil {
+		m.pin.Unpin()
+		return nil, err
+	}
+	return m, nil
+}
+
+// MemMapPtr registers memory that is not Go memory: C memory, pinned host memory or
+// (where UCX supports it) device memory of the given type.
+func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH, error) {
+	if addr == 0 || length <= 0 {
+		return nil, opErr("mem_map", ErrInvalidParam, "addr %#x length %d", addr, length)
+	}
+	m := &MemH{ctx: c, memType: memType}
+	if err := c.mapInto(m, ucx.Addr(addr), length, false, memType); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// MemAlloc allocates and registers length bytes of host memory (the registered
+// buffer a hot path should reuse); Bytes gives access to it.
+func (c *Context) MemAlloc(length int) (*MemH, error) {
+	if length <= 0 {
+		return nil, opErr("mem_map", ErrInvalidParam, "allocate length %d", length)
+	}
+	m := &MemH{ctx: c, memType: MemoryHost}
+	if err := c.mapInto(m, nil, length, true, MemoryHost); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *Context) mapInto(m *MemH, addr unsafe.Pointer, length int, allocate bool, memType MemoryType) error {
+	return c.register(func() error {
+		raw, a, n, st := c.raw.MemMap(addr, length, allocate, int(memType))
+		if err := statusErr(st); err != nil {
+			return opErr("mem_map", err, "length %d allocate %v type %s", length, allocate, memType)
+		}
+		m.raw, m.addr, m.length = raw, a, n
+		c.memhs[m] = struct{}{}
+		live.memhs.Add(1)
+		return nil
+	})
+}
+
+// Address is the start of the registered region.
+func (m *MemH) Address() uintptr { return uintptr(m.addr) }
+
+// Len is the length of the registered region.
+func (m *MemH) Len() int { return m.length }
+
+// MemoryType is the type of the registered memory.
+func (m *MemH) MemoryType() MemoryType { return m.memType }
+
+// Bytes is the registered host memory as a slice (nil for device memory). The slice
+// is valid until Close.
+func (m *MemH) Bytes() []byte {
+	if m.memType != MemoryHost || m.addr == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(m.addr), m.length)
+}
+
+// PackRkey returns the remote key of the region in ucpx's wire form: the region's
+// address and length, UCX's packed rkey, and a checksum, so that a peer's UnpackRkey
+// rejects garbage instead of handing it to UCX.
+func (m *MemH) PackRkey() ([]byte, error) {
+	m.ctx.mu.Lock()
+	defer m.ctx.mu.Unlock()
+	if m.closed || m.ctx.closed {
+		return nil, opErr("rkey_pack", ErrClosed, "")
+	}
+	packed, st := m.ctx.raw.RkeyPack(m.raw)
+	if err := statusErr(st); err != nil {
+		return nil, opErr("rkey_pack", err, "")
+	}
+	return encodeEnvelope(rkeyMagic, uint64(uintptr(m.addr)), uint64(m.length), packed), nil
+}
+
+// Close deregisters the memory (and frees it if UCX allocated it). Operations using
+// it must have completed. A second Close returns ErrClosed.
+func (m *MemH) Close() error {
+	c := m.ctx
+	c.mu.Lock()
+	if m.closed {
+		c.mu.Unlock()
+		return opErr("mem_unmap", ErrClosed, "")
+	}
+	m.closed = true
+	delete(c.memhs, m)
+	st := c.raw.MemUnmap(m.raw)
+	c.mu.Unlock()
+	m.pin.Unpin()
+	live.memhs.Add(-1)
+	return opErr("mem_unmap", statusErr(st), "")
+}

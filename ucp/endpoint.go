@@ -1,0 +1,240 @@
+package ucp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// EndpointParams configures an endpoint.
+type EndpointParams struct {
+	// ErrorHandler runs once when the peer fails (UCP_ERR_HANDLING_MODE_PEER), on the
+	// goroutine that drove progress, without worker locks held. Pending operations on
+	// the endpoint complete with the error as well; the endpoint is unusable afterwards.
+	ErrorHandler func(ep *Endpoint, err error)
+	// NoPeerErrorHandling selects UCP_ERR_HANDLING_MODE_NONE: a failed peer is not
+	// reported and transports without failure detection may be used. Only for
+	// benchmarks against tools that do the same.
+	NoPeerErrorHandling bool
+}
+
+// Endpoint is a ucp_ep_h: a connection to one peer worker.
+type Endpoint struct {
+	w      *Worker
+	raw    *ucx.EP
+	params EndpointParams
+	name   string
+	owned  bool // false for reply endpoints UCX created itself
+	// Under w.mu.
+	err    error // the peer failure, once reported
+	closed bool
+	recvs  map[*Request]struct{} // receives with RequestParam.Peer == this endpoint
+}
+
+func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
+
+// Worker returns the worker the endpoint belongs to.
+func (ep *Endpoint) Worker() *Worker { return ep.w }
+
+// Err reports the peer failure, if any.
+func (ep *Endpoint) Err() error {
+	ep.w.mu.Lock()
+	defer ep.w.mu.Unlock()
+	return ep.err
+}
+
+func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string) *Endpoint {
+	ep := &Endpoint{w: w, raw: raw, name: name, owned: true, recvs: map[*Request]struct{}{}}
+	if p != nil {
+		ep.params = *p
+	}
+	w.eps[raw.Ptr()] = ep
+	live.endpoints.Add(1)
+	return ep
+}
+
+func resolveTCP(addr string) ([]byte, int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%v: %w", err, ErrInvalidAddr)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, 0, fmt.Errorf("port %q: %w", portStr, ErrInvalidAddr)
+	}
+	if host == "" {
+		return net.IPv4zero.To4(), port, nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil || len(ips) == 0 {
+		return nil, 0, fmt.Errorf("resolve %q: %v: %w", host, err, ErrUnreachable)
+	}
+	if v4 := ips[0].To4(); v4 != nil {
+		return v4, port, nil
+	}
+	return ips[0].To16(), port, nil
+}
+
+// Connect creates a client endpoint to a listener at addr ("host:port") and waits
+// until the connection is established or fails (ctx bounds the wait). A port nobody
+// listens on gives an error that matches ErrPeerFailed (usually ErrConnectionReset or
+// ErrUnreachable). The peer's worker must be progressed meanwhile.
+func (w *Worker) Connect(ctx context.Context, addr string, p *EndpointParams) (*Endpoint, error) {
+	ip, port, err := resolveTCP(addr)
+	if err != nil {
+		return nil, opErr("ep_create", err, "connect %s", addr)
+	}
+	if port == 0 {
+		return nil, opErr("ep_create", ErrInvalidAddr, "connect %s: port 0", addr)
+	}
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return nil, opErr("ep_create", ErrClosed, "connect %s", addr)
+	}
+	raw, st := w.raw.ConnectSockaddr(ip, port, p == nil || !p.NoPeerErrorHandling)
+	if err := statusErr(st); err != nil {
+		w.mu.Unlock()
+		return nil, opErr("ep_create", err, "connect %s", addr)
+	}
+	ep := w.addEndpointLocked(raw, p, addr)
+	w.mu.Unlock()
+
+	// A flush completes once wire-up has finished, or fails if the peer is not there.
+	req, err := ep.FlushNbx(nil)
+	if err == nil {
+		err = req.Wait(ctx)
+	}
+	if err != nil {
+		_ = ep.closeWith(true, time.Second)
+		return nil, opErr("ep_create", err, "connect %s", addr)
+	}
+	return ep, nil
+}
+
+// ConnectAddress creates an endpoint to a worker address obtained from the peer's
+// Worker.Address. Bytes that are not such an address give ErrInvalidAddr.
+func (w *Worker) ConnectAddress(addr []byte, p *EndpointParams) (*Endpoint, error) {
+	_, _, payload, ok := decodeEnvelope(addressMagic, addr)
+	if !ok {
+		return nil, opErr("ep_create", ErrInvalidAddr, "worker address of %d bytes is not a ucpx worker address", len(addr))
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return nil, opErr("ep_create", ErrClosed, "")
+	}
+	raw, st := w.raw.ConnectAddress(payload, p == nil || !p.NoPeerErrorHandling)
+	if err := statusErr(st); err != nil {
+		return nil, opErr("ep_create", err, "worker address")
+	}
+	return w.addEndpointLocked(raw, p, "worker-address"), nil
+}
+
+// usableLocked returns the error an operation on ep must fail with, if any.
+func (ep *Endpoint) usableLocked(op string) error {
+	if ep.closed || ep.w.closed.Load() {
+		return opErr(op, ErrClosed, "%s", ep)
+	}
+	if ep.err != nil {
+		return opErr(op, ep.err, "%s", ep)
+	}
+	return nil
+}
+
+// failLocked handles the peer failure reported by UCX.
+func (ep *Endpoint) failLocked(st Status) {
+	if ep.err != nil || ep.closed {
+		return
+	}
+	ep.err = st
+	for r := range ep.recvs {
+		if r.req != nil {
+			ep.w.raw.Cancel(r.req)
+		}
+	}
+	if h := ep.params.ErrorHandler; h != nil {
+		ep.w.deferred = append(ep.w.deferred, func() { h(ep, st) })
+	}
+}
+
+// CloseNbx starts closing the endpoint (ucp_ep_close_nbx): flush mode completes
+// outstanding operations first; force mode drops them and completes them with an
+// error. The endpoint is unusable as soon as the call returns.
+func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ep.closed || w.closed.Load() {
+		return nil, opErr("ep_close_nbx", ErrClosed, "%s", ep)
+	}
+	if ep.err != nil {
+		force = true // UCX requires force mode on a failed endpoint
+	}
+	ep.markClosedLocked()
+	if !ep.owned {
+		return completedRequest, nil
+	}
+	return w.postLocked("ep_close_nbx", w.raw.Close(ep.raw, force), &defaultParam, nil)
+}
+
+func (ep *Endpoint) markClosedLocked() {
+	ep.closed = true
+	delete(ep.w.eps, ep.raw.Ptr())
+	if ep.owned {
+		live.endpoints.Add(-1)
+	}
+}
+
+// Close closes the endpoint gracefully (flush), falling back to force after 5 s so a
+// dead peer cannot make Close hang. A second Close returns ErrClosed.
+func (ep *Endpoint) Close() error { return ep.closeWith(false, 5*time.Second) }
+
+func (ep *Endpoint) closeWith(force bool, timeout time.Duration) error {
+	req, err := ep.CloseNbx(force)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err = req.Wait(ctx)
+	if err != nil && ctx.Err() != nil {
+		req.Cancel()
+		// Wait for the cancellation so the request is released before returning.
+		ctx2, cancel2 := context.WithTimeout(context.Background(), timeout)
+		defer cancel2()
+		_ = req.Wait(ctx2)
+		return opErr("ep_close_nbx", ErrTimedOut, "%s: flush did not finish in %v", ep, timeout)
+	}
+	if err != nil && Is(err, ErrPeerFailed) {
+		return nil // the peer is gone: closing is all that could be done
+	}
+	return err
+}
+
+// forceCloseLocked is Close from Worker.Close: no waiting (the worker drains after).
+func (ep *Endpoint) forceCloseLocked() {
+	if ep.closed {
+		return
+	}
+	ep.markClosedLocked()
+	if ep.owned {
+		_, _ = ep.w.postLocked("ep_close_nbx", ep.w.raw.Close(ep.raw, true), &defaultParam, nil)
+	}
+}
+
+// replyEndpointLocked finds (or wraps, unowned) the endpoint UCX gave for an AM reply.
+func (w *Worker) replyEndpointLocked(p unsafe.Pointer) *Endpoint {
+	if p == nil {
+		return nil
+	}
+	if ep := w.eps[p]; ep != nil {
+		return ep
+	}
+	return &Endpoint{w: w, raw: ucx.EPFromPtr(p), name: "reply", recvs: map[*Request]struct{}{}}
+}

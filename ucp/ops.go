@@ -1,0 +1,347 @@
+package ucp
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// bufPtr is the address UCX gets for a Go slice (nil for an empty one).
+func bufPtr(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
+}
+
+func (p *RequestParam) memType() int {
+	if p.MemoryType == MemoryUnknown {
+		return -1
+	}
+	return int(p.MemoryType)
+}
+
+func (p *RequestParam) check(op string) error {
+	if p.Condition != nil {
+		return opErr(op, ErrUnsupported, "conditions are executed by package condition, not by a plain nbx call")
+	}
+	if p.MemH != nil && p.MemH.closed {
+		return opErr(op, ErrClosed, "RequestParam.MemH")
+	}
+	return nil
+}
+
+func param(p *RequestParam) *RequestParam {
+	if p == nil {
+		return &defaultParam
+	}
+	return p
+}
+
+// TagSendNbx sends buf with tag (ucp_tag_send_nbx). buf must stay untouched until the
+// returned Request is done.
+func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Request, error) {
+	p = param(p)
+	if err := p.check("tag_send_nbx"); err != nil {
+		return nil, err
+	}
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked("tag_send_nbx"); err != nil {
+		return nil, err
+	}
+	ptr := w.raw.TagSend(ep.raw, bufPtr(buf), len(buf), tag, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+	return w.postLocked("tag_send_nbx", ptr, p, nil, bufPtr(buf))
+}
+
+// TagRecvNbx receives a message whose tag matches tag under mask (sender_tag & mask ==
+// tag & mask) into buf (ucp_tag_recv_nbx). A longer message completes with
+// ErrMessageTruncated. Length and SenderTag report what arrived.
+func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Request, error) {
+	p = param(p)
+	if err := p.check("tag_recv_nbx"); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return nil, opErr("tag_recv_nbx", ErrClosed, "")
+	}
+	if p.Peer != nil {
+		if err := p.Peer.usableLocked("tag_recv_nbx"); err != nil {
+			return nil, err
+		}
+	}
+	ptr := w.raw.TagRecv(bufPtr(buf), len(buf), tag, mask, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+	r, err := w.postLocked("tag_recv_nbx", ptr, p, func() *Request {
+		r := &Request{w: w, op: "tag_recv_nbx"}
+		r.tag, r.length = w.raw.RecvInfo()
+		r.done.Store(true)
+		return r
+	}, bufPtr(buf))
+	if err == nil && p.Peer != nil && !r.done.Load() {
+		r.peer = p.Peer
+		p.Peer.recvs[r] = struct{}{}
+	}
+	if err != nil {
+		err = opErr("tag_recv_nbx", err, "len %d tag %#x mask %#x", len(buf), tag, mask)
+	}
+	return r, err
+}
+
+// PutNbx writes buf to raddr in the peer's memory described by rkey (ucp_put_nbx).
+// The range must lie inside the region the rkey was packed for.
+func (ep *Endpoint) PutNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
+	return ep.rma("put_nbx", buf, raddr, rkey, p, true)
+}
+
+// GetNbx reads len(buf) bytes from raddr in the peer's memory into buf (ucp_get_nbx).
+func (ep *Endpoint) GetNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
+	return ep.rma("get_nbx", buf, raddr, rkey, p, false)
+}
+
+func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
+	p = param(p)
+	if err := p.check(op); err != nil {
+		return nil, err
+	}
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, err
+	}
+	if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
+		return nil, err
+	}
+	var ptr unsafe.Pointer
+	if put {
+		ptr = w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+	} else {
+		ptr = w.raw.Get(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+	}
+	r, err := w.postLocked(op, ptr, p, nil, bufPtr(buf))
+	return r, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
+}
+
+// AtomicOp is a ucp_atomic_op_t.
+type AtomicOp int
+
+const (
+	AtomicAdd  AtomicOp = ucx.AtomicAdd
+	AtomicSwap AtomicOp = ucx.AtomicSwap
+	// AtomicCswap stores Swap if the remote value equals Operand.
+	AtomicCswap AtomicOp = ucx.AtomicCswap
+	AtomicAnd   AtomicOp = ucx.AtomicAnd
+	AtomicOr    AtomicOp = ucx.AtomicOr
+	AtomicXor   AtomicOp = ucx.AtomicXor
+)
+
+// AtomicParam describes one remote atomic operation on a 32- or 64-bit word.
+type AtomicParam struct {
+	Op AtomicOp
+	// Size is 4 or 8 (bytes); 0 means 8.
+	Size int
+	// Operand: the value to add/and/or/xor/swap in, or the compare value of Cswap.
+	Operand uint64
+	// Swap is the value Cswap stores when the comparison holds.
+	Swap uint64
+	// Fetch asks for the remote value before the operation (always on for Swap/Cswap).
+	Fetch bool
+}
+
+// AtomicNbx performs an atomic operation on the word at raddr (ucp_atomic_op_nbx).
+// With fetch, Request.Fetched reports the previous remote value once done.
+func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
+	const op = "atomic_op_nbx"
+	p = param(p)
+	if err := p.check(op); err != nil {
+		return nil, err
+	}
+	if a.Size == 0 {
+		a.Size = 8
+	}
+	if a.Size != 4 && a.Size != 8 {
+		return nil, opErr(op, ErrInvalidParam, "size %d (want 4 or 8)", a.Size)
+	}
+	if a.Op < AtomicAdd || a.Op > AtomicXor {
+		return nil, opErr(op, ErrInvalidParam, "op %d", a.Op)
+	}
+	if raddr%uint64(a.Size) != 0 {
+		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
+	}
+	fetch := a.Fetch || a.Op == AtomicSwap || a.Op == AtomicCswap
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, err
+	}
+	if err := rkey.checkLocked(op, ep, raddr, a.Size); err != nil {
+		return nil, err
+	}
+	// Operand and reply live in C memory: UCX reads/writes them after the call returns.
+	mem := ucx.Malloc(16)
+	put := func(off uintptr, v uint64) {
+		if a.Size == 4 {
+			*(*uint32)(unsafe.Add(mem, off)) = uint32(v)
+		} else {
+			*(*uint64)(unsafe.Add(mem, off)) = v
+		}
+	}
+	put(0, a.Operand)
+	var reply unsafe.Pointer
+	if fetch {
+		reply = unsafe.Add(mem, 8)
+		if a.Op == AtomicCswap {
+			put(8, a.Swap)
+		}
+	}
+	read := func(r *Request) {
+		if fetch && r.err == nil {
+			b := unsafe.Slice((*byte)(unsafe.Add(mem, 8)), 8)
+			if a.Size == 4 {
+				r.fetched = uint64(binary.NativeEndian.Uint32(b))
+			} else {
+				r.fetched = binary.NativeEndian.Uint64(b)
+			}
+		}
+		ucx.Free(mem)
+	}
+	ptr := w.raw.Atomic(ep.raw, int(a.Op), mem, a.Size, reply, raddr, rkey.raw, uint32(p.Flags))
+	r, err := w.postLocked(op, ptr, p, func() *Request {
+		r := &Request{w: w, op: op}
+		read(r)
+		r.done.Store(true)
+		return r
+	})
+	switch {
+	case err != nil:
+		ucx.Free(mem)
+		return nil, opErr(op, unwrapOp(err), "raddr %#x", raddr)
+	case !r.done.Load():
+		r.finish = read
+	}
+	return r, nil
+}
+
+// Fetched is the remote value before an atomic operation with fetch semantics.
+func (r *Request) Fetched() uint64 { return r.fetched }
+
+// FlushNbx completes all operations issued on the endpoint, locally and remotely
+// (ucp_ep_flush_nbx).
+func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
+	p = param(p)
+	if err := p.check("ep_flush_nbx"); err != nil {
+		return nil, err
+	}
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked("ep_flush_nbx"); err != nil {
+		return nil, err
+	}
+	return w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw), p, nil)
+}
+
+// FlushNbx completes all operations issued on every endpoint of the worker
+// (ucp_worker_flush_nbx).
+func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
+	p = param(p)
+	if err := p.check("worker_flush_nbx"); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return nil, opErr("worker_flush_nbx", ErrClosed, "")
+	}
+	return w.postLocked("worker_flush_nbx", w.raw.Flush(), p, nil)
+}
+
+func unwrapOp(err error) error {
+	if e, ok := err.(*OpError); ok {
+		return e.Err
+	}
+	return err
+}
+
+func (m *MemH) rawOrNil() *ucx.MemH {
+	if m == nil {
+		return nil
+	}
+	return m.raw
+}
+
+// Rkey is an unpacked remote key (ucp_rkey_h) for one endpoint.
+type Rkey struct {
+	ep     *Endpoint
+	raw    *ucx.Rkey
+	base   uint64
+	length uint64
+	closed bool // under ep.w.mu
+}
+
+// UnpackRkey unpacks a remote key produced by the peer's MemH.PackRkey. Bytes that are
+// not such a key give ErrInvalidParam, never a crash inside UCX.
+func (ep *Endpoint) UnpackRkey(packed []byte) (*Rkey, error) {
+	base, length, payload, ok := decodeEnvelope(rkeyMagic, packed)
+	if !ok {
+		return nil, opErr("ep_rkey_unpack", ErrInvalidParam, "%d bytes are not a packed ucpx rkey", len(packed))
+	}
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked("ep_rkey_unpack"); err != nil {
+		return nil, err
+	}
+	raw, st := ep.raw.RkeyUnpack(payload)
+	if err := statusErr(st); err != nil {
+		return nil, opErr("ep_rkey_unpack", err, "")
+	}
+	live.rkeys.Add(1)
+	rk := &Rkey{ep: ep, raw: raw, base: base, length: length}
+	w.rkeys[rk] = struct{}{}
+	return rk, nil
+}
+
+// Base and Len describe the remote region the key grants access to.
+func (r *Rkey) Base() uint64 { return r.base }
+
+// Len is the length of the remote region.
+func (r *Rkey) Len() int { return int(r.length) }
+
+func (r *Rkey) checkLocked(op string, ep *Endpoint, raddr uint64, n int) error {
+	switch {
+	case r == nil:
+		return opErr(op, ErrInvalidParam, "nil rkey")
+	case r.closed:
+		return opErr(op, ErrClosed, "rkey")
+	case r.ep != ep:
+		return opErr(op, ErrInvalidParam, "rkey was unpacked for %s, not %s", r.ep, ep)
+	case raddr < r.base || uint64(n) > r.length || raddr-r.base > r.length-uint64(n):
+		return opErr(op, ErrOutOfRange, "[%#x, +%d) outside remote region [%#x, +%d)", raddr, n, r.base, r.length)
+	}
+	return nil
+}
+
+// Close destroys the rkey. A second Close returns ErrClosed.
+func (r *Rkey) Close() error {
+	w := r.ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.closed {
+		return opErr("rkey_destroy", ErrClosed, "")
+	}
+	r.destroyLocked()
+	return nil
+}
+
+func (r *Rkey) destroyLocked() {
+	r.closed = true
+	r.raw.Destroy()
+	delete(r.ep.w.rkeys, r)
+	live.rkeys.Add(-1)
+}

@@ -1,0 +1,224 @@
+package ucp
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// OpFlags are ucp_op_attr_t flags.
+type OpFlags uint32
+
+const (
+	// NoImmediateCompletion makes every operation return a pending Request and run its
+	// Callback, even when UCX could complete it in place.
+	NoImmediateCompletion = OpFlags(ucx.OpNoImmCmpl)
+	// FastCompletion expedites local completion, possibly delaying remote delivery.
+	FastCompletion = OpFlags(ucx.OpFastCmpl)
+	// ForceImmediateCompletion fails with ErrNoResource if the operation cannot complete in place.
+	ForceImmediateCompletion = OpFlags(ucx.OpForceImmCmpl)
+	// MultiSend optimises for bandwidth of many operations in flight.
+	MultiSend = OpFlags(ucx.OpMultiSend)
+)
+
+// Condition says when an operation starts (a stream point, a graph node, a kernel
+// trigger). Conditions are created by package condition; the field is accepted by
+// every nbx call.
+type Condition interface {
+	// conditionCategory keeps implementations inside ucpx.
+	conditionCategory() int
+}
+
+// RequestParam mirrors ucp_request_param_t. A nil *RequestParam means defaults.
+type RequestParam struct {
+	// Callback runs when an operation that did not complete in place completes, on the
+	// goroutine that drove the progress which completed it, without worker locks held.
+	// As in UCX it does not run for operations that complete immediately (the call's
+	// returned Request is already done); set NoImmediateCompletion to always get it.
+	Callback func(*Request)
+	// MemoryType of the local buffer; the zero value means host memory for Go slices.
+	// Use MemoryUnknown to let UCX detect it.
+	MemoryType MemoryType
+	// MemH is a registration covering the buffer, letting UCX skip its own lookup.
+	MemH *MemH
+	// Flags are operation attribute flags.
+	Flags OpFlags
+	// AmFlags are AM send flags (AmReply, AmEager, AmRendezvous); AmSendNbx only.
+	AmFlags AmSendFlags
+	// Peer, on a receive, names the endpoint the message is expected from: if that
+	// endpoint fails, the receive completes with the peer's error instead of waiting
+	// forever (tag receives are not tied to an endpoint in UCX).
+	Peer *Endpoint
+	// Condition defers the operation until the condition triggers.
+	Condition Condition
+}
+
+var defaultParam RequestParam
+
+// Request tracks one operation. A Request returned with a nil error is either done
+// (the operation completed in place) or pending; Wait, Test and Callback observe the
+// completion. Fields are read-only to the user.
+type Request struct {
+	w      *Worker
+	op     string
+	req    unsafe.Pointer // UCX request while pending (under w.mu)
+	done   atomic.Bool
+	err    error
+	length int
+	tag    uint64
+	// fetched is the remote value before an atomic with fetch semantics.
+	fetched uint64
+	cb     func(*Request)
+	peer   *Endpoint
+	pin    runtime.Pinner
+	pinned bool
+	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
+	finish func(r *Request)
+}
+
+// completedRequest is shared by every send that completes in place: it carries no
+// per-operation data, so one immutable value serves all and costs no allocation.
+var completedRequest = func() *Request {
+	r := &Request{op: "completed"}
+	r.done.Store(true)
+	return r
+}()
+
+// Done reports whether the operation completed, without driving progress.
+func (r *Request) Done() bool { return r.done.Load() }
+
+// Err is the operation's result once Done; nil while pending.
+func (r *Request) Err() error {
+	if !r.done.Load() {
+		return nil
+	}
+	return r.err
+}
+
+// Length is the received length (tag receive, AM receive) once Done.
+func (r *Request) Length() int { return r.length }
+
+// SenderTag is the tag of the matched message (tag receive) once Done.
+func (r *Request) SenderTag() uint64 { return r.tag }
+
+// Test drives one round of progress if the request is pending and reports whether
+// it is done, with its error.
+func (r *Request) Test() (bool, error) {
+	if r.done.Load() {
+		return true, r.err
+	}
+	r.w.Progress()
+	if r.done.Load() {
+		return true, r.err
+	}
+	return false, nil
+}
+
+// Wait drives progress until the operation completes or ctx ends. When ctx ends first
+// it returns ctx.Err() and the operation stays pending (Cancel it if it should stop).
+func (r *Request) Wait(ctx context.Context) error {
+	if r.done.Load() {
+		return r.err
+	}
+	return r.w.waitRequest(ctx, r)
+}
+
+// Cancel asks UCX to cancel a pending operation; it then completes with ErrCanceled
+// (or its real result if it completed first). Canceling a done request does nothing.
+func (r *Request) Cancel() {
+	if r.done.Load() {
+		return
+	}
+	w := r.w
+	w.mu.Lock()
+	if r.req != nil && !w.closed.Load() {
+		w.raw.Cancel(r.req)
+		w.drainLocked()
+	}
+	cbs := w.takeDeferredLocked()
+	w.mu.Unlock()
+	runDeferred(cbs)
+}
+
+func (r *Request) errOr(err error) error {
+	if r.done.Load() {
+		return r.err
+	}
+	return err
+}
+
+// completeLocked records the result, releases what the operation held and queues the
+// user callback. Called once, under w.mu.
+func (r *Request) completeLocked(err error, length int, tag uint64) {
+	if err != nil {
+		if r.peer != nil && r.peer.err != nil && Is(err, ErrCanceled) {
+			err = r.peer.err // canceled because the named peer failed
+		}
+		if _, ok := err.(*OpError); !ok {
+			err = &OpError{Op: r.op, Err: err}
+		}
+	}
+	r.err, r.length, r.tag = err, length, tag
+	if r.finish != nil {
+		r.finish(r)
+	}
+	if r.pinned {
+		r.pin.Unpin()
+		r.pinned = false
+	}
+	if r.peer != nil {
+		delete(r.peer.recvs, r)
+	}
+	r.done.Store(true)
+	if r.cb != nil {
+		cb := r.cb
+		r.w.deferred = append(r.w.deferred, func() { cb(r) })
+	}
+}
+
+// Is is errors.Is for the package's own hot paths without importing errors twice.
+func Is(err, target error) bool {
+	for err != nil {
+		if err == target {
+			return true
+		}
+		if s, ok := err.(Status); ok && s.Is(target) {
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
+
+// post finishes an nbx call: ptr is UCX's status pointer. pins are the Go buffers UCX
+// may keep while the operation is pending (pinned only then: Go's heap does not move
+// objects, and the caller's slice keeps them alive across the call).
+func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, immediate func() *Request, pins ...unsafe.Pointer) (*Request, error) {
+	req, st := ucx.PtrStatus(ptr)
+	switch st {
+	case ucx.OK:
+		if immediate != nil {
+			return immediate(), nil
+		}
+		return completedRequest, nil
+	case ucx.InProgress:
+		r := &Request{w: w, op: op, cb: p.Callback}
+		for _, b := range pins {
+			if b != nil {
+				r.pin.Pin(b)
+				r.pinned = true
+			}
+		}
+		w.trackLocked(r, req)
+		return r, nil
+	default:
+		return nil, &OpError{Op: op, Err: Status(st)}
+	}
+}
