@@ -21,14 +21,15 @@ var ErrAbandoned = fmt.Errorf("%w: pending work abandoned", ErrClosed)
 
 // PanicError is the sticky error of a host stream whose LaunchHostFunc callback
 // panicked. The stream fails like a CUDA stream after a sticky error: the queued work
-// behind the callback is dropped and every later call returns this error.
+// behind the callback is dropped and every later call returns this error. Error()
+// is one line; the stack is in Stack for whoever wants to log it.
 type PanicError struct {
 	Value any    // the value passed to panic
-	Stack []byte // the callback goroutine's stack at the panic
+	Stack []byte // the executor goroutine's stack at the panic (runtime/debug.Stack)
 }
 
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("stream: host func panicked: %v\n%s", e.Value, e.Stack)
+	return fmt.Sprintf("stream: host func panicked: %v", e.Value)
 }
 
 // Unwrap returns the panic value when it is an error, so errors.Is sees through it.

@@ -45,11 +45,11 @@ func TestHostCloseBlockedOnEvent(t *testing.T) {
 	b := newTestBackend(t, WithCloseGrace(10*time.Millisecond))
 	a, s := newTestStream(t, b), newTestStream(t, b)
 	words := newTestWords(t, b, 2)
-	never, flag := words.Word(0), words.Word(1)
+	unwritten, flag := words.Word(0), words.Word(1)
 	e, err := b.NewEvent()
 	require.NoError(t, err)
 
-	require.NoError(t, a.WaitValue(never, 1, EQ))
+	require.NoError(t, a.WaitValue(unwritten, 1, EQ))
 	require.NoError(t, a.Record(e))
 	require.NoError(t, s.WaitEvent(e))
 	require.NoError(t, s.WriteValue(flag, 1))

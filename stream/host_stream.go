@@ -35,14 +35,11 @@ type hostOp struct {
 	n     int         // opCopy
 }
 
-// Idle policy of the executor: after draining its queue it polls for new work for
-// idleSpinFor (an enqueue right after is picked up within nanoseconds), keeps polling
-// with runtime.Gosched until idleYieldFor, then parks on its wake channel (an enqueue
-// then costs a goroutine wake-up, a few microseconds).
-const (
-	idleSpinFor  = 5 * time.Microsecond
-	idleYieldFor = 50 * time.Microsecond
-)
+// Idle policy of the executor: after draining its queue it keeps polling for new work
+// for idleSpinFor (an enqueue right after is picked up within a cache-line transfer),
+// yielding the P every pollYieldEvery, then parks on its wake channel (an enqueue then
+// costs a goroutine wake-up, a few microseconds).
+const idleSpinFor = 20 * time.Microsecond
 
 // maxRetainedBatch: after a batch this large the executor drops its slice rather than
 // keeping megabytes of queue alive for a stream that is usually short.
@@ -382,7 +379,12 @@ func (s *hostStream) next(spare []hostOp) ([]hostOp, bool) {
 // idleWait polls for new work (see idleSpinFor) before the executor parks.
 func (s *hostStream) idleWait() {
 	start := time.Now()
+	single := singleP(start)
+	var lastYield time.Duration
 	for i := 1; s.tail.Load() == s.taken; i++ {
+		if single {
+			runtime.Gosched() // the producer needs this P to enqueue anything
+		}
 		if i%pollClockEvery != 0 {
 			continue
 		}
@@ -390,10 +392,11 @@ func (s *hostStream) idleWait() {
 			return
 		}
 		elapsed := time.Since(start)
-		if elapsed >= idleYieldFor {
+		if elapsed >= idleSpinFor {
 			return
 		}
-		if elapsed >= idleSpinFor {
+		if elapsed-lastYield >= pollYieldEvery {
+			lastYield = elapsed
 			runtime.Gosched()
 		}
 	}
@@ -555,9 +558,13 @@ func (s *hostStream) reached(target uint64) (bool, error) {
 // is closed or timeout fires (errStopped).
 func (s *hostStream) awaitSeq(target uint64, stop <-chan struct{}, timeout <-chan time.Time) error {
 	start := time.Now()
+	single := singleP(start)
 	for i := 1; ; i++ {
 		if ok, err := s.reached(target); ok {
 			return err
+		}
+		if single {
+			runtime.Gosched() // let the executor we wait for run
 		}
 		if i%pollClockEvery == 0 && time.Since(start) >= awaitSpinFor {
 			break

@@ -181,12 +181,12 @@ func TestHostOrderingManyProducers(t *testing.T) {
 func TestHostWaitValueCompare(t *testing.T) {
 	const top = math.MaxUint64
 	cases := []struct {
-		name     string
-		cmp      Compare
-		value    uint64
-		initial  uint64   // condition false
+		name      string
+		cmp       Compare
+		value     uint64
+		initial   uint64   // condition false
 		alsoFalse []uint64 // written while blocked: must not release the wait
-		release  uint64   // condition true
+		release   uint64   // condition true
 	}{
 		{"GEQ", GEQ, 10, 5, []uint64{9, 0}, 10},
 		{"GEQ above", GEQ, 10, 5, nil, 11},

@@ -18,8 +18,9 @@ type EndpointParams struct {
 	// the endpoint complete with the error as well; the endpoint is unusable afterwards.
 	ErrorHandler func(ep *Endpoint, err error)
 	// NoPeerErrorHandling selects UCP_ERR_HANDLING_MODE_NONE: a failed peer is not
-	// reported and transports without failure detection may be used. Only for
-	// benchmarks against tools that do the same.
+	// reported, and transports without failure detection may be used. In UCX 1.13 that
+	// is what enables shared memory (sysv/posix/cma): with peer error handling UCX picks
+	// only tcp. Waits stay bounded by their context either way.
 	NoPeerErrorHandling bool
 }
 

@@ -58,10 +58,48 @@ func newPair(t *testing.T, cfg map[string]string) *pair {
 	return p
 }
 
+// newShmPair connects two workers by worker address without peer error handling,
+// which is how UCX 1.13 selects shared-memory transports.
+func newShmPair(t *testing.T) *pair {
+	t.Helper()
+	p := &pair{}
+	var err error
+	p.ctxA, err = NewContext(ContextParams{})
+	require.NoError(t, err)
+	p.ctxB, err = NewContext(ContextParams{})
+	require.NoError(t, err)
+	p.a, err = p.ctxA.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	p.b, err = p.ctxB.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	addrA, err := p.a.Address()
+	require.NoError(t, err)
+	addrB, err := p.b.Address()
+	require.NoError(t, err)
+	p.epA, err = p.a.ConnectAddress(addrB, &EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	p.epB, err = p.b.ConnectAddress(addrA, &EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.close(t) })
+	return p
+}
+
+// pairs runs f over tcp (listener, peer error handling) and shared memory.
+func pairs(t *testing.T, f func(t *testing.T, p *pair)) {
+	t.Run("tcp", func(t *testing.T) { f(t, newPair(t, map[string]string{"TLS": "tcp"})) })
+	t.Run("shm", func(t *testing.T) { f(t, newShmPair(t)) })
+}
+
 func (p *pair) close(t *testing.T) {
 	t.Helper()
-	require.NoError(t, p.ctxA.Close())
-	require.NoError(t, p.ctxB.Close())
+	if p.ctxA != nil {
+		require.NoError(t, p.ctxA.Close())
+		p.ctxA = nil
+	}
+	if p.ctxB != nil {
+		require.NoError(t, p.ctxB.Close())
+		p.ctxB = nil
+	}
 }
 
 // waitAll drives every request's worker until all are done or the timeout passes.
@@ -82,6 +120,38 @@ func waitAll(t *testing.T, timeout time.Duration, reqs ...*Request) {
 			t.Fatalf("requests not done after %v", timeout)
 		}
 	}
+}
+
+// wait drives both workers of the pair until every request is done. One-sided
+// operations over tcp are emulated with active messages, so the target must progress too.
+func (p *pair) wait(t *testing.T, reqs ...*Request) {
+	t.Helper()
+	progressAll(t, 30*time.Second, func() bool {
+		for _, r := range reqs {
+			if !r.Done() {
+				return false
+			}
+		}
+		return true
+	}, p.a, p.b)
+}
+
+// background progresses w on its own goroutine until the returned stop is called.
+func background(w *Worker) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+				w.Progress()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 // progressAll drives workers until stop returns true or the timeout passes.

@@ -50,7 +50,7 @@ func load(lib string) error {
 	switch C.ucpx_cu_load(clib, &buf[0], C.size_t(len(buf))) {
 	case 0:
 	case 1:
-		return fmt.Errorf("cuda: dlopen %s: %s: %w", lib, C.GoString(&buf[0]), ErrNoDriver)
+		return fmt.Errorf("cuda: dlopen %s: %s: %w: %w", lib, C.GoString(&buf[0]), ErrNoDriver, errNoLibrary)
 	default:
 		return fmt.Errorf("cuda: %s: %w", C.GoString(&buf[0]), ErrNoDriver)
 	}
@@ -115,6 +115,6 @@ var symbolNames = sync.OnceValue(func() map[string]string {
 	return m
 })
 
-// errNoDriverLoaded is returned by object methods reached without Load (a
-// zero-value object); real objects can only be made after Load succeeded.
-var errNoDriverLoaded = errors.New("cuda: driver not loaded")
+// errNoLibrary marks the case where libcuda.so.1 itself is absent (as opposed to
+// present but failing), which tests treat as "no GPU here".
+var errNoLibrary = errors.New("library not found")

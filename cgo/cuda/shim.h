@@ -38,7 +38,7 @@ static inline CUcontext ucpx_ctx_from(uintptr_t h) { return (CUcontext)h; }
 static inline CUstream ucpx_stream_from(uintptr_t h) { return (CUstream)h; }
 static inline CUevent ucpx_event_from(uintptr_t h) { return (CUevent)h; }
 static inline CUgraph ucpx_graph_from(uintptr_t h) { return (CUgraph)h; }
-static inline uintptr_t ucpx_ptr_to(const void *p) { return (uintptr_t)p; }
+static inline CUgraphNode ucpx_node_from(uintptr_t h) { return (CUgraphNode)h; }
 
 /* Errors and version. */
 CUresult ucpx_init(unsigned int flags);

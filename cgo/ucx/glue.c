@@ -461,11 +461,36 @@ void *ucpx_tag_recv(ucpx_worker_t *w, void *buf, size_t len, uint64_t tag, uint6
                     uint32_t flags, int mem_type, ucp_mem_h memh, ucp_tag_recv_info_t *info)
 {
     ucp_request_param_t p;
-    fill(&p, w, flags, mem_type, memh);
-    p.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
+    ucpx_req_t *r;
+    ucs_status_t st;
+    void *ret;
+
+    /* UCX 1.13 does not fill recv_info when a receive completes in place (an
+     * unexpected eager message), so ask for the callback instead and turn an
+     * in-call completion back into an immediate one here. */
+    fill(&p, w, flags | UCP_OP_ATTR_FLAG_NO_IMM_CMPL, mem_type, memh);
     p.cb.recv = tag_recv_cb;
-    p.recv_info.tag_info = info;
-    return ucp_tag_recv_nbx(w->worker, buf, len, tag, mask, &p);
+    ret = ucp_tag_recv_nbx(w->worker, buf, len, tag, mask, &p);
+    if (UCS_PTR_IS_ERR(ret) || ret == NULL || (flags & UCP_OP_ATTR_FLAG_NO_IMM_CMPL)) {
+        return ret;
+    }
+    r = ret;
+    if (!r->done) {
+        return ret;
+    }
+    /* Completed inside the call: its event is the last one queued (progress did
+     * not run in between). Take it back and complete in place. */
+    q_lock(w);
+    if (w->nevents > 0 && w->events[w->nevents - 1].ptr == ret) {
+        w->nevents--;
+    }
+    q_unlock(w);
+    info->sender_tag = r->sender_tag;
+    info->length = r->length;
+    st = r->status;
+    r->done = 0;
+    ucp_request_free(ret);
+    return UCS_STATUS_PTR(st);
 }
 
 void *ucpx_am_send(ucpx_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,

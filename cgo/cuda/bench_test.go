@@ -1,0 +1,247 @@
+package cuda_test
+
+// Benchmarks reproducing DESIGN.md §6's floors through this layer. Each reports
+// ns/op for one round trip (or one enqueue) plus µs metrics named after the
+// table's rows. Run: go test -run '^$' -bench . ./cgo/cuda (on a GPU machine).
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/device"
+)
+
+func reportUS(b *testing.B, total time.Duration, n int, unit string) {
+	if n > 0 {
+		b.ReportMetric(float64(total.Nanoseconds())/float64(n)/1000, unit)
+	}
+}
+
+// BenchmarkStreamMemopRoundTrip: the stream writes T=k, a host goroutine polls T
+// and echoes D=k, the stream waits D>=k. Round trips are pre-enqueued behind a
+// closed gate (so enqueue cost is excluded), in chunks small enough that the
+// pre-enqueue cannot fill the stream's queue; the clock runs from opening the
+// gate to the last echo.
+func BenchmarkStreamMemopRoundTrip(b *testing.B) {
+	for _, mode := range []string{"batch", "single"} {
+		b.Run(mode, func(b *testing.B) {
+			ctx := newContext(b)
+			s := newStream(b, ctx)
+			const G, T, D = 0, 1, 2
+			w := newWords(b, ctx, 3)
+			e := startEcho(w, T, D)
+			defer e.Stop()
+			const chunk = 120 // 240 memops + the gate
+			var gate, k uint64
+			var elapsed time.Duration
+			b.ResetTimer()
+			b.StopTimer()
+			for done := 0; done < b.N; {
+				c := min(chunk, b.N-done)
+				gate++
+				must(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
+				base := k
+				if mode == "batch" {
+					ops := make([]cuda.MemOp, 0, 2*c)
+					for i := 0; i < c; i++ {
+						k++
+						ops = append(ops, cuda.WriteValue64Op(w.dev(T), k, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k, cuda.WaitGEQ))
+					}
+					must(b, s.BatchMemOp(ops))
+				} else {
+					for i := 0; i < c; i++ {
+						k++
+						must(b, s.WriteValue64(w.dev(T), k, cuda.WriteDefault))
+						must(b, s.WaitValue64(w.dev(D), k, cuda.WaitGEQ))
+					}
+				}
+				b.StartTimer()
+				t0 := time.Now()
+				w.store(G, gate)
+				for w.load(D) != base+uint64(c) {
+				}
+				elapsed += time.Since(t0)
+				b.StopTimer()
+				done += c
+			}
+			syncWithin(b, s, 10*time.Second)
+			reportUS(b, elapsed, b.N, "us/roundtrip")
+		})
+	}
+}
+
+// BenchmarkGraphMemopRoundTrip: one graph launch per round trip, the graph being
+// one 2-op-plus-rearm batch-memop node [write T=1, wait D==1, write D=0]
+// ("one-node") or the trigger and the wait in two chained nodes ("two-nodes").
+// The host proxy resets T and sets D. Launch cost is included.
+func BenchmarkGraphMemopRoundTrip(b *testing.B) {
+	for _, shape := range []string{"one-node", "two-nodes"} {
+		b.Run(shape, func(b *testing.B) {
+			ctx := newContext(b)
+			s := newStream(b, ctx)
+			const T, D = 0, 1
+			w := newWords(b, ctx, 2)
+			g, err := ctx.NewGraph()
+			must(b, err)
+			defer g.Close()
+			ops := roundTripOps(w, T, D)
+			if shape == "one-node" {
+				_, err = g.AddBatchMemOpNode(nil, ops)
+				must(b, err)
+			} else {
+				n1, err := g.AddBatchMemOpNode(nil, ops[:1])
+				must(b, err)
+				_, err = g.AddBatchMemOpNode([]cuda.Node{n1}, ops[1:])
+				must(b, err)
+			}
+			x, err := g.Instantiate(0)
+			must(b, err)
+			defer x.Close()
+			var count atomic.Int64
+			p := startProxy(w, T, D, &count)
+			defer p.Stop()
+			b.ResetTimer()
+			t0 := time.Now()
+			for i := 0; i < b.N; i++ {
+				must(b, x.Launch(s))
+			}
+			must(b, s.Synchronize())
+			elapsed := time.Since(t0)
+			b.StopTimer()
+			if count.Load() != int64(b.N) {
+				b.Fatalf("%d triggers for %d launches", count.Load(), b.N)
+			}
+			reportUS(b, elapsed, b.N, "us/roundtrip")
+		})
+	}
+}
+
+// BenchmarkKernelFlagRoundTrip: one kernel thread writes T=k and spins until the
+// host echoes D=k (ucpx_test_echo). Reports the wall-clock time per round trip
+// and the kernel's own %globaltimer measurement.
+func BenchmarkKernelFlagRoundTrip(b *testing.B) {
+	ctx := newContext(b)
+	s := newStream(b, ctx)
+	m := testModule(b, ctx)
+	k := function(b, m, device.KernelEcho)
+	const T, D, R0, R1 = 0, 1, 2, 3
+	w := newWords(b, ctx, 4)
+	e := startEcho(w, T, D)
+	defer e.Stop()
+	// Warm up: the first launch JITs nothing (LoadModule did) but maps pages.
+	must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(0), uint64(10), w.dev(R0)))
+	syncWithin(b, s, 10*time.Second)
+	base := w.load(T)
+	b.ResetTimer()
+	t0 := time.Now()
+	must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), base, uint64(b.N), w.dev(R0)))
+	must(b, s.Synchronize())
+	elapsed := time.Since(t0)
+	b.StopTimer()
+	if w.load(R0) != uint64(b.N) {
+		b.Fatalf("kernel did %d of %d iterations", w.load(R0), b.N)
+	}
+	reportUS(b, elapsed, b.N, "us/roundtrip")
+	reportUS(b, time.Duration(w.load(R1)), b.N, "us/roundtrip-gpu")
+}
+
+// BenchmarkEnqueueMemop: CPU cost of enqueueing one stream memop (the stream
+// runs them as fast as they come; ns/op is the enqueue call).
+func BenchmarkEnqueueMemop(b *testing.B) {
+	cases := []struct {
+		name string
+		do   func(s *cuda.Stream, w words, i int) error
+		per  int
+	}{
+		{"write64", func(s *cuda.Stream, w words, i int) error {
+			return s.WriteValue64(w.dev(0), uint64(i), cuda.WriteDefault)
+		}, 1},
+		{"wait64-satisfied", func(s *cuda.Stream, w words, i int) error {
+			return s.WaitValue64(w.dev(1), 0, cuda.WaitGEQ)
+		}, 1},
+		{"batch16", func(s *cuda.Stream, w words, i int) error {
+			ops := make([]cuda.MemOp, 16)
+			for j := range ops {
+				ops[j] = cuda.WriteValue64Op(w.dev(0), uint64(i), cuda.WriteDefault)
+			}
+			return s.BatchMemOp(ops)
+		}, 16},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := newContext(b)
+			s := newStream(b, ctx)
+			w := newWords(b, ctx, 2)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, c.do(s, w, i))
+				if i%1024 == 1023 {
+					b.StopTimer()
+					must(b, s.Synchronize())
+					b.StartTimer()
+				}
+			}
+			b.StopTimer()
+			must(b, s.Synchronize())
+			if c.per > 1 {
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.per), "ns/memop")
+			}
+		})
+	}
+}
+
+// BenchmarkLaunchHostFunc: "enqueue" is the CPU cost of cuLaunchHostFunc through
+// the Go trampoline; "sequence" is the time per callback when many are queued
+// back to back behind a gate (driver callback latency plus the cgo callback).
+func BenchmarkLaunchHostFunc(b *testing.B) {
+	b.Run("enqueue", func(b *testing.B) {
+		ctx := newContext(b)
+		s := newStream(b, ctx)
+		noop := func() {}
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			must(b, s.LaunchHostFunc(noop))
+			if i%1024 == 1023 {
+				b.StopTimer()
+				must(b, s.Synchronize())
+				b.StartTimer()
+			}
+		}
+		b.StopTimer()
+		must(b, s.Synchronize())
+		reportUS(b, b.Elapsed(), b.N, "us/enqueue")
+	})
+	b.Run("sequence", func(b *testing.B) {
+		ctx := newContext(b)
+		s := newStream(b, ctx)
+		w := newWords(b, ctx, 1)
+		var ran atomic.Int64
+		inc := func() { ran.Add(1) }
+		const chunk = 1000
+		var gate uint64
+		var elapsed time.Duration
+		b.ResetTimer()
+		b.StopTimer()
+		for done := 0; done < b.N; {
+			c := min(chunk, b.N-done)
+			gate++
+			must(b, s.WaitValue64(w.dev(0), gate, cuda.WaitGEQ))
+			for i := 0; i < c; i++ {
+				must(b, s.LaunchHostFunc(inc))
+			}
+			want := ran.Load() + int64(c)
+			b.StartTimer()
+			t0 := time.Now()
+			w.store(0, gate)
+			for ran.Load() != want {
+			}
+			elapsed += time.Since(t0)
+			b.StopTimer()
+			done += c
+		}
+		must(b, s.Synchronize())
+		reportUS(b, elapsed, b.N, "us/callback")
+	})
+}

@@ -1,0 +1,7 @@
+package cuda
+
+// Internals exposed to the external tests.
+var (
+	LoadLibrary  = load
+	ErrNoLibrary = errNoLibrary
+)

@@ -1,0 +1,250 @@
+package cuda_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/device"
+)
+
+// EnvRequireGPU, when set to 1, turns "no GPU here" skips into failures, so a run
+// on the GPU machine cannot pass by skipping everything.
+const EnvRequireGPU = "UCPX_REQUIRE_GPU"
+
+// requireGPU skips the test where CUDA is absent (no libcuda.so.1, or no device)
+// and fails it where a driver is present but unusable or lacks what ucpx needs.
+// It returns device 0.
+func requireGPU(t testing.TB) cuda.Device {
+	t.Helper()
+	skip := t.Skipf
+	if os.Getenv(EnvRequireGPU) == "1" {
+		skip = t.Fatalf
+	}
+	if err := cuda.Load(); err != nil {
+		if errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice) || errors.Is(err, cuda.ErrStubLibrary) {
+			skip("no GPU: %v", err)
+		}
+		t.Fatalf("CUDA driver present but unusable: %v", err)
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		t.Fatalf("DeviceCount: %v", err)
+	}
+	if n == 0 {
+		skip("no CUDA device")
+	}
+	dev, err := cuda.GetDevice(0)
+	if err != nil {
+		t.Fatalf("GetDevice(0): %v", err)
+	}
+	caps, err := dev.Caps()
+	if err != nil {
+		t.Fatalf("Caps: %v", err)
+	}
+	if !caps.StreamMemOps64 || !caps.MapHostMemory || !caps.UnifiedAddressing {
+		t.Fatalf("device 0 lacks a feature ucpx needs: %+v", caps)
+	}
+	return dev
+}
+
+// gpuCount returns the number of devices (after requireGPU).
+func gpuCount(t testing.TB) int {
+	n, err := cuda.DeviceCount()
+	must(t, err)
+	return n
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustIs(t testing.TB, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("got error %v, want one matching %v", err, target)
+	}
+}
+
+// newContext retains device 0's primary context for the test.
+func newContext(t testing.TB) *cuda.Context {
+	t.Helper()
+	dev := requireGPU(t)
+	ctx, err := dev.RetainPrimaryContext()
+	must(t, err)
+	t.Cleanup(func() { ctx.Close() })
+	return ctx
+}
+
+func newStream(t testing.TB, ctx *cuda.Context) *cuda.Stream {
+	t.Helper()
+	s, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
+	must(t, err)
+	t.Cleanup(func() {
+		s.Synchronize()
+		s.Close()
+	})
+	return s
+}
+
+// words is a run of 64-bit signal words in host-mapped pinned memory.
+type words struct {
+	m *cuda.HostMemory
+}
+
+func newWords(t testing.TB, ctx *cuda.Context, n int) words {
+	t.Helper()
+	m, err := ctx.MemHostAlloc(8*n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	must(t, err)
+	if m.DevicePtr() == 0 {
+		t.Fatal("mapped host memory has no device pointer")
+	}
+	t.Cleanup(func() { m.Close() })
+	return words{m}
+}
+
+func (w words) ptr(i int) *uint64     { return (*uint64)(unsafe.Add(w.m.Ptr(), 8*i)) }
+func (w words) load(i int) uint64     { return atomic.LoadUint64(w.ptr(i)) }
+func (w words) store(i int, v uint64) { atomic.StoreUint64(w.ptr(i), v) }
+func (w words) dev(i int) uintptr     { return w.m.DevicePtr() + uintptr(8*i) }
+func (w words) host(i int) uintptr    { return w.m.Addr() + uintptr(8*i) }
+
+// eventually polls cond for up to d.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// syncWithin synchronizes s but fails the test, instead of hanging it, when the
+// stream is still blocked after d (a wait nobody released).
+func syncWithin(t testing.TB, s *cuda.Stream, d time.Duration) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(d):
+		t.Fatalf("stream did not finish within %v", d)
+	}
+}
+
+// testModule loads the embedded test kernels; it fails (does not skip) when a
+// GPU is present and the PTX is still the placeholder.
+func testModule(t testing.TB, ctx *cuda.Context) *cuda.Module {
+	t.Helper()
+	ptx := device.TestKernelsPTX()
+	if device.IsPlaceholder(ptx) {
+		t.Fatal("device/ptx/test_kernels.ptx is the placeholder: run scripts/ptx.sh (make ptx) and commit the PTX")
+	}
+	m, err := ctx.LoadModule(ptx)
+	must(t, err)
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func function(t testing.TB, m *cuda.Module, name string) *cuda.Function {
+	t.Helper()
+	f, err := m.Function(name)
+	must(t, err)
+	return f
+}
+
+// echoer is a host "proxy" on its own OS thread: whenever word trigger changes
+// it copies the value into word done.
+type echoer struct {
+	stop atomic.Bool
+	quit chan struct{}
+}
+
+func startEcho(w words, trigger, done int) *echoer {
+	e := &echoer{quit: make(chan struct{})}
+	go func() {
+		defer close(e.quit)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		last := w.load(trigger)
+		for i := 0; ; i++ {
+			if v := w.load(trigger); v != last {
+				last = v
+				w.store(done, v)
+			}
+			if i&1023 == 0 && e.stop.Load() {
+				return
+			}
+		}
+	}()
+	return e
+}
+
+func (e *echoer) Stop() {
+	e.stop.Store(true)
+	<-e.quit
+}
+
+// startProxy emulates ucpx's proxy for graph memop nodes [write T=1, wait D==1,
+// write D=0]: it waits for T==1, resets T to 0, counts, and sets D=1.
+func startProxy(w words, trigger, done int, count *atomic.Int64) *echoer {
+	e := &echoer{quit: make(chan struct{})}
+	go func() {
+		defer close(e.quit)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		for i := 0; ; i++ {
+			if w.load(trigger) == 1 {
+				w.store(trigger, 0)
+				count.Add(1)
+				w.store(done, 1)
+			}
+			if i&1023 == 0 && e.stop.Load() {
+				return
+			}
+		}
+	}()
+	return e
+}
+
+// isolated runs the calling test again in a child process and reports whether
+// the caller is that child. Tests that might poison the CUDA context (a device
+// fault is sticky for the whole process) run their body only in the child:
+//
+//	if !isolated(t) {
+//		return
+//	}
+func isolated(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(envIsolated) == t.Name() {
+		return true
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), envIsolated+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	t.Logf("isolated child:\n%s", out)
+	switch {
+	case err != nil:
+		t.Fatalf("isolated child failed: %v", err)
+	case strings.Contains(string(out), "--- SKIP: "+t.Name()):
+		t.Skip("skipped in the isolated child")
+	case !strings.Contains(string(out), "--- PASS: "+t.Name()):
+		t.Fatal("isolated child did not pass")
+	}
+	return false
+}
+
+const envIsolated = "UCPX_TEST_ISOLATED"

@@ -1,0 +1,271 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"sync"
+	"unsafe"
+)
+
+// Module is a loaded CUmodule: PTX (JIT-compiled by the driver for the device),
+// cubin or fatbin.
+type Module struct {
+	ctx *Context
+
+	mu sync.RWMutex
+	h  C.CUmodule // nil once unloaded
+}
+
+// jitLogSize bounds the JIT logs kept for errors.
+const jitLogSize = 16 << 10
+
+// LoadModule loads a module image from memory (cuModuleLoadDataEx). PTX is
+// compiled for the context's device; when that fails the error matches
+// ErrInvalidPTX (or ErrInvalidImage, ErrNoBinaryForGPU...) and its Detail holds
+// the JIT compiler's log.
+func (c *Context) LoadModule(image []byte) (*Module, error) {
+	const op = "cuModuleLoadDataEx"
+	h, err := c.raw(op)
+	if err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimRight(image, "\x00")) == 0 {
+		return nil, invalid(op, "empty module image")
+	}
+	// PTX must be NUL-terminated; a trailing NUL is harmless for binaries. C
+	// memory, because the driver reads the image during the call only but
+	// the image may be large and Go memory would need pinning anyway.
+	img := C.malloc(C.size_t(len(image) + 1))
+	defer C.free(img)
+	dst := unsafe.Slice((*byte)(img), len(image)+1)
+	copy(dst, image)
+	dst[len(image)] = 0
+
+	logs := (*C.char)(C.calloc(2, jitLogSize))
+	defer C.free(unsafe.Pointer(logs))
+	errLog := logs
+	infoLog := (*C.char)(unsafe.Add(unsafe.Pointer(logs), jitLogSize))
+
+	var m C.CUmodule
+	r := C.ucpx_module_load_data(h, &m, img, errLog, jitLogSize, infoLog, jitLogSize)
+	if r != 0 {
+		e := newError(op, Result(r)).(*Error)
+		detail := strings.TrimSpace(C.GoStringN(errLog, C.int(C.strnlen(errLog, jitLogSize))))
+		if info := strings.TrimSpace(C.GoStringN(infoLog, C.int(C.strnlen(infoLog, jitLogSize)))); info != "" {
+			detail = strings.TrimSpace(detail + "\n" + info)
+		}
+		if detail != "" {
+			e.Detail = "JIT log:\n" + detail
+		}
+		return nil, e
+	}
+	return &Module{ctx: c, h: m}, nil
+}
+
+// Function looks up a kernel by its (extern "C") name.
+func (m *Module) Function(name string) (*Function, error) {
+	const op = "cuModuleGetFunction"
+	if name == "" {
+		return nil, invalid(op, "empty function name")
+	}
+	if m == nil {
+		return nil, closedErr(op, "module")
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.h == nil {
+		return nil, closedErr(op, "module")
+	}
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var f C.CUfunction
+	if err := check(op, C.ucpx_module_get_function(m.ctx.h, &f, m.h, cname)); err != nil {
+		if e, ok := err.(*Error); ok {
+			e.Detail = "function " + name
+		}
+		return nil, err
+	}
+	return &Function{mod: m, h: f, name: name}, nil
+}
+
+// Close unloads the module (cuModuleUnload); its Functions stop working. A
+// second Close returns an error matching ErrInvalidHandle.
+func (m *Module) Close() error {
+	if m == nil {
+		return closedErr("cuModuleUnload", "module")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.h == nil {
+		return closedErr("cuModuleUnload", "module")
+	}
+	h := m.h
+	m.h = nil
+	return check("cuModuleUnload", C.ucpx_module_unload(m.ctx.h, h))
+}
+
+// Function is a kernel of a Module (CUfunction).
+type Function struct {
+	mod  *Module
+	h    C.CUfunction
+	name string
+}
+
+// Name is the kernel's name.
+func (f *Function) Name() string { return f.name }
+
+// Handle is the raw CUfunction.
+func (f *Function) Handle() uintptr { return uintptr(unsafe.Pointer(f.h)) }
+
+// raw read-locks the function's module; the caller unlocks f.mod.mu.
+func (f *Function) raw(op string) (C.CUfunction, error) {
+	if f == nil || f.mod == nil {
+		return nil, closedErr(op, "function")
+	}
+	f.mod.mu.RLock()
+	if f.mod.h == nil {
+		f.mod.mu.RUnlock()
+		return nil, closedErr(op, "module of function "+f.name)
+	}
+	return f.h, nil
+}
+
+// Dim3 is a grid or block size.
+type Dim3 struct{ X, Y, Z uint32 }
+
+// LaunchConfig is the geometry of a kernel launch.
+type LaunchConfig struct {
+	Grid, Block    Dim3
+	SharedMemBytes uint32
+}
+
+// Linear returns a 1-D configuration of blocks×threads.
+func Linear(blocks, threads uint32) LaunchConfig {
+	return LaunchConfig{Grid: Dim3{blocks, 1, 1}, Block: Dim3{threads, 1, 1}}
+}
+
+func (c LaunchConfig) validate(op string) error {
+	for _, d := range []Dim3{c.Grid, c.Block} {
+		if d.X == 0 || d.Y == 0 || d.Z == 0 {
+			return invalid(op, "zero launch dimension in grid %v block %v", c.Grid, c.Block)
+		}
+	}
+	return nil
+}
+
+// kernelParams is a C array of pointers to argument values, with the values
+// in the same C allocation.
+type kernelParams struct {
+	ptrs *unsafe.Pointer // nil when there are no arguments
+	mem  unsafe.Pointer
+}
+
+func (p kernelParams) free() {
+	if p.mem != nil {
+		C.free(p.mem)
+	}
+}
+
+// packArgs lays kernel arguments out in C memory. Accepted types: fixed-size
+// integers and floats, int/uint (as 64-bit), uintptr (a device address),
+// unsafe.Pointer is refused (say uintptr). Structs and arrays of those are
+// passed by value, laid out with encoding/binary rules, which have no padding:
+// declare Go structs with the fields and explicit padding of the C struct (a
+// C struct of 8-byte members, like ucpx_device_handle, needs none).
+func packArgs(op string, args []any) (kernelParams, error) {
+	if len(args) == 0 {
+		return kernelParams{}, nil
+	}
+	vals := make([][]byte, len(args))
+	total := 0
+	for i, a := range args {
+		b, err := argBytes(a)
+		if err != nil {
+			return kernelParams{}, invalid(op, "argument %d: %v", i, err)
+		}
+		vals[i] = b
+		total += (len(b) + 7) &^ 7
+	}
+	ptrBytes := len(args) * int(unsafe.Sizeof(uintptr(0)))
+	mem := C.calloc(1, C.size_t(ptrBytes+total))
+	ptrs := unsafe.Slice((*unsafe.Pointer)(mem), len(args))
+	off := ptrBytes
+	for i, b := range vals {
+		p := unsafe.Add(mem, off)
+		copy(unsafe.Slice((*byte)(p), len(b)), b)
+		ptrs[i] = p // a C pointer stored in C memory
+		off += (len(b) + 7) &^ 7
+	}
+	return kernelParams{ptrs: (*unsafe.Pointer)(mem), mem: mem}, nil
+}
+
+func argBytes(a any) ([]byte, error) {
+	le := binary.LittleEndian
+	switch v := a.(type) {
+	case nil:
+		return nil, fmt.Errorf("nil")
+	case unsafe.Pointer:
+		return nil, fmt.Errorf("unsafe.Pointer: pass a device address as uintptr")
+	case int:
+		return le.AppendUint64(nil, uint64(v)), nil
+	case uint:
+		return le.AppendUint64(nil, uint64(v)), nil
+	case uintptr:
+		return le.AppendUint64(nil, uint64(v)), nil
+	case bool:
+		if v {
+			return []byte{1}, nil
+		}
+		return []byte{0}, nil
+	case float32:
+		return le.AppendUint32(nil, math.Float32bits(v)), nil
+	case float64:
+		return le.AppendUint64(nil, math.Float64bits(v)), nil
+	}
+	if k := reflect.TypeOf(a).Kind(); k == reflect.Pointer || k == reflect.Slice || k == reflect.String || k == reflect.Map {
+		return nil, fmt.Errorf("%T cannot be passed to a kernel by value", a)
+	}
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, le, a); err != nil {
+		return nil, fmt.Errorf("%T: %v", a, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// LaunchKernel enqueues f on s. Each argument is passed by value; see packArgs
+// for the accepted types. The values are copied during the call.
+func (s *Stream) LaunchKernel(f *Function, cfg LaunchConfig, args ...any) error {
+	const op = "cuLaunchKernel"
+	if err := cfg.validate(op); err != nil {
+		return err
+	}
+	params, err := packArgs(op, args)
+	if err != nil {
+		return err
+	}
+	defer params.free()
+	if err := s.rlock(op); err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	fh, err := f.raw(op)
+	if err != nil {
+		return err
+	}
+	defer f.mod.mu.RUnlock()
+	return check(op, C.ucpx_launch_kernel(s.ctx.h, fh,
+		C.uint(cfg.Grid.X), C.uint(cfg.Grid.Y), C.uint(cfg.Grid.Z),
+		C.uint(cfg.Block.X), C.uint(cfg.Block.Y), C.uint(cfg.Block.Z),
+		C.uint(cfg.SharedMemBytes), s.h, params.ptrs))
+}

@@ -1,0 +1,368 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math/rand"
+	"time"
+
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// Tags of the perf tests; tests run one after another, so fixed tags suffice.
+const (
+	tagPing  uint64 = 0x7563_7078_0000_0001
+	tagPong  uint64 = 0x7563_7078_0000_0002
+	tagData  uint64 = 0x7563_7078_0000_0003
+	tagAck   uint64 = 0x7563_7078_0000_0004
+	tagDone  uint64 = 0x7563_7078_0000_0005
+	fullMask        = ^uint64(0)
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// perfSide is one process's half of `ucpx perf`: a context restricted to the
+// features the tests use (like ucx_perftest), one worker without wakeup (both sides
+// busy-poll, as ucx_perftest does), one endpoint to the peer, and two registered
+// buffers of the largest size. The peer's receive buffer is also the put target.
+type perfSide struct {
+	ctx     *ucp.Context
+	w       *ucp.Worker
+	ep      *ucp.Endpoint
+	smem    *ucp.MemH // send buffer, filled with a pattern
+	rmem    *ucp.MemH // receive buffer / put target
+	rkey    *ucp.Rkey // the peer's rmem (initiator only)
+	peerErr bool
+	ring    []*ucp.Request
+	small   []byte // acks and put-completion notices
+}
+
+func newPerfSide(tls string, peerErr bool, size, window int) (*perfSide, error) {
+	c, err := ucp.NewContext(ucp.ContextParams{
+		Features: ucp.FeatureTag | ucp.FeatureRMA,
+		Config:   map[string]string{"TLS": tls},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("UCX context with UCX_TLS=%s: %w", tls, err)
+	}
+	s := &perfSide{ctx: c, peerErr: peerErr, ring: make([]*ucp.Request, window), small: make([]byte, 16)}
+	if s.w, err = c.NewWorker(ucp.WorkerParams{NoWakeup: true}); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.smem, err = c.MemAlloc(size); err != nil {
+		s.close()
+		return nil, fmt.Errorf("register %d-byte send buffer: %w", size, err)
+	}
+	if s.rmem, err = c.MemAlloc(size); err != nil {
+		s.close()
+		return nil, fmt.Errorf("register %d-byte receive buffer: %w", size, err)
+	}
+	rand.New(rand.NewSource(1)).Read(s.smem.Bytes())
+	return s, nil
+}
+
+// connect creates the endpoint to the peer's worker address and, on the initiator,
+// unpacks the peer's rkey.
+func (s *perfSide) connect(addr, rkey []byte) error {
+	ep, err := s.w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: !s.peerErr})
+	if err != nil {
+		return fmt.Errorf("connect to the peer's worker: %w", err)
+	}
+	s.ep = ep
+	if rkey != nil {
+		if s.rkey, err = ep.UnpackRkey(rkey); err != nil {
+			return fmt.Errorf("unpack the peer's rkey: %w", err)
+		}
+	}
+	return nil
+}
+
+func (s *perfSide) close() {
+	if s.ctx != nil {
+		_ = s.ctx.Close() // closes the rkey, endpoint, worker and registrations
+	}
+}
+
+// spinWait drives progress until r completes without ever parking: the responder of
+// a one-sided test must keep progressing (RMA over tcp needs it), as ucx_perftest's
+// responder does.
+func spinWait(ctx context.Context, r *ucp.Request) error {
+	for i := 0; ; i++ {
+		if done, err := r.Test(); done {
+			return err
+		}
+		if i&1023 == 1023 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("%w while waiting for the peer", err)
+			}
+		}
+	}
+}
+
+func wait(ctx context.Context, r *ucp.Request) error {
+	if r.Done() {
+		return r.Err()
+	}
+	if err := r.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w while waiting for the peer", err)
+		}
+		return err
+	}
+	return nil
+}
+
+func checkLen(r *ucp.Request, want int) error {
+	if r.Length() != want {
+		return fmt.Errorf("received %d bytes, want %d", r.Length(), want)
+	}
+	return nil
+}
+
+// drainRing waits for every request still in the window.
+func (s *perfSide) drainRing(ctx context.Context) error {
+	var first error
+	for i, r := range s.ring {
+		if r != nil {
+			if err := wait(ctx, r); err != nil && first == nil {
+				first = err
+			}
+			s.ring[i] = nil
+		}
+	}
+	return first
+}
+
+// tagLatInitiator: ping-pong, timing each round trip. Each iteration posts the
+// receive for the pong before sending the ping (the expected-message path).
+func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time.Duration, time.Duration, error) {
+	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	sp := &ucp.RequestParam{MemH: s.smem}
+	rp := &ucp.RequestParam{MemH: s.rmem}
+	rtts := make([]time.Duration, count)
+	start := time.Now()
+	for i := range rtts {
+		t0 := time.Now()
+		rr, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp)
+		if err != nil {
+			return nil, 0, err
+		}
+		sr, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
+		if err != nil {
+			return nil, 0, err
+		}
+		if err := wait(ctx, rr); err != nil {
+			return nil, 0, err
+		}
+		if err := wait(ctx, sr); err != nil {
+			return nil, 0, err
+		}
+		rtts[i] = time.Since(t0)
+		if err := checkLen(rr, size); err != nil {
+			return nil, 0, err
+		}
+	}
+	return rtts, time.Since(start), nil
+}
+
+// tagLatResponder answers every ping with a pong, posting the next receive first.
+func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, size, count int) error {
+	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	sp := &ucp.RequestParam{MemH: s.smem}
+	rp := &ucp.RequestParam{MemH: s.rmem}
+	rr, err := s.w.TagRecvNbx(rbuf, tagPing, fullMask, rp)
+	if err != nil {
+		return err
+	}
+	if err := ready(); err != nil {
+		return err
+	}
+	for i := 0; i < count; i++ {
+		if err := wait(ctx, rr); err != nil {
+			return err
+		}
+		if err := checkLen(rr, size); err != nil {
+			return err
+		}
+		var next *ucp.Request
+		if i+1 < count {
+			if next, err = s.w.TagRecvNbx(rbuf, tagPing, fullMask, rp); err != nil {
+				return err
+			}
+		}
+		sr, err := s.ep.TagSendNbx(sbuf, tagPong, sp)
+		if err != nil {
+			return err
+		}
+		if err := wait(ctx, sr); err != nil {
+			return err
+		}
+		rr = next
+	}
+	return nil
+}
+
+// tagBwSender streams count tag sends back to back with at most len(ring) in flight,
+// then waits for the receiver's acknowledgement (ucx_perftest's tag_bw).
+func (s *perfSide) tagBwSender(ctx context.Context, size, count int) (time.Duration, error) {
+	sbuf := s.smem.Bytes()[:size]
+	sp := &ucp.RequestParam{MemH: s.smem, Flags: ucp.MultiSend}
+	ack, err := s.w.TagRecvNbx(s.small[:8], tagAck, fullMask, nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for i := 0; i < count; i++ {
+		slot := i % len(s.ring)
+		if r := s.ring[slot]; r != nil {
+			if err := wait(ctx, r); err != nil {
+				return 0, err
+			}
+		}
+		if s.ring[slot], err = s.ep.TagSendNbx(sbuf, tagData, sp); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.drainRing(ctx); err != nil {
+		return 0, err
+	}
+	if err := wait(ctx, ack); err != nil {
+		return 0, fmt.Errorf("acknowledgement: %w", err)
+	}
+	return time.Since(start), nil
+}
+
+// tagBwReceiver keeps len(ring) receives posted and acknowledges the last message.
+func (s *perfSide) tagBwReceiver(ctx context.Context, ready func() error, size, count int) error {
+	rbuf := s.rmem.Bytes()[:size]
+	rp := &ucp.RequestParam{MemH: s.rmem, Flags: ucp.MultiSend}
+	W := len(s.ring)
+	posted := 0
+	var err error
+	for ; posted < min(W, count); posted++ {
+		if s.ring[posted], err = s.w.TagRecvNbx(rbuf, tagData, fullMask, rp); err != nil {
+			return err
+		}
+	}
+	if err := ready(); err != nil {
+		return err
+	}
+	for c := 0; c < count; c++ {
+		slot := c % W
+		r := s.ring[slot]
+		s.ring[slot] = nil
+		if err := wait(ctx, r); err != nil {
+			return err
+		}
+		if err := checkLen(r, size); err != nil {
+			return err
+		}
+		if posted < count {
+			if s.ring[slot], err = s.w.TagRecvNbx(rbuf, tagData, fullMask, rp); err != nil {
+				return err
+			}
+			posted++
+		}
+	}
+	sr, err := s.ep.TagSendNbx(s.small[:8], tagAck, nil)
+	if err != nil {
+		return err
+	}
+	return wait(ctx, sr)
+}
+
+// putBwSender writes count puts of size into the peer's buffer with at most
+// len(ring) in flight, then flushes the endpoint (remote completion); that ends the
+// measurement, as in ucx_perftest's ucp_put_bw. A tagged notice with the data's
+// checksum then lets the responder verify the buffer.
+func (s *perfSide) putBwSender(ctx context.Context, size, count int) (time.Duration, error) {
+	if s.rkey == nil {
+		return 0, fmt.Errorf("no rkey for the peer's memory")
+	}
+	sbuf := s.smem.Bytes()[:size]
+	sp := &ucp.RequestParam{MemH: s.smem, Flags: ucp.MultiSend}
+	raddr := s.rkey.Base()
+	var err error
+	start := time.Now()
+	for i := 0; i < count; i++ {
+		slot := i % len(s.ring)
+		if r := s.ring[slot]; r != nil {
+			if err := wait(ctx, r); err != nil {
+				return 0, err
+			}
+		}
+		if s.ring[slot], err = s.ep.PutNbx(sbuf, raddr, s.rkey, sp); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.drainRing(ctx); err != nil {
+		return 0, err
+	}
+	f, err := s.ep.FlushNbx(nil)
+	if err != nil {
+		return 0, err
+	}
+	if err := wait(ctx, f); err != nil {
+		return 0, fmt.Errorf("flush: %w", err)
+	}
+	elapsed := time.Since(start)
+
+	notice := s.small[:8]
+	binary.LittleEndian.PutUint32(notice, crc32.Checksum(sbuf, castagnoli))
+	binary.LittleEndian.PutUint32(notice[4:], uint32(size))
+	sr, err := s.ep.TagSendNbx(notice, tagDone, nil)
+	if err != nil {
+		return 0, err
+	}
+	return elapsed, wait(ctx, sr)
+}
+
+// putBwResponder progresses (for transports whose RMA needs the target's progress)
+// until the initiator's completion notice arrives, then verifies the buffer.
+func (s *perfSide) putBwResponder(ctx context.Context, ready func() error, size int) error {
+	notice := s.small[:8]
+	rr, err := s.w.TagRecvNbx(notice, tagDone, fullMask, nil)
+	if err != nil {
+		return err
+	}
+	if err := ready(); err != nil {
+		return err
+	}
+	if err := spinWait(ctx, rr); err != nil {
+		return err
+	}
+	want, n := binary.LittleEndian.Uint32(notice), int(binary.LittleEndian.Uint32(notice[4:]))
+	if n != size {
+		return fmt.Errorf("completion notice for %d bytes, want %d", n, size)
+	}
+	if got := crc32.Checksum(s.rmem.Bytes()[:size], castagnoli); got != want {
+		return fmt.Errorf("put data checksum %08x, initiator sent %08x", got, want)
+	}
+	return nil
+}
+
+// respond runs the peer's side of one phase.
+func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size, count int) error {
+	if size > s.rmem.Len() || count <= 0 {
+		return fmt.Errorf("bad phase: size %d (buffer %d), count %d", size, s.rmem.Len(), count)
+	}
+	ready := func() error { return ctl.send(perfMsg{Op: "ready"}, ctlTimeout) }
+	var err error
+	switch test {
+	case testTagLat:
+		err = s.tagLatResponder(ctx, ready, size, count)
+	case testTagBw:
+		err = s.tagBwReceiver(ctx, ready, size, count)
+	case testPutBw:
+		err = s.putBwResponder(ctx, ready, size)
+	default:
+		err = fmt.Errorf("unknown test %q", test)
+	}
+	if err != nil {
+		return err
+	}
+	return ctl.send(perfMsg{Op: "done"}, ctlTimeout)
+}

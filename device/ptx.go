@@ -1,0 +1,56 @@
+// Package device holds ucpx's GPU-side code: ucpx_signal.cuh, the header
+// kernels include to trigger, test and wait on signal words, and the PTX of
+// the test kernels, generated from test_kernels.cu by scripts/ptx.sh and
+// embedded here so GPU tests need only the driver (which JIT-compiles it).
+package device
+
+import (
+	"bytes"
+	"embed"
+)
+
+//go:embed ptx/*.ptx
+var ptxFiles embed.FS
+
+//go:embed ucpx_signal.cuh
+var signalHeader []byte
+
+// Names of the kernels in test_kernels.cu.
+const (
+	KernelEcho     = "ucpx_test_echo"     // (trigger, done *u64, base, n u64, result *u64)
+	KernelHandle   = "ucpx_test_handle"   // (h Handle, result *u64)
+	KernelChecksum = "ucpx_test_checksum" // (buf *u8, n u64, out *u64)
+	KernelFill     = "ucpx_test_fill"     // (buf *u8, n u64, seed u32)
+)
+
+// TestKernelsPTX returns the embedded PTX of test_kernels.cu. Until
+// scripts/ptx.sh has been run on a machine with nvcc it is a placeholder;
+// check with IsPlaceholder.
+func TestKernelsPTX() []byte {
+	b, err := ptxFiles.ReadFile("ptx/test_kernels.ptx")
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// IsPlaceholder reports whether ptx holds no kernel, i.e. is the placeholder
+// committed before the PTX was generated.
+func IsPlaceholder(ptx []byte) bool { return !bytes.Contains(ptx, []byte(".entry")) }
+
+// SignalHeader returns the text of ucpx_signal.cuh, for programs that compile
+// kernels at run time (NVRTC) and want the same device functions.
+func SignalHeader() []byte { return bytes.Clone(signalHeader) }
+
+// Handle mirrors struct ucpx_device_handle: 32 bytes, four 8-byte fields, no
+// padding. Pass it by value to a kernel (cuda.Stream.LaunchKernel lays it out
+// with encoding/binary, which matches the C layout).
+type Handle struct {
+	Trigger         uint64 // device address of the trigger word
+	Value           uint64 // value ucpx_trigger stores
+	Completion      uint64 // device address of the completion word, 0 if none
+	CompletionValue uint64 // ucpx_test/ucpx_wait succeed once *Completion reaches it
+}
+
+// Pattern is the byte ucpx_test_fill writes at index i for seed.
+func Pattern(i uint64, seed uint32) byte { return byte((i*2654435761 + uint64(seed)) >> 7) }

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Builds gpu-bundle/: everything needed to run ucpx's tests on the GPU machine,
+# which has the NVIDIA driver but no Go and possibly no UCX.
+#
+#   gpu-bundle/bin/<pkg>.test  test binary of every package with tests (cgo/cuda -> cgo_cuda.test)
+#   gpu-bundle/bin/ucpx        the command, when it builds
+#   gpu-bundle/src/<pkg>/      each package's directory (tests read testdata/ and docs relative to it)
+#   gpu-bundle/lib/            shared libraries the binaries need beyond glibc (UCX and its deps)
+#   gpu-bundle/lib/ucx/        UCX transport modules (UCX_MODULE_DIR)
+#   gpu-bundle/run.sh          runs the binaries and prints a summary (see its header)
+#
+# libcuda is never bundled: the binaries dlopen the device's driver at run time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bundle=$root/gpu-bundle
+GO=${GO:-go}
+export CGO_ENABLED=1
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib/ucx" "$bundle/src"
+
+module=$($GO list -m)
+built=()
+failed=()
+# Every package with test files; -e keeps going past packages that do not build yet.
+while read -r pkg dir; do
+	[ -n "$pkg" ] || continue
+	rel=${pkg#"$module"}
+	rel=${rel#/}
+	[ -n "$rel" ] || rel=root
+	name=${rel//\//_}
+	echo "building $name.test"
+	if $GO test -c -ldflags='-s -w' -o "$bundle/bin/$name.test" "$pkg"; then
+		mkdir -p "$bundle/src/$rel"
+		cp -r "$dir"/. "$bundle/src/$rel/"
+		built+=("$name")
+	else
+		echo "warning: $pkg does not build; skipped" >&2
+		failed+=("$pkg")
+	fi
+done < <($GO list -e -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Dir}}{{end}}' ./...)
+
+if [ -d cmd/ucpx ]; then
+	if $GO build -ldflags='-s -w' -o "$bundle/bin/ucpx" ./cmd/ucpx; then
+		echo "built ucpx"
+	else
+		echo "warning: cmd/ucpx does not build yet; skipped" >&2
+	fi
+fi
+
+# Shared libraries: what ldd resolves for the binaries and the UCX modules, minus
+# glibc's own libraries and the toolchain runtime, which the device's newer
+# Ubuntu has (bundling an older glibc would break the binaries there).
+ucxmods=/usr/lib/x86_64-linux-gnu/ucx
+is_system_lib() {
+	case "$(basename "$1")" in
+	libc.so.* | libm.so.* | libmvec.so.* | libpthread.so.* | libdl.so.* | librt.so.* | libresolv.so.* | \
+		libutil.so.* | libanl.so.* | libnss_*.so.* | libBrokenLocale.so.* | libthread_db.so.* | ld-linux*.so.* | \
+		libgcc_s.so.* | libstdc++.so.* | linux-vdso.so.*) return 0 ;;
+	esac
+	return 1
+}
+copy_deps() {
+	ldd "$1" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+		is_system_lib "$lib" && continue
+		case "$lib" in "$ucxmods"/*) continue ;; esac # modules go to lib/ucx only
+		base=$(basename "$lib")
+		[ -e "$bundle/lib/$base" ] || cp -L "$lib" "$bundle/lib/$base"
+	done
+}
+for f in "$bundle"/bin/*; do
+	copy_deps "$f"
+done
+if [ -d "$ucxmods" ]; then
+	for m in "$ucxmods"/*.so.0; do
+		[ -e "$m" ] || continue
+		cp -L "$m" "$bundle/lib/ucx/"
+		copy_deps "$m"
+	done
+fi
+# Dependencies of the bundled libraries themselves (UCX pulls in libnuma and friends).
+for _ in 1 2; do
+	for f in "$bundle"/lib/*.so*; do
+		[ -e "$f" ] && copy_deps "$f"
+	done
+done
+for f in "$bundle"/lib/*.so* "$bundle"/lib/ucx/*.so*; do
+	[ -e "$f" ] && chmod u+w "$f" && strip --strip-unneeded "$f" 2>/dev/null || true
+done
+
+cat >"$bundle/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the GPU test binaries of this bundle (on the device machine).
+#
+#   run.sh [-run REGEX] [-bench REGEX] [NAME...]
+#
+# NAME selects binaries by name without .test (cgo_cuda, stream, ...); default all.
+#   -run REGEX     passed as -test.run
+#   -bench REGEX   passed as -test.bench (implies BENCH=1)
+#   BENCH=1        also run benchmarks (-test.bench=. unless -bench is given)
+#   BENCHTIME=1s   -test.benchtime
+#   TIMEOUT=5m     -test.timeout of each binary
+#   OUT=/dir       logs go to $OUT/gpu-bundle-logs (default /tmp)
+#   UCPX_REQUIRE_GPU=1 (the default here) turns "no GPU" skips into failures.
+# Exit status: 0 when every binary exited 0.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+export UCX_MODULE_DIR="$here/lib/ucx"
+export UCPX_REQUIRE_GPU=${UCPX_REQUIRE_GPU:-1}
+logs=${OUT:-/tmp}/gpu-bundle-logs
+mkdir -p "$logs"
+
+run=""
+bench=""
+names=()
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-run) run=$2; shift 2 ;;
+	-bench) bench=$2; BENCH=1; shift 2 ;;
+	*) names+=("$1"); shift ;;
+	esac
+done
+if [ ${#names[@]} -eq 0 ]; then
+	for b in "$here"/bin/*.test; do names+=("$(basename "$b" .test)"); done
+fi
+
+args=(-test.v -test.count=1 "-test.timeout=${TIMEOUT:-5m}")
+[ -n "$run" ] && args+=("-test.run=$run")
+if [ "${BENCH:-0}" = 1 ]; then
+	args+=("-test.bench=${bench:-.}" "-test.benchtime=${BENCHTIME:-1s}" -test.benchmem)
+fi
+
+nvidia-smi -L 2>/dev/null | sed 's/^/# /' || echo "# nvidia-smi not available"
+status=0
+summary=()
+for name in "${names[@]}"; do
+	bin=$here/bin/$name.test
+	[ -x "$bin" ] || { echo "no binary $name.test" >&2; status=1; continue; }
+	rel=${name//_//}
+	dir=$here/src/$rel
+	[ -d "$dir" ] || dir=$here
+	log=$logs/$name.log
+	echo "=== $name (log: $log)"
+	start=$(date +%s)
+	(cd "$dir" && "$bin" "${args[@]}") >"$log" 2>&1
+	rc=$?
+	secs=$(( $(date +%s) - start ))
+	pass=$(grep -cE '^\s*--- PASS' "$log")
+	fail=$(grep -cE '^\s*--- FAIL' "$log")
+	skip=$(grep -cE '^\s*--- SKIP' "$log")
+	grep -E '^(Benchmark|\s*--- FAIL|panic:|FAIL|ok )' "$log" | head -100
+	[ $rc -eq 0 ] || status=1
+	summary+=("$(printf '%-28s %6s %6s %6s %6s %6ss' "$name" "$pass" "$fail" "$skip" "$rc" "$secs")")
+done
+echo
+printf '%-28s %6s %6s %6s %6s %7s\n' binary PASS FAIL SKIP exit time
+for line in "${summary[@]}"; do echo "$line"; done
+cat "$logs"/*.log 2>/dev/null | grep -E '^Benchmark' >"$logs/benchmarks.txt" || true
+exit $status
+RUN
+chmod +x "$bundle/run.sh"
+
+echo
+du -sh "$bundle" "$bundle"/bin "$bundle"/lib
+size=$(du -sm "$bundle" | cut -f1)
+if [ "$size" -gt 64 ]; then
+	echo "warning: gpu-bundle is ${size} MiB, over the 64 MiB the device transfer allows" >&2
+fi
+echo "bundle: ${#built[@]} test binaries${failed:+, skipped (not building): ${failed[*]}}"

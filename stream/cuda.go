@@ -1,0 +1,442 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+)
+
+// The CUDA backend: streams are non-blocking CUstreams of one device's primary
+// context, events are CUevents created with CU_EVENT_DISABLE_TIMING, and signal
+// words are host-mapped pinned memory (cuMemHostAlloc(PORTABLE|DEVICEMAP)), so
+// the CPU reads them with atomics and the GPU through their device address.
+//
+// Word width: WriteValue and WaitValue use 64-bit stream memops where the device
+// supports them (cuda.Caps.StreamMemOps64, true on every GPU ucpx targets).
+// Elsewhere they fall back to 32-bit memops on the low half of the word: values
+// above 2^32-1 are refused with ErrNotSupported, GEQ then compares the low 32
+// bits wrap-aware as int32, and the high half must stay zero (CPU code must not
+// store larger values into words a 32-bit device waits on).
+//
+// The backend holds the primary context until it and every stream, event and
+// word block made from it are closed, so closing the backend early never frees
+// memory a Word still points to.
+
+// openCUDA opens device's primary context. The error wraps cuda.ErrNoDriver where
+// CUDA cannot be used at all (no libcuda, no device), so Open(Auto) falls back.
+func openCUDA(device int) (Backend, error) {
+	if err := cuda.Load(); err != nil {
+		return nil, fmt.Errorf("stream: cuda backend: %w", err)
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("stream: cuda backend: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("stream: cuda backend: %w: %w", cuda.ErrNoDriver, cuda.ErrNoDevice)
+	}
+	if device < 0 || device >= n {
+		return nil, fmt.Errorf("stream: cuda backend: device %d of %d: %w", device, n, ErrInvalidArgument)
+	}
+	dev, err := cuda.GetDevice(device)
+	if err != nil {
+		return nil, fmt.Errorf("stream: cuda backend: %w", err)
+	}
+	caps, err := dev.Caps()
+	if err != nil {
+		return nil, fmt.Errorf("stream: cuda backend: %w", err)
+	}
+	if !caps.MapHostMemory || !caps.UnifiedAddressing {
+		return nil, fmt.Errorf("stream: cuda backend: device %d cannot map host memory with unified addressing: %w", device, ErrNotSupported)
+	}
+	ctx, err := dev.RetainPrimaryContext()
+	if err != nil {
+		return nil, fmt.Errorf("stream: cuda backend: %w", err)
+	}
+	return &cudaBackend{ctx: ctx, caps: caps, refs: 1}, nil
+}
+
+type cudaBackend struct {
+	ctx  *cuda.Context
+	caps cuda.Caps
+
+	mu       sync.Mutex
+	closed   bool
+	refs     int  // the backend itself plus each live stream, event and word block
+	borrowed bool // WrapCUDAStream: the context is not ours to release
+}
+
+func (b *cudaBackend) Kind() Kind { return KindCUDA }
+
+// acquire takes a reference for a new child object, unless the backend is closed.
+func (b *cudaBackend) acquire() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("stream: cuda backend: %w", ErrClosed)
+	}
+	b.refs++
+	return nil
+}
+
+func (b *cudaBackend) release() error {
+	b.mu.Lock()
+	b.refs--
+	last := b.refs == 0
+	b.mu.Unlock()
+	if last && !b.borrowed {
+		return b.ctx.Close()
+	}
+	return nil
+}
+
+func (b *cudaBackend) NewStream() (Stream, error) {
+	if err := b.acquire(); err != nil {
+		return nil, err
+	}
+	s, err := b.ctx.NewStream(cuda.StreamNonBlocking, 0)
+	if err != nil {
+		b.release()
+		return nil, cudaErr("NewStream", err)
+	}
+	return &cudaStream{b: b, s: s}, nil
+}
+
+func (b *cudaBackend) NewEvent() (Event, error) {
+	if err := b.acquire(); err != nil {
+		return nil, err
+	}
+	e, err := b.ctx.NewEvent(cuda.EventDisableTiming)
+	if err != nil {
+		b.release()
+		return nil, cudaErr("NewEvent", err)
+	}
+	return &cudaEvent{b: b, e: e}, nil
+}
+
+// AllocWords allocates n zeroed words in host-mapped pinned memory.
+func (b *cudaBackend) AllocWords(n int) (*WordBlock, error) {
+	if n <= 0 || n > math.MaxInt32 {
+		return nil, fmt.Errorf("stream: cuda AllocWords(%d): %w", n, ErrInvalidArgument)
+	}
+	if err := b.acquire(); err != nil {
+		return nil, err
+	}
+	m, err := b.ctx.MemHostAlloc(8*n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	if err != nil {
+		b.release()
+		return nil, cudaErr("AllocWords", err)
+	}
+	free := func() error {
+		err := m.Close()
+		return errors.Join(cudaErr("WordBlock.Close", err), b.release())
+	}
+	return NewWordBlock(KindCUDA, m.Ptr(), m.DevicePtr(), n, free), nil
+}
+
+// Close releases the backend. The device context is released once every stream,
+// event and word block made from it is closed too. A second Close returns ErrClosed.
+func (b *cudaBackend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return fmt.Errorf("stream: cuda backend: %w", ErrClosed)
+	}
+	b.closed = true
+	b.mu.Unlock()
+	return b.release()
+}
+
+// cudaErr wraps an error of the cuda layer so that both the cuda sentinel and the
+// matching stream sentinel hold (errors.Is(err, ErrInvalidArgument) and
+// errors.Is(err, cuda.ErrInvalidValue)).
+func cudaErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var sentinel error
+	switch {
+	case errors.Is(err, cuda.ErrInvalidValue):
+		sentinel = ErrInvalidArgument
+	case errors.Is(err, cuda.ErrNotSupported):
+		sentinel = ErrNotSupported
+	case errors.Is(err, cuda.ErrInvalidHandle), errors.Is(err, cuda.ErrContextIsDestroyed):
+		sentinel = ErrClosed
+	}
+	if sentinel == nil || errors.Is(err, sentinel) {
+		return fmt.Errorf("stream: cuda %s: %w", op, err)
+	}
+	return fmt.Errorf("stream: cuda %s: %w: %w", op, sentinel, err)
+}
+
+type cudaStream struct {
+	b      *cudaBackend
+	s      *cuda.Stream
+	closed atomic.Bool
+}
+
+func (s *cudaStream) Kind() Kind { return KindCUDA }
+
+func (s *cudaStream) errClosed(op string) error {
+	return fmt.Errorf("stream: cuda %s: %w", op, ErrClosed)
+}
+
+// wrap maps an error of a cuda call on this stream; after Close every failure
+// reads as ErrClosed.
+func (s *cudaStream) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("stream: cuda %s: %w: %w", op, ErrClosed, err)
+	}
+	return cudaErr(op, err)
+}
+
+// device returns the GPU address of w, refusing words the GPU cannot reach.
+func (s *cudaStream) device(op string, w *Word) (uintptr, error) {
+	if w == nil || w.host == nil || w.block == nil {
+		return 0, fmt.Errorf("stream: cuda %s: nil word: %w", op, ErrInvalidArgument)
+	}
+	if w.block.kind != KindCUDA || w.device == 0 {
+		return 0, fmt.Errorf("stream: cuda %s: %v has no device address: %w", op, w, ErrWrongBackend)
+	}
+	if w.device%8 != 0 {
+		return 0, fmt.Errorf("stream: cuda %s: %v not 8-byte aligned: %w", op, w, ErrInvalidArgument)
+	}
+	if w.block.Closed() {
+		return 0, fmt.Errorf("stream: cuda %s: %v: word block: %w", op, w, ErrClosed)
+	}
+	return w.device, nil
+}
+
+func (s *cudaStream) WriteValue(w *Word, value uint64) error {
+	addr, err := s.device("WriteValue", w)
+	if err != nil {
+		return err
+	}
+	if s.b.caps.StreamMemOps64 {
+		return s.wrap("WriteValue", s.s.WriteValue64(addr, value, cuda.WriteDefault))
+	}
+	if value > math.MaxUint32 {
+		return fmt.Errorf("stream: cuda WriteValue(%d): device has only 32-bit stream memops: %w", value, ErrNotSupported)
+	}
+	return s.wrap("WriteValue", s.s.WriteValue32(addr, uint32(value), cuda.WriteDefault))
+}
+
+func (s *cudaStream) WaitValue(w *Word, value uint64, cmp Compare) error {
+	addr, err := s.device("WaitValue", w)
+	if err != nil {
+		return err
+	}
+	if cmp > NOR {
+		return fmt.Errorf("stream: cuda WaitValue: %v: %w", cmp, ErrInvalidArgument)
+	}
+	if cmp == NOR && !s.b.caps.WaitValueNOR {
+		return fmt.Errorf("stream: cuda WaitValue: NOR: %w", ErrNotSupported)
+	}
+	flags := cuda.WaitFlags(cmp) // Compare values are CUDA's
+	if s.b.caps.StreamMemOps64 {
+		return s.wrap("WaitValue", s.s.WaitValue64(addr, value, flags))
+	}
+	if value > math.MaxUint32 {
+		return fmt.Errorf("stream: cuda WaitValue(%d): device has only 32-bit stream memops: %w", value, ErrNotSupported)
+	}
+	return s.wrap("WaitValue", s.s.WaitValue32(addr, uint32(value), flags))
+}
+
+// LaunchHostFunc runs fn on a CUDA driver thread (cuLaunchHostFunc). fn must not
+// call CUDA, a driver rule on top of the Stream contract.
+func (s *cudaStream) LaunchHostFunc(fn func()) error {
+	if fn == nil {
+		return fmt.Errorf("stream: cuda LaunchHostFunc: nil func: %w", ErrInvalidArgument)
+	}
+	return s.wrap("LaunchHostFunc", s.s.LaunchHostFunc(fn))
+}
+
+// Copy uses cuMemcpyAsync, which finds each side's memory by unified addressing.
+func (s *cudaStream) Copy(dst, src uintptr, n int) error {
+	switch {
+	case n <= 0:
+		return fmt.Errorf("stream: cuda Copy: length %d: %w", n, ErrInvalidArgument)
+	case dst == 0 || src == 0:
+		return fmt.Errorf("stream: cuda Copy: nil address (dst %#x, src %#x): %w", dst, src, ErrInvalidArgument)
+	case dst+uintptr(n) < dst || src+uintptr(n) < src:
+		return fmt.Errorf("stream: cuda Copy: range wraps the address space: %w", ErrInvalidArgument)
+	case dst < src+uintptr(n) && src < dst+uintptr(n):
+		return fmt.Errorf("stream: cuda Copy: ranges [%#x,+%d) and [%#x,+%d) overlap: %w", dst, n, src, n, ErrInvalidArgument)
+	}
+	return s.wrap("Copy", s.s.Memcpy(dst, src, n))
+}
+
+func asCUDAEvent(op string, e Event) (*cudaEvent, error) {
+	if e == nil {
+		return nil, fmt.Errorf("stream: cuda %s: nil event: %w", op, ErrInvalidArgument)
+	}
+	ce, ok := e.(*cudaEvent)
+	if !ok {
+		return nil, fmt.Errorf("stream: cuda %s: given a %T: %w", op, e, ErrWrongBackend)
+	}
+	if ce == nil {
+		return nil, fmt.Errorf("stream: cuda %s: nil event: %w", op, ErrInvalidArgument)
+	}
+	if ce.closed.Load() {
+		return nil, fmt.Errorf("stream: cuda %s: event: %w", op, ErrClosed)
+	}
+	return ce, nil
+}
+
+func (s *cudaStream) Record(e Event) error {
+	ce, err := asCUDAEvent("Record", e)
+	if err != nil {
+		return err
+	}
+	return s.wrap("Record", ce.wrap("Record", ce.e.Record(s.s)))
+}
+
+func (s *cudaStream) WaitEvent(e Event) error {
+	ce, err := asCUDAEvent("WaitEvent", e)
+	if err != nil {
+		return err
+	}
+	return s.wrap("WaitEvent", ce.wrap("WaitEvent", s.s.WaitEvent(ce.e)))
+}
+
+func (s *cudaStream) Synchronize() error { return s.wrap("Synchronize", s.s.Synchronize()) }
+
+func (s *cudaStream) Query() (bool, error) {
+	done, err := s.s.Query()
+	return done, s.wrap("Query", err)
+}
+
+func (s *cudaStream) Handle() uintptr { return s.s.Handle() }
+
+// cudaCloseGrace bounds how long Close waits for a CUDA stream's work. Unlike a
+// host stream, a GPU stream cannot tell a blocked wait from long-running work, so
+// the bound is generous.
+const cudaCloseGrace = time.Second
+
+// Close waits for the enqueued work, then destroys the stream; a second Close
+// returns ErrClosed. Like the host backend, Close does not hang on a wait nobody
+// satisfies: after cudaCloseGrace it releases the stream anyway and returns an
+// error wrapping ErrAbandoned. The GPU cannot drop queued work, so that work
+// still runs if its waits ever hold: keep the words it names alive until then.
+func (s *cudaStream) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return s.errClosed("Close")
+	}
+	drainErr := s.drain(cudaCloseGrace)
+	closeErr := s.s.Close()
+	return errors.Join(drainErr, cudaErr("Close", closeErr), s.b.release())
+}
+
+// drain polls the stream until its work is done or grace has passed. Polling,
+// rather than cuStreamSynchronize in a goroutine, leaves no thread stuck in the
+// driver when the work never finishes.
+func (s *cudaStream) drain(grace time.Duration) error {
+	deadline := time.Now().Add(grace)
+	pause := 10 * time.Microsecond
+	for {
+		done, err := s.s.Query()
+		if err != nil {
+			return cudaErr("Close", err)
+		}
+		if done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stream: cuda Close: work still pending after %v (a wait nobody satisfies?); "+
+				"the stream is released and the GPU runs the work if its waits ever hold: %w", grace, ErrAbandoned)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
+	}
+}
+
+type cudaEvent struct {
+	b      *cudaBackend
+	e      *cuda.Event
+	closed atomic.Bool
+}
+
+func (e *cudaEvent) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if e.closed.Load() {
+		return fmt.Errorf("stream: cuda %s: event: %w: %w", op, ErrClosed, err)
+	}
+	return cudaErr(op, err)
+}
+
+func (e *cudaEvent) Query() (bool, error) {
+	done, err := e.e.Query()
+	return done, e.wrap("Event.Query", err)
+}
+
+func (e *cudaEvent) Synchronize() error { return e.wrap("Event.Synchronize", e.e.Synchronize()) }
+
+func (e *cudaEvent) Handle() uintptr { return e.e.Handle() }
+
+// Close destroys the event; work already waiting on it is unaffected. A second
+// Close returns ErrClosed.
+func (e *cudaEvent) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return fmt.Errorf("stream: cuda Event.Close: %w", ErrClosed)
+	}
+	return errors.Join(cudaErr("Event.Close", e.e.Close()), e.b.release())
+}
+
+// WrapCUDAStream adopts a CUstream made elsewhere (the CUDA runtime, PyTorch,
+// gorgonia.org/cu) as a Stream, so conditions can be enqueued on a framework's
+// stream. The Stream borrows the handle: Close synchronizes it but does not
+// destroy it. Events for it come from a backend of the same device.
+func WrapCUDAStream(handle uintptr) (Stream, error) {
+	if err := cuda.Load(); err != nil {
+		return nil, fmt.Errorf("stream: WrapCUDAStream: %w", err)
+	}
+	cs, err := cuda.StreamFromHandle(handle)
+	if err != nil {
+		return nil, cudaErr("WrapCUDAStream", err)
+	}
+	caps, err := cs.Context().Device().Caps()
+	if err != nil {
+		return nil, cudaErr("WrapCUDAStream", err)
+	}
+	// A private backend with a borrowed context: release never closes it.
+	b := &cudaBackend{ctx: cs.Context(), caps: caps, refs: 1, closed: true, borrowed: true}
+	return &cudaStream{b: b, s: cs}, nil
+}
+
+// CUDAStream returns the cuda.Stream under a CUDA-backend Stream, for layers that
+// need CUDA-only operations on it (batch memops, graph capture, kernel launches).
+func CUDAStream(s Stream) (*cuda.Stream, bool) {
+	cs, ok := s.(*cudaStream)
+	if !ok || cs == nil {
+		return nil, false
+	}
+	return cs.s, true
+}
+
+// CUDAEvent returns the cuda.Event under a CUDA-backend Event.
+func CUDAEvent(e Event) (*cuda.Event, bool) {
+	ce, ok := e.(*cudaEvent)
+	if !ok || ce == nil {
+		return nil, false
+	}
+	return ce.e, true
+}
+
+// CUDAContext returns the context and capabilities of a CUDA backend.
+func CUDAContext(b Backend) (*cuda.Context, cuda.Caps, bool) {
+	cb, ok := b.(*cudaBackend)
+	if !ok || cb == nil {
+		return nil, cuda.Caps{}, false
+	}
+	return cb.ctx, cb.caps, true
+}

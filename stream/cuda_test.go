@@ -1,0 +1,417 @@
+package stream
+
+// Tests of the CUDA backend. They skip where there is no CUDA driver or device
+// (set UCPX_REQUIRE_GPU=1 to make that a failure) and fail where a driver is
+// present but the backend cannot open.
+
+import (
+	"errors"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+)
+
+func newCUDABackend(t testing.TB) Backend {
+	t.Helper()
+	b, err := openCUDA(0)
+	if err != nil {
+		if errors.Is(err, cuda.ErrNoDriver) && os.Getenv("UCPX_REQUIRE_GPU") != "1" {
+			t.Skipf("no CUDA: %v", err)
+		}
+		t.Fatalf("openCUDA: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func newCUDAStream(t testing.TB, b Backend) Stream {
+	t.Helper()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	require.Equal(t, KindCUDA, s.Kind())
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func syncSoon(t testing.TB, s Stream) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(soon):
+		t.Fatal("stream still busy")
+	}
+}
+
+// TestCUDAOpenWithoutDriver runs where there is no driver: every way in reports
+// cuda.ErrNoDriver and Auto falls back to the host backend.
+func TestCUDAOpenWithoutDriver(t *testing.T) {
+	if cuda.Load() == nil {
+		t.Skip("a CUDA driver is present")
+	}
+	_, err := openCUDA(0)
+	require.ErrorIs(t, err, cuda.ErrNoDriver)
+	_, err = Open(CUDA)
+	require.ErrorIs(t, err, cuda.ErrNoDriver)
+	require.ErrorIs(t, err, ErrNotSupported)
+	b, err := Open(Auto)
+	require.NoError(t, err)
+	require.Equal(t, KindHost, b.Kind())
+	require.NoError(t, b.Close())
+	_, err = WrapCUDAStream(0x1234)
+	require.ErrorIs(t, err, cuda.ErrNoDriver)
+}
+
+func TestCUDABackendBasics(t *testing.T) {
+	b := newCUDABackend(t)
+	require.Equal(t, KindCUDA, b.Kind())
+	_, _, ok := CUDAContext(b)
+	require.True(t, ok)
+	s := newCUDAStream(t, b)
+	require.NotZero(t, s.Handle())
+	cs, ok := CUDAStream(s)
+	require.True(t, ok)
+	require.Equal(t, s.Handle(), cs.Handle())
+
+	wb, err := b.AllocWords(4)
+	require.NoError(t, err)
+	defer wb.Close()
+	for i := 0; i < wb.Len(); i++ {
+		w := wb.Word(i)
+		require.Equal(t, KindCUDA, w.Kind())
+		require.NotZero(t, w.DevicePtr())
+		require.Zero(t, w.Load())
+	}
+	require.NoError(t, s.WriteValue(wb.Word(0), 7))
+	require.NoError(t, s.WriteValue(wb.Word(1), math.MaxUint64-1))
+	syncSoon(t, s)
+	require.Equal(t, uint64(7), wb.Word(0).Load())
+	require.Equal(t, uint64(math.MaxUint64-1), wb.Word(1).Load())
+	done, err := s.Query()
+	require.NoError(t, err)
+	require.True(t, done)
+	_, err = b.AllocWords(0)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+func TestCUDAWaitValueCompare(t *testing.T) {
+	b := newCUDABackend(t)
+	_, caps, _ := CUDAContext(b)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer wb.Close()
+	w, marker := wb.Word(0), wb.Word(1)
+	cases := []struct {
+		cmp                      Compare
+		value, blocked, released uint64
+	}{
+		{GEQ, 10, 9, 10},
+		{GEQ, 2, math.MaxUint64, 2}, // wrap-aware
+		{GEQ, 1 << 40, 1<<40 - 1, 1 << 41},
+		{EQ, 7, 8, 7},
+		{AND, 0b100, 0b011, 0b110},
+		{NOR, ^uint64(0xf), 0xf, 0x7},
+	}
+	for _, c := range cases {
+		if c.cmp == NOR && !caps.WaitValueNOR {
+			require.ErrorIs(t, s.WaitValue(w, c.value, NOR), ErrNotSupported)
+			continue
+		}
+		require.False(t, c.cmp.Holds(c.blocked, c.value), "%v", c)
+		require.True(t, c.cmp.Holds(c.released, c.value), "%v", c)
+		w.Store(c.blocked)
+		marker.Store(0)
+		require.NoError(t, s.WaitValue(w, c.value, c.cmp))
+		require.NoError(t, s.WriteValue(marker, 1))
+		time.Sleep(never)
+		done, err := s.Query()
+		require.NoError(t, err)
+		if done || marker.Load() != 0 {
+			w.Store(c.released)
+			t.Fatalf("%v %d did not block on %d", c.cmp, c.value, c.blocked)
+		}
+		w.Store(c.released)
+		syncSoon(t, s)
+		require.Equal(t, uint64(1), marker.Load())
+	}
+	require.ErrorIs(t, s.WaitValue(w, 1, Compare(4)), ErrInvalidArgument)
+}
+
+func TestCUDAWordArguments(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	require.ErrorIs(t, s.WriteValue(nil, 1), ErrInvalidArgument)
+	require.ErrorIs(t, s.WaitValue(nil, 1, GEQ), ErrInvalidArgument)
+	require.ErrorIs(t, s.WriteValue(&Word{}, 1), ErrInvalidArgument)
+	require.ErrorIs(t, s.WaitValue(&Word{}, 1, EQ), ErrInvalidArgument)
+	require.ErrorIs(t, s.LaunchHostFunc(nil), ErrInvalidArgument)
+
+	host := NewHostBackend()
+	defer host.Close()
+	hw, err := host.AllocWords(1)
+	require.NoError(t, err)
+	defer hw.Close()
+	require.ErrorIs(t, s.WriteValue(hw.Word(0), 1), ErrWrongBackend)
+	require.ErrorIs(t, s.WaitValue(hw.Word(0), 1, GEQ), ErrWrongBackend)
+
+	closed, err := b.AllocWords(1)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	require.ErrorIs(t, closed.Close(), ErrClosed)
+	require.ErrorIs(t, s.WriteValue(closed.Word(0), 1), ErrClosed)
+	require.ErrorIs(t, s.WaitValue(closed.Word(0), 1, GEQ), ErrClosed)
+
+	// A CUDA word also works on a host stream (it is ordinary host memory too).
+	ok, err := b.AllocWords(1)
+	require.NoError(t, err)
+	defer ok.Close()
+	hs, err := host.NewStream()
+	require.NoError(t, err)
+	defer hs.Close()
+	require.NoError(t, hs.WriteValue(ok.Word(0), 5))
+	require.NoError(t, hs.Synchronize())
+	require.Equal(t, uint64(5), ok.Word(0).Load())
+}
+
+func TestCUDAHostFuncOrder(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(1)
+	require.NoError(t, err)
+	defer wb.Close()
+	w := wb.Word(0)
+	var mu sync.Mutex
+	var seen []uint64
+	for k := uint64(1); k <= 200; k++ {
+		require.NoError(t, s.WriteValue(w, k))
+		require.NoError(t, s.LaunchHostFunc(func() {
+			mu.Lock()
+			seen = append(seen, w.Load())
+			mu.Unlock()
+		}))
+	}
+	syncSoon(t, s)
+	require.Len(t, seen, 200)
+	for i, v := range seen {
+		require.Equal(t, uint64(i+1), v, "callback %d saw the word at %d", i+1, v)
+	}
+}
+
+// TestCUDAChannelRoundTrip is DESIGN.md §4's stream channel on a GPU stream: the
+// stream writes T=k, a proxy goroutine answers D=k, the stream waits D>=k.
+func TestCUDAChannelRoundTrip(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer wb.Close()
+	T, D := wb.Word(0), wb.Word(1)
+	const n = 1000
+	var stop atomic.Bool
+	defer stop.Store(true)
+	go func() {
+		for k := uint64(1); k <= n && !stop.Load(); {
+			if T.Load() >= k {
+				D.Store(k)
+				k++
+			}
+		}
+	}()
+	var completed atomic.Uint64
+	for k := uint64(1); k <= n; k++ {
+		require.NoError(t, s.WriteValue(T, k))
+		require.NoError(t, s.WaitValue(D, k, GEQ))
+		require.NoError(t, s.LaunchHostFunc(func() { completed.Store(k) }))
+	}
+	syncSoon(t, s)
+	require.Equal(t, uint64(n), D.Load())
+	require.Equal(t, uint64(n), completed.Load())
+}
+
+func TestCUDACopy(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(64)
+	require.NoError(t, err)
+	defer wb.Close()
+	for i := 0; i < 32; i++ {
+		wb.Word(i).Store(uint64(i * 3))
+	}
+	p, q := wb.Word(0).HostPtr(), wb.Word(32).HostPtr()
+	require.NoError(t, s.Copy(q, p, 256))
+	syncSoon(t, s)
+	for i := 0; i < 32; i++ {
+		require.Equal(t, uint64(i*3), wb.Word(32+i).Load())
+	}
+	bad := []struct {
+		name     string
+		dst, src uintptr
+		n        int
+	}{
+		{"negative length", q, p, -1},
+		{"zero length", q, p, 0},
+		{"nil dst", 0, p, 8},
+		{"nil src", q, 0, 8},
+		{"overlap forward", p + 8, p, 16},
+		{"overlap backward", p, p + 8, 16},
+		{"wraps", math.MaxUint64 - 4, p, 8},
+	}
+	for _, c := range bad {
+		require.ErrorIs(t, s.Copy(c.dst, c.src, c.n), ErrInvalidArgument, c.name)
+	}
+}
+
+type otherEvent struct{}
+
+func (otherEvent) Query() (bool, error) { return true, nil }
+func (otherEvent) Synchronize() error   { return nil }
+func (otherEvent) Handle() uintptr      { return 0 }
+func (otherEvent) Close() error         { return nil }
+
+func TestCUDAEvents(t *testing.T) {
+	b := newCUDABackend(t)
+	s1, s2 := newCUDAStream(t, b), newCUDAStream(t, b)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer wb.Close()
+	gateW, flag := wb.Word(0), wb.Word(1)
+	e, err := b.NewEvent()
+	require.NoError(t, err)
+	require.NotZero(t, e.Handle())
+	done, err := e.Query()
+	require.NoError(t, err)
+	require.True(t, done, "never-recorded event")
+
+	require.NoError(t, s1.WaitValue(gateW, 1, GEQ))
+	defer gateW.Store(1)
+	require.NoError(t, s1.Record(e))
+	require.NoError(t, s2.WaitEvent(e))
+	require.NoError(t, s2.WriteValue(flag, 1))
+	time.Sleep(never)
+	done, err = e.Query()
+	require.NoError(t, err)
+	require.False(t, done)
+	require.Zero(t, flag.Load())
+	gateW.Store(1)
+	require.NoError(t, e.Synchronize())
+	syncSoon(t, s2)
+	require.Equal(t, uint64(1), flag.Load())
+
+	host := NewHostBackend()
+	defer host.Close()
+	he, err := host.NewEvent()
+	require.NoError(t, err)
+	defer he.Close()
+	require.ErrorIs(t, s1.Record(he), ErrWrongBackend)
+	require.ErrorIs(t, s1.WaitEvent(he), ErrWrongBackend)
+	require.ErrorIs(t, s1.Record(otherEvent{}), ErrWrongBackend)
+	require.ErrorIs(t, s1.Record(nil), ErrInvalidArgument)
+	require.ErrorIs(t, s1.WaitEvent(nil), ErrInvalidArgument)
+	ce, ok := CUDAEvent(e)
+	require.True(t, ok)
+	require.Equal(t, e.Handle(), ce.Handle())
+
+	require.NoError(t, e.Close())
+	require.ErrorIs(t, e.Close(), ErrClosed)
+	require.ErrorIs(t, s1.Record(e), ErrClosed)
+	require.ErrorIs(t, s1.WaitEvent(e), ErrClosed)
+	_, err = e.Query()
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, e.Synchronize(), ErrClosed)
+}
+
+func TestCUDACloseSemantics(t *testing.T) {
+	b, err := openCUDA(0)
+	if err != nil {
+		newCUDABackend(t) // skips or fails as appropriate
+		return
+	}
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	wb, err := b.AllocWords(1)
+	require.NoError(t, err)
+	w := wb.Word(0)
+
+	// Close waits for the enqueued work.
+	require.NoError(t, s.LaunchHostFunc(func() { time.Sleep(never) }))
+	require.NoError(t, s.WriteValue(w, 9))
+	require.NoError(t, s.Close())
+	require.Equal(t, uint64(9), w.Load())
+	require.ErrorIs(t, s.Close(), ErrClosed)
+	require.ErrorIs(t, s.WriteValue(w, 1), ErrClosed)
+	require.ErrorIs(t, s.WaitValue(w, 1, GEQ), ErrClosed)
+	require.ErrorIs(t, s.LaunchHostFunc(func() {}), ErrClosed)
+	require.ErrorIs(t, s.Copy(w.HostPtr(), w.HostPtr()+64, 8), ErrClosed)
+	require.ErrorIs(t, s.Synchronize(), ErrClosed)
+	_, err = s.Query()
+	require.ErrorIs(t, err, ErrClosed)
+
+	// Closing the backend first keeps its children working until they close.
+	s2, err := b.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	require.ErrorIs(t, b.Close(), ErrClosed)
+	_, err = b.NewStream()
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = b.AllocWords(1)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, s2.WriteValue(w, 10))
+	require.NoError(t, s2.Synchronize())
+	require.Equal(t, uint64(10), w.Load())
+	require.NoError(t, s2.Close())
+	require.NoError(t, wb.Close()) // the last child: the context goes with it
+}
+
+func TestWrapCUDAStream(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(1)
+	require.NoError(t, err)
+	defer wb.Close()
+	ws, err := WrapCUDAStream(s.Handle())
+	require.NoError(t, err)
+	require.Equal(t, s.Handle(), ws.Handle())
+	require.NoError(t, ws.WriteValue(wb.Word(0), 3))
+	require.NoError(t, ws.Synchronize())
+	require.Equal(t, uint64(3), wb.Word(0).Load())
+	require.NoError(t, ws.Close())
+	require.ErrorIs(t, ws.Close(), ErrClosed)
+	// The borrowed CUstream lives on.
+	require.NoError(t, s.WriteValue(wb.Word(0), 4))
+	syncSoon(t, s)
+	require.Equal(t, uint64(4), wb.Word(0).Load())
+	_, err = WrapCUDAStream(0)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// TestCUDACloseBlockedWait: Close does not hang on a wait nobody satisfies.
+func TestCUDACloseBlockedWait(t *testing.T) {
+	b := newCUDABackend(t)
+	ctx, _, _ := CUDAContext(b)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer wb.Close()
+	require.NoError(t, s.WaitValue(wb.Word(0), 1, GEQ))
+	require.NoError(t, s.WriteValue(wb.Word(1), 1))
+	start := time.Now()
+	err = s.Close()
+	require.ErrorIs(t, err, ErrAbandoned)
+	require.ErrorIs(t, err, ErrClosed)
+	require.Less(t, time.Since(start), cudaCloseGrace+time.Second)
+	// The GPU still holds the work; satisfying the wait lets it finish.
+	wb.Word(0).Store(1)
+	require.NoError(t, ctx.Synchronize())
+	require.Equal(t, uint64(1), wb.Word(1).Load())
+}

@@ -1,0 +1,84 @@
+// Package stream is ucpx's execution-context layer: ordered queues of work (streams),
+// points in them (events) and the 64-bit signal words through which a stream and a
+// proxy thread (or a GPU kernel) hand work to each other. Everything above it —
+// conditions, graph nodes, the proxy engine — is written against these interfaces
+// and runs unchanged on either backend.
+//
+// # Objects
+//
+// A Backend creates the other objects, all of one Kind:
+//
+//   - Stream: an ordered queue. WriteValue, WaitValue, LaunchHostFunc, Copy, Record
+//     and WaitEvent enqueue and return at once; the work runs later, in the order of
+//     the calls. Synchronize waits for everything enqueued before it; Query asks
+//     without waiting. A failure is sticky: the stream stops running work and every
+//     later call returns the error, as after a CUDA sticky error.
+//   - Event: a position in a stream, captured by Record. It is done once the work
+//     enqueued before the Record has run; an event never recorded is done. WaitEvent
+//     on another stream holds that stream's later work until the event is done, using
+//     the record current when WaitEvent was called (recording again later does not
+//     move an enqueued wait).
+//   - Word (in a WordBlock from AllocWords): a 64-bit signal word in memory that C,
+//     Go and, on CUDA, the GPU may all address — never Go memory. Load, Store, Add and
+//     CompareAndSwap are atomic. WaitValue's Compare values (GEQ, EQ, AND, NOR) follow
+//     CUDA's stream memops; GEQ is wrap-aware (signed difference), so counters may wrap.
+//
+// Objects of one backend may not be handed to another: a CUDA event given to a host
+// stream is refused with ErrWrongBackend. Errors wrap the sentinels ErrClosed,
+// ErrInvalidArgument, ErrNotSupported and ErrWrongBackend; test them with errors.Is.
+//
+// # Backends and selection
+//
+// The host backend (NewHostBackend) is the embedded default and what CI exercises:
+// each stream is one goroutine executing its queue, words are C memory, Copy is a
+// memmove. It needs no GPU and no driver. The CUDA backend drives CUstreams through
+// the driver API (loaded at run time; libcuda is never linked), with words in
+// host-mapped pinned memory and WriteValue/WaitValue as stream memops.
+//
+// Open(Auto) uses CUDA device 0 when a driver and a device are present and the host
+// backend otherwise; Open(Host) never touches CUDA; Open(CUDA) fails with an error
+// wrapping ErrNotSupported (and the CUDA layer's cause, such as cuda.ErrNoDriver)
+// where CUDA is unavailable. SelectionFromEnv reads UCPX_BACKEND=host|cuda|auto.
+//
+// # Memory rules
+//
+// Copy takes raw addresses: C memory, pinned host memory or device memory, never
+// unpinned Go memory (the garbage collector may move or free it while the copy is
+// queued; pin it with runtime.Pinner for the copy's lifetime if you must). Copy
+// refuses zero or negative lengths, nil addresses and overlapping ranges; it cannot
+// check that an address is mapped.
+//
+// A WordBlock must outlive the work that names its words: close it after the streams
+// using it are synchronized. Host streams are defensive about this: a word whose
+// block was closed fails the stream with an error wrapping ErrClosed instead of
+// touching freed memory. Word blocks are not freed by Backend.Close; their owner
+// closes them.
+//
+// # The host executor
+//
+// Each host stream is a goroutine. Enqueueing takes a mutex, appends the operation by
+// value to a slice and, only if the executor is parked, hands it a wake-up token:
+// tens of nanoseconds and no allocation. The executor swaps the whole slice out and
+// runs it without holding the lock. When its queue is empty it keeps polling for
+// about 20 µs (an enqueue right after is seen within a cache-line transfer), then
+// parks until the next enqueue.
+//
+// WaitValue cannot be notified — words are written by other goroutines, C threads or
+// the GPU with plain stores — so the executor polls the word: back to back for the
+// first 20 µs, then with a runtime.Gosched every 5 µs until 200 µs, then sleeping
+// between polls with a doubling interval capped at 100 µs. (Go's timers round sleeps
+// under a millisecond up to about 1 ms in an otherwise idle process, so a wait that
+// lasted that long may be seen up to ~1 ms late; a busy process sees it sooner.)
+// Waits on events of other host streams do not poll: after a short spin they sleep
+// until that stream makes progress.
+//
+// A host func runs on the executor goroutine; it must return, and must not
+// Synchronize or Close its own stream. A panic in it (or runtime.Goexit) becomes the
+// stream's sticky error (*PanicError for a panic).
+//
+// Close refuses new work, runs what is queued and stops the goroutine. A wait that
+// does not hold when reached gets a grace period (DefaultCloseGrace, WithCloseGrace)
+// and is then abandoned along with the work behind it: Close returns an error
+// wrapping ErrAbandoned (which wraps ErrClosed), and events past that point report
+// it too. Close never hangs on a word nobody writes.
+package stream
