@@ -1,0 +1,458 @@
+package tests
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The test binary re-executes itself as the peer process: TestMain runs the role named
+// in UCPX_TEST_ROLE instead of the tests.
+
+const (
+	envRole       = "UCPX_TEST_ROLE"
+	envTransport  = "UCPX_TEST_TRANSPORT"
+	envListenAddr = "UCPX_TEST_LISTEN_ADDR"
+	envWorkerAddr = "UCPX_TEST_WORKER_ADDR"
+
+	tagHello    = 1 << 60 // peer -> parent: the peer's worker address (shm)
+	tagRkey     = 2 << 60 // peer -> parent: packed rkey of the peer's region
+	tagQuit     = 3 << 60 // parent -> peer: exit 0
+	tagDie      = 4 << 60 // parent -> peer: exit at once, closing nothing
+	tagChecksum = 5 << 60 // parent -> peer: reply with crc32 of region[:n]
+	tagReply    = 1 << 63 // peer echoes data tags with this bit set
+
+	amEcho  = 7
+	amReply = 8
+
+	peerRegion = 4 << 20
+	maxMsg     = 16 << 20
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" {
+		if err := runPeer(role); err != nil {
+			fmt.Fprintln(os.Stderr, "peer:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func contextConfig(transport string) map[string]string {
+	if transport == "tcp" {
+		return map[string]string{"TLS": "tcp"}
+	}
+	return nil
+}
+
+// runPeer is the peer process: connect, publish a registered region, then echo.
+func runPeer(role string) error {
+	if role != "echo" {
+		return fmt.Errorf("unknown role %q", role)
+	}
+	transport := os.Getenv(envTransport)
+	uctx, err := ucp.NewContext(ucp.ContextParams{Config: contextConfig(transport)})
+	if err != nil {
+		return err
+	}
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	var ep *ucp.Endpoint
+	if transport == "tcp" {
+		ep, err = w.Connect(ctx, os.Getenv(envListenAddr), nil)
+		if err != nil {
+			return err
+		}
+	} else {
+		parent, err := hex.DecodeString(os.Getenv(envWorkerAddr))
+		if err != nil {
+			return err
+		}
+		ep, err = w.ConnectAddress(parent, &ucp.EndpointParams{NoPeerErrorHandling: true})
+		if err != nil {
+			return err
+		}
+		self, err := w.Address()
+		if err != nil {
+			return err
+		}
+		if err := send(ctx, ep, self, tagHello); err != nil {
+			return err
+		}
+	}
+	region, err := uctx.MemAlloc(peerRegion)
+	if err != nil {
+		return err
+	}
+	packed, err := region.PackRkey()
+	if err != nil {
+		return err
+	}
+	if err := send(ctx, ep, packed, tagRkey); err != nil {
+		return err
+	}
+	if err := w.SetAmHandler(amEcho, func(m *ucp.AmMessage) {
+		data := make([]byte, m.Length())
+		r, err := m.RecvData(data, nil)
+		if err == nil {
+			err = r.Wait(ctx)
+		}
+		if err == nil {
+			_, err = ep.AmSendNbx(amReply, m.Header, data, &ucp.RequestParam{Flags: ucp.NoImmediateCompletion, Callback: func(*ucp.Request) { _ = data }})
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "peer am echo:", err)
+		}
+	}); err != nil {
+		return err
+	}
+	buf := make([]byte, maxMsg)
+	for {
+		r, err := w.TagRecvNbx(buf, 0, 0, &ucp.RequestParam{Peer: ep})
+		if err != nil {
+			return err
+		}
+		if err := r.Wait(ctx); err != nil {
+			return err
+		}
+		tag, n := r.SenderTag(), r.Length()
+		switch tag {
+		case tagQuit:
+			f, err := ep.FlushNbx(nil)
+			if err == nil {
+				_ = f.Wait(ctx)
+			}
+			return nil
+		case tagDie:
+			os.Exit(3)
+		case tagChecksum:
+			size := int(binary.LittleEndian.Uint64(buf[:8]))
+			sum := crc32.ChecksumIEEE(region.Bytes()[:size])
+			var out [4]byte
+			binary.LittleEndian.PutUint32(out[:], sum)
+			if err := send(ctx, ep, out[:], tagChecksum|tagReply); err != nil {
+				return err
+			}
+		default:
+			if err := send(ctx, ep, buf[:n], tag|tagReply); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func send(ctx context.Context, ep *ucp.Endpoint, b []byte, tag uint64) error {
+	r, err := ep.TagSendNbx(b, tag, nil)
+	if err != nil {
+		return err
+	}
+	return r.Wait(ctx)
+}
+
+// peer is the parent's view of a spawned peer process.
+type peer struct {
+	t     *testing.T
+	ctx   *ucp.Context
+	w     *ucp.Worker
+	ep    *ucp.Endpoint
+	rkey  *ucp.Rkey
+	cmd   *exec.Cmd
+	err   chan error
+	out   *strings.Builder
+	epErr chan error
+}
+
+func spawnPeer(t *testing.T, transport string) *peer {
+	t.Helper()
+	p := &peer{t: t, err: make(chan error, 1), out: &strings.Builder{}, epErr: make(chan error, 1)}
+	var err error
+	p.ctx, err = ucp.NewContext(ucp.ContextParams{Config: contextConfig(transport)})
+	must(t, err)
+	p.w, err = p.ctx.NewWorker(ucp.WorkerParams{})
+	must(t, err)
+	epParams := &ucp.EndpointParams{ErrorHandler: func(_ *ucp.Endpoint, err error) { p.epErr <- err }}
+
+	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	p.cmd.Env = append(os.Environ(), envRole+"=echo", envTransport+"="+transport)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var l *ucp.Listener
+	if transport == "tcp" {
+		l, err = p.w.Listen("127.0.0.1:0", nil)
+		must(t, err)
+		p.cmd.Env = append(p.cmd.Env, envListenAddr+"="+l.Addr())
+	} else {
+		self, err := p.w.Address()
+		must(t, err)
+		p.cmd.Env = append(p.cmd.Env, envWorkerAddr+"="+hex.EncodeToString(self))
+	}
+	must(t, p.cmd.Start())
+	go func() { p.err <- p.cmd.Wait() }()
+	t.Cleanup(p.close)
+
+	if transport == "tcp" {
+		p.ep, err = l.Accept(ctx, epParams)
+		must(t, err)
+		must(t, l.Close())
+	} else {
+		addr := p.recv(ctx, tagHello, 4096)
+		p.ep, err = p.w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
+		must(t, err)
+	}
+	packed := p.recv(ctx, tagRkey, 4096)
+	p.rkey, err = p.ep.UnpackRkey(packed)
+	must(t, err)
+	return p
+}
+
+func (p *peer) recv(ctx context.Context, tag uint64, max int) []byte {
+	p.t.Helper()
+	buf := make([]byte, max)
+	r, err := p.w.TagRecvNbx(buf, tag, ^uint64(0), nil)
+	must(p.t, err)
+	if err := r.Wait(ctx); err != nil {
+		p.t.Fatalf("receive tag %#x: %v\npeer output:\n%s", tag, err, p.out)
+	}
+	return buf[:r.Length()]
+}
+
+func (p *peer) close() {
+	if p.cmd.ProcessState == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if p.ep != nil && p.ep.Err() == nil {
+			if r, err := p.ep.TagSendNbx(nil, tagQuit, nil); err == nil {
+				_ = r.Wait(ctx)
+			}
+		}
+		// The peer flushes before it exits, which needs this side's progress.
+		deadline := time.Now().Add(10 * time.Second)
+	wait:
+		for {
+			select {
+			case <-p.err:
+				break wait
+			default:
+				p.w.Progress()
+				if time.Now().After(deadline) {
+					p.t.Errorf("peer did not exit after quit; output:\n%s", p.out)
+					_ = p.cmd.Process.Kill()
+					<-p.err
+					break wait
+				}
+			}
+		}
+	}
+	must(p.t, p.ctx.Close())
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	x := uint32(seed) + 1
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = byte(x >> 24)
+	}
+	return b
+}
+
+func TestTwoProcesses(t *testing.T) {
+	for _, transport := range []string{"tcp", "shm"} {
+		t.Run(transport, func(t *testing.T) {
+			p := spawnPeer(t, transport)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+
+			// Tagged echo, eager through rendezvous, checksummed.
+			for i, n := range []int{0, 1, 8, 4096, 65536, 1 << 20, maxMsg} {
+				src := pattern(n, byte(i))
+				tag := uint64(1000 + i)
+				back := make([]byte, n)
+				rr, err := p.w.TagRecvNbx(back, tag|tagReply, ^uint64(0), &ucp.RequestParam{Peer: p.ep})
+				must(t, err)
+				must(t, send(ctx, p.ep, src, tag))
+				must(t, rr.Wait(ctx))
+				if rr.Length() != n || crc32.ChecksumIEEE(back) != crc32.ChecksumIEEE(src) {
+					t.Fatalf("echo of %d bytes: got %d bytes, checksum mismatch", n, rr.Length())
+				}
+			}
+
+			// Active messages, eager and rendezvous, echoed back by the peer's handler.
+			replies := make(chan []byte, 1)
+			must(t, p.w.SetAmHandler(amReply, func(m *ucp.AmMessage) {
+				data := make([]byte, m.Length())
+				r, err := m.RecvData(data, nil)
+				if err != nil {
+					replies <- []byte(err.Error())
+					return
+				}
+				go func() {
+					if err := r.Wait(ctx); err != nil {
+						data = []byte(err.Error())
+					}
+					replies <- data
+				}()
+			}))
+			for _, tc := range []struct {
+				n     int
+				flags ucp.AmSendFlags
+			}{{64, ucp.AmEager}, {2 << 20, ucp.AmRendezvous}} {
+				src := pattern(tc.n, 42)
+				sr, err := p.ep.AmSendNbx(amEcho, []byte("hdr"), src, &ucp.RequestParam{AmFlags: tc.flags})
+				must(t, err)
+				var got []byte
+				for got == nil {
+					select {
+					case got = <-replies:
+					case <-ctx.Done():
+						t.Fatalf("no AM reply for %d bytes; peer output:\n%s", tc.n, p.out)
+					default:
+						p.w.Progress()
+					}
+				}
+				must(t, sr.Wait(ctx))
+				if crc32.ChecksumIEEE(got) != crc32.ChecksumIEEE(src) {
+					t.Fatalf("AM echo of %d bytes: checksum mismatch (%d bytes back)", tc.n, len(got))
+				}
+			}
+
+			// RMA: put into the peer's region, have the peer checksum it; get it back.
+			src := pattern(peerRegion, 9)
+			pr, err := p.ep.PutNbx(src, p.rkey.Base(), p.rkey, nil)
+			must(t, err)
+			must(t, pr.Wait(ctx))
+			fr, err := p.ep.FlushNbx(nil)
+			must(t, err)
+			must(t, fr.Wait(ctx))
+			var sizeMsg [8]byte
+			binary.LittleEndian.PutUint64(sizeMsg[:], peerRegion)
+			sumBuf := make([]byte, 4)
+			sr, err := p.w.TagRecvNbx(sumBuf, tagChecksum|tagReply, ^uint64(0), nil)
+			must(t, err)
+			must(t, send(ctx, p.ep, sizeMsg[:], tagChecksum))
+			must(t, sr.Wait(ctx))
+			if binary.LittleEndian.Uint32(sumBuf) != crc32.ChecksumIEEE(src) {
+				t.Fatal("peer's region checksum differs from what was put")
+			}
+			back := make([]byte, peerRegion)
+			gr, err := p.ep.GetNbx(back, p.rkey.Base(), p.rkey, nil)
+			must(t, err)
+			must(t, gr.Wait(ctx))
+			if crc32.ChecksumIEEE(back) != crc32.ChecksumIEEE(src) {
+				t.Fatal("get returned different data")
+			}
+
+			// Atomics on the peer's region.
+			binary.NativeEndian.PutUint64(src[:8], 0)
+			ar, err := p.ep.AtomicNbx(ucp.AtomicParam{Op: ucp.AtomicSwap, Operand: 10}, p.rkey.Base(), p.rkey, nil)
+			must(t, err)
+			must(t, ar.Wait(ctx))
+			if ar.Fetched() != binary.NativeEndian.Uint64(back[:8]) {
+				t.Fatalf("swap fetched %#x, want %#x", ar.Fetched(), binary.NativeEndian.Uint64(back[:8]))
+			}
+			ar, err = p.ep.AtomicNbx(ucp.AtomicParam{Op: ucp.AtomicAdd, Operand: 5, Fetch: true}, p.rkey.Base(), p.rkey, nil)
+			must(t, err)
+			must(t, ar.Wait(ctx))
+			if ar.Fetched() != 10 {
+				t.Fatalf("add fetched %d, want 10", ar.Fetched())
+			}
+		})
+	}
+}
+
+// A peer that exits makes pending operations fail with a peer error instead of hanging.
+func TestPeerExitFailsPendingOperations(t *testing.T) {
+	p := spawnPeer(t, "tcp")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// A receive the peer will never answer, tied to the peer.
+	pendingRecv, err := p.w.TagRecvNbx(make([]byte, 64), 0xdead, ^uint64(0), &ucp.RequestParam{Peer: p.ep})
+	must(t, err)
+	must(t, send(ctx, p.ep, nil, tagDie))
+	// A rendezvous send the dead peer cannot complete.
+	bigSend, err := p.ep.TagSendNbx(pattern(maxMsg, 1), 0xbeef, nil)
+	start := time.Now()
+	if err == nil {
+		err = bigSend.Wait(ctx)
+	}
+	if !errors.Is(err, ucp.ErrPeerFailed) {
+		t.Fatalf("send to a dead peer: got %v, want an error matching ErrPeerFailed", err)
+	}
+	err = pendingRecv.Wait(ctx)
+	if !errors.Is(err, ucp.ErrPeerFailed) {
+		t.Fatalf("receive from a dead peer: got %v, want an error matching ErrPeerFailed", err)
+	}
+	t.Logf("peer failure reported after %v: %v", time.Since(start), err)
+	select {
+	case err := <-p.epErr:
+		if !errors.Is(err, ucp.ErrPeerFailed) {
+			t.Fatalf("error handler got %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("endpoint error handler never ran")
+	}
+	// Operations after the failure fail at once.
+	_, err = p.ep.TagSendNbx([]byte("x"), 1, nil)
+	if !errors.Is(err, ucp.ErrPeerFailed) {
+		t.Fatalf("send after failure: %v", err)
+	}
+	_, err = p.w.TagRecvNbx(make([]byte, 1), 1, ^uint64(0), &ucp.RequestParam{Peer: p.ep})
+	if !errors.Is(err, ucp.ErrPeerFailed) {
+		t.Fatalf("receive naming a failed peer: %v", err)
+	}
+	var exitErr *exec.ExitError
+	if err := <-p.err; !errors.As(err, &exitErr) || exitErr.ExitCode() != 3 {
+		t.Fatalf("peer exit: %v", err)
+	}
+	p.cmd.ProcessState = exitErr.ProcessState
+	must(t, p.ep.Close())
+}
+
+// Over shared memory UCX 1.13 has no peer failure detection; waits stay bounded by
+// their context and the operation can be canceled.
+func TestPeerExitOverSharedMemoryIsBounded(t *testing.T) {
+	p := spawnPeer(t, "shm")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pendingRecv, err := p.w.TagRecvNbx(make([]byte, 64), 0xdead, ^uint64(0), nil)
+	must(t, err)
+	must(t, send(ctx, p.ep, nil, tagDie))
+	<-p.err
+	p.cmd.ProcessState = &os.ProcessState{}
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	if err := pendingRecv.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait: %v", err)
+	}
+	pendingRecv.Cancel()
+	if err := pendingRecv.Wait(ctx); !errors.Is(err, ucp.ErrCanceled) {
+		t.Fatalf("after cancel: %v", err)
+	}
+}
