@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -212,7 +213,7 @@ func (ep *Endpoint) closeWith(force bool, timeout time.Duration) error {
 		_ = req.Wait(ctx2)
 		return opErr("ep_close_nbx", ErrTimedOut, "%s: flush did not finish in %v", ep, timeout)
 	}
-	if err != nil && Is(err, ErrPeerFailed) {
+	if err != nil && errors.Is(err, ErrPeerFailed) {
 		return nil // the peer is gone: closing is all that could be done
 	}
 	return err

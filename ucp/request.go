@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -71,10 +72,10 @@ type Request struct {
 	tag    uint64
 	// fetched is the remote value before an atomic with fetch semantics.
 	fetched uint64
-	cb     func(*Request)
-	peer   *Endpoint
-	pin    runtime.Pinner
-	pinned bool
+	cb      func(*Request)
+	peer    *Endpoint
+	pin     runtime.Pinner
+	pinned  bool
 	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
 	finish func(r *Request)
 }
@@ -154,7 +155,7 @@ func (r *Request) errOr(err error) error {
 // user callback. Called once, under w.mu.
 func (r *Request) completeLocked(err error, length int, tag uint64) {
 	if err != nil {
-		if r.peer != nil && r.peer.err != nil && Is(err, ErrCanceled) {
+		if r.peer != nil && r.peer.err != nil && errors.Is(err, ErrCanceled) {
 			err = r.peer.err // canceled because the named peer failed
 		}
 		if _, ok := err.(*OpError); !ok {
@@ -177,24 +178,6 @@ func (r *Request) completeLocked(err error, length int, tag uint64) {
 		cb := r.cb
 		r.w.deferred = append(r.w.deferred, func() { cb(r) })
 	}
-}
-
-// Is is errors.Is for the package's own hot paths without importing errors twice.
-func Is(err, target error) bool {
-	for err != nil {
-		if err == target {
-			return true
-		}
-		if s, ok := err.(Status); ok && s.Is(target) {
-			return true
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		err = u.Unwrap()
-	}
-	return false
 }
 
 // post finishes an nbx call: ptr is UCX's status pointer. pins are the Go buffers UCX

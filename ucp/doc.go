@@ -1,0 +1,70 @@
+// Package ucp is the Go API of ucpx over UCX's ucp layer. Its calls mirror
+// ucp_*_nbx: Endpoint.TagSendNbx, Worker.TagRecvNbx, Endpoint.AmSendNbx,
+// Endpoint.PutNbx / GetNbx / AtomicNbx, Endpoint.FlushNbx and Worker.FlushNbx, with
+// a RequestParam that mirrors ucp_request_param_t and a Request that tracks the
+// operation. Errors are UCX statuses (Status) wrapped in *OpError; test them with
+// errors.Is against the sentinels (ErrMessageTruncated, ErrCanceled, ErrPeerFailed, ...).
+//
+// # Objects
+//
+// A Context holds the UCX configuration (UCX_* environment variables, plus
+// ContextParams.Config) and memory registrations (MemMap, MemMapPtr, MemAlloc). A Worker
+// is a progress engine; Endpoints connect it to peer workers, either through a Listener
+// (client-server on a socket address: Worker.Listen, Listener.Accept, Worker.Connect)
+// or through a worker address (Worker.Address, Worker.ConnectAddress). Every object has
+// an explicit Close; closing a parent closes its children, a second Close returns
+// ErrClosed, and Live reports the UCX handles still open (tests assert it is zero).
+//
+// # Progress model
+//
+// UCX makes progress only when ucp_worker_progress is called. In ucpx:
+//
+//   - Request.Wait drives the worker's progress itself: it spins (the low-latency path:
+//     up to 64 progress calls per cgo call), then parks on the worker's event fd
+//     (ucp_worker_arm + poll), so an idle wait costs no CPU. Request.Test runs one round.
+//   - Worker.Progress runs one round; Worker.WaitForEvents blocks on the event fd. A
+//     server that only answers (flushes, one-sided operations emulated over tcp, AM
+//     handlers, listener connection requests) must call them, typically from a loop on
+//     its own goroutine. Listener.Accept drives progress while it waits.
+//   - Endpoint creation by socket address (Connect) completes only while the listening
+//     side makes progress, as in UCX.
+//
+// Any goroutine may call any method: each worker serialises its UCX calls with one
+// mutex, and the worker is created in UCS_THREAD_MODE_SERIALIZED (UCX takes no locks of
+// its own; calls may come from any OS thread). Contexts are created with
+// mt_workers_shared so registrations may happen concurrently with worker calls.
+//
+// UCX callbacks never call into Go. The C glue records each completion, endpoint error,
+// connection request and active message in a per-worker queue, which the goroutine that
+// drove progress drains after the call. Request callbacks, endpoint error handlers,
+// connection handlers and AM handlers therefore run on that goroutine, after the worker
+// lock is released, so they may call any ucpx method (but must not block waiting for
+// progress that only they would drive).
+//
+// # Immediate completion
+//
+// As in UCX, an operation that completes in place returns a Request that is already
+// done and its Callback does not run; set NoImmediateCompletion to always get the
+// callback. Sends that complete in place share one immutable Request, so the common
+// small-message path allocates nothing.
+//
+// # Memory
+//
+// C never keeps a Go pointer beyond a call. A buffer of an operation that stays pending
+// is pinned (runtime.Pinner) until the operation completes; MemMap pins its buffer until
+// Close. Memory from MemAlloc is C memory allocated and registered by UCX: the buffer a
+// hot path should reuse (pass it in RequestParam.MemH). Packed rkeys and worker addresses
+// travel in a checksummed envelope, so garbage from a peer gives ErrInvalidParam or
+// ErrInvalidAddr, never a crash inside UCX, and RMA ranges are checked against the
+// remote region before UCX sees them (ErrOutOfRange).
+//
+// # Peer failure
+//
+// Endpoints use UCP_ERR_HANDLING_MODE_PEER unless EndpointParams.NoPeerErrorHandling is
+// set: a failed peer completes pending operations on the endpoint with an error matching
+// ErrPeerFailed and runs the endpoint's ErrorHandler. Tag receives are not tied to an
+// endpoint in UCX; name the expected sender in RequestParam.Peer and the receive fails
+// with the peer's error too. UCX 1.13 selects only tcp for endpoints with peer error
+// handling; shared memory needs NoPeerErrorHandling, where a dead peer is noticed only
+// through the caller's context deadline.
+package ucp
