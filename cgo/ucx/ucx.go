@@ -23,39 +23,39 @@ type Status int32
 
 // Status values of UCX 1.13 (ucs/type/status.h).
 const (
-	OK                   Status = C.UCS_OK
-	InProgress           Status = C.UCS_INPROGRESS
-	ErrNoMessage         Status = C.UCS_ERR_NO_MESSAGE
-	ErrNoResource        Status = C.UCS_ERR_NO_RESOURCE
-	ErrIOError           Status = C.UCS_ERR_IO_ERROR
-	ErrNoMemory          Status = C.UCS_ERR_NO_MEMORY
-	ErrInvalidParam      Status = C.UCS_ERR_INVALID_PARAM
-	ErrUnreachable       Status = C.UCS_ERR_UNREACHABLE
-	ErrInvalidAddr       Status = C.UCS_ERR_INVALID_ADDR
-	ErrNotImplemented    Status = C.UCS_ERR_NOT_IMPLEMENTED
-	ErrMessageTruncated  Status = C.UCS_ERR_MESSAGE_TRUNCATED
-	ErrNoProgress        Status = C.UCS_ERR_NO_PROGRESS
-	ErrBufferTooSmall    Status = C.UCS_ERR_BUFFER_TOO_SMALL
-	ErrNoElem            Status = C.UCS_ERR_NO_ELEM
-	ErrSomeConnectsFail  Status = C.UCS_ERR_SOME_CONNECTS_FAILED
-	ErrNoDevice          Status = C.UCS_ERR_NO_DEVICE
-	ErrBusy              Status = C.UCS_ERR_BUSY
-	ErrCanceled          Status = C.UCS_ERR_CANCELED
-	ErrShmemSegment      Status = C.UCS_ERR_SHMEM_SEGMENT
-	ErrAlreadyExists     Status = C.UCS_ERR_ALREADY_EXISTS
-	ErrOutOfRange        Status = C.UCS_ERR_OUT_OF_RANGE
-	ErrTimedOut          Status = C.UCS_ERR_TIMED_OUT
-	ErrExceedsLimit      Status = C.UCS_ERR_EXCEEDS_LIMIT
-	ErrUnsupported       Status = C.UCS_ERR_UNSUPPORTED
-	ErrRejected          Status = C.UCS_ERR_REJECTED
-	ErrNotConnected      Status = C.UCS_ERR_NOT_CONNECTED
-	ErrConnectionReset   Status = C.UCS_ERR_CONNECTION_RESET
-	ErrFirstLinkFailure  Status = C.UCS_ERR_FIRST_LINK_FAILURE
-	ErrLastLinkFailure   Status = C.UCS_ERR_LAST_LINK_FAILURE
-	ErrFirstEPFailure    Status = C.UCS_ERR_FIRST_ENDPOINT_FAILURE
-	ErrEndpointTimeout   Status = C.UCS_ERR_ENDPOINT_TIMEOUT
-	ErrLastEPFailure     Status = C.UCS_ERR_LAST_ENDPOINT_FAILURE
-	errLast              Status = C.UCS_ERR_LAST
+	OK                  Status = C.UCS_OK
+	InProgress          Status = C.UCS_INPROGRESS
+	ErrNoMessage        Status = C.UCS_ERR_NO_MESSAGE
+	ErrNoResource       Status = C.UCS_ERR_NO_RESOURCE
+	ErrIOError          Status = C.UCS_ERR_IO_ERROR
+	ErrNoMemory         Status = C.UCS_ERR_NO_MEMORY
+	ErrInvalidParam     Status = C.UCS_ERR_INVALID_PARAM
+	ErrUnreachable      Status = C.UCS_ERR_UNREACHABLE
+	ErrInvalidAddr      Status = C.UCS_ERR_INVALID_ADDR
+	ErrNotImplemented   Status = C.UCS_ERR_NOT_IMPLEMENTED
+	ErrMessageTruncated Status = C.UCS_ERR_MESSAGE_TRUNCATED
+	ErrNoProgress       Status = C.UCS_ERR_NO_PROGRESS
+	ErrBufferTooSmall   Status = C.UCS_ERR_BUFFER_TOO_SMALL
+	ErrNoElem           Status = C.UCS_ERR_NO_ELEM
+	ErrSomeConnectsFail Status = C.UCS_ERR_SOME_CONNECTS_FAILED
+	ErrNoDevice         Status = C.UCS_ERR_NO_DEVICE
+	ErrBusy             Status = C.UCS_ERR_BUSY
+	ErrCanceled         Status = C.UCS_ERR_CANCELED
+	ErrShmemSegment     Status = C.UCS_ERR_SHMEM_SEGMENT
+	ErrAlreadyExists    Status = C.UCS_ERR_ALREADY_EXISTS
+	ErrOutOfRange       Status = C.UCS_ERR_OUT_OF_RANGE
+	ErrTimedOut         Status = C.UCS_ERR_TIMED_OUT
+	ErrExceedsLimit     Status = C.UCS_ERR_EXCEEDS_LIMIT
+	ErrUnsupported      Status = C.UCS_ERR_UNSUPPORTED
+	ErrRejected         Status = C.UCS_ERR_REJECTED
+	ErrNotConnected     Status = C.UCS_ERR_NOT_CONNECTED
+	ErrConnectionReset  Status = C.UCS_ERR_CONNECTION_RESET
+	ErrFirstLinkFailure Status = C.UCS_ERR_FIRST_LINK_FAILURE
+	ErrLastLinkFailure  Status = C.UCS_ERR_LAST_LINK_FAILURE
+	ErrFirstEPFailure   Status = C.UCS_ERR_FIRST_ENDPOINT_FAILURE
+	ErrEndpointTimeout  Status = C.UCS_ERR_ENDPOINT_TIMEOUT
+	ErrLastEPFailure    Status = C.UCS_ERR_LAST_ENDPOINT_FAILURE
+	errLast             Status = C.UCS_ERR_LAST
 )
 
 // statusPtrErrBoundary is UCS_PTR_IS_ERR's threshold: (uintptr)UCS_ERR_LAST.
@@ -350,7 +350,9 @@ func (w *Worker) ConnectAddress(addr []byte, peerErr bool) (*EP, Status) {
 type ConnRequest struct{ h C.ucp_conn_request_h }
 
 // ConnRequestFromEvent wraps the handle of a UCPX_EV_CONN_REQ event.
-func ConnRequestFromEvent(p unsafe.Pointer) *ConnRequest { return &ConnRequest{h: C.ucp_conn_request_h(p)} }
+func ConnRequestFromEvent(p unsafe.Pointer) *ConnRequest {
+	return &ConnRequest{h: C.ucp_conn_request_h(p)}
+}
 
 // Accept creates the server-side endpoint of a connection request.
 func (w *Worker) Accept(r *ConnRequest, peerErr bool) (*EP, Status) {
