@@ -65,7 +65,7 @@ func (c Compare) Holds(current, value uint64) bool {
 	case AND:
 		return current&value != 0
 	case NOR:
-		return ^(current|value) != 0
+		return ^(current | value) != 0
 	}
 	return false
 }

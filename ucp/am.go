@@ -195,6 +195,11 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 	if id > 0xffff {
 		return nil, opErr(op, ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
+	if p.Condition != nil {
+		return ep.w.enqueueConditioned(op, p, func(ip *RequestParam) (*Request, error) {
+			return ep.AmSendNbx(id, header, buf, ip)
+		})
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()

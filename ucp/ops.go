@@ -23,9 +23,6 @@ func (p *RequestParam) memType() int {
 }
 
 func (p *RequestParam) check(op string) error {
-	if p.Condition != nil {
-		return opErr(op, ErrUnsupported, "conditions are executed by package condition, not by a plain nbx call")
-	}
 	if p.MemH != nil && p.MemH.closed {
 		return opErr(op, ErrClosed, "RequestParam.MemH")
 	}
@@ -46,6 +43,11 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 	if err := p.check("tag_send_nbx"); err != nil {
 		return nil, err
 	}
+	if p.Condition != nil {
+		return ep.w.enqueueConditioned("tag_send_nbx", p, func(ip *RequestParam) (*Request, error) {
+			return ep.TagSendNbx(buf, tag, ip)
+		})
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -63,6 +65,11 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 	p = param(p)
 	if err := p.check("tag_recv_nbx"); err != nil {
 		return nil, err
+	}
+	if p.Condition != nil {
+		return w.enqueueConditioned("tag_recv_nbx", p, func(ip *RequestParam) (*Request, error) {
+			return w.TagRecvNbx(buf, tag, mask, ip)
+		})
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -106,6 +113,11 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 	p = param(p)
 	if err := p.check(op); err != nil {
 		return nil, err
+	}
+	if p.Condition != nil {
+		return ep.w.enqueueConditioned(op, p, func(ip *RequestParam) (*Request, error) {
+			return ep.rma(op, buf, raddr, rkey, ip, put)
+		})
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -172,6 +184,11 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 	if raddr%uint64(a.Size) != 0 {
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
 	}
+	if p.Condition != nil {
+		return ep.w.enqueueConditioned(op, p, func(ip *RequestParam) (*Request, error) {
+			return ep.AtomicNbx(a, raddr, rkey, ip)
+		})
+	}
 	fetch := a.Fetch || a.Op == AtomicSwap || a.Op == AtomicCswap
 	w := ep.w
 	w.mu.Lock()
@@ -237,6 +254,9 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 	if err := p.check("ep_flush_nbx"); err != nil {
 		return nil, err
 	}
+	if p.Condition != nil {
+		return ep.w.enqueueConditioned("ep_flush_nbx", p, ep.FlushNbx)
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -252,6 +272,9 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 	p = param(p)
 	if err := p.check("worker_flush_nbx"); err != nil {
 		return nil, err
+	}
+	if p.Condition != nil {
+		return w.enqueueConditioned("worker_flush_nbx", p, w.FlushNbx)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/stream"
 )
 
 // OpFlags are ucp_op_attr_t flags.
@@ -24,14 +26,6 @@ const (
 	// MultiSend optimises for bandwidth of many operations in flight.
 	MultiSend = OpFlags(ucx.OpMultiSend)
 )
-
-// Condition says when an operation starts (a stream point, a graph node, a kernel
-// trigger). Conditions are created by package condition; the field is accepted by
-// every nbx call.
-type Condition interface {
-	// conditionCategory keeps implementations inside ucpx.
-	conditionCategory() int
-}
 
 // RequestParam mirrors ucp_request_param_t. A nil *RequestParam means defaults.
 type RequestParam struct {
@@ -53,8 +47,12 @@ type RequestParam struct {
 	// endpoint fails, the receive completes with the peer's error instead of waiting
 	// forever (tag receives are not tied to an endpoint in UCX).
 	Peer *Endpoint
-	// Condition defers the operation until the condition triggers.
-	Condition Condition
+	// Condition defers the operation until the condition triggers (a stream reaches the
+	// point of the call, a kernel or Trigger fires the handle). The proxy engine issues
+	// it; the Request completes on the proxy goroutine, which also runs Callback. With a
+	// Stream condition, later work on the stream waits for the completion unless Flags
+	// has NonBlockingEnqueue.
+	Condition *condition.Condition
 }
 
 var defaultParam RequestParam
@@ -78,6 +76,12 @@ type Request struct {
 	pinned  bool
 	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
 	finish func(r *Request)
+
+	// Conditioned operations: completed by the proxy, which closes doneCh.
+	cond   *condition.Condition
+	condOp *condOp
+	seq    uint64
+	doneCh chan struct{}
 }
 
 // completedRequest is shared by every send that completes in place: it carries no
@@ -111,6 +115,9 @@ func (r *Request) Test() (bool, error) {
 	if r.done.Load() {
 		return true, r.err
 	}
+	if r.doneCh != nil {
+		return false, nil // the proxy drives it
+	}
 	r.w.Progress()
 	if r.done.Load() {
 		return true, r.err
@@ -124,13 +131,44 @@ func (r *Request) Wait(ctx context.Context) error {
 	if r.done.Load() {
 		return r.err
 	}
+	if r.doneCh != nil {
+		select {
+		case <-r.doneCh:
+			return r.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	return r.w.waitRequest(ctx, r)
+}
+
+// WaitOnStream orders s after a conditioned operation: work enqueued on s afterwards runs
+// only once the operation has completed (MPIX Wait_enqueue). s must be of the
+// condition's backend. A done operation, or one without a condition, needs no wait.
+func (r *Request) WaitOnStream(s stream.Stream) error {
+	if r.cond == nil {
+		if s == nil {
+			return opErr("wait_on_stream", ErrInvalidParam, "nil stream")
+		}
+		if !r.done.Load() {
+			return opErr("wait_on_stream", ErrInvalidParam, "%s has no condition: wait on the host", r.op)
+		}
+		return nil
+	}
+	if err := r.cond.WaitOnStream(s, r.seq); err != nil {
+		return opErr("wait_on_stream", err, "%s", r.op)
+	}
+	return nil
 }
 
 // Cancel asks UCX to cancel a pending operation; it then completes with ErrCanceled
 // (or its real result if it completed first). Canceling a done request does nothing.
 func (r *Request) Cancel() {
 	if r.done.Load() {
+		return
+	}
+	if r.condOp != nil {
+		r.w.px.cancel(r.condOp)
 		return
 	}
 	w := r.w

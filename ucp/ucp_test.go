@@ -429,15 +429,9 @@ func TestBadInputs(t *testing.T) {
 	_, err = p.epA.AmSendNbx(1<<16, nil, nil, nil)
 	require.ErrorIs(t, err, ErrInvalidParam)
 
-	// Conditions belong to package condition.
-	_, err = p.epA.TagSendNbx([]byte("x"), 1, &RequestParam{Condition: fakeCondition{}})
-	require.ErrorIs(t, err, ErrUnsupported)
 	require.NoError(t, m.Close())
 }
 
-type fakeCondition struct{}
-
-func (fakeCondition) conditionCategory() int { return -1 }
 
 func TestConnectToPortNobodyListensOn(t *testing.T) {
 	ctx, err := NewContext(ContextParams{Config: map[string]string{"TLS": "tcp"}})

@@ -41,6 +41,7 @@ type Worker struct {
 	deferred  []func() // user callbacks to run after mu is released
 
 	efd int // -1 without wakeup
+	px  *proxy // the proxy engine, started by the first conditioned operation (under mu)
 }
 
 // NewWorker creates a worker on the context.
@@ -275,7 +276,11 @@ func (w *Worker) Close() error {
 	}
 	cbs := w.takeDeferredLocked()
 	w.raw.Destroy()
+	px := w.px
 	w.mu.Unlock()
+	if px != nil {
+		px.shutdown()
+	}
 
 	w.ctx.mu.Lock()
 	delete(w.ctx.workers, w)

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-static inline void q_lock(ucpx_worker_t *w)
+static inline void q_lock(ucpxu_worker_t *w)
 {
     while (__atomic_exchange_n(&w->lock, 1, __ATOMIC_ACQUIRE)) {
         while (__atomic_load_n(&w->lock, __ATOMIC_RELAXED)) {
@@ -14,16 +14,16 @@ static inline void q_lock(ucpx_worker_t *w)
     }
 }
 
-static inline void q_unlock(ucpx_worker_t *w) { __atomic_store_n(&w->lock, 0, __ATOMIC_RELEASE); }
+static inline void q_unlock(ucpxu_worker_t *w) { __atomic_store_n(&w->lock, 0, __ATOMIC_RELEASE); }
 
 /* push appends an event; on allocation failure the event is dropped, which can
  * only happen when the process is out of memory anyway. */
-static void push(ucpx_worker_t *w, const ucpx_event_t *ev)
+static void push(ucpxu_worker_t *w, const ucpxu_event_t *ev)
 {
     q_lock(w);
     if (w->nevents == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 64;
-        ucpx_event_t *n = realloc(w->events, cap * sizeof(*n));
+        ucpxu_event_t *n = realloc(w->events, cap * sizeof(*n));
         if (n == NULL) {
             q_unlock(w);
             return;
@@ -35,20 +35,20 @@ static void push(ucpx_worker_t *w, const ucpx_event_t *ev)
     q_unlock(w);
 }
 
-static void req_init(void *request) { memset(request, 0, sizeof(ucpx_req_t)); }
+static void req_init(void *request) { memset(request, 0, sizeof(ucpxu_req_t)); }
 
 static void req_complete(void *request, ucs_status_t status, uint64_t tag, size_t length,
                          void *user_data)
 {
-    ucpx_req_t *r = request;
-    ucpx_event_t ev = {0};
+    ucpxu_req_t *r = request;
+    ucpxu_event_t ev = {0};
     r->status = status;
     r->sender_tag = tag;
     r->length = length;
     __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     ev.type = UCPX_EV_REQ_DONE;
     ev.ptr = request;
-    push((ucpx_worker_t*)user_data, &ev);
+    push((ucpxu_worker_t*)user_data, &ev);
 }
 
 static void send_cb(void *request, ucs_status_t status, void *user_data)
@@ -70,17 +70,17 @@ static void am_data_cb(void *request, ucs_status_t status, size_t length, void *
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-    ucpx_event_t ev = {0};
+    ucpxu_event_t ev = {0};
     ev.type = UCPX_EV_EP_ERROR;
     ev.status = status;
     ev.ptr = ep;
-    push((ucpx_worker_t*)arg, &ev);
+    push((ucpxu_worker_t*)arg, &ev);
 }
 
 static void conn_cb(ucp_conn_request_h conn_request, void *arg)
 {
-    ucpx_cb_arg_t *a = arg;
-    ucpx_event_t ev = {0};
+    ucpxu_cb_arg_t *a = arg;
+    ucpxu_event_t ev = {0};
     ev.type = UCPX_EV_CONN_REQ;
     ev.ptr = conn_request;
     ev.id = a->id;
@@ -90,8 +90,8 @@ static void conn_cb(ucp_conn_request_h conn_request, void *arg)
 static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
-    ucpx_cb_arg_t *a = arg;
-    ucpx_event_t ev = {0};
+    ucpxu_cb_arg_t *a = arg;
+    ucpxu_event_t ev = {0};
     ucs_status_t ret = UCS_OK;
 
     ev.type = UCPX_EV_AM_RECV;
@@ -127,7 +127,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
     return ret;
 }
 
-ucs_status_t ucpx_init(uint64_t features, const char **cfg_kv, int n_kv, size_t est_eps,
+ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv, size_t est_eps,
                        ucp_context_h *ctx_p)
 {
     ucp_config_t *config;
@@ -149,7 +149,7 @@ ucs_status_t ucpx_init(uint64_t features, const char **cfg_kv, int n_kv, size_t 
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
                         UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = features;
-    params.request_size = sizeof(ucpx_req_t);
+    params.request_size = sizeof(ucpxu_req_t);
     params.request_init = req_init;
     /* Go programs use workers from several OS threads; context-level state
      * (registration cache) must be protected. */
@@ -163,9 +163,9 @@ ucs_status_t ucpx_init(uint64_t features, const char **cfg_kv, int n_kv, size_t 
     return st;
 }
 
-size_t ucpx_request_size(void) { return sizeof(ucpx_req_t); }
+size_t ucpxu_request_size(void) { return sizeof(ucpxu_req_t); }
 
-uint64_t ucpx_context_mem_types(ucp_context_h ctx)
+uint64_t ucpxu_context_mem_types(ucp_context_h ctx)
 {
     ucp_context_attr_t attr = {0};
     attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
@@ -175,10 +175,10 @@ uint64_t ucpx_context_mem_types(ucp_context_h ctx)
     return attr.memory_types;
 }
 
-ucs_status_t ucpx_worker_create(ucp_context_h ctx, int wakeup, ucpx_worker_t **w_p)
+ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t **w_p)
 {
     ucp_worker_params_t params = {0};
-    ucpx_worker_t *w = calloc(1, sizeof(*w));
+    ucpxu_worker_t *w = calloc(1, sizeof(*w));
     ucs_status_t st;
 
     if (w == NULL) {
@@ -202,12 +202,12 @@ ucs_status_t ucpx_worker_create(ucp_context_h ctx, int wakeup, ucpx_worker_t **w
     return UCS_OK;
 }
 
-void ucpx_worker_destroy(ucpx_worker_t *w)
+void ucpxu_worker_destroy(ucpxu_worker_t *w)
 {
     size_t i;
     /* Events not drained by Go still own memory. */
     for (i = 0; i < w->nevents; i++) {
-        ucpx_event_t *ev = &w->events[i];
+        ucpxu_event_t *ev = &w->events[i];
         if (ev->type == UCPX_EV_REQ_DONE) {
             ucp_request_free(ev->ptr);
         } else if (ev->type == UCPX_EV_AM_RECV) {
@@ -226,7 +226,7 @@ void ucpx_worker_destroy(ucpx_worker_t *w)
     free(w);
 }
 
-ucs_status_t ucpx_worker_address(ucpx_worker_t *w, void **addr_p, size_t *len_p)
+ucs_status_t ucpxu_worker_address(ucpxu_worker_t *w, void **addr_p, size_t *len_p)
 {
     ucp_address_t *addr;
     ucs_status_t st = ucp_worker_get_address(w->worker, &addr, len_p);
@@ -234,12 +234,12 @@ ucs_status_t ucpx_worker_address(ucpx_worker_t *w, void **addr_p, size_t *len_p)
     return st;
 }
 
-void ucpx_worker_address_release(ucpx_worker_t *w, void *addr)
+void ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr)
 {
     ucp_worker_release_address(w->worker, addr);
 }
 
-size_t ucpx_progress(ucpx_worker_t *w, void *req, unsigned max_spins)
+size_t ucpxu_progress(ucpxu_worker_t *w, void *req, unsigned max_spins)
 {
     unsigned i;
     if (req == NULL) {
@@ -247,7 +247,7 @@ size_t ucpx_progress(ucpx_worker_t *w, void *req, unsigned max_spins)
         return w->nevents;
     }
     for (i = 0; i < max_spins; i++) {
-        if (__atomic_load_n(&((ucpx_req_t*)req)->done, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&((ucpxu_req_t*)req)->done, __ATOMIC_ACQUIRE)) {
             break;
         }
         ucp_worker_progress(w->worker);
@@ -255,7 +255,7 @@ size_t ucpx_progress(ucpx_worker_t *w, void *req, unsigned max_spins)
     return w->nevents;
 }
 
-size_t ucpx_drain(ucpx_worker_t *w, ucpx_event_t *out, size_t max)
+size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max)
 {
     size_t n, i;
     q_lock(w);
@@ -266,7 +266,7 @@ size_t ucpx_drain(ucpx_worker_t *w, ucpx_event_t *out, size_t max)
     q_unlock(w);
     for (i = 0; i < n; i++) {
         if (out[i].type == UCPX_EV_REQ_DONE) {
-            ucpx_req_t *r = out[i].ptr;
+            ucpxu_req_t *r = out[i].ptr;
             out[i].status = r->status;
             out[i].tag = r->sender_tag;
             out[i].length = r->length;
@@ -302,7 +302,7 @@ static int make_sockaddr(const uint8_t *ip, int ip_len, int port, struct sockadd
     return -1;
 }
 
-static void ep_common(ucpx_worker_t *w, ucp_ep_params_t *p, int err_mode_peer)
+static void ep_common(ucpxu_worker_t *w, ucp_ep_params_t *p, int err_mode_peer)
 {
     p->field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p->err_mode = err_mode_peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
@@ -310,7 +310,7 @@ static void ep_common(ucpx_worker_t *w, ucp_ep_params_t *p, int err_mode_peer)
     p->err_handler.arg = w;
 }
 
-ucs_status_t ucpx_ep_create_sockaddr(ucpx_worker_t *w, const uint8_t *ip, int ip_len, int port,
+ucs_status_t ucpxu_ep_create_sockaddr(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
                                      int err_mode_peer, ucp_ep_h *ep_p)
 {
     ucp_ep_params_t p = {0};
@@ -328,7 +328,7 @@ ucs_status_t ucpx_ep_create_sockaddr(ucpx_worker_t *w, const uint8_t *ip, int ip
     return ucp_ep_create(w->worker, &p, ep_p);
 }
 
-ucs_status_t ucpx_ep_create_worker(ucpx_worker_t *w, const void *worker_addr, int err_mode_peer,
+ucs_status_t ucpxu_ep_create_worker(ucpxu_worker_t *w, const void *worker_addr, int err_mode_peer,
                                    ucp_ep_h *ep_p)
 {
     ucp_ep_params_t p = {0};
@@ -338,7 +338,7 @@ ucs_status_t ucpx_ep_create_worker(ucpx_worker_t *w, const void *worker_addr, in
     return ucp_ep_create(w->worker, &p, ep_p);
 }
 
-ucs_status_t ucpx_ep_create_conn(ucpx_worker_t *w, ucp_conn_request_h req, int err_mode_peer,
+ucs_status_t ucpxu_ep_create_conn(ucpxu_worker_t *w, ucp_conn_request_h req, int err_mode_peer,
                                  ucp_ep_h *ep_p)
 {
     ucp_ep_params_t p = {0};
@@ -348,7 +348,7 @@ ucs_status_t ucpx_ep_create_conn(ucpx_worker_t *w, ucp_conn_request_h req, int e
     return ucp_ep_create(w->worker, &p, ep_p);
 }
 
-void *ucpx_ep_close(ucpx_worker_t *w, ucp_ep_h ep, int force)
+void *ucpxu_ep_close(ucpxu_worker_t *w, ucp_ep_h ep, int force)
 {
     ucp_request_param_t p = {0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -361,8 +361,8 @@ void *ucpx_ep_close(ucpx_worker_t *w, ucp_ep_h ep, int force)
     return ucp_ep_close_nbx(ep, &p);
 }
 
-ucs_status_t ucpx_listener_create(ucpx_worker_t *w, const uint8_t *ip, int ip_len, int port,
-                                  ucpx_cb_arg_t *arg, ucp_listener_h *l_p)
+ucs_status_t ucpxu_listener_create(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
+                                  ucpxu_cb_arg_t *arg, ucp_listener_h *l_p)
 {
     ucp_listener_params_t p = {0};
     struct sockaddr_storage ss;
@@ -399,7 +399,7 @@ static int sockaddr_parts(const struct sockaddr_storage *ss, uint8_t *ip16, int 
     return -1;
 }
 
-ucs_status_t ucpx_listener_port(ucp_listener_h l, int *port_p)
+ucs_status_t ucpxu_listener_port(ucp_listener_h l, int *port_p)
 {
     ucp_listener_attr_t attr = {0};
     uint8_t ip[16];
@@ -414,7 +414,7 @@ ucs_status_t ucpx_listener_port(ucp_listener_h l, int *port_p)
     return sockaddr_parts(&attr.sockaddr, ip, &ip_len, port_p) ? UCS_ERR_INVALID_ADDR : UCS_OK;
 }
 
-ucs_status_t ucpx_conn_request_addr(ucp_conn_request_h r, uint8_t *ip16, int *ip_len, int *port)
+ucs_status_t ucpxu_conn_request_addr(ucp_conn_request_h r, uint8_t *ip16, int *ip_len, int *port)
 {
     ucp_conn_request_attr_t attr = {0};
     ucs_status_t st;
@@ -427,13 +427,13 @@ ucs_status_t ucpx_conn_request_addr(ucp_conn_request_h r, uint8_t *ip16, int *ip
                                                                      : UCS_OK;
 }
 
-ucs_status_t ucpx_listener_reject(ucp_listener_h l, ucp_conn_request_h r)
+ucs_status_t ucpxu_listener_reject(ucp_listener_h l, ucp_conn_request_h r)
 {
     return ucp_listener_reject(l, r);
 }
 
 /* fill sets the fields every data operation shares. */
-static inline void fill(ucp_request_param_t *p, ucpx_worker_t *w, uint32_t flags, int mem_type,
+static inline void fill(ucp_request_param_t *p, ucpxu_worker_t *w, uint32_t flags, int mem_type,
                         ucp_mem_h memh)
 {
     p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | flags;
@@ -448,7 +448,7 @@ static inline void fill(ucp_request_param_t *p, ucpx_worker_t *w, uint32_t flags
     }
 }
 
-void *ucpx_tag_send(ucpx_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint64_t tag,
+void *ucpxu_tag_send(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint64_t tag,
                     uint32_t flags, int mem_type, ucp_mem_h memh)
 {
     ucp_request_param_t p;
@@ -457,11 +457,11 @@ void *ucpx_tag_send(ucpx_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, 
     return ucp_tag_send_nbx(ep, buf, len, tag, &p);
 }
 
-void *ucpx_tag_recv(ucpx_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
+void *ucpxu_tag_recv(ucpxu_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
                     uint32_t flags, int mem_type, ucp_mem_h memh, ucp_tag_recv_info_t *info)
 {
     ucp_request_param_t p;
-    ucpx_req_t *r;
+    ucpxu_req_t *r;
     ucs_status_t st;
     void *ret;
 
@@ -493,7 +493,7 @@ void *ucpx_tag_recv(ucpx_worker_t *w, void *buf, size_t len, uint64_t tag, uint6
     return UCS_STATUS_PTR(st);
 }
 
-void *ucpx_am_send(ucpx_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,
+void *ucpxu_am_send(ucpxu_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,
                    size_t header_len, const void *buf, size_t len, uint32_t flags,
                    uint32_t am_flags, int mem_type, ucp_mem_h memh)
 {
@@ -505,7 +505,7 @@ void *ucpx_am_send(ucpx_worker_t *w, ucp_ep_h ep, unsigned id, const void *heade
     return ucp_am_send_nbx(ep, id, header, header_len, buf, len, &p);
 }
 
-void *ucpx_am_recv_data(ucpx_worker_t *w, void *desc, void *buf, size_t len, uint32_t flags,
+void *ucpxu_am_recv_data(ucpxu_worker_t *w, void *desc, void *buf, size_t len, uint32_t flags,
                         int mem_type, ucp_mem_h memh, size_t *len_p)
 {
     ucp_request_param_t p;
@@ -516,7 +516,7 @@ void *ucpx_am_recv_data(ucpx_worker_t *w, void *desc, void *buf, size_t len, uin
     return ucp_am_recv_data_nbx(w->worker, desc, buf, len, &p);
 }
 
-void *ucpx_put(ucpx_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr,
+void *ucpxu_put(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr,
                ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh)
 {
     ucp_request_param_t p;
@@ -525,7 +525,7 @@ void *ucpx_put(ucpx_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint6
     return ucp_put_nbx(ep, buf, len, raddr, rkey, &p);
 }
 
-void *ucpx_get(ucpx_worker_t *w, ucp_ep_h ep, void *buf, size_t len, uint64_t raddr,
+void *ucpxu_get(ucpxu_worker_t *w, ucp_ep_h ep, void *buf, size_t len, uint64_t raddr,
                ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh)
 {
     ucp_request_param_t p;
@@ -534,7 +534,7 @@ void *ucpx_get(ucpx_worker_t *w, ucp_ep_h ep, void *buf, size_t len, uint64_t ra
     return ucp_get_nbx(ep, buf, len, raddr, rkey, &p);
 }
 
-void *ucpx_atomic(ucpx_worker_t *w, ucp_ep_h ep, int op, const void *operand, size_t size,
+void *ucpxu_atomic(ucpxu_worker_t *w, ucp_ep_h ep, int op, const void *operand, size_t size,
                   void *reply, uint64_t raddr, ucp_rkey_h rkey, uint32_t flags)
 {
     ucp_request_param_t p;
@@ -549,7 +549,7 @@ void *ucpx_atomic(ucpx_worker_t *w, ucp_ep_h ep, int op, const void *operand, si
     return ucp_atomic_op_nbx(ep, (ucp_atomic_op_t)op, operand, 1, raddr, rkey, &p);
 }
 
-void *ucpx_ep_flush(ucpx_worker_t *w, ucp_ep_h ep)
+void *ucpxu_ep_flush(ucpxu_worker_t *w, ucp_ep_h ep)
 {
     ucp_request_param_t p;
     fill(&p, w, 0, -1, NULL);
@@ -557,7 +557,7 @@ void *ucpx_ep_flush(ucpx_worker_t *w, ucp_ep_h ep)
     return ucp_ep_flush_nbx(ep, &p);
 }
 
-void *ucpx_worker_flush(ucpx_worker_t *w)
+void *ucpxu_worker_flush(ucpxu_worker_t *w)
 {
     ucp_request_param_t p;
     fill(&p, w, 0, -1, NULL);
@@ -565,7 +565,7 @@ void *ucpx_worker_flush(ucpx_worker_t *w)
     return ucp_worker_flush_nbx(w->worker, &p);
 }
 
-ucs_status_t ucpx_set_am_handler(ucpx_worker_t *w, unsigned id, ucpx_cb_arg_t *arg, int enable)
+ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t *arg, int enable)
 {
     ucp_am_handler_param_t p = {0};
     p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
@@ -579,7 +579,7 @@ ucs_status_t ucpx_set_am_handler(ucpx_worker_t *w, unsigned id, ucpx_cb_arg_t *a
     return ucp_worker_set_am_recv_handler(w->worker, &p);
 }
 
-ucs_status_t ucpx_mem_map(ucp_context_h ctx, void *addr, size_t len, int allocate, int mem_type,
+ucs_status_t ucpxu_mem_map(ucp_context_h ctx, void *addr, size_t len, int allocate, int mem_type,
                           ucp_mem_h *memh_p, void **addr_p, size_t *len_p)
 {
     ucp_mem_map_params_t p = {0};

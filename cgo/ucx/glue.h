@@ -24,7 +24,7 @@ typedef struct {
     uint64_t     sender_tag;
     size_t       length;
     uint64_t     slot; /* index of the Go Request waiting on it */
-} ucpx_req_t;
+} ucpxu_req_t;
 
 /* One queued event. Which fields are meaningful depends on type. */
 typedef struct {
@@ -34,94 +34,94 @@ typedef struct {
     uint64_t id;         /* REQ_DONE: slot; CONN_REQ: listener id; AM: handler id */
     uint64_t tag;        /* REQ_DONE: sender tag */
     size_t   length;     /* REQ_DONE: received length; AM: data length */
-    void    *header;     /* AM: malloc'd copy of the header (free with ucpx_free) */
+    void    *header;     /* AM: malloc'd copy of the header (free with ucpxu_free) */
     size_t   header_len;
     void    *reply_ep;   /* AM: reply endpoint, or NULL */
     uint64_t flags;      /* AM: UCP_AM_RECV_ATTR_FLAG_* | UCPX_AM_COPIED */
-} ucpx_event_t;
+} ucpxu_event_t;
 
 #define UCPX_AM_COPIED (1ull << 40) /* AM eager data was copied into malloc'd memory */
 
-typedef struct ucpx_worker ucpx_worker_t;
+typedef struct ucpxu_worker ucpxu_worker_t;
 
 /* Per-callback argument blocks (listener, AM handler): identify the source. */
 typedef struct {
-    ucpx_worker_t *w;
+    ucpxu_worker_t *w;
     uint64_t       id;
-} ucpx_cb_arg_t;
+} ucpxu_cb_arg_t;
 
-struct ucpx_worker {
+struct ucpxu_worker {
     ucp_worker_h  worker;
     /* event queue: only touched under the Go worker lock, except from UCX
      * callbacks, which run inside progress on the same thread; the spin lock
      * covers callbacks UCX may run from its async thread. */
     volatile int  lock;
-    ucpx_event_t *events;
+    ucpxu_event_t *events;
     size_t        nevents;
     size_t        cap;
 };
 
-ucs_status_t ucpx_init(uint64_t features, const char **cfg_kv, int n_kv,
+ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,
                        size_t est_eps, ucp_context_h *ctx_p);
-size_t       ucpx_request_size(void);
-uint64_t     ucpx_context_mem_types(ucp_context_h ctx);
+size_t       ucpxu_request_size(void);
+uint64_t     ucpxu_context_mem_types(ucp_context_h ctx);
 
-ucs_status_t ucpx_worker_create(ucp_context_h ctx, int wakeup, ucpx_worker_t **w_p);
-void         ucpx_worker_destroy(ucpx_worker_t *w);
-ucs_status_t ucpx_worker_address(ucpx_worker_t *w, void **addr_p, size_t *len_p);
-void         ucpx_worker_address_release(ucpx_worker_t *w, void *addr);
+ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t **w_p);
+void         ucpxu_worker_destroy(ucpxu_worker_t *w);
+ucs_status_t ucpxu_worker_address(ucpxu_worker_t *w, void **addr_p, size_t *len_p);
+void         ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr);
 
 /* Progress until the request is done, the queue has events, or max_spins rounds
  * pass. Returns the number of events queued. Passing req == NULL progresses once. */
-size_t ucpx_progress(ucpx_worker_t *w, void *req, unsigned max_spins);
+size_t ucpxu_progress(ucpxu_worker_t *w, void *req, unsigned max_spins);
 /* Copy up to max events out; REQ_DONE requests are read and freed here. */
-size_t ucpx_drain(ucpx_worker_t *w, ucpx_event_t *out, size_t max);
+size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max);
 
 /* Endpoints. ip: 4 or 16 bytes (IPv4/IPv6); worker_addr: a UCX worker address. */
-ucs_status_t ucpx_ep_create_sockaddr(ucpx_worker_t *w, const uint8_t *ip, int ip_len, int port,
+ucs_status_t ucpxu_ep_create_sockaddr(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
                                      int err_mode_peer, ucp_ep_h *ep_p);
-ucs_status_t ucpx_ep_create_worker(ucpx_worker_t *w, const void *worker_addr,
+ucs_status_t ucpxu_ep_create_worker(ucpxu_worker_t *w, const void *worker_addr,
                                    int err_mode_peer, ucp_ep_h *ep_p);
-ucs_status_t ucpx_ep_create_conn(ucpx_worker_t *w, ucp_conn_request_h req,
+ucs_status_t ucpxu_ep_create_conn(ucpxu_worker_t *w, ucp_conn_request_h req,
                                  int err_mode_peer, ucp_ep_h *ep_p);
-void        *ucpx_ep_close(ucpx_worker_t *w, ucp_ep_h ep, int force);
+void        *ucpxu_ep_close(ucpxu_worker_t *w, ucp_ep_h ep, int force);
 
 /* Listener: connection requests become UCPX_EV_CONN_REQ events with arg->id. */
-ucs_status_t ucpx_listener_create(ucpx_worker_t *w, const uint8_t *ip, int ip_len, int port,
-                                  ucpx_cb_arg_t *arg, ucp_listener_h *l_p);
-ucs_status_t ucpx_listener_port(ucp_listener_h l, int *port_p);
-ucs_status_t ucpx_conn_request_addr(ucp_conn_request_h r, uint8_t *ip16, int *ip_len, int *port);
-ucs_status_t ucpx_listener_reject(ucp_listener_h l, ucp_conn_request_h r);
+ucs_status_t ucpxu_listener_create(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
+                                  ucpxu_cb_arg_t *arg, ucp_listener_h *l_p);
+ucs_status_t ucpxu_listener_port(ucp_listener_h l, int *port_p);
+ucs_status_t ucpxu_conn_request_addr(ucp_conn_request_h r, uint8_t *ip16, int *ip_len, int *port);
+ucs_status_t ucpxu_listener_reject(ucp_listener_h l, ucp_conn_request_h r);
 
 /* Operations. Each returns a ucs_status_ptr_t: NULL (done), an error, or a request. */
-void *ucpx_tag_send(ucpx_worker_t *w, ucp_ep_h ep, const void *buf, size_t len,
+void *ucpxu_tag_send(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len,
                     uint64_t tag, uint32_t flags, int mem_type, ucp_mem_h memh);
-void *ucpx_tag_recv(ucpx_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
+void *ucpxu_tag_recv(ucpxu_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
                     uint32_t flags, int mem_type, ucp_mem_h memh, ucp_tag_recv_info_t *info);
-void *ucpx_am_send(ucpx_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,
+void *ucpxu_am_send(ucpxu_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,
                    size_t header_len, const void *buf, size_t len, uint32_t flags,
                    uint32_t am_flags, int mem_type, ucp_mem_h memh);
-void *ucpx_am_recv_data(ucpx_worker_t *w, void *desc, void *buf, size_t len,
+void *ucpxu_am_recv_data(ucpxu_worker_t *w, void *desc, void *buf, size_t len,
                         uint32_t flags, int mem_type, ucp_mem_h memh, size_t *len_p);
-void *ucpx_put(ucpx_worker_t *w, ucp_ep_h ep, const void *buf, size_t len,
+void *ucpxu_put(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len,
                uint64_t raddr, ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh);
-void *ucpx_get(ucpx_worker_t *w, ucp_ep_h ep, void *buf, size_t len,
+void *ucpxu_get(ucpxu_worker_t *w, ucp_ep_h ep, void *buf, size_t len,
                uint64_t raddr, ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh);
-void *ucpx_atomic(ucpx_worker_t *w, ucp_ep_h ep, int op, const void *operand, size_t size,
+void *ucpxu_atomic(ucpxu_worker_t *w, ucp_ep_h ep, int op, const void *operand, size_t size,
                   void *reply, uint64_t raddr, ucp_rkey_h rkey, uint32_t flags);
-void *ucpx_ep_flush(ucpx_worker_t *w, ucp_ep_h ep);
-void *ucpx_worker_flush(ucpx_worker_t *w);
+void *ucpxu_ep_flush(ucpxu_worker_t *w, ucp_ep_h ep);
+void *ucpxu_worker_flush(ucpxu_worker_t *w);
 
-ucs_status_t ucpx_set_am_handler(ucpx_worker_t *w, unsigned id, ucpx_cb_arg_t *arg, int enable);
+ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t *arg, int enable);
 
-ucs_status_t ucpx_mem_map(ucp_context_h ctx, void *addr, size_t len, int allocate,
+ucs_status_t ucpxu_mem_map(ucp_context_h ctx, void *addr, size_t len, int allocate,
                           int mem_type, ucp_mem_h *memh_p, void **addr_p, size_t *len_p);
 
-/* ucpx_addr turns an integer address (device or C memory) into a pointer. */
-static inline void *ucpx_addr(uintptr_t a) { return (void*)a; }
+/* ucpxu_addr turns an integer address (device or C memory) into a pointer. */
+static inline void *ucpxu_addr(uintptr_t a) { return (void*)a; }
 
 /* Status pointer helpers (macros in UCX). */
-static inline int   ucpx_ptr_is_err(void *p) { return UCS_PTR_IS_ERR(p); }
-static inline int   ucpx_ptr_status(void *p) { return UCS_PTR_STATUS(p); }
+static inline int   ucpxu_ptr_is_err(void *p) { return UCS_PTR_IS_ERR(p); }
+static inline int   ucpxu_ptr_status(void *p) { return UCS_PTR_STATUS(p); }
 
 #endif

@@ -153,7 +153,7 @@ func Init(features uint64, cfg map[string]string, estimatedEPs int) (*Context, S
 		defer C.free(unsafe.Pointer(arr))
 	}
 	c := &Context{}
-	st := C.ucpx_init(C.uint64_t(features), arr, C.int(len(kv)/2), C.size_t(estimatedEPs), &c.h)
+	st := C.ucpxu_init(C.uint64_t(features), arr, C.int(len(kv)/2), C.size_t(estimatedEPs), &c.h)
 	if st != C.UCS_OK {
 		return nil, Status(st)
 	}
@@ -164,7 +164,7 @@ func Init(features uint64, cfg map[string]string, estimatedEPs int) (*Context, S
 func (c *Context) Cleanup() { C.ucp_cleanup(c.h) }
 
 // MemoryTypes is the bitmap of ucs_memory_type_t the context can communicate from.
-func (c *Context) MemoryTypes() uint64 { return uint64(C.ucpx_context_mem_types(c.h)) }
+func (c *Context) MemoryTypes() uint64 { return uint64(C.ucpxu_context_mem_types(c.h)) }
 
 // Print writes UCX's description of the context to stdout (ucp_context_print_info).
 func (c *Context) Print() { C.ucp_context_print_info(c.h, C.stdout) }
@@ -177,7 +177,7 @@ func (c *Context) MemMap(addr unsafe.Pointer, length int, allocate bool, memType
 	m := &MemH{}
 	var outAddr unsafe.Pointer
 	var outLen C.size_t
-	st := C.ucpx_mem_map(c.h, addr, C.size_t(length), cbool(allocate), C.int(memType), &m.h, &outAddr, &outLen)
+	st := C.ucpxu_mem_map(c.h, addr, C.size_t(length), cbool(allocate), C.int(memType), &m.h, &outAddr, &outLen)
 	if st != C.UCS_OK {
 		return nil, nil, 0, Status(st)
 	}
@@ -186,7 +186,7 @@ func (c *Context) MemMap(addr unsafe.Pointer, length int, allocate bool, memType
 
 // Addr converts an integer address of memory Go does not manage (C, pinned host or
 // device memory) into a pointer for UCX.
-func Addr(a uintptr) unsafe.Pointer { return C.ucpx_addr(C.uintptr_t(a)) }
+func Addr(a uintptr) unsafe.Pointer { return C.ucpxu_addr(C.uintptr_t(a)) }
 
 // MemUnmap releases the registration (and the memory if it was allocated).
 func (c *Context) MemUnmap(m *MemH) Status { return Status(C.ucp_mem_unmap(c.h, m.h)) }
@@ -204,27 +204,27 @@ func (c *Context) RkeyPack(m *MemH) ([]byte, Status) {
 	return out, OK
 }
 
-// Worker is a ucpx_worker_t: a ucp_worker_h plus its event queue and scratch
+// Worker is a ucpxu_worker_t: a ucp_worker_h plus its event queue and scratch
 // memory for immediate-completion results (C memory, so UCX may write it).
 type Worker struct {
-	w       *C.ucpx_worker_t
+	w       *C.ucpxu_worker_t
 	info    *C.ucp_tag_recv_info_t
 	length  *C.size_t
-	events  *C.ucpx_event_t
+	events  *C.ucpxu_event_t
 	queue   *C.size_t
-	evSlice []C.ucpx_event_t
+	evSlice []C.ucpxu_event_t
 }
 
 // NewWorker creates a worker in serialized thread mode.
 func (c *Context) NewWorker(wakeup bool) (*Worker, Status) {
 	w := &Worker{}
-	st := C.ucpx_worker_create(c.h, cbool(wakeup), &w.w)
+	st := C.ucpxu_worker_create(c.h, cbool(wakeup), &w.w)
 	if st != C.UCS_OK {
 		return nil, Status(st)
 	}
 	w.info = (*C.ucp_tag_recv_info_t)(C.calloc(1, C.sizeof_ucp_tag_recv_info_t))
 	w.length = (*C.size_t)(C.calloc(1, C.sizeof_size_t))
-	w.events = (*C.ucpx_event_t)(C.calloc(EventBatch, C.sizeof_ucpx_event_t))
+	w.events = (*C.ucpxu_event_t)(C.calloc(EventBatch, C.sizeof_ucpxu_event_t))
 	w.evSlice = unsafe.Slice(w.events, EventBatch)
 	w.queue = &w.w.nevents
 	return w, OK
@@ -232,7 +232,7 @@ func (c *Context) NewWorker(wakeup bool) (*Worker, Status) {
 
 // Destroy destroys the worker; undrained events are released.
 func (w *Worker) Destroy() {
-	C.ucpx_worker_destroy(w.w)
+	C.ucpxu_worker_destroy(w.w)
 	C.free(unsafe.Pointer(w.info))
 	C.free(unsafe.Pointer(w.length))
 	C.free(unsafe.Pointer(w.events))
@@ -242,12 +242,12 @@ func (w *Worker) Destroy() {
 func (w *Worker) Address() ([]byte, Status) {
 	var p unsafe.Pointer
 	var n C.size_t
-	st := C.ucpx_worker_address(w.w, &p, &n)
+	st := C.ucpxu_worker_address(w.w, &p, &n)
 	if st != C.UCS_OK {
 		return nil, Status(st)
 	}
 	out := C.GoBytes(p, C.int(n))
-	C.ucpx_worker_address_release(w.w, p)
+	C.ucpxu_worker_address_release(w.w, p)
 	return out, OK
 }
 
@@ -270,10 +270,10 @@ func (w *Worker) Pending() int { return int(*w.queue) }
 // Progress progresses until req completes or maxSpins rounds pass (req nil: once).
 // It returns the number of queued events.
 func (w *Worker) Progress(req unsafe.Pointer, maxSpins uint) int {
-	return int(C.ucpx_progress(w.w, req, C.uint(maxSpins)))
+	return int(C.ucpxu_progress(w.w, req, C.uint(maxSpins)))
 }
 
-// Event is one drained event; see ucpx_event_t.
+// Event is one drained event; see ucpxu_event_t.
 type Event struct {
 	Type      int
 	Status    Status
@@ -289,7 +289,7 @@ type Event struct {
 
 // Drain moves up to EventBatch events into out and returns them.
 func (w *Worker) Drain(out []Event) []Event {
-	n := int(C.ucpx_drain(w.w, w.events, EventBatch))
+	n := int(C.ucpxu_drain(w.w, w.events, EventBatch))
 	for i := 0; i < n; i++ {
 		e := &w.evSlice[i]
 		out = append(out, Event{
@@ -302,17 +302,17 @@ func (w *Worker) Drain(out []Event) []Event {
 }
 
 // SetSlot records which Go request waits on the UCX request req.
-func SetSlot(req unsafe.Pointer, slot uint64) { (*C.ucpx_req_t)(req).slot = C.uint64_t(slot) }
+func SetSlot(req unsafe.Pointer, slot uint64) { (*C.ucpxu_req_t)(req).slot = C.uint64_t(slot) }
 
 // Free releases C memory handed out with an event (AM header, copied AM data).
 func Free(p unsafe.Pointer) { C.free(p) }
 
 // CallbackArg is C memory identifying a listener or AM handler to its C callback.
-type CallbackArg struct{ a *C.ucpx_cb_arg_t }
+type CallbackArg struct{ a *C.ucpxu_cb_arg_t }
 
 // NewCallbackArg allocates an argument block for id.
 func (w *Worker) NewCallbackArg(id uint64) *CallbackArg {
-	a := (*C.ucpx_cb_arg_t)(C.calloc(1, C.sizeof_ucpx_cb_arg_t))
+	a := (*C.ucpxu_cb_arg_t)(C.calloc(1, C.sizeof_ucpxu_cb_arg_t))
 	a.w = w.w
 	a.id = C.uint64_t(id)
 	return &CallbackArg{a: a}
@@ -333,7 +333,7 @@ func EPFromPtr(p unsafe.Pointer) *EP { return &EP{h: C.ucp_ep_h(p)} }
 // ConnectSockaddr creates a client-server endpoint to ip:port.
 func (w *Worker) ConnectSockaddr(ip []byte, port int, peerErr bool) (*EP, Status) {
 	e := &EP{}
-	st := C.ucpx_ep_create_sockaddr(w.w, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.int(port), cbool(peerErr), &e.h)
+	st := C.ucpxu_ep_create_sockaddr(w.w, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.int(port), cbool(peerErr), &e.h)
 	return e, Status(st)
 }
 
@@ -342,7 +342,7 @@ func (w *Worker) ConnectAddress(addr []byte, peerErr bool) (*EP, Status) {
 	e := &EP{}
 	ca := C.CBytes(addr)
 	defer C.free(ca)
-	st := C.ucpx_ep_create_worker(w.w, ca, cbool(peerErr), &e.h)
+	st := C.ucpxu_ep_create_worker(w.w, ca, cbool(peerErr), &e.h)
 	return e, Status(st)
 }
 
@@ -357,7 +357,7 @@ func ConnRequestFromEvent(p unsafe.Pointer) *ConnRequest {
 // Accept creates the server-side endpoint of a connection request.
 func (w *Worker) Accept(r *ConnRequest, peerErr bool) (*EP, Status) {
 	e := &EP{}
-	st := C.ucpx_ep_create_conn(w.w, r.h, cbool(peerErr), &e.h)
+	st := C.ucpxu_ep_create_conn(w.w, r.h, cbool(peerErr), &e.h)
 	return e, Status(st)
 }
 
@@ -365,7 +365,7 @@ func (w *Worker) Accept(r *ConnRequest, peerErr bool) (*EP, Status) {
 func (r *ConnRequest) RemoteAddr() ([]byte, int, Status) {
 	var ip [16]byte
 	var n, port C.int
-	st := C.ucpx_conn_request_addr(r.h, (*C.uint8_t)(unsafe.Pointer(&ip[0])), &n, &port)
+	st := C.ucpxu_conn_request_addr(r.h, (*C.uint8_t)(unsafe.Pointer(&ip[0])), &n, &port)
 	if st != C.UCS_OK {
 		return nil, 0, Status(st)
 	}
@@ -374,7 +374,7 @@ func (r *ConnRequest) RemoteAddr() ([]byte, int, Status) {
 
 // Close starts closing the endpoint; the result is a status pointer.
 func (w *Worker) Close(e *EP, force bool) unsafe.Pointer {
-	return C.ucpx_ep_close(w.w, e.h, cbool(force))
+	return C.ucpxu_ep_close(w.w, e.h, cbool(force))
 }
 
 // Listener is a ucp_listener_h.
@@ -383,19 +383,19 @@ type Listener struct{ h C.ucp_listener_h }
 // Listen creates a listener on ip:port (port 0 picks one).
 func (w *Worker) Listen(ip []byte, port int, arg *CallbackArg) (*Listener, Status) {
 	l := &Listener{}
-	st := C.ucpx_listener_create(w.w, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.int(port), arg.a, &l.h)
+	st := C.ucpxu_listener_create(w.w, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.int(port), arg.a, &l.h)
 	return l, Status(st)
 }
 
 // Port is the port the listener is bound to.
 func (l *Listener) Port() (int, Status) {
 	var p C.int
-	st := C.ucpx_listener_port(l.h, &p)
+	st := C.ucpxu_listener_port(l.h, &p)
 	return int(p), Status(st)
 }
 
 // Reject refuses a connection request.
-func (l *Listener) Reject(r *ConnRequest) Status { return Status(C.ucpx_listener_reject(l.h, r.h)) }
+func (l *Listener) Reject(r *ConnRequest) Status { return Status(C.ucpxu_listener_reject(l.h, r.h)) }
 
 // Destroy destroys the listener.
 func (l *Listener) Destroy() { C.ucp_listener_destroy(l.h) }
@@ -424,12 +424,12 @@ func memh(m *MemH) C.ucp_mem_h {
 
 // TagSend posts ucp_tag_send_nbx.
 func (w *Worker) TagSend(e *EP, buf unsafe.Pointer, n int, tag uint64, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpx_tag_send(w.w, e.h, buf, C.size_t(n), C.uint64_t(tag), C.uint32_t(flags), C.int(memType), memh(m))
+	return C.ucpxu_tag_send(w.w, e.h, buf, C.size_t(n), C.uint64_t(tag), C.uint32_t(flags), C.int(memType), memh(m))
 }
 
 // TagRecv posts ucp_tag_recv_nbx. On immediate completion RecvInfo holds the result.
 func (w *Worker) TagRecv(buf unsafe.Pointer, n int, tag, mask uint64, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpx_tag_recv(w.w, buf, C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.uint32_t(flags), C.int(memType), memh(m), w.info)
+	return C.ucpxu_tag_recv(w.w, buf, C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.uint32_t(flags), C.int(memType), memh(m), w.info)
 }
 
 // RecvInfo is the sender tag and length of the last immediately completed TagRecv.
@@ -440,12 +440,12 @@ func (w *Worker) RecvLength() int { return int(*w.length) }
 
 // AmSend posts ucp_am_send_nbx.
 func (w *Worker) AmSend(e *EP, id uint, header unsafe.Pointer, headerLen int, buf unsafe.Pointer, n int, flags, amFlags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpx_am_send(w.w, e.h, C.uint(id), header, C.size_t(headerLen), buf, C.size_t(n), C.uint32_t(flags), C.uint32_t(amFlags), C.int(memType), memh(m))
+	return C.ucpxu_am_send(w.w, e.h, C.uint(id), header, C.size_t(headerLen), buf, C.size_t(n), C.uint32_t(flags), C.uint32_t(amFlags), C.int(memType), memh(m))
 }
 
 // AmRecvData posts ucp_am_recv_data_nbx for a rendezvous descriptor.
 func (w *Worker) AmRecvData(desc, buf unsafe.Pointer, n int, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpx_am_recv_data(w.w, desc, buf, C.size_t(n), C.uint32_t(flags), C.int(memType), memh(m), w.length)
+	return C.ucpxu_am_recv_data(w.w, desc, buf, C.size_t(n), C.uint32_t(flags), C.int(memType), memh(m), w.length)
 }
 
 // AmDataRelease releases a kept AM data descriptor.
@@ -453,33 +453,33 @@ func (w *Worker) AmDataRelease(desc unsafe.Pointer) { C.ucp_am_data_release(w.w.
 
 // SetAmHandler installs (or with enable false, removes) the AM handler for id.
 func (w *Worker) SetAmHandler(id uint, arg *CallbackArg, enable bool) Status {
-	var a *C.ucpx_cb_arg_t
+	var a *C.ucpxu_cb_arg_t
 	if arg != nil {
 		a = arg.a
 	}
-	return Status(C.ucpx_set_am_handler(w.w, C.uint(id), a, cbool(enable)))
+	return Status(C.ucpxu_set_am_handler(w.w, C.uint(id), a, cbool(enable)))
 }
 
 // Put posts ucp_put_nbx.
 func (w *Worker) Put(e *EP, buf unsafe.Pointer, n int, raddr uint64, r *Rkey, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpx_put(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
+	return C.ucpxu_put(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
 }
 
 // Get posts ucp_get_nbx.
 func (w *Worker) Get(e *EP, buf unsafe.Pointer, n int, raddr uint64, r *Rkey, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpx_get(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
+	return C.ucpxu_get(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
 }
 
 // Atomic posts ucp_atomic_op_nbx on one element of size 4 or 8 bytes.
 func (w *Worker) Atomic(e *EP, op int, operand unsafe.Pointer, size int, reply unsafe.Pointer, raddr uint64, r *Rkey, flags uint32) unsafe.Pointer {
-	return C.ucpx_atomic(w.w, e.h, C.int(op), operand, C.size_t(size), reply, C.uint64_t(raddr), r.h, C.uint32_t(flags))
+	return C.ucpxu_atomic(w.w, e.h, C.int(op), operand, C.size_t(size), reply, C.uint64_t(raddr), r.h, C.uint32_t(flags))
 }
 
 // FlushEP posts ucp_ep_flush_nbx.
-func (w *Worker) FlushEP(e *EP) unsafe.Pointer { return C.ucpx_ep_flush(w.w, e.h) }
+func (w *Worker) FlushEP(e *EP) unsafe.Pointer { return C.ucpxu_ep_flush(w.w, e.h) }
 
 // Flush posts ucp_worker_flush_nbx.
-func (w *Worker) Flush() unsafe.Pointer { return C.ucpx_worker_flush(w.w) }
+func (w *Worker) Flush() unsafe.Pointer { return C.ucpxu_worker_flush(w.w) }
 
 // Cancel cancels a pending request.
 func (w *Worker) Cancel(req unsafe.Pointer) { C.ucp_request_cancel(w.w.worker, req) }

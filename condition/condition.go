@@ -1,0 +1,284 @@
+package condition
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ucpx/ucpx/stream"
+)
+
+// Category says what starts a conditioned operation.
+type Category int
+
+const (
+	// Stream: the operation starts when a stream reaches the point where the operation
+	// was enqueued (input: the stream).
+	Stream Category = iota + 1
+	// Graph: the operation is a node of a CUDA (or host) graph (output: the node).
+	Graph
+	// KernelTriggered: a kernel, or a host goroutine on host backends, calls the trigger
+	// function with the condition's DeviceHandle (output: the handle).
+	KernelTriggered
+)
+
+func (c Category) String() string {
+	switch c {
+	case Stream:
+		return "stream"
+	case Graph:
+		return "graph"
+	case KernelTriggered:
+		return "kernel-triggered"
+	}
+	return fmt.Sprintf("Category(%d)", int(c))
+}
+
+// Errors; wrapped with detail, test with errors.Is.
+var (
+	ErrInvalidParam = errors.New("condition: invalid parameter")
+	ErrDestroyed    = errors.New("condition: destroyed")
+	// ErrBusy: Destroy was called while operations were still pending; nothing was lost
+	// and the condition is still usable.
+	ErrBusy = errors.New("condition: operations pending")
+	// ErrNotSupported: the category is not available (graph conditions come with package graph).
+	ErrNotSupported = errors.New("condition: not supported")
+)
+
+// Param configures Create.
+type Param struct {
+	Category Category
+	// Backend allocates the condition's signal words; it must be the backend of Stream.
+	Backend stream.Backend
+	// Stream is the stream operations are enqueued on (Stream category).
+	Stream stream.Stream
+}
+
+// Condition links operations to a point of execution. Each operation enqueued with the
+// condition gets the next sequence number k: the stream (or kernel, or Trigger) stores
+// k into the trigger word when it gets there, the proxy issues every operation up to the
+// trigger in order, and stores into the completion word the highest k up to which all
+// operations have completed. Streams wait on the completion word for stream-ordered
+// completion.
+type Condition struct {
+	category Category
+	backend  stream.Backend
+	stream   stream.Stream
+	words    *stream.WordBlock
+	trigger  *stream.Word
+	done     *stream.Word
+
+	// mu orders sequence assignment with the stream enqueues, so stream order is
+	// sequence order even with concurrent callers.
+	mu        sync.Mutex
+	armed     uint64 // last sequence number handed out
+	retired   uint64 // last sequence number retired (mirrors the completion word)
+	firstErr  error
+	destroyed bool
+}
+
+// Create makes a condition.
+func Create(p Param) (*Condition, error) {
+	switch p.Category {
+	case Stream:
+		if p.Stream == nil {
+			return nil, fmt.Errorf("stream condition without a stream: %w", ErrInvalidParam)
+		}
+	case KernelTriggered:
+	case Graph:
+		return nil, fmt.Errorf("graph conditions are created through package graph: %w", ErrNotSupported)
+	default:
+		return nil, fmt.Errorf("category %v: %w", p.Category, ErrInvalidParam)
+	}
+	if p.Backend == nil {
+		return nil, fmt.Errorf("%v condition without a backend: %w", p.Category, ErrInvalidParam)
+	}
+	if p.Stream != nil && p.Stream.Kind() != p.Backend.Kind() {
+		return nil, fmt.Errorf("%s stream with a %s backend: %w", p.Stream.Kind(), p.Backend.Kind(), ErrInvalidParam)
+	}
+	words, err := p.Backend.AllocWords(2)
+	if err != nil {
+		return nil, fmt.Errorf("condition words: %w", err)
+	}
+	return &Condition{
+		category: p.Category,
+		backend:  p.Backend,
+		stream:   p.Stream,
+		words:    words,
+		trigger:  words.Word(0),
+		done:     words.Word(1),
+	}, nil
+}
+
+// Category reports the condition's category.
+func (c *Condition) Category() Category { return c.category }
+
+// Stream is the stream of a Stream condition.
+func (c *Condition) Stream() stream.Stream { return c.stream }
+
+// TriggerWord is where the stream, kernel or Trigger stores the sequence number reached.
+func (c *Condition) TriggerWord() *stream.Word { return c.trigger }
+
+// CompletionWord holds the highest sequence number up to which all operations completed.
+func (c *Condition) CompletionWord() *stream.Word { return c.done }
+
+// Arm reserves the next sequence number for one operation. record runs first, with the
+// number, so whoever executes operations knows the operation before the trigger can
+// reach it. For a Stream condition Arm then enqueues the trigger store, and with
+// streamOrdered the wait for completion, on the stream.
+func (c *Condition) Arm(streamOrdered bool, record func(seq uint64)) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return 0, fmt.Errorf("arm: %w", ErrDestroyed)
+	}
+	seq := c.armed + 1
+	if c.category == Stream {
+		// Enqueue first: if the stream refuses (closed, sticky error), nothing was armed.
+		if err := c.stream.WriteValue(c.trigger, seq); err != nil {
+			return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
+		}
+		record(seq)
+		c.armed = seq
+		if streamOrdered {
+			if err := c.stream.WaitValue(c.done, seq, stream.GEQ); err != nil {
+				return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
+			}
+		}
+		return seq, nil
+	}
+	record(seq)
+	c.armed = seq
+	return seq, nil
+}
+
+// Retire marks operation seq completed (with err, nil on success). Operations retire in
+// sequence order: the proxy calls Retire for seq only after seq-1. It advances the
+// completion word, which releases streams waiting on it.
+func (c *Condition) Retire(seq uint64, err error) {
+	c.mu.Lock()
+	if err != nil && c.firstErr == nil {
+		c.firstErr = fmt.Errorf("operation %d: %w", seq, err)
+	}
+	if seq > c.retired {
+		c.retired = seq
+	}
+	c.mu.Unlock()
+	c.done.Store(seq)
+}
+
+// Err is the first error an operation of the condition met, if any. The failed
+// operation's Request reports it too; the completion word still advances, so no stream
+// stays blocked on a failed operation.
+func (c *Condition) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.firstErr
+}
+
+// Pending is the number of operations armed but not retired.
+func (c *Condition) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(c.armed - c.retired)
+}
+
+// WaitOnStream enqueues on s a wait until operation seq has completed: the
+// cross-stream form of stream-ordered completion.
+func (c *Condition) WaitOnStream(s stream.Stream, seq uint64) error {
+	if s == nil {
+		return fmt.Errorf("wait on stream: nil stream: %w", ErrInvalidParam)
+	}
+	if s.Kind() != c.backend.Kind() {
+		return fmt.Errorf("wait on a %s stream for a %s condition: %w", s.Kind(), c.backend.Kind(), ErrInvalidParam)
+	}
+	c.mu.Lock()
+	destroyed := c.destroyed
+	c.mu.Unlock()
+	if destroyed {
+		return fmt.Errorf("wait on stream: %w", ErrDestroyed)
+	}
+	return s.WaitValue(c.done, seq, stream.GEQ)
+}
+
+// DeviceHandle is what a kernel (or a host goroutine) triggers a KernelTriggered
+// condition with: the layout of struct ucpx_device_handle in device/ucpx_signal.cuh.
+type DeviceHandle struct {
+	// Trigger and Completion are device addresses on CUDA and host addresses on host backends.
+	Trigger         uintptr
+	Value           uint64
+	Completion      uintptr
+	CompletionValue uint64
+
+	hostTrigger, hostDone *stream.Word
+}
+
+// DeviceHandle returns the handle for the most recently armed operation: triggering it
+// starts every operation armed so far, and its completion value is reached when they
+// all completed. Arming another operation and fetching the handle again re-arms the
+// condition for the next launch.
+func (c *Condition) DeviceHandle() (DeviceHandle, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return DeviceHandle{}, fmt.Errorf("device handle: %w", ErrDestroyed)
+	}
+	if c.category != KernelTriggered {
+		return DeviceHandle{}, fmt.Errorf("device handle of a %v condition: %w", c.category, ErrInvalidParam)
+	}
+	h := DeviceHandle{Value: c.armed, CompletionValue: c.armed, hostTrigger: c.trigger, hostDone: c.done}
+	if c.backend.Kind() == stream.KindCUDA {
+		h.Trigger, h.Completion = c.trigger.DevicePtr(), c.done.DevicePtr()
+	} else {
+		h.Trigger, h.Completion = c.trigger.HostPtr(), c.done.HostPtr()
+	}
+	return h, nil
+}
+
+// Trigger is the host-side trigger function: what a kernel does with ucpx_trigger.
+func Trigger(h DeviceHandle) error {
+	if h.hostTrigger == nil {
+		return fmt.Errorf("trigger: zero handle: %w", ErrInvalidParam)
+	}
+	if h.hostTrigger.Kind() == stream.KindHost && h.hostTrigger.HostPtr() != h.Trigger {
+		return fmt.Errorf("trigger: handle was altered: %w", ErrInvalidParam)
+	}
+	h.hostTrigger.Store(h.Value)
+	return nil
+}
+
+// Test reports whether the operations of the handle have completed (ucpx_test).
+func Test(h DeviceHandle) bool {
+	return h.hostDone != nil && int64(h.hostDone.Load()-h.CompletionValue) >= 0
+}
+
+// Destroy releases the condition. With operations still pending it returns an error
+// matching ErrBusy and changes nothing. A second Destroy returns ErrDestroyed.
+func (c *Condition) Destroy() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return fmt.Errorf("destroy: %w", ErrDestroyed)
+	}
+	if n := c.armed - c.retired; n > 0 {
+		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)
+	}
+	c.destroyed = true
+	if c.stream != nil && c.stream.Kind() == stream.KindHost {
+		// The stream may not yet have run the last (already satisfied) completion
+		// wait: free the words in stream order, never blocking on the stream.
+		words := c.words
+		if err := c.stream.LaunchHostFunc(func() { _ = words.Close() }); err == nil {
+			return nil
+		}
+	} else if c.stream != nil {
+		// CUDA host functions may not call CUDA (cuMemFreeHost): synchronize instead,
+		// as cudaFree does. Every armed operation has retired, so the waits on the
+		// completion word are satisfied.
+		if err := c.stream.Synchronize(); err != nil && !errors.Is(err, stream.ErrClosed) {
+			c.destroyed = false
+			return fmt.Errorf("destroy: synchronize stream: %w", err)
+		}
+	}
+	return c.words.Close()
+}

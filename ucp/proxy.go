@@ -1,0 +1,284 @@
+package ucp
+
+import (
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/ucpx/ucpx/condition"
+)
+
+// The proxy engine executes conditioned operations: one per worker, on a goroutine
+// locked to its OS thread, started by the first conditioned operation. It watches the
+// trigger words of conditions with pending operations only, issues each operation
+// (in sequence order) once its condition's trigger has reached it, and retires
+// operations in order, storing into the completion word the highest sequence number up
+// to which every operation completed. With nothing pending it blocks on a channel, so
+// an idle process costs no CPU. It never needs the application's goroutines to run.
+
+// NonBlockingEnqueue, on an operation with a Stream condition, enqueues only the trigger:
+// the stream does not wait for completion. Wait on the Request, or order a stream after
+// it with Request.WaitOnStream (the MPIX Isend_enqueue / Wait_enqueue pattern).
+const NonBlockingEnqueue OpFlags = 1 << 31
+
+// ucpxOnlyFlags are OpFlags bits UCX never sees.
+const ucpxOnlyFlags = NonBlockingEnqueue
+
+type condOp struct {
+	seq    uint64
+	issue  func(p *RequestParam) (*Request, error)
+	param  RequestParam // what issue gets: no condition, no callback
+	user   *Request
+	inner  *Request
+	err      error // issue error
+	issued   bool
+	canceled bool // canceled before its trigger: retired without being issued
+}
+
+type channel struct {
+	cond *condition.Condition
+	ops  []*condOp // armed, not retired, in sequence order
+}
+
+type proxy struct {
+	w      *Worker
+	mu     sync.Mutex
+	active map[*condition.Condition]*channel
+	closed bool
+	wake   chan struct{}
+	stop   chan struct{}
+	exited chan struct{}
+}
+
+// proxyLocked returns the worker's proxy, starting it on first use. Caller holds w.mu.
+func (w *Worker) proxyLocked() *proxy {
+	if w.px == nil {
+		w.px = &proxy{
+			w:      w,
+			active: map[*condition.Condition]*channel{},
+			wake:   make(chan struct{}, 1),
+			stop:   make(chan struct{}),
+			exited: make(chan struct{}),
+		}
+		go w.px.run()
+	}
+	return w.px
+}
+
+// enqueueConditioned arms cond for one operation that issue performs once triggered.
+func (w *Worker) enqueueConditioned(op string, p *RequestParam, issue func(*RequestParam) (*Request, error)) (*Request, error) {
+	cond := p.Condition
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return nil, opErr(op, ErrClosed, "")
+	}
+	px := w.proxyLocked()
+	w.mu.Unlock()
+
+	o := &condOp{issue: issue, param: *p}
+	o.param.Condition, o.param.Callback = nil, nil
+	o.param.Flags &^= ucpxOnlyFlags
+	o.user = &Request{w: w, op: op, cb: p.Callback, cond: cond, condOp: o, doneCh: make(chan struct{})}
+	streamOrdered := cond.Category() == condition.Stream && p.Flags&NonBlockingEnqueue == 0
+	var addErr error
+	_, err := cond.Arm(streamOrdered, func(seq uint64) {
+		o.seq, o.user.seq = seq, seq
+		addErr = px.add(cond, o)
+	})
+	if addErr != nil {
+		// Armed but the proxy is gone (worker closing): fail it so streams move on.
+		px.retire(cond, o, opErr(op, ErrClosed, "worker closed"))
+		return o.user, nil
+	}
+	if err != nil {
+		if o.seq == 0 {
+			return nil, opErr(op, err, "condition")
+		}
+		// The trigger is enqueued (the operation will run) but the completion wait is
+		// not: report it with the request.
+		return o.user, opErr(op, err, "condition: stream-ordered completion not enqueued")
+	}
+	return o.user, nil
+}
+
+func (px *proxy) add(cond *condition.Condition, o *condOp) error {
+	px.mu.Lock()
+	if px.closed {
+		px.mu.Unlock()
+		return ErrClosed
+	}
+	ch := px.active[cond]
+	if ch == nil {
+		ch = &channel{cond: cond}
+		px.active[cond] = ch
+	}
+	ch.ops = append(ch.ops, o)
+	px.mu.Unlock()
+	select {
+	case px.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+type retirement struct {
+	cond *condition.Condition
+	op   *condOp
+}
+
+func (px *proxy) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(px.exited)
+	var retired []retirement
+	idle := 0
+	for {
+		px.mu.Lock()
+		if len(px.active) == 0 {
+			px.mu.Unlock()
+			select {
+			case <-px.wake:
+				idle = 0
+				continue
+			case <-px.stop:
+				return
+			}
+		}
+		progressed, inflight := false, false
+		for cond, ch := range px.active {
+			trigger := cond.TriggerWord().Load()
+			for _, o := range ch.ops {
+				if o.issued {
+					continue
+				}
+				if int64(trigger-o.seq) < 0 {
+					break // later operations wait for a later trigger
+				}
+				if o.canceled {
+					o.err = opErr(o.user.op, ErrCanceled, "canceled before the condition triggered")
+				} else {
+					o.inner, o.err = o.issue(&o.param)
+				}
+				o.issued = true
+				progressed = true
+			}
+			for len(ch.ops) > 0 {
+				o := ch.ops[0]
+				if !o.issued || (o.err == nil && !o.inner.Done()) {
+					break
+				}
+				ch.ops[0] = nil
+				ch.ops = ch.ops[1:]
+				retired = append(retired, retirement{cond, o})
+			}
+			for _, o := range ch.ops {
+				if o.issued {
+					inflight = true
+					break
+				}
+			}
+			if len(ch.ops) == 0 {
+				delete(px.active, cond)
+			}
+		}
+		px.mu.Unlock()
+		if len(retired) > 0 {
+			// Outside px.mu: Retire takes the condition's lock, which Arm holds while
+			// it calls add.
+			for _, r := range retired {
+				px.retire(r.cond, r.op, nil)
+			}
+			retired = retired[:0]
+			progressed = true
+		}
+		if inflight && px.w.Progress() > 0 {
+			progressed = true
+		}
+		select {
+		case <-px.stop:
+			return
+		default:
+		}
+		if progressed {
+			idle = 0
+			continue
+		}
+		idle++
+		switch {
+		case idle < 256:
+		case idle < 4096:
+			// Yielding keeps the latency of a trigger that comes soon in the
+			// microseconds; Go's timers cannot sleep for less than ~1 ms here.
+			runtime.Gosched()
+		default:
+			// Waiting for a trigger or a remote peer for long: sleep (about 1 ms).
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// cancel cancels a conditioned operation: before its trigger it will retire with
+// ErrCanceled without being issued; once issued, its UCX operation is canceled.
+func (px *proxy) cancel(o *condOp) {
+	px.mu.Lock()
+	var inner *Request
+	if o.issued {
+		inner = o.inner
+	} else {
+		o.canceled = true
+	}
+	px.mu.Unlock()
+	if inner != nil {
+		inner.Cancel()
+	}
+}
+
+// retire completes o's user request and advances the condition's completion word.
+func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
+	u := o.user
+	switch {
+	case err != nil:
+	case o.err != nil:
+		err = o.err
+	default:
+		err = o.inner.err
+		u.length, u.tag, u.fetched = o.inner.length, o.inner.tag, o.inner.fetched
+	}
+	u.err = err
+	u.done.Store(true)
+	cond.Retire(o.seq, err)
+	close(u.doneCh)
+	if u.cb != nil {
+		u.cb(u)
+	}
+}
+
+// shutdown stops the proxy and fails every operation it still holds, so no stream
+// stays blocked on a completion word. Called by Worker.Close without w.mu held, after
+// UCX finished every request the proxy had issued.
+func (px *proxy) shutdown() {
+	px.mu.Lock()
+	px.closed = true
+	px.mu.Unlock()
+	close(px.stop)
+	<-px.exited
+	px.mu.Lock()
+	var left []retirement
+	for cond, ch := range px.active {
+		for _, o := range ch.ops {
+			left = append(left, retirement{cond, o})
+		}
+		delete(px.active, cond)
+	}
+	px.mu.Unlock()
+	for _, r := range left {
+		var err error
+		if !r.op.issued {
+			err = opErr(r.op.user.op, ErrCanceled, "worker closed before the condition triggered")
+		} else if r.op.err == nil && !r.op.inner.Done() {
+			err = opErr(r.op.user.op, ErrCanceled, "worker closed")
+		}
+		px.retire(r.cond, r.op, err)
+	}
+}
