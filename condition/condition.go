@@ -75,6 +75,7 @@ type Condition struct {
 	retired   uint64 // last sequence number retired (mirrors the completion word)
 	firstErr  error
 	destroyed bool
+	drivers   []stream.Driver
 }
 
 // Create makes a condition.
@@ -247,9 +248,54 @@ func Trigger(h DeviceHandle) error {
 	return nil
 }
 
-// Test reports whether the operations of the handle have completed (ucpx_test).
+// Test reports whether the operations of the handle have completed (ucpx_test). On the
+// host it also drives the operations one round, as MPI_Test does.
 func Test(h DeviceHandle) bool {
-	return h.hostDone != nil && int64(h.hostDone.Load()-h.CompletionValue) >= 0
+	if h.hostDone == nil {
+		return false
+	}
+	if int64(h.hostDone.Load()-h.CompletionValue) >= 0 {
+		return true
+	}
+	h.hostDone.Block().Drive()
+	return int64(h.hostDone.Load()-h.CompletionValue) >= 0
+}
+
+// AttachDriver adds d (once) to the drivers of the condition's words: host executors
+// waiting on the completion word run it, and trigger stores kick it.
+func (c *Condition) AttachDriver(d stream.Driver) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, x := range c.drivers {
+		if x == d {
+			return
+		}
+	}
+	c.drivers = append(c.drivers, d)
+	if len(c.drivers) == 1 {
+		c.words.SetDriver(d)
+	} else {
+		c.words.SetDriver(drivers(append([]stream.Driver(nil), c.drivers...)))
+	}
+}
+
+// drivers runs several drivers (a condition used by operations of several workers).
+type drivers []stream.Driver
+
+func (ds drivers) Drive() bool {
+	progressed := false
+	for _, d := range ds {
+		if d.Drive() {
+			progressed = true
+		}
+	}
+	return progressed
+}
+
+func (ds drivers) Kick() {
+	for _, d := range ds {
+		d.Kick()
+	}
 }
 
 // Destroy releases the condition. With operations still pending it returns an error

@@ -35,6 +35,9 @@ func (w *Word) HostPtr() uintptr { return uintptr(unsafe.Pointer(w.host)) }
 // DevicePtr is the GPU address of the word, 0 on host backends.
 func (w *Word) DevicePtr() uintptr { return w.device }
 
+// Block is the block the word was allocated in.
+func (w *Word) Block() *WordBlock { return w.block }
+
 // Kind reports the backend the word belongs to.
 func (w *Word) Kind() Kind { return w.block.kind }
 
@@ -44,10 +47,54 @@ func (w *Word) String() string {
 
 // WordBlock is a run of signal words allocated together; Close frees them all.
 type WordBlock struct {
-	kind  Kind
-	words []Word
-	free  func() error
-	freed atomic.Bool
+	kind   Kind
+	words  []Word
+	free   func() error
+	freed  atomic.Bool
+	driver atomic.Pointer[driverBox]
+}
+
+// Driver does the work that the words of a block wait for. The proxy engine of package
+// ucp attaches one to a condition's words, so a host executor blocked on a completion
+// word advances the operation itself instead of waiting for another thread (no thread
+// hop, fewer spinning threads than cores), and a trigger stored by a host executor
+// wakes the proxy at once instead of at its next poll.
+type Driver interface {
+	// Drive runs one round of the work; it reports whether anything progressed. It must
+	// not block and must not wait on the calling stream.
+	Drive() bool
+	// Kick tells the driver a word of the block was stored by a host executor.
+	Kick()
+}
+
+type driverBox struct{ d Driver }
+
+// SetDriver attaches d to the block (nil detaches). GPU-written words are not seen by
+// it: a driver that serves CUDA words must also poll.
+func (b *WordBlock) SetDriver(d Driver) {
+	if d == nil {
+		b.driver.Store(nil)
+		return
+	}
+	b.driver.Store(&driverBox{d})
+}
+
+// drive runs the attached driver once, reporting whether it progressed.
+func (b *WordBlock) drive() bool {
+	if box := b.driver.Load(); box != nil {
+		return box.d.Drive()
+	}
+	return false
+}
+
+// Drive runs the block's driver once (what a host executor does while it waits on one
+// of its words); it reports whether anything progressed.
+func (b *WordBlock) Drive() bool { return b.drive() }
+
+func (b *WordBlock) kick() {
+	if box := b.driver.Load(); box != nil {
+		box.d.Kick()
+	}
 }
 
 // NewWordBlock wraps n words at hostBase (and devBase, 0 if none). Backends call it;

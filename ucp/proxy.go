@@ -41,13 +41,18 @@ type channel struct {
 }
 
 type proxy struct {
-	w      *Worker
-	mu     sync.Mutex
+	w *Worker
+	// drive makes one goroutine at a time run a round: the proxy's own, a host stream
+	// executor waiting on a completion word, or a goroutine in Request.Wait or Test.
+	drive  sync.Mutex
+	mu     sync.Mutex // guards active, closed and the operations' issue state
 	active map[*condition.Condition]*channel
 	closed bool
 	wake   chan struct{}
 	stop   chan struct{}
 	exited chan struct{}
+	// retired is the drive round's scratch list (under drive).
+	retired []retirement
 }
 
 // proxyLocked returns the worker's proxy, starting it on first use. Caller holds w.mu.
@@ -86,6 +91,7 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, issue func(*Requ
 		o.seq, o.user.seq = seq, seq
 		addErr = px.add(cond, o)
 	})
+	cond.AttachDriver(px)
 	if addErr != nil {
 		// Armed but the proxy is gone (worker closing): fail it so streams move on.
 		px.retire(cond, o, opErr(op, ErrClosed, "worker closed"))
@@ -115,11 +121,24 @@ func (px *proxy) add(cond *condition.Condition, o *condOp) error {
 	}
 	ch.ops = append(ch.ops, o)
 	px.mu.Unlock()
+	px.Kick()
+	return nil
+}
+
+// Kick wakes the proxy goroutine (a new operation, or a host executor stored a trigger).
+func (px *proxy) Kick() {
 	select {
 	case px.wake <- struct{}{}:
 	default:
 	}
-	return nil
+}
+
+// Drive runs one round if no other goroutine is running one: issue the operations whose
+// trigger has come, retire completed ones in order, progress UCX if anything is in
+// flight. It reports whether anything progressed.
+func (px *proxy) Drive() bool {
+	progressed, _ := px.round()
+	return progressed
 }
 
 type retirement struct {
@@ -131,12 +150,17 @@ func (px *proxy) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer close(px.exited)
-	var retired []retirement
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	idle := 0
 	for {
-		px.mu.Lock()
-		if len(px.active) == 0 {
-			px.mu.Unlock()
+		select {
+		case <-px.stop:
+			return
+		default:
+		}
+		progressed, active := px.round()
+		if !active {
 			select {
 			case <-px.wake:
 				idle = 0
@@ -144,61 +168,6 @@ func (px *proxy) run() {
 			case <-px.stop:
 				return
 			}
-		}
-		progressed, inflight := false, false
-		for cond, ch := range px.active {
-			trigger := cond.TriggerWord().Load()
-			for _, o := range ch.ops {
-				if o.issued {
-					continue
-				}
-				if int64(trigger-o.seq) < 0 {
-					break // later operations wait for a later trigger
-				}
-				if o.canceled {
-					o.err = opErr(o.user.op, ErrCanceled, "canceled before the condition triggered")
-				} else {
-					o.inner, o.err = o.issue(&o.param)
-				}
-				o.issued = true
-				progressed = true
-			}
-			for len(ch.ops) > 0 {
-				o := ch.ops[0]
-				if !o.issued || (o.err == nil && !o.inner.Done()) {
-					break
-				}
-				ch.ops[0] = nil
-				ch.ops = ch.ops[1:]
-				retired = append(retired, retirement{cond, o})
-			}
-			for _, o := range ch.ops {
-				if o.issued {
-					inflight = true
-					break
-				}
-			}
-			if len(ch.ops) == 0 {
-				delete(px.active, cond)
-			}
-		}
-		px.mu.Unlock()
-		if len(retired) > 0 {
-			// Outside px.mu: Retire takes the condition's lock, which Arm holds while
-			// it calls add.
-			for _, r := range retired {
-				px.retire(r.cond, r.op, nil)
-			}
-			retired = retired[:0]
-			progressed = true
-		}
-		if inflight && px.w.Progress() > 0 {
-			progressed = true
-		}
-		select {
-		case <-px.stop:
-			return
-		default:
 		}
 		if progressed {
 			idle = 0
@@ -212,10 +181,83 @@ func (px *proxy) run() {
 			// microseconds; Go's timers cannot sleep for less than ~1 ms here.
 			runtime.Gosched()
 		default:
-			// Waiting for a trigger or a remote peer for long: sleep (about 1 ms).
-			time.Sleep(50 * time.Microsecond)
+			// Waiting long for a trigger or a peer, or another goroutine drives:
+			// sleep until kicked, or briefly (GPU-written triggers are not kicked).
+			timer.Reset(50 * time.Microsecond)
+			select {
+			case <-px.wake:
+				idle = 0
+			case <-timer.C:
+			case <-px.stop:
+				timer.Stop()
+				return
+			}
+			timer.Stop()
 		}
 	}
+}
+
+// round is one pass of the proxy engine. active reports whether operations are pending
+// (or another goroutine is running a round).
+func (px *proxy) round() (progressed, active bool) {
+	if !px.drive.TryLock() {
+		return false, true
+	}
+	defer px.drive.Unlock()
+	inflight := false
+	px.mu.Lock()
+	if len(px.active) == 0 {
+		px.mu.Unlock()
+		return false, false
+	}
+	for cond, ch := range px.active {
+		trigger := cond.TriggerWord().Load()
+		for _, o := range ch.ops {
+			if o.issued {
+				continue
+			}
+			if int64(trigger-o.seq) < 0 {
+				break // later operations wait for a later trigger
+			}
+			if o.canceled {
+				o.err = opErr(o.user.op, ErrCanceled, "canceled before the condition triggered")
+			} else {
+				o.inner, o.err = o.issue(&o.param)
+			}
+			o.issued = true
+			progressed = true
+		}
+		for len(ch.ops) > 0 {
+			o := ch.ops[0]
+			if !o.issued || (o.err == nil && !o.inner.Done()) {
+				break
+			}
+			ch.ops[0] = nil
+			ch.ops = ch.ops[1:]
+			px.retired = append(px.retired, retirement{cond, o})
+		}
+		if len(ch.ops) > 0 && ch.ops[0].issued {
+			inflight = true
+		}
+		if len(ch.ops) == 0 {
+			delete(px.active, cond)
+		}
+	}
+	px.mu.Unlock()
+	if len(px.retired) > 0 {
+		// Outside px.mu: Retire takes the condition's lock, which Arm holds while it
+		// calls add.
+		for i, r := range px.retired {
+			px.retire(r.cond, r.op, nil)
+			px.retired[i] = retirement{}
+		}
+		px.retired = px.retired[:0]
+		progressed = true
+	}
+	if inflight && px.w.Progress() > 0 {
+		progressed = true
+	}
+	return progressed, true
 }
 
 // cancel cancels a conditioned operation: before its trigger it will retire with

@@ -116,7 +116,8 @@ func (r *Request) Test() (bool, error) {
 		return true, r.err
 	}
 	if r.doneCh != nil {
-		return false, nil // the proxy drives it
+		r.w.px.Drive()
+		return r.done.Load(), r.Err()
 	}
 	r.w.Progress()
 	if r.done.Load() {
@@ -132,14 +133,36 @@ func (r *Request) Wait(ctx context.Context) error {
 		return r.err
 	}
 	if r.doneCh != nil {
-		select {
-		case <-r.doneCh:
-			return r.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return r.waitProxied(ctx)
 	}
 	return r.w.waitRequest(ctx, r)
+}
+
+// waitProxied waits for a conditioned operation: it drives the proxy itself while that
+// makes progress (no thread hop on the latency path), then blocks until the proxy
+// goroutine completes the operation.
+func (r *Request) waitProxied(ctx context.Context) error {
+	px := r.w.px
+	idle := 0
+	for idle < 4096 {
+		if r.done.Load() {
+			return r.err
+		}
+		if px.Drive() {
+			idle = 0
+		} else {
+			idle++
+			if idle > 256 {
+				runtime.Gosched()
+			}
+		}
+	}
+	select {
+	case <-r.doneCh:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // WaitOnStream orders s after a conditioned operation: work enqueued on s afterwards runs
