@@ -111,6 +111,9 @@ func Create(p Param) (*Condition, error) {
 	}, nil
 }
 
+// Backend is the backend of the condition's words (and stream).
+func (c *Condition) Backend() stream.Backend { return c.backend }
+
 // Category reports the condition's category.
 func (c *Condition) Category() Category { return c.category }
 
@@ -123,11 +126,19 @@ func (c *Condition) TriggerWord() *stream.Word { return c.trigger }
 // CompletionWord holds the highest sequence number up to which all operations completed.
 func (c *Condition) CompletionWord() *stream.Word { return c.done }
 
+// StreamWork is work a Stream condition's operation enqueues around its trigger, in
+// the same critical section so no other operation's work interleaves: Before runs
+// before the trigger store (a device-to-host staging copy), After after the
+// completion wait (a host-to-device copy of received data).
+type StreamWork struct {
+	Before, After func(s stream.Stream) error
+}
+
 // Arm reserves the next sequence number for one operation. record runs first, with the
 // number, so whoever executes operations knows the operation before the trigger can
-// reach it. For a Stream condition Arm then enqueues the trigger store, and with
-// streamOrdered the wait for completion, on the stream.
-func (c *Condition) Arm(streamOrdered bool, record func(seq uint64)) (uint64, error) {
+// reach it. For a Stream condition Arm then enqueues work.Before, the trigger store,
+// and with streamOrdered the wait for completion and work.After, on the stream.
+func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uint64)) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed {
@@ -135,7 +146,12 @@ func (c *Condition) Arm(streamOrdered bool, record func(seq uint64)) (uint64, er
 	}
 	seq := c.armed + 1
 	if c.category == Stream {
-		// Enqueue first: if the stream refuses (closed, sticky error), nothing was armed.
+		if work.Before != nil {
+			if err := work.Before(c.stream); err != nil {
+				return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
+			}
+		}
+		// If the stream refuses the trigger (closed, sticky error), nothing is armed.
 		if err := c.stream.WriteValue(c.trigger, seq); err != nil {
 			return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
 		}
@@ -144,6 +160,11 @@ func (c *Condition) Arm(streamOrdered bool, record func(seq uint64)) (uint64, er
 		if streamOrdered {
 			if err := c.stream.WaitValue(c.done, seq, stream.GEQ); err != nil {
 				return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
+			}
+			if work.After != nil {
+				if err := work.After(c.stream); err != nil {
+					return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)
+				}
 			}
 		}
 		return seq, nil

@@ -46,7 +46,7 @@ func TestStreamArmAndRetire(t *testing.T) {
 
 	var recorded []uint64
 	for i := 0; i < 3; i++ {
-		seq, err := c.Arm(true, func(seq uint64) { recorded = append(recorded, seq) })
+		seq, err := c.Arm(true, condition.StreamWork{}, func(seq uint64) { recorded = append(recorded, seq) })
 		require.NoError(t, err)
 		require.Equal(t, uint64(i+1), seq)
 	}
@@ -68,7 +68,7 @@ func TestStreamArmAndRetire(t *testing.T) {
 	require.Equal(t, uint64(3), c.CompletionWord().Load())
 	require.NoError(t, c.Destroy())
 	require.ErrorIs(t, c.Destroy(), condition.ErrDestroyed)
-	_, err = c.Arm(true, func(uint64) {})
+	_, err = c.Arm(true, condition.StreamWork{}, func(uint64) {})
 	require.ErrorIs(t, err, condition.ErrDestroyed)
 }
 
@@ -82,7 +82,7 @@ func TestKernelTriggeredHandle(t *testing.T) {
 	b := backend(t)
 	c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: b})
 	require.NoError(t, err)
-	_, err = c.Arm(false, func(uint64) {})
+	_, err = c.Arm(false, condition.StreamWork{}, func(uint64) {})
 	require.NoError(t, err)
 	h, err := c.DeviceHandle()
 	require.NoError(t, err)
@@ -120,7 +120,7 @@ func TestArmOnClosedStreamArmsNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	called := false
-	_, err = c.Arm(true, func(uint64) { called = true })
+	_, err = c.Arm(true, condition.StreamWork{}, func(uint64) { called = true })
 	require.ErrorIs(t, err, stream.ErrClosed)
 	require.False(t, called)
 	require.Equal(t, 0, c.Pending())

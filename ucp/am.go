@@ -132,7 +132,7 @@ func (m *AmMessage) Retain() { m.retained = true }
 func (m *AmMessage) RecvData(buf []byte, p *RequestParam) (*Request, error) {
 	const op = "am_recv_data_nbx"
 	p = param(p)
-	if err := p.check(op); err != nil {
+	if err := p.check(op, m.w.ctx); err != nil {
 		return nil, err
 	}
 	w := m.w
@@ -189,15 +189,15 @@ func (m *AmMessage) releaseLocked() {
 func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Request, error) {
 	const op = "am_send_nbx"
 	p = param(p)
-	if err := p.check(op); err != nil {
+	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
 	if id > 0xffff {
 		return nil, opErr(op, ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned(op, p, func(ip *RequestParam) (*Request, error) {
-			return ep.AmSendNbx(id, header, buf, ip)
+		return ep.w.enqueueConditioned(op, p, buf, dirOut, func(b []byte, ip *RequestParam) (*Request, error) {
+			return ep.AmSendNbx(id, header, b, ip)
 		})
 	}
 	w := ep.w

@@ -7,6 +7,17 @@ import (
 	"github.com/ucpx/ucpx/cgo/ucx"
 )
 
+// DeviceBuffer presents n bytes at addr, memory Go does not manage (device memory from
+// cuMemAlloc, pinned host or C memory), as a slice to pass to nbx calls. Go code must
+// never index it: for device memory that faults. With a Stream condition on a CUDA
+// backend, device memory is staged when UCX has no CUDA transport.
+func DeviceBuffer(addr uintptr, n int) []byte {
+	if addr == 0 || n <= 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(ucx.Addr(addr)), n)
+}
+
 // bufPtr is the address UCX gets for a Go slice (nil for an empty one).
 func bufPtr(b []byte) unsafe.Pointer {
 	if len(b) == 0 {
@@ -22,9 +33,13 @@ func (p *RequestParam) memType() int {
 	return int(p.MemoryType)
 }
 
-func (p *RequestParam) check(op string) error {
+func (p *RequestParam) check(op string, c *Context) error {
 	if p.MemH != nil && p.MemH.closed {
 		return opErr(op, ErrClosed, "RequestParam.MemH")
+	}
+	if p.MemoryType > MemoryHost && p.Condition == nil && !c.SupportsMemoryType(p.MemoryType) {
+		// UCX would touch device memory from the CPU. Conditions stage it instead.
+		return opErr(op, ErrUnsupported, "%s memory: UCX here has no transport for it; use a Stream condition (staging) or host memory", p.MemoryType)
 	}
 	return nil
 }
@@ -40,12 +55,12 @@ func param(p *RequestParam) *RequestParam {
 // returned Request is done.
 func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Request, error) {
 	p = param(p)
-	if err := p.check("tag_send_nbx"); err != nil {
+	if err := p.check("tag_send_nbx", ep.w.ctx); err != nil {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned("tag_send_nbx", p, func(ip *RequestParam) (*Request, error) {
-			return ep.TagSendNbx(buf, tag, ip)
+		return ep.w.enqueueConditioned("tag_send_nbx", p, buf, dirOut, func(b []byte, ip *RequestParam) (*Request, error) {
+			return ep.TagSendNbx(b, tag, ip)
 		})
 	}
 	w := ep.w
@@ -63,12 +78,12 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 // ErrMessageTruncated. Length and SenderTag report what arrived.
 func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Request, error) {
 	p = param(p)
-	if err := p.check("tag_recv_nbx"); err != nil {
+	if err := p.check("tag_recv_nbx", w.ctx); err != nil {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return w.enqueueConditioned("tag_recv_nbx", p, func(ip *RequestParam) (*Request, error) {
-			return w.TagRecvNbx(buf, tag, mask, ip)
+		return w.enqueueConditioned("tag_recv_nbx", p, buf, dirIn, func(b []byte, ip *RequestParam) (*Request, error) {
+			return w.TagRecvNbx(b, tag, mask, ip)
 		})
 	}
 	w.mu.Lock()
@@ -111,12 +126,16 @@ func (ep *Endpoint) GetNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam
 
 func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
 	p = param(p)
-	if err := p.check(op); err != nil {
+	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned(op, p, func(ip *RequestParam) (*Request, error) {
-			return ep.rma(op, buf, raddr, rkey, ip, put)
+		dir := dirIn
+		if put {
+			dir = dirOut
+		}
+		return ep.w.enqueueConditioned(op, p, buf, dir, func(b []byte, ip *RequestParam) (*Request, error) {
+			return ep.rma(op, b, raddr, rkey, ip, put)
 		})
 	}
 	w := ep.w
@@ -169,7 +188,7 @@ type AtomicParam struct {
 func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
 	const op = "atomic_op_nbx"
 	p = param(p)
-	if err := p.check(op); err != nil {
+	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
 	if a.Size == 0 {
@@ -185,7 +204,7 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned(op, p, func(ip *RequestParam) (*Request, error) {
+		return ep.w.enqueueConditioned(op, p, nil, dirNone, func(_ []byte, ip *RequestParam) (*Request, error) {
 			return ep.AtomicNbx(a, raddr, rkey, ip)
 		})
 	}
@@ -251,11 +270,13 @@ func (r *Request) Fetched() uint64 { return r.fetched }
 // (ucp_ep_flush_nbx).
 func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 	p = param(p)
-	if err := p.check("ep_flush_nbx"); err != nil {
+	if err := p.check("ep_flush_nbx", ep.w.ctx); err != nil {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned("ep_flush_nbx", p, ep.FlushNbx)
+		return ep.w.enqueueConditioned("ep_flush_nbx", p, nil, dirNone, func(_ []byte, ip *RequestParam) (*Request, error) {
+			return ep.FlushNbx(ip)
+		})
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -270,11 +291,13 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 // (ucp_worker_flush_nbx).
 func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 	p = param(p)
-	if err := p.check("worker_flush_nbx"); err != nil {
+	if err := p.check("worker_flush_nbx", w.ctx); err != nil {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return w.enqueueConditioned("worker_flush_nbx", p, w.FlushNbx)
+		return w.enqueueConditioned("worker_flush_nbx", p, nil, dirNone, func(_ []byte, ip *RequestParam) (*Request, error) {
+			return w.FlushNbx(ip)
+		})
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

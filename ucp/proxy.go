@@ -4,8 +4,11 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream"
 )
 
 // The proxy engine executes conditioned operations: one per worker, on a goroutine
@@ -32,7 +35,8 @@ type condOp struct {
 	inner  *Request
 	err      error // issue error
 	issued   bool
-	canceled bool // canceled before its trigger: retired without being issued
+	canceled bool   // canceled before its trigger: retired without being issued
+	release  func() // returns a staging buffer once the operation is done with it
 }
 
 type channel struct {
@@ -70,8 +74,19 @@ func (w *Worker) proxyLocked() *proxy {
 	return w.px
 }
 
-// enqueueConditioned arms cond for one operation that issue performs once triggered.
-func (w *Worker) enqueueConditioned(op string, p *RequestParam, issue func(*RequestParam) (*Request, error)) (*Request, error) {
+// direction says which way an operation's buffer moves, for staging.
+type direction int
+
+const (
+	dirNone direction = iota // flush, atomics: no user buffer
+	dirOut                   // sends, puts: the buffer is read
+	dirIn                    // receives, gets: the buffer is written
+)
+
+// enqueueConditioned arms cond for one operation that issue performs, on buf, once
+// triggered. Device memory UCX cannot use is staged through pinned host memory, on the
+// condition's stream: copied out before the trigger, copied in after the completion.
+func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issue func(buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	cond := p.Condition
 	w.mu.Lock()
 	if w.closed.Load() {
@@ -79,15 +94,54 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, issue func(*Requ
 		return nil, opErr(op, ErrClosed, "")
 	}
 	px := w.proxyLocked()
+	stager := w.stagerLocked(cond.Backend())
 	w.mu.Unlock()
 
-	o := &condOp{issue: issue, param: *p}
+	o := &condOp{param: *p}
 	o.param.Condition, o.param.Callback = nil, nil
 	o.param.Flags &^= ucpxOnlyFlags
 	o.user = &Request{w: w, op: op, cb: p.Callback, cond: cond, condOp: o, doneCh: make(chan struct{})}
 	streamOrdered := cond.Category() == condition.Stream && p.Flags&NonBlockingEnqueue == 0
+
+	var work condition.StreamWork
+	issueBuf := buf
+	if stager != nil && dir != dirNone && len(buf) > 0 {
+		addr := uintptr(unsafe.Pointer(&buf[0]))
+		kind, err := stager.Classify(addr)
+		if err != nil {
+			return nil, opErr(op, err, "buffer %#x", addr)
+		}
+		if kind == protocol.KindDevice {
+			switch {
+			case cond.Category() != condition.Stream:
+				return nil, opErr(op, ErrUnsupported, "device buffer with a %v condition: UCX here has no CUDA transport, and staging needs a stream", cond.Category())
+			case dir == dirIn && !streamOrdered:
+				return nil, opErr(op, ErrUnsupported, "device receive buffer with NonBlockingEnqueue: staged data is copied in on the stream after completion")
+			}
+			stage, err := stager.Get(len(buf))
+			if err != nil {
+				return nil, opErr(op, err, "staging %d bytes", len(buf))
+			}
+			n := len(buf)
+			issueBuf = stage.Bytes()[:n]
+			o.param.MemoryType, o.param.MemH = MemoryHost, nil
+			if dir == dirOut {
+				work.Before = func(s stream.Stream) error { return s.Copy(stage.Addr(), addr, n) }
+				o.release = func() { stager.Put(stage) }
+			} else {
+				work.After = func(s stream.Stream) error {
+					if err := s.Copy(addr, stage.Addr(), n); err != nil {
+						return err
+					}
+					return s.LaunchHostFunc(func() { stager.Put(stage) })
+				}
+			}
+		}
+	}
+	o.issue = func(ip *RequestParam) (*Request, error) { return issue(issueBuf, ip) }
+
 	var addErr error
-	_, err := cond.Arm(streamOrdered, func(seq uint64) {
+	_, err := cond.Arm(streamOrdered, work, func(seq uint64) {
 		o.seq, o.user.seq = seq, seq
 		addErr = px.add(cond, o)
 	})
@@ -99,6 +153,9 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, issue func(*Requ
 	}
 	if err != nil {
 		if o.seq == 0 {
+			if o.release != nil {
+				o.release()
+			}
 			return nil, opErr(op, err, "condition")
 		}
 		// The trigger is enqueued (the operation will run) but the completion wait is
@@ -106,6 +163,23 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, issue func(*Requ
 		return o.user, opErr(op, err, "condition: stream-ordered completion not enqueued")
 	}
 	return o.user, nil
+}
+
+// stagerLocked returns the worker's stager for backend b (nil for host backends:
+// every buffer there is host memory). Caller holds w.mu.
+func (w *Worker) stagerLocked(b stream.Backend) *protocol.Stager {
+	if b.Kind() != stream.KindCUDA || w.ctx.SupportsMemoryType(MemoryCUDA) {
+		return nil
+	}
+	if w.stagers == nil {
+		w.stagers = map[stream.Backend]*protocol.Stager{}
+	}
+	st := w.stagers[b]
+	if st == nil {
+		st = protocol.NewStager(b)
+		w.stagers[b] = st
+	}
+	return st
 }
 
 func (px *proxy) add(cond *condition.Condition, o *condOp) error {
@@ -288,6 +362,9 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 		u.length, u.tag, u.fetched = o.inner.length, o.inner.tag, o.inner.fetched
 	}
 	u.err = err
+	if o.release != nil {
+		o.release()
+	}
 	u.done.Store(true)
 	cond.Retire(o.seq, err)
 	close(u.doneCh)

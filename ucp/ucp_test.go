@@ -527,3 +527,15 @@ func TestNoLeaksAfterClose(t *testing.T) {
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), baseline)
 }
+
+func TestDeviceMemoryTypeWithoutTransport(t *testing.T) {
+	p := newShmPair(t)
+	if p.ctxA.SupportsMemoryType(MemoryCUDA) {
+		t.Skip("this UCX has a CUDA transport")
+	}
+	_, err := p.epA.TagSendNbx(make([]byte, 8), 1, &RequestParam{MemoryType: MemoryCUDA})
+	require.ErrorIs(t, err, ErrUnsupported)
+	_, err = p.a.TagRecvNbx(make([]byte, 8), 1, 1, &RequestParam{MemoryType: MemoryCUDAManaged})
+	require.ErrorIs(t, err, ErrUnsupported)
+	require.Nil(t, DeviceBuffer(0, 8))
+}

@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream"
 )
 
 // WorkerParams configures NewWorker.
@@ -42,6 +44,8 @@ type Worker struct {
 
 	efd int // -1 without wakeup
 	px  *proxy // the proxy engine, started by the first conditioned operation (under mu)
+	// stagers lend pinned buffers for device memory, one per CUDA backend (under mu).
+	stagers map[stream.Backend]*protocol.Stager
 }
 
 // NewWorker creates a worker on the context.
@@ -277,9 +281,14 @@ func (w *Worker) Close() error {
 	cbs := w.takeDeferredLocked()
 	w.raw.Destroy()
 	px := w.px
+	stagers := w.stagers
+	w.stagers = nil
 	w.mu.Unlock()
 	if px != nil {
 		px.shutdown()
+	}
+	for _, st := range stagers {
+		_ = st.Close()
 	}
 
 	w.ctx.mu.Lock()
