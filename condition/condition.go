@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -255,6 +256,11 @@ func (c *Condition) DeviceHandle() (DeviceHandle, error) {
 		h.Trigger, h.Completion = c.trigger.HostPtr(), c.done.HostPtr()
 	}
 	return h, nil
+}
+
+// Kernel is the handle as the kernel argument struct ucpx_device_handle (32 bytes).
+func (h DeviceHandle) Kernel() device.Handle {
+	return device.Handle{Trigger: uint64(h.Trigger), Value: h.Value, Completion: uint64(h.Completion), CompletionValue: h.CompletionValue}
 }
 
 // Trigger is the host-side trigger function: what a kernel does with ucpx_trigger.

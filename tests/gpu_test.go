@@ -1,0 +1,95 @@
+package tests
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/stream"
+)
+
+// gpu is what a GPU test needs: the CUDA backend, its context and the test kernels.
+type gpu struct {
+	backend  stream.Backend
+	ctx      *cuda.Context
+	module   *cuda.Module
+	checksum *cuda.Function
+	fill     *cuda.Function
+	handle   *cuda.Function
+}
+
+// requireGPU skips where there is no CUDA driver or device, and fails where a driver is
+// present but unusable, lacks a feature ucpx needs, or the PTX was never generated.
+// UCPX_REQUIRE_GPU=1 (set by the GPU bundle's run.sh) turns skips into failures.
+func requireGPU(t *testing.T) *gpu {
+	t.Helper()
+	skip := t.Skipf
+	if os.Getenv("UCPX_REQUIRE_GPU") == "1" {
+		skip = t.Fatalf
+	}
+	if err := cuda.Load(); err != nil {
+		if errors.Is(err, cuda.ErrNoDriver) {
+			skip("no GPU: %v", err)
+		}
+		t.Fatalf("CUDA driver present but unusable: %v", err)
+	}
+	b, err := stream.Open(stream.CUDA)
+	if err != nil {
+		t.Fatalf("CUDA backend: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	ctx, caps, _ := stream.CUDAContext(b)
+	if !caps.StreamMemOps64 || !caps.MapHostMemory {
+		t.Fatalf("device lacks 64-bit stream memops or host-mapped memory: %+v", caps)
+	}
+	ptx := device.TestKernelsPTX()
+	if device.IsPlaceholder(ptx) {
+		t.Fatal("device/ptx/test_kernels.ptx is the placeholder: run scripts/ptx.sh where nvcc exists")
+	}
+	g := &gpu{backend: b, ctx: ctx}
+	if g.module, err = ctx.LoadModule(ptx); err != nil {
+		t.Fatalf("load PTX: %v", err)
+	}
+	t.Cleanup(func() { _ = g.module.Close() })
+	for name, f := range map[string]**cuda.Function{device.KernelChecksum: &g.checksum, device.KernelFill: &g.fill, device.KernelHandle: &g.handle} {
+		if *f, err = g.module.Function(name); err != nil {
+			t.Fatalf("kernel %s: %v", name, err)
+		}
+	}
+	return g
+}
+
+// deviceSum checksums n bytes of device memory on s (after whatever s waits for) into
+// pinned host memory, and returns a function that reads it once s is synchronized.
+func (g *gpu) deviceSum(t *testing.T, s stream.Stream, buf uintptr, n int) func() uint64 {
+	t.Helper()
+	cs, ok := stream.CUDAStream(s)
+	if !ok {
+		t.Fatal("not a CUDA stream")
+	}
+	out, err := g.ctx.MemAlloc(8)
+	must(t, err)
+	host, err := g.ctx.MemHostAlloc(8, cuda.HostAllocPortable)
+	must(t, err)
+	must(t, cs.MemsetD8(out.Ptr(), 0, 8))
+	blocks := uint32(min(1024, (n+255)/256))
+	must(t, cs.LaunchKernel(g.checksum, cuda.Linear(max(blocks, 1), 256), buf, uint64(n), out.Ptr()))
+	must(t, cs.MemcpyDtoH(host.Addr(), out.Ptr(), 8))
+	return func() uint64 {
+		v := uint64(host.Bytes()[0]) | uint64(host.Bytes()[1])<<8 | uint64(host.Bytes()[2])<<16 | uint64(host.Bytes()[3])<<24 |
+			uint64(host.Bytes()[4])<<32 | uint64(host.Bytes()[5])<<40 | uint64(host.Bytes()[6])<<48 | uint64(host.Bytes()[7])<<56
+		_ = out.Close()
+		_ = host.Close()
+		return v
+	}
+}
+
+func byteSum(b []byte) uint64 {
+	var s uint64
+	for _, x := range b {
+		s += uint64(x)
+	}
+	return s
+}
