@@ -46,8 +46,8 @@ const minClass = 64 << 10
 // Buffers are cached by size class and reused: allocating pinned memory costs far more
 // than a message.
 type Stager struct {
-	ctx    *cuda.Context // nil on host backends
-	mu     sync.Mutex
+	ctx       *cuda.Context // nil on host backends
+	mu        sync.Mutex
 	free      map[int][]*cuda.HostMemory
 	freeLater []*cuda.HostMemory // returned after Close, freed by the next Close
 	lent      int

@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"strings"
 	"time"
 
 	"github.com/stretchr/testify/require"

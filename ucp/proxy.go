@@ -28,11 +28,11 @@ const NonBlockingEnqueue OpFlags = 1 << 31
 const ucpxOnlyFlags = NonBlockingEnqueue
 
 type condOp struct {
-	seq    uint64
-	issue  func(p *RequestParam) (*Request, error)
-	param  RequestParam // what issue gets: no condition, no callback
-	user   *Request
-	inner  *Request
+	seq      uint64
+	issue    func(p *RequestParam) (*Request, error)
+	param    RequestParam // what issue gets: no condition, no callback
+	user     *Request
+	inner    *Request
 	err      error // issue error
 	issued   bool
 	canceled bool   // canceled before its trigger: retired without being issued

@@ -432,7 +432,6 @@ func TestBadInputs(t *testing.T) {
 	require.NoError(t, m.Close())
 }
 
-
 func TestConnectToPortNobodyListensOn(t *testing.T) {
 	ctx, err := NewContext(ContextParams{Config: map[string]string{"TLS": "tcp"}})
 	require.NoError(t, err)

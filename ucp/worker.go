@@ -42,7 +42,7 @@ type Worker struct {
 	events    []ucx.Event
 	deferred  []func() // user callbacks to run after mu is released
 
-	efd int // -1 without wakeup
+	efd int    // -1 without wakeup
 	px  *proxy // the proxy engine, started by the first conditioned operation (under mu)
 	// stagers lend pinned buffers for device memory, one per CUDA backend (under mu).
 	stagers map[stream.Backend]*protocol.Stager
