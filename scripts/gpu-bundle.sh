@@ -4,7 +4,8 @@
 #
 #   gpu-bundle/bin/<pkg>.test  test binary of every package with tests (cgo/cuda -> cgo_cuda.test)
 #   gpu-bundle/bin/ucpx        the command, when it builds
-#   gpu-bundle/src/<pkg>/      each package's directory (tests read testdata/ and docs relative to it)
+#   gpu-bundle/_pkg/<pkg>/     each package's directory (tests read testdata/ and docs relative to it;
+#                              "_" and gpu-bundle/go.mod keep `go ... ./...` from seeing these copies)
 #   gpu-bundle/lib/            shared libraries the binaries need beyond glibc (UCX and its deps)
 #   gpu-bundle/lib/ucx/        UCX transport modules (UCX_MODULE_DIR)
 #   gpu-bundle/run.sh          runs the binaries and prints a summary (see its header)
@@ -18,7 +19,9 @@ GO=${GO:-go}
 export CGO_ENABLED=1
 
 rm -rf "$bundle"
-mkdir -p "$bundle/bin" "$bundle/lib/ucx" "$bundle/src"
+mkdir -p "$bundle/bin" "$bundle/lib/ucx" "$bundle/_pkg"
+# A module boundary: the copied sources below are not packages of ucpx.
+printf 'module ucpx-gpu-bundle\n\ngo 1.24\n' >"$bundle/go.mod"
 
 module=$($GO list -m)
 built=()
@@ -32,8 +35,8 @@ while read -r pkg dir; do
 	name=${rel//\//_}
 	echo "building $name.test"
 	if $GO test -c -ldflags='-s -w' -o "$bundle/bin/$name.test" "$pkg"; then
-		mkdir -p "$bundle/src/$rel"
-		cp -r "$dir"/. "$bundle/src/$rel/"
+		mkdir -p "$bundle/_pkg/$rel"
+		cp -r "$dir"/. "$bundle/_pkg/$rel/"
 		built+=("$name")
 	else
 		echo "warning: $pkg does not build; skipped" >&2
@@ -62,12 +65,14 @@ is_system_lib() {
 	return 1
 }
 copy_deps() {
-	ldd "$1" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+	# ldd fails on static binaries (packages without cgo): nothing to copy then.
+	{ ldd "$1" 2>/dev/null || true; } | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
 		is_system_lib "$lib" && continue
 		case "$lib" in "$ucxmods"/*) continue ;; esac # modules go to lib/ucx only
 		base=$(basename "$lib")
 		[ -e "$bundle/lib/$base" ] || cp -L "$lib" "$bundle/lib/$base"
 	done
+	return 0
 }
 for f in "$bundle"/bin/*; do
 	copy_deps "$f"
@@ -82,11 +87,14 @@ fi
 # Dependencies of the bundled libraries themselves (UCX pulls in libnuma and friends).
 for _ in 1 2; do
 	for f in "$bundle"/lib/*.so*; do
-		[ -e "$f" ] && copy_deps "$f"
+		if [ -e "$f" ]; then copy_deps "$f"; fi
 	done
 done
 for f in "$bundle"/lib/*.so* "$bundle"/lib/ucx/*.so*; do
-	[ -e "$f" ] && chmod u+w "$f" && strip --strip-unneeded "$f" 2>/dev/null || true
+	if [ -e "$f" ]; then
+		chmod u+w "$f"
+		strip --strip-unneeded "$f" 2>/dev/null || true
+	fi
 done
 
 cat >"$bundle/run.sh" <<'RUN'
@@ -139,7 +147,7 @@ for name in "${names[@]}"; do
 	bin=$here/bin/$name.test
 	[ -x "$bin" ] || { echo "no binary $name.test" >&2; status=1; continue; }
 	rel=${name//_//}
-	dir=$here/src/$rel
+	dir=$here/_pkg/$rel
 	[ -d "$dir" ] || dir=$here
 	log=$logs/$name.log
 	echo "=== $name (log: $log)"

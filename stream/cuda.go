@@ -296,7 +296,11 @@ func (s *cudaStream) Record(e Event) error {
 	if err != nil {
 		return err
 	}
-	return s.wrap("Record", ce.wrap("Record", ce.e.Record(s.s)))
+	err = ce.e.Record(s.s)
+	if err != nil && ce.closed.Load() {
+		return ce.wrap("Record", err)
+	}
+	return s.wrap("Record", err)
 }
 
 func (s *cudaStream) WaitEvent(e Event) error {
@@ -304,7 +308,11 @@ func (s *cudaStream) WaitEvent(e Event) error {
 	if err != nil {
 		return err
 	}
-	return s.wrap("WaitEvent", ce.wrap("WaitEvent", s.s.WaitEvent(ce.e)))
+	err = s.s.WaitEvent(ce.e)
+	if err != nil && ce.closed.Load() {
+		return ce.wrap("WaitEvent", err)
+	}
+	return s.wrap("WaitEvent", err)
 }
 
 func (s *cudaStream) Synchronize() error { return s.wrap("Synchronize", s.s.Synchronize()) }

@@ -24,7 +24,10 @@
 //     CUDA's stream memops; GEQ is wrap-aware (signed difference), so counters may wrap.
 //
 // Objects of one backend may not be handed to another: a CUDA event given to a host
-// stream is refused with ErrWrongBackend. Errors wrap the sentinels ErrClosed,
+// stream is refused with ErrWrongBackend, and so is a host word given to a CUDA stream
+// (the GPU cannot address C memory). The one exception is deliberate: host streams
+// accept words of a CUDA block, since the CPU reads host-mapped pinned memory like any
+// other. Errors wrap the sentinels ErrClosed,
 // ErrInvalidArgument, ErrNotSupported and ErrWrongBackend; test them with errors.Is.
 //
 // # Backends and selection
@@ -51,7 +54,8 @@
 // A WordBlock must outlive the work that names its words: close it after the streams
 // using it are synchronized. Host streams are defensive about this: a word whose
 // block was closed fails the stream with an error wrapping ErrClosed instead of
-// touching freed memory. Word blocks are not freed by Backend.Close; their owner
+// touching freed memory (the block's free waits, through quiesceWordAccess, for any
+// executor caught between its check and its access). Word blocks are not freed by Backend.Close; their owner
 // closes them.
 //
 // # The host executor

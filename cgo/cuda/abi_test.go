@@ -151,7 +151,6 @@ func TestGoConstantsAgainstHeader(t *testing.T) {
 		{"CU_GRAPH_NODE_TYPE_EVENT_RECORD", int64(cuda.NodeEventRecord)},
 		{"CU_GRAPH_NODE_TYPE_BATCH_MEM_OP", int64(cuda.NodeBatchMemOp)},
 		{"CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH", int64(cuda.InstantiateAutoFreeOnLaunch)},
-		{"CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD", int64(cuda.InstantiateUpload)},
 		{"CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH", int64(cuda.InstantiateDeviceLaunch)},
 		{"CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY", int64(cuda.InstantiateUseNodePriority)},
 		{"CU_STREAM_CAPTURE_MODE_GLOBAL", int64(cuda.CaptureGlobal)},

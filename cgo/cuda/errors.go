@@ -18,8 +18,10 @@ type Result uint32
 // String returns the CUDA name of the code ("CUDA_ERROR_INVALID_VALUE"), from
 // the loaded driver when there is one, else from a table built into ucpx.
 func (r Result) String() string {
-	if s := C.ucpx_error_name(C.CUresult(r)); s != nil {
-		return C.GoString(s)
+	if driverLoaded.Load() {
+		if s := C.ucpx_error_name(C.CUresult(r)); s != nil {
+			return C.GoString(s)
+		}
 	}
 	if s, ok := resultNames[r]; ok {
 		return s
@@ -30,6 +32,9 @@ func (r Result) String() string {
 // Description is the driver's one-line explanation of the code, or "" where no
 // driver is loaded.
 func (r Result) Description() string {
+	if !driverLoaded.Load() {
+		return ""
+	}
 	if s := C.ucpx_error_string(C.CUresult(r)); s != nil {
 		return C.GoString(s)
 	}
@@ -131,7 +136,7 @@ func newError(op string, r Result) error {
 			sym = op
 		}
 		detail := "the driver does not export " + sym
-		if Load() != nil {
+		if !driverLoaded.Load() {
 			detail = "CUDA driver not loaded"
 		}
 		return &Error{Code: ErrNotSupported.Code, Name: ErrNotSupported.Name, Op: op, Detail: detail}

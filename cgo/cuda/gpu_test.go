@@ -436,9 +436,7 @@ func TestStreamWaitEvent(t *testing.T) {
 func TestEvents(t *testing.T) {
 	ctx := newContext(t)
 	s := newStream(t, ctx)
-	dm, err := ctx.MemAlloc(64 << 20)
-	must(t, err)
-	defer dm.Close()
+	dm := devMem(t, ctx, 64<<20)
 
 	start, err := ctx.NewEvent(cuda.EventDefault)
 	must(t, err)
@@ -515,18 +513,10 @@ func TestMemory(t *testing.T) {
 	s := newStream(t, ctx)
 	const n = 1 << 20
 
-	dm, err := ctx.MemAlloc(n)
-	must(t, err)
-	defer dm.Close()
-	dm2, err := ctx.MemAlloc(n)
-	must(t, err)
-	defer dm2.Close()
-	src, err := ctx.MemHostAlloc(n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-	must(t, err)
-	defer src.Close()
-	dst, err := ctx.MemHostAlloc(n, 0)
-	must(t, err)
-	defer dst.Close()
+	dm := devMem(t, ctx, n)
+	dm2 := devMem(t, ctx, n)
+	src := hostMem(t, ctx, n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	dst := hostMem(t, ctx, n, 0)
 	if dst.DevicePtr() != 0 {
 		t.Error("unmapped pinned memory has a device pointer")
 	}
@@ -574,9 +564,7 @@ func TestMemory(t *testing.T) {
 	mustIs(t, err, cuda.ErrHostMemoryRegistered)
 
 	// Pointer attributes tell the kinds apart.
-	managed, err := ctx.MemAllocManaged(4096)
-	must(t, err)
-	defer managed.Close()
+	managed := managedMem(t, ctx, 4096)
 	goMem := make([]byte, 64)
 	kinds := []struct {
 		name    string
@@ -600,10 +588,14 @@ func TestMemory(t *testing.T) {
 		if k.managed && typ == cuda.MemoryUnified {
 			typ = cuda.MemoryDevice
 		}
+		if k.typ == cuda.MemoryUnregistered && typ != k.typ && caps.PageableMemoryAccess {
+			t.Logf("%s: reported as %v on a device that reaches pageable memory", k.name, typ)
+			continue
+		}
 		if typ != k.typ || a.Managed != k.managed {
 			t.Errorf("%s: type %v managed %v, want %v %v", k.name, a.Type, a.Managed, k.typ, k.managed)
 		}
-		if k.typ == cuda.MemoryDevice && a.DeviceOrdinal != 0 {
+		if k.typ == cuda.MemoryDevice && !k.managed && a.DeviceOrdinal != 0 {
 			t.Errorf("%s: device ordinal %d", k.name, a.DeviceOrdinal)
 		}
 		if k.typ == cuda.MemoryUnregistered && a.DeviceOrdinal != -1 {
@@ -612,7 +604,7 @@ func TestMemory(t *testing.T) {
 	}
 	a, err := ctx.PointerAttributes(dm.Ptr() + 10)
 	must(t, err)
-	if a.RangeStart != dm.Ptr() || a.RangeSize != n || !a.Mapped || a.Context != ctx.Handle() {
+	if a.RangeStart != dm.Ptr() || a.RangeSize != n || a.Context != ctx.Handle() {
 		t.Errorf("device range %+v", a)
 	}
 	v, err := ctx.PointerGetAttribute(cuda.PointerAttrMemoryType, dm.Ptr())
@@ -620,8 +612,9 @@ func TestMemory(t *testing.T) {
 	if cuda.MemoryType(v) != cuda.MemoryDevice {
 		t.Errorf("single attribute memory type %d", v)
 	}
-	_, err = ctx.PointerGetAttribute(cuda.PointerAttrMemoryType, addr(goMem))
-	mustIs(t, err, cuda.ErrInvalidValue)
+	if _, err = ctx.PointerGetAttribute(cuda.PointerAttrMemoryType, addr(goMem)); !caps.PageableMemoryAccess {
+		mustIs(t, err, cuda.ErrInvalidValue)
+	}
 	dp, err := ctx.HostGetDevicePointer(src.Addr())
 	must(t, err)
 	if dp != src.DevicePtr() {
@@ -636,8 +629,9 @@ func TestMemory(t *testing.T) {
 	mustIs(t, reg.Close(), cuda.ErrInvalidHandle)
 	_, err = ctx.MemAlloc(0)
 	mustIs(t, err, cuda.ErrInvalidValue)
-	_, err = ctx.MemAlloc(1 << 52)
-	mustIs(t, err, cuda.ErrOutOfMemory)
+	if _, err = ctx.MemAlloc(1 << 52); !errors.Is(err, cuda.ErrOutOfMemory) && !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("allocating 4 PiB: %v", err)
+	}
 	_, err = ctx.MemHostAlloc(8, 0x40)
 	mustIs(t, err, cuda.ErrInvalidValue)
 	extra, err := ctx.MemAlloc(8)
@@ -665,9 +659,7 @@ func TestCopyWrongKinds(t *testing.T) {
 	s := newStream(t, ctx)
 	a := mmapHost(t, 4096)
 	b := mmapHost(t, 4096)
-	dm, err := ctx.MemAlloc(4096)
-	must(t, err)
-	defer dm.Close()
+	dm := devMem(t, ctx, 4096)
 
 	if err := s.MemcpyDtoD(addr(a), addr(b), 4096); err == nil {
 		t.Error("DtoD between unregistered host buffers was accepted")
@@ -721,15 +713,9 @@ func TestPeerAccess(t *testing.T) {
 	mustIs(t, c0.EnablePeerAccess(c1), cuda.ErrPeerAccessAlreadyOn)
 
 	const n = 8 << 20
-	m0, err := c0.MemAlloc(n)
-	must(t, err)
-	defer m0.Close()
-	m1, err := c1.MemAlloc(n)
-	must(t, err)
-	defer m1.Close()
-	h, err := c0.MemHostAlloc(n, 0)
-	must(t, err)
-	defer h.Close()
+	m0 := devMem(t, c0, n)
+	m1 := devMem(t, c1, n)
+	h := hostMem(t, c0, n, 0)
 	s := newStream(t, c0)
 	must(t, s.MemsetD8(m0.Ptr(), 0x3c, n))
 	must(t, s.MemcpyPeer(m1.Ptr(), c1, m0.Ptr(), c0, n))

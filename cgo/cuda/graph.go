@@ -382,9 +382,10 @@ func (g *Graph) NodeType(n Node) (NodeType, error) {
 // InstantiateFlags are cuGraphInstantiateWithFlags flags.
 type InstantiateFlags uint64
 
+// (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD is missing on purpose: only
+// cuGraphInstantiateWithParams accepts it.)
 const (
 	InstantiateAutoFreeOnLaunch InstantiateFlags = 1
-	InstantiateUpload           InstantiateFlags = 2
 	InstantiateDeviceLaunch     InstantiateFlags = 4
 	InstantiateUseNodePriority  InstantiateFlags = 8
 )
@@ -402,6 +403,9 @@ type GraphExec struct {
 // changed or closed afterwards without affecting the GraphExec.
 func (g *Graph) Instantiate(flags InstantiateFlags) (*GraphExec, error) {
 	const op = "cuGraphInstantiateWithFlags"
+	if flags&^(InstantiateAutoFreeOnLaunch|InstantiateDeviceLaunch|InstantiateUseNodePriority) != 0 {
+		return nil, invalid(op, "unknown instantiate flags %#x", uint64(flags))
+	}
 	if err := g.rlock(op); err != nil {
 		return nil, err
 	}

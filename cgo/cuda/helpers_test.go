@@ -91,29 +91,94 @@ func newStream(t testing.TB, ctx *cuda.Context) *cuda.Stream {
 	s, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
 	must(t, err)
 	t.Cleanup(func() {
-		s.Synchronize()
-		s.Close()
+		done := make(chan struct{})
+		go func() {
+			s.Synchronize()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Log("stream still busy at cleanup")
+		}
+		s.Close() // a busy stream is released once its work is done
 	})
 	return s
 }
 
 // words is a run of 64-bit signal words in host-mapped pinned memory.
 type words struct {
-	m *cuda.HostMemory
+	m    *cuda.HostMemory
+	base unsafe.Pointer // m.Ptr(), cached: HostMemory.Ptr takes a lock
 }
 
 func newWords(t testing.TB, ctx *cuda.Context, n int) words {
 	t.Helper()
-	m, err := ctx.MemHostAlloc(8*n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-	must(t, err)
+	m := hostMem(t, ctx, 8*n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
 	if m.DevicePtr() == 0 {
 		t.Fatal("mapped host memory has no device pointer")
 	}
-	t.Cleanup(func() { m.Close() })
-	return words{m}
+	return words{m: m, base: m.Ptr()}
 }
 
-func (w words) ptr(i int) *uint64     { return (*uint64)(unsafe.Add(w.m.Ptr(), 8*i)) }
+// settled waits (boundedly) until the context has no work left. Memory is freed
+// only once settled: freeing memory that queued or blocked GPU work still uses
+// would fault the context. When a failed test left work blocked, the memory is
+// leaked instead.
+func settled(t testing.TB, ctx *cuda.Context) bool {
+	done := make(chan error, 1)
+	go func() { done <- ctx.Synchronize() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Logf("context synchronize at cleanup: %v", err)
+		}
+		return true
+	case <-time.After(5 * time.Second):
+		t.Log("work still pending at cleanup: leaking its memory")
+		return false
+	}
+}
+
+// devMem, hostMem and managedMem allocate memory freed at cleanup, after the
+// context settled.
+func devMem(t testing.TB, ctx *cuda.Context, n int) *cuda.DeviceMemory {
+	t.Helper()
+	m, err := ctx.MemAlloc(n)
+	must(t, err)
+	t.Cleanup(func() {
+		if settled(t, ctx) {
+			m.Close()
+		}
+	})
+	return m
+}
+
+func managedMem(t testing.TB, ctx *cuda.Context, n int) *cuda.DeviceMemory {
+	t.Helper()
+	m, err := ctx.MemAllocManaged(n)
+	must(t, err)
+	t.Cleanup(func() {
+		if settled(t, ctx) {
+			m.Close()
+		}
+	})
+	return m
+}
+
+func hostMem(t testing.TB, ctx *cuda.Context, n int, flags cuda.HostAllocFlags) *cuda.HostMemory {
+	t.Helper()
+	m, err := ctx.MemHostAlloc(n, flags)
+	must(t, err)
+	t.Cleanup(func() {
+		if settled(t, ctx) {
+			m.Close()
+		}
+	})
+	return m
+}
+
+func (w words) ptr(i int) *uint64     { return (*uint64)(unsafe.Add(w.base, 8*i)) }
 func (w words) load(i int) uint64     { return atomic.LoadUint64(w.ptr(i)) }
 func (w words) store(i int, v uint64) { atomic.StoreUint64(w.ptr(i), v) }
 func (w words) dev(i int) uintptr     { return w.m.DevicePtr() + uintptr(8*i) }
@@ -147,9 +212,17 @@ func syncWithin(t testing.TB, s *cuda.Stream, d time.Duration) {
 
 // testModule loads the embedded test kernels; it fails (does not skip) when a
 // GPU is present and the PTX is still the placeholder.
+//
+// $UCPX_TEST_PTX names a PTX file to load instead of the embedded one (to try
+// freshly generated PTX without rebuilding).
 func testModule(t testing.TB, ctx *cuda.Context) *cuda.Module {
 	t.Helper()
 	ptx := device.TestKernelsPTX()
+	if f := os.Getenv("UCPX_TEST_PTX"); f != "" {
+		b, err := os.ReadFile(f)
+		must(t, err)
+		ptx = b
+	}
 	if device.IsPlaceholder(ptx) {
 		t.Fatal("device/ptx/test_kernels.ptx is the placeholder: run scripts/ptx.sh (make ptx) and commit the PTX")
 	}
@@ -166,8 +239,8 @@ func function(t testing.TB, m *cuda.Module, name string) *cuda.Function {
 	return f
 }
 
-// echoer is a host "proxy" on its own OS thread: whenever word trigger changes
-// it copies the value into word done.
+// echoer is a host "proxy" on its own OS thread: whenever word trigger differs
+// from word done it copies trigger into done.
 type echoer struct {
 	stop atomic.Bool
 	quit chan struct{}
@@ -179,14 +252,15 @@ func startEcho(w words, trigger, done int) *echoer {
 		defer close(e.quit)
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		last := w.load(trigger)
 		for i := 0; ; i++ {
-			if v := w.load(trigger); v != last {
-				last = v
+			if v := w.load(trigger); v != w.load(done) {
 				w.store(done, v)
 			}
-			if i&1023 == 0 && e.stop.Load() {
-				return
+			if i&1023 == 0 {
+				if e.stop.Load() {
+					return
+				}
+				runtime.Gosched() // let the test progress even with GOMAXPROCS=1
 			}
 		}
 	}()
@@ -212,8 +286,11 @@ func startProxy(w words, trigger, done int, count *atomic.Int64) *echoer {
 				count.Add(1)
 				w.store(done, 1)
 			}
-			if i&1023 == 0 && e.stop.Load() {
-				return
+			if i&1023 == 0 {
+				if e.stop.Load() {
+					return
+				}
+				runtime.Gosched() // let the test progress even with GOMAXPROCS=1
 			}
 		}
 	}()

@@ -106,8 +106,10 @@ type IPCMapping struct {
 	ptr C.CUdeviceptr // 0 once closed
 }
 
-// OpenIPCMemHandle maps an allocation exported by another process. The same
-// handle cannot be opened twice in one context, nor in the exporting process.
+// OpenIPCMemHandle maps an allocation exported by another process. Opening the
+// same handle again in one context returns the same address with a reference
+// count (each open needs its Close). CUDA does not support opening a handle in
+// the process that exported it.
 func (c *Context) OpenIPCMemHandle(h IPCMemHandle, flags IPCMemFlags) (*IPCMapping, error) {
 	const op = "cuIpcOpenMemHandle"
 	if flags&^IPCLazyEnablePeerAccess != 0 {

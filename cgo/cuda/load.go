@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -22,6 +23,9 @@ const LibraryName = "libcuda.so.1"
 var (
 	loadOnce sync.Once
 	loadErr  error
+	// driverLoaded is set once the function table is filled; code that may run
+	// concurrently with (or inside) Load checks it instead of calling Load.
+	driverLoaded atomic.Bool
 )
 
 // Load opens libcuda.so.1, resolves the driver entry points and calls cuInit(0).
@@ -54,6 +58,7 @@ func load(lib string) error {
 	default:
 		return fmt.Errorf("cuda: %s: %w", C.GoString(&buf[0]), ErrNoDriver)
 	}
+	driverLoaded.Store(true) // the table is complete; error names may use it
 	if err := check("cuInit", C.ucpx_init(0)); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoDriver, err)
 	}

@@ -62,7 +62,13 @@ const (
 
 // MaxBatch is the most operations one BatchMemOp or batch node may carry
 // (the driver requires fewer than 256).
-const MaxBatch = int(C.UCPX_MAX_BATCH)
+const MaxBatch = 255
+
+// The C helpers size their union arrays with UCPX_MAX_BATCH: keep them equal.
+const (
+	_ = uint(MaxBatch - C.UCPX_MAX_BATCH)
+	_ = uint(C.UCPX_MAX_BATCH - MaxBatch)
+)
 
 // MemOp is one stream memory operation, for BatchMemOp and batch-memop graph
 // nodes. Build it with the constructors below. Addr is a device address: device

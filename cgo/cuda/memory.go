@@ -413,7 +413,6 @@ func (t MemoryType) String() string {
 type PointerAttributes struct {
 	Type          MemoryType
 	Managed       bool    // managed memory (Type is then MemoryDevice)
-	Mapped        bool    // backed by a live allocation
 	DeviceOrdinal int     // device the memory was allocated or registered on (-1 if unknown)
 	Context       uintptr // raw CUcontext of the allocation, 0 if none
 	RangeStart    uintptr // start of the allocation containing the address
@@ -434,7 +433,6 @@ func (c *Context) PointerAttributes(addr uintptr) (PointerAttributes, error) {
 	out := PointerAttributes{
 		Type:          MemoryType(uint32(a.memory_type)),
 		Managed:       a.is_managed != 0,
-		Mapped:        a.mapped != 0,
 		DeviceOrdinal: int(int32(uint32(a.device_ordinal))),
 		Context:       uintptr(a.context),
 		RangeStart:    uintptr(a.range_start),

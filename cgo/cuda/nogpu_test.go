@@ -314,6 +314,8 @@ func TestArgumentValidation(t *testing.T) {
 	mustIs(t, err, handle)
 	_, err = nilGraph.Instantiate(0)
 	mustIs(t, err, handle)
+	_, err = nilGraph.Instantiate(2) // UPLOAD: only cuGraphInstantiateWithParams takes it
+	mustIs(t, err, inval)
 	mustIs(t, nilGraph.Close(), handle)
 	mustIs(t, nilExec.Launch(nilStream), handle)
 	mustIs(t, nilExec.SetBatchMemOpNodeParams(cuda.Node{}, nil), inval)

@@ -295,20 +295,21 @@ CUresult ucpx_pointer_get_attribute(CUcontext ctx, uint64_t *out, CUpointer_attr
 
 CUresult ucpx_pointer_get_attributes(CUcontext ctx, ucpx_ptr_attrs *out, CUdeviceptr p) {
 	memset(out, 0, sizeof *out);
-	CUpointer_attribute attrs[7] = {
+	/* The attributes UCX's own memory-type detection queries together; each
+	 * is defined for every kind of pointer, so the call fails for none. */
+	CUpointer_attribute attrs[6] = {
 		UCPX_CU_POINTER_ATTRIBUTE_CONTEXT,
 		UCPX_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
 		UCPX_CU_POINTER_ATTRIBUTE_IS_MANAGED,
 		UCPX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 		UCPX_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
 		UCPX_CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-		UCPX_CU_POINTER_ATTRIBUTE_MAPPED,
 	};
-	void *data[7] = {
+	void *data[6] = {
 		&out->context, &out->memory_type, &out->is_managed, &out->device_ordinal,
-		&out->range_start, &out->range_size, &out->mapped,
+		&out->range_start, &out->range_size,
 	};
-	UCPX_CALL(ctx, cuPointerGetAttributes, 7, attrs, data, p);
+	UCPX_CALL(ctx, cuPointerGetAttributes, 6, attrs, data, p);
 }
 
 /* ---- graphs ---- */

@@ -124,7 +124,6 @@ typedef struct ucpx_ptr_attrs {
 	uint64_t device_ordinal;
 	uint64_t range_start;
 	uint64_t range_size;
-	uint64_t mapped;
 } ucpx_ptr_attrs;
 CUresult ucpx_pointer_get_attributes(CUcontext ctx, ucpx_ptr_attrs *out, CUdeviceptr p);
 
