@@ -18,12 +18,13 @@ type gpu struct {
 	checksum *cuda.Function
 	fill     *cuda.Function
 	handle   *cuda.Function
+	echo     *cuda.Function
 }
 
 // requireGPU skips where there is no CUDA driver or device, and fails where a driver is
 // present but unusable, lacks a feature ucpx needs, or the PTX was never generated.
 // UCPX_REQUIRE_GPU=1 (set by the GPU bundle's run.sh) turns skips into failures.
-func requireGPU(t *testing.T) *gpu {
+func requireGPU(t testing.TB) *gpu {
 	t.Helper()
 	skip := t.Skipf
 	if os.Getenv("UCPX_REQUIRE_GPU") == "1" {
@@ -53,7 +54,7 @@ func requireGPU(t *testing.T) *gpu {
 		t.Fatalf("load PTX: %v", err)
 	}
 	t.Cleanup(func() { _ = g.module.Close() })
-	for name, f := range map[string]**cuda.Function{device.KernelChecksum: &g.checksum, device.KernelFill: &g.fill, device.KernelHandle: &g.handle} {
+	for name, f := range map[string]**cuda.Function{device.KernelChecksum: &g.checksum, device.KernelFill: &g.fill, device.KernelHandle: &g.handle, device.KernelEcho: &g.echo} {
 		if *f, err = g.module.Function(name); err != nil {
 			t.Fatalf("kernel %s: %v", name, err)
 		}
@@ -63,7 +64,7 @@ func requireGPU(t *testing.T) *gpu {
 
 // deviceSum checksums n bytes of device memory on s (after whatever s waits for) into
 // pinned host memory, and returns a function that reads it once s is synchronized.
-func (g *gpu) deviceSum(t *testing.T, s stream.Stream, buf uintptr, n int) func() uint64 {
+func (g *gpu) deviceSum(t testing.TB, s stream.Stream, buf uintptr, n int) func() uint64 {
 	t.Helper()
 	cs, ok := stream.CUDAStream(s)
 	if !ok {

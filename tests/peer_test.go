@@ -169,7 +169,7 @@ func send(ctx context.Context, ep *ucp.Endpoint, b []byte, tag uint64) error {
 
 // peer is the parent's view of a spawned peer process.
 type peer struct {
-	t     *testing.T
+	t     testing.TB
 	ctx   *ucp.Context
 	w     *ucp.Worker
 	ep    *ucp.Endpoint
@@ -180,7 +180,7 @@ type peer struct {
 	epErr chan error
 }
 
-func spawnPeer(t *testing.T, transport string) *peer {
+func spawnPeer(t testing.TB, transport string) *peer {
 	t.Helper()
 	p := &peer{t: t, err: make(chan error, 1), out: &strings.Builder{}, epErr: make(chan error, 1)}
 	var err error
@@ -265,7 +265,7 @@ func (p *peer) close() {
 	must(p.t, p.ctx.Close())
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

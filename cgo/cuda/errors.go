@@ -261,3 +261,9 @@ var resultNames = map[Result]string{
 	916: "CUDA_ERROR_KEY_ROTATION",
 	999: "CUDA_ERROR_UNKNOWN",
 }
+
+// notSupportedErr is an argument ucpx refuses because the driver API it loads does not
+// support it (before any driver call).
+func notSupportedErr(op, detail string) error {
+	return &Error{Code: ErrNotSupported.Code, Name: ErrNotSupported.Name, Op: op, Detail: detail}
+}

@@ -35,8 +35,10 @@ type WriteFlags uint32
 const (
 	// WriteDefault orders the write after all earlier work's memory writes.
 	WriteDefault WriteFlags = 0x0
-	// WriteNoMemoryBarrier lets the write overtake earlier writes; use it only
-	// for flags whose readers need no data behind them.
+	// WriteNoMemoryBarrier lets the write overtake earlier writes. cuda.h: "This flag
+	// is not supported in the v2 API", which is the only one ucpx loads; the driver
+	// answers CUDA_ERROR_INVALID_VALUE (seen on driver 580), so ucpx refuses it with
+	// ErrNotSupported before the call. Kept so callers get a clear error.
 	WriteNoMemoryBarrier WriteFlags = 0x1
 )
 
@@ -146,7 +148,10 @@ func (op MemOp) checkAddrFlags(name string, align uintptr) error {
 			return invalid(name, "unknown wait flags %#x", op.Flags)
 		}
 	default:
-		if op.Flags&^uint32(WriteNoMemoryBarrier) != 0 {
+		if op.Flags&uint32(WriteNoMemoryBarrier) != 0 {
+			return notSupportedErr(name, "CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is not supported by the v2 memop API")
+		}
+		if op.Flags != 0 {
 			return invalid(name, "unknown write flags %#x", op.Flags)
 		}
 	}

@@ -167,7 +167,7 @@ func TestMemOpValidate(t *testing.T) {
 	good := []cuda.MemOp{
 		cuda.WaitValue32Op(0x1004, 1, cuda.WaitEQ),
 		cuda.WaitValue64Op(0x1008, 1<<40, cuda.WaitNOR|cuda.WaitFlush),
-		cuda.WriteValue32Op(0x1004, 7, cuda.WriteNoMemoryBarrier),
+		cuda.WriteValue32Op(0x1004, 7, cuda.WriteDefault),
 		cuda.WriteValue64Op(0x1000, 7, cuda.WriteDefault),
 		cuda.FlushRemoteWritesOp(),
 		cuda.BarrierOp(cuda.BarrierGPU),
@@ -175,6 +175,7 @@ func TestMemOpValidate(t *testing.T) {
 	for _, op := range good {
 		must(t, op.Validate())
 	}
+	mustIs(t, cuda.WriteValue32Op(0x1004, 7, cuda.WriteNoMemoryBarrier).Validate(), cuda.ErrNotSupported)
 	bad := map[string]cuda.MemOp{
 		"nil address":        cuda.WriteValue64Op(0, 1, 0),
 		"unaligned 64":       cuda.WaitValue64Op(0x1004, 1, cuda.WaitGEQ),
