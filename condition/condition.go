@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/stream"
@@ -70,13 +71,17 @@ type Condition struct {
 	done     *stream.Word
 
 	// mu orders sequence assignment with the stream enqueues, so stream order is
-	// sequence order even with concurrent callers.
+	// sequence order even with concurrent callers. It is held while a stream enqueue
+	// blocks (a CUDA stream stuck in a wait stops accepting work), so the proxy must
+	// never need it: Retire uses only retired and errMu.
 	mu        sync.Mutex
 	armed     uint64 // last sequence number handed out
-	retired   uint64 // last sequence number retired (mirrors the completion word)
-	firstErr  error
 	destroyed bool
 	drivers   []stream.Driver
+
+	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
+	errMu    sync.Mutex
+	firstErr error
 }
 
 // Create makes a condition.
@@ -179,14 +184,14 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 // sequence order: the proxy calls Retire for seq only after seq-1. It advances the
 // completion word, which releases streams waiting on it.
 func (c *Condition) Retire(seq uint64, err error) {
-	c.mu.Lock()
-	if err != nil && c.firstErr == nil {
-		c.firstErr = fmt.Errorf("operation %d: %w", seq, err)
+	if err != nil {
+		c.errMu.Lock()
+		if c.firstErr == nil {
+			c.firstErr = fmt.Errorf("operation %d: %w", seq, err)
+		}
+		c.errMu.Unlock()
 	}
-	if seq > c.retired {
-		c.retired = seq
-	}
-	c.mu.Unlock()
+	c.retired.Store(seq) // retirements come in sequence order, from one goroutine at a time
 	c.done.Store(seq)
 }
 
@@ -194,8 +199,8 @@ func (c *Condition) Retire(seq uint64, err error) {
 // operation's Request reports it too; the completion word still advances, so no stream
 // stays blocked on a failed operation.
 func (c *Condition) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
 	return c.firstErr
 }
 
@@ -203,7 +208,7 @@ func (c *Condition) Err() error {
 func (c *Condition) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return int(c.armed - c.retired)
+	return int(c.armed - c.retired.Load())
 }
 
 // WaitOnStream enqueues on s a wait until operation seq has completed: the
@@ -333,7 +338,7 @@ func (c *Condition) Destroy() error {
 	if c.destroyed {
 		return fmt.Errorf("destroy: %w", ErrDestroyed)
 	}
-	if n := c.armed - c.retired; n > 0 {
+	if n := c.armed - c.retired.Load(); n > 0 {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)
 	}
 	c.destroyed = true

@@ -456,3 +456,55 @@ func containsParkedProxy(stacks string) bool {
 	}
 	return false
 }
+
+// stallingStream models a CUDA stream whose queue is full: enqueueing the completion
+// wait of operation k blocks until operation k-1 has retired.
+type stallingStream struct{ stream.Stream }
+
+func (s stallingStream) WaitValue(w *stream.Word, v uint64, cmp stream.Compare) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for int64(w.Load()-(v-1)) < 0 && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	return s.Stream.WaitValue(w, v, cmp)
+}
+
+// The proxy must retire operations while an enqueue on the condition's stream blocks
+// (found on an H200: the GPU benchmark deadlocked when Retire needed the lock Arm held).
+func TestRetireWhileEnqueueBlocks(t *testing.T) {
+	p := newShmPair(t)
+	b := hostBackend(t)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: stallingStream{s}})
+	require.NoError(t, err)
+	stop := background(p.b)
+	defer stop()
+	rb1, err := p.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+	require.NoError(t, err)
+	rb2, err := p.b.TagRecvNbx(make([]byte, 8), 2, ^uint64(0), nil)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		if _, err := p.epA.TagSendNbx([]byte("12345678"), 1, &RequestParam{Condition: c}); err != nil {
+			done <- err
+			return
+		}
+		_, err := p.epA.TagSendNbx([]byte("12345678"), 2, &RequestParam{Condition: c})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("enqueue and retirement deadlocked")
+	}
+	require.GreaterOrEqual(t, c.CompletionWord().Load(), uint64(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, rb1.Wait(ctx))
+	require.NoError(t, rb2.Wait(ctx))
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, c.Destroy())
+}
