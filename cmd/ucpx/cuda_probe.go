@@ -1,5 +1,3 @@
-//go:build ucpx_cuda
-
 package main
 
 import (

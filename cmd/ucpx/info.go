@@ -73,7 +73,7 @@ func gatherInfo() infoReport {
 	tls, src, err := ucxInfoTransports()
 	rep.Transports, rep.TransportsSource = tls, src
 	if err != nil {
-		rep.TransportsSource = "unknown: " + err.Error()
+		rep.Transports, rep.TransportsSource = []transportInfo{}, "unknown: "+err.Error()
 	}
 
 	rep.MemoryTypes = []string{}

@@ -42,6 +42,7 @@ type perfOptions struct {
 	tls       string
 	peerErr   bool
 	window    int
+	spin      bool
 	timeout   time.Duration
 	asJSON    bool
 }
@@ -55,6 +56,7 @@ type perfReport struct {
 	PeerTLS           string       `json:"peer_tls"` // UCX_TLS the peer process used
 	PeerErrorHandling bool         `json:"peer_error_handling"`
 	Window            int          `json:"window"`
+	Wait              string       `json:"wait"` // wait or spin
 	CPUs              int          `json:"cpus"`
 	Results           []perfResult `json:"results"`
 }
@@ -85,6 +87,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	tls := fs.String("tls", "", "UCX_TLS for both processes, overriding --transport's set")
 	peerErr := fs.String("peer-err", "auto", "peer error handling on endpoints: on, off, auto (off for shm, on for tcp; UCX 1.13 uses only tcp when on)")
 	window := fs.Int("window", 32, "outstanding operations in the bandwidth tests (ucx_perftest's default for tag_bw and ucp_put_bw)")
+	waitMode := fs.String("wait", "wait", "how both processes wait for operations: wait (Request.Wait: spin, then park on the worker) or spin (busy-poll with Request.Test)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	asJSON := fs.Bool("json", false, "print machine-readable JSON instead of a table")
 	if st, ok := parseFlags(fs, args); !ok {
@@ -92,7 +95,17 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	}
 	o := perfOptions{iters: *iters, warmup: *warmup, transport: *transport, window: *window, timeout: *timeout, asJSON: *asJSON}
 	var err error
-	if o.tests, err = parseTests(*tests); err == nil {
+	switch *waitMode {
+	case "wait":
+	case "spin":
+		o.spin = true
+	default:
+		err = fmt.Errorf("--wait %q: want wait or spin", *waitMode)
+	}
+	if err == nil {
+		o.tests, err = parseTests(*tests)
+	}
+	if err == nil {
 		o.sizes, err = parseSizes(*sizes)
 	}
 	if err == nil {
@@ -236,6 +249,17 @@ func autoIters(test string, size int) int {
 	return min(100000, max(100, budget/size))
 }
 
+// needsRMA: like ucx_perftest, request only the features the selected tests use
+// (UCX picks its lanes from them).
+func (o *perfOptions) needsRMA() bool {
+	for _, t := range o.tests {
+		if t == testPutBw {
+			return true
+		}
+	}
+	return false
+}
+
 func (o *perfOptions) itersFor(test string, size int) (iters, warmup int) {
 	iters = o.iters
 	if iters == 0 {
@@ -281,6 +305,7 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		TLS:               o.tls,
 		PeerErrorHandling: o.peerErr,
 		Window:            o.window,
+		Wait:              map[bool]string{false: "wait", true: "spin"}[o.spin],
 		CPUs:              runtime.NumCPU(),
 		Results:           []perfResult{},
 	}
@@ -299,12 +324,25 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		"--peer-err=" + strconv.FormatBool(o.peerErr),
 		"--max-size", strconv.Itoa(size),
 		"--window", strconv.Itoa(o.window),
+		"--rma=" + strconv.FormatBool(o.needsRMA()),
+		"--spin=" + strconv.FormatBool(o.spin),
 		"--timeout", o.timeout.String(),
 	}, logw, "[perf-peer] ")
 	if err != nil {
 		return nil, err
 	}
 	defer peer.kill() // no-op after a successful wait
+	// A dead peer cannot be detected by UCX without peer error handling (shm): stop
+	// every wait as soon as the process exits.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	go func() {
+		select {
+		case <-peer.done:
+			fail(fmt.Errorf("peer process exited (%s)", orErr(peer.err, "")))
+		case <-ctx.Done():
+		}
+	}()
 
 	conn, err := acceptCtl(ln, peer, ctlTimeout)
 	if err != nil {
@@ -313,7 +351,7 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 	ctl := newCtlConn(conn)
 	defer ctl.close()
 
-	s, err := newPerfSide(o.tls, o.peerErr, size, o.window)
+	s, err := newPerfSide(o.tls, o.peerErr, o.needsRMA(), o.spin, size, o.window)
 	if err != nil {
 		return nil, err
 	}
@@ -343,12 +381,12 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 			iters, warmup := o.itersFor(test, sz)
 			if warmup > 0 {
 				if _, err := s.phase(ctx, ctl, test, sz, warmup); err != nil {
-					return nil, peerFailure(peer, fmt.Errorf("%s %s warm-up: %w", test, fmtSize(sz), err))
+					return nil, peerFailure(peer, fmt.Errorf("%s %s warm-up: %w", test, fmtSize(sz), orCause(ctx, err)))
 				}
 			}
 			res, err := s.phase(ctx, ctl, test, sz, iters)
 			if err != nil {
-				return nil, peerFailure(peer, fmt.Errorf("%s %s: %w", test, fmtSize(sz), err))
+				return nil, peerFailure(peer, fmt.Errorf("%s %s: %w", test, fmtSize(sz), orCause(ctx, err)))
 			}
 			res.Warmup = warmup
 			rep.Results = append(rep.Results, res)
@@ -397,7 +435,7 @@ func peerFailure(peer *peerProc, err error) error {
 	case <-peer.done:
 	case <-time.After(200 * time.Millisecond):
 	}
-	if exited, perr := peer.exited(); exited {
+	if exited, perr := peer.exited(); exited && !strings.Contains(err.Error(), "peer process exited") {
 		return fmt.Errorf("%w (peer exited: %v)", err, orErr(perr, ""))
 	}
 	return err
@@ -491,8 +529,8 @@ func fillBandwidth(res *perfResult, total time.Duration) {
 }
 
 func printPerf(w io.Writer, rep *perfReport) {
-	fmt.Fprintf(w, "ucpx perf  %s  UCX %s  transport %s  UCX_TLS=%s (peer: %s)  peer error handling %v  window %d  cpus %d\n",
-		rep.Date, rep.UCXVersion, rep.Transport, rep.TLS, rep.PeerTLS, rep.PeerErrorHandling, rep.Window, rep.CPUs)
+	fmt.Fprintf(w, "ucpx perf  %s  UCX %s  transport %s  UCX_TLS=%s (peer: %s)  peer error handling %v  window %d  wait %s  cpus %d\n",
+		rep.Date, rep.UCXVersion, rep.Transport, rep.TLS, rep.PeerTLS, rep.PeerErrorHandling, rep.Window, rep.Wait, rep.CPUs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "test\tsize\titers\tlat typical us\tlat avg us\tlat min us\tMB/s\tmsg/s\t")
 	for _, r := range rep.Results {
@@ -514,6 +552,8 @@ func runPerfPeer(args []string, stdout, stderr io.Writer) int {
 	peerErr := fs.Bool("peer-err", false, "peer error handling on endpoints")
 	size := fs.Int("max-size", 4<<20, "largest message size")
 	window := fs.Int("window", 32, "outstanding receives in tag_bw")
+	rma := fs.Bool("rma", true, "create the context with the RMA feature (put_bw)")
+	spin := fs.Bool("spin", false, "busy-poll instead of Request.Wait")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
@@ -521,14 +561,14 @@ func runPerfPeer(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv(reexecEnv) != "" {
 		watchParent("ucpx perf-peer")
 	}
-	if err := perfPeerMain(*ctlAddr, *tls, *peerErr, *size, *window, *timeout); err != nil {
+	if err := perfPeerMain(*ctlAddr, *tls, *peerErr, *rma, *spin, *size, *window, *timeout); err != nil {
 		fmt.Fprintf(stderr, "ucpx perf-peer: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func perfPeerMain(ctlAddr, tls string, peerErr bool, size, window int, timeout time.Duration) error {
+func perfPeerMain(ctlAddr, tls string, peerErr, rma, spin bool, size, window int, timeout time.Duration) error {
 	if ctlAddr == "" {
 		return errors.New("--ctl is required")
 	}
@@ -544,7 +584,7 @@ func perfPeerMain(ctlAddr, tls string, peerErr bool, size, window int, timeout t
 	ctl := newCtlConn(conn)
 	defer ctl.close()
 
-	s, err := newPerfSide(tls, peerErr, size, window)
+	s, err := newPerfSide(tls, peerErr, rma, spin, size, window)
 	if err != nil {
 		_ = ctl.send(perfMsg{Op: "error", Err: err.Error()}, ctlTimeout)
 		return err
@@ -554,9 +594,11 @@ func perfPeerMain(ctlAddr, tls string, peerErr bool, size, window int, timeout t
 	if err != nil {
 		return err
 	}
-	rkey, err := s.rmem.PackRkey()
-	if err != nil {
-		return err
+	var rkey []byte
+	if rma {
+		if rkey, err = s.rmem.PackRkey(); err != nil {
+			return err
+		}
 	}
 	if err := ctl.send(perfMsg{Op: "hello", Addr: addr, Rkey: rkey, TLS: tls}, ctlTimeout); err != nil {
 		return err

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Compares the ucpx UCP layer (`ucpx perf`) with UCX's own ucx_perftest, back to back,
+# on the same transports (identical UCX_TLS for both tools) and the same message
+# sizes: tag_lat 8 B, tag_bw 4 MiB, put_bw 4 MiB (ucx_perftest: tag_lat, tag_bw,
+# ucp_put_bw), over shared memory and over tcp. Every measurement is repeated REPS
+# times and the median is reported, to tame the noise of a small shared machine.
+#
+# Targets: latency ucpx/perftest <= 1.10, bandwidth ucpx/perftest >= 0.95.
+#
+# Environment knobs (defaults in brackets):
+#   REPS [7]            repetitions of each measurement
+#   TRANSPORTS ["shm tcp"]
+#   LAT_ITERS [50000] LAT_WARMUP [2000]   BW_ITERS [500] BW_WARMUP [20]
+#   LAT_ITERS_TCP [10000] BW_ITERS_TCP [100]  iterations over tcp (slower: keeps the run short)
+#   UCPX [bin/ucpx]     PERFTEST [ucx_perftest]   PORT_BASE [random]
+#   STRICT [0]          1: exit 1 when a target is missed
+#
+# Transport sets: shm -> UCX_TLS=shm, endpoints without peer error handling (UCX 1.13
+# selects only tcp when it is on); tcp -> UCX_TLS=tcp with peer error handling on both
+# sides (ucx_perftest -e), ucpx's default for endpoints. Both tools use registered
+# buffers and hand their memory handle to UCX (ucx_perftest -z, ucpx RequestParam.MemH).
+# Nothing is pinned: neither tool gets a CPU affinity.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+REPS=${REPS:-7}
+TRANSPORTS=${TRANSPORTS:-"shm tcp"}
+LAT_ITERS=${LAT_ITERS:-50000}
+LAT_WARMUP=${LAT_WARMUP:-2000}
+BW_ITERS=${BW_ITERS:-500}
+BW_WARMUP=${BW_WARMUP:-20}
+LAT_ITERS_TCP=${LAT_ITERS_TCP:-10000}
+BW_ITERS_TCP=${BW_ITERS_TCP:-100}
+UCPX=${UCPX:-bin/ucpx}
+PERFTEST=${PERFTEST:-ucx_perftest}
+PORT_BASE=${PORT_BASE:-$((20000 + RANDOM % 20000))}
+STRICT=${STRICT:-0}
+LAT_SIZE=8
+BW_SIZE=$((4 << 20))
+
+die() { echo "vs-ucx-perftest: $*" >&2; exit 1; }
+
+command -v "$PERFTEST" >/dev/null || die "$PERFTEST not found (Debian: apt-get install ucx-utils)"
+if [ ! -x "$UCPX" ]; then
+	echo "building $UCPX"
+	go build -o "$UCPX" ./cmd/ucpx || die "go build failed"
+fi
+
+TMP=$(mktemp -d)
+SERVER_PID=""
+cleanup() {
+	if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+		kill "$SERVER_PID" 2>/dev/null || true
+		wait "$SERVER_PID" 2>/dev/null || true
+	fi
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+port=$PORT_BASE
+next_port() { port=$((port + 1)); }
+
+# perftest TLS PEERERR TEST SIZE ITERS WARMUP -> prints the value:
+# typical (median) latency in usec for tag_lat, overall bandwidth in MB/s otherwise.
+perftest() {
+	local tls=$1 peererr=$2 test=$3 size=$4 iters=$5 warmup=$6
+	# -z: pass the pre-registered memory handle, as ucpx perf passes RequestParam.MemH.
+	local extra=(-z) out line field try
+	[ "$peererr" = 1 ] && extra+=(-e)
+	for try in 1 2 3; do
+		next_port
+		UCX_TLS=$tls timeout 120 "$PERFTEST" -p "$port" -t "$test" -s "$size" -n "$iters" -w "$warmup" \
+			"${extra[@]}" -f -v >"$TMP/server.out" 2>&1 &
+		SERVER_PID=$!
+		sleep 0.3
+		if out=$(UCX_TLS=$tls timeout 120 "$PERFTEST" 127.0.0.1 -p "$port" -t "$test" -s "$size" \
+			-n "$iters" -w "$warmup" "${extra[@]}" -f -v 2>&1); then
+			wait "$SERVER_PID" || true
+			SERVER_PID=""
+			break
+		fi
+		kill "$SERVER_PID" 2>/dev/null || true
+		wait "$SERVER_PID" 2>/dev/null || true
+		SERVER_PID=""
+		[ "$try" = 3 ] && { echo "$out" >&2; cat "$TMP/server.out" >&2; die "ucx_perftest -t $test failed"; }
+	done
+	# CSV: iterations,typical_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
+	line=$(echo "$out" | grep -E '^ *[0-9]+,' | tail -1 | tr -d ' ')
+	[ -n "$line" ] || { echo "$out" >&2; die "cannot parse ucx_perftest output"; }
+	if [ "$test" = tag_lat ]; then field=2; else field=6; fi
+	echo "$line" | cut -d, -f"$field"
+}
+
+# ucpx TRANSPORT TLS TEST SIZE ITERS WARMUP -> prints the value (same units).
+ucpx() {
+	local transport=$1 tls=$2 test=$3 size=$4 iters=$5 warmup=$6 out key
+	out=$("$UCPX" perf --json --transport "$transport" --tls "$tls" --tests "$test" \
+		--sizes "$size" --iters "$iters" --warmup "$warmup" --timeout 2m 2>"$TMP/ucpx.err") ||
+		{ cat "$TMP/ucpx.err" >&2; die "ucpx perf --tests $test failed"; }
+	if [ "$test" = tag_lat ]; then key=lat_typical_us fmt=%.3f; else key=bandwidth_mbs fmt=%.2f; fi
+	# One result per run: take the field's first occurrence.
+	echo "$out" | grep -m1 "\"$key\"" | sed -E 's/.*: *([0-9.eE+-]+),?/\1/' | xargs printf "$fmt\n"
+	# Remember which UCX_TLS the peer process reported.
+	echo "$out" | grep -m1 '"peer_tls"' | sed -E 's/.*: *"(.*)",?/\1/' >"$TMP/peer_tls"
+}
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else printf "%.6g\n", (v[NR/2]+v[NR/2+1])/2}'; }
+# best: the lowest latency or the highest bandwidth of the repetitions.
+best() { tr ' ' '\n' | grep -v '^$' | sort -g | if [ "$1" = lat ]; then head -1; else tail -1; fi; }
+
+echo "=== ucx_perftest vs ucpx perf ==="
+echo "date:      $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+echo "host:      $(uname -srm), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "load:      $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min)"
+echo "UCX:       $(ucx_info -v 2>/dev/null | head -1 | sed 's/^# *//')"
+echo "ucpx:      $UCPX ($(go version 2>/dev/null | cut -d' ' -f3 || echo 'go ?'))"
+echo "reps:      $REPS (median reported); tag_lat -n $LAT_ITERS (tcp $LAT_ITERS_TCP) -w $LAT_WARMUP; bw -n $BW_ITERS (tcp $BW_ITERS_TCP) -w $BW_WARMUP"
+
+rows=()
+raw=()
+for tr in $TRANSPORTS; do
+	case $tr in
+	shm) tls=shm peererr=0 lat_iters=$LAT_ITERS bw_iters=$BW_ITERS ;;
+	tcp) tls=tcp peererr=1 lat_iters=$LAT_ITERS_TCP bw_iters=$BW_ITERS_TCP ;;
+	*) die "unknown transport $tr (want shm or tcp)" ;;
+	esac
+	for spec in "tag_lat tag_lat $LAT_SIZE $lat_iters $LAT_WARMUP" \
+		"tag_bw tag_bw $BW_SIZE $bw_iters $BW_WARMUP" \
+		"put_bw ucp_put_bw $BW_SIZE $bw_iters $BW_WARMUP"; do
+		read -r test pttest size iters warmup <<<"$spec"
+		pv="" uv=""
+		for ((r = 1; r <= REPS; r++)); do
+			echo "  [$tr] $test $size B: rep $r/$REPS" >&2
+			pv+="$(perftest "$tls" "$peererr" "$pttest" "$size" "$iters" "$warmup") "
+			uv+="$(ucpx "$tr" "$tls" "$test" "$size" "$iters" "$warmup") "
+		done
+		pm=$(echo "$pv" | median)
+		um=$(echo "$uv" | median)
+		kind=bw
+		[ "$test" = tag_lat ] && kind=lat
+		pb=$(echo "$pv" | best $kind)
+		ub=$(echo "$uv" | best $kind)
+		peer_tls=$(cat "$TMP/peer_tls" 2>/dev/null || echo "?")
+		if [ "$test" = tag_lat ]; then
+			unit=us
+			row=$(awk -v p="$pm" -v u="$um" -v pb="$pb" -v ub="$ub" 'BEGIN {r = u / p; printf "%.3f %.3f %.2f <=1.10 %s %.3f %.3f %.2f", p, u, r, (r <= 1.10 ? "PASS" : "MISS"), pb, ub, ub / pb}')
+		else
+			unit=MB/s
+			row=$(awk -v p="$pm" -v u="$um" -v pb="$pb" -v ub="$ub" 'BEGIN {r = u / p; printf "%.0f %.0f %.2f >=0.95 %s %.0f %.0f %.2f", p, u, r, (r >= 0.95 ? "PASS" : "MISS"), pb, ub, ub / pb}')
+		fi
+		shown=$tls
+		[ "$peer_tls" = "$tls" ] || shown="$tls/$peer_tls"
+		rows+=("$test $size $tr $shown $unit $row")
+		raw+=("$test $size $tr: ucx_perftest [${pv% }] ucpx [${uv% }]")
+	done
+done
+
+echo
+printf '%-8s %8s %-9s %-7s %-5s %13s %10s %6s %7s %-7s | %9s %9s %6s\n' test size transport UCX_TLS unit ucx_perftest ucpx ratio target verdict "best:pt" "best:ucpx" ratio
+misses=0
+for row in "${rows[@]}"; do
+	read -r test size tr tls unit p u r target verdict pb ub rb <<<"$row"
+	printf '%-8s %8s %-9s %-7s %-5s %13s %10s %6s %7s %-7s | %9s %9s %6s\n' "$test" "$size" "$tr" "$tls" "$unit" "$p" "$u" "$r" "$target" "$verdict" "$pb" "$ub" "$rb"
+	[ "$verdict" = MISS ] && misses=$((misses + 1))
+done
+echo
+echo "ratio = ucpx / ucx_perftest of the medians over the repetitions (the verdict); best = lowest latency /"
+echo "highest bandwidth of the repetitions, the least disturbed by other load on the machine"
+echo "latency: typical (median) one-way us of each run; bandwidth: MB/s, MB = 2^20 B"
+echo "UCX_TLS: the same value for both tools (ucpx's peer process reports its own; shown as a/b if it differed)"
+echo "peer error handling: shm off (both tools), tcp on (ucx_perftest -e, ucpx default); memory handles passed (ucx_perftest -z)"
+echo "raw values per repetition:"
+for l in "${raw[@]}"; do echo "  $l"; done
+echo "misses: $misses"
+if [ "$STRICT" = 1 ] && [ "$misses" -gt 0 ]; then
+	exit 1
+fi

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain routes a re-executed test binary (the perf and demo peers) to dispatch,
+// the way the real binary's main does.
+func TestMain(m *testing.M) {
+	if os.Getenv(reexecEnv) != "" {
+		os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	st := dispatch(args, &out, &errb)
+	return st, out.String(), errb.String()
+}
+
+func TestInfoJSON(t *testing.T) {
+	st, out, errs := run(t, "info", "--json")
+	if st != 0 {
+		t.Fatalf("info --json: status %d\n%s", st, errs)
+	}
+	var rep infoReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("info --json output does not parse: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(rep.UCXVersion, "1.") {
+		t.Errorf("ucx_version %q", rep.UCXVersion)
+	}
+	if len(rep.MemoryTypes) == 0 || rep.MemoryTypes[0] != "host" {
+		t.Errorf("memory_types %v, want host first", rep.MemoryTypes)
+	}
+	if !rep.CUDA.Driver && rep.CUDA.Reason == "" {
+		t.Errorf("CUDA without driver must say why: %+v", rep.CUDA)
+	}
+	if len(rep.Transports) > 0 {
+		for _, tr := range rep.Transports {
+			if tr.Transport == "" || tr.Device == "" {
+				t.Errorf("incomplete transport entry %+v", tr)
+			}
+		}
+	} else if !strings.HasPrefix(rep.TransportsSource, "unknown") {
+		t.Errorf("no transports but source %q", rep.TransportsSource)
+	}
+}
+
+func TestParseUCXInfo(t *testing.T) {
+	out := []byte(`#
+# Memory domain: tcp
+#     Component: tcp
+#      Transport: tcp
+#         Device: lo
+#           Type: network
+#       error handling: peer failure, ep_check, keepalive
+#
+# Connection manager: tcp
+#      max_conn_priv: 2064 bytes
+# Memory domain: sysv
+#      Transport: sysv
+#         Device: memory
+#           Type: intra-node
+`)
+	got := parseUCXInfo(out)
+	want := []transportInfo{
+		{Transport: "tcp", Device: "lo", Type: "network", ErrorHandling: "peer failure, ep_check, keepalive"},
+		{Transport: "sysv", Device: "memory", Type: "intra-node"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("entry %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestUsage(t *testing.T) {
+	if st, _, _ := run(t); st != 2 {
+		t.Errorf("no command: status %d, want 2", st)
+	}
+	if st, _, errs := run(t, "frobnicate"); st != 2 || !strings.Contains(errs, "unknown command") {
+		t.Errorf("unknown command: status %d, stderr %q", st, errs)
+	}
+	st, out, _ := run(t, "help")
+	if st != 0 || !strings.Contains(out, "perf") || strings.Contains(out, "perf-peer") {
+		t.Errorf("help: status %d, output %q", st, out)
+	}
+	if st, _, errs := run(t, "perf", "--sizes", "0"); st != 2 || !strings.Contains(errs, "bad size") {
+		t.Errorf("perf --sizes 0: status %d, stderr %q", st, errs)
+	}
+	if st, _, errs := run(t, "perf", "--transport", "ib"); st != 2 || !strings.Contains(errs, "want shm or tcp") {
+		t.Errorf("perf --transport ib: status %d, stderr %q", st, errs)
+	}
+}
+
+func TestParseSizes(t *testing.T) {
+	got, err := parseSizes("8, 4k,64KiB,4m,1MB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{8, 4096, 64 << 10, 4 << 20, 1 << 20}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1", "2g", "1.5k"} {
+		if _, err := parseSizes(bad); err == nil {
+			t.Errorf("parseSizes(%q) accepted", bad)
+		}
+	}
+}
+
+func TestDemo(t *testing.T) {
+	start := time.Now()
+	st, out, errs := run(t, "demo", "--json", "--timeout", "60s")
+	if st != 0 {
+		t.Fatalf("demo: status %d\nstdout:\n%s\nstderr:\n%s", st, out, errs)
+	}
+	var rep demoReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("demo --json output does not parse: %v\n%s", err, out)
+	}
+	if !rep.OK || len(rep.Steps) != len(demoSteps()) {
+		t.Fatalf("demo report not OK: %+v", rep)
+	}
+	for _, s := range rep.Steps {
+		if !s.Verified || s.Bytes <= 0 {
+			t.Errorf("step %+v", s)
+		}
+	}
+	t.Logf("demo: %d steps in %v", len(rep.Steps), time.Since(start))
+}
+
+// A peer that dies in the middle must make the demo fail quickly and say why.
+func TestDemoPeerCrash(t *testing.T) {
+	t.Setenv(demoPeerCrashEnv, "verify")
+	start := time.Now()
+	st, out, errs := run(t, "demo", "--timeout", "60s", "--step-timeout", "20s")
+	if st != 1 {
+		t.Fatalf("demo with crashing peer: status %d, want 1\nstdout:\n%s\nstderr:\n%s", st, out, errs)
+	}
+	if !strings.Contains(errs, "FAILED") || !strings.Contains(errs, "RMA put") {
+		t.Errorf("error does not name the failed step:\n%s", errs)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("failure took %v to be reported", d)
+	}
+	t.Logf("reported in %v: %s", time.Since(start), strings.TrimSpace(errs))
+}
+
+func TestPerf(t *testing.T) {
+	for _, tr := range []string{"shm", "tcp"} {
+		t.Run(tr, func(t *testing.T) {
+			st, out, errs := run(t, "perf", "--json", "--transport", tr, "--sizes", "8,64k", "--iters", "200", "--warmup", "20", "--timeout", "60s")
+			if st != 0 {
+				t.Fatalf("perf: status %d\nstderr:\n%s", st, errs)
+			}
+			var rep perfReport
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("perf --json output does not parse: %v\n%s", err, out)
+			}
+			if rep.TLS != tr || rep.PeerTLS != tr {
+				t.Errorf("tls %q, peer tls %q, want %q", rep.TLS, rep.PeerTLS, tr)
+			}
+			if rep.PeerErrorHandling != (tr == "tcp") {
+				t.Errorf("peer_error_handling %v for %s", rep.PeerErrorHandling, tr)
+			}
+			if len(rep.Results) != len(allTests)*2 {
+				t.Fatalf("%d results, want %d: %+v", len(rep.Results), len(allTests)*2, rep.Results)
+			}
+			for _, r := range rep.Results {
+				if r.Iters != 200 || r.Warmup != 20 || r.ElapsedS <= 0 || r.BandwidthMBs <= 0 || r.MsgRate <= 0 {
+					t.Errorf("implausible result %+v", r)
+				}
+				if r.Test == testTagLat && !(r.LatMinUs > 0 && r.LatMinUs <= r.LatTypicalUs && r.LatTypicalUs > 0 && r.LatAvgUs > 0) {
+					t.Errorf("implausible latency %+v", r)
+				}
+			}
+		})
+	}
+}
+
+// A peer that dies in the middle of a phase must not leave perf waiting: over shm
+// UCX cannot tell, so the parent notices the process exit.
+func TestPerfPeerCrash(t *testing.T) {
+	for _, test := range allTests {
+		t.Run(test, func(t *testing.T) {
+			t.Setenv(perfPeerCrashEnv, test)
+			start := time.Now()
+			st, _, errs := run(t, "perf", "--tests", test, "--sizes", "64k", "--iters", "100000", "--warmup", "0", "--timeout", "60s")
+			if st != 1 || !strings.Contains(errs, "peer") {
+				t.Fatalf("status %d, stderr:\n%s", st, errs)
+			}
+			if d := time.Since(start); d > 15*time.Second {
+				t.Errorf("failure took %v to be reported", d)
+			}
+			t.Logf("reported in %v: %s", time.Since(start), strings.TrimSpace(errs))
+		})
+	}
+}
