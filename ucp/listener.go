@@ -96,8 +96,7 @@ func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, er
 			w.mu.Unlock()
 			return nil, opErr("listener_accept", ErrClosed, "")
 		}
-		w.raw.Progress(nil, 1)
-		w.drainLocked()
+		w.progressLocked(nil, 1)
 		var r *ConnRequest
 		if len(l.backlog) > 0 {
 			r = l.backlog[0]

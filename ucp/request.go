@@ -254,10 +254,12 @@ func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, imme
 		return completedRequest, nil
 	case ucx.InProgress:
 		r := &Request{w: w, op: op, cb: p.Callback}
-		for _, b := range pins {
-			if b != nil {
-				r.pin.Pin(b)
-				r.pinned = true
+		if p.MemH == nil { // a registration keeps its memory in place already
+			for _, b := range pins {
+				if b != nil {
+					r.pin.Pin(b)
+					r.pinned = true
+				}
 			}
 		}
 		w.trackLocked(r, req)

@@ -106,11 +106,24 @@ func (w *Worker) Progress() int {
 		w.mu.Unlock()
 		return 0
 	}
-	w.raw.Progress(nil, 1)
-	n := w.drainLocked()
+	n := w.progressLocked(nil, 1)
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
 	runDeferred(cbs)
+	return n
+}
+
+// progressLocked progresses (until req completes or spins rounds pass, or once for a
+// nil req) and handles the events, with one cgo call when a batch holds them all.
+func (w *Worker) progressLocked(req unsafe.Pointer, spins uint) int {
+	w.events = w.raw.ProgressDrain(req, spins, w.events[:0])
+	n := len(w.events)
+	for i := range w.events {
+		w.handleEventLocked(&w.events[i])
+	}
+	if w.raw.Pending() > 0 {
+		n += w.drainLocked()
+	}
 	return n
 }
 
@@ -321,8 +334,7 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 				w.mu.Unlock()
 				return r.errOr(opErr(r.op, ErrClosed, "worker closed"))
 			}
-			w.raw.Progress(r.req, spinRounds)
-			w.drainLocked()
+			w.progressLocked(r.req, spinRounds)
 		}
 		cbs := w.takeDeferredLocked()
 		w.mu.Unlock()

@@ -255,6 +255,15 @@ size_t ucpxu_progress(ucpxu_worker_t *w, void *req, unsigned max_spins)
     return w->nevents;
 }
 
+size_t ucpxu_progress_drain(ucpxu_worker_t *w, void *req, unsigned max_spins, ucpxu_event_t *out,
+                           size_t max)
+{
+    if (ucpxu_progress(w, req, max_spins) == 0) {
+        return 0;
+    }
+    return ucpxu_drain(w, out, max);
+}
+
 size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max)
 {
     size_t n, i;

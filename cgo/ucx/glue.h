@@ -74,6 +74,9 @@ void         ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr);
 /* Progress until the request is done, the queue has events, or max_spins rounds
  * pass. Returns the number of events queued. Passing req == NULL progresses once. */
 size_t ucpxu_progress(ucpxu_worker_t *w, void *req, unsigned max_spins);
+/* Progress as ucpxu_progress, then drain into out: one C call per completion. */
+size_t ucpxu_progress_drain(ucpxu_worker_t *w, void *req, unsigned max_spins, ucpxu_event_t *out,
+                           size_t max);
 /* Copy up to max events out; REQ_DONE requests are read and freed here. */
 size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max);
 

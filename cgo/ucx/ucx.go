@@ -289,7 +289,15 @@ type Event struct {
 
 // Drain moves up to EventBatch events into out and returns them.
 func (w *Worker) Drain(out []Event) []Event {
-	n := int(C.ucpxu_drain(w.w, w.events, EventBatch))
+	return w.copyEvents(out, int(C.ucpxu_drain(w.w, w.events, EventBatch)))
+}
+
+// ProgressDrain is Progress followed by Drain in one cgo call (the latency path).
+func (w *Worker) ProgressDrain(req unsafe.Pointer, maxSpins uint, out []Event) []Event {
+	return w.copyEvents(out, int(C.ucpxu_progress_drain(w.w, req, C.uint(maxSpins), w.events, EventBatch)))
+}
+
+func (w *Worker) copyEvents(out []Event, n int) []Event {
 	for i := 0; i < n; i++ {
 		e := &w.evSlice[i]
 		out = append(out, Event{
