@@ -70,6 +70,9 @@ func (s *Stager) Classify(addr uintptr) (Kind, error) {
 		return KindHost, nil
 	}
 	a, err := s.ctx.PointerAttributes(addr)
+	if errors.Is(err, cuda.ErrInvalidValue) {
+		return KindHost, nil // an address the driver does not know: pageable host memory
+	}
 	if err != nil {
 		return KindHost, fmt.Errorf("classify %#x: %w", addr, err)
 	}

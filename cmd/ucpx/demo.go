@@ -119,7 +119,7 @@ func demoSteps() []demoStep {
 			return d.atomicAdd(ctx, demoRegion-8, 42)
 		}},
 	)
-	return steps
+	return append(steps, conditionSteps()...)
 }
 
 func fmtBytes(n int) string {
