@@ -50,10 +50,29 @@ var (
 // Param configures Create.
 type Param struct {
 	Category Category
-	// Backend allocates the condition's signal words; it must be the backend of Stream.
+	// Backend allocates the condition's signal words; it must be the backend of Stream
+	// (or of Graph's kind).
 	Backend stream.Backend
 	// Stream is the stream operations are enqueued on (Stream category).
 	Stream stream.Stream
+	// Graph receives the condition's nodes (Graph category), after Deps.
+	Graph GraphBuilder
+	// Deps are nodes of Graph the operation's node depends on.
+	Deps []any
+	// Split asks for two nodes: Node starts the operation, WaitNode completes it, so
+	// other nodes (compute) can run between them.
+	Split bool
+}
+
+// GraphBuilder is what a graph offers graph conditions (graph.Host; CUDA graphs later).
+type GraphBuilder interface {
+	Kind() stream.Kind
+	// AddSignalNodes adds the nodes of one communication operation after deps: with
+	// split false one node [store 1 into trigger, wait until done == 1, store 0 into
+	// done]; with split true a start node (the store) and a wait node (the rest)
+	// depending on it. The graph relaunches safely: the proxy resets trigger to 0 when
+	// it takes the trigger, the node resets done.
+	AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error)
 }
 
 // Condition links operations to a point of execution. Each operation enqueued with the
@@ -78,6 +97,8 @@ type Condition struct {
 	armed     uint64 // last sequence number handed out
 	destroyed bool
 	drivers   []stream.Driver
+	node      any // Graph category: the start node
+	waitNode  any // Graph category: the completion node
 
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
@@ -93,7 +114,12 @@ func Create(p Param) (*Condition, error) {
 		}
 	case KernelTriggered:
 	case Graph:
-		return nil, fmt.Errorf("graph conditions are created through package graph: %w", ErrNotSupported)
+		if p.Graph == nil {
+			return nil, fmt.Errorf("graph condition without a graph: %w", ErrInvalidParam)
+		}
+		if p.Backend != nil && p.Graph.Kind() != p.Backend.Kind() {
+			return nil, fmt.Errorf("%s graph with a %s backend: %w", p.Graph.Kind(), p.Backend.Kind(), ErrInvalidParam)
+		}
 	default:
 		return nil, fmt.Errorf("category %v: %w", p.Category, ErrInvalidParam)
 	}
@@ -107,14 +133,71 @@ func Create(p Param) (*Condition, error) {
 	if err != nil {
 		return nil, fmt.Errorf("condition words: %w", err)
 	}
-	return &Condition{
+	c := &Condition{
 		category: p.Category,
 		backend:  p.Backend,
 		stream:   p.Stream,
 		words:    words,
 		trigger:  words.Word(0),
 		done:     words.Word(1),
-	}, nil
+	}
+	if p.Category == Graph {
+		c.node, c.waitNode, err = p.Graph.AddSignalNodes(p.Deps, c.trigger, c.done, p.Split)
+		if err != nil {
+			_ = words.Close()
+			return nil, fmt.Errorf("graph nodes: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Node is the graph node of a Graph condition (with Split, the node that starts the
+// operation). Add further dependencies with the graph's own calls.
+func (c *Condition) Node() any { return c.node }
+
+// WaitNode is the node that completes the operation (the same as Node without Split).
+func (c *Condition) WaitNode() any { return c.waitNode }
+
+// Fire reports one run of a Graph condition's operation finished (err nil on success):
+// it stores 1 into the completion word, releasing the graph's wait node.
+func (c *Condition) Fire(err error) {
+	if err != nil {
+		c.errMu.Lock()
+		if c.firstErr == nil {
+			c.firstErr = fmt.Errorf("graph operation: %w", err)
+		}
+		c.errMu.Unlock()
+	}
+	c.done.Store(1)
+}
+
+// GraphFailed is the completion-word value of a Graph condition whose operation can run
+// no more (its worker closed): graph wait nodes fail instead of waiting forever.
+const GraphFailed = ^uint64(0)
+
+// Fail marks a Graph condition's operation as unable to run again (see GraphFailed).
+func (c *Condition) Fail(err error) {
+	c.errMu.Lock()
+	if c.firstErr == nil {
+		c.firstErr = fmt.Errorf("graph operation: %w", err)
+	}
+	c.errMu.Unlock()
+	c.done.Store(GraphFailed)
+}
+
+// Destroyed reports whether Destroy succeeded (the proxy then drops the operation).
+func (c *Condition) Destroyed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.destroyed
+}
+
+// ReleaseWords frees a destroyed Graph condition's words once the proxy no longer reads
+// them.
+func (c *Condition) ReleaseWords() {
+	if !c.words.Closed() {
+		_ = c.words.Close()
+	}
 }
 
 // Backend is the backend of the condition's words (and stream).
@@ -151,6 +234,9 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 		return 0, fmt.Errorf("arm: %w", ErrDestroyed)
 	}
 	seq := c.armed + 1
+	if c.category == Graph && c.armed > 0 {
+		return 0, fmt.Errorf("arm: a graph condition carries one operation (it runs at every launch): %w", ErrInvalidParam)
+	}
 	if c.category == Stream {
 		if work.Before != nil {
 			if err := work.Before(c.stream); err != nil {
@@ -337,6 +423,20 @@ func (c *Condition) Destroy() error {
 	defer c.mu.Unlock()
 	if c.destroyed {
 		return fmt.Errorf("destroy: %w", ErrDestroyed)
+	}
+	if c.category == Graph {
+		if c.done.Load() == GraphFailed { // the proxy is gone and read its last word
+			c.destroyed = true
+			return c.words.Close()
+		}
+		if c.trigger.Load() != 0 || c.done.Load() != 0 {
+			return fmt.Errorf("destroy: a launch is running the operation: %w", ErrBusy)
+		}
+		c.destroyed = true
+		if c.armed == 0 {
+			return c.words.Close()
+		}
+		return nil // the proxy drops the operation, then releases the words
 	}
 	if n := c.armed - c.retired.Load(); n > 0 {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)

@@ -91,6 +91,10 @@ func (b *WordBlock) drive() bool {
 // of its words); it reports whether anything progressed.
 func (b *WordBlock) Drive() bool { return b.drive() }
 
+// Kick tells the block's driver that a word was stored (what a host executor's
+// WriteValue does); graph tasks that store triggers call it.
+func (b *WordBlock) Kick() { b.kick() }
+
 func (b *WordBlock) kick() {
 	if box := b.driver.Load(); box != nil {
 		box.d.Kick()

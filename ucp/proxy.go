@@ -36,6 +36,7 @@ type condOp struct {
 	err      error // issue error
 	issued   bool
 	canceled bool   // canceled before its trigger: retired without being issued
+	running  bool   // Graph category: issued for the current launch, not yet fired
 	release  func() // returns a staging buffer once the operation is done with it
 }
 
@@ -285,6 +286,15 @@ func (px *proxy) round() (progressed, active bool) {
 		return false, false
 	}
 	for cond, ch := range px.active {
+		if cond.Category() == condition.Graph {
+			if px.graphRoundLocked(cond, ch) {
+				progressed = true
+			}
+			if len(ch.ops) > 0 && ch.ops[0].running {
+				inflight = true
+			}
+			continue
+		}
 		trigger := cond.TriggerWord().Load()
 		for _, o := range ch.ops {
 			if o.issued {
@@ -334,6 +344,39 @@ func (px *proxy) round() (progressed, active bool) {
 	return progressed, true
 }
 
+// graphRoundLocked runs the persistent operation of a Graph condition: each time a
+// launch's node stores 1 into the trigger, the proxy takes it (resets the trigger to 0,
+// so the graph relaunches with no host update), issues the operation again and, once it
+// completed, stores 1 into the completion word. A destroyed condition's operation ends
+// and its request completes. Caller holds px.mu and px.drive.
+func (px *proxy) graphRoundLocked(cond *condition.Condition, ch *channel) bool {
+	o := ch.ops[0]
+	if o.running {
+		if o.err == nil && !o.inner.Done() {
+			return false
+		}
+		err := o.err
+		if err == nil {
+			err = o.inner.err
+		}
+		o.running = false
+		cond.Fire(err)
+		return true
+	}
+	if cond.Destroyed() {
+		delete(px.active, cond)
+		px.retired = append(px.retired, retirement{cond, o})
+		return true
+	}
+	if cond.TriggerWord().Load() != 1 {
+		return false
+	}
+	cond.TriggerWord().Store(0)
+	o.inner, o.err = o.issue(&o.param)
+	o.issued, o.running = true, true
+	return true
+}
+
 // cancel cancels a conditioned operation: before its trigger it will retire with
 // ErrCanceled without being issued; once issued, its UCX operation is canceled.
 func (px *proxy) cancel(o *condOp) {
@@ -353,6 +396,22 @@ func (px *proxy) cancel(o *condOp) {
 // retire completes o's user request and advances the condition's completion word.
 func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 	u := o.user
+	if cond.Category() == condition.Graph {
+		// A persistent operation ends with its condition (destroyed, or the worker
+		// closed); each launch's result went to the condition already.
+		if err != nil {
+			cond.Fail(err)
+		} else {
+			cond.ReleaseWords()
+		}
+		u.err = err
+		u.done.Store(true)
+		close(u.doneCh)
+		if u.cb != nil {
+			u.cb(u)
+		}
+		return
+	}
 	switch {
 	case err != nil:
 	case o.err != nil:
@@ -393,6 +452,10 @@ func (px *proxy) shutdown() {
 	px.mu.Unlock()
 	for _, r := range left {
 		var err error
+		if r.cond.Category() == condition.Graph {
+			px.retire(r.cond, r.op, opErr(r.op.user.op, ErrCanceled, "worker closed: the graph operation can run no more"))
+			continue
+		}
 		if !r.op.issued {
 			err = opErr(r.op.user.op, ErrCanceled, "worker closed before the condition triggered")
 		} else if r.op.err == nil && !r.op.inner.Done() {
