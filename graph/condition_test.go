@@ -1,0 +1,246 @@
+package graph_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+type link struct {
+	a, b     *ucp.Worker
+	ab, ba   *ucp.Endpoint
+	backend  stream.Backend
+	contexts []*ucp.Context
+}
+
+func newLink(t *testing.T) *link {
+	t.Helper()
+	l := &link{backend: stream.NewHostBackend()}
+	ws := make([]*ucp.Worker, 2)
+	for i := range ws {
+		c, err := ucp.NewContext(ucp.ContextParams{})
+		require.NoError(t, err)
+		l.contexts = append(l.contexts, c)
+		ws[i], err = c.NewWorker(ucp.WorkerParams{})
+		require.NoError(t, err)
+	}
+	l.a, l.b = ws[0], ws[1]
+	aa, _ := l.a.Address()
+	ba, _ := l.b.Address()
+	var err error
+	l.ab, err = l.a.ConnectAddress(ba, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	l.ba, err = l.b.ConnectAddress(aa, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, c := range l.contexts {
+			require.NoError(t, c.Close())
+		}
+		_ = l.backend.Close()
+	})
+	return l
+}
+
+// graphCondition adds a communication node for one operation to g.
+func graphCondition(t *testing.T, l *link, g *graph.Host, deps []any, split bool) *condition.Condition {
+	t.Helper()
+	c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: l.backend, Graph: g, Deps: deps, Split: split})
+	require.NoError(t, err)
+	return c
+}
+
+// A sender graph [fill -> send] and a receiver graph [recv -> check], each instantiated
+// once and launched 1000 times, with the data verified at every launch.
+func TestGraphConditionRelaunch(t *testing.T) {
+	l := newLink(t)
+	const launches = 1000
+	out := make([]byte, 4096)
+	in := make([]byte, 4096)
+	var launch uint64
+
+	sg := graph.NewHost()
+	fill, _ := sg.AddTask(nil, func() error {
+		launch++
+		for i := range out {
+			out[i] = byte(launch + uint64(i))
+		}
+		return nil
+	})
+	send := graphCondition(t, l, sg, []any{fill}, false)
+	_, err := l.ab.TagSendNbx(out, 9, &ucp.RequestParam{Condition: send})
+	require.NoError(t, err)
+
+	rg := graph.NewHost()
+	recv := graphCondition(t, l, rg, nil, false)
+	_, err = l.b.TagRecvNbx(in, 9, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	var checked atomic.Int64
+	_, err = rg.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
+		n := uint64(checked.Add(1))
+		for i := range in {
+			if in[i] != byte(n+uint64(i)) {
+				return fmt.Errorf("launch %d: byte %d is %d, want %d", n, i, in[i], byte(n+uint64(i)))
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+
+	sx, err := sg.Instantiate()
+	require.NoError(t, err)
+	rx, err := rg.Instantiate()
+	require.NoError(t, err)
+	ss, err := l.backend.NewStream()
+	require.NoError(t, err)
+	rs, err := l.backend.NewStream()
+	require.NoError(t, err)
+	start := time.Now()
+	for i := 0; i < launches; i++ {
+		require.NoError(t, rx.Launch(rs))
+		require.NoError(t, sx.Launch(ss))
+		// The sender's buffer is refilled by the next launch: wait for this one.
+		require.NoError(t, ss.Synchronize())
+	}
+	require.NoError(t, rs.Synchronize())
+	t.Logf("%d launches in %v", launches, time.Since(start))
+	require.Equal(t, int64(launches), checked.Load())
+	require.NoError(t, send.Err())
+	require.NoError(t, recv.Err())
+	require.NoError(t, sx.Close())
+	require.NoError(t, rx.Close())
+	require.NoError(t, send.Destroy())
+	require.NoError(t, recv.Destroy())
+}
+
+// Split start/wait nodes with a compute task between them: the compute runs while the
+// receive is posted, and the node after the wait sees the data.
+func TestGraphConditionSplitWithCompute(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 64)
+	g := graph.NewHost()
+	recv := graphCondition(t, l, g, nil, true)
+	_, err := l.b.TagRecvNbx(in, 3, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	var computed atomic.Bool
+	compute, err := g.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
+		computed.Store(true)
+		return nil
+	})
+	require.NoError(t, err)
+	var seen []byte
+	_, err = g.AddTask([]*graph.HostNode{compute, recv.WaitNode().(*graph.HostNode)}, func() error {
+		seen = append([]byte(nil), in...)
+		return nil
+	})
+	require.NoError(t, err)
+	require.NotSame(t, recv.Node(), recv.WaitNode())
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s))
+	// The compute node runs although the message has not been sent yet.
+	require.Eventually(t, computed.Load, 5*time.Second, time.Millisecond)
+	msg := make([]byte, 64)
+	binary.LittleEndian.PutUint64(msg, 0xfeed)
+	sr, err := l.ab.TagSendNbx(msg, 3, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, msg, seen)
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+}
+
+// A graph holding 256 communication nodes (128 sends, 128 receives), launched 20 times.
+func TestGraphWith256CommunicationNodes(t *testing.T) {
+	l := newLink(t)
+	const pairs = 128
+	g := graph.NewHost()
+	root, _ := g.AddEmpty(nil)
+	var launch atomic.Uint64
+	outs := make([][]byte, pairs)
+	ins := make([][]byte, pairs)
+	fill, _ := g.AddTask([]*graph.HostNode{root}, func() error {
+		n := launch.Add(1)
+		for i := range outs {
+			binary.LittleEndian.PutUint64(outs[i], n<<16|uint64(i))
+		}
+		return nil
+	})
+	var conds []*condition.Condition
+	var waits []*graph.HostNode
+	for i := 0; i < pairs; i++ {
+		outs[i], ins[i] = make([]byte, 8), make([]byte, 8)
+		rc := graphCondition(t, l, g, []any{root}, false)
+		_, err := l.b.TagRecvNbx(ins[i], uint64(i), ^uint64(0), &ucp.RequestParam{Condition: rc})
+		require.NoError(t, err)
+		sc := graphCondition(t, l, g, []any{fill}, false)
+		_, err = l.ab.TagSendNbx(outs[i], uint64(i), &ucp.RequestParam{Condition: sc})
+		require.NoError(t, err)
+		conds = append(conds, rc, sc)
+		waits = append(waits, rc.Node().(*graph.HostNode), sc.Node().(*graph.HostNode))
+	}
+	_, err := g.AddTask(waits, func() error {
+		n := launch.Load()
+		for i := range ins {
+			if got := binary.LittleEndian.Uint64(ins[i]); got != n<<16|uint64(i) {
+				return fmt.Errorf("launch %d pair %d: got %#x", n, i, got)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2+2*pairs+1, g.Len())
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	for i := 0; i < 20; i++ {
+		require.NoError(t, x.Launch(s))
+	}
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, x.Close())
+	for _, c := range conds {
+		require.NoError(t, c.Err())
+		require.NoError(t, c.Destroy())
+	}
+}
+
+// Closing the worker makes later launches fail instead of waiting forever.
+func TestGraphLaunchAfterWorkerClose(t *testing.T) {
+	l := newLink(t)
+	g := graph.NewHost()
+	c := graphCondition(t, l, g, nil, false)
+	_, err := l.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	require.NoError(t, l.b.Close())
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, graph.ErrOperationFailed), "got %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("launch after worker close hung")
+	}
+	require.ErrorIs(t, c.Err(), ucp.ErrCanceled)
+	require.NoError(t, c.Destroy())
+}
