@@ -59,6 +59,9 @@ func contextConfig(transport string) map[string]string {
 
 // runPeer is the peer process: connect, publish a registered region, then echo.
 func runPeer(role string) error {
+	if role == "bcast-b" || role == "bcast-c" {
+		return runBroadcastPeer(role)
+	}
 	if role != "echo" {
 		return fmt.Errorf("unknown role %q", role)
 	}
