@@ -43,8 +43,6 @@ var (
 	// ErrBusy: Destroy was called while operations were still pending; nothing was lost
 	// and the condition is still usable.
 	ErrBusy = errors.New("condition: operations pending")
-	// ErrNotSupported: the category is not available (graph conditions come with package graph).
-	ErrNotSupported = errors.New("condition: not supported")
 )
 
 // Param configures Create.

@@ -33,7 +33,7 @@ func TestCreateValidates(t *testing.T) {
 		require.ErrorIs(t, err, condition.ErrInvalidParam, "%+v", p)
 	}
 	_, err = condition.Create(condition.Param{Category: condition.Graph, Backend: b})
-	require.ErrorIs(t, err, condition.ErrNotSupported)
+	require.ErrorIs(t, err, condition.ErrInvalidParam) // no graph
 }
 
 func TestStreamArmAndRetire(t *testing.T) {
