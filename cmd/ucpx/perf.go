@@ -45,6 +45,8 @@ type perfOptions struct {
 	spin      bool
 	timeout   time.Duration
 	asJSON    bool
+	modes     []string // tag_lat only: plain and the stream modes
+	backend   string   // stream backend of the stream modes: auto, host, cuda
 }
 
 // perfReport is the output of `ucpx perf --json`.
@@ -58,6 +60,7 @@ type perfReport struct {
 	Window            int          `json:"window"`
 	Wait              string       `json:"wait"` // wait or spin
 	CPUs              int          `json:"cpus"`
+	Backend           string       `json:"backend,omitempty"` // stream backend of the stream modes
 	Results           []perfResult `json:"results"`
 }
 
@@ -66,6 +69,7 @@ type perfReport struct {
 // bandwidth in MB/s with MB = 2^20 bytes; message rate in messages per second.
 type perfResult struct {
 	Test         string  `json:"test"`
+	Mode         string  `json:"mode,omitempty"` // tag_lat: how a stream drives it (plain: no stream)
 	Size         int     `json:"size"`
 	Iters        int     `json:"iters"`
 	Warmup       int     `json:"warmup"`
@@ -90,6 +94,8 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	waitMode := fs.String("wait", "wait", "how both processes wait for operations: wait (Request.Wait: spin, then park on the worker) or spin (busy-poll with Request.Test)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	asJSON := fs.Bool("json", false, "print machine-readable JSON instead of a table")
+	modes := fs.String("modes", modePlain, "tag_lat only, how it is driven: "+strings.Join(allModes, ",")+" (stream modes: see docs/performance.md)")
+	backend := fs.String("backend", "auto", "stream backend of the stream modes: auto (CUDA where there is a GPU), host, cuda")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
@@ -104,6 +110,10 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	}
 	if err == nil {
 		o.tests, err = parseTests(*tests)
+	}
+	if err == nil {
+		o.modes, err = parseModes(*modes)
+		o.backend = *backend
 	}
 	if err == nil {
 		o.sizes, err = parseSizes(*sizes)
@@ -376,20 +386,35 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		return nil, err
 	}
 
+	for _, m := range o.modes {
+		if m != modePlain && s.rig == nil {
+			if s.rig, err = openModeRig(o.backend); err != nil {
+				return nil, fmt.Errorf("--modes %s: stream backend %s: %w", m, o.backend, err)
+			}
+			defer s.rig.close()
+			rep.Backend = s.rig.backend.Kind().String()
+		}
+	}
 	for _, test := range o.tests {
-		for _, sz := range o.sizes {
-			iters, warmup := o.itersFor(test, sz)
-			if warmup > 0 {
-				if _, err := s.phase(ctx, ctl, test, sz, warmup); err != nil {
-					return nil, peerFailure(peer, fmt.Errorf("%s %s warm-up: %w", test, fmtSize(sz), orCause(ctx, err)))
+		modes := []string{modePlain}
+		if test == testTagLat {
+			modes = o.modes
+		}
+		for _, mode := range modes {
+			for _, sz := range o.sizes {
+				iters, warmup := o.itersFor(test, sz)
+				if warmup > 0 {
+					if _, err := s.phase(ctx, ctl, test, mode, sz, warmup); err != nil {
+						return nil, peerFailure(peer, fmt.Errorf("%s %s %s warm-up: %w", test, mode, fmtSize(sz), orCause(ctx, err)))
+					}
 				}
+				res, err := s.phase(ctx, ctl, test, mode, sz, iters)
+				if err != nil {
+					return nil, peerFailure(peer, fmt.Errorf("%s %s %s: %w", test, mode, fmtSize(sz), orCause(ctx, err)))
+				}
+				res.Warmup = warmup
+				rep.Results = append(rep.Results, res)
 			}
-			res, err := s.phase(ctx, ctl, test, sz, iters)
-			if err != nil {
-				return nil, peerFailure(peer, fmt.Errorf("%s %s: %w", test, fmtSize(sz), orCause(ctx, err)))
-			}
-			res.Warmup = warmup
-			rep.Results = append(rep.Results, res)
 		}
 	}
 	if err := ctl.send(perfMsg{Op: "bye"}, ctlTimeout); err != nil {
@@ -459,8 +484,11 @@ func orErr(err error, msg string) string {
 }
 
 // phase runs count iterations of test at size with the peer and measures them.
-func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test string, size, count int) (perfResult, error) {
+func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, size, count int) (perfResult, error) {
 	res := perfResult{Test: test, Size: size, Iters: count}
+	if test == testTagLat {
+		res.Mode = mode
+	}
 	if err := ctl.send(perfMsg{Op: "phase", Test: test, Size: size, Count: count}, ctlTimeout); err != nil {
 		return res, err
 	}
@@ -476,7 +504,15 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test string, size, c
 	case testTagLat:
 		var rtts []time.Duration
 		var total time.Duration
-		rtts, total, err = s.tagLatInitiator(ctx, size, count)
+		if mode == modePlain {
+			rtts, total, err = s.tagLatInitiator(ctx, size, count)
+		} else if total, err = s.tagLatMode(ctx, s.rig, mode, size, count); err == nil {
+			// The stream runs ahead of the host: only the mean round trip is known.
+			rtts = make([]time.Duration, count)
+			for i := range rtts {
+				rtts[i] = total / time.Duration(count)
+			}
+		}
 		if err == nil {
 			fillLatency(&res, rtts, total)
 		}
@@ -534,6 +570,9 @@ func printPerf(w io.Writer, rep *perfReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "test\tsize\titers\tlat typical us\tlat avg us\tlat min us\tMB/s\tmsg/s\t")
 	for _, r := range rep.Results {
+		if r.Mode != "" && r.Mode != modePlain {
+			r.Test += "/" + r.Mode
+		}
 		lat := fmt.Sprintf("%.3f\t%.3f\t%.3f", r.LatTypicalUs, r.LatAvgUs, r.LatMinUs)
 		if r.Test != testTagLat {
 			lat = fmt.Sprintf("-\t%.3f\t-", r.LatAvgUs)

@@ -51,7 +51,8 @@ type perfSide struct {
 	peerErr bool
 	spin    bool // busy-poll with Request.Test instead of Request.Wait
 	ring    []*ucp.Request
-	small   []byte // acks and put-completion notices
+	small   []byte   // acks and put-completion notices
+	rig     *modeRig // the stream machinery of --modes (initiator only)
 }
 
 func newPerfSide(tls string, peerErr, rma, spin bool, size, window int) (*perfSide, error) {
