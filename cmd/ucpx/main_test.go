@@ -194,6 +194,38 @@ func TestPerf(t *testing.T) {
 
 // A peer that dies in the middle of a phase must not leave perf waiting: over shm
 // UCX cannot tell, so the parent notices the process exit.
+// Every stream mode of tag_lat runs on host streams between two processes.
+func TestPerfModes(t *testing.T) {
+	st, out, errs := run(t, "perf", "--json", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","),
+		"--backend", "host", "--sizes", "8,4k", "--iters", "200", "--warmup", "20", "--timeout", "60s")
+	if st != 0 {
+		t.Fatalf("perf --modes: status %d\nstderr:\n%s", st, errs)
+	}
+	var rep perfReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("output does not parse: %v\n%s", err, out)
+	}
+	if rep.Backend != "host" {
+		t.Errorf("backend %q, want host", rep.Backend)
+	}
+	seen := map[string]int{}
+	for _, r := range rep.Results {
+		seen[r.Mode]++
+		if r.Test != testTagLat || r.Iters != 200 || !(r.LatAvgUs > 0) {
+			t.Errorf("implausible result %+v", r)
+		}
+	}
+	for _, m := range allModes {
+		if seen[m] != 2 {
+			t.Errorf("mode %s: %d results, want 2", m, seen[m])
+		}
+	}
+	st, _, errs = run(t, "perf", "--modes", "warp", "--timeout", "5s")
+	if st != 2 || !strings.Contains(errs, "unknown mode") {
+		t.Errorf("bad mode: status %d, stderr %s", st, errs)
+	}
+}
+
 func TestPerfPeerCrash(t *testing.T) {
 	for _, test := range allTests {
 		t.Run(test, func(t *testing.T) {
