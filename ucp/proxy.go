@@ -3,6 +3,7 @@ package ucp
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -58,6 +59,10 @@ type proxy struct {
 	exited chan struct{}
 	// retired is the drive round's scratch list (under drive).
 	retired []retirement
+	// parked: the proxy goroutine waits for work on wake. Kicks wake it only then:
+	// while it backs off, a goroutine waiting on a completion word drives the round
+	// itself, and an extra spinning thread would only take a core from it.
+	parked atomic.Bool
 }
 
 // proxyLocked returns the worker's proxy, starting it on first use. Caller holds w.mu.
@@ -200,8 +205,12 @@ func (px *proxy) add(cond *condition.Condition, o *condOp) error {
 	return nil
 }
 
-// Kick wakes the proxy goroutine (a new operation, or a host executor stored a trigger).
+// Kick wakes the proxy goroutine if it is parked (a new operation, or a host executor
+// stored a trigger).
 func (px *proxy) Kick() {
+	if !px.parked.Load() {
+		return
+	}
 	select {
 	case px.wake <- struct{}{}:
 	default:
@@ -234,19 +243,29 @@ func (px *proxy) run() {
 			return
 		default:
 		}
-		progressed, active := px.round()
+		progressed, active, busy := px.roundOrBusy()
 		if !active {
-			select {
-			case <-px.wake:
-				idle = 0
-				continue
-			case <-px.stop:
-				return
+			px.parked.Store(true)
+			// Re-check after announcing: an add between the round and the flag would
+			// otherwise go unseen until the next kick.
+			if _, active, _ = px.roundOrBusy(); !active {
+				select {
+				case <-px.wake:
+				case <-px.stop:
+					px.parked.Store(false)
+					return
+				}
 			}
+			px.parked.Store(false)
+			idle = 0
+			continue
 		}
 		if progressed {
 			idle = 0
 			continue
+		}
+		if busy && idle < 4096 {
+			idle = 4096 // another goroutine drives the round: back off at once
 		}
 		idle++
 		switch {
@@ -275,9 +294,20 @@ func (px *proxy) run() {
 // round is one pass of the proxy engine. active reports whether operations are pending
 // (or another goroutine is running a round).
 func (px *proxy) round() (progressed, active bool) {
+	progressed, active, _ = px.roundOrBusy()
+	return progressed, active
+}
+
+// roundOrBusy is round that also reports busy: another goroutine held the round.
+func (px *proxy) roundOrBusy() (progressed, active, busy bool) {
 	if !px.drive.TryLock() {
-		return false, true
+		return false, true, true
 	}
+	progressed, active = px.roundLocked()
+	return progressed, active, false
+}
+
+func (px *proxy) roundLocked() (progressed, active bool) {
 	defer px.drive.Unlock()
 	inflight := false
 	px.mu.Lock()
