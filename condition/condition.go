@@ -167,6 +167,7 @@ func (c *Condition) Fire(err error) {
 		c.errMu.Unlock()
 	}
 	c.done.Store(1)
+	c.words.Notify() // host graph wait nodes park on it
 }
 
 // GraphFailed is the completion-word value of a Graph condition whose operation can run
@@ -181,6 +182,7 @@ func (c *Condition) Fail(err error) {
 	}
 	c.errMu.Unlock()
 	c.done.Store(GraphFailed)
+	c.words.Notify()
 }
 
 // Destroyed reports whether Destroy succeeded (the proxy then drops the operation).

@@ -6,9 +6,12 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -37,6 +40,11 @@ type HostNode struct {
 	id   int
 	deps []*HostNode
 	task func() error
+	// Signal nodes (communication operations): inline tasks only store a word, so the
+	// launching goroutine runs them itself; a node with waitFor completes once the
+	// proxy fires that word, watched by the launch's event loop, not by a goroutine.
+	inline  bool
+	waitFor *stream.Word
 }
 
 // NewHost creates an empty host graph.
@@ -106,6 +114,8 @@ func (g *Host) Close() error {
 // HostExec is an instantiated host graph: a fixed topology, launched on host streams.
 type HostExec struct {
 	tasks    []func() error
+	inline   []bool
+	waitFor  []*stream.Word
 	deps     [][]int // node -> its dependencies
 	children [][]int // node -> nodes depending on it
 	roots    []int
@@ -122,10 +132,13 @@ func (g *Host) Instantiate() (*HostExec, error) {
 		return nil, fmt.Errorf("instantiate: %w", ErrClosed)
 	}
 	n := len(g.nodes)
-	x := &HostExec{tasks: make([]func() error, n), deps: make([][]int, n), children: make([][]int, n)}
+	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
+		deps: make([][]int, n), children: make([][]int, n)}
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
 		x.tasks[node.id] = node.task
+		x.inline[node.id] = node.inline
+		x.waitFor[node.id] = node.waitFor
 		seen := map[int]bool{}
 		for _, d := range node.deps {
 			if !seen[d.id] {
@@ -190,48 +203,125 @@ func (x *HostExec) Launch(s stream.Stream) error {
 	return nil
 }
 
-// run executes the DAG once: each node on its own goroutine once its dependencies are
-// done; it returns the first node error.
+// run executes the DAG once, as an event loop on the launching goroutine: user tasks
+// run on their own goroutines (they may block), signal tasks run inline, and
+// communication nodes wait in the loop, which drives the proxy and parks on the words'
+// notification, so N communication nodes cost no goroutine each. It returns the first
+// node error; dependents of a failed node do not run.
 func (x *HostExec) run() error {
 	n := len(x.tasks)
 	if n == 0 {
 		return nil
 	}
-	left := make([]atomic.Int32, n)
+	left := make([]int, n)
 	for i := range x.deps {
-		left[i].Store(int32(len(x.deps[i])))
+		left[i] = len(x.deps[i])
 	}
-	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-		failed   atomic.Bool
-	)
-	var start func(i int)
-	start = func(i int) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if failed.Load() {
-				return
-			}
-			if err := x.tasks[i](); err != nil {
-				failed.Store(true)
-				errOnce.Do(func() { firstErr = fmt.Errorf("node %d: %w", i, err) })
-				return
-			}
-			for _, c := range x.children[i] {
-				if left[c].Add(-1) == 0 {
-					start(c)
-				}
-			}
-		}()
+	type finished struct {
+		node int
+		err  error
 	}
-	for _, r := range x.roots {
-		start(r)
+	results := make(chan finished, n)
+	ready := append([]int(nil), x.roots...)
+	var waits []int
+	running, done := 0, 0
+	var firstErr error
+	complete := func(i int) {
+		done++
+		for _, c := range x.children[i] {
+			if left[c]--; left[c] == 0 {
+				ready = append(ready, c)
+			}
+		}
 	}
-	wg.Wait()
-	return firstErr
+	afterTask := func(i int, err error) {
+		switch {
+		case err != nil:
+			if firstErr == nil {
+				firstErr = fmt.Errorf("node %d: %w", i, err)
+			}
+		case x.waitFor[i] != nil:
+			waits = append(waits, i)
+		default:
+			complete(i)
+		}
+	}
+	for spins := 0; ; spins++ {
+		for len(ready) > 0 && firstErr == nil {
+			i := ready[len(ready)-1]
+			ready = ready[:len(ready)-1]
+			if x.inline[i] {
+				afterTask(i, x.tasks[i]())
+				continue
+			}
+			running++
+			go func(i int) { results <- finished{i, x.tasks[i]()} }(i)
+		}
+		if firstErr != nil || (done == n) {
+			for ; running > 0; running-- { // let started tasks finish
+				<-results
+			}
+			return firstErr
+		}
+		progressed := false
+		for k := 0; k < len(waits); k++ {
+			w := x.waitFor[waits[k]]
+			switch w.Load() {
+			case 1:
+				w.Store(0)
+			case condition.GraphFailed:
+				afterTask(waits[k], ErrOperationFailed)
+				continue
+			default:
+				continue
+			}
+			complete(waits[k])
+			waits[k] = waits[len(waits)-1]
+			waits = waits[:len(waits)-1]
+			k--
+			progressed = true
+		}
+		select {
+		case r := <-results:
+			running--
+			afterTask(r.node, r.err)
+			progressed = true
+		default:
+		}
+		if progressed || len(ready) > 0 {
+			spins = 0
+			continue
+		}
+		if len(waits) > 0 {
+			block := x.waitFor[waits[0]].Block()
+			if block.Closed() {
+				afterTask(waits[0], fmt.Errorf("completion word freed: %w", ErrClosed))
+				continue
+			}
+			changed := block.Changed()
+			if block.Drive() {
+				spins = 0
+				continue
+			}
+			if spins < 64 {
+				runtime.Gosched()
+				continue
+			}
+			// Park until a word is fired or a task finishes; bounded, since words of
+			// other blocks (and the round, if nobody else drives) are not notified.
+			select {
+			case <-changed:
+			case r := <-results:
+				running--
+				afterTask(r.node, r.err)
+			case <-time.After(200 * time.Microsecond):
+			}
+			continue
+		}
+		r := <-results // only user tasks left
+		running--
+		afterTask(r.node, r.err)
+	}
 }
 
 // InFlight is the number of launches enqueued and not finished.

@@ -3,8 +3,6 @@ package graph
 import (
 	"errors"
 	"fmt"
-	"runtime"
-	"time"
 
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/stream"
@@ -35,53 +33,28 @@ func (g *Host) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool
 		trigger.Block().Kick()
 		return nil
 	}
-	complete := func() error { return waitDone(done) }
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, nil, fmt.Errorf("add signal nodes: %w", ErrClosed)
+	}
+	for _, d := range hd {
+		if d.g != g {
+			return nil, nil, fmt.Errorf("add signal nodes: dependency from another graph: %w", ErrInvalidParam)
+		}
+	}
+	add := func(deps []*HostNode, task func() error, waitFor *stream.Word) *HostNode {
+		n := &HostNode{g: g, id: len(g.nodes), deps: deps, task: task, inline: true, waitFor: waitFor}
+		g.nodes = append(g.nodes, n)
+		return n
+	}
 	if !split {
-		n, err := g.AddTask(hd, func() error {
-			if err := fire(); err != nil {
-				return err
-			}
-			return complete()
-		})
-		return n, n, err
+		n := add(hd, fire, done)
+		return n, n, nil
 	}
-	s, err := g.AddTask(hd, fire)
-	if err != nil {
-		return nil, nil, err
-	}
-	w, err := g.AddTask([]*HostNode{s}, complete)
-	if err != nil {
-		return nil, nil, err
-	}
+	s := add(hd, fire, nil)
+	w := add([]*HostNode{s}, func() error { return nil }, done)
 	return s, w, nil
-}
-
-// waitDone waits until done is 1 and resets it (the graph may relaunch). It drives the
-// proxy while it waits, as a host stream executor does.
-func waitDone(done *stream.Word) error {
-	for spins := 0; ; spins++ {
-		switch done.Load() {
-		case 1:
-			done.Store(0)
-			return nil
-		case condition.GraphFailed:
-			return ErrOperationFailed
-		}
-		if done.Block().Closed() {
-			return fmt.Errorf("completion word freed: %w", ErrClosed)
-		}
-		if done.Block().Drive() {
-			spins = 0
-			continue
-		}
-		switch {
-		case spins < 1024:
-		case spins < 8192:
-			runtime.Gosched()
-		default:
-			time.Sleep(50 * time.Microsecond)
-		}
-	}
 }
 
 var _ condition.GraphBuilder = (*Host)(nil)

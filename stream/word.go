@@ -2,6 +2,7 @@ package stream
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 )
@@ -52,6 +53,32 @@ type WordBlock struct {
 	free   func() error
 	freed  atomic.Bool
 	driver atomic.Pointer[driverBox]
+
+	changeMu sync.Mutex
+	changed  chan struct{} // closed by Notify; nil until a waiter asks for it
+}
+
+// Changed returns a channel closed at the next Notify. Take it before checking the
+// words, then wait on it: a Notify in between is not lost.
+func (b *WordBlock) Changed() <-chan struct{} {
+	b.changeMu.Lock()
+	defer b.changeMu.Unlock()
+	if b.changed == nil {
+		b.changed = make(chan struct{})
+	}
+	return b.changed
+}
+
+// Notify wakes the goroutines waiting on Changed. Writers that know Go code may be
+// parked on the block's words (the proxy firing a host graph's completion word) call it;
+// plain stores do not, so GPU-written words still need polling.
+func (b *WordBlock) Notify() {
+	b.changeMu.Lock()
+	if b.changed != nil {
+		close(b.changed)
+		b.changed = nil
+	}
+	b.changeMu.Unlock()
 }
 
 // Driver does the work that the words of a block wait for. The proxy engine of package
