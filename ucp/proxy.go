@@ -230,9 +230,11 @@ type retirement struct {
 	op   *condOp
 }
 
+// The proxy goroutine is not locked to its OS thread: its backoff yields with
+// runtime.Gosched, which on a locked goroutine costs a thread handoff (measured here:
+// 25-30 us per call locked, 0.1-0.2 us unlocked), and nothing it calls needs thread
+// affinity (the worker is SERIALIZED, cgo/cuda binds its context in every call).
 func (px *proxy) run() {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	defer close(px.exited)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
