@@ -312,6 +312,7 @@ func (px *proxy) roundOrBusy() (progressed, active, busy bool) {
 func (px *proxy) roundLocked() (progressed, active bool) {
 	defer px.drive.Unlock()
 	inflight := false
+	var waitOn *Request // the oldest operation in flight
 	px.mu.Lock()
 	if len(px.active) == 0 {
 		px.mu.Unlock()
@@ -354,6 +355,9 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		}
 		if len(ch.ops) > 0 && ch.ops[0].issued {
 			inflight = true
+			if front := ch.ops[0]; waitOn == nil && front.err == nil && front.inner != nil {
+				waitOn = front.inner
+			}
 		}
 		if len(ch.ops) == 0 {
 			delete(px.active, cond)
@@ -370,7 +374,14 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		px.retired = px.retired[:0]
 		progressed = true
 	}
-	if inflight && px.w.Progress() > 0 {
+	switch {
+	case waitOn != nil:
+		// Spin in C on the oldest operation in flight (as Request.Wait does) rather than
+		// paying a whole round per ucp_worker_progress call.
+		if px.w.progressFor(waitOn, 16) > 0 {
+			progressed = true
+		}
+	case inflight && px.w.Progress() > 0:
 		progressed = true
 	}
 	return progressed, true

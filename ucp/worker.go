@@ -113,6 +113,26 @@ func (w *Worker) Progress() int {
 	return n
 }
 
+// progressFor progresses until r completes or spins rounds pass, then delivers the
+// events; it returns the number handled.
+func (w *Worker) progressFor(r *Request, spins uint) int {
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return 0
+	}
+	var n int
+	if r.req != nil && !r.done.Load() {
+		n = w.progressLocked(r.req, spins)
+	} else {
+		n = w.progressLocked(nil, 1)
+	}
+	cbs := w.takeDeferredLocked()
+	w.mu.Unlock()
+	runDeferred(cbs)
+	return n
+}
+
 // progressLocked progresses (until req completes or spins rounds pass, or once for a
 // nil req) and handles the events, with one cgo call when a batch holds them all.
 func (w *Worker) progressLocked(req unsafe.Pointer, spins uint) int {
