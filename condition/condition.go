@@ -159,13 +159,7 @@ func (c *Condition) WaitNode() any { return c.waitNode }
 // Fire reports one run of a Graph condition's operation finished (err nil on success):
 // it stores 1 into the completion word, releasing the graph's wait node.
 func (c *Condition) Fire(err error) {
-	if err != nil {
-		c.errMu.Lock()
-		if c.firstErr == nil {
-			c.firstErr = fmt.Errorf("graph operation: %w", err)
-		}
-		c.errMu.Unlock()
-	}
+	c.recordErr(err, "graph operation")
 	c.done.Store(1)
 	c.words.Notify() // host graph wait nodes park on it
 }
@@ -176,11 +170,7 @@ const GraphFailed = ^uint64(0)
 
 // Fail marks a Graph condition's operation as unable to run again (see GraphFailed).
 func (c *Condition) Fail(err error) {
-	c.errMu.Lock()
-	if c.firstErr == nil {
-		c.firstErr = fmt.Errorf("graph operation: %w", err)
-	}
-	c.errMu.Unlock()
+	c.recordErr(err, "graph operation")
 	c.done.Store(GraphFailed)
 	c.words.Notify()
 }
@@ -271,14 +261,22 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 // completion word, which releases streams waiting on it.
 func (c *Condition) Retire(seq uint64, err error) {
 	if err != nil {
-		c.errMu.Lock()
-		if c.firstErr == nil {
-			c.firstErr = fmt.Errorf("operation %d: %w", seq, err)
-		}
-		c.errMu.Unlock()
+		c.recordErr(err, fmt.Sprintf("operation %d", seq))
 	}
 	c.retired.Store(seq) // retirements come in sequence order, from one goroutine at a time
 	c.done.Store(seq)
+}
+
+// recordErr keeps the first error (nil is ignored).
+func (c *Condition) recordErr(err error, what string) {
+	if err == nil {
+		return
+	}
+	c.errMu.Lock()
+	if c.firstErr == nil {
+		c.firstErr = fmt.Errorf("%s: %w", what, err)
+	}
+	c.errMu.Unlock()
 }
 
 // Err is the first error an operation of the condition met, if any. The failed

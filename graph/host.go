@@ -59,19 +59,24 @@ func (g *Host) AddTask(deps []*HostNode, task func() error) (*HostNode, error) {
 	if task == nil {
 		return nil, fmt.Errorf("add task: nil task: %w", ErrInvalidParam)
 	}
+	return g.add("add task", deps, HostNode{task: task})
+}
+
+// add appends node n (its task and kind set) after deps, the one place nodes are made.
+func (g *Host) add(op string, deps []*HostNode, n HostNode) (*HostNode, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return nil, fmt.Errorf("add task: %w", ErrClosed)
+		return nil, fmt.Errorf("%s: %w", op, ErrClosed)
 	}
 	for _, d := range deps {
 		if d == nil || d.g != g {
-			return nil, fmt.Errorf("add task: dependency from another graph: %w", ErrInvalidParam)
+			return nil, fmt.Errorf("%s: dependency from another graph: %w", op, ErrInvalidParam)
 		}
 	}
-	n := &HostNode{g: g, id: len(g.nodes), deps: append([]*HostNode(nil), deps...), task: task}
-	g.nodes = append(g.nodes, n)
-	return n, nil
+	n.g, n.id, n.deps = g, len(g.nodes), append([]*HostNode(nil), deps...)
+	g.nodes = append(g.nodes, &n)
+	return &n, nil
 }
 
 // AddEmpty adds a node that only joins its dependencies.
@@ -246,6 +251,10 @@ func (x *HostExec) run() error {
 			complete(i)
 		}
 	}
+	collect := func(r finished) {
+		running--
+		afterTask(r.node, r.err)
+	}
 	for spins := 0; ; spins++ {
 		for len(ready) > 0 && firstErr == nil {
 			i := ready[len(ready)-1]
@@ -283,8 +292,7 @@ func (x *HostExec) run() error {
 		}
 		select {
 		case r := <-results:
-			running--
-			afterTask(r.node, r.err)
+			collect(r)
 			progressed = true
 		default:
 		}
@@ -312,15 +320,12 @@ func (x *HostExec) run() error {
 			select {
 			case <-changed:
 			case r := <-results:
-				running--
-				afterTask(r.node, r.err)
+				collect(r)
 			case <-time.After(200 * time.Microsecond):
 			}
 			continue
 		}
-		r := <-results // only user tasks left
-		running--
-		afterTask(r.node, r.err)
+		collect(<-results) // only user tasks left
 	}
 }
 

@@ -33,27 +33,22 @@ func (g *Host) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool
 		trigger.Block().Kick()
 		return nil
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return nil, nil, fmt.Errorf("add signal nodes: %w", ErrClosed)
-	}
-	for _, d := range hd {
-		if d.g != g {
-			return nil, nil, fmt.Errorf("add signal nodes: dependency from another graph: %w", ErrInvalidParam)
-		}
-	}
-	add := func(deps []*HostNode, task func() error, waitFor *stream.Word) *HostNode {
-		n := &HostNode{g: g, id: len(g.nodes), deps: deps, task: task, inline: true, waitFor: waitFor}
-		g.nodes = append(g.nodes, n)
-		return n
-	}
+	const op = "add signal nodes"
 	if !split {
-		n := add(hd, fire, done)
+		n, err := g.add(op, hd, HostNode{task: fire, inline: true, waitFor: done})
+		if err != nil {
+			return nil, nil, err
+		}
 		return n, n, nil
 	}
-	s := add(hd, fire, nil)
-	w := add([]*HostNode{s}, func() error { return nil }, done)
+	s, err := g.add(op, hd, HostNode{task: fire, inline: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := g.add(op, []*HostNode{s}, HostNode{task: func() error { return nil }, inline: true, waitFor: done})
+	if err != nil {
+		return nil, nil, err
+	}
 	return s, w, nil
 }
 

@@ -425,7 +425,7 @@ func (s *hostStream) exec(op *hostOp) error {
 		if !s.storeWord(op.word, op.value) {
 			return fmt.Errorf("stream: host WriteValue(%v, %d): word block: %w", op.word, op.value, ErrClosed)
 		}
-		op.word.block.kick()
+		op.word.block.Kick()
 	case opWaitValue:
 		return s.execWaitValue(op)
 	case opHostFunc:
@@ -461,7 +461,7 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 		if op.cmp.Holds(v, op.value) {
 			return nil
 		}
-		if op.word.block.drive() {
+		if op.word.block.Drive() {
 			b = backoff{} // the driver moved: look again at once
 			continue
 		}

@@ -106,23 +106,18 @@ func (b *WordBlock) SetDriver(d Driver) {
 	b.driver.Store(&driverBox{d})
 }
 
-// drive runs the attached driver once, reporting whether it progressed.
-func (b *WordBlock) drive() bool {
+// Drive runs the block's driver once (what a host executor does while it waits on one
+// of its words); it reports whether anything progressed.
+func (b *WordBlock) Drive() bool {
 	if box := b.driver.Load(); box != nil {
 		return box.d.Drive()
 	}
 	return false
 }
 
-// Drive runs the block's driver once (what a host executor does while it waits on one
-// of its words); it reports whether anything progressed.
-func (b *WordBlock) Drive() bool { return b.drive() }
-
 // Kick tells the block's driver that a word was stored (what a host executor's
 // WriteValue does); graph tasks that store triggers call it.
-func (b *WordBlock) Kick() { b.kick() }
-
-func (b *WordBlock) kick() {
+func (b *WordBlock) Kick() {
 	if box := b.driver.Load(); box != nil {
 		box.d.Kick()
 	}

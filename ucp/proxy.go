@@ -221,7 +221,7 @@ func (px *proxy) Kick() {
 // trigger has come, retire completed ones in order, progress UCX if anything is in
 // flight. It reports whether anything progressed.
 func (px *proxy) Drive() bool {
-	progressed, _ := px.round()
+	progressed, _, _ := px.round()
 	return progressed
 }
 
@@ -245,12 +245,12 @@ func (px *proxy) run() {
 			return
 		default:
 		}
-		progressed, active, busy := px.roundOrBusy()
+		progressed, active, busy := px.round()
 		if !active {
 			px.parked.Store(true)
 			// Re-check after announcing: an add between the round and the flag would
 			// otherwise go unseen until the next kick.
-			if _, active, _ = px.roundOrBusy(); !active {
+			if _, active, _ = px.round(); !active {
 				select {
 				case <-px.wake:
 				case <-px.stop:
@@ -293,15 +293,9 @@ func (px *proxy) run() {
 	}
 }
 
-// round is one pass of the proxy engine. active reports whether operations are pending
-// (or another goroutine is running a round).
-func (px *proxy) round() (progressed, active bool) {
-	progressed, active, _ = px.roundOrBusy()
-	return progressed, active
-}
-
-// roundOrBusy is round that also reports busy: another goroutine held the round.
-func (px *proxy) roundOrBusy() (progressed, active, busy bool) {
+// round is one pass of the proxy engine, unless another goroutine is running one
+// (busy). active reports whether operations are pending.
+func (px *proxy) round() (progressed, active, busy bool) {
 	if !px.drive.TryLock() {
 		return false, true, true
 	}
@@ -374,14 +368,9 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		px.retired = px.retired[:0]
 		progressed = true
 	}
-	switch {
-	case waitOn != nil:
-		// Spin in C on the oldest operation in flight (as Request.Wait does) rather than
-		// paying a whole round per ucp_worker_progress call.
-		if px.w.progressFor(waitOn, 16) > 0 {
-			progressed = true
-		}
-	case inflight && px.w.Progress() > 0:
+	// Spin in C on the oldest operation in flight (as Request.Wait does) rather than
+	// paying a whole round per ucp_worker_progress call.
+	if inflight && px.w.progressFor(waitOn, 16) > 0 {
 		progressed = true
 	}
 	return progressed, true

@@ -100,33 +100,24 @@ func (w *Worker) Address() ([]byte, error) {
 // Progress runs one round of UCX progress, completes the requests and delivers the
 // events it produced (callbacks run on the calling goroutine). It returns the number
 // of events handled.
-func (w *Worker) Progress() int {
-	w.mu.Lock()
-	if w.closed.Load() {
-		w.mu.Unlock()
-		return 0
-	}
-	n := w.progressLocked(nil, 1)
-	cbs := w.takeDeferredLocked()
-	w.mu.Unlock()
-	runDeferred(cbs)
-	return n
-}
+func (w *Worker) Progress() int { return w.progressFor(nil, 1) }
 
-// progressFor progresses until r completes or spins rounds pass, then delivers the
-// events; it returns the number handled.
+// progressFor progresses until r completes or spins rounds pass (once for a nil or
+// completed r), then delivers the events; it returns the number handled.
 func (w *Worker) progressFor(r *Request, spins uint) int {
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()
 		return 0
 	}
-	var n int
-	if r.req != nil && !r.done.Load() {
-		n = w.progressLocked(r.req, spins)
-	} else {
-		n = w.progressLocked(nil, 1)
+	var req unsafe.Pointer
+	if r != nil && !r.done.Load() {
+		req = r.req
 	}
+	if req == nil {
+		spins = 1
+	}
+	n := w.progressLocked(req, spins)
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
 	runDeferred(cbs)

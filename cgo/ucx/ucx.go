@@ -505,7 +505,7 @@ func PtrStatus(p unsafe.Pointer) (unsafe.Pointer, Status) {
 	}
 }
 
-// Malloc returns zeroed C memory; MallocFree releases it.
+// Malloc returns zeroed C memory; Free releases it.
 func Malloc(n int) unsafe.Pointer { return C.calloc(1, C.size_t(n)) }
 
 func cbool(b bool) C.int {
