@@ -111,7 +111,8 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 
 	var work condition.StreamWork
 	issueBuf := buf
-	if stager != nil && dir != dirNone && len(buf) > 0 {
+	registeredHost := p.MemH != nil && p.MemH.MemoryType() == MemoryHost
+	if stager != nil && dir != dirNone && len(buf) > 0 && !registeredHost {
 		addr := uintptr(unsafe.Pointer(&buf[0]))
 		kind, err := stager.Classify(addr)
 		if err != nil {
@@ -147,11 +148,16 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 	o.issue = func(ip *RequestParam) (*Request, error) { return issue(issueBuf, ip) }
 
 	var addErr error
+	var created bool
 	_, err := cond.Arm(streamOrdered, work, func(seq uint64) {
 		o.seq, o.user.seq = seq, seq
-		addErr = px.add(cond, o)
+		created, addErr = px.add(cond, o)
 	})
-	cond.AttachDriver(px)
+	if created {
+		// Once per burst, not per operation (Arm holds the condition's lock, which
+		// AttachDriver takes, so it cannot happen inside add).
+		cond.AttachDriver(px)
+	}
 	if addErr != nil {
 		// Armed but the proxy is gone (worker closing): fail it so streams move on.
 		px.retire(cond, o, opErr(op, ErrClosed, "worker closed"))
@@ -188,21 +194,23 @@ func (w *Worker) stagerLocked(b stream.Backend) *protocol.Stager {
 	return st
 }
 
-func (px *proxy) add(cond *condition.Condition, o *condOp) error {
+// add hands o to the proxy; created reports that cond had no pending operation.
+func (px *proxy) add(cond *condition.Condition, o *condOp) (created bool, err error) {
 	px.mu.Lock()
 	if px.closed {
 		px.mu.Unlock()
-		return ErrClosed
+		return false, ErrClosed
 	}
 	ch := px.active[cond]
 	if ch == nil {
 		ch = &channel{cond: cond}
 		px.active[cond] = ch
+		created = true
 	}
 	ch.ops = append(ch.ops, o)
 	px.mu.Unlock()
 	px.Kick()
-	return nil
+	return created, nil
 }
 
 // Kick wakes the proxy goroutine if it is parked (a new operation, or a host executor
