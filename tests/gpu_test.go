@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
 	"testing"
@@ -79,8 +80,7 @@ func (g *gpu) deviceSum(t testing.TB, s stream.Stream, buf uintptr, n int) func(
 	must(t, cs.LaunchKernel(g.checksum, cuda.Linear(max(blocks, 1), 256), buf, uint64(n), out.Ptr()))
 	must(t, cs.MemcpyDtoH(host.Addr(), out.Ptr(), 8))
 	return func() uint64 {
-		v := uint64(host.Bytes()[0]) | uint64(host.Bytes()[1])<<8 | uint64(host.Bytes()[2])<<16 | uint64(host.Bytes()[3])<<24 |
-			uint64(host.Bytes()[4])<<32 | uint64(host.Bytes()[5])<<40 | uint64(host.Bytes()[6])<<48 | uint64(host.Bytes()[7])<<56
+		v := binary.LittleEndian.Uint64(host.Bytes())
 		_ = out.Close()
 		_ = host.Close()
 		return v
