@@ -97,6 +97,7 @@ type Condition struct {
 	drivers   []stream.Driver
 	node      any // Graph category: the start node
 	waitNode  any // Graph category: the completion node
+	captured  []*Condition // Stream category: operations enqueued under stream capture
 
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
@@ -304,6 +305,9 @@ func (c *Condition) WaitOnStream(s stream.Stream, seq uint64) error {
 	if s.Kind() != c.backend.Kind() {
 		return fmt.Errorf("wait on a %s stream for a %s condition: %w", s.Kind(), c.backend.Kind(), ErrInvalidParam)
 	}
+	if c.category == Graph {
+		return fmt.Errorf("wait on stream for a graph operation (it completes inside its graph): %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	destroyed := c.destroyed
 	c.mu.Unlock()
@@ -421,6 +425,9 @@ func (c *Condition) Destroy() error {
 	defer c.mu.Unlock()
 	if c.destroyed {
 		return fmt.Errorf("destroy: %w", ErrDestroyed)
+	}
+	if err := c.destroyCapturedLocked(); err != nil {
+		return fmt.Errorf("destroy: %w", err)
 	}
 	if c.category == Graph {
 		if c.done.Load() == GraphFailed { // the proxy is gone and read its last word

@@ -1,10 +1,13 @@
 package graph_test
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
@@ -12,47 +15,93 @@ import (
 )
 
 // BenchmarkGraphVsStream: N 8-byte sends (and the N matching receives on the peer
-// worker) per iteration, either as N communication nodes of one host graph launched
-// once per iteration, or as N stream-condition enqueues per iteration. Reported:
+// worker) per iteration, either as N communication nodes of one graph (a sender graph
+// and a receiver graph, each launched once per iteration), or as 2N stream-condition
+// enqueues per iteration with one stream-ordered wait per stream for the batch. On
+// host streams the graphs are host graphs; on cuda (skipped without a GPU) they are
+// CUDA graphs of batch-memop nodes. Reported:
 //
 //	enqueue-ns/op  CPU time of the calls that submit the iteration's work, per operation
-//	ns/op-done     wall time per operation until the iteration completed
+//	ns/op-done     wall time per operation until both streams finished the iteration
 func BenchmarkGraphVsStream(b *testing.B) {
-	for _, n := range []int{1, 16, 256} {
-		for _, path := range []string{"graph", "stream"} {
-			b.Run(fmt.Sprintf("%s/N=%d", path, n), func(b *testing.B) { benchGraphVsStream(b, path, n) })
+	for _, kind := range []stream.Kind{stream.KindHost, stream.KindCUDA} {
+		for _, n := range []int{1, 16, 256} {
+			for _, path := range []string{"graph", "stream"} {
+				b.Run(fmt.Sprintf("%s/%s/N=%d", kind, path, n), func(b *testing.B) { benchGraphVsStream(b, kind, path, n) })
+			}
 		}
 	}
 }
 
-func benchGraphVsStream(b *testing.B, path string, n int) {
+// benchBackend opens the backend of kind; CUDA is skipped without a driver unless
+// UCPX_REQUIRE_GPU=1 (the GPU bundle), where its absence fails.
+func benchBackend(b *testing.B, kind stream.Kind) stream.Backend {
+	if kind == stream.KindHost {
+		return stream.NewHostBackend()
+	}
+	if err := cuda.Load(); err != nil {
+		if errors.Is(err, cuda.ErrNoDriver) && os.Getenv("UCPX_REQUIRE_GPU") != "1" {
+			b.Skipf("no GPU: %v", err)
+		}
+		b.Fatal(err)
+	}
+	be, err := stream.Open(stream.CUDA)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return be
+}
+
+func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
+	backend := benchBackend(b, kind)
 	t := &testing.T{}
 	l := newLink(t)
+	l.backend = backend
 	defer func() {
 		for _, c := range l.contexts {
 			_ = c.Close()
 		}
-		_ = l.backend.Close()
+		_ = backend.Close()
 	}()
 	out := make([][]byte, n)
 	in := make([][]byte, n)
 	for i := range out {
 		out[i], in[i] = make([]byte, 8), make([]byte, 8)
 	}
-	ss, _ := l.backend.NewStream()
-	rs, _ := l.backend.NewStream()
+	ss, err := backend.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer ss.Close()
+	rs, err := backend.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer rs.Close()
+	sync := func() {
+		if err := ss.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+		if err := rs.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	var submit time.Duration
 	b.ResetTimer()
 	switch path {
 	case "graph":
 		b.StopTimer()
-		sg, rg := graph.NewHost(), graph.NewHost()
+		sg, rg, launch, closeGraphs := benchGraphs(b, backend, ss, rs)
 		var conds []*condition.Condition
 		for i := 0; i < n; i++ {
-			sc, _ := condition.Create(condition.Param{Category: condition.Graph, Backend: l.backend, Graph: sg})
-			rc, _ := condition.Create(condition.Param{Category: condition.Graph, Backend: l.backend, Graph: rg})
+			sc, err := condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: sg})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rc, err := condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: rg})
+			if err != nil {
+				b.Fatal(err)
+			}
 			if _, err := l.ab.TagSendNbx(out[i], uint64(i), &ucp.RequestParam{Condition: sc}); err != nil {
 				b.Fatal(err)
 			}
@@ -61,63 +110,127 @@ func benchGraphVsStream(b *testing.B, path string, n int) {
 			}
 			conds = append(conds, sc, rc)
 		}
-		sx, _ := sg.Instantiate()
-		rx, _ := rg.Instantiate()
+		start := launch()
 		b.StartTimer()
 		for it := 0; it < b.N; it++ {
 			t0 := time.Now()
-			_ = rx.Launch(rs)
-			_ = sx.Launch(ss)
+			if err := start(); err != nil {
+				b.Fatal(err)
+			}
 			submit += time.Since(t0)
-			if err := ss.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
-			if err := rs.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
+			sync()
 		}
 		b.StopTimer()
-		_ = sx.Close()
-		_ = rx.Close()
+		closeGraphs()
 		for _, c := range conds {
+			if err := c.Err(); err != nil {
+				b.Fatal(err)
+			}
 			_ = c.Destroy()
 		}
 	case "stream":
-		sc, _ := condition.Create(condition.Param{Category: condition.Stream, Backend: l.backend, Stream: ss})
-		rc, _ := condition.Create(condition.Param{Category: condition.Stream, Backend: l.backend, Stream: rs})
+		sc, _ := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: ss})
+		rc, _ := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: rs})
 		sp := &ucp.RequestParam{Condition: sc, Flags: ucp.NonBlockingEnqueue}
 		rp := &ucp.RequestParam{Condition: rc, Flags: ucp.NonBlockingEnqueue}
 		for it := 0; it < b.N; it++ {
 			t0 := time.Now()
-			var last *ucp.Request
+			var lastSend, lastRecv *ucp.Request
 			for i := 0; i < n; i++ {
-				if _, err := l.b.TagRecvNbx(in[i], uint64(i), ^uint64(0), rp); err != nil {
-					b.Fatal(err)
-				}
-				r, err := l.ab.TagSendNbx(out[i], uint64(i), sp)
+				r, err := l.b.TagRecvNbx(in[i], uint64(i), ^uint64(0), rp)
 				if err != nil {
 					b.Fatal(err)
 				}
-				last = r
+				lastRecv = r
+				if lastSend, err = l.ab.TagSendNbx(out[i], uint64(i), sp); err != nil {
+					b.Fatal(err)
+				}
 			}
-			// One stream-ordered wait for the whole batch, as a graph's end is.
-			if err := last.WaitOnStream(ss); err != nil {
+			// One stream-ordered wait per stream for the whole batch, as each graph's
+			// end is: the receiving stream finishes once every receive completed.
+			if err := lastSend.WaitOnStream(ss); err != nil {
+				b.Fatal(err)
+			}
+			if err := lastRecv.WaitOnStream(rs); err != nil {
 				b.Fatal(err)
 			}
 			submit += time.Since(t0)
-			if err := ss.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
-			if err := rs.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
+			sync()
 		}
 		b.StopTimer()
+		if err := sc.Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := rc.Err(); err != nil {
+			b.Fatal(err)
+		}
 		_ = sc.Destroy()
 		_ = rc.Destroy()
 	}
 	ops := float64(b.N * n)
 	b.ReportMetric(float64(submit.Nanoseconds())/ops, "enqueue-ns/op")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/ops, "ns/op-done")
-	_ = stream.KindHost
+}
+
+// benchGraphs makes the sender and receiver graphs of backend's kind; launch returns
+// the function that launches both once (receiver first), after instantiating them.
+func benchGraphs(b *testing.B, backend stream.Backend, ss, rs stream.Stream) (sg, rg condition.GraphBuilder, launch func() func() error, closeAll func()) {
+	if backend.Kind() == stream.KindHost {
+		hs, hr := graph.NewHost(), graph.NewHost()
+		var sx, rx *graph.HostExec
+		launch = func() func() error {
+			var err error
+			if sx, err = hs.Instantiate(); err != nil {
+				b.Fatal(err)
+			}
+			if rx, err = hr.Instantiate(); err != nil {
+				b.Fatal(err)
+			}
+			return func() error {
+				if err := rx.Launch(rs); err != nil {
+					return err
+				}
+				return sx.Launch(ss)
+			}
+		}
+		closeAll = func() {
+			_ = sx.Close()
+			_ = rx.Close()
+		}
+		return hs, hr, launch, closeAll
+	}
+	ctx, _, _ := stream.CUDAContext(backend)
+	cs, _ := stream.CUDAStream(ss)
+	cr, _ := stream.CUDAStream(rs)
+	gs, err := ctx.NewGraph()
+	if err != nil {
+		b.Fatal(err)
+	}
+	gr, err := ctx.NewGraph()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sx, rx *cuda.GraphExec
+	launch = func() func() error {
+		var err error
+		if sx, err = gs.Instantiate(0); err != nil {
+			b.Fatal(err)
+		}
+		if rx, err = gr.Instantiate(0); err != nil {
+			b.Fatal(err)
+		}
+		return func() error {
+			if err := rx.Launch(cr); err != nil {
+				return err
+			}
+			return sx.Launch(cs)
+		}
+	}
+	closeAll = func() {
+		_ = sx.Close()
+		_ = rx.Close()
+		_ = gs.Close()
+		_ = gr.Close()
+	}
+	return graph.CUDA{Graph: gs}, graph.CUDA{Graph: gr}, launch, closeAll
 }

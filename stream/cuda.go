@@ -448,3 +448,25 @@ func CUDAContext(b Backend) (*cuda.Context, cuda.Caps, bool) {
 	}
 	return cb.ctx, cb.caps, true
 }
+
+// Capturing reports whether s is recording its work into a graph (CUDA stream
+// capture, begun here or by other code that owns the CUstream) instead of running
+// it. Host streams never capture. A capture that was invalidated is an error: work
+// enqueued now would be lost.
+func Capturing(s Stream) (bool, error) {
+	cs, ok := CUDAStream(s)
+	if !ok {
+		return false, nil
+	}
+	st, err := cs.CaptureStatus()
+	if err != nil {
+		return false, cudaErr("CaptureStatus", err)
+	}
+	switch st {
+	case cuda.CaptureNone:
+		return false, nil
+	case cuda.CaptureActive:
+		return true, nil
+	}
+	return false, fmt.Errorf("stream: cuda capture %v: %w", st, ErrInvalidArgument)
+}

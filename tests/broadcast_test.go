@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -10,23 +11,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
-// The proposal's broadcast node set across three processes, as host graphs:
+// The proposal's broadcast node set across three processes:
 //
-//	A (root):   fill -> send(to B);  recv(echo from B) -> check
+//	A (root):   produce -> send(to B);  clear -> recv(echo from B) -> check
 //	B (middle): parent -> recv(from A) -> send1(to C), send2(to A)    <- the proposal's shape
-//	C (leaf):   recv(from B) -> check
+//	            (recv -> check as well)
+//	C (leaf):   clear -> recv(from B) -> check
 //
-// Each process instantiates its graph once and launches it bcastLaunches times; every
-// launch carries a different payload and every receiver checks it.
+// Each process instantiates its graph once and launches it bcastLaunches times. With
+// host graphs every launch carries a different payload and every receiver compares it
+// byte for byte; with CUDA graphs the receiving graph clears its buffer, receives, and
+// a checksum kernel adds the buffer's sum on the device at every launch, so the final
+// sum equals launches × the payload's sum only if every launch delivered it whole.
 const (
 	bcastLaunches = 1000
 	bcastSize     = 8192
+	bcastSeed     = 11
 	tagAToB       = 0xB0
 	tagBToC       = 0xB1
 	tagBToA       = 0xB2
@@ -34,28 +42,41 @@ const (
 	tagHelloC     = 0xB4
 	tagAddrOfC    = 0xB5
 	envBcastA     = "UCPX_TEST_BCAST_A"
+	envBcastKind  = "UCPX_TEST_BCAST_KIND"
 )
 
-func bcastPayload(buf []byte, launch uint64) {
-	for i := range buf {
-		buf[i] = byte(launch*131 + uint64(i))
+func TestBroadcastGraphThreeProcesses(t *testing.T) { bcastRoot(t, stream.KindHost) }
+
+func TestGPUBroadcastCUDAGraphsThreeProcesses(t *testing.T) {
+	requireGPU(t)
+	bcastRoot(t, stream.KindCUDA)
+}
+
+// bcastGraph builds one process's broadcast graph, of host or CUDA kind.
+type bcastGraph interface {
+	buffer() []byte
+	// produce adds the node writing the launch's payload into buf.
+	produce(buf []byte) (any, error)
+	// clear adds the node that resets buf before a receive (nil where not needed).
+	clear(buf []byte) (any, error)
+	// comm adds a communication node after deps.
+	comm(deps ...any) (*condition.Condition, error)
+	// check adds the node verifying buf after deps.
+	check(buf []byte, deps ...any) error
+	// run instantiates, launches n times, synchronizes and verifies every check.
+	run(n int) error
+	close()
+}
+
+func newBcastGraph(kind stream.Kind) (bcastGraph, error) {
+	if kind == stream.KindHost {
+		return &hostBcast{backend: stream.NewHostBackend(), g: graph.NewHost()}, nil
 	}
+	return newCUDABcast()
 }
 
-func bcastCheck(buf []byte, launch uint64) error {
-	for i := range buf {
-		if buf[i] != byte(launch*131+uint64(i)) {
-			return fmt.Errorf("launch %d: byte %d is %d", launch, i, buf[i])
-		}
-	}
-	return nil
-}
-
-func graphOp(g *graph.Host, backend stream.Backend, deps []any) (*condition.Condition, error) {
-	return condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: g, Deps: deps})
-}
-
-func TestBroadcastGraphThreeProcesses(t *testing.T) {
+// bcastRoot is process A; B and C are this test binary run again (runBroadcastPeer).
+func bcastRoot(t *testing.T, kind stream.Kind) {
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	must(t, err)
 	defer uctx.Close()
@@ -71,7 +92,7 @@ func TestBroadcastGraphThreeProcesses(t *testing.T) {
 	exits := make([]chan error, 2)
 	for i, role := range []string{"bcast-b", "bcast-c"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envRole+"="+role, envBcastA+"="+hex.EncodeToString(self))
+		cmd.Env = append(os.Environ(), envRole+"="+role, envBcastA+"="+hex.EncodeToString(self), envBcastKind+"="+kind.String())
 		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 		must(t, cmd.Start())
 		children[i] = cmd
@@ -98,35 +119,28 @@ func TestBroadcastGraphThreeProcesses(t *testing.T) {
 	addrC := recvAddr(tagHelloC)
 	must(t, send(ctx, toB, addrC, tagAddrOfC)) // B connects to C itself
 
-	backend := stream.NewHostBackend()
-	defer backend.Close()
-	out, echo := make([]byte, bcastSize), make([]byte, bcastSize)
-	var launch uint64
-	g := graph.NewHost()
-	fill, _ := g.AddTask(nil, func() error { launch++; bcastPayload(out, launch); return nil })
-	sendB, err := graphOp(g, backend, []any{fill})
+	g, err := newBcastGraph(kind)
+	must(t, err)
+	defer g.close()
+	out, echo := g.buffer(), g.buffer()
+	produced, err := g.produce(out)
+	must(t, err)
+	sendB, err := g.comm(produced)
 	must(t, err)
 	_, err = toB.TagSendNbx(out, tagAToB, &ucp.RequestParam{Condition: sendB})
 	must(t, err)
-	recvEcho, err := graphOp(g, backend, []any{fill})
+	cleared, err := g.clear(echo)
+	must(t, err)
+	recvEcho, err := g.comm(cleared)
 	must(t, err)
 	_, err = w.TagRecvNbx(echo, tagBToA, ^uint64(0), &ucp.RequestParam{Condition: recvEcho})
 	must(t, err)
-	_, err = g.AddTask([]*graph.HostNode{recvEcho.Node().(*graph.HostNode), sendB.Node().(*graph.HostNode)},
-		func() error { return bcastCheck(echo, launch) })
-	must(t, err)
-	x, err := g.Instantiate()
-	must(t, err)
-	s, err := backend.NewStream()
-	must(t, err)
+	must(t, g.check(echo, recvEcho.WaitNode(), sendB.WaitNode()))
 	start := time.Now()
-	for i := 0; i < bcastLaunches; i++ {
-		must(t, x.Launch(s))
-	}
-	if err := s.Synchronize(); err != nil {
+	if err := g.run(bcastLaunches); err != nil {
 		t.Fatalf("root graph: %v\nB:\n%s\nC:\n%s", err, &outs[0], &outs[1])
 	}
-	t.Logf("%d launches of the broadcast in %v", bcastLaunches, time.Since(start))
+	t.Logf("%d launches of the broadcast (%s graphs) in %v", bcastLaunches, kind, time.Since(start))
 	for i, ch := range exits {
 		select {
 		case err := <-ch:
@@ -137,13 +151,19 @@ func TestBroadcastGraphThreeProcesses(t *testing.T) {
 			t.Fatalf("process %c did not finish\n%s", 'B'+i, &outs[i])
 		}
 	}
-	must(t, x.Close())
 	must(t, sendB.Err())
 	must(t, recvEcho.Err())
+	g.close()
+	must(t, sendB.Destroy())
+	must(t, recvEcho.Destroy())
 }
 
 // runBroadcastPeer is process B or C of the broadcast.
 func runBroadcastPeer(role string) error {
+	kind := stream.KindHost
+	if os.Getenv(envBcastKind) == stream.KindCUDA.String() {
+		kind = stream.KindCUDA
+	}
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	if err != nil {
 		return err
@@ -175,11 +195,13 @@ func runBroadcastPeer(role string) error {
 	if err := send(ctx, toA, self, hello); err != nil {
 		return err
 	}
-	backend := stream.NewHostBackend()
-	defer backend.Close()
-	buf := make([]byte, bcastSize)
-	var launch uint64
-	g := graph.NewHost()
+	g, err := newBcastGraph(kind)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	buf := g.buffer()
+	var conds []*condition.Condition
 	if role == "bcast-b" {
 		addrBuf := make([]byte, 4096)
 		r, err := w.TagRecvNbx(addrBuf, tagAddrOfC, ^uint64(0), nil)
@@ -194,62 +216,59 @@ func runBroadcastPeer(role string) error {
 			return err
 		}
 		// The proposal's node set: recv depends on a parent; send1 and send2 on recv.
-		parent, _ := g.AddTask(nil, func() error { launch++; return nil })
-		recv, err := graphOp(g, backend, []any{parent})
+		parent, err := g.clear(buf)
+		if err != nil {
+			return err
+		}
+		recv, err := g.comm(parent)
 		if err != nil {
 			return err
 		}
 		if _, err := w.TagRecvNbx(buf, tagAToB, ^uint64(0), &ucp.RequestParam{Condition: recv}); err != nil {
 			return err
 		}
-		check, _ := g.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error { return bcastCheck(buf, launch) })
-		send1, err := graphOp(g, backend, []any{check})
+		if err := g.check(buf, recv.WaitNode()); err != nil {
+			return err
+		}
+		send1, err := g.comm(recv.WaitNode())
 		if err != nil {
 			return err
 		}
 		if _, err := toC.TagSendNbx(buf, tagBToC, &ucp.RequestParam{Condition: send1}); err != nil {
 			return err
 		}
-		send2, err := graphOp(g, backend, []any{check})
+		send2, err := g.comm(recv.WaitNode())
 		if err != nil {
 			return err
 		}
 		if _, err := toA.TagSendNbx(buf, tagBToA, &ucp.RequestParam{Condition: send2}); err != nil {
 			return err
 		}
+		conds = append(conds, recv, send1, send2)
 	} else {
-		recv, err := graphOp(g, backend, nil)
+		cleared, err := g.clear(buf)
+		if err != nil {
+			return err
+		}
+		recv, err := g.comm(cleared)
 		if err != nil {
 			return err
 		}
 		if _, err := w.TagRecvNbx(buf, tagBToC, ^uint64(0), &ucp.RequestParam{Condition: recv}); err != nil {
 			return err
 		}
-		if _, err := g.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
-			launch++
-			return bcastCheck(buf, launch)
-		}); err != nil {
+		if err := g.check(buf, recv.WaitNode()); err != nil {
 			return err
 		}
+		conds = append(conds, recv)
 	}
-	x, err := g.Instantiate()
-	if err != nil {
-		return err
-	}
-	s, err := backend.NewStream()
-	if err != nil {
-		return err
-	}
-	for i := 0; i < bcastLaunches; i++ {
-		if err := x.Launch(s); err != nil {
-			return err
-		}
-	}
-	if err := s.Synchronize(); err != nil {
+	if err := g.run(bcastLaunches); err != nil {
 		return fmt.Errorf("%s graph: %w", role, err)
 	}
-	if launch != bcastLaunches {
-		return fmt.Errorf("%s ran %d launches", role, launch)
+	for _, c := range conds {
+		if err := c.Err(); err != nil {
+			return err
+		}
 	}
 	// Let the last sends' data drain before the worker goes away.
 	f, err := w.FlushNbx(nil)
@@ -257,4 +276,243 @@ func runBroadcastPeer(role string) error {
 		err = f.Wait(ctx)
 	}
 	return err
+}
+
+// hostBcast: host graphs; the payload changes every launch and checks compare bytes.
+type hostBcast struct {
+	backend stream.Backend
+	g       *graph.Host
+	x       *graph.HostExec
+	launch  uint64 // incremented by the first node of every launch
+	counted bool
+}
+
+func (h *hostBcast) buffer() []byte { return make([]byte, bcastSize) }
+
+func (h *hostBcast) counter() func() error {
+	if h.counted {
+		return func() error { return nil }
+	}
+	h.counted = true
+	return func() error { h.launch++; return nil }
+}
+
+func (h *hostBcast) produce(buf []byte) (any, error) {
+	count := h.counter()
+	return h.g.AddTask(nil, func() error {
+		_ = count()
+		for i := range buf {
+			buf[i] = byte(h.launch*131 + uint64(i))
+		}
+		return nil
+	})
+}
+
+func (h *hostBcast) clear(buf []byte) (any, error) {
+	count := h.counter()
+	return h.g.AddTask(nil, func() error {
+		_ = count()
+		clear(buf)
+		return nil
+	})
+}
+
+func (h *hostBcast) comm(deps ...any) (*condition.Condition, error) {
+	return condition.Create(condition.Param{Category: condition.Graph, Backend: h.backend, Graph: h.g, Deps: deps})
+}
+
+func (h *hostBcast) check(buf []byte, deps ...any) error {
+	nodes := make([]*graph.HostNode, len(deps))
+	for i, d := range deps {
+		nodes[i] = d.(*graph.HostNode)
+	}
+	_, err := h.g.AddTask(nodes, func() error {
+		for i := range buf {
+			if buf[i] != byte(h.launch*131+uint64(i)) {
+				return fmt.Errorf("launch %d: byte %d is %d", h.launch, i, buf[i])
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+func (h *hostBcast) run(n int) error {
+	var err error
+	if h.x, err = h.g.Instantiate(); err != nil {
+		return err
+	}
+	s, err := h.backend.NewStream()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for i := 0; i < n; i++ {
+		if err := h.x.Launch(s); err != nil {
+			return err
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		return err
+	}
+	if h.launch != uint64(n) {
+		return fmt.Errorf("ran %d launches of %d", h.launch, n)
+	}
+	return nil
+}
+
+func (h *hostBcast) close() {
+	if h.x != nil {
+		_ = h.x.Close()
+		h.x = nil
+	}
+	_ = h.backend.Close()
+}
+
+// cudaBcast: CUDA graphs; buffers are pinned host memory mapped into the device, the
+// payload is the fill kernel's pattern, checks are checksum kernels into device sums.
+type cudaBcast struct {
+	backend stream.Backend
+	ctx     *cuda.Context
+	module  *cuda.Module
+	fill    *cuda.Function
+	sum     *cuda.Function
+	g       *cuda.Graph
+	x       *cuda.GraphExec
+	mems    []*cuda.HostMemory
+	sums    []*cuda.HostMemory // one per check node, pinned host-mapped
+}
+
+func newCUDABcast() (*cudaBcast, error) {
+	b, err := stream.Open(stream.CUDA)
+	if err != nil {
+		return nil, err
+	}
+	ctx, _, _ := stream.CUDAContext(b)
+	c := &cudaBcast{backend: b, ctx: ctx}
+	if c.module, err = ctx.LoadModule(device.TestKernelsPTX()); err == nil {
+		if c.fill, err = c.module.Function(device.KernelFill); err == nil {
+			c.sum, err = c.module.Function(device.KernelChecksum)
+		}
+	}
+	if err == nil {
+		c.g, err = ctx.NewGraph()
+	}
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cudaBcast) hostMapped(n int) (*cuda.HostMemory, error) {
+	m, err := c.ctx.MemHostAlloc(n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	if err == nil {
+		c.mems = append(c.mems, m)
+	}
+	return m, err
+}
+
+func (c *cudaBcast) mapped(buf []byte) uintptr {
+	for _, m := range c.mems {
+		if len(m.Bytes()) > 0 && &m.Bytes()[0] == &buf[0] {
+			return m.DevicePtr()
+		}
+	}
+	panic("buffer not from cudaBcast.buffer")
+}
+
+func (c *cudaBcast) buffer() []byte {
+	m, err := c.hostMapped(bcastSize)
+	if err != nil {
+		panic(err) // only in the test's own setup
+	}
+	return m.Bytes()
+}
+
+func nodes(deps []any) []cuda.Node {
+	out := make([]cuda.Node, 0, len(deps))
+	for _, d := range deps {
+		if d != nil {
+			out = append(out, d.(cuda.Node))
+		}
+	}
+	return out
+}
+
+func (c *cudaBcast) produce(buf []byte) (any, error) {
+	return c.g.AddKernelNode(nil, c.fill, cuda.Linear(8, 256), c.mapped(buf), uint64(len(buf)), uint32(bcastSeed))
+}
+
+func (c *cudaBcast) clear(buf []byte) (any, error) {
+	return c.g.AddMemsetNode(nil, c.mapped(buf), 0, 1, len(buf))
+}
+
+func (c *cudaBcast) comm(deps ...any) (*condition.Condition, error) {
+	var ds []any
+	for _, n := range nodes(deps) {
+		ds = append(ds, n)
+	}
+	return condition.Create(condition.Param{Category: condition.Graph, Backend: c.backend, Graph: graph.CUDA{Graph: c.g}, Deps: ds})
+}
+
+func (c *cudaBcast) check(buf []byte, deps ...any) error {
+	sum, err := c.hostMapped(8)
+	if err != nil {
+		return err
+	}
+	c.sums = append(c.sums, sum)
+	_, err = c.g.AddKernelNode(nodes(deps), c.sum, cuda.Linear(8, 256), c.mapped(buf), uint64(len(buf)), sum.DevicePtr())
+	return err
+}
+
+func (c *cudaBcast) run(n int) error {
+	var err error
+	if c.x, err = c.g.Instantiate(0); err != nil {
+		return err
+	}
+	s, err := c.backend.NewStream()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cs, _ := stream.CUDAStream(s)
+	for i := 0; i < n; i++ {
+		if err := c.x.Launch(cs); err != nil {
+			return err
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		return err
+	}
+	want := uint64(n) * fillSum(bcastSize, bcastSeed)
+	for i, sum := range c.sums {
+		if got := binary.LittleEndian.Uint64(sum.Bytes()); got != want {
+			return fmt.Errorf("check %d: device checksum over %d launches %d, want %d", i, n, got, want)
+		}
+	}
+	return nil
+}
+
+func (c *cudaBcast) close() {
+	if c.x != nil {
+		_ = c.x.Close()
+		c.x = nil
+	}
+	if c.g != nil {
+		_ = c.g.Close()
+		c.g = nil
+	}
+	for _, m := range c.mems {
+		_ = m.Close()
+	}
+	c.mems = nil
+	if c.module != nil {
+		_ = c.module.Close()
+		c.module = nil
+	}
+	if c.backend != nil {
+		_ = c.backend.Close()
+		c.backend = nil
+	}
 }

@@ -1,8 +1,12 @@
 package tests
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
@@ -86,4 +90,180 @@ func TestGPUGraphConditionRelaunch(t *testing.T) {
 	must(t, rx.Close())
 	must(t, send.Destroy())
 	must(t, recv.Destroy())
+}
+
+// Stream capture of stream conditions: a sender stream [fill kernel, send] and a
+// receiver stream [clear, receive, checksum kernel] are captured into CUDA graphs,
+// instantiated once and launched 1000 times. The captured operations run at every
+// launch; the device checksum accumulated over all launches proves each delivered.
+func TestGPUStreamCaptureConditions(t *testing.T) {
+	g := requireGPU(t)
+	recvW, _, toRecv, _ := shmWorkers(t)
+	const n, launches, seed = 64 << 10, 1000, 3
+	flags := cuda.HostAllocPortable | cuda.HostAllocDeviceMap
+	out, err := g.ctx.MemHostAlloc(n, flags)
+	must(t, err)
+	defer out.Close()
+	in, err := g.ctx.MemHostAlloc(n, flags)
+	must(t, err)
+	defer in.Close()
+	acc, err := g.ctx.MemHostAlloc(8, flags)
+	must(t, err)
+	defer acc.Close()
+	ss, err := g.backend.NewStream()
+	must(t, err)
+	defer ss.Close()
+	rs, err := g.backend.NewStream()
+	must(t, err)
+	defer rs.Close()
+	scs, _ := stream.CUDAStream(ss)
+	rcs, _ := stream.CUDAStream(rs)
+	sendCond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: ss})
+	must(t, err)
+	recvCond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: rs})
+	must(t, err)
+
+	must(t, scs.BeginCapture(cuda.CaptureRelaxed))
+	must(t, scs.LaunchKernel(g.fill, cuda.Linear(64, 256), out.DevicePtr(), uint64(n), uint32(seed)))
+	_, err = toRecv.TagSendNbx(out.Bytes(), 6, &ucp.RequestParam{Condition: sendCond})
+	must(t, err)
+	// A non-blocking enqueue has nothing to wait for in a relaunched graph: refused.
+	if _, err := toRecv.TagSendNbx(out.Bytes(), 6, &ucp.RequestParam{Condition: sendCond, Flags: ucp.NonBlockingEnqueue}); !errors.Is(err, condition.ErrInvalidParam) {
+		t.Fatalf("non-blocking enqueue under capture: %v, want ErrInvalidParam", err)
+	}
+	sg, err := scs.EndCapture()
+	must(t, err)
+	defer sg.Close()
+
+	must(t, rcs.BeginCapture(cuda.CaptureRelaxed))
+	must(t, rcs.MemsetD8(in.DevicePtr(), 0, n))
+	_, err = recvW.TagRecvNbx(in.Bytes(), 6, ^uint64(0), &ucp.RequestParam{Condition: recvCond})
+	must(t, err)
+	must(t, rcs.LaunchKernel(g.checksum, cuda.Linear(64, 256), in.DevicePtr(), uint64(n), acc.DevicePtr()))
+	rg, err := rcs.EndCapture()
+	must(t, err)
+	defer rg.Close()
+	if p := sendCond.Pending() + recvCond.Pending(); p != 0 {
+		t.Fatalf("captured operations counted as pending on the stream conditions: %d", p)
+	}
+	for name, gr := range map[string]*cuda.Graph{"sender": sg, "receiver": rg} {
+		ns, err := gr.Nodes()
+		must(t, err)
+		memops := 0
+		for _, nd := range ns {
+			if ty, _ := gr.NodeType(nd); ty == cuda.NodeBatchMemOp {
+				memops++
+			}
+		}
+		if memops < 1 {
+			t.Fatalf("%s graph: no batch-memop node among %d captured nodes", name, len(ns))
+		}
+	}
+
+	sx, err := sg.Instantiate(0)
+	must(t, err)
+	rx, err := rg.Instantiate(0)
+	must(t, err)
+	for i := 0; i < launches; i++ {
+		must(t, rx.Launch(rcs))
+		must(t, sx.Launch(scs))
+	}
+	must(t, ss.Synchronize())
+	must(t, rs.Synchronize())
+	if got, want := binary.LittleEndian.Uint64(acc.Bytes()), uint64(launches)*fillSum(n, seed); got != want {
+		t.Fatalf("accumulated checksum %d over %d launches, want %d", got, launches, want)
+	}
+	must(t, sendCond.Err())
+	must(t, recvCond.Err())
+	must(t, sx.Close())
+	must(t, rx.Close())
+	must(t, sendCond.Destroy())
+	must(t, recvCond.Destroy())
+}
+
+// A CUDA graph whose peer dies: the launch waiting on the dead peer's receive
+// completes (the stream is released) with the error in the condition, and later
+// launches complete too instead of blocking.
+func TestGPUGraphPeerDies(t *testing.T) {
+	g := requireGPU(t)
+	p := spawnPeer(t, "tcp")
+	const n, tag = 4096, 0x5151
+	in, err := g.ctx.MemHostAlloc(n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	must(t, err)
+	defer in.Close()
+	acc, err := g.ctx.MemHostAlloc(8, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	must(t, err)
+	defer acc.Close()
+	cg, err := g.ctx.NewGraph()
+	must(t, err)
+	defer cg.Close()
+	recv, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: cg}})
+	must(t, err)
+	rr, err := p.w.TagRecvNbx(in.Bytes(), tag|tagReply, ^uint64(0), &ucp.RequestParam{Condition: recv, Peer: p.ep})
+	must(t, err)
+	_, err = cg.AddKernelNode([]cuda.Node{recv.WaitNode().(cuda.Node)}, g.checksum, cuda.Linear(4, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
+	must(t, err)
+	x, err := cg.Instantiate(0)
+	must(t, err)
+	s, err := g.backend.NewStream()
+	must(t, err)
+	defer s.Close()
+	cs, _ := stream.CUDAStream(s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Launch 1: the peer echoes a message into the graph's receive.
+	src := pattern(n, 9)
+	must(t, x.Launch(cs))
+	must(t, send(ctx, p.ep, src, tag))
+	must(t, s.Synchronize())
+	if got := binary.LittleEndian.Uint64(acc.Bytes()); got != byteSum(src) {
+		t.Fatalf("launch 1 checksum %d, want %d", got, byteSum(src))
+	}
+	must(t, recv.Err())
+
+	// Launch 2 waits on a receive from a peer that now dies.
+	must(t, x.Launch(cs))
+	ev, err := g.backend.NewEvent()
+	must(t, err)
+	defer ev.Close()
+	must(t, s.Record(ev))
+	time.Sleep(20 * time.Millisecond)
+	if done, err := ev.Query(); err != nil || done {
+		t.Fatalf("launch 2 finished before the peer died (done %v, err %v)", done, err)
+	}
+	must(t, send(ctx, p.ep, nil, tagDie))
+	start := time.Now()
+	for {
+		done, err := ev.Query()
+		must(t, err)
+		if done {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("CUDA stream still blocked in the graph 30 s after the peer died")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("graph launch released %v after the peer was told to die", time.Since(start))
+	if !errors.Is(recv.Err(), ucp.ErrPeerFailed) {
+		t.Fatalf("condition error %v, want ErrPeerFailed", recv.Err())
+	}
+	// Launch 3 finds the endpoint failed and completes at once.
+	must(t, x.Launch(cs))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-ctx.Done():
+		t.Fatal("launch after the peer died blocked the stream")
+	}
+	must(t, x.Close())
+	must(t, recv.Destroy())
+	if err := rr.Wait(ctx); !errors.Is(err, ucp.ErrPeerFailed) {
+		t.Fatalf("graph operation's request: %v, want ErrPeerFailed", err)
+	}
+	<-p.err
+	p.cmd.ProcessState = &os.ProcessState{}
 }

@@ -94,6 +94,19 @@ const (
 // condition's stream: copied out before the trigger, copied in after the completion.
 func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issue func(buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	cond := p.Condition
+	if w.closed.Load() {
+		return nil, opErr(op, ErrClosed, "")
+	}
+	// Under stream capture the operation becomes a persistent graph operation.
+	captured, err := cond.Captured(p.Flags&NonBlockingEnqueue == 0)
+	if err != nil {
+		return nil, opErr(op, err, "condition")
+	}
+	if captured != nil {
+		cp := *p
+		cp.Condition = captured
+		p, cond = &cp, captured
+	}
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()
@@ -149,7 +162,7 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 
 	var addErr error
 	var created bool
-	_, err := cond.Arm(streamOrdered, work, func(seq uint64) {
+	_, err = cond.Arm(streamOrdered, work, func(seq uint64) {
 		o.seq, o.user.seq = seq, seq
 		created, addErr = px.add(cond, o)
 	})
@@ -443,6 +456,7 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 			cond.Fail(err)
 		} else {
 			cond.ReleaseWords()
+			err = cond.Err() // the first error any launch met
 		}
 		u.err = err
 		u.done.Store(true)

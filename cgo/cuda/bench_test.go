@@ -196,23 +196,11 @@ func BenchmarkEnqueueMemop(b *testing.B) {
 // the Go trampoline; "sequence" is the time per callback when many are queued
 // back to back behind a gate (driver callback latency plus the cgo callback).
 func BenchmarkLaunchHostFunc(b *testing.B) {
-	b.Run("enqueue", func(b *testing.B) {
-		ctx := newContext(b)
-		s := newStream(b, ctx)
-		noop := func() {}
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			must(b, s.LaunchHostFunc(noop))
-			if i%1024 == 1023 {
-				b.StopTimer()
-				must(b, s.Synchronize())
-				b.StartTimer()
-			}
-		}
-		b.StopTimer()
-		must(b, s.Synchronize())
-		reportUS(b, b.Elapsed(), b.N, "us/enqueue")
-	})
+	// enqueue-c is the driver alone (a C function that does nothing, no Go callback),
+	// the floor LaunchHostFunc's enqueue is compared with in the same run.
+	for _, variant := range []string{"enqueue", "enqueue-c"} {
+		b.Run(variant, func(b *testing.B) { benchHostFuncEnqueue(b, variant == "enqueue-c") })
+	}
 	b.Run("sequence", func(b *testing.B) {
 		ctx := newContext(b)
 		s := newStream(b, ctx)
@@ -244,4 +232,26 @@ func BenchmarkLaunchHostFunc(b *testing.B) {
 		must(b, s.Synchronize())
 		reportUS(b, elapsed, b.N, "us/callback")
 	})
+}
+
+func benchHostFuncEnqueue(b *testing.B, cNoop bool) {
+	ctx := newContext(b)
+	s := newStream(b, ctx)
+	noop := func() {}
+	enqueue := func() error { return s.LaunchHostFunc(noop) }
+	if cNoop {
+		enqueue = s.LaunchHostNoop
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		must(b, enqueue())
+		if i%1024 == 1023 {
+			b.StopTimer()
+			must(b, s.Synchronize())
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	must(b, s.Synchronize())
+	reportUS(b, b.Elapsed(), b.N, "us/enqueue")
 }

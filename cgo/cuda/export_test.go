@@ -5,3 +5,6 @@ var (
 	LoadLibrary  = load
 	ErrNoLibrary = errNoLibrary
 )
+
+// LaunchHostNoop exposes the C no-op host function launch to the benchmarks.
+func (s *Stream) LaunchHostNoop() error { return s.launchHostNoop() }

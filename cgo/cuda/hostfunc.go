@@ -158,3 +158,14 @@ func (s *Stream) takeCaptureSet() *hostFnSet {
 	}
 	return c
 }
+
+// launchHostNoop enqueues a C host function that does nothing: the driver's own
+// cost of cuLaunchHostFunc, which the benchmarks compare LaunchHostFunc with.
+func (s *Stream) launchHostNoop() error {
+	const op = "cuLaunchHostFunc"
+	if err := s.rlock(op); err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	return check(op, C.ucpx_launch_host_noop(s.ctx.h, s.h))
+}

@@ -500,6 +500,11 @@ CUresult ucpx_launch_host_func(CUcontext ctx, CUstream s, uintptr_t handle, int 
 	UCPX_LEAVE(ucpx_cu.cuLaunchHostFunc(s, ucpx_host_trampoline, (void *)handle));
 }
 
+/* The reference for LaunchHostFunc's cost: the same launch of a C function that
+ * does nothing, with no Go callback behind it (benchmarks only). */
+static void ucpx_host_noop(void *user) { (void)user; }
+CUresult ucpx_launch_host_noop(CUcontext ctx, CUstream s) { UCPX_CALL(ctx, cuLaunchHostFunc, s, ucpx_host_noop, NULL); }
+
 /* ---- IPC ---- */
 
 CUresult ucpx_ipc_get_mem_handle(CUcontext ctx, void *handle64, CUdeviceptr p) {

@@ -167,6 +167,7 @@ CUresult ucpx_launch_kernel(CUcontext ctx, CUfunction f, unsigned int gx, unsign
  * reports whether the stream was capturing (the callback then belongs to a graph
  * and may run many times). */
 CUresult ucpx_launch_host_func(CUcontext ctx, CUstream s, uintptr_t handle, int *capturing);
+CUresult ucpx_launch_host_noop(CUcontext ctx, CUstream s);
 
 /* IPC: handles travel as 64-byte arrays. */
 CUresult ucpx_ipc_get_mem_handle(CUcontext ctx, void *handle64, CUdeviceptr p);

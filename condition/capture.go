@@ -1,0 +1,88 @@
+package condition
+
+import (
+	"fmt"
+
+	"github.com/ucpx/ucpx/stream"
+)
+
+// Stream capture: frameworks build CUDA graphs by capturing a stream. An operation
+// enqueued with a Stream condition while the condition's stream captures cannot use
+// the condition's sequence numbers (the captured memops keep their values and the
+// graph relaunches), so it becomes a persistent graph operation: Captured adds its
+// signal nodes [store 1 into T', wait until D' & 1, store 0 into D'] to the capture,
+// on words of its own, and returns the Graph condition that carries it. Every launch
+// of the captured graph performs the operation again; stream order inside the graph
+// is the capture's order.
+
+// Captured returns, when c is a Stream condition whose stream is capturing, a new
+// Graph condition whose nodes were just captured on the stream, for the one operation
+// about to be enqueued; nil when the stream is not capturing. c owns it: c.Destroy
+// destroys it. streamOrdered false (a non-blocking enqueue) is refused under capture:
+// its later wait would have no sequence number to wait for in a relaunched graph.
+func (c *Condition) Captured(streamOrdered bool) (*Condition, error) {
+	if c.category != Stream {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return nil, fmt.Errorf("capture: %w", ErrDestroyed)
+	}
+	capturing, err := stream.Capturing(c.stream)
+	if err != nil || !capturing {
+		return nil, err
+	}
+	if !streamOrdered {
+		return nil, fmt.Errorf("non-blocking enqueue while the stream captures a graph: %w", ErrInvalidParam)
+	}
+	g, err := Create(Param{Category: Graph, Backend: c.backend, Graph: captureBuilder{c.stream}})
+	if err != nil {
+		return nil, err
+	}
+	c.captured = append(c.captured, g)
+	return g, nil
+}
+
+// captureBuilder adds a graph condition's nodes by enqueuing its signal memops on a
+// capturing stream, which records them as nodes after the capture's current end.
+type captureBuilder struct{ s stream.Stream }
+
+func (b captureBuilder) Kind() stream.Kind { return b.s.Kind() }
+
+func (b captureBuilder) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error) {
+	if len(deps) > 0 || split {
+		return nil, nil, fmt.Errorf("captured operation with dependencies or split: %w", ErrInvalidParam)
+	}
+	if err := b.s.WriteValue(trigger, 1); err != nil {
+		return nil, nil, err
+	}
+	// AND 1: released by 1 (done) and by GraphFailed (all ones), as graph nodes are.
+	if err := b.s.WaitValue(done, 1, stream.AND); err != nil {
+		return nil, nil, err
+	}
+	if err := b.s.WriteValue(done, 0); err != nil {
+		return nil, nil, err
+	}
+	return nil, nil, nil
+}
+
+// destroyCapturedLocked destroys the graph conditions of captured operations; the
+// first that a launch is still running keeps c alive (ErrBusy). Caller holds c.mu.
+func (c *Condition) destroyCapturedLocked() error {
+	kept := c.captured[:0]
+	var first error
+	for _, g := range c.captured {
+		if g.Destroyed() {
+			continue
+		}
+		if err := g.Destroy(); err != nil {
+			kept = append(kept, g)
+			if first == nil {
+				first = fmt.Errorf("captured operation: %w", err)
+			}
+		}
+	}
+	c.captured = kept
+	return first
+}
