@@ -93,7 +93,7 @@ type Condition struct {
 	// never need it: Retire uses only retired and errMu.
 	mu        sync.Mutex
 	armed     uint64 // last sequence number handed out
-	destroyed bool
+	destroyed atomic.Bool // written under mu; read without it by the proxy
 	drivers   []stream.Driver
 	node      any // Graph category: the start node
 	waitNode  any // Graph category: the completion node
@@ -177,11 +177,7 @@ func (c *Condition) Fail(err error) {
 }
 
 // Destroyed reports whether Destroy succeeded (the proxy then drops the operation).
-func (c *Condition) Destroyed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.destroyed
-}
+func (c *Condition) Destroyed() bool { return c.destroyed.Load() }
 
 // ReleaseWords frees a destroyed Graph condition's words once the proxy no longer reads
 // them.
@@ -221,7 +217,7 @@ type StreamWork struct {
 func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uint64)) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.destroyed {
+	if c.destroyed.Load() {
 		return 0, fmt.Errorf("arm: %w", ErrDestroyed)
 	}
 	seq := c.armed + 1
@@ -309,7 +305,7 @@ func (c *Condition) WaitOnStream(s stream.Stream, seq uint64) error {
 		return fmt.Errorf("wait on stream for a graph operation (it completes inside its graph): %w", ErrInvalidParam)
 	}
 	c.mu.Lock()
-	destroyed := c.destroyed
+	destroyed := c.destroyed.Load()
 	c.mu.Unlock()
 	if destroyed {
 		return fmt.Errorf("wait on stream: %w", ErrDestroyed)
@@ -336,7 +332,7 @@ type DeviceHandle struct {
 func (c *Condition) DeviceHandle() (DeviceHandle, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.destroyed {
+	if c.destroyed.Load() {
 		return DeviceHandle{}, fmt.Errorf("device handle: %w", ErrDestroyed)
 	}
 	if c.category != KernelTriggered {
@@ -423,7 +419,7 @@ func (ds drivers) Kick() {
 func (c *Condition) Destroy() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.destroyed {
+	if c.destroyed.Load() {
 		return fmt.Errorf("destroy: %w", ErrDestroyed)
 	}
 	if err := c.destroyCapturedLocked(); err != nil {
@@ -431,13 +427,13 @@ func (c *Condition) Destroy() error {
 	}
 	if c.category == Graph {
 		if c.done.Load() == GraphFailed { // the proxy is gone and read its last word
-			c.destroyed = true
+			c.destroyed.Store(true)
 			return c.words.Close()
 		}
 		if c.trigger.Load() != 0 || c.done.Load() != 0 {
 			return fmt.Errorf("destroy: a launch is running the operation: %w", ErrBusy)
 		}
-		c.destroyed = true
+		c.destroyed.Store(true)
 		if c.armed == 0 {
 			return c.words.Close()
 		}
@@ -446,7 +442,7 @@ func (c *Condition) Destroy() error {
 	if n := c.armed - c.retired.Load(); n > 0 {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)
 	}
-	c.destroyed = true
+	c.destroyed.Store(true)
 	if c.stream != nil && c.stream.Kind() == stream.KindHost {
 		// The stream may not yet have run the last (already satisfied) completion
 		// wait: free the words in stream order, never blocking on the stream.
@@ -459,7 +455,7 @@ func (c *Condition) Destroy() error {
 		// as cudaFree does. Every armed operation has retired, so the waits on the
 		// completion word are satisfied.
 		if err := c.stream.Synchronize(); err != nil && !errors.Is(err, stream.ErrClosed) {
-			c.destroyed = false
+			c.destroyed.Store(false)
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
 		}
 	}

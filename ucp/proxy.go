@@ -44,6 +44,7 @@ type condOp struct {
 type channel struct {
 	cond *condition.Condition
 	ops  []*condOp // armed, not retired, in sequence order
+	pos  int       // index in proxy.order
 }
 
 type proxy struct {
@@ -53,6 +54,7 @@ type proxy struct {
 	drive  sync.Mutex
 	mu     sync.Mutex // guards active, closed and the operations' issue state
 	active map[*condition.Condition]*channel
+	order  []*channel // the channels of active, for rounds (iterating a map costs more)
 	closed bool
 	wake   chan struct{}
 	stop   chan struct{}
@@ -216,14 +218,24 @@ func (px *proxy) add(cond *condition.Condition, o *condOp) (created bool, err er
 	}
 	ch := px.active[cond]
 	if ch == nil {
-		ch = &channel{cond: cond}
+		ch = &channel{cond: cond, pos: len(px.order)}
 		px.active[cond] = ch
+		px.order = append(px.order, ch)
 		created = true
 	}
 	ch.ops = append(ch.ops, o)
 	px.mu.Unlock()
 	px.Kick()
 	return created, nil
+}
+
+// removeLocked drops ch from the active channels. Caller holds px.mu.
+func (px *proxy) removeLocked(ch *channel) {
+	delete(px.active, ch.cond)
+	last := px.order[len(px.order)-1]
+	px.order[ch.pos], last.pos = last, ch.pos
+	px.order[len(px.order)-1] = nil
+	px.order = px.order[:len(px.order)-1]
 }
 
 // Kick wakes the proxy goroutine if it is parked (a new operation, or a host executor
@@ -333,7 +345,10 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		px.mu.Unlock()
 		return false, false
 	}
-	for cond, ch := range px.active {
+	// Backwards, so removeLocked's swap only moves channels already visited.
+	for i := len(px.order) - 1; i >= 0; i-- {
+		ch := px.order[i]
+		cond := ch.cond
 		if cond.Category() == condition.Graph {
 			if px.graphRoundLocked(cond, ch) {
 				progressed = true
@@ -375,7 +390,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			}
 		}
 		if len(ch.ops) == 0 {
-			delete(px.active, cond)
+			px.removeLocked(ch)
 		}
 	}
 	px.mu.Unlock()
@@ -417,7 +432,7 @@ func (px *proxy) graphRoundLocked(cond *condition.Condition, ch *channel) bool {
 		return true
 	}
 	if cond.Destroyed() {
-		delete(px.active, cond)
+		px.removeLocked(ch)
 		px.retired = append(px.retired, retirement{cond, o})
 		return true
 	}
@@ -497,11 +512,12 @@ func (px *proxy) shutdown() {
 	<-px.exited
 	px.mu.Lock()
 	var left []retirement
-	for cond, ch := range px.active {
+	for len(px.order) > 0 {
+		ch := px.order[len(px.order)-1]
 		for _, o := range ch.ops {
-			left = append(left, retirement{cond, o})
+			left = append(left, retirement{ch.cond, o})
 		}
-		delete(px.active, cond)
+		px.removeLocked(ch)
 	}
 	px.mu.Unlock()
 	for _, r := range left {
