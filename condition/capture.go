@@ -26,7 +26,7 @@ func (c *Condition) Captured(streamOrdered bool) (*Condition, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.destroyed {
+	if c.destroyed.Load() {
 		return nil, fmt.Errorf("capture: %w", ErrDestroyed)
 	}
 	capturing, err := stream.Capturing(c.stream)

@@ -19,6 +19,7 @@ var signalHeader []byte
 const (
 	KernelEcho     = "ucpx_test_echo"     // (trigger, done *u64, base, n u64, result *u64)
 	KernelHandle   = "ucpx_test_handle"   // (h Handle, result *u64)
+	KernelPingPong = "ucpx_test_pingpong" // (h Handle, n, step u64, result *u64)
 	KernelChecksum = "ucpx_test_checksum" // (buf *u8, n u64, out *u64)
 	KernelFill     = "ucpx_test_fill"     // (buf *u8, n u64, seed u32)
 )

@@ -16,7 +16,7 @@ func TestEmbeddedPTX(t *testing.T) {
 		t.Log("test_kernels.ptx is the placeholder; GPU tests will fail until scripts/ptx.sh is run")
 		return
 	}
-	for _, k := range []string{KernelEcho, KernelHandle, KernelChecksum, KernelFill} {
+	for _, k := range []string{KernelEcho, KernelHandle, KernelPingPong, KernelChecksum, KernelFill} {
 		if !bytes.Contains(ptx, []byte(".entry "+k+"(")) {
 			t.Errorf("the PTX lacks kernel %s: regenerate it with scripts/ptx.sh", k)
 		}

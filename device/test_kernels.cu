@@ -52,6 +52,33 @@ extern "C" __global__ void ucpx_test_handle(ucpx_device_handle h, uint64_t *resu
 	__threadfence_system();
 }
 
+/*
+ * Persistent ping-pong through a device handle: for k = 0..n-1, trigger with
+ * h.value + k*step and wait until the completion word reaches
+ * h.completion_value + k*step. The host arms step operations per iteration
+ * (a receive and a send: step 2) while the kernel runs; one launch replaces a
+ * launch per iteration. One thread works, as in ucpx_test_echo.
+ * result[0] = iterations completed, result[1] = elapsed ns (%globaltimer).
+ */
+extern "C" __global__ void ucpx_test_pingpong(ucpx_device_handle h, uint64_t n, uint64_t step, uint64_t *result)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	uint64_t t0 = ucpx_globaltimer();
+	uint64_t k;
+	for (k = 0; k < n; k++) {
+		ucpx_device_handle it = h;
+		it.value = h.value + k * step;
+		it.completion_value = h.completion_value + k * step;
+		ucpx_trigger(it);
+		ucpx_wait(it);
+	}
+	uint64_t t1 = ucpx_globaltimer();
+	result[0] = k;
+	result[1] = t1 - t0;
+	__threadfence_system();
+}
+
 /* Sum of the n bytes at buf, added into *out (device memory). Any geometry. */
 extern "C" __global__ void ucpx_test_checksum(const uint8_t *buf, uint64_t n, unsigned long long *out)
 {

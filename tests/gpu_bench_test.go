@@ -2,37 +2,62 @@ package tests
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
 // BenchmarkGPUModes: tag ping-pong between this process and a peer process over shared
-// memory, driven from a CUDA stream in four ways, with the floors measured in the same
-// run. Every result reports half-rt-us (one-way latency).
+// memory (the peer echoes each message), driven from a CUDA stream in four ways, with
+// the floors measured in the same run. Buffers are pinned host memory mapped for the
+// device. Every result reports half-rt-us (one-way latency: total time over 2n).
 //
 //	floor-ucx      host ping-pong with Request.Wait (the UCX latency through ucpx)
 //	floor-memop    stream memop round trip: the stream writes T, a host goroutine echoes
 //	               D, the stream waits D (pre-enqueued)
 //	floor-kflag    kernel flag round trip: a kernel writes T, a host goroutine echoes D
-//	sync     (a)   synchronise the stream, post the operation, wait on the host
-//	hostfunc (b)   a stream host function performs the blocking operation (MPIX_*_enqueue)
-//	stream   (c)   Stream condition
-//	kernel   (d)   KernelTriggered condition: pre-launched kernels trigger and wait
+//	sync     (a)   synchronize the stream, post the receive and the send, wait for both
+//	               on the host
+//	hostfunc (b)   a stream host function posts both and waits for them (the blocking
+//	               round trip of MPIX_*_enqueue)
+//	stream   (c)   Stream condition: the receive and the send enqueued with
+//	               NonBlockingEnqueue (two trigger stores), then one Request.WaitOnStream
+//	               for both (MPIX Irecv/Isend/Waitall_enqueue): one stream-to-proxy round
+//	               trip per iteration
+//	kernel   (d)   KernelTriggered condition: one persistent ucpx_test_pingpong kernel
+//	               triggers and waits for every iteration (handle values + 2k) while the
+//	               host arms iterations at most kernelWindow ahead of completion; it also
+//	               reports kernel-half-rt-us, the kernel's own %globaltimer measure
+//
+// mode+work (sizes up to 64 KiB, the range of the targets): each iteration first runs a
+// producer on the stream, ucpx_test_fill over the message with one block of 256 threads
+// writing the send buffer, as when kernels produce the data; sync then really waits for
+// the GPU. The echo of the last message is checked against the last producer's data.
+// kernel has no +work variant: its persistent kernel occupies the stream, so no
+// producer kernel can run between its iterations.
 func BenchmarkGPUModes(b *testing.B) {
 	g := requireGPU(b)
+	pingpong, err := g.module.Function(device.KernelPingPong)
+	must(b, err)
 	p := spawnPeer(b, "shm")
 	for _, size := range []int{8, 4096, 65536, 1 << 20, 64 << 20} {
-		for _, mode := range []string{"floor-ucx", "floor-memop", "floor-kflag", "sync", "hostfunc", "stream", "kernel"} {
+		for _, mode := range []string{"floor-ucx", "floor-memop", "floor-kflag", "sync", "sync+work", "hostfunc", "hostfunc+work", "stream", "stream+work", "kernel"} {
 			if size > 8 && (mode == "floor-memop" || mode == "floor-kflag") {
 				continue // size-independent
 			}
-			b.Run(fmt.Sprintf("%s/%d", mode, size), func(b *testing.B) { gpuMode(b, g, p, mode, size) })
+			if size > 65536 && strings.HasSuffix(mode, "+work") {
+				continue // a one-block producer over MiBs would measure only itself
+			}
+			b.Run(fmt.Sprintf("%s/%d", mode, size), func(b *testing.B) { gpuMode(b, g, pingpong, p, mode, size) })
 		}
 	}
 }
@@ -40,10 +65,20 @@ func BenchmarkGPUModes(b *testing.B) {
 // preEnqueue is how much work a benchmark queues behind a closed gate.
 const preEnqueue = 256
 
-func gpuMode(b *testing.B, g *gpu, p *peer, mode string, size int) {
+// kernelWindow bounds how many iterations kernel mode arms ahead of completion: the
+// kernel never waits for the host, and the host does not hold a Request per iteration
+// of the whole run.
+const kernelWindow = 1024
+
+// workSeed is iteration i's producer seed: device.Pattern shifts the seed right by 7
+// bits, so i<<7 adds i to every byte and consecutive iterations differ.
+func workSeed(i int) uint32 { return uint32(i) << 7 }
+
+func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string, size int) {
 	s, err := g.backend.NewStream()
 	must(b, err)
 	defer s.Close()
+	cs, _ := stream.CUDAStream(s)
 	out, err := g.ctx.MemHostAlloc(max(size, 8), cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
 	must(b, err)
 	defer out.Close()
@@ -54,6 +89,13 @@ func gpuMode(b *testing.B, g *gpu, p *peer, mode string, size int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const tag = 77
+	mode, work := strings.CutSuffix(mode, "+work")
+	produce := func(int) {}
+	if work {
+		produce = func(i int) {
+			must(b, cs.LaunchKernel(g.fill, cuda.Linear(1, 256), out.DevicePtr(), uint64(size), workSeed(i)))
+		}
+	}
 	roundTrip := func() error {
 		r, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), nil)
 		if err != nil {
@@ -119,7 +161,6 @@ func gpuMode(b *testing.B, g *gpu, p *peer, mode string, size int) {
 			}
 			must(b, s.Synchronize())
 		} else {
-			cs, _ := stream.CUDAStream(s)
 			res, err := g.ctx.MemHostAlloc(16, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
 			must(b, err)
 			defer res.Close()
@@ -128,12 +169,14 @@ func gpuMode(b *testing.B, g *gpu, p *peer, mode string, size int) {
 		}
 	case "sync":
 		for i := 0; i < n; i++ {
+			produce(i)
 			must(b, s.Synchronize())
 			must(b, roundTrip())
 		}
 	case "hostfunc":
 		var failed error
 		for i := 0; i < n; i++ {
+			produce(i)
 			must(b, s.LaunchHostFunc(func() {
 				if err := roundTrip(); err != nil && failed == nil {
 					failed = err
@@ -145,53 +188,135 @@ func gpuMode(b *testing.B, g *gpu, p *peer, mode string, size int) {
 	case "stream":
 		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
 		must(b, err)
-		prm := &ucp.RequestParam{Condition: c}
+		chk := newModeCheck(size, n)
+		sp, rp := chk.params(c, ucp.NonBlockingEnqueue)
 		for i := 0; i < n; i++ {
-			_, err := p.ep.TagSendNbx(ob, tag, prm)
+			produce(i)
+			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
 			must(b, err)
-			_, err = p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), prm)
+			sr, err := p.ep.TagSendNbx(ob, tag, sp)
 			must(b, err)
+			// Operations complete in sequence order: waiting for the send (armed last)
+			// waits for the receive too.
+			must(b, sr.WaitOnStream(s))
 		}
 		must(b, s.Synchronize())
 		b.StopTimer()
-		must(b, c.Err())
+		must(b, chk.verify(c, n))
 		must(b, c.Destroy())
 	case "kernel":
 		b.StopTimer()
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
 		must(b, err)
-		cs, _ := stream.CUDAStream(s)
 		res, err := g.ctx.MemHostAlloc(16, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
 		must(b, err)
 		defer res.Close()
-		gate, err := g.backend.AllocWords(1)
+		chk := newModeCheck(size, kernelWindow/2)
+		sp, rp := chk.params(c, 0)
+		arm := func() { // one iteration, two sequence numbers: the receive first
+			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
+			must(b, err)
+			_, err = p.ep.TagSendNbx(ob, tag, sp)
+			must(b, err)
+		}
+		arm()
+		h, err := c.DeviceHandle() // iteration k triggers h.Value+2k, waits h.CompletionValue+2k
 		must(b, err)
-		defer gate.Close()
-		must(b, s.WaitValue(gate.Word(0), 1, stream.GEQ))
-		prm := &ucp.RequestParam{Condition: c}
-		launch := func() {
-			_, err := p.ep.TagSendNbx(ob, tag, prm)
-			must(b, err)
-			_, err = p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), prm)
-			must(b, err)
-			h, err := c.DeviceHandle()
-			must(b, err)
-			must(b, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), res.DevicePtr()))
-		}
-		head := min(n, preEnqueue)
-		for i := 0; i < head; i++ {
-			launch()
-		}
 		b.StartTimer()
-		gate.Word(0).Store(1)
-		for i := head; i < n; i++ {
-			launch()
+		must(b, cs.LaunchKernel(pingpong, cuda.Linear(1, 1), h.Kernel(), uint64(n), uint64(2), res.DevicePtr()))
+		// The kernel may trigger an iteration before it is armed; the proxy issues an
+		// operation whose sequence number the trigger has passed once it is armed.
+		for armed := 1; armed < n; {
+			for ; armed < n && armed-int(chk.sends.Load()) < kernelWindow; armed++ {
+				arm()
+			}
+			if armed < n {
+				select {
+				case <-chk.adv:
+				case <-ctx.Done():
+					b.Fatalf("%v after %d of %d iterations", ctx.Err(), chk.sends.Load(), n)
+				}
+			}
 		}
 		must(b, s.Synchronize())
 		b.StopTimer()
-		must(b, c.Err())
+		iters, ns := binary.LittleEndian.Uint64(res.Bytes()), binary.LittleEndian.Uint64(res.Bytes()[8:])
+		if iters != uint64(n) {
+			b.Fatalf("the ping-pong kernel ran %d iterations, want %d", iters, n)
+		}
+		must(b, chk.verify(c, n))
 		must(b, c.Destroy())
+		b.ReportMetric(float64(ns)/float64(n)/2/1000, "kernel-half-rt-us")
 	}
 	b.StopTimer()
+	if work {
+		// The peer echoed the last message: it carries the last producer's data.
+		for i, x := range ib {
+			if want := device.Pattern(uint64(i), workSeed(n-1)); x != want {
+				b.Fatalf("echo of the last message: byte %d is %#x, want %#x (the send overtook its producer)", i, x, want)
+			}
+		}
+	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n)/2/1000, "half-rt-us")
+}
+
+// modeCheck verifies a conditioned run through the requests' callbacks (run by the proxy
+// as each operation retires): every send and receive succeeded, every receive got size
+// bytes. It also signals adv after every `every` sends, so kernel mode's host can arm
+// more.
+type modeCheck struct {
+	size  int
+	every int64
+	sends atomic.Int64 // retired, failed ones included
+	recvs atomic.Int64 // retired with size bytes and no error
+	bad   atomic.Pointer[string]
+	adv   chan struct{}
+}
+
+func newModeCheck(size, every int) *modeCheck {
+	return &modeCheck{size: size, every: int64(every), adv: make(chan struct{}, 1)}
+}
+
+func (c *modeCheck) params(cond *condition.Condition, flags ucp.OpFlags) (send, recv *ucp.RequestParam) {
+	send = &ucp.RequestParam{Condition: cond, Flags: flags, Callback: c.sent}
+	recv = &ucp.RequestParam{Condition: cond, Flags: flags, Callback: c.received}
+	return send, recv
+}
+
+func (c *modeCheck) sent(r *ucp.Request) {
+	if err := r.Err(); err != nil {
+		c.fail(fmt.Sprintf("send: %v", err))
+	}
+	if c.sends.Add(1)%c.every == 0 {
+		select {
+		case c.adv <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *modeCheck) received(r *ucp.Request) {
+	switch {
+	case r.Err() != nil:
+		c.fail(fmt.Sprintf("receive: %v", r.Err()))
+	case r.Length() != c.size:
+		c.fail(fmt.Sprintf("received %d bytes, want %d", r.Length(), c.size))
+	default:
+		c.recvs.Add(1)
+	}
+}
+
+func (c *modeCheck) fail(msg string) { c.bad.CompareAndSwap(nil, &msg) }
+
+func (c *modeCheck) verify(cond *condition.Condition, n int) error {
+	if msg := c.bad.Load(); msg != nil {
+		return fmt.Errorf("%s", *msg)
+	}
+	if err := cond.Err(); err != nil {
+		return err
+	}
+	if s, r := c.sends.Load(), c.recvs.Load(); s != int64(n) || r != int64(n) {
+		return fmt.Errorf("%d sends and %d receives completed, want %d of each", s, r, n)
+	}
+	return nil
 }

@@ -2,6 +2,8 @@ package ucp
 
 import (
 	"context"
+	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ucpx/ucpx/condition"
@@ -9,12 +11,15 @@ import (
 )
 
 // BenchmarkConditionModes compares, on host streams, four ways for a stream to take part
-// in a tag ping-pong (one round trip per op; half-rt-ns is the one-way latency):
+// in a tag ping-pong (one round trip per op; half-rt-ns is the one-way latency). The
+// patterns are those of tests.BenchmarkGPUModes and `ucpx perf --modes`:
 //
-//	sync      (a) synchronise the stream, post the operation, wait on the host
-//	hostfunc  (b) a stream host function performs the blocking operation (MPIX_*_enqueue style)
-//	stream    (c) a Stream condition: stream-ordered trigger and completion through the proxy
-//	kernel    (d) a KernelTriggered condition, triggered and tested by the "device" (a goroutine)
+//	sync      (a) synchronize the stream, post the operations, wait on the host
+//	hostfunc  (b) a stream host function performs the blocking round trip (MPIX_*_enqueue style)
+//	stream    (c) a Stream condition: the receive and the send enqueued with
+//	              NonBlockingEnqueue, then one WaitOnStream for both
+//	kernel    (d) a KernelTriggered condition: one "kernel" goroutine triggers and tests
+//	              every iteration (handle values + 2k) while the host arms ahead
 func BenchmarkConditionModes(b *testing.B) {
 	for _, size := range []int{8, 4096, 65536} {
 		for _, mode := range []string{"sync", "hostfunc", "stream", "kernel"} {
@@ -71,12 +76,17 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		prm := &RequestParam{Condition: c}
+		prm := &RequestParam{Condition: c, Flags: NonBlockingEnqueue}
 		for i := 0; i < n; i++ {
-			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
+			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
+			sr, err := p.epA.TagSendNbx(out, 1, prm)
+			if err != nil {
+				b.Fatal(err)
+			}
+			// Completion is in sequence order: the send's wait covers the receive.
+			if err := sr.WaitOnStream(s); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -93,19 +103,61 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		const window = 1024 // iterations armed ahead of completion
+		var sends atomic.Int64
+		adv := make(chan struct{}, 1)
 		prm := &RequestParam{Condition: c}
-		for i := 0; i < n; i++ {
-			// The "kernel" arms a send and a receive, triggers both, and polls completion.
-			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
-				b.Fatal(err)
+		sprm := &RequestParam{Condition: c, Callback: func(*Request) {
+			if sends.Add(1)%(window/2) == 0 {
+				select {
+				case adv <- struct{}{}:
+				default:
+				}
 			}
+		}}
+		arm := func() {
 			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
 				b.Fatal(err)
 			}
-			h, _ := c.DeviceHandle()
-			_ = condition.Trigger(h)
-			for !condition.Test(h) {
+			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
+				b.Fatal(err)
 			}
+		}
+		arm()
+		h, err := c.DeviceHandle()
+		if err != nil {
+			b.Fatal(err)
+		}
+		kernel := make(chan error, 1)
+		go func() { // what ucpx_test_pingpong does on a GPU
+			for k := uint64(0); k < uint64(n); k++ {
+				it := h
+				it.Value += 2 * k
+				it.CompletionValue += 2 * k
+				if err := condition.Trigger(it); err != nil {
+					kernel <- err
+					return
+				}
+				// Yield now and then: on a GPU the kernel takes no CPU from the host
+				// goroutine that arms ahead.
+				for spins := 1; !condition.Test(it); spins++ {
+					if spins%16 == 0 {
+						runtime.Gosched()
+					}
+				}
+			}
+			kernel <- nil
+		}()
+		for armed := 1; armed < n; {
+			for ; armed < n && armed-int(sends.Load()) < window; armed++ {
+				arm()
+			}
+			if armed < n {
+				<-adv
+			}
+		}
+		if err := <-kernel; err != nil {
+			b.Fatal(err)
 		}
 		if err := c.Err(); err != nil {
 			b.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,40 +193,83 @@ func TestPerf(t *testing.T) {
 	}
 }
 
-// A peer that dies in the middle of a phase must not leave perf waiting: over shm
-// UCX cannot tell, so the parent notices the process exit.
-// Every stream mode of tag_lat runs on host streams between two processes.
+// Every stream mode of tag_lat runs on host streams between two processes, without
+// and with a producer on the stream (--work kernel: a host function there). Each mode
+// checks its own outcome (every operation succeeded, every pong had the right length,
+// the last producer's data is in the send buffer) and fails the run otherwise.
 func TestPerfModes(t *testing.T) {
-	st, out, errs := run(t, "perf", "--json", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","),
-		"--backend", "host", "--sizes", "8,4k", "--iters", "200", "--warmup", "20", "--timeout", "60s")
-	if st != 0 {
-		t.Fatalf("perf --modes: status %d\nstderr:\n%s", st, errs)
+	for _, work := range []string{"none", "kernel"} {
+		t.Run("work="+work, func(t *testing.T) {
+			// More iterations than kernelWindow: kernel mode arms ahead in several bursts.
+			iters := 2*kernelWindow + 100
+			st, out, errs := run(t, "perf", "--json", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","), "--work", work,
+				"--backend", "host", "--sizes", "8,4k", "--iters", strconv.Itoa(iters), "--warmup", "20", "--timeout", "60s")
+			if st != 0 {
+				t.Fatalf("perf --modes: status %d\nstderr:\n%s", st, errs)
+			}
+			var rep perfReport
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("output does not parse: %v\n%s", err, out)
+			}
+			if rep.Backend != "host" {
+				t.Errorf("backend %q, want host", rep.Backend)
+			}
+			want := map[string]int{}
+			for _, m := range allModes {
+				want[m] = 2
+				if work == "kernel" && takesWork(m) {
+					want[m+workSuffix] = 2
+				}
+			}
+			seen := map[string]int{}
+			for _, r := range rep.Results {
+				seen[r.Mode]++
+				if r.Test != testTagLat || r.Iters != iters || r.Warmup != 20 || !(r.LatAvgUs > 0) || !(r.ElapsedS > 0) {
+					t.Errorf("implausible result %+v", r)
+				}
+				// The total time is what the mean latency comes from: two one-way trips per iteration.
+				if got := r.LatAvgUs * 2 * float64(r.Iters) / 1e6; got < r.ElapsedS*0.99 || got > r.ElapsedS*1.01 {
+					t.Errorf("%s/%d: mean latency %.3f us does not match %d iterations in %.6f s", r.Mode, r.Size, r.LatAvgUs, r.Iters, r.ElapsedS)
+				}
+			}
+			for m, n := range want {
+				if seen[m] != n {
+					t.Errorf("mode %s: %d results, want %d", m, seen[m], n)
+				}
+			}
+			if len(seen) != len(want) {
+				t.Errorf("modes %v, want %v", seen, want)
+			}
+		})
 	}
-	var rep perfReport
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("output does not parse: %v\n%s", err, out)
-	}
-	if rep.Backend != "host" {
-		t.Errorf("backend %q, want host", rep.Backend)
-	}
-	seen := map[string]int{}
-	for _, r := range rep.Results {
-		seen[r.Mode]++
-		if r.Test != testTagLat || r.Iters != 200 || !(r.LatAvgUs > 0) {
-			t.Errorf("implausible result %+v", r)
+	for _, bad := range [][]string{{"--modes", "warp"}, {"--work", "gpu"}, {"--modes", "plain,kernel", "--work", "kernel"}} {
+		st, _, errs := run(t, append([]string{"perf", "--tests", "tag_lat", "--timeout", "5s"}, bad...)...)
+		if st != 2 || !strings.Contains(errs, "--") {
+			t.Errorf("perf %v: status %d, stderr %s", bad, st, errs)
 		}
-	}
-	for _, m := range allModes {
-		if seen[m] != 2 {
-			t.Errorf("mode %s: %d results, want 2", m, seen[m])
-		}
-	}
-	st, _, errs = run(t, "perf", "--modes", "warp", "--timeout", "5s")
-	if st != 2 || !strings.Contains(errs, "unknown mode") {
-		t.Errorf("bad mode: status %d, stderr %s", st, errs)
 	}
 }
 
+func TestParseModes(t *testing.T) {
+	got, err := parseModes("plain,sync,kernel,stream", "kernel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "plain,sync,sync+work,kernel,stream,stream+work"; strings.Join(got, ",") != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+	if got, err := parseModes("stream", "none"); err != nil || strings.Join(got, ",") != "stream" {
+		t.Errorf("--work none: %v, %v", got, err)
+	}
+	for _, bad := range [][2]string{{"stream+work", "none"}, {"kernel", "kernel"}, {"sync", "host"}, {"", "none"}} {
+		if _, err := parseModes(bad[0], bad[1]); err == nil {
+			t.Errorf("parseModes(%q, %q) accepted", bad[0], bad[1])
+		}
+	}
+}
+
+// A peer that dies in the middle of a phase must not leave perf waiting: over shm
+// UCX cannot tell, so the parent notices the process exit.
 func TestPerfPeerCrash(t *testing.T) {
 	for _, test := range allTests {
 		t.Run(test, func(t *testing.T) {

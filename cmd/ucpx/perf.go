@@ -96,6 +96,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print machine-readable JSON instead of a table")
 	modes := fs.String("modes", modePlain, "tag_lat only, how it is driven: "+strings.Join(allModes, ",")+" (stream modes: see docs/performance.md)")
 	backend := fs.String("backend", "auto", "stream backend of the stream modes: auto (CUDA where there is a GPU), host, cuda")
+	work := fs.String("work", "none", "tag_lat stream modes: none, or kernel to also run sync, hostfunc and stream as mode+work, with a producer kernel writing the send buffer on the stream before each iteration (a host function on host streams)")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
@@ -112,7 +113,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		o.tests, err = parseTests(*tests)
 	}
 	if err == nil {
-		o.modes, err = parseModes(*modes)
+		o.modes, err = parseModes(*modes, *work)
 		o.backend = *backend
 	}
 	if err == nil {

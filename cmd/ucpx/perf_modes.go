@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
@@ -14,26 +18,59 @@ import (
 )
 
 // Ways for a stream to drive the tag ping-pong (`ucpx perf --modes`), compared in one
-// run; the peer process answers the same way for all of them:
+// run; the peer process answers the same way for all of them. One iteration is one
+// round trip: a ping of the message size out, the peer's pong back.
 //
-//	plain     the host posts and waits (the UCP layer alone, like ucx_perftest)
-//	sync      (a) synchronise the stream, then post and wait on the host
-//	hostfunc  (b) a stream host function performs the blocking operation (MPIX_*_enqueue)
-//	stream    (c) a Stream condition: the stream triggers, completion is stream-ordered
-//	kernel    (d) a KernelTriggered condition: a kernel (a host goroutine on host
-//	              streams) triggers each iteration and waits for its completion
+//	plain     the host posts the send and the receive and waits (the UCP layer alone,
+//	          like ucx_perftest); no stream
+//	sync      (a) synchronize the stream, then post the send and the receive and wait
+//	          for both on the host
+//	hostfunc  (b) a stream host function posts both and waits for them (the blocking
+//	          round trip of MPICH's MPIX_*_enqueue); the host only enqueues
+//	stream    (c) a Stream condition: the receive, then the send, enqueued with
+//	          NonBlockingEnqueue (each is a trigger store on the stream), then one
+//	          Request.WaitOnStream orders the stream after both (MPIX
+//	          Irecv_enqueue, Isend_enqueue, Waitall_enqueue): one stream-to-proxy
+//	          round trip per iteration
+//	kernel    (d) a KernelTriggered condition: one persistent kernel (a host goroutine
+//	          on host streams) runs every iteration, triggering the receive and the
+//	          send of iteration k with the handle's values plus 2k and waiting for
+//	          their completion; the host keeps arming iterations up to kernelWindow
+//	          ahead of completion while it runs
+//
+// With --work kernel, sync, hostfunc and stream also run as mode+work: each iteration
+// first enqueues a producer that writes the send buffer, as when kernels produce the
+// data (CUDA: ucpx_test_fill, one block of 256 threads; host streams: a host function
+// doing the same). sync must then really wait for the stream. kernel has no +work
+// variant: its persistent kernel occupies the stream, so no producer kernel can run
+// between its iterations.
 const (
 	modePlain    = "plain"
 	modeSync     = "sync"
 	modeHostFunc = "hostfunc"
 	modeStream   = "stream"
 	modeKernel   = "kernel"
+
+	workSuffix = "+work"
 )
 
 var allModes = []string{modePlain, modeSync, modeHostFunc, modeStream, modeKernel}
 
-func parseModes(s string) ([]string, error) {
+// takesWork: the modes that get a +work variant.
+func takesWork(mode string) bool {
+	return mode == modeSync || mode == modeHostFunc || mode == modeStream
+}
+
+// parseModes parses --modes and, with --work kernel, adds mode+work after each mode
+// that takes a producer.
+func parseModes(s, work string) ([]string, error) {
+	switch work {
+	case "none", "kernel":
+	default:
+		return nil, fmt.Errorf("--work %q: want none or kernel", work)
+	}
 	var out []string
+	withWork := false
 	for _, m := range strings.Split(s, ",") {
 		m = strings.TrimSpace(m)
 		ok := false
@@ -44,18 +81,40 @@ func parseModes(s string) ([]string, error) {
 			return nil, fmt.Errorf("--modes: unknown mode %q (want %s)", m, strings.Join(allModes, ","))
 		}
 		out = append(out, m)
+		if work == "kernel" && takesWork(m) {
+			out = append(out, m+workSuffix)
+			withWork = true
+		}
+	}
+	if work == "kernel" && !withWork {
+		return nil, fmt.Errorf("--work kernel: none of --modes %s takes work (sync, hostfunc, stream do)", s)
 	}
 	return out, nil
 }
 
-// modeRig holds the stream machinery of the stream modes, opened once per run.
+// kernelWindow bounds how many iterations the host arms ahead of the kernel mode's
+// completion: enough that the kernel never waits for the host, without holding a
+// Request per iteration of the whole run.
+const kernelWindow = 1024
+
+// errModeCheck: a stream mode ran but its outcome was wrong.
+var errModeCheck = errors.New("stream mode check failed")
+
+// modeRig holds the stream machinery of the stream modes, opened once per run, and
+// their registered buffers: on CUDA, pinned host memory the device can write (the
+// +work producer), registered with UCX.
 type modeRig struct {
-	backend stream.Backend
-	s       stream.Stream
-	cs      *cuda.Stream // CUDA backend only
-	mod     *cuda.Module
-	kernel  *cuda.Function
-	result  *cuda.HostMemory
+	backend  stream.Backend
+	s        stream.Stream
+	cs       *cuda.Stream // CUDA backend only
+	mod      *cuda.Module
+	pingpong *cuda.Function
+	fill     *cuda.Function
+	result   *cuda.HostMemory // the ping-pong kernel's iteration count and time
+
+	smem, rmem *ucp.MemH          // send and receive buffers, made by buffers
+	sdev       uintptr            // CUDA: device address of smem
+	pinned     []*cuda.HostMemory // CUDA: the memory behind smem and rmem
 }
 
 func openModeRig(sel string) (*modeRig, error) {
@@ -75,7 +134,10 @@ func openModeRig(sel string) (*modeRig, error) {
 	if ctx, _, ok := stream.CUDAContext(b); ok {
 		r.cs, _ = stream.CUDAStream(r.s)
 		if r.mod, err = ctx.LoadModule(device.TestKernelsPTX()); err == nil {
-			r.kernel, err = r.mod.Function(device.KernelHandle)
+			r.pingpong, err = r.mod.Function(device.KernelPingPong)
+		}
+		if err == nil {
+			r.fill, err = r.mod.Function(device.KernelFill)
 		}
 		if err == nil {
 			r.result, err = ctx.MemHostAlloc(16, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
@@ -88,9 +150,47 @@ func openModeRig(sel string) (*modeRig, error) {
 	return r, nil
 }
 
+// buffers makes the rig's send and receive buffers of size bytes on first use (UCX's
+// context exists only once the rig is open).
+func (r *modeRig) buffers(uctx *ucp.Context, size int) error {
+	if r.smem != nil {
+		return nil
+	}
+	ctx, _, ok := stream.CUDAContext(r.backend)
+	if !ok {
+		var err error
+		if r.smem, err = uctx.MemAlloc(size); err == nil {
+			r.rmem, err = uctx.MemAlloc(size)
+		}
+		return err
+	}
+	mems := [2]**ucp.MemH{&r.smem, &r.rmem}
+	for _, m := range mems {
+		h, err := ctx.MemHostAlloc(size, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+		if err != nil {
+			return fmt.Errorf("pinned buffer: %w", err)
+		}
+		r.pinned = append(r.pinned, h)
+		if *m, err = uctx.MemMapPtr(h.Addr(), size, ucp.MemoryHost); err != nil {
+			return fmt.Errorf("register pinned buffer: %w", err)
+		}
+	}
+	r.sdev = r.pinned[0].DevicePtr()
+	return nil
+}
+
 func (r *modeRig) close() {
 	if r.s != nil {
 		_ = r.s.Close()
+	}
+	// Deregister before the memory behind the registrations goes.
+	for _, m := range []*ucp.MemH{r.smem, r.rmem} {
+		if m != nil {
+			_ = m.Close()
+		}
+	}
+	for _, h := range r.pinned {
+		_ = h.Close()
 	}
 	if r.result != nil {
 		_ = r.result.Close()
@@ -101,16 +201,47 @@ func (r *modeRig) close() {
 	_ = r.backend.Close()
 }
 
+// workSeed is iteration i's producer seed. device.Pattern shifts the seed right by 7
+// bits, so consecutive seeds mostly give the same bytes; i<<7 adds i to every byte.
+func workSeed(i int) uint32 { return uint32(i) << 7 }
+
+// produce enqueues iteration i's producer: it writes device.Pattern with workSeed(i)
+// into the first size bytes of the send buffer.
+func (r *modeRig) produce(size, i int) error {
+	if r.cs != nil {
+		return r.cs.LaunchKernel(r.fill, cuda.Linear(1, 256), r.sdev, uint64(size), workSeed(i))
+	}
+	buf := r.smem.Bytes()[:size]
+	return r.s.LaunchHostFunc(func() { fillPattern(buf, workSeed(i)) })
+}
+
+func fillPattern(buf []byte, seed uint32) {
+	for i := range buf {
+		buf[i] = device.Pattern(uint64(i), seed)
+	}
+}
+
 // tagLatMode runs count ping-pong iterations driven the way mode says and returns the
 // total time; only the total is observable when the stream runs ahead of the host.
 func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size, count int) (time.Duration, error) {
-	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	if err := r.buffers(s.ctx, s.smem.Len()); err != nil {
+		return 0, err
+	}
+	base, work := strings.CutSuffix(mode, workSuffix)
+	if work && !takesWork(base) {
+		return 0, fmt.Errorf("mode %q takes no work", mode)
+	}
+	produce := func(int) error { return nil }
+	if work {
+		produce = func(i int) error { return r.produce(size, i) }
+	}
+	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	roundTrip := func() error {
-		sr, err := s.ep.TagSendNbx(sbuf, tagPing, &ucp.RequestParam{MemH: s.smem})
+		sr, err := s.ep.TagSendNbx(sbuf, tagPing, &ucp.RequestParam{MemH: r.smem})
 		if err != nil {
 			return err
 		}
-		rr, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, &ucp.RequestParam{MemH: s.rmem})
+		rr, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, &ucp.RequestParam{MemH: r.rmem})
 		if err != nil {
 			return err
 		}
@@ -122,86 +253,265 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		}
 		return checkLen(rr, size)
 	}
+	var elapsed time.Duration
+	var err error
 	start := time.Now()
-	switch mode {
+	switch base {
 	case modeSync:
-		for i := 0; i < count; i++ {
-			if err := r.s.Synchronize(); err != nil {
-				return 0, err
+		for i := 0; i < count && err == nil; i++ {
+			err = produce(i)
+			if err == nil {
+				err = r.s.Synchronize()
 			}
-			if err := roundTrip(); err != nil {
-				return 0, err
+			if err == nil {
+				err = roundTrip()
 			}
 		}
+		elapsed = time.Since(start)
 	case modeHostFunc:
-		var failed error
-		for i := 0; i < count; i++ {
-			if err := r.s.LaunchHostFunc(func() {
-				if err := roundTrip(); err != nil && failed == nil {
-					failed = err
-				}
-			}); err != nil {
-				return 0, err
+		var failed error // written on the stream, read after Synchronize
+		for i := 0; i < count && err == nil; i++ {
+			err = produce(i)
+			if err == nil {
+				err = r.s.LaunchHostFunc(func() {
+					if err := roundTrip(); err != nil && failed == nil {
+						failed = err
+					}
+				})
 			}
 		}
-		if err := r.s.Synchronize(); err != nil {
+		if err == nil {
+			err = r.s.Synchronize()
+		}
+		elapsed = time.Since(start)
+		if err == nil {
+			err = failed
+		}
+	case modeStream:
+		elapsed, err = s.streamMode(r, size, count, produce)
+	case modeKernel:
+		elapsed, err = s.kernelMode(ctx, r, size, count)
+	default:
+		err = fmt.Errorf("mode %q is not a stream mode", mode)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if work {
+		// The last producer ran, in stream order, before the stream returned.
+		for i, b := range sbuf {
+			if want := device.Pattern(uint64(i), workSeed(count-1)); b != want {
+				return 0, fmt.Errorf("%w: %s: send buffer byte %d is %#x after the last producer, want %#x", errModeCheck, mode, i, b, want)
+			}
+		}
+	}
+	return elapsed, nil
+}
+
+// pingCheck verifies the conditioned operations of a run through their callbacks (run
+// by the proxy as each operation retires): every send and receive succeeded, every
+// receive got size bytes. It also tells the kernel mode's host when completion has
+// advanced.
+type pingCheck struct {
+	size  int
+	sends atomic.Int64 // sends retired, failed ones included
+	recvs atomic.Int64 // receives retired with size bytes and no error
+	bad   atomic.Pointer[string]
+	every int64         // signal advance after each every sends
+	adv   chan struct{} // capacity 1
+}
+
+func newPingCheck(size, every int) *pingCheck {
+	return &pingCheck{size: size, every: int64(every), adv: make(chan struct{}, 1)}
+}
+
+func (c *pingCheck) sent(r *ucp.Request) {
+	if err := r.Err(); err != nil {
+		c.fail(fmt.Sprintf("send: %v", err))
+	}
+	if c.sends.Add(1)%c.every == 0 {
+		select {
+		case c.adv <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *pingCheck) received(r *ucp.Request) {
+	switch {
+	case r.Err() != nil:
+		c.fail(fmt.Sprintf("receive: %v", r.Err()))
+	case r.Length() != c.size:
+		c.fail(fmt.Sprintf("received %d bytes, want %d", r.Length(), c.size))
+	default:
+		c.recvs.Add(1)
+	}
+}
+
+func (c *pingCheck) fail(msg string) { c.bad.CompareAndSwap(nil, &msg) }
+
+// verify runs once the condition has retired every operation.
+func (c *pingCheck) verify(cond *condition.Condition, count int) error {
+	if msg := c.bad.Load(); msg != nil {
+		return fmt.Errorf("%w: %s", errModeCheck, *msg)
+	}
+	if err := cond.Err(); err != nil {
+		return err
+	}
+	if s, r := c.sends.Load(), c.recvs.Load(); s != int64(count) || r != int64(count) {
+		return fmt.Errorf("%w: %d sends and %d receives completed, want %d of each", errModeCheck, s, r, count)
+	}
+	return nil
+}
+
+// params are the request parameters of a conditioned run.
+func (c *pingCheck) params(s *perfSide, r *modeRig, cond *condition.Condition, flags ucp.OpFlags) (send, recv *ucp.RequestParam) {
+	send = &ucp.RequestParam{Condition: cond, MemH: r.smem, Flags: flags, Callback: c.sent}
+	recv = &ucp.RequestParam{Condition: cond, MemH: r.rmem, Flags: flags, Peer: s.ep, Callback: c.received}
+	return send, recv
+}
+
+// streamMode is mode (c): per iteration the producer (if any), the receive and the send
+// as trigger stores, and one wait for both.
+func (s *perfSide) streamMode(r *modeRig, size, count int, produce func(int) error) (time.Duration, error) {
+	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: r.backend, Stream: r.s})
+	if err != nil {
+		return 0, err
+	}
+	chk := newPingCheck(size, count) // nothing waits for its advance signal
+	sp, rp := chk.params(s, r, cond, ucp.NonBlockingEnqueue)
+	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
+	start := time.Now()
+	for i := 0; i < count; i++ {
+		if err := produce(i); err != nil {
 			return 0, err
 		}
-		if failed != nil {
-			return 0, failed
+		// The receive first, so the pong always finds it posted.
+		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
+			return 0, err
 		}
-	case modeStream, modeKernel:
-		p := condition.Param{Category: condition.Stream, Backend: r.backend, Stream: r.s}
-		if mode == modeKernel {
-			p = condition.Param{Category: condition.KernelTriggered, Backend: r.backend}
-		}
-		cond, err := condition.Create(p)
+		sr, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
 		if err != nil {
 			return 0, err
 		}
-		sp := &ucp.RequestParam{Condition: cond, MemH: s.smem, Peer: s.ep}
-		rp := &ucp.RequestParam{Condition: cond, MemH: s.rmem, Peer: s.ep}
-		for i := 0; i < count; i++ {
-			if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
+		// Operations complete in sequence order, so waiting for the send (armed last)
+		// waits for the receive too: one stream wait instead of two.
+		if err := sr.WaitOnStream(r.s); err != nil {
+			return 0, err
+		}
+	}
+	if err := r.s.Synchronize(); err != nil {
+		return 0, err
+	}
+	elapsed := time.Since(start)
+	if err := chk.verify(cond, count); err != nil {
+		return 0, err
+	}
+	return elapsed, cond.Destroy()
+}
+
+// kernelMode is mode (d): one persistent kernel, or a host goroutine on host streams,
+// triggers and waits for every iteration, while the host arms them ahead.
+func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) (time.Duration, error) {
+	cond, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: r.backend})
+	if err != nil {
+		return 0, err
+	}
+	chk := newPingCheck(size, kernelWindow/2)
+	sp, rp := chk.params(s, r, cond, 0)
+	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
+	arm := func() error { // one iteration: two sequence numbers, receive first
+		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
+			return err
+		}
+		_, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
+		return err
+	}
+	const step = 2
+	if err := arm(); err != nil {
+		return 0, err
+	}
+	h, err := cond.DeviceHandle() // iteration 0; iteration k is h + k*step
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	finished, err := r.startPingPong(ctx, h, count, step)
+	if err != nil {
+		return 0, err
+	}
+	// The kernel may trigger an iteration before the host armed it: the proxy issues
+	// an operation whose sequence number the trigger word has already passed as soon
+	// as it is armed.
+	for armed := 1; armed < count; {
+		for ; armed < count && armed-int(chk.sends.Load()) < kernelWindow; armed++ {
+			if err := arm(); err != nil {
 				return 0, err
 			}
-			if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
-				return 0, err
+		}
+		if armed < count {
+			select {
+			case <-chk.adv:
+			case <-ctx.Done():
+				return 0, fmt.Errorf("%w after %d of %d iterations", context.Cause(ctx), chk.sends.Load(), count)
 			}
-			if mode == modeKernel {
-				if err := r.fire(cond); err != nil {
-					return 0, err
+		}
+	}
+	if err := finished(); err != nil {
+		return 0, err
+	}
+	elapsed := time.Since(start)
+	if err := chk.verify(cond, count); err != nil {
+		return 0, err
+	}
+	return elapsed, cond.Destroy()
+}
+
+// startPingPong starts the trigger-and-wait loop of n iterations from h, step apart,
+// and returns the function that waits for its end: on CUDA the ucpx_test_pingpong
+// kernel, on host streams a goroutine doing what the kernel does.
+func (r *modeRig) startPingPong(ctx context.Context, h condition.DeviceHandle, n int, step uint64) (func() error, error) {
+	if r.cs != nil {
+		res := r.result.Bytes()
+		clear(res)
+		if err := r.cs.LaunchKernel(r.pingpong, cuda.Linear(1, 1), h.Kernel(), uint64(n), step, r.result.DevicePtr()); err != nil {
+			return nil, err
+		}
+		return func() error {
+			if err := r.s.Synchronize(); err != nil {
+				return err
+			}
+			if got := binary.LittleEndian.Uint64(res); got != uint64(n) {
+				return fmt.Errorf("%w: the ping-pong kernel ran %d iterations, want %d", errModeCheck, got, n)
+			}
+			return nil
+		}, nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- hostPingPong(ctx, h, n, step) }()
+	return func() error { return <-done }, nil
+}
+
+// hostPingPong is ucpx_test_pingpong on the host: condition.Trigger for ucpx_trigger,
+// polling condition.Test for ucpx_wait.
+func hostPingPong(ctx context.Context, h condition.DeviceHandle, n int, step uint64) error {
+	for k := 0; k < n; k++ {
+		it := h
+		it.Value += uint64(k) * step
+		it.CompletionValue += uint64(k) * step
+		if err := condition.Trigger(it); err != nil {
+			return err
+		}
+		// Yield now and then: on a GPU the kernel takes no CPU from the goroutine that
+		// arms ahead, and on a small machine a spinning goroutine would.
+		for spins := 1; !condition.Test(it); spins++ {
+			if spins%16 == 0 {
+				runtime.Gosched()
+				if ctx.Err() != nil {
+					return fmt.Errorf("ping-pong iteration %d of %d: %w", k, n, context.Cause(ctx))
 				}
 			}
 		}
-		if err := r.s.Synchronize(); err != nil {
-			return 0, err
-		}
-		elapsed := time.Since(start)
-		if err := cond.Err(); err != nil {
-			return 0, err
-		}
-		return elapsed, cond.Destroy()
-	default:
-		return 0, fmt.Errorf("mode %q is not a stream mode", mode)
 	}
-	return time.Since(start), nil
-}
-
-// fire triggers the operations armed so far and, on host streams, waits for them as a
-// kernel's ucpx_wait would; on a GPU a one-thread kernel does both.
-func (r *modeRig) fire(cond *condition.Condition) error {
-	h, err := cond.DeviceHandle()
-	if err != nil {
-		return err
-	}
-	if r.cs == nil {
-		if err := condition.Trigger(h); err != nil {
-			return err
-		}
-		for !condition.Test(h) {
-		}
-		return nil
-	}
-	return r.cs.LaunchKernel(r.kernel, cuda.Linear(1, 1), h.Kernel(), r.result.DevicePtr())
+	return nil
 }
