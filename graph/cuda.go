@@ -2,18 +2,30 @@ package graph
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"weak"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/stream"
 )
 
-// CUDA lets graph conditions add their nodes to a CUDA graph. Each operation becomes one
-// batch-memop node [write T=1, wait D&1, write D=0] (a one-node batch measured faster
-// than two chained nodes, DESIGN §6), or with Split a start node [write T=1] and a wait
-// node [wait D&1, write D=0] after it. Instantiate and launch the graph with cgo/cuda:
-// every launch performs the operation again with no host call; the proxy resets T when
-// it takes the trigger and sets D once the operation completed.
+// CUDA lets graph conditions add their nodes to a CUDA graph. Each operation has a
+// start node [write T=1] after its dependencies and a completion node [wait D&1, write
+// D=0] after the start node; the proxy resets T when it takes the trigger and sets D
+// once the operation completed, so every launch performs the operation again with no
+// host call. Without Split the completion node is the one node the condition shows
+// (Node and WaitNode): give input dependencies in Param.Deps, and depend on the node
+// for completion. With Split, Node is the start node and WaitNode the completion node.
+//
+// Completion nodes of one graph wait one after another (each depends on the one
+// created before it): a memop wait occupies one of the GPU's hardware work queues
+// (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) while it waits, and with many
+// independent waits blocked at once, the trigger writes of other work on the same
+// context (another graph, the peer half of a loopback exchange) could get no queue
+// and never run. Start nodes stay independent, so every operation is issued as soon
+// as its dependencies allow; only the observation of completions is ordered.
 //
 // Close CUDA graphs that hold a worker's conditions before closing the worker: a launch
 // after that waits for a proxy that is gone (the launch in flight when the worker closes
@@ -21,6 +33,13 @@ import (
 type CUDA struct {
 	Graph *cuda.Graph
 }
+
+// lastWait holds the completion node created last in each graph, keyed weakly so a
+// dropped graph takes its entry with it.
+var lastWait = struct {
+	sync.Mutex
+	m map[weak.Pointer[cuda.Graph]]cuda.Node
+}{m: map[weak.Pointer[cuda.Graph]]cuda.Node{}}
 
 // Kind is stream.KindCUDA.
 func (c CUDA) Kind() stream.Kind { return stream.KindCUDA }
@@ -42,23 +61,33 @@ func (c CUDA) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool)
 	if t == 0 || d == 0 {
 		return nil, nil, fmt.Errorf("signal words without device addresses (a host backend?): %w", ErrInvalidParam)
 	}
-	fire := cuda.WriteValue64Op(t, 1, cuda.WriteDefault)
+	s, err := c.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{cuda.WriteValue64Op(t, 1, cuda.WriteDefault)})
+	if err != nil {
+		return nil, nil, err
+	}
+	key := weak.Make(c.Graph)
+	lastWait.Lock()
+	defer lastWait.Unlock()
+	waitDeps := []cuda.Node{s}
+	prev, chained := lastWait.m[key]
+	if chained {
+		waitDeps = append(waitDeps, prev)
+	}
 	// AND 1: released by 1 (done) and by condition.GraphFailed (all ones).
-	complete := []cuda.MemOp{cuda.WaitValue64Op(d, 1, cuda.WaitAND), cuda.WriteValue64Op(d, 0, cuda.WriteDefault)}
+	w, err := c.Graph.AddBatchMemOpNode(waitDeps, []cuda.MemOp{cuda.WaitValue64Op(d, 1, cuda.WaitAND), cuda.WriteValue64Op(d, 0, cuda.WriteDefault)})
+	if err != nil {
+		return nil, nil, err
+	}
+	lastWait.m[key] = w
+	if !chained {
+		runtime.AddCleanup(c.Graph, func(k weak.Pointer[cuda.Graph]) {
+			lastWait.Lock()
+			delete(lastWait.m, k)
+			lastWait.Unlock()
+		}, key)
+	}
 	if !split {
-		n, err := c.Graph.AddBatchMemOpNode(nodes, append([]cuda.MemOp{fire}, complete...))
-		if err != nil {
-			return nil, nil, err
-		}
-		return n, n, nil
-	}
-	s, err := c.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{fire})
-	if err != nil {
-		return nil, nil, err
-	}
-	w, err := c.Graph.AddBatchMemOpNode([]cuda.Node{s}, complete)
-	if err != nil {
-		return nil, nil, err
+		return w, w, nil
 	}
 	return s, w, nil
 }
