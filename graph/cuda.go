@@ -27,6 +27,16 @@ import (
 // and never run. Start nodes stay independent, so every operation is issued as soon
 // as its dependencies allow; only the observation of completions is ordered.
 //
+// Order across graphs of one CUDA context: CUDA may run independent branches of a
+// graph on any of the context's hardware queues, in any order, and the ordering a memop
+// wait creates is invisible to its scheduler (the driver API documentation of
+// cuGraphAddBatchMemOpNode warns of this). So when two graphs of one process talk to
+// each other (two workers in one process), launch the sending graph before the
+// receiving one: a receive's wait launched first can sit in a queue ahead of the send
+// trigger it waits for, and both wait forever (seen on an H200 with 16 receives).
+// Graphs in different processes use different contexts and are not affected. Without
+// the chaining above, 256 independent one-node operations hung even sender first.
+//
 // Close CUDA graphs that hold a worker's conditions before closing the worker: a launch
 // after that waits for a proxy that is gone (the launch in flight when the worker closes
 // is released, with the error in the condition).
