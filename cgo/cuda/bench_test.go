@@ -5,6 +5,7 @@ package cuda_test
 // table's rows. Run: go test -run '^$' -bench . ./cgo/cuda (on a GPU machine).
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -254,4 +255,60 @@ func benchHostFuncEnqueue(b *testing.B, cNoop bool) {
 	b.StopTimer()
 	must(b, s.Synchronize())
 	reportUS(b, b.Elapsed(), b.N, "us/enqueue")
+}
+
+// BenchmarkGraphLaunchMemopNodes: the CPU cost of launching a graph of N batch-memop
+// nodes, each writing its own word (nothing waits), against enqueuing the same N
+// writes on a stream: the floor under graph conditions' submit cost. Shapes:
+// "independent" (N root nodes, as N unrelated communication nodes are), "chain" (a
+// line of N nodes) and "stream" (N WriteValue64 calls). The stream is synchronized
+// between iterations, outside the clock.
+func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
+	for _, n := range []int{1, 16, 256} {
+		for _, shape := range []string{"independent", "chain", "stream"} {
+			b.Run(fmt.Sprintf("%s/N=%d", shape, n), func(b *testing.B) {
+				ctx := newContext(b)
+				s := newStream(b, ctx)
+				w := newWords(b, ctx, n)
+				var submit func() error
+				if shape == "stream" {
+					submit = func() error {
+						for i := 0; i < n; i++ {
+							if err := s.WriteValue64(w.dev(i), 1, cuda.WriteDefault); err != nil {
+								return err
+							}
+						}
+						return nil
+					}
+				} else {
+					g, err := ctx.NewGraph()
+					must(b, err)
+					defer g.Close()
+					var prev []cuda.Node
+					for i := 0; i < n; i++ {
+						nd, err := g.AddBatchMemOpNode(prev, []cuda.MemOp{cuda.WriteValue64Op(w.dev(i), 1, cuda.WriteDefault)})
+						must(b, err)
+						if shape == "chain" {
+							prev = []cuda.Node{nd}
+						}
+					}
+					x, err := g.Instantiate(0)
+					must(b, err)
+					defer x.Close()
+					submit = func() error { return x.Launch(s) }
+				}
+				var elapsed time.Duration
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					t0 := time.Now()
+					must(b, submit())
+					elapsed += time.Since(t0)
+					b.StopTimer()
+					must(b, s.Synchronize())
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N*n), "submit-ns/node")
+			})
+		}
+	}
 }
