@@ -6,6 +6,7 @@ package cuda_test
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -261,11 +262,12 @@ func benchHostFuncEnqueue(b *testing.B, cNoop bool) {
 // nodes, each writing its own word (nothing waits), against enqueuing the same N
 // writes on a stream: the floor under graph conditions' submit cost. Shapes:
 // "independent" (N root nodes, as N unrelated communication nodes are), "chain" (a
-// line of N nodes) and "stream" (N WriteValue64 calls). The stream is synchronized
+// line of N nodes), "stream" (N WriteValue64 calls), and the two graph shapes with
+// one-thread kernel nodes instead of memop nodes ("kernel-independent", "kernel-chain"). The stream is synchronized
 // between iterations, outside the clock.
 func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 	for _, n := range []int{1, 16, 256} {
-		for _, shape := range []string{"independent", "chain", "stream"} {
+		for _, shape := range []string{"independent", "chain", "stream", "kernel-independent", "kernel-chain"} {
 			b.Run(fmt.Sprintf("%s/N=%d", shape, n), func(b *testing.B) {
 				ctx := newContext(b)
 				s := newStream(b, ctx)
@@ -284,11 +286,25 @@ func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 					g, err := ctx.NewGraph()
 					must(b, err)
 					defer g.Close()
+					var fill *cuda.Function
+					if strings.HasPrefix(shape, "kernel") {
+						mod, err := ctx.LoadModule(device.TestKernelsPTX())
+						must(b, err)
+						defer mod.Close()
+						fill, err = mod.Function(device.KernelFill)
+						must(b, err)
+					}
 					var prev []cuda.Node
 					for i := 0; i < n; i++ {
-						nd, err := g.AddBatchMemOpNode(prev, []cuda.MemOp{cuda.WriteValue64Op(w.dev(i), 1, cuda.WriteDefault)})
+						var nd cuda.Node
+						var err error
+						if fill != nil { // a one-thread kernel writing one byte of the word
+							nd, err = g.AddKernelNode(prev, fill, cuda.Linear(1, 1), w.dev(i), uint64(1), uint32(1<<7))
+						} else {
+							nd, err = g.AddBatchMemOpNode(prev, []cuda.MemOp{cuda.WriteValue64Op(w.dev(i), 1, cuda.WriteDefault)})
+						}
 						must(b, err)
-						if shape == "chain" {
+						if strings.HasSuffix(shape, "chain") {
 							prev = []cuda.Node{nd}
 						}
 					}
