@@ -221,9 +221,6 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 		return 0, fmt.Errorf("arm: %w", ErrDestroyed)
 	}
 	seq := c.armed + 1
-	if c.category == Graph && c.armed > 0 {
-		return 0, fmt.Errorf("arm: a graph condition carries one operation (it runs at every launch): %w", ErrInvalidParam)
-	}
 	if c.category == Stream {
 		if work.Before != nil {
 			if err := work.Before(c.stream); err != nil {

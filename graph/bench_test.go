@@ -16,7 +16,8 @@ import (
 
 // BenchmarkGraphVsStream: N 8-byte sends (and the N matching receives on the peer
 // worker) per iteration, either as N communication nodes of one graph (a sender graph
-// and a receiver graph, each launched once per iteration), or as 2N stream-condition
+// and a receiver graph, each launched once per iteration), as one communication node
+// carrying the N operations in each graph ("graph-one-node"), or as 2N stream-condition
 // enqueues per iteration with one stream-ordered wait per stream for the batch. On
 // host streams the graphs are host graphs; on cuda (skipped without a GPU) they are
 // CUDA graphs of batch-memop nodes. Reported:
@@ -26,7 +27,7 @@ import (
 func BenchmarkGraphVsStream(b *testing.B) {
 	for _, kind := range []stream.Kind{stream.KindHost, stream.KindCUDA} {
 		for _, n := range []int{1, 16, 256} {
-			for _, path := range []string{"graph", "stream"} {
+			for _, path := range []string{"graph", "graph-one-node", "stream"} {
 				b.Run(fmt.Sprintf("%s/%s/N=%d", kind, path, n), func(b *testing.B) { benchGraphVsStream(b, kind, path, n) })
 			}
 		}
@@ -99,18 +100,21 @@ func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 	var submit time.Duration
 	b.ResetTimer()
 	switch path {
-	case "graph":
+	case "graph", "graph-one-node":
 		b.StopTimer()
 		sg, rg, launch, closeGraphs := benchGraphs(b, backend, ss, rs)
 		var conds []*condition.Condition
+		var sc, rc *condition.Condition
 		for i := 0; i < n; i++ {
-			sc, err := condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: sg})
-			if err != nil {
-				b.Fatal(err)
-			}
-			rc, err := condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: rg})
-			if err != nil {
-				b.Fatal(err)
+			if path == "graph" || i == 0 { // graph-one-node: one node carries all N
+				var err error
+				if sc, err = condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: sg}); err != nil {
+					b.Fatal(err)
+				}
+				if rc, err = condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: rg}); err != nil {
+					b.Fatal(err)
+				}
+				conds = append(conds, sc, rc)
 			}
 			if _, err := l.ab.TagSendNbx(out[i], uint64(i), &ucp.RequestParam{Condition: sc}); err != nil {
 				b.Fatal(err)
@@ -118,7 +122,6 @@ func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 			if _, err := l.b.TagRecvNbx(in[i], uint64(i), ^uint64(0), &ucp.RequestParam{Condition: rc}); err != nil {
 				b.Fatal(err)
 			}
-			conds = append(conds, sc, rc)
 		}
 		start := launch()
 		b.StartTimer()

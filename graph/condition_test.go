@@ -244,3 +244,76 @@ func TestGraphLaunchAfterWorkerClose(t *testing.T) {
 	require.ErrorIs(t, c.Err(), ucp.ErrCanceled)
 	require.NoError(t, c.Destroy())
 }
+
+// One communication node carrying several operations: a sender node with 8 sends and
+// a receiver node with the 8 receives, relaunched 200 times, every message verified at
+// every launch; the node completes only after all its operations did.
+func TestGraphConditionSeveralOperations(t *testing.T) {
+	l := newLink(t)
+	const ops, launches, size = 8, 200, 512
+	var launch uint64
+	outs, ins := make([][]byte, ops), make([][]byte, ops)
+	for i := range outs {
+		outs[i], ins[i] = make([]byte, size), make([]byte, size)
+	}
+	sg := graph.NewHost()
+	fill, _ := sg.AddTask(nil, func() error {
+		launch++
+		for k, out := range outs {
+			for i := range out {
+				out[i] = byte(launch*7 + uint64(k*31+i))
+			}
+		}
+		return nil
+	})
+	send := graphCondition(t, l, sg, []any{fill}, false)
+	rg := graph.NewHost()
+	recv := graphCondition(t, l, rg, nil, false)
+	sendReqs := make([]*ucp.Request, ops)
+	for k := 0; k < ops; k++ {
+		var err error
+		sendReqs[k], err = l.ab.TagSendNbx(outs[k], uint64(100+k), &ucp.RequestParam{Condition: send})
+		require.NoError(t, err)
+		_, err = l.b.TagRecvNbx(ins[k], uint64(100+k), ^uint64(0), &ucp.RequestParam{Condition: recv})
+		require.NoError(t, err)
+	}
+	var checked atomic.Int64
+	_, err := rg.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
+		n := uint64(checked.Add(1))
+		for k, in := range ins {
+			for i := range in {
+				if want := byte(n*7 + uint64(k*31+i)); in[i] != want {
+					return fmt.Errorf("launch %d, message %d: byte %d is %d, want %d", n, k, i, in[i], want)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	sx, err := sg.Instantiate()
+	require.NoError(t, err)
+	rx, err := rg.Instantiate()
+	require.NoError(t, err)
+	ss, err := l.backend.NewStream()
+	require.NoError(t, err)
+	rs, err := l.backend.NewStream()
+	require.NoError(t, err)
+	for i := 0; i < launches; i++ {
+		require.NoError(t, rx.Launch(rs))
+		require.NoError(t, sx.Launch(ss))
+		require.NoError(t, ss.Synchronize())
+	}
+	require.NoError(t, rs.Synchronize())
+	require.Equal(t, int64(launches), checked.Load())
+	require.NoError(t, send.Err())
+	require.NoError(t, recv.Err())
+	require.NoError(t, sx.Close())
+	require.NoError(t, rx.Close())
+	require.NoError(t, send.Destroy())
+	require.NoError(t, recv.Destroy())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, r := range sendReqs { // every operation's request ends with the condition
+		require.NoError(t, r.Wait(ctx))
+	}
+}

@@ -45,6 +45,9 @@ type channel struct {
 	cond *condition.Condition
 	ops  []*condOp // armed, not retired, in sequence order
 	pos  int       // index in proxy.order
+	// running counts a Graph condition's operations issued for the current launch
+	// and not yet completed.
+	running int
 }
 
 type proxy struct {
@@ -353,7 +356,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			if px.graphRoundLocked(cond, ch) {
 				progressed = true
 			}
-			if len(ch.ops) > 0 && ch.ops[0].running {
+			if ch.running > 0 {
 				inflight = true
 			}
 			continue
@@ -412,36 +415,53 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 	return progressed, true
 }
 
-// graphRoundLocked runs the persistent operation of a Graph condition: each time a
+// graphRoundLocked runs the persistent operations of a Graph condition: each time a
 // launch's node stores 1 into the trigger, the proxy takes it (resets the trigger to 0,
-// so the graph relaunches with no host update), issues the operation again and, once it
-// completed, stores 1 into the completion word. A destroyed condition's operation ends
-// and its request completes. Caller holds px.mu and px.drive.
+// so the graph relaunches with no host update), issues every operation the condition
+// carries (one node, N operations: a launch costs the CPU nothing per operation) and,
+// once all completed, stores 1 into the completion word. An operation added while a
+// launch runs joins from the next launch. A destroyed condition's operations end and
+// their requests complete. Caller holds px.mu and px.drive.
 func (px *proxy) graphRoundLocked(cond *condition.Condition, ch *channel) bool {
-	o := ch.ops[0]
-	if o.running {
-		if o.err == nil && !o.inner.Done() {
-			return false
+	if ch.running > 0 {
+		var err error
+		for _, o := range ch.ops {
+			if !o.running {
+				continue
+			}
+			if o.err == nil && !o.inner.Done() {
+				return false
+			}
+			if err == nil {
+				err = o.err
+				if err == nil {
+					err = o.inner.err
+				}
+			}
 		}
-		err := o.err
-		if err == nil {
-			err = o.inner.err
+		for _, o := range ch.ops {
+			o.running = false
 		}
-		o.running = false
+		ch.running = 0
 		cond.Fire(err)
 		return true
 	}
 	if cond.Destroyed() {
 		px.removeLocked(ch)
-		px.retired = append(px.retired, retirement{cond, o})
+		for _, o := range ch.ops {
+			px.retired = append(px.retired, retirement{cond, o})
+		}
 		return true
 	}
 	if cond.TriggerWord().Load() != 1 {
 		return false
 	}
 	cond.TriggerWord().Store(0)
-	o.inner, o.err = o.issue(&o.param)
-	o.issued, o.running = true, true
+	for _, o := range ch.ops {
+		o.inner, o.err = o.issue(&o.param)
+		o.issued, o.running = true, true
+	}
+	ch.running = len(ch.ops)
 	return true
 }
 
