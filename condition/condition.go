@@ -227,16 +227,20 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 				return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
 			}
 		}
-		// If the stream refuses the trigger (closed, sticky error), nothing is armed.
-		if err := c.stream.WriteValue(c.trigger, seq); err != nil {
+		// The trigger and the completion wait go in one enqueue (one driver call on
+		// CUDA). If the stream refuses it (closed, sticky error), nothing is armed.
+		var err error
+		if streamOrdered {
+			err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, stream.GEQ)
+		} else {
+			err = c.stream.WriteValue(c.trigger, seq)
+		}
+		if err != nil {
 			return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
 		}
 		record(seq)
 		c.armed = seq
 		if streamOrdered {
-			if err := c.stream.WaitValue(c.done, seq, stream.GEQ); err != nil {
-				return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
-			}
 			if work.After != nil {
 				if err := work.After(c.stream); err != nil {
 					return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)

@@ -250,6 +250,32 @@ func (s *cudaStream) WaitValue(w *Word, value uint64, cmp Compare) error {
 	return s.wrap("WaitValue", s.s.WaitValue32(addr, uint32(value), flags))
 }
 
+// WriteThenWait enqueues one cuStreamBatchMemOp of the write and the wait where the
+// device has 64-bit memops, else the two single memops.
+func (s *cudaStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValue uint64, cmp Compare) error {
+	if !s.b.caps.StreamMemOps64 || cmp == NOR {
+		if err := s.WriteValue(w, value); err != nil {
+			return err
+		}
+		return s.WaitValue(waitOn, waitValue, cmp)
+	}
+	wa, err := s.device("WriteThenWait", w)
+	if err != nil {
+		return err
+	}
+	da, err := s.device("WriteThenWait", waitOn)
+	if err != nil {
+		return err
+	}
+	if cmp > NOR {
+		return fmt.Errorf("stream: cuda WriteThenWait: %v: %w", cmp, ErrInvalidArgument)
+	}
+	return s.wrap("WriteThenWait", s.s.BatchMemOp([]cuda.MemOp{
+		cuda.WriteValue64Op(wa, value, cuda.WriteDefault),
+		cuda.WaitValue64Op(da, waitValue, cuda.WaitFlags(cmp)),
+	}))
+}
+
 // LaunchHostFunc runs fn on a CUDA driver thread (cuLaunchHostFunc). fn must not
 // call CUDA, a driver rule on top of the Stream contract.
 func (s *cudaStream) LaunchHostFunc(fn func()) error {

@@ -235,8 +235,12 @@ func TestCUDAChannelRoundTrip(t *testing.T) {
 	}()
 	var completed atomic.Uint64
 	for k := uint64(1); k <= n; k++ {
-		require.NoError(t, s.WriteValue(T, k))
-		require.NoError(t, s.WaitValue(D, k, GEQ))
+		if k%2 == 0 { // both forms of a condition's trigger and completion wait
+			require.NoError(t, s.WriteValue(T, k))
+			require.NoError(t, s.WaitValue(D, k, GEQ))
+		} else {
+			require.NoError(t, s.WriteThenWait(T, k, D, k, GEQ))
+		}
 		require.NoError(t, s.LaunchHostFunc(func() { completed.Store(k) }))
 	}
 	syncSoon(t, s)

@@ -126,7 +126,12 @@ func (s *hostStream) err() error {
 
 // enqueue appends op. It is the hot path: one uncontended lock, one append by value,
 // and a channel send only when the executor is parked.
-func (s *hostStream) enqueue(op hostOp) error {
+func (s *hostStream) enqueue(op hostOp) error { return s.enqueueOps(op) }
+
+// enqueue2 enqueues two operations with nothing between them.
+func (s *hostStream) enqueue2(a, b hostOp) error { return s.enqueueOps(a, b) }
+
+func (s *hostStream) enqueueOps(ops ...hostOp) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -136,8 +141,8 @@ func (s *hostStream) enqueue(op hostOp) error {
 		s.mu.Unlock()
 		return *p
 	}
-	s.pending = append(s.pending, op)
-	s.tail.Store(s.tail.Load() + 1)
+	s.pending = append(s.pending, ops...)
+	s.tail.Store(s.tail.Load() + uint64(len(ops)))
 	if s.parked {
 		s.parked = false
 		s.wake <- struct{}{}
@@ -182,6 +187,19 @@ func (s *hostStream) WaitValue(w *Word, value uint64, cmp Compare) error {
 		return fmt.Errorf("stream: host WaitValue: %v: %w", cmp, ErrInvalidArgument)
 	}
 	return s.enqueue(hostOp{kind: opWaitValue, word: w, value: value, cmp: cmp})
+}
+
+func (s *hostStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValue uint64, cmp Compare) error {
+	if err := checkWord("WriteThenWait", w); err != nil {
+		return err
+	}
+	if err := checkWord("WriteThenWait", waitOn); err != nil {
+		return err
+	}
+	if cmp > NOR {
+		return fmt.Errorf("stream: host WriteThenWait: %v: %w", cmp, ErrInvalidArgument)
+	}
+	return s.enqueue2(hostOp{kind: opWriteValue, word: w, value: value}, hostOp{kind: opWaitValue, word: waitOn, value: waitValue, cmp: cmp})
 }
 
 // LaunchHostFunc runs fn on the stream's executor goroutine in stream order. If fn

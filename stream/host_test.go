@@ -650,3 +650,27 @@ func TestHostCloseAbandonsBlockedWait(t *testing.T) {
 	require.ErrorIs(t, s.Close(), ErrClosed)
 	require.ErrorIs(t, s.Synchronize(), ErrClosed)
 }
+
+// WriteThenWait stores, then holds back later work until its wait holds; bad
+// arguments enqueue nothing.
+func TestHostWriteThenWait(t *testing.T) {
+	b := newTestBackend(t)
+	s := newTestStream(t, b)
+	words, err := b.AllocWords(3)
+	require.NoError(t, err)
+	defer words.Close()
+	trig, gate, after := words.Word(0), words.Word(1), words.Word(2)
+	require.NoError(t, s.WriteThenWait(trig, 5, gate, 2, GEQ))
+	require.NoError(t, s.WriteValue(after, 7))
+	require.Eventually(t, func() bool { return trig.Load() == 5 }, soon, time.Millisecond)
+	time.Sleep(never)
+	require.Zero(t, after.Load(), "work after the wait ran before the wait held")
+	gate.Store(2)
+	require.Eventually(t, func() bool { return after.Load() == 7 }, soon, time.Millisecond)
+
+	require.ErrorIs(t, s.WriteThenWait(nil, 1, gate, 1, GEQ), ErrInvalidArgument)
+	require.ErrorIs(t, s.WriteThenWait(trig, 1, nil, 1, GEQ), ErrInvalidArgument)
+	require.ErrorIs(t, s.WriteThenWait(trig, 1, gate, 1, Compare(9)), ErrInvalidArgument)
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, uint64(5), trig.Load(), "a refused WriteThenWait stored nothing")
+}
