@@ -98,6 +98,7 @@ type Condition struct {
 	node      any // Graph category: the start node
 	waitNode  any // Graph category: the completion node
 	captured  []*Condition // Stream category: operations enqueued under stream capture
+	group     *group       // Stream category: the open BeginGroup, if any
 
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
@@ -221,6 +222,9 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 		return 0, fmt.Errorf("arm: %w", ErrDestroyed)
 	}
 	seq := c.armed + 1
+	if c.category == Stream && c.group != nil {
+		return c.armGroupLocked(streamOrdered, work, record)
+	}
 	if c.category == Stream {
 		if work.Before != nil {
 			if err := work.Before(c.stream); err != nil {
@@ -307,9 +311,14 @@ func (c *Condition) WaitOnStream(s stream.Stream, seq uint64) error {
 	}
 	c.mu.Lock()
 	destroyed := c.destroyed.Load()
+	grouped := c.group != nil && s == c.stream && seq > c.group.last
 	c.mu.Unlock()
 	if destroyed {
 		return fmt.Errorf("wait on stream: %w", ErrDestroyed)
+	}
+	if grouped {
+		// The wait would sit ahead of the group's trigger on the same stream.
+		return fmt.Errorf("wait on the condition's own stream for an operation of an open group: %w", ErrInvalidParam)
 	}
 	return s.WaitValue(c.done, seq, stream.GEQ)
 }

@@ -29,10 +29,10 @@ import (
 //	               on the host
 //	hostfunc (b)   a stream host function posts both and waits for them (the blocking
 //	               round trip of MPIX_*_enqueue)
-//	stream   (c)   Stream condition: the receive and the send enqueued with
-//	               NonBlockingEnqueue (two trigger stores), then one Request.WaitOnStream
-//	               for both (MPIX Irecv/Isend/Waitall_enqueue): one stream-to-proxy round
-//	               trip per iteration
+//	stream   (c)   Stream condition: the receive and the send in one group
+//	               (BeginGroup/EndGroup: one trigger and one completion wait, enqueued
+//	               as one batch memop; MPIX Irecv/Isend/Waitall_enqueue): one
+//	               stream-to-proxy round trip per iteration
 //	kernel   (d)   KernelTriggered condition: one persistent ucpx_test_pingpong kernel
 //	               triggers and waits for every iteration (handle values + 2k) while the
 //	               host arms iterations at most kernelWindow ahead of completion; it also
@@ -191,16 +191,15 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
 		must(b, err)
 		chk := newModeCheck(size, n)
-		sp, rp := chk.params(c, ucp.NonBlockingEnqueue)
+		sp, rp := chk.params(c)
 		for i := 0; i < n; i++ {
 			produce(i)
+			must(b, c.BeginGroup())
 			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
 			must(b, err)
-			sr, err := p.ep.TagSendNbx(ob, tag, sp)
+			_, err = p.ep.TagSendNbx(ob, tag, sp)
 			must(b, err)
-			// Operations complete in sequence order: waiting for the send (armed last)
-			// waits for the receive too.
-			must(b, sr.WaitOnStream(s))
+			must(b, c.EndGroup())
 		}
 		must(b, s.Synchronize())
 		b.StopTimer()
@@ -214,7 +213,7 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 		must(b, err)
 		defer res.Close()
 		chk := newModeCheck(size, kernelWindow/2)
-		sp, rp := chk.params(c, 0)
+		sp, rp := chk.params(c)
 		arm := func() { // one iteration, two sequence numbers: the receive first
 			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
 			must(b, err)
@@ -279,9 +278,9 @@ func newModeCheck(size, every int) *modeCheck {
 	return &modeCheck{size: size, every: int64(every), adv: make(chan struct{}, 1)}
 }
 
-func (c *modeCheck) params(cond *condition.Condition, flags ucp.OpFlags) (send, recv *ucp.RequestParam) {
-	send = &ucp.RequestParam{Condition: cond, Flags: flags, Callback: c.sent}
-	recv = &ucp.RequestParam{Condition: cond, Flags: flags, Callback: c.received}
+func (c *modeCheck) params(cond *condition.Condition) (send, recv *ucp.RequestParam) {
+	send = &ucp.RequestParam{Condition: cond, Callback: c.sent}
+	recv = &ucp.RequestParam{Condition: cond, Callback: c.received}
 	return send, recv
 }
 

@@ -508,3 +508,58 @@ func TestRetireWhileEnqueueBlocks(t *testing.T) {
 	require.NoError(t, s.Synchronize())
 	require.NoError(t, c.Destroy())
 }
+
+// A group: a receive and a send armed between BeginGroup and EndGroup share one
+// trigger and one completion wait. Nothing starts before EndGroup reaches the stream;
+// then both run, and work after the group sees the received data.
+func TestStreamConditionGroup(t *testing.T) {
+	p := newPair(t, nil)
+	stopB := background(p.b)
+	defer stopB()
+	b := hostBackend(t)
+	s, c := streamCondition(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	require.ErrorIs(t, c.EndGroup(), condition.ErrInvalidParam)
+	for round := 0; round < 50; round++ {
+		src, dst := pattern(4096, int64(round)), make([]byte, 4096)
+		out := pattern(64, int64(round+1000))
+		back := make([]byte, 64)
+		peerRecv, err := p.b.TagRecvNbx(back, 22, ^uint64(0), nil)
+		require.NoError(t, err)
+
+		require.NoError(t, c.BeginGroup())
+		require.ErrorIs(t, c.BeginGroup(), condition.ErrInvalidParam)
+		rr, err := p.a.TagRecvNbx(dst, 21, ^uint64(0), &RequestParam{Condition: c})
+		require.NoError(t, err)
+		sr, err := p.epA.TagSendNbx(out, 22, &RequestParam{Condition: c})
+		require.NoError(t, err)
+		require.ErrorIs(t, rr.WaitOnStream(s), condition.ErrInvalidParam, "a wait ahead of the group's trigger")
+		if round == 0 {
+			time.Sleep(10 * time.Millisecond)
+			require.False(t, sr.Done(), "a grouped send started before EndGroup")
+			require.Equal(t, 2, c.Pending())
+		}
+		require.NoError(t, c.EndGroup())
+		var seen atomic.Uint32
+		require.NoError(t, s.LaunchHostFunc(func() { seen.Store(checksum(dst)) }))
+
+		ps, err := p.epB.TagSendNbx(src, 21, nil)
+		require.NoError(t, err)
+		require.NoError(t, s.Synchronize())
+		require.Equal(t, checksum(src), seen.Load(), "round %d: work after the group ran before the receive completed", round)
+		require.NoError(t, rr.Wait(ctx))
+		require.NoError(t, sr.Wait(ctx))
+		require.NoError(t, ps.Wait(ctx))
+		require.NoError(t, peerRecv.Wait(ctx))
+		require.Equal(t, out, back)
+	}
+	require.NoError(t, c.Err())
+	require.NoError(t, c.BeginGroup())
+	require.NoError(t, c.EndGroup(), "an empty group")
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: b})
+	require.NoError(t, err)
+	require.ErrorIs(t, kc.BeginGroup(), condition.ErrInvalidParam)
+	require.NoError(t, kc.Destroy())
+}

@@ -16,8 +16,8 @@ import (
 //
 //	sync      (a) synchronize the stream, post the operations, wait on the host
 //	hostfunc  (b) a stream host function performs the blocking round trip (MPIX_*_enqueue style)
-//	stream    (c) a Stream condition: the receive and the send enqueued with
-//	              NonBlockingEnqueue, then one WaitOnStream for both
+//	stream    (c) a Stream condition: the receive and the send in one group
+//	              (BeginGroup/EndGroup: one trigger, one completion wait)
 //	kernel    (d) a KernelTriggered condition: one "kernel" goroutine triggers and tests
 //	              every iteration (handle values + 2k) while the host arms ahead
 func BenchmarkConditionModes(b *testing.B) {
@@ -76,17 +76,18 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		prm := &RequestParam{Condition: c, Flags: NonBlockingEnqueue}
+		prm := &RequestParam{Condition: c}
 		for i := 0; i < n; i++ {
+			if err := c.BeginGroup(); err != nil {
+				b.Fatal(err)
+			}
 			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
 				b.Fatal(err)
 			}
-			sr, err := p.epA.TagSendNbx(out, 1, prm)
-			if err != nil {
+			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
 				b.Fatal(err)
 			}
-			// Completion is in sequence order: the send's wait covers the receive.
-			if err := sr.WaitOnStream(s); err != nil {
+			if err := c.EndGroup(); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -27,11 +27,11 @@ import (
 //	          for both on the host
 //	hostfunc  (b) a stream host function posts both and waits for them (the blocking
 //	          round trip of MPICH's MPIX_*_enqueue); the host only enqueues
-//	stream    (c) a Stream condition: the receive, then the send, enqueued with
-//	          NonBlockingEnqueue (each is a trigger store on the stream), then one
-//	          Request.WaitOnStream orders the stream after both (MPIX
-//	          Irecv_enqueue, Isend_enqueue, Waitall_enqueue): one stream-to-proxy
-//	          round trip per iteration
+//	stream    (c) a Stream condition: the receive, then the send, in one group
+//	          (Condition.BeginGroup/EndGroup, as MPIX Irecv_enqueue, Isend_enqueue,
+//	          Waitall_enqueue): one trigger store and one completion wait on the
+//	          stream, enqueued in one call, and one stream-to-proxy round trip per
+//	          iteration
 //	kernel    (d) a KernelTriggered condition: one persistent kernel (a host goroutine
 //	          on host streams) runs every iteration, triggering the receive and the
 //	          send of iteration k with the handle's values plus 2k and waiting for
@@ -365,9 +365,9 @@ func (c *pingCheck) verify(cond *condition.Condition, count int) error {
 }
 
 // params are the request parameters of a conditioned run.
-func (c *pingCheck) params(s *perfSide, r *modeRig, cond *condition.Condition, flags ucp.OpFlags) (send, recv *ucp.RequestParam) {
-	send = &ucp.RequestParam{Condition: cond, MemH: r.smem, Flags: flags, Callback: c.sent}
-	recv = &ucp.RequestParam{Condition: cond, MemH: r.rmem, Flags: flags, Peer: s.ep, Callback: c.received}
+func (c *pingCheck) params(s *perfSide, r *modeRig, cond *condition.Condition) (send, recv *ucp.RequestParam) {
+	send = &ucp.RequestParam{Condition: cond, MemH: r.smem, Callback: c.sent}
+	recv = &ucp.RequestParam{Condition: cond, MemH: r.rmem, Peer: s.ep, Callback: c.received}
 	return send, recv
 }
 
@@ -379,7 +379,7 @@ func (s *perfSide) streamMode(r *modeRig, size, count int, produce func(int) err
 		return 0, err
 	}
 	chk := newPingCheck(size, count) // nothing waits for its advance signal
-	sp, rp := chk.params(s, r, cond, ucp.NonBlockingEnqueue)
+	sp, rp := chk.params(s, r, cond)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	start := time.Now()
 	for i := 0; i < count; i++ {
@@ -387,16 +387,16 @@ func (s *perfSide) streamMode(r *modeRig, size, count int, produce func(int) err
 			return 0, err
 		}
 		// The receive first, so the pong always finds it posted.
+		if err := cond.BeginGroup(); err != nil {
+			return 0, err
+		}
 		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
 			return 0, err
 		}
-		sr, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
-		if err != nil {
+		if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
 			return 0, err
 		}
-		// Operations complete in sequence order, so waiting for the send (armed last)
-		// waits for the receive too: one stream wait instead of two.
-		if err := sr.WaitOnStream(r.s); err != nil {
+		if err := cond.EndGroup(); err != nil {
 			return 0, err
 		}
 	}
@@ -418,7 +418,7 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 		return 0, err
 	}
 	chk := newPingCheck(size, kernelWindow/2)
-	sp, rp := chk.params(s, r, cond, 0)
+	sp, rp := chk.params(s, r, cond)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	arm := func() error { // one iteration: two sequence numbers, receive first
 		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
