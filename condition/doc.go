@@ -19,6 +19,11 @@
 //	req, _ := w.TagRecvNbx(buf, tag, mask, &ucp.RequestParam{Condition: c})
 //	s.Record(ev) // ready only once buf holds the message
 //
+// Operations armed between BeginGroup and EndGroup share one trigger and one completion
+// wait (like ncclGroupStart/End). An operation enqueued while its stream is being
+// captured into a CUDA graph becomes a persistent graph operation (Captured). A Graph
+// condition's node may carry several operations; every launch runs them all.
+//
 // The device-side half of KernelTriggered lives in device/ucpx_signal.cuh; DeviceHandle
 // has the layout of its struct ucpx_device_handle.
 package condition

@@ -38,3 +38,43 @@ func Example() {
 	// stream sees "hello"
 	// request: <nil> 5
 }
+
+// A group: a receive and a send on one stream start together when the stream reaches
+// EndGroup's point, and the stream waits once for both (MPIX Irecv_enqueue,
+// Isend_enqueue, Waitall_enqueue).
+func ExampleCondition_BeginGroup() {
+	backend := stream.NewHostBackend()
+	defer backend.Close()
+	s, _ := backend.NewStream()
+	defer s.Close()
+	cond, _ := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
+
+	uctx, _ := ucp.NewContext(ucp.ContextParams{})
+	defer uctx.Close()
+	a, _ := uctx.NewWorker(ucp.WorkerParams{})
+	b, _ := uctx.NewWorker(ucp.WorkerParams{})
+	addrA, _ := a.Address()
+	addrB, _ := b.Address()
+	toB, _ := a.ConnectAddress(addrB, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	toA, _ := b.ConnectAddress(addrA, &ucp.EndpointParams{NoPeerErrorHandling: true})
+
+	// b answers every ping with a pong, driven from the host.
+	ping, pong := make([]byte, 4), make([]byte, 4)
+	peerRecv, _ := b.TagRecvNbx(ping, 1, ^uint64(0), nil)
+
+	_ = cond.BeginGroup()
+	_, _ = a.TagRecvNbx(pong, 2, ^uint64(0), &ucp.RequestParam{Condition: cond})
+	_, _ = toB.TagSendNbx([]byte("ping"), 1, &ucp.RequestParam{Condition: cond})
+	_ = cond.EndGroup()
+	_ = s.LaunchHostFunc(func() { fmt.Printf("stream sees %q\n", pong) })
+
+	_ = peerRecv.Wait(context.Background())
+	reply, _ := toA.TagSendNbx([]byte("pong"), 2, nil)
+	_ = reply.Wait(context.Background())
+	_ = s.Synchronize()
+	fmt.Println("pending:", cond.Pending())
+	_ = cond.Destroy()
+	// Output:
+	// stream sees "pong"
+	// pending: 0
+}
