@@ -92,11 +92,11 @@ type Condition struct {
 	// blocks (a CUDA stream stuck in a wait stops accepting work), so the proxy must
 	// never need it: Retire uses only retired and errMu.
 	mu        sync.Mutex
-	armed     uint64 // last sequence number handed out
+	armed     uint64      // last sequence number handed out
 	destroyed atomic.Bool // written under mu; read without it by the proxy
 	drivers   []stream.Driver
-	node      any // Graph category: the start node
-	waitNode  any // Graph category: the completion node
+	node      any          // Graph category: the start node
+	waitNode  any          // Graph category: the completion node
 	captured  []*Condition // Stream category: operations enqueued under stream capture
 	group     *group       // Stream category: the open BeginGroup, if any
 
