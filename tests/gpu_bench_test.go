@@ -81,12 +81,8 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 	must(b, err)
 	defer s.Close()
 	cs, _ := stream.CUDAStream(s)
-	out, err := g.ctx.MemHostAlloc(max(size, 8), cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-	must(b, err)
-	defer out.Close()
-	in, err := g.ctx.MemHostAlloc(max(size, 8), cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-	must(b, err)
-	defer in.Close()
+	out := g.mapped(b, max(size, 8))
+	in := g.mapped(b, max(size, 8))
 	ob, ib := out.Bytes()[:size], in.Bytes()[:size]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -163,9 +159,7 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 			}
 			must(b, s.Synchronize())
 		} else {
-			res, err := g.ctx.MemHostAlloc(16, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-			must(b, err)
-			defer res.Close()
+			res := g.mapped(b, 16)
 			must(b, cs.LaunchKernel(g.echo, cuda.Linear(1, 1), trig.DevicePtr(), done.DevicePtr(), uint64(0), uint64(n), res.DevicePtr()))
 			must(b, s.Synchronize())
 		}
@@ -209,9 +203,7 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 		b.StopTimer()
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
 		must(b, err)
-		res, err := g.ctx.MemHostAlloc(16, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-		must(b, err)
-		defer res.Close()
+		res := g.mapped(b, 16)
 		chk := newModeCheck(size, kernelWindow/2)
 		sp, rp := chk.params(c)
 		arm := func() { // one iteration, two sequence numbers: the receive first

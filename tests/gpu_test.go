@@ -94,3 +94,13 @@ func byteSum(b []byte) uint64 {
 	}
 	return s
 }
+
+// mapped allocates n bytes of pinned host memory mapped into the device (the GPU tests'
+// message buffers and result words), freed when the test ends.
+func (g *gpu) mapped(t testing.TB, n int) *cuda.HostMemory {
+	t.Helper()
+	m, err := g.ctx.MemHostAlloc(n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	must(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
