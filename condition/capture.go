@@ -24,14 +24,17 @@ func (c *Condition) Captured(streamOrdered bool) (*Condition, error) {
 	if c.category != Stream {
 		return nil, nil
 	}
+	// Every enqueue asks (one driver call on CUDA, none on host streams); the lock only
+	// when capturing. The capturing thread is the enqueuing one, so the answer holds
+	// until Arm.
+	capturing, err := stream.Capturing(c.stream)
+	if err != nil || !capturing {
+		return nil, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed.Load() {
 		return nil, fmt.Errorf("capture: %w", ErrDestroyed)
-	}
-	capturing, err := stream.Capturing(c.stream)
-	if err != nil || !capturing {
-		return nil, err
 	}
 	if !streamOrdered {
 		return nil, fmt.Errorf("non-blocking enqueue while the stream captures a graph: %w", ErrInvalidParam)
