@@ -462,11 +462,22 @@ func containsParkedProxy(stacks string) bool {
 type stallingStream struct{ stream.Stream }
 
 func (s stallingStream) WaitValue(w *stream.Word, v uint64, cmp stream.Compare) error {
+	stall(w, v)
+	return s.Stream.WaitValue(w, v, cmp)
+}
+
+func (s stallingStream) WriteThenWait(w *stream.Word, v uint64, waitOn *stream.Word, waitValue uint64, cmp stream.Compare) error {
+	stall(waitOn, waitValue)
+	return s.Stream.WriteThenWait(w, v, waitOn, waitValue, cmp)
+}
+
+// stall blocks until the completion word w reached v-1 (bounded, so a bug fails the
+// test instead of hanging it).
+func stall(w *stream.Word, v uint64) {
 	deadline := time.Now().Add(10 * time.Second)
 	for int64(w.Load()-(v-1)) < 0 && time.Now().Before(deadline) {
 		runtime.Gosched()
 	}
-	return s.Stream.WaitValue(w, v, cmp)
 }
 
 // The proxy must retire operations while an enqueue on the condition's stream blocks
