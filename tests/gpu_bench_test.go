@@ -5,15 +5,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/internal/pingpong"
 	"github.com/ucpx/ucpx/stream"
-	"github.com/ucpx/ucpx/ucp"
 )
 
 // BenchmarkGPUModes: tag ping-pong between this process and a peer process over shared
@@ -46,7 +45,7 @@ import (
 // producer kernel can run between its iterations.
 func BenchmarkGPUModes(b *testing.B) {
 	g := requireGPU(b)
-	pingpong, err := g.module.Function(device.KernelPingPong)
+	pingpongKernel, err := g.module.Function(device.KernelPingPong)
 	must(b, err)
 	p := spawnPeer(b, "shm")
 	// Up to 1 MiB: the echo peer receives at most maxMsg (16 MiB); `ucpx perf --modes
@@ -59,7 +58,7 @@ func BenchmarkGPUModes(b *testing.B) {
 			if size > 65536 && strings.HasSuffix(mode, "+work") {
 				continue // a one-block producer over MiBs would measure only itself
 			}
-			b.Run(fmt.Sprintf("%s/%d", mode, size), func(b *testing.B) { gpuMode(b, g, pingpong, p, mode, size) })
+			b.Run(fmt.Sprintf("%s/%d", mode, size), func(b *testing.B) { gpuMode(b, g, pingpongKernel, p, mode, size) })
 		}
 	}
 }
@@ -67,16 +66,7 @@ func BenchmarkGPUModes(b *testing.B) {
 // preEnqueue is how much work a benchmark queues behind a closed gate.
 const preEnqueue = 256
 
-// kernelWindow bounds how many iterations kernel mode arms ahead of completion: the
-// kernel never waits for the host, and the host does not hold a Request per iteration
-// of the whole run.
-const kernelWindow = 1024
-
-// workSeed is iteration i's producer seed: device.Pattern shifts the seed right by 7
-// bits, so i<<7 adds i to every byte and consecutive iterations differ.
-func workSeed(i int) uint32 { return uint32(i) << 7 }
-
-func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string, size int) {
+func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode string, size int) {
 	s, err := g.backend.NewStream()
 	must(b, err)
 	defer s.Close()
@@ -91,7 +81,7 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 	produce := func(int) {}
 	if work {
 		produce = func(i int) {
-			must(b, cs.LaunchKernel(g.fill, cuda.Linear(1, 256), out.DevicePtr(), uint64(size), workSeed(i)))
+			must(b, cs.LaunchKernel(g.fill, cuda.Linear(1, 256), out.DevicePtr(), uint64(size), pingpong.WorkSeed(i)))
 		}
 	}
 	roundTrip := func() error {
@@ -184,8 +174,8 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 	case "stream":
 		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
 		must(b, err)
-		chk := newModeCheck(size, n)
-		sp, rp := chk.params(c)
+		chk := pingpong.NewCheck(size)
+		sp, rp := chk.Params(c, nil, nil, nil)
 		for i := 0; i < n; i++ {
 			produce(i)
 			must(b, c.BeginGroup())
@@ -197,47 +187,35 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 		}
 		must(b, s.Synchronize())
 		b.StopTimer()
-		must(b, chk.verify(c, n))
+		must(b, chk.Verify(c, n))
 		must(b, c.Destroy())
 	case "kernel":
 		b.StopTimer()
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
 		must(b, err)
 		res := g.mapped(b, 16)
-		chk := newModeCheck(size, kernelWindow/2)
-		sp, rp := chk.params(c)
-		arm := func() { // one iteration, two sequence numbers: the receive first
-			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
-			must(b, err)
-			_, err = p.ep.TagSendNbx(ob, tag, sp)
-			must(b, err)
+		chk := pingpong.NewCheck(size)
+		sp, rp := chk.Params(c, nil, nil, nil)
+		arm := func() error { // one iteration, two sequence numbers: the receive first
+			if _, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp); err != nil {
+				return err
+			}
+			_, err := p.ep.TagSendNbx(ob, tag, sp)
+			return err
 		}
-		arm()
+		must(b, arm())
 		h, err := c.DeviceHandle() // iteration k triggers h.Value+2k, waits h.CompletionValue+2k
 		must(b, err)
 		b.StartTimer()
-		must(b, cs.LaunchKernel(pingpong, cuda.Linear(1, 1), h.Kernel(), uint64(n), uint64(2), res.DevicePtr()))
-		// The kernel may trigger an iteration before it is armed; the proxy issues an
-		// operation whose sequence number the trigger has passed once it is armed.
-		for armed := 1; armed < n; {
-			for ; armed < n && armed-int(chk.sends.Load()) < kernelWindow; armed++ {
-				arm()
-			}
-			if armed < n {
-				select {
-				case <-chk.adv:
-				case <-ctx.Done():
-					b.Fatalf("%v after %d of %d iterations", ctx.Err(), chk.sends.Load(), n)
-				}
-			}
-		}
+		must(b, cs.LaunchKernel(pingpongKernel, cuda.Linear(1, 1), h.Kernel(), uint64(n), uint64(2), res.DevicePtr()))
+		must(b, chk.ArmAhead(ctx, n, arm))
 		must(b, s.Synchronize())
 		b.StopTimer()
 		iters, ns := binary.LittleEndian.Uint64(res.Bytes()), binary.LittleEndian.Uint64(res.Bytes()[8:])
 		if iters != uint64(n) {
 			b.Fatalf("the ping-pong kernel ran %d iterations, want %d", iters, n)
 		}
-		must(b, chk.verify(c, n))
+		must(b, chk.Verify(c, n))
 		must(b, c.Destroy())
 		b.ReportMetric(float64(ns)/float64(n)/2/1000, "kernel-half-rt-us")
 	}
@@ -245,71 +223,10 @@ func gpuMode(b *testing.B, g *gpu, pingpong *cuda.Function, p *peer, mode string
 	if work {
 		// The peer echoed the last message: it carries the last producer's data.
 		for i, x := range ib {
-			if want := device.Pattern(uint64(i), workSeed(n-1)); x != want {
+			if want := device.Pattern(uint64(i), pingpong.WorkSeed(n-1)); x != want {
 				b.Fatalf("echo of the last message: byte %d is %#x, want %#x (the send overtook its producer)", i, x, want)
 			}
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n)/2/1000, "half-rt-us")
-}
-
-// modeCheck verifies a conditioned run through the requests' callbacks (run by the proxy
-// as each operation retires): every send and receive succeeded, every receive got size
-// bytes. It also signals adv after every `every` sends, so kernel mode's host can arm
-// more.
-type modeCheck struct {
-	size  int
-	every int64
-	sends atomic.Int64 // retired, failed ones included
-	recvs atomic.Int64 // retired with size bytes and no error
-	bad   atomic.Pointer[string]
-	adv   chan struct{}
-}
-
-func newModeCheck(size, every int) *modeCheck {
-	return &modeCheck{size: size, every: int64(every), adv: make(chan struct{}, 1)}
-}
-
-func (c *modeCheck) params(cond *condition.Condition) (send, recv *ucp.RequestParam) {
-	send = &ucp.RequestParam{Condition: cond, Callback: c.sent}
-	recv = &ucp.RequestParam{Condition: cond, Callback: c.received}
-	return send, recv
-}
-
-func (c *modeCheck) sent(r *ucp.Request) {
-	if err := r.Err(); err != nil {
-		c.fail(fmt.Sprintf("send: %v", err))
-	}
-	if c.sends.Add(1)%c.every == 0 {
-		select {
-		case c.adv <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (c *modeCheck) received(r *ucp.Request) {
-	switch {
-	case r.Err() != nil:
-		c.fail(fmt.Sprintf("receive: %v", r.Err()))
-	case r.Length() != c.size:
-		c.fail(fmt.Sprintf("received %d bytes, want %d", r.Length(), c.size))
-	default:
-		c.recvs.Add(1)
-	}
-}
-
-func (c *modeCheck) fail(msg string) { c.bad.CompareAndSwap(nil, &msg) }
-
-func (c *modeCheck) verify(cond *condition.Condition, n int) error {
-	if msg := c.bad.Load(); msg != nil {
-		return fmt.Errorf("%s", *msg)
-	}
-	if err := cond.Err(); err != nil {
-		return err
-	}
-	if s, r := c.sends.Load(), c.recvs.Load(); s != int64(n) || r != int64(n) {
-		return fmt.Errorf("%d sends and %d receives completed, want %d of each", s, r, n)
-	}
-	return nil
 }

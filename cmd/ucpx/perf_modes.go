@@ -3,16 +3,15 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/internal/pingpong"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -91,14 +90,6 @@ func parseModes(s, work string) ([]string, error) {
 	}
 	return out, nil
 }
-
-// kernelWindow bounds how many iterations the host arms ahead of the kernel mode's
-// completion: enough that the kernel never waits for the host, without holding a
-// Request per iteration of the whole run.
-const kernelWindow = 1024
-
-// errModeCheck: a stream mode ran but its outcome was wrong.
-var errModeCheck = errors.New("stream mode check failed")
 
 // modeRig holds the stream machinery of the stream modes, opened once per run, and
 // their registered buffers: on CUDA, pinned host memory the device can write (the
@@ -201,18 +192,14 @@ func (r *modeRig) close() {
 	_ = r.backend.Close()
 }
 
-// workSeed is iteration i's producer seed. device.Pattern shifts the seed right by 7
-// bits, so consecutive seeds mostly give the same bytes; i<<7 adds i to every byte.
-func workSeed(i int) uint32 { return uint32(i) << 7 }
-
-// produce enqueues iteration i's producer: it writes device.Pattern with workSeed(i)
+// produce enqueues iteration i's producer: it writes device.Pattern with pingpong.WorkSeed(i)
 // into the first size bytes of the send buffer.
 func (r *modeRig) produce(size, i int) error {
 	if r.cs != nil {
-		return r.cs.LaunchKernel(r.fill, cuda.Linear(1, 256), r.sdev, uint64(size), workSeed(i))
+		return r.cs.LaunchKernel(r.fill, cuda.Linear(1, 256), r.sdev, uint64(size), pingpong.WorkSeed(i))
 	}
 	buf := r.smem.Bytes()[:size]
-	return r.s.LaunchHostFunc(func() { fillPattern(buf, workSeed(i)) })
+	return r.s.LaunchHostFunc(func() { fillPattern(buf, pingpong.WorkSeed(i)) })
 }
 
 func fillPattern(buf []byte, seed uint32) {
@@ -300,75 +287,12 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 	if work {
 		// The last producer ran, in stream order, before the stream returned.
 		for i, b := range sbuf {
-			if want := device.Pattern(uint64(i), workSeed(count-1)); b != want {
-				return 0, fmt.Errorf("%w: %s: send buffer byte %d is %#x after the last producer, want %#x", errModeCheck, mode, i, b, want)
+			if want := device.Pattern(uint64(i), pingpong.WorkSeed(count-1)); b != want {
+				return 0, fmt.Errorf("%w: %s: send buffer byte %d is %#x after the last producer, want %#x", pingpong.ErrCheck, mode, i, b, want)
 			}
 		}
 	}
 	return elapsed, nil
-}
-
-// pingCheck verifies the conditioned operations of a run through their callbacks (run
-// by the proxy as each operation retires): every send and receive succeeded, every
-// receive got size bytes. It also tells the kernel mode's host when completion has
-// advanced.
-type pingCheck struct {
-	size  int
-	sends atomic.Int64 // sends retired, failed ones included
-	recvs atomic.Int64 // receives retired with size bytes and no error
-	bad   atomic.Pointer[string]
-	every int64         // signal advance after each every sends
-	adv   chan struct{} // capacity 1
-}
-
-func newPingCheck(size, every int) *pingCheck {
-	return &pingCheck{size: size, every: int64(every), adv: make(chan struct{}, 1)}
-}
-
-func (c *pingCheck) sent(r *ucp.Request) {
-	if err := r.Err(); err != nil {
-		c.fail(fmt.Sprintf("send: %v", err))
-	}
-	if c.sends.Add(1)%c.every == 0 {
-		select {
-		case c.adv <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (c *pingCheck) received(r *ucp.Request) {
-	switch {
-	case r.Err() != nil:
-		c.fail(fmt.Sprintf("receive: %v", r.Err()))
-	case r.Length() != c.size:
-		c.fail(fmt.Sprintf("received %d bytes, want %d", r.Length(), c.size))
-	default:
-		c.recvs.Add(1)
-	}
-}
-
-func (c *pingCheck) fail(msg string) { c.bad.CompareAndSwap(nil, &msg) }
-
-// verify runs once the condition has retired every operation.
-func (c *pingCheck) verify(cond *condition.Condition, count int) error {
-	if msg := c.bad.Load(); msg != nil {
-		return fmt.Errorf("%w: %s", errModeCheck, *msg)
-	}
-	if err := cond.Err(); err != nil {
-		return err
-	}
-	if s, r := c.sends.Load(), c.recvs.Load(); s != int64(count) || r != int64(count) {
-		return fmt.Errorf("%w: %d sends and %d receives completed, want %d of each", errModeCheck, s, r, count)
-	}
-	return nil
-}
-
-// params are the request parameters of a conditioned run.
-func (c *pingCheck) params(s *perfSide, r *modeRig, cond *condition.Condition) (send, recv *ucp.RequestParam) {
-	send = &ucp.RequestParam{Condition: cond, MemH: r.smem, Callback: c.sent}
-	recv = &ucp.RequestParam{Condition: cond, MemH: r.rmem, Peer: s.ep, Callback: c.received}
-	return send, recv
 }
 
 // streamMode is mode (c): per iteration the producer (if any), the receive and the send
@@ -378,8 +302,8 @@ func (s *perfSide) streamMode(r *modeRig, size, count int, produce func(int) err
 	if err != nil {
 		return 0, err
 	}
-	chk := newPingCheck(size, count) // nothing waits for its advance signal
-	sp, rp := chk.params(s, r, cond)
+	chk := pingpong.NewCheck(size)
+	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	start := time.Now()
 	for i := 0; i < count; i++ {
@@ -404,7 +328,7 @@ func (s *perfSide) streamMode(r *modeRig, size, count int, produce func(int) err
 		return 0, err
 	}
 	elapsed := time.Since(start)
-	if err := chk.verify(cond, count); err != nil {
+	if err := chk.Verify(cond, count); err != nil {
 		return 0, err
 	}
 	return elapsed, cond.Destroy()
@@ -417,8 +341,8 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	if err != nil {
 		return 0, err
 	}
-	chk := newPingCheck(size, kernelWindow/2)
-	sp, rp := chk.params(s, r, cond)
+	chk := pingpong.NewCheck(size)
+	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	arm := func() error { // one iteration: two sequence numbers, receive first
 		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
@@ -440,28 +364,14 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	if err != nil {
 		return 0, err
 	}
-	// The kernel may trigger an iteration before the host armed it: the proxy issues
-	// an operation whose sequence number the trigger word has already passed as soon
-	// as it is armed.
-	for armed := 1; armed < count; {
-		for ; armed < count && armed-int(chk.sends.Load()) < kernelWindow; armed++ {
-			if err := arm(); err != nil {
-				return 0, err
-			}
-		}
-		if armed < count {
-			select {
-			case <-chk.adv:
-			case <-ctx.Done():
-				return 0, fmt.Errorf("%w after %d of %d iterations", context.Cause(ctx), chk.sends.Load(), count)
-			}
-		}
+	if err := chk.ArmAhead(ctx, count, arm); err != nil {
+		return 0, err
 	}
 	if err := finished(); err != nil {
 		return 0, err
 	}
 	elapsed := time.Since(start)
-	if err := chk.verify(cond, count); err != nil {
+	if err := chk.Verify(cond, count); err != nil {
 		return 0, err
 	}
 	return elapsed, cond.Destroy()
@@ -482,7 +392,7 @@ func (r *modeRig) startPingPong(ctx context.Context, h condition.DeviceHandle, n
 				return err
 			}
 			if got := binary.LittleEndian.Uint64(res); got != uint64(n) {
-				return fmt.Errorf("%w: the ping-pong kernel ran %d iterations, want %d", errModeCheck, got, n)
+				return fmt.Errorf("%w: the ping-pong kernel ran %d iterations, want %d", pingpong.ErrCheck, got, n)
 			}
 			return nil
 		}, nil

@@ -1,0 +1,109 @@
+// Package pingpong holds what the two stream-mode ping-pong benchmarks share
+// (`ucpx perf --modes` in cmd/ucpx and BenchmarkGPUModes in tests/): checking a
+// conditioned run through its requests' callbacks, arming a persistent kernel's
+// iterations ahead within a bounded window, and the producer kernel's seeds.
+package pingpong
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// Window bounds how many iterations the host arms ahead of the completed ones in the
+// kernel mode (so a long run does not hold millions of Requests).
+const Window = 1024
+
+// ErrCheck: a run finished but its outcome was wrong.
+var ErrCheck = errors.New("stream mode check failed")
+
+// WorkSeed is iteration i's producer seed. device.Pattern shifts the seed right by 7
+// bits, so consecutive integers would give the same bytes.
+func WorkSeed(i int) uint32 { return uint32(i) << 7 }
+
+// Check verifies a conditioned run through the requests' callbacks (run by the proxy
+// as each operation retires): every send and receive succeeded and every receive got
+// size bytes. It also wakes ArmAhead as sends retire.
+type Check struct {
+	size  int
+	sends atomic.Int64 // retired, failed ones included
+	recvs atomic.Int64 // retired with size bytes and no error
+	bad   atomic.Pointer[string]
+	adv   chan struct{} // capacity 1: sends advanced by Window/2
+}
+
+// NewCheck returns a Check for messages of size bytes.
+func NewCheck(size int) *Check { return &Check{size: size, adv: make(chan struct{}, 1)} }
+
+// Params are the request parameters of a run's sends and receives on cond. The memory
+// handles and the peer may be nil.
+func (c *Check) Params(cond *condition.Condition, sendMem, recvMem *ucp.MemH, peer *ucp.Endpoint) (send, recv *ucp.RequestParam) {
+	send = &ucp.RequestParam{Condition: cond, MemH: sendMem, Callback: c.sent}
+	recv = &ucp.RequestParam{Condition: cond, MemH: recvMem, Peer: peer, Callback: c.received}
+	return send, recv
+}
+
+func (c *Check) sent(r *ucp.Request) {
+	if err := r.Err(); err != nil {
+		c.fail(fmt.Sprintf("send: %v", err))
+	}
+	if c.sends.Add(1)%(Window/2) == 0 {
+		select {
+		case c.adv <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *Check) received(r *ucp.Request) {
+	switch {
+	case r.Err() != nil:
+		c.fail(fmt.Sprintf("receive: %v", r.Err()))
+	case r.Length() != c.size:
+		c.fail(fmt.Sprintf("received %d bytes, want %d", r.Length(), c.size))
+	default:
+		c.recvs.Add(1)
+	}
+}
+
+func (c *Check) fail(msg string) { c.bad.CompareAndSwap(nil, &msg) }
+
+// Verify runs once cond has retired every operation of count iterations.
+func (c *Check) Verify(cond *condition.Condition, count int) error {
+	if msg := c.bad.Load(); msg != nil {
+		return fmt.Errorf("%w: %s", ErrCheck, *msg)
+	}
+	if err := cond.Err(); err != nil {
+		return err
+	}
+	if s, r := c.sends.Load(), c.recvs.Load(); s != int64(count) || r != int64(count) {
+		return fmt.Errorf("%w: %d sends and %d receives completed, want %d of each", ErrCheck, s, r, count)
+	}
+	return nil
+}
+
+// ArmAhead arms iterations 1..count-1 with arm (iteration 0 is armed before the kernel
+// starts, for its handle), never more than Window beyond the completed sends. The
+// kernel may trigger an iteration before it is armed: the proxy issues an operation
+// whose sequence number the trigger word has already passed as soon as it is armed.
+func (c *Check) ArmAhead(ctx context.Context, count int, arm func() error) error {
+	for armed := 1; armed < count; {
+		for ; armed < count && armed-int(c.sends.Load()) < Window; armed++ {
+			if err := arm(); err != nil {
+				return err
+			}
+		}
+		if armed < count {
+			select {
+			case <-c.adv:
+			case <-ctx.Done():
+				return fmt.Errorf("%w after %d of %d iterations", context.Cause(ctx), c.sends.Load(), count)
+			}
+		}
+	}
+	return nil
+}
