@@ -99,19 +99,6 @@ const (
 // condition's stream: copied out before the trigger, copied in after the completion.
 func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issue func(buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	cond := p.Condition
-	if w.closed.Load() {
-		return nil, opErr(op, ErrClosed, "")
-	}
-	// Under stream capture the operation becomes a persistent graph operation.
-	captured, err := cond.Captured(p.Flags&NonBlockingEnqueue == 0)
-	if err != nil {
-		return nil, opErr(op, err, "condition")
-	}
-	if captured != nil {
-		cp := *p
-		cp.Condition = captured
-		p, cond = &cp, captured
-	}
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()
@@ -120,6 +107,15 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 	px := w.proxyLocked()
 	stager := w.stagerLocked(cond.Backend())
 	w.mu.Unlock()
+	// Under stream capture the operation becomes a persistent graph operation of a
+	// condition of its own (same backend, so the same stager).
+	captured, err := cond.Captured(p.Flags&NonBlockingEnqueue == 0)
+	if err != nil {
+		return nil, opErr(op, err, "condition")
+	}
+	if captured != nil {
+		cond = captured
+	}
 
 	o := &condOp{param: *p}
 	o.param.Condition, o.param.Callback = nil, nil
