@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"hash/crc32"
-	"os"
 	"testing"
 	"time"
 
@@ -164,6 +163,5 @@ func TestDeadPeerReleasesStream(t *testing.T) {
 		t.Fatalf("condition: %v, want ErrPeerFailed", err)
 	}
 	must(t, s.Synchronize())
-	<-p.err
-	p.cmd.ProcessState = &os.ProcessState{}
+	_ = p.exit()
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -246,6 +245,5 @@ func TestGPUGraphPeerDies(t *testing.T) {
 	if err := rr.Wait(ctx); !errors.Is(err, ucp.ErrPeerFailed) {
 		t.Fatalf("graph operation's request: %v, want ErrPeerFailed", err)
 	}
-	<-p.err
-	p.cmd.ProcessState = &os.ProcessState{}
+	_ = p.exit()
 }

@@ -172,20 +172,23 @@ func send(ctx context.Context, ep *ucp.Endpoint, b []byte, tag uint64) error {
 
 // peer is the parent's view of a spawned peer process.
 type peer struct {
-	t     testing.TB
-	ctx   *ucp.Context
-	w     *ucp.Worker
-	ep    *ucp.Endpoint
-	rkey  *ucp.Rkey
-	cmd   *exec.Cmd
-	err   chan error
-	out   *strings.Builder
-	epErr chan error
+	t    testing.TB
+	ctx  *ucp.Context
+	w    *ucp.Worker
+	ep   *ucp.Endpoint
+	rkey *ucp.Rkey
+	cmd  *exec.Cmd
+	// exited is closed once the process was waited for; waitErr is its result. The
+	// waiting goroutine owns cmd.ProcessState, so nothing else reads it.
+	exited  chan struct{}
+	waitErr error
+	out     *strings.Builder
+	epErr   chan error
 }
 
 func spawnPeer(t testing.TB, transport string) *peer {
 	t.Helper()
-	p := &peer{t: t, err: make(chan error, 1), out: &strings.Builder{}, epErr: make(chan error, 1)}
+	p := &peer{t: t, exited: make(chan struct{}), out: &strings.Builder{}, epErr: make(chan error, 1)}
 	var err error
 	p.ctx, err = ucp.NewContext(ucp.ContextParams{Config: contextConfig(transport)})
 	must(t, err)
@@ -209,7 +212,10 @@ func spawnPeer(t testing.TB, transport string) *peer {
 		p.cmd.Env = append(p.cmd.Env, envWorkerAddr+"="+hex.EncodeToString(self))
 	}
 	must(t, p.cmd.Start())
-	go func() { p.err <- p.cmd.Wait() }()
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
 	t.Cleanup(p.close)
 
 	if transport == "tcp" {
@@ -238,8 +244,16 @@ func (p *peer) recv(ctx context.Context, tag uint64, max int) []byte {
 	return buf[:r.Length()]
 }
 
+// exit waits for the peer process to end and returns what cmd.Wait returned.
+func (p *peer) exit() error {
+	<-p.exited
+	return p.waitErr
+}
+
 func (p *peer) close() {
-	if p.cmd.ProcessState == nil {
+	select {
+	case <-p.exited:
+	default:
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if p.ep != nil && p.ep.Err() == nil {
@@ -252,14 +266,14 @@ func (p *peer) close() {
 	wait:
 		for {
 			select {
-			case <-p.err:
+			case <-p.exited:
 				break wait
 			default:
 				p.w.Progress()
 				if time.Now().After(deadline) {
 					p.t.Errorf("peer did not exit after quit; output:\n%s", p.out)
 					_ = p.cmd.Process.Kill()
-					<-p.err
+					<-p.exited
 					break wait
 				}
 			}
@@ -431,10 +445,9 @@ func TestPeerExitFailsPendingOperations(t *testing.T) {
 		t.Fatalf("receive naming a failed peer: %v", err)
 	}
 	var exitErr *exec.ExitError
-	if err := <-p.err; !errors.As(err, &exitErr) || exitErr.ExitCode() != 3 {
+	if err := p.exit(); !errors.As(err, &exitErr) || exitErr.ExitCode() != 3 {
 		t.Fatalf("peer exit: %v", err)
 	}
-	p.cmd.ProcessState = exitErr.ProcessState
 	must(t, p.ep.Close())
 }
 
@@ -447,8 +460,7 @@ func TestPeerExitOverSharedMemoryIsBounded(t *testing.T) {
 	pendingRecv, err := p.w.TagRecvNbx(make([]byte, 64), 0xdead, ^uint64(0), nil)
 	must(t, err)
 	must(t, send(ctx, p.ep, nil, tagDie))
-	<-p.err
-	p.cmd.ProcessState = &os.ProcessState{}
+	_ = p.exit()
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancelShort()
 	if err := pendingRecv.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
