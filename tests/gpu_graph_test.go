@@ -9,7 +9,6 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
-	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
@@ -69,13 +68,7 @@ func TestGPUGraphConditionRelaunch(t *testing.T) {
 	}
 	must(t, ss.Synchronize())
 	must(t, rs.Synchronize())
-	var want uint64
-	for i := uint64(0); i < n; i++ {
-		want += uint64(device.Pattern(i, seed))
-	}
-	if got := binary.LittleEndian.Uint64(acc.Bytes()); got != launches*want {
-		t.Fatalf("accumulated checksum %d over %d launches, want %d", got, launches, launches*want)
-	}
+	requireAccumulated(t, acc, launches, n, seed)
 	must(t, send.Err())
 	must(t, recv.Err())
 	must(t, sx.Close())
@@ -155,9 +148,7 @@ func TestGPUStreamCaptureConditions(t *testing.T) {
 	}
 	must(t, ss.Synchronize())
 	must(t, rs.Synchronize())
-	if got, want := binary.LittleEndian.Uint64(acc.Bytes()), uint64(launches)*fillSum(n, seed); got != want {
-		t.Fatalf("accumulated checksum %d over %d launches, want %d", got, launches, want)
-	}
+	requireAccumulated(t, acc, launches, n, seed)
 	must(t, sendCond.Err())
 	must(t, recvCond.Err())
 	must(t, sx.Close())
@@ -246,4 +237,13 @@ func TestGPUGraphPeerDies(t *testing.T) {
 		t.Fatalf("graph operation's request: %v, want ErrPeerFailed", err)
 	}
 	_ = p.exit()
+}
+
+// requireAccumulated checks a device checksum word that added the fill pattern of n
+// bytes (seed) once per launch.
+func requireAccumulated(t *testing.T, acc *cuda.HostMemory, launches, n int, seed uint32) {
+	t.Helper()
+	if got, want := binary.LittleEndian.Uint64(acc.Bytes()), uint64(launches)*fillSum(n, seed); got != want {
+		t.Fatalf("accumulated checksum %d over %d launches, want %d", got, launches, want)
+	}
 }
