@@ -70,7 +70,7 @@ type bcastGraph interface {
 
 func newBcastGraph(kind stream.Kind) (bcastGraph, error) {
 	if kind == stream.KindHost {
-		return &hostBcast{backend: stream.NewHostBackend(), g: graph.NewHost()}, nil
+		return newHostBcast(), nil
 	}
 	return newCUDABcast()
 }
@@ -279,28 +279,25 @@ func runBroadcastPeer(role string) error {
 }
 
 // hostBcast: host graphs; the payload changes every launch and checks compare bytes.
+// The graph's first node counts the launches; producing and clearing follow it.
 type hostBcast struct {
 	backend stream.Backend
 	g       *graph.Host
+	start   *graph.HostNode
 	x       *graph.HostExec
-	launch  uint64 // incremented by the first node of every launch
-	counted bool
+	launch  uint64
+}
+
+func newHostBcast() *hostBcast {
+	h := &hostBcast{backend: stream.NewHostBackend(), g: graph.NewHost()}
+	h.start, _ = h.g.AddTask(nil, func() error { h.launch++; return nil })
+	return h
 }
 
 func (h *hostBcast) buffer() []byte { return make([]byte, bcastSize) }
 
-func (h *hostBcast) counter() func() error {
-	if h.counted {
-		return func() error { return nil }
-	}
-	h.counted = true
-	return func() error { h.launch++; return nil }
-}
-
 func (h *hostBcast) produce(buf []byte) (any, error) {
-	count := h.counter()
-	return h.g.AddTask(nil, func() error {
-		_ = count()
+	return h.g.AddTask([]*graph.HostNode{h.start}, func() error {
 		for i := range buf {
 			buf[i] = byte(h.launch*131 + uint64(i))
 		}
@@ -309,12 +306,7 @@ func (h *hostBcast) produce(buf []byte) (any, error) {
 }
 
 func (h *hostBcast) clear(buf []byte) (any, error) {
-	count := h.counter()
-	return h.g.AddTask(nil, func() error {
-		_ = count()
-		clear(buf)
-		return nil
-	})
+	return h.g.AddTask([]*graph.HostNode{h.start}, func() error { clear(buf); return nil })
 }
 
 func (h *hostBcast) comm(deps ...any) (*condition.Condition, error) {
