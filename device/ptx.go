@@ -1,7 +1,9 @@
 // Package device holds ucpx's GPU-side code: ucpx_signal.cuh, the header
-// kernels include to trigger, test and wait on signal words, and the PTX of
-// the test kernels, generated from test_kernels.cu by scripts/ptx.sh and
-// embedded here so GPU tests need only the driver (which JIT-compiles it).
+// kernels include to trigger, test and wait on signal words; the PTX of the
+// stream signal kernels (signal_kernels.cu), which CUDA streams use for
+// conditions; and the PTX of the test kernels (test_kernels.cu). scripts/ptx.sh
+// generates the PTX, embedded here so nothing needs more than the driver
+// (which JIT-compiles it).
 package device
 
 import (
@@ -24,16 +26,27 @@ const (
 	KernelFill     = "ucpx_test_fill"     // (buf *u8, n u64, seed u32)
 )
 
-// TestKernelsPTX returns the embedded PTX of test_kernels.cu. Until
-// scripts/ptx.sh has been run on a machine with nvcc it is a placeholder;
-// check with IsPlaceholder.
-func TestKernelsPTX() []byte {
-	b, err := ptxFiles.ReadFile("ptx/test_kernels.ptx")
+// Names of the kernels in signal_kernels.cu.
+const (
+	KernelSignalWriteWait = "ucpx_signal_write_wait" // (trigger *u64, value u64, completion *u64, completionValue u64)
+	KernelSignalWait      = "ucpx_signal_wait"       // (completion *u64, completionValue u64)
+)
+
+// SignalKernelsPTX returns the embedded PTX of signal_kernels.cu.
+func SignalKernelsPTX() []byte { return embedded("ptx/signal_kernels.ptx") }
+
+func embedded(name string) []byte {
+	b, err := ptxFiles.ReadFile(name)
 	if err != nil {
 		return nil
 	}
 	return b
 }
+
+// TestKernelsPTX returns the embedded PTX of test_kernels.cu. Until
+// scripts/ptx.sh has been run on a machine with nvcc it is a placeholder;
+// check with IsPlaceholder.
+func TestKernelsPTX() []byte { return embedded("ptx/test_kernels.ptx") }
 
 // IsPlaceholder reports whether ptx holds no kernel, i.e. is the placeholder
 // committed before the PTX was generated.

@@ -8,21 +8,26 @@ import (
 )
 
 func TestEmbeddedPTX(t *testing.T) {
-	ptx := TestKernelsPTX()
-	if len(ptx) == 0 {
-		t.Fatal("no embedded PTX")
-	}
-	if IsPlaceholder(ptx) {
-		t.Log("test_kernels.ptx is the placeholder; GPU tests will fail until scripts/ptx.sh is run")
-		return
-	}
-	for _, k := range []string{KernelEcho, KernelHandle, KernelPingPong, KernelChecksum, KernelFill} {
-		if !bytes.Contains(ptx, []byte(".entry "+k+"(")) {
-			t.Errorf("the PTX lacks kernel %s: regenerate it with scripts/ptx.sh", k)
+	for _, c := range []struct {
+		name    string
+		ptx     []byte
+		kernels []string
+	}{
+		{"test_kernels", TestKernelsPTX(), []string{KernelEcho, KernelHandle, KernelPingPong, KernelChecksum, KernelFill}},
+		{"signal_kernels", SignalKernelsPTX(), []string{KernelSignalWriteWait, KernelSignalWait}},
+	} {
+		if IsPlaceholder(c.ptx) {
+			t.Errorf("%s.ptx holds no kernel: regenerate it with scripts/ptx.sh", c.name)
+			continue
 		}
-	}
-	if !bytes.Contains(ptx, []byte(".target sm_75")) {
-		t.Error("the PTX does not target sm_75 (compute_75)")
+		for _, k := range c.kernels {
+			if !bytes.Contains(c.ptx, []byte(".entry "+k+"(")) {
+				t.Errorf("%s.ptx lacks kernel %s: regenerate it with scripts/ptx.sh", c.name, k)
+			}
+		}
+		if !bytes.Contains(c.ptx, []byte(".target sm_75")) {
+			t.Errorf("%s.ptx does not target sm_75 (compute_75)", c.name)
+		}
 	}
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates device/ptx/*.ptx from device/*.cu. The PTX targets compute_75, so
+# Regenerates device/ptx/NAME.ptx from each device/NAME.cu. The PTX targets compute_75, so
 # the driver JIT-compiles it for any GPU from Turing on; it is committed, and
 # running the GPU tests needs only the driver.
 #
@@ -9,8 +9,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-src=device/test_kernels.cu
-out=device/ptx/test_kernels.ptx
 mkdir -p device/ptx
 
 find_nvcc() {
@@ -33,6 +31,8 @@ fi
 
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
+for src in device/*.cu; do
+out=device/ptx/$(basename "$src" .cu).ptx
 case "$compiler" in
 nvcc)
 	nvcc=$(find_nvcc) || { echo "ptx.sh: nvcc not found" >&2; exit 1; }
@@ -54,3 +54,4 @@ grep -q '\.entry' "$tmp" || { echo "ptx.sh: $compiler produced no kernel entry" 
 	cat "$tmp"
 } >"$out"
 echo "wrote $out ($(grep -c '\.entry' "$out") kernels, $compiler)"
+done

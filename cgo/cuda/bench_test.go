@@ -328,3 +328,92 @@ func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStreamSignalChain: what a Stream condition's trigger-and-wait costs on a
+// stream, with and without GPU work before it, by how the stream signals. Per round
+// trip the stream runs [fill kernel] (work=fill: one block of 256 threads writing 8
+// bytes of pinned host memory, as a producer would) and then the signal: "memop", one
+// batch memop [write T=k, wait D>=k]; or "kernel", one one-thread launch of
+// ucpx_signal_write_wait doing the same with a release store and an acquire poll.
+// A host goroutine echoes D=T. Pre-enqueued behind a gate as in
+// BenchmarkStreamMemopRoundTrip, so the clock sees the GPU's path only.
+//
+// us/enqueue is the CPU cost of enqueueing one iteration.
+// "sync/fill" is the CPU-synchronised counterpart, the (a) mode of `ucpx perf`:
+// launch the fill kernel and synchronize the stream, per iteration, clock running.
+func BenchmarkStreamSignalChain(b *testing.B) {
+	for _, signal := range []string{"memop", "kernel", "sync"} {
+		for _, work := range []string{"none", "fill"} {
+			if signal == "sync" && work == "none" {
+				continue
+			}
+			b.Run(signal+"/"+work, func(b *testing.B) { benchSignalChain(b, signal, work == "fill") })
+		}
+	}
+}
+
+func benchSignalChain(b *testing.B, signal string, fill bool) {
+	ctx := newContext(b)
+	s := newStream(b, ctx)
+	tm := testModule(b, ctx)
+	fillFn := function(b, tm, device.KernelFill)
+	sm, err := ctx.LoadModule(device.SignalKernelsPTX())
+	must(b, err)
+	defer sm.Close()
+	writeWait := function(b, sm, device.KernelSignalWriteWait)
+	buf := hostMem(b, ctx, 4096, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	produce := func(i int) error {
+		return s.LaunchKernel(fillFn, cuda.Linear(1, 256), buf.DevicePtr(), uint64(8), uint32(i)<<7)
+	}
+	if signal == "sync" {
+		must(b, produce(0))
+		must(b, s.Synchronize())
+		b.ResetTimer()
+		t0 := time.Now()
+		for i := 0; i < b.N; i++ {
+			must(b, produce(i))
+			must(b, s.Synchronize())
+		}
+		reportUS(b, time.Since(t0), b.N, "us/iteration")
+		return
+	}
+	const G, T, D = 0, 1, 2
+	w := newWords(b, ctx, 3)
+	e := startEcho(w, T, D)
+	defer e.Stop()
+	const chunk = 100
+	var gate, k uint64
+	var elapsed, enqueue time.Duration
+	b.ResetTimer()
+	b.StopTimer()
+	for done := 0; done < b.N; {
+		c := min(chunk, b.N-done)
+		gate++
+		must(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
+		base := k
+		te := time.Now()
+		for i := 0; i < c; i++ {
+			k++
+			if fill {
+				must(b, produce(int(k)))
+			}
+			if signal == "memop" {
+				must(b, s.BatchMemOp([]cuda.MemOp{cuda.WriteValue64Op(w.dev(T), k, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k, cuda.WaitGEQ)}))
+			} else {
+				must(b, s.LaunchKernel(writeWait, cuda.Linear(1, 1), w.dev(T), k, w.dev(D), k))
+			}
+		}
+		enqueue += time.Since(te)
+		b.StartTimer()
+		t0 := time.Now()
+		w.store(G, gate)
+		for w.load(D) != base+uint64(c) {
+		}
+		elapsed += time.Since(t0)
+		b.StopTimer()
+		done += c
+	}
+	syncWithin(b, s, 10*time.Second)
+	reportUS(b, elapsed, b.N, "us/roundtrip")
+	reportUS(b, enqueue, b.N, "us/enqueue") // CPU cost of one iteration's launches
+}

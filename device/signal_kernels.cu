@@ -1,0 +1,28 @@
+/*
+ * Stream-side signal kernels of ucpx's CUDA streams. A Stream condition's
+ * trigger and completion wait are enqueued as one of these one-thread kernels
+ * instead of stream memory operations: a kernel polls the host-mapped
+ * completion word in a tight acquire loop, while a memop wait is polled by the
+ * GPU's front end, which wakes later (see docs/performance.md, "stream signal
+ * kernels"). scripts/ptx.sh compiles this file to device/ptx/signal_kernels.ptx.
+ */
+#include "ucpx_signal.cuh"
+
+/* Store value into *trigger (release, system scope), then wait until
+ * *completion has reached completion_value. Launch with one thread. */
+extern "C" __global__ void ucpx_signal_write_wait(uint64_t *trigger, uint64_t value, const uint64_t *completion, uint64_t completion_value)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	__threadfence_system();
+	ucpx_word_store_release(trigger, value);
+	ucpx_word_wait_geq(completion, completion_value);
+}
+
+/* Wait until *completion has reached completion_value. Launch with one thread. */
+extern "C" __global__ void ucpx_signal_wait(const uint64_t *completion, uint64_t completion_value)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	ucpx_word_wait_geq(completion, completion_value);
+}
