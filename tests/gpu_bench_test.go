@@ -174,9 +174,10 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 	case "stream":
 		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
 		must(b, err)
-		chk := pingpong.NewCheck(size)
+		chk := pingpong.NewCheck(size, pingpong.StreamWindow)
 		sp, rp := chk.Params(c, nil, nil, nil)
 		for i := 0; i < n; i++ {
+			must(b, chk.Ahead(ctx, i, n))
 			produce(i)
 			must(b, c.BeginGroup())
 			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
@@ -194,7 +195,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
 		must(b, err)
 		res := g.mapped(b, 16)
-		chk := pingpong.NewCheck(size)
+		chk := pingpong.NewCheck(size, pingpong.Window)
 		sp, rp := chk.Params(c, nil, nil, nil)
 		arm := func() error { // one iteration, two sequence numbers: the receive first
 			if _, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp); err != nil {

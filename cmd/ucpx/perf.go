@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -97,6 +98,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	modes := fs.String("modes", modePlain, "tag_lat only, how it is driven: "+strings.Join(allModes, ",")+" (stream modes: see docs/performance.md)")
 	backend := fs.String("backend", "auto", "stream backend of the stream modes: auto (CUDA where there is a GPU), host, cuda")
 	work := fs.String("work", "none", "tag_lat stream modes: none, or kernel to also run sync, hostfunc and stream as mode+work, with a producer kernel writing the send buffer on the stream before each iteration (a host function on host streams)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (not the peer's) to `file`")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
@@ -136,6 +138,14 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
 		return 2
+	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
+			return 1
+		}
+		defer stop()
 	}
 	rep, err := perfMain(o, stderr)
 	if err != nil {
@@ -670,4 +680,20 @@ func perfPeerMain(ctlAddr, tls string, peerErr, rma, spin bool, size, window int
 			return fmt.Errorf("unexpected control message %q", m.Op)
 		}
 	}
+}
+
+// startCPUProfile profiles this process into path until the returned function runs.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

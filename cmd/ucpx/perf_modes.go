@@ -275,7 +275,7 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 			err = failed
 		}
 	case modeStream:
-		elapsed, err = s.streamMode(r, size, count, produce)
+		elapsed, err = s.streamMode(ctx, r, size, count, produce)
 	case modeKernel:
 		elapsed, err = s.kernelMode(ctx, r, size, count)
 	default:
@@ -296,17 +296,21 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 }
 
 // streamMode is mode (c): per iteration the producer (if any), the receive and the send
-// as trigger stores, and one wait for both.
-func (s *perfSide) streamMode(r *modeRig, size, count int, produce func(int) error) (time.Duration, error) {
+// as trigger stores, and one wait for both. The host enqueues at most
+// pingpong.StreamWindow iterations ahead of the completed ones.
+func (s *perfSide) streamMode(ctx context.Context, r *modeRig, size, count int, produce func(int) error) (time.Duration, error) {
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: r.backend, Stream: r.s})
 	if err != nil {
 		return 0, err
 	}
-	chk := pingpong.NewCheck(size)
+	chk := pingpong.NewCheck(size, pingpong.StreamWindow)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	start := time.Now()
 	for i := 0; i < count; i++ {
+		if err := chk.Ahead(ctx, i, count); err != nil {
+			return 0, err
+		}
 		if err := produce(i); err != nil {
 			return 0, err
 		}
@@ -341,7 +345,7 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	if err != nil {
 		return 0, err
 	}
-	chk := pingpong.NewCheck(size)
+	chk := pingpong.NewCheck(size, pingpong.Window)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	arm := func() error { // one iteration: two sequence numbers, receive first

@@ -18,6 +18,13 @@ import (
 // kernel mode (so a long run does not hold millions of Requests).
 const Window = 1024
 
+// StreamWindow bounds how many iterations the host enqueues ahead of the completed
+// ones in the stream modes. Deeper, a CUDA stream's queue fills and the enqueuing
+// call blocks inside the driver, spinning a core on the GPU's queue state for the
+// rest of the run; a host stream's queue would grow without bound, and with it the
+// heap the garbage collector scans.
+const StreamWindow = 128
+
 // ErrCheck: a run finished but its outcome was wrong.
 var ErrCheck = errors.New("stream mode check failed")
 
@@ -32,12 +39,16 @@ type Check struct {
 	size  int
 	sends atomic.Int64 // retired, failed ones included
 	recvs atomic.Int64 // retired with size bytes and no error
-	bad   atomic.Pointer[string]
-	adv   chan struct{} // capacity 1: sends advanced by Window/2
+	bad    atomic.Pointer[string]
+	window int           // iterations the host may run ahead of the completed sends
+	adv    chan struct{} // capacity 1: sends advanced by window/2
 }
 
-// NewCheck returns a Check for messages of size bytes.
-func NewCheck(size int) *Check { return &Check{size: size, adv: make(chan struct{}, 1)} }
+// NewCheck returns a Check for messages of size bytes whose host runs at most window
+// iterations ahead (Window or StreamWindow).
+func NewCheck(size, window int) *Check {
+	return &Check{size: size, window: window, adv: make(chan struct{}, 1)}
+}
 
 // Params are the request parameters of a run's sends and receives on cond. The memory
 // handles and the peer may be nil.
@@ -51,7 +62,7 @@ func (c *Check) sent(r *ucp.Request) {
 	if err := r.Err(); err != nil {
 		c.fail(fmt.Sprintf("send: %v", err))
 	}
-	if c.sends.Add(1)%(Window/2) == 0 {
+	if c.sends.Add(1)%int64(max(c.window/2, 1)) == 0 {
 		select {
 		case c.adv <- struct{}{}:
 		default:
@@ -87,23 +98,42 @@ func (c *Check) Verify(cond *condition.Condition, count int) error {
 }
 
 // ArmAhead arms iterations 1..count-1 with arm (iteration 0 is armed before the kernel
-// starts, for its handle), never more than Window beyond the completed sends. The
+// starts, for its handle), never more than the window beyond the completed sends. The
 // kernel may trigger an iteration before it is armed: the proxy issues an operation
 // whose sequence number the trigger word has already passed as soon as it is armed.
 func (c *Check) ArmAhead(ctx context.Context, count int, arm func() error) error {
 	for armed := 1; armed < count; {
-		for ; armed < count && armed-int(c.sends.Load()) < Window; armed++ {
+		for ; armed < count && armed-int(c.sends.Load()) < c.window; armed++ {
 			if err := arm(); err != nil {
 				return err
 			}
 		}
 		if armed < count {
-			select {
-			case <-c.adv:
-			case <-ctx.Done():
-				return fmt.Errorf("%w after %d of %d iterations", context.Cause(ctx), c.sends.Load(), count)
+			if err := c.advanced(ctx, count); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
+}
+
+// Ahead blocks while iteration i (counting from 0, one send each) would run the window
+// or more ahead of the completed sends.
+func (c *Check) Ahead(ctx context.Context, i, count int) error {
+	for i-int(c.sends.Load()) >= c.window {
+		if err := c.advanced(ctx, count); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// advanced waits for the sends to advance by half a window.
+func (c *Check) advanced(ctx context.Context, count int) error {
+	select {
+	case <-c.adv:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w after %d of %d iterations", context.Cause(ctx), c.sends.Load(), count)
+	}
 }
