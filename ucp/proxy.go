@@ -45,6 +45,8 @@ type channel struct {
 	cond *condition.Condition
 	ops  []*condOp // armed, not retired, in sequence order
 	pos  int       // index in proxy.order
+	// seenTrigger is the trigger word as the last full round read it (under drive).
+	seenTrigger uint64
 	// running counts a Graph condition's operations issued for the current launch
 	// and not yet completed.
 	running int
@@ -68,10 +70,33 @@ type proxy struct {
 	// while it backs off, a goroutine waiting on a completion word drives the round
 	// itself, and an extra spinning thread would only take a core from it.
 	parked atomic.Bool
+
+	// What the last full round saw, so that rounds in between can tell that nothing
+	// changed without taking mu (which enqueuers need: a spinning proxy taking it
+	// every round made them wait). gen counts add calls.
+	gen    atomic.Uint64
+	last   roundState // under drive
+	scan   []*channel // the active channels as of the last full round (under drive)
+	waitOn *Request   // the oldest operation in flight then (under drive)
 }
 
-// proxyLocked returns the worker's proxy, starting it on first use. Caller holds w.mu.
-func (w *Worker) proxyLocked() *proxy {
+// roundState is what a full round started from.
+type roundState struct {
+	gen, completions uint64
+	changed          bool // the round progressed: the next one must be full too
+	inflight         bool
+}
+
+// proxy returns the worker's proxy, starting it on first use.
+func (w *Worker) proxy() (*proxy, error) {
+	if px := w.proxyReady.Load(); px != nil {
+		return px, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return nil, ErrClosed
+	}
 	if w.px == nil {
 		w.px = &proxy{
 			w:      w,
@@ -81,8 +106,9 @@ func (w *Worker) proxyLocked() *proxy {
 			exited: make(chan struct{}),
 		}
 		go w.px.run()
+		w.proxyReady.Store(w.px)
 	}
-	return w.px
+	return w.px, nil
 }
 
 // direction says which way an operation's buffer moves, for staging.
@@ -99,14 +125,19 @@ const (
 // condition's stream: copied out before the trigger, copied in after the completion.
 func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issue func(buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	cond := p.Condition
-	w.mu.Lock()
 	if w.closed.Load() {
-		w.mu.Unlock()
 		return nil, opErr(op, ErrClosed, "")
 	}
-	px := w.proxyLocked()
-	stager := w.stagerLocked(cond.Backend())
-	w.mu.Unlock()
+	// Not under w.mu, which the proxy holds while it progresses. A Close racing with
+	// this is caught by px.add (the proxy is shut down) or by the stager.
+	px, err := w.proxy()
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
+	stager, err := w.stager(cond.Backend())
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
 	// Under stream capture the operation becomes a persistent graph operation of a
 	// condition of its own (same backend, so the same stager).
 	captured, err := cond.Captured(p.Flags&NonBlockingEnqueue == 0)
@@ -191,11 +222,16 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 	return o.user, nil
 }
 
-// stagerLocked returns the worker's stager for backend b (nil for host backends:
-// every buffer there is host memory). Caller holds w.mu.
-func (w *Worker) stagerLocked(b stream.Backend) *protocol.Stager {
+// stager returns the worker's stager for backend b (nil for host backends: every
+// buffer there is host memory).
+func (w *Worker) stager(b stream.Backend) (*protocol.Stager, error) {
 	if b.Kind() != stream.KindCUDA || w.ctx.SupportsMemoryType(MemoryCUDA) {
-		return nil
+		return nil, nil
+	}
+	w.stagerMu.Lock()
+	defer w.stagerMu.Unlock()
+	if w.stagersClosed {
+		return nil, ErrClosed
 	}
 	if w.stagers == nil {
 		w.stagers = map[stream.Backend]*protocol.Stager{}
@@ -205,7 +241,7 @@ func (w *Worker) stagerLocked(b stream.Backend) *protocol.Stager {
 		st = protocol.NewStager(b)
 		w.stagers[b] = st
 	}
-	return st
+	return st, nil
 }
 
 // add hands o to the proxy; created reports that cond had no pending operation.
@@ -223,6 +259,7 @@ func (px *proxy) add(cond *condition.Condition, o *condOp) (created bool, err er
 		created = true
 	}
 	ch.ops = append(ch.ops, o)
+	px.gen.Add(1)
 	px.mu.Unlock()
 	px.Kick()
 	return created, nil
@@ -337,10 +374,20 @@ func (px *proxy) round() (progressed, active, busy bool) {
 
 func (px *proxy) roundLocked() (progressed, active bool) {
 	defer px.drive.Unlock()
+	if px.quiet() {
+		// Nothing to issue or retire: only progress what is in flight.
+		if px.last.inflight && px.w.progressFor(px.waitOn, 16) > 0 {
+			return true, true
+		}
+		return false, true
+	}
+	defer func() { px.last.changed = progressed }()
+	px.last.gen, px.last.completions = px.gen.Load(), px.w.completions.Load()
 	inflight := false
 	var waitOn *Request // the oldest operation in flight
 	px.mu.Lock()
 	if len(px.active) == 0 {
+		px.scan = px.scan[:0]
 		px.mu.Unlock()
 		return false, false
 	}
@@ -358,6 +405,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			continue
 		}
 		trigger := cond.TriggerWord().Load()
+		ch.seenTrigger = trigger
 		for _, o := range ch.ops {
 			if o.issued {
 				continue
@@ -392,7 +440,9 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			px.removeLocked(ch)
 		}
 	}
+	px.scan = append(px.scan[:0], px.order...)
 	px.mu.Unlock()
+	px.last.inflight, px.waitOn = inflight, waitOn
 	if len(px.retired) > 0 {
 		// Outside px.mu: Retire takes the condition's lock, which Arm holds while it
 		// calls add.
@@ -409,6 +459,26 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		progressed = true
 	}
 	return progressed, true
+}
+
+// quiet reports that no full round is needed: the last one changed nothing, no
+// operation was added, no request completed and no trigger word moved since. Caller
+// holds px.drive.
+func (px *proxy) quiet() bool {
+	if px.last.changed || len(px.scan) == 0 || px.gen.Load() != px.last.gen || px.w.completions.Load() != px.last.completions {
+		return false
+	}
+	for _, ch := range px.scan {
+		cond := ch.cond
+		if cond.Category() == condition.Graph {
+			if cond.TriggerWord().Load() == 1 || cond.Destroyed() {
+				return false
+			}
+		} else if cond.TriggerWord().Load() != ch.seenTrigger {
+			return false
+		}
+	}
+	return true
 }
 
 // graphRoundLocked runs the persistent operations of a Graph condition: each time a

@@ -235,6 +235,7 @@ func (r *Request) completeLocked(err error, length int, tag uint64) {
 		delete(r.peer.recvs, r)
 	}
 	r.done.Store(true)
+	r.w.completions.Add(1)
 	if r.cb != nil {
 		cb := r.cb
 		r.w.deferred = append(r.w.deferred, func() { cb(r) })

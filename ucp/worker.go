@@ -44,8 +44,19 @@ type Worker struct {
 
 	efd int    // -1 without wakeup
 	px  *proxy // the proxy engine, started by the first conditioned operation (under mu)
-	// stagers lend pinned buffers for device memory, one per CUDA backend (under mu).
-	stagers map[stream.Backend]*protocol.Stager
+	// proxyReady is px once started: enqueuers read it without mu, which the proxy
+	// holds while it progresses.
+	proxyReady atomic.Pointer[proxy]
+	// completions counts requests completed asynchronously (completeLocked): the proxy
+	// rescans its operations only when this, a trigger word or its own operation set
+	// changed.
+	completions atomic.Uint64
+
+	// stagers lend pinned buffers for device memory, one per CUDA backend. Their own
+	// lock: enqueuers must not wait for the proxy's progress calls, which hold mu.
+	stagerMu      sync.Mutex
+	stagers       map[stream.Backend]*protocol.Stager
+	stagersClosed bool
 }
 
 // NewWorker creates a worker on the context.
@@ -305,9 +316,11 @@ func (w *Worker) Close() error {
 	cbs := w.takeDeferredLocked()
 	w.raw.Destroy()
 	px := w.px
-	stagers := w.stagers
-	w.stagers = nil
 	w.mu.Unlock()
+	w.stagerMu.Lock()
+	stagers := w.stagers
+	w.stagers, w.stagersClosed = nil, true
+	w.stagerMu.Unlock()
 	if px != nil {
 		px.shutdown()
 	}
