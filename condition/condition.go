@@ -91,14 +91,15 @@ type Condition struct {
 	// sequence order even with concurrent callers. It is held while a stream enqueue
 	// blocks (a CUDA stream stuck in a wait stops accepting work), so the proxy must
 	// never need it: Retire uses only retired and errMu.
-	mu        sync.Mutex
-	armed     uint64      // last sequence number handed out
-	destroyed atomic.Bool // written under mu; read without it by the proxy
-	drivers   []stream.Driver
-	node      any          // Graph category: the start node
-	waitNode  any          // Graph category: the completion node
-	captured  []*Condition // Stream category: operations enqueued under stream capture
-	group     *group       // Stream category: the open BeginGroup, if any
+	mu          sync.Mutex
+	armed       uint64      // last sequence number handed out
+	destroyed   atomic.Bool // written under mu; read without it by the proxy
+	drivers     []stream.Driver
+	firstDriver atomic.Pointer[stream.Driver] // drivers[0], read without mu
+	node        any                           // Graph category: the start node
+	waitNode    any                           // Graph category: the completion node
+	captured    []*Condition                  // Stream category: operations enqueued under stream capture
+	group       *group                        // Stream category: the open BeginGroup, if any
 
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
@@ -390,6 +391,10 @@ func Test(h DeviceHandle) bool {
 // AttachDriver adds d (once) to the drivers of the condition's words: host executors
 // waiting on the completion word run it, and trigger stores kick it.
 func (c *Condition) AttachDriver(d stream.Driver) {
+	// The common case, once per operation: the one driver is attached already.
+	if p := c.firstDriver.Load(); p != nil && *p == d {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, x := range c.drivers {
@@ -399,6 +404,7 @@ func (c *Condition) AttachDriver(d stream.Driver) {
 	}
 	c.drivers = append(c.drivers, d)
 	if len(c.drivers) == 1 {
+		c.firstDriver.Store(&d)
 		c.words.SetDriver(d)
 	} else {
 		c.words.SetDriver(drivers(append([]stream.Driver(nil), c.drivers...)))

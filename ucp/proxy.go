@@ -57,10 +57,14 @@ type proxy struct {
 	// drive makes one goroutine at a time run a round: the proxy's own, a host stream
 	// executor waiting on a completion word, or a goroutine in Request.Wait or Test.
 	drive  sync.Mutex
-	mu     sync.Mutex // guards active, closed and the operations' issue state
+	mu     sync.Mutex // guards active and the operations' issue state
 	active map[*condition.Condition]*channel
 	order  []*channel // the channels of active, for rounds (iterating a map costs more)
-	closed bool
+	// Operations added and not yet in their channels (see add), under inMu.
+	inMu     sync.Mutex
+	incoming []retirement
+	inClosed bool
+	spare    []retirement // the emptied incoming slice, reused (under mu)
 	wake   chan struct{}
 	stop   chan struct{}
 	exited chan struct{}
@@ -193,14 +197,13 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 	o.issue = func(ip *RequestParam) (*Request, error) { return issue(issueBuf, ip) }
 
 	var addErr error
-	var created bool
 	_, err = cond.Arm(streamOrdered, work, func(seq uint64) {
 		o.seq, o.user.seq = seq, seq
-		created, addErr = px.add(cond, o)
+		addErr = px.add(cond, o)
 	})
-	if created {
-		// Once per burst, not per operation (Arm holds the condition's lock, which
-		// AttachDriver takes, so it cannot happen inside add).
+	if addErr == nil && err == nil {
+		// After Arm: Arm holds the condition's lock, which AttachDriver takes. Cheap
+		// once attached.
 		cond.AttachDriver(px)
 	}
 	if addErr != nil {
@@ -244,25 +247,41 @@ func (w *Worker) stager(b stream.Backend) (*protocol.Stager, error) {
 	return st, nil
 }
 
-// add hands o to the proxy; created reports that cond had no pending operation.
-func (px *proxy) add(cond *condition.Condition, o *condOp) (created bool, err error) {
-	px.mu.Lock()
-	if px.closed {
-		px.mu.Unlock()
-		return false, ErrClosed
+// add hands o to the proxy. It goes to a queue of its own lock, which the next full
+// round empties into the channels: an enqueuer never waits for a round, which holds
+// px.mu while it issues operations. One condition's operations arrive in sequence
+// order (Arm holds the condition's lock while it calls add).
+func (px *proxy) add(cond *condition.Condition, o *condOp) error {
+	px.inMu.Lock()
+	if px.inClosed {
+		px.inMu.Unlock()
+		return ErrClosed
 	}
-	ch := px.active[cond]
-	if ch == nil {
-		ch = &channel{cond: cond, pos: len(px.order)}
-		px.active[cond] = ch
-		px.order = append(px.order, ch)
-		created = true
-	}
-	ch.ops = append(ch.ops, o)
+	px.incoming = append(px.incoming, retirement{cond, o})
 	px.gen.Add(1)
-	px.mu.Unlock()
+	px.inMu.Unlock()
 	px.Kick()
-	return created, nil
+	return nil
+}
+
+// takeIncomingLocked moves the added operations into their channels. Caller holds
+// px.mu.
+func (px *proxy) takeIncomingLocked() {
+	px.inMu.Lock()
+	in := px.incoming
+	px.incoming = px.spare[:0]
+	px.inMu.Unlock()
+	for i, a := range in {
+		ch := px.active[a.cond]
+		if ch == nil {
+			ch = &channel{cond: a.cond, pos: len(px.order)}
+			px.active[a.cond] = ch
+			px.order = append(px.order, ch)
+		}
+		ch.ops = append(ch.ops, a.op)
+		in[i] = retirement{}
+	}
+	px.spare = in[:0]
 }
 
 // removeLocked drops ch from the active channels. Caller holds px.mu.
@@ -386,6 +405,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 	inflight := false
 	var waitOn *Request // the oldest operation in flight
 	px.mu.Lock()
+	px.takeIncomingLocked()
 	if len(px.active) == 0 {
 		px.scan = px.scan[:0]
 		px.mu.Unlock()
@@ -591,12 +611,13 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 // stays blocked on a completion word. Called by Worker.Close without w.mu held, after
 // UCX finished every request the proxy had issued.
 func (px *proxy) shutdown() {
-	px.mu.Lock()
-	px.closed = true
-	px.mu.Unlock()
+	px.inMu.Lock()
+	px.inClosed = true
+	px.inMu.Unlock()
 	close(px.stop)
 	<-px.exited
 	px.mu.Lock()
+	px.takeIncomingLocked()
 	var left []retirement
 	for len(px.order) > 0 {
 		ch := px.order[len(px.order)-1]
