@@ -38,7 +38,7 @@ import (
 //	               reports kernel-half-rt-us, the kernel's own %globaltimer measure
 //
 // mode+work (sizes up to 64 KiB, the range of the targets): each iteration first runs a
-// producer on the stream, ucpx_test_fill over the message with one block of 256 threads
+// producer on the stream, ucpx_test_fill over the message with one block of 256 threads per 4 KiB
 // writing the send buffer, as when kernels produce the data; sync then really waits for
 // the GPU. The echo of the last message is checked against the last producer's data.
 // kernel has no +work variant: its persistent kernel occupies the stream, so no
@@ -81,7 +81,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 	produce := func(int) {}
 	if work {
 		produce = func(i int) {
-			must(b, cs.LaunchKernel(g.fill, cuda.Linear(1, 256), out.DevicePtr(), uint64(size), pingpong.WorkSeed(i)))
+			must(b, cs.LaunchKernel(g.fill, cuda.Linear(pingpong.ProducerBlocks(size), 256), out.DevicePtr(), uint64(size), pingpong.WorkSeed(i)))
 		}
 	}
 	roundTrip := func() error {

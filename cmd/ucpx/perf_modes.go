@@ -39,7 +39,7 @@ import (
 //
 // With --work kernel, sync, hostfunc and stream also run as mode+work: each iteration
 // first enqueues a producer that writes the send buffer, as when kernels produce the
-// data (CUDA: ucpx_test_fill, one block of 256 threads; host streams: a host function
+// data (CUDA: ucpx_test_fill, one block of 256 threads per 4 KiB; host streams: a host function
 // doing the same). sync must then really wait for the stream. kernel has no +work
 // variant: its persistent kernel occupies the stream, so no producer kernel can run
 // between its iterations.
@@ -196,7 +196,7 @@ func (r *modeRig) close() {
 // into the first size bytes of the send buffer.
 func (r *modeRig) produce(size, i int) error {
 	if r.cs != nil {
-		return r.cs.LaunchKernel(r.fill, cuda.Linear(1, 256), r.sdev, uint64(size), pingpong.WorkSeed(i))
+		return r.cs.LaunchKernel(r.fill, cuda.Linear(pingpong.ProducerBlocks(size), 256), r.sdev, uint64(size), pingpong.WorkSeed(i))
 	}
 	buf := r.smem.Bytes()[:size]
 	return r.s.LaunchHostFunc(func() { fillPattern(buf, pingpong.WorkSeed(i)) })

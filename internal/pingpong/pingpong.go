@@ -28,6 +28,12 @@ const StreamWindow = 128
 // ErrCheck: a run finished but its outcome was wrong.
 var ErrCheck = errors.New("stream mode check failed")
 
+// ProducerBlocks is the grid of the +work producer (ucpx_test_fill, 256 threads a
+// block) over size bytes: one block per 4 KiB, as a kernel sized to its data would
+// be launched. (One block for every size made the producer itself the measurement at
+// 64 KiB: a single block's byte stores into host memory.)
+func ProducerBlocks(size int) uint32 { return uint32(max(1, (size+4095)/4096)) }
+
 // WorkSeed is iteration i's producer seed. device.Pattern shifts the seed right by 7
 // bits, so consecutive integers would give the same bytes.
 func WorkSeed(i int) uint32 { return uint32(i) << 7 }
