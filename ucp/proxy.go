@@ -65,9 +65,9 @@ type proxy struct {
 	incoming []retirement
 	inClosed bool
 	spare    []retirement // the emptied incoming slice, reused (under mu)
-	wake   chan struct{}
-	stop   chan struct{}
-	exited chan struct{}
+	wake     chan struct{}
+	stop     chan struct{}
+	exited   chan struct{}
 	// retired is the drive round's scratch list (under drive).
 	retired []retirement
 	// parked: the proxy goroutine waits for work on wake. Kicks wake it only then:

@@ -42,9 +42,9 @@ func WorkSeed(i int) uint32 { return uint32(i) << 7 }
 // as each operation retires): every send and receive succeeded and every receive got
 // size bytes. It also wakes ArmAhead as sends retire.
 type Check struct {
-	size  int
-	sends atomic.Int64 // retired, failed ones included
-	recvs atomic.Int64 // retired with size bytes and no error
+	size   int
+	sends  atomic.Int64 // retired, failed ones included
+	recvs  atomic.Int64 // retired with size bytes and no error
 	bad    atomic.Pointer[string]
 	window int           // iterations the host may run ahead of the completed sends
 	adv    chan struct{} // capacity 1: sends advanced by window/2
