@@ -6,6 +6,7 @@ package cuda_test
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -341,18 +342,27 @@ func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 // us/enqueue is the CPU cost of enqueueing one iteration.
 // "sync/fill" is the CPU-synchronised counterpart, the (a) mode of `ucpx perf`:
 // launch the fill kernel and synchronize the stream, per iteration, clock running.
+//
+// delay=D: the echo answers D after it sees the trigger (a transfer taking D), and
+// us/wake is the round trip less D: whether the stream notices a late completion as
+// fast as a prompt one.
 func BenchmarkStreamSignalChain(b *testing.B) {
 	for _, signal := range []string{"memop", "kernel", "sync"} {
 		for _, work := range []string{"none", "fill"} {
 			if signal == "sync" && work == "none" {
 				continue
 			}
-			b.Run(signal+"/"+work, func(b *testing.B) { benchSignalChain(b, signal, work == "fill") })
+			b.Run(signal+"/"+work, func(b *testing.B) { benchSignalChain(b, signal, work == "fill", 0) })
+		}
+	}
+	for _, signal := range []string{"memop", "kernel"} {
+		for _, delay := range []time.Duration{2 * time.Microsecond, 5 * time.Microsecond, 10 * time.Microsecond} {
+			b.Run(fmt.Sprintf("%s/none/delay=%v", signal, delay), func(b *testing.B) { benchSignalChain(b, signal, false, delay) })
 		}
 	}
 }
 
-func benchSignalChain(b *testing.B, signal string, fill bool) {
+func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duration) {
 	ctx := newContext(b)
 	s := newStream(b, ctx)
 	tm := testModule(b, ctx)
@@ -379,7 +389,7 @@ func benchSignalChain(b *testing.B, signal string, fill bool) {
 	}
 	const G, T, D = 0, 1, 2
 	w := newWords(b, ctx, 3)
-	e := startEcho(w, T, D)
+	e := startDelayedEcho(w, T, D, delay)
 	defer e.Stop()
 	const chunk = 100
 	var gate, k uint64
@@ -416,4 +426,32 @@ func benchSignalChain(b *testing.B, signal string, fill bool) {
 	syncWithin(b, s, 10*time.Second)
 	reportUS(b, elapsed, b.N, "us/roundtrip")
 	reportUS(b, enqueue, b.N, "us/enqueue") // CPU cost of one iteration's launches
+	if delay > 0 {
+		reportUS(b, elapsed-time.Duration(b.N)*delay, b.N, "us/wake")
+	}
+}
+
+// startDelayedEcho is startEcho answering delay after it sees each new trigger value.
+func startDelayedEcho(w words, trigger, done int, delay time.Duration) *echoer {
+	if delay == 0 {
+		return startEcho(w, trigger, done)
+	}
+	e := &echoer{quit: make(chan struct{})}
+	go func() {
+		defer close(e.quit)
+		for i := 0; ; i++ {
+			if v := w.load(trigger); v != w.load(done) {
+				for t0 := time.Now(); time.Since(t0) < delay; {
+				}
+				w.store(done, v)
+			}
+			if i&1023 == 0 {
+				if e.stop.Load() {
+					return
+				}
+				runtime.Gosched()
+			}
+		}
+	}()
+	return e
 }
