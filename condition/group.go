@@ -37,6 +37,13 @@ func (c *Condition) BeginGroup() error {
 	return nil
 }
 
+// InGroup reports whether a group is open.
+func (c *Condition) InGroup() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.group != nil
+}
+
 // EndGroup enqueues the group's trigger and, if any of its operations is
 // stream-ordered, its completion wait and the work that follows it (copies of staged
 // receives). If the stream refuses the trigger, the operations are started from the

@@ -134,9 +134,9 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 		if put {
 			dir = dirOut
 		}
-		return ep.w.enqueueConditioned(op, p, buf, dir, func(b []byte, ip *RequestParam) (*Request, error) {
-			return ep.rma(op, b, raddr, rkey, ip, put)
-		})
+		return ep.w.enqueueParted(op, p, buf, dir, func(off int, b []byte, ip *RequestParam) (*Request, error) {
+			return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
+		}, true)
 	}
 	w := ep.w
 	w.mu.Lock()

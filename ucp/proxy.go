@@ -36,9 +36,10 @@ type condOp struct {
 	inner    *Request
 	err      error // issue error
 	issued   bool
-	canceled bool   // canceled before its trigger: retired without being issued
-	running  bool   // Graph category: issued for the current launch, not yet fired
-	release  func() // returns a staging buffer once the operation is done with it
+	canceled bool      // canceled before its trigger: retired without being issued
+	running  bool      // Graph category: issued for the current launch, not yet fired
+	release  func()    // returns a staging buffer once the operation is done with it
+	whole    *partedOp // the operation this one is a part of (enqueueParts), or nil
 }
 
 type channel struct {
@@ -128,6 +129,14 @@ const (
 // triggered. Device memory UCX cannot use is staged through pinned host memory, on the
 // condition's stream: copied out before the trigger, copied in after the completion.
 func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issue func(buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
+	return w.enqueueParted(op, p, buf, dir, func(_ int, b []byte, ip *RequestParam) (*Request, error) { return issue(b, ip) }, false)
+}
+
+// enqueueParted is enqueueConditioned for an operation that can also move its buffer in
+// parts (RMA: part at offset off goes to the remote address plus off): issueAt performs
+// the part at off. With partable, a device buffer larger than StagingPart is staged and
+// moved in parts that pipeline with the staging copies (see enqueueParts).
+func (w *Worker) enqueueParted(op string, p *RequestParam, buf []byte, dir direction, issueAt func(off int, buf []byte, p *RequestParam) (*Request, error), partable bool) (*Request, error) {
 	cond := p.Condition
 	if w.closed.Load() {
 		return nil, opErr(op, ErrClosed, "")
@@ -174,6 +183,9 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 			case dir == dirIn && !streamOrdered:
 				return nil, opErr(op, ErrUnsupported, "device receive buffer with NonBlockingEnqueue: staged data is copied in on the stream after completion")
 			}
+			if partable && len(buf) > StagingPart && !cond.InGroup() {
+				return w.enqueueParts(op, p, cond, px, stager, addr, len(buf), dir, streamOrdered, issueAt)
+			}
 			stage, err := stager.Get(len(buf))
 			if err != nil {
 				return nil, opErr(op, err, "staging %d bytes", len(buf))
@@ -194,7 +206,7 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 			}
 		}
 	}
-	o.issue = func(ip *RequestParam) (*Request, error) { return issue(issueBuf, ip) }
+	o.issue = func(ip *RequestParam) (*Request, error) { return issueAt(0, issueBuf, ip) }
 
 	var addErr error
 	_, err = cond.Arm(streamOrdered, work, func(seq uint64) {
@@ -552,8 +564,19 @@ func (px *proxy) graphRoundLocked(cond *condition.Condition, ch *channel) bool {
 }
 
 // cancel cancels a conditioned operation: before its trigger it will retire with
-// ErrCanceled without being issued; once issued, its UCX operation is canceled.
+// ErrCanceled without being issued; once issued, its UCX operation is canceled. An
+// operation moved in parts cancels every part.
 func (px *proxy) cancel(o *condOp) {
+	if o.whole != nil {
+		for _, part := range o.whole.ops {
+			px.cancelOne(part)
+		}
+		return
+	}
+	px.cancelOne(o)
+}
+
+func (px *proxy) cancelOne(o *condOp) {
 	px.mu.Lock()
 	var inner *Request
 	if o.issued {
@@ -593,12 +616,30 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 		err = o.err
 	default:
 		err = o.inner.err
-		u.length, u.tag, u.fetched = o.inner.length, o.inner.tag, o.inner.fetched
+		if o.whole == nil {
+			u.length, u.tag, u.fetched = o.inner.length, o.inner.tag, o.inner.fetched
+		}
 	}
-	u.err = err
 	if o.release != nil {
 		o.release()
 	}
+	if o.whole != nil {
+		// One part: the user's Request ends with the last (parts retire in order).
+		last := o.whole.finish(1, err)
+		if last {
+			u.err = o.whole.err
+			u.done.Store(true)
+		}
+		cond.Retire(o.seq, err)
+		if last {
+			close(u.doneCh)
+			if u.cb != nil {
+				u.cb(u)
+			}
+		}
+		return
+	}
+	u.err = err
 	u.done.Store(true)
 	cond.Retire(o.seq, err)
 	close(u.doneCh)

@@ -1,0 +1,168 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// RMA on device buffers larger than ucp.StagingPart is staged and moved in parts that
+// pipeline with the staging copies. A put from device memory must land whole in the
+// peer's region, and a get into device memory must be complete for the kernel enqueued
+// right after it on the same stream (no host synchronisation in between), for sizes
+// that split evenly and unevenly.
+func TestGPUStagedRMAInParts(t *testing.T) {
+	g := requireGPU(t)
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	must(t, err)
+	defer uctx.Close()
+	target, err := uctx.NewWorker(ucp.WorkerParams{})
+	must(t, err)
+	defer target.Close()
+	origin, err := uctx.NewWorker(ucp.WorkerParams{})
+	must(t, err)
+	defer origin.Close()
+	addr, err := target.Address()
+	must(t, err)
+	ep, err := origin.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	must(t, err)
+	defer ep.Close()
+
+	const maxSize = 3*ucp.StagingPart + 12345
+	region, err := uctx.MemAlloc(maxSize)
+	must(t, err)
+	defer region.Close()
+	packed, err := region.PackRkey()
+	must(t, err)
+	rkey, err := ep.UnpackRkey(packed)
+	must(t, err)
+	defer rkey.Close()
+
+	s, err := g.backend.NewStream()
+	must(t, err)
+	defer s.Close()
+	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
+	must(t, err)
+	defer func() { must(t, cond.Destroy()) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	for _, n := range []int{ucp.StagingPart + 1, 2 * ucp.StagingPart, maxSize} {
+		want := pattern(n, byte(n))
+		src, err := g.ctx.MemAlloc(n)
+		must(t, err)
+		dst, err := g.ctx.MemAlloc(n)
+		must(t, err)
+		staging := g.mapped(t, n)
+		copy(staging.Bytes(), want)
+		must(t, s.Copy(src.Ptr(), staging.Addr(), n))
+		must(t, s.Synchronize())
+		clear(region.Bytes())
+
+		start := time.Now()
+		prm := &ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA}
+		pr, err := ep.PutNbx(ucp.DeviceBuffer(src.Ptr(), n), rkey.Base(), rkey, prm)
+		must(t, err)
+		fr, err := ep.FlushNbx(&ucp.RequestParam{Condition: cond})
+		must(t, err)
+		gr, err := ep.GetNbx(ucp.DeviceBuffer(dst.Ptr(), n), rkey.Base(), rkey, prm)
+		must(t, err)
+		read := g.deviceSum(t, s, dst.Ptr(), n) // after the get, in stream order only
+		must(t, s.Synchronize())
+		elapsed := time.Since(start)
+		for _, r := range []*ucp.Request{pr, fr, gr} {
+			must(t, r.Wait(ctx))
+		}
+		if !bytes.Equal(region.Bytes()[:n], want) {
+			t.Fatalf("%d bytes: the peer's region differs from what was put", n)
+		}
+		if got, sum := read(), byteSum(want); got != sum {
+			t.Fatalf("%d bytes: device checksum after the get is %d, want %d", n, got, sum)
+		}
+		t.Logf("%d bytes in %d parts: put, flush and get in %v", n, (n+ucp.StagingPart-1)/ucp.StagingPart, elapsed)
+		must(t, src.Close())
+		must(t, dst.Close())
+	}
+	must(t, cond.Err())
+}
+
+// BenchmarkGPUStagedPut: a stream-ordered put of 64 MiB from device memory (staged, in
+// parts of ucp.StagingPart) against its two stages measured alone in the same run: the
+// device-to-host copy into pinned memory, and the put of pinned host memory. Moved
+// whole, the staged put would take their sum; the parts overlap them.
+func BenchmarkGPUStagedPut(b *testing.B) {
+	g := requireGPU(b)
+	const n = 64 << 20
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	must(b, err)
+	defer uctx.Close()
+	target, err := uctx.NewWorker(ucp.WorkerParams{})
+	must(b, err)
+	defer target.Close()
+	origin, err := uctx.NewWorker(ucp.WorkerParams{})
+	must(b, err)
+	defer origin.Close()
+	addr, err := target.Address()
+	must(b, err)
+	ep, err := origin.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	must(b, err)
+	defer ep.Close()
+	region, err := uctx.MemAlloc(n)
+	must(b, err)
+	defer region.Close()
+	packed, err := region.PackRkey()
+	must(b, err)
+	rkey, err := ep.UnpackRkey(packed)
+	must(b, err)
+	defer rkey.Close()
+	src, err := g.ctx.MemAlloc(n)
+	must(b, err)
+	defer src.Close()
+	pinned := g.mapped(b, n)
+	hostSrc, err := uctx.MemMapPtr(pinned.Addr(), n, ucp.MemoryHost)
+	must(b, err)
+	defer hostSrc.Close()
+	s, err := g.backend.NewStream()
+	must(b, err)
+	defer s.Close()
+	ctx := context.Background()
+
+	b.Run("copy-dtoh", func(b *testing.B) {
+		b.SetBytes(n)
+		for i := 0; i < b.N; i++ {
+			must(b, s.Copy(pinned.Addr(), src.Ptr(), n))
+			must(b, s.Synchronize())
+		}
+	})
+	b.Run("put-pinned", func(b *testing.B) {
+		b.SetBytes(n)
+		for i := 0; i < b.N; i++ {
+			r, err := ep.PutNbx(pinned.Bytes(), rkey.Base(), rkey, &ucp.RequestParam{MemH: hostSrc})
+			must(b, err)
+			f, err := ep.FlushNbx(nil)
+			must(b, err)
+			must(b, r.Wait(ctx))
+			must(b, f.Wait(ctx))
+		}
+	})
+	b.Run("put-device-parts", func(b *testing.B) {
+		cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
+		must(b, err)
+		b.SetBytes(n)
+		for i := 0; i < b.N; i++ {
+			r, err := ep.PutNbx(ucp.DeviceBuffer(src.Ptr(), n), rkey.Base(), rkey, &ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA})
+			must(b, err)
+			f, err := ep.FlushNbx(&ucp.RequestParam{Condition: cond})
+			must(b, err)
+			must(b, s.Synchronize())
+			must(b, r.Wait(ctx))
+			must(b, f.Wait(ctx))
+		}
+		b.StopTimer()
+		must(b, cond.Destroy())
+	})
+}
