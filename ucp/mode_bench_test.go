@@ -18,11 +18,14 @@ import (
 //	hostfunc  (b) a stream host function performs the blocking round trip (MPIX_*_enqueue style)
 //	stream    (c) a Stream condition: the receive and the send in one group
 //	              (BeginGroup/EndGroup: one trigger, one completion wait)
+//	stream-preenqueued
+//	          (c) with every iteration enqueued behind a gate before the clock starts:
+//	          the stream's own cost, with no enqueuing thread running beside it
 //	kernel    (d) a KernelTriggered condition: one "kernel" goroutine triggers and tests
 //	              every iteration (handle values + 2k) while the host arms ahead
 func BenchmarkConditionModes(b *testing.B) {
 	for _, size := range []int{8, 4096, 65536} {
-		for _, mode := range []string{"sync", "hostfunc", "stream", "kernel"} {
+		for _, mode := range []string{"sync", "hostfunc", "stream", "stream-preenqueued", "kernel"} {
 			b.Run(mode+"/"+sizeName(size), func(b *testing.B) { benchMode(b, mode, size) })
 		}
 	}
@@ -107,6 +110,45 @@ func benchMode(b *testing.B, mode string, size int) {
 				b.Fatal(err)
 			}
 		}
+		if err := s.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		_ = c.Destroy()
+	case "stream-preenqueued":
+		b.StopTimer()
+		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
+		if err != nil {
+			b.Fatal(err)
+		}
+		gate, err := backend.AllocWords(1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer gate.Close()
+		if err := s.WaitValue(gate.Word(0), 1, stream.GEQ); err != nil {
+			b.Fatal(err)
+		}
+		prm := &RequestParam{Condition: c}
+		for i := 0; i < n; i++ {
+			if err := c.BeginGroup(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
+				b.Fatal(err)
+			}
+			if err := c.EndGroup(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		gate.Word(0).Store(1)
 		if err := s.Synchronize(); err != nil {
 			b.Fatal(err)
 		}
