@@ -360,11 +360,57 @@ func BenchmarkStreamSignalChain(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/none/delay=%v", signal, delay), func(b *testing.B) { benchSignalChain(b, signal, false, delay) })
 		}
 	}
+	// The same memop wait on a stream of the highest priority: does the GPU look at a
+	// pending wait sooner?
+	for _, delay := range []time.Duration{2 * time.Microsecond, 5 * time.Microsecond} {
+		b.Run(fmt.Sprintf("memop/none/delay=%v/priority=high", delay), func(b *testing.B) { benchSignalChain(b, "memop-high", false, delay) })
+	}
+}
+
+// BenchmarkLaunchKernel: the CPU cost of one launch of a one-thread kernel with four
+// 8-byte arguments through LaunchKernel ("go"), against the same launches from one C
+// loop with the arguments packed once ("c", the driver's own cost), in one run.
+func BenchmarkLaunchKernel(b *testing.B) {
+	for _, variant := range []string{"go", "c"} {
+		b.Run(variant, func(b *testing.B) {
+			ctx := newContext(b)
+			s := newStream(b, ctx)
+			sm, err := ctx.LoadModule(device.SignalKernelsPTX())
+			must(b, err)
+			defer sm.Close()
+			k := function(b, sm, device.KernelSignalWriteWait)
+			w := newWords(b, ctx, 2) // completion already reached: each launch exits at once
+			const chunk = 256
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				c := min(chunk, b.N-done)
+				if variant == "go" {
+					for i := 0; i < c; i++ {
+						must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(0), uint64(0), w.dev(1), uint64(0)))
+					}
+				} else {
+					must(b, s.LaunchKernelRepeatC(k, 1, 1, c, w.dev(0), uint64(0), w.dev(1), uint64(0)))
+				}
+				done += c
+				b.StopTimer()
+				must(b, s.Synchronize())
+				b.StartTimer()
+			}
+		})
+	}
 }
 
 func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duration) {
 	ctx := newContext(b)
 	s := newStream(b, ctx)
+	if signal == "memop-high" {
+		_, greatest, err := ctx.StreamPriorityRange()
+		must(b, err)
+		hs, err := ctx.NewStream(cuda.StreamNonBlocking, greatest)
+		must(b, err)
+		defer hs.Close()
+		s, signal = hs, "memop"
+	}
 	tm := testModule(b, ctx)
 	fillFn := function(b, tm, device.KernelFill)
 	sm, err := ctx.LoadModule(device.SignalKernelsPTX())

@@ -252,11 +252,12 @@ func (g *Graph) AddKernelNode(deps []Node, f *Function, cfg LaunchConfig, args .
 	}
 	defer g.mu.RUnlock()
 	d, n := depsPtr(deps)
+	flat, offs, nargs := params.c()
 	var node C.CUgraphNode
 	err = check(op, C.ucpx_graph_add_kernel_node(g.ctx.h, &node, g.h, d, n, fh,
 		C.uint(cfg.Grid.X), C.uint(cfg.Grid.Y), C.uint(cfg.Grid.Z),
 		C.uint(cfg.Block.X), C.uint(cfg.Block.Y), C.uint(cfg.Block.Z),
-		C.uint(cfg.SharedMemBytes), params.ptrs))
+		C.uint(cfg.SharedMemBytes), flat, offs, nargs))
 	return Node{node}, err
 }
 

@@ -164,50 +164,73 @@ func (c LaunchConfig) validate(op string) error {
 	return nil
 }
 
-// kernelParams is a C array of pointers to argument values, with the values
-// in the same C allocation.
-type kernelParams struct {
-	ptrs *unsafe.Pointer // nil when there are no arguments
-	mem  unsafe.Pointer
+// kernelArgs are kernel argument values laid out in one Go buffer (no pointers in
+// it, so it may be passed to C for the call) with the offset of each; the C side
+// builds the driver's pointer array. Pooled: a launch allocates nothing for them.
+type kernelArgs struct {
+	flat []byte
+	offs []uint32
 }
 
-func (p kernelParams) free() {
-	if p.mem != nil {
-		C.free(p.mem)
+var kernelArgsPool = sync.Pool{New: func() any { return &kernelArgs{flat: make([]byte, 0, 256), offs: make([]uint32, 0, 16)} }}
+
+// c returns the C views of the arguments (nil pointers without arguments).
+func (k *kernelArgs) c() (*C.uchar, *C.uint, C.int) {
+	if len(k.offs) == 0 {
+		return nil, nil, 0
 	}
+	return (*C.uchar)(unsafe.Pointer(&k.flat[0])), (*C.uint)(unsafe.Pointer(&k.offs[0])), C.int(len(k.offs))
 }
 
-// packArgs lays kernel arguments out in C memory. Accepted types: fixed-size
+func (k *kernelArgs) free() { kernelArgsPool.Put(k) }
+
+// maxKernelArgs matches UCPX_MAX_KERNEL_ARGS in shim.h.
+const maxKernelArgs = 64
+
+// packArgs lays kernel arguments out for the driver. Accepted types: fixed-size
 // integers and floats, int/uint (as 64-bit), uintptr (a device address),
 // unsafe.Pointer is refused (say uintptr). Structs and arrays of those are
 // passed by value, laid out with encoding/binary rules, which have no padding:
 // declare Go structs with the fields and explicit padding of the C struct (a
-// C struct of 8-byte members, like ucpx_device_handle, needs none).
-func packArgs(op string, args []any) (kernelParams, error) {
-	if len(args) == 0 {
-		return kernelParams{}, nil
+// C struct of 8-byte members, like ucpx_device_handle, needs none). Each value
+// starts at an 8-byte boundary.
+func packArgs(op string, args []any) (*kernelArgs, error) {
+	if len(args) > maxKernelArgs {
+		return nil, invalid(op, "%d arguments, at most %d", len(args), maxKernelArgs)
 	}
-	vals := make([][]byte, len(args))
-	total := 0
+	k := kernelArgsPool.Get().(*kernelArgs)
+	k.flat, k.offs = k.flat[:0], k.offs[:0]
 	for i, a := range args {
-		b, err := argBytes(a)
-		if err != nil {
-			return kernelParams{}, invalid(op, "argument %d: %v", i, err)
+		for len(k.flat)%8 != 0 {
+			k.flat = append(k.flat, 0)
 		}
-		vals[i] = b
-		total += (len(b) + 7) &^ 7
+		k.offs = append(k.offs, uint32(len(k.flat)))
+		var err error
+		if k.flat, err = appendArg(k.flat, a); err != nil {
+			k.free()
+			return nil, invalid(op, "argument %d: %v", i, err)
+		}
 	}
-	ptrBytes := len(args) * int(unsafe.Sizeof(uintptr(0)))
-	mem := C.calloc(1, C.size_t(ptrBytes+total))
-	ptrs := unsafe.Slice((*unsafe.Pointer)(mem), len(args))
-	off := ptrBytes
-	for i, b := range vals {
-		p := unsafe.Add(mem, off)
-		copy(unsafe.Slice((*byte)(p), len(b)), b)
-		ptrs[i] = p // a C pointer stored in C memory
-		off += (len(b) + 7) &^ 7
+	return k, nil
+}
+
+// appendArg appends a's bytes to b.
+func appendArg(b []byte, a any) ([]byte, error) {
+	le := binary.LittleEndian
+	switch v := a.(type) {
+	case uint64:
+		return le.AppendUint64(b, v), nil
+	case uintptr:
+		return le.AppendUint64(b, uint64(v)), nil
+	case uint32:
+		return le.AppendUint32(b, v), nil
+	case int64:
+		return le.AppendUint64(b, uint64(v)), nil
+	case int32:
+		return le.AppendUint32(b, uint32(v)), nil
 	}
-	return kernelParams{ptrs: (*unsafe.Pointer)(mem), mem: mem}, nil
+	v, err := argBytes(a)
+	return append(b, v...), err
 }
 
 func argBytes(a any) ([]byte, error) {
@@ -264,8 +287,32 @@ func (s *Stream) LaunchKernel(f *Function, cfg LaunchConfig, args ...any) error 
 		return err
 	}
 	defer f.mod.mu.RUnlock()
+	flat, offs, n := params.c()
 	return check(op, C.ucpx_launch_kernel(s.ctx.h, fh,
 		C.uint(cfg.Grid.X), C.uint(cfg.Grid.Y), C.uint(cfg.Grid.Z),
 		C.uint(cfg.Block.X), C.uint(cfg.Block.Y), C.uint(cfg.Block.Z),
-		C.uint(cfg.SharedMemBytes), s.h, params.ptrs))
+		C.uint(cfg.SharedMemBytes), s.h, flat, offs, n))
+}
+
+// launchKernelRepeatC launches f n times from one C loop with its arguments packed
+// once: the driver's own cost of cuLaunchKernel, which the benchmarks compare
+// LaunchKernel with.
+func (s *Stream) launchKernelRepeatC(f *Function, grid, block uint32, n int, args ...any) error {
+	const op = "cuLaunchKernel"
+	params, err := packArgs(op, args)
+	if err != nil {
+		return err
+	}
+	defer params.free()
+	if err := s.rlock(op); err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	fh, err := f.raw(op)
+	if err != nil {
+		return err
+	}
+	defer f.mod.mu.RUnlock()
+	flat, offs, nargs := params.c()
+	return check(op, C.ucpx_launch_kernel_repeat(s.ctx.h, fh, C.uint(grid), C.uint(block), s.h, flat, offs, nargs, C.int(n)))
 }

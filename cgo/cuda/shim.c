@@ -120,6 +120,16 @@ static inline CUresult ucpx_enter(CUcontext ctx, CUcontext *prev, int *restore) 
 
 /* ---- errors and version ---- */
 
+/* Kernel arguments arrive as one flat buffer of values and their offsets (Go memory
+ * holding no pointers, valid for the call); the pointer array the driver wants is
+ * built here, on the stack. The driver copies the values at launch. */
+#define UCPX_KERNEL_PARAMS(params, flat, offs, nargs) \
+	void *params[UCPX_MAX_KERNEL_ARGS]; \
+	if ((nargs) > UCPX_MAX_KERNEL_ARGS) \
+		return 1 /* CUDA_ERROR_INVALID_VALUE: packArgs allows no more */; \
+	for (int i_ = 0; i_ < (nargs); i_++) \
+		params[i_] = (void *)((flat) + (offs)[i_]);
+
 CUresult ucpx_init(unsigned int flags) { UCPX_CALL(NULL, cuInit, flags); }
 CUresult ucpx_driver_version(int *v) { UCPX_CALL(NULL, cuDriverGetVersion, v); }
 
@@ -370,7 +380,9 @@ CUresult ucpx_graph_add_memset_node(CUcontext ctx, CUgraphNode *node, CUgraph g,
 }
 
 CUresult ucpx_graph_add_kernel_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUfunction f,
-	unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void **params) {
+	unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+	const unsigned char *flat, const unsigned int *offs, int nargs) {
+	UCPX_KERNEL_PARAMS(params, flat, offs, nargs);
 	CUDA_KERNEL_NODE_PARAMS p;
 	memset(&p, 0, sizeof p);
 	p.func = f;
@@ -381,7 +393,7 @@ CUresult ucpx_graph_add_kernel_node(CUcontext ctx, CUgraphNode *node, CUgraph g,
 	p.blockDimY = by;
 	p.blockDimZ = bz;
 	p.sharedMemBytes = shmem;
-	p.kernelParams = params; /* argument values are copied into the node */
+	p.kernelParams = nargs > 0 ? params : NULL; /* argument values are copied into the node */
 	UCPX_CALL(ctx, cuGraphAddKernelNode, node, g, deps, ndeps, &p);
 }
 
@@ -480,8 +492,23 @@ CUresult ucpx_module_get_function(CUcontext ctx, CUfunction *f, CUmodule m, cons
 	UCPX_CALL(ctx, cuModuleGetFunction, f, m, name);
 }
 CUresult ucpx_launch_kernel(CUcontext ctx, CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-	unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params) {
-	UCPX_CALL(ctx, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
+	unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s,
+	const unsigned char *flat, const unsigned int *offs, int nargs) {
+	UCPX_KERNEL_PARAMS(params, flat, offs, nargs);
+	UCPX_CALL(ctx, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shmem, s, nargs > 0 ? params : NULL, NULL);
+}
+
+/* The reference for LaunchKernel's cost: n launches of f with params packed once, in
+ * one C loop (benchmarks only). */
+CUresult ucpx_launch_kernel_repeat(CUcontext ctx, CUfunction f, unsigned int gx, unsigned int bx, CUstream s,
+	const unsigned char *flat, const unsigned int *offs, int nargs, int n) {
+	UCPX_NEED(cuLaunchKernel);
+	UCPX_KERNEL_PARAMS(params, flat, offs, nargs);
+	UCPX_ENTER(ctx);
+	CUresult r = 0;
+	for (int i = 0; i < n && r == 0; i++)
+		r = ucpx_cu.cuLaunchKernel(f, gx, 1, 1, bx, 1, 1, 0, s, params, NULL);
+	UCPX_LEAVE(r);
 }
 
 /* ---- host functions ---- */

@@ -135,7 +135,8 @@ CUresult ucpx_graph_add_host_node(CUcontext ctx, CUgraphNode *node, CUgraph g, c
 CUresult ucpx_graph_add_memcpy_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult ucpx_graph_add_memset_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUdeviceptr dst, unsigned int value, unsigned int elem_size, size_t width);
 CUresult ucpx_graph_add_kernel_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUfunction f,
-	unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void **params);
+	unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+	const unsigned char *flat, const unsigned int *offs, int nargs);
 CUresult ucpx_graph_add_event_record_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUevent e);
 CUresult ucpx_graph_add_event_wait_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUevent e);
 CUresult ucpx_graph_add_empty_node(CUcontext ctx, CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps);
@@ -160,8 +161,12 @@ CUresult ucpx_stream_update_capture_dependencies(CUcontext ctx, CUstream s, CUgr
 CUresult ucpx_module_load_data(CUcontext ctx, CUmodule *m, const void *image, char *errlog, size_t errlen, char *infolog, size_t infolen);
 CUresult ucpx_module_unload(CUcontext ctx, CUmodule m);
 CUresult ucpx_module_get_function(CUcontext ctx, CUfunction *f, CUmodule m, const char *name);
+#define UCPX_MAX_KERNEL_ARGS 64
+CUresult ucpx_launch_kernel_repeat(CUcontext ctx, CUfunction f, unsigned int gx, unsigned int bx, CUstream s,
+	const unsigned char *flat, const unsigned int *offs, int nargs, int n);
 CUresult ucpx_launch_kernel(CUcontext ctx, CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-	unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params);
+	unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s,
+	const unsigned char *flat, const unsigned int *offs, int nargs);
 
 /* Host functions: handle is a cgo.Handle the trampoline resolves. *capturing
  * reports whether the stream was capturing (the callback then belongs to a graph
