@@ -24,11 +24,11 @@ import (
 //	floor-memop    stream memop round trip: the stream writes T, a host goroutine echoes
 //	               D, the stream waits D (pre-enqueued)
 //	floor-kflag    kernel flag round trip: a kernel writes T, a host goroutine echoes D
-//	sync     (a)   synchronize the stream, post the receive and the send, wait for both
+//	sync     (a)   synchronize the stream, post the send and the receive, wait for both
 //	               on the host
 //	hostfunc (b)   a stream host function posts both and waits for them (the blocking
 //	               round trip of MPIX_*_enqueue)
-//	stream   (c)   Stream condition: the receive and the send in one group
+//	stream   (c)   Stream condition: the send and the receive in one group
 //	               (BeginGroup/EndGroup: one trigger and one completion wait, enqueued
 //	               as one batch memop; MPIX Irecv/Isend/Waitall_enqueue): one
 //	               stream-to-proxy round trip per iteration
@@ -84,12 +84,12 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 			must(b, cs.LaunchKernel(g.fill, cuda.Linear(pingpong.ProducerBlocks(size), 256), out.DevicePtr(), uint64(size), pingpong.WorkSeed(i)))
 		}
 	}
-	roundTrip := func() error {
-		r, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), nil)
+	roundTrip := func() error { // the send first, then the receive, in every mode
+		sr, err := p.ep.TagSendNbx(ob, tag, nil)
 		if err != nil {
 			return err
 		}
-		sr, err := p.ep.TagSendNbx(ob, tag, nil)
+		r, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), nil)
 		if err == nil {
 			err = sr.Wait(ctx)
 		}
@@ -180,9 +180,9 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 			must(b, chk.Ahead(ctx, i, n))
 			produce(i)
 			must(b, c.BeginGroup())
-			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
+			_, err := p.ep.TagSendNbx(ob, tag, sp)
 			must(b, err)
-			_, err = p.ep.TagSendNbx(ob, tag, sp)
+			_, err = p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
 			must(b, err)
 			must(b, c.EndGroup())
 		}
@@ -197,11 +197,11 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		res := g.mapped(b, 16)
 		chk := pingpong.NewCheck(size, pingpong.Window)
 		sp, rp := chk.Params(c, nil, nil, nil)
-		arm := func() error { // one iteration, two sequence numbers: the receive first
-			if _, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp); err != nil {
+		arm := func() error { // one iteration, two sequence numbers: the send first
+			if _, err := p.ep.TagSendNbx(ob, tag, sp); err != nil {
 				return err
 			}
-			_, err := p.ep.TagSendNbx(ob, tag, sp)
+			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
 			return err
 		}
 		must(b, arm())

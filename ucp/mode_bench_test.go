@@ -16,7 +16,7 @@ import (
 //
 //	sync      (a) synchronize the stream, post the operations, wait on the host
 //	hostfunc  (b) a stream host function performs the blocking round trip (MPIX_*_enqueue style)
-//	stream    (c) a Stream condition: the receive and the send in one group
+//	stream    (c) a Stream condition: the send and the receive in one group
 //	              (BeginGroup/EndGroup: one trigger, one completion wait)
 //	stream-preenqueued
 //	          (c) with every iteration enqueued behind a gate before the clock starts:
@@ -100,10 +100,10 @@ func benchMode(b *testing.B, mode string, size int) {
 			if err := c.BeginGroup(); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
+			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
+			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
 				b.Fatal(err)
 			}
 			if err := c.EndGroup(); err != nil {
@@ -137,10 +137,10 @@ func benchMode(b *testing.B, mode string, size int) {
 			if err := c.BeginGroup(); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
+			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
+			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
 				b.Fatal(err)
 			}
 			if err := c.EndGroup(); err != nil {
@@ -175,10 +175,10 @@ func benchMode(b *testing.B, mode string, size int) {
 			}
 		}}
 		arm := func() {
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
+			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
+			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
 				b.Fatal(err)
 			}
 		}

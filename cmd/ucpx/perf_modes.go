@@ -26,14 +26,14 @@ import (
 //	          for both on the host
 //	hostfunc  (b) a stream host function posts both and waits for them (the blocking
 //	          round trip of MPICH's MPIX_*_enqueue); the host only enqueues
-//	stream    (c) a Stream condition: the receive, then the send, in one group
+//	stream    (c) a Stream condition: the send, then the receive, in one group
 //	          (Condition.BeginGroup/EndGroup, as MPIX Irecv_enqueue, Isend_enqueue,
 //	          Waitall_enqueue): one trigger store and one completion wait on the
 //	          stream, enqueued in one call, and one stream-to-proxy round trip per
 //	          iteration
 //	kernel    (d) a KernelTriggered condition: one persistent kernel (a host goroutine
 //	          on host streams) runs every iteration, triggering the receive and the
-//	          send of iteration k with the handle's values plus 2k and waiting for
+//	          receive of iteration k with the handle's values plus 2k and waiting for
 //	          their completion; the host keeps arming iterations up to kernelWindow
 //	          ahead of completion while it runs
 //
@@ -295,7 +295,7 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 	return elapsed, nil
 }
 
-// streamMode is mode (c): per iteration the producer (if any), the receive and the send
+// streamMode is mode (c): per iteration the producer (if any), the send and the receive
 // as trigger stores, and one wait for both. The host enqueues at most
 // pingpong.StreamWindow iterations ahead of the completed ones.
 func (s *perfSide) streamMode(ctx context.Context, r *modeRig, size, count int, produce func(int) error) (time.Duration, error) {
@@ -314,14 +314,15 @@ func (s *perfSide) streamMode(ctx context.Context, r *modeRig, size, count int, 
 		if err := produce(i); err != nil {
 			return 0, err
 		}
-		// The receive first, so the pong always finds it posted.
+		// The send first, as sync does: the receive is posted while the ping flies
+		// (a pong arriving before it waits in UCX's unexpected queue).
 		if err := cond.BeginGroup(); err != nil {
 			return 0, err
 		}
-		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
+		if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
 			return 0, err
 		}
-		if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
+		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
 			return 0, err
 		}
 		if err := cond.EndGroup(); err != nil {
@@ -348,11 +349,11 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	chk := pingpong.NewCheck(size, pingpong.Window)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
-	arm := func() error { // one iteration: two sequence numbers, receive first
-		if _, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp); err != nil {
+	arm := func() error { // one iteration: two sequence numbers, the send first
+		if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
 			return err
 		}
-		_, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
+		_, err := s.w.TagRecvNbx(rbuf, tagPong, fullMask, rp)
 		return err
 	}
 	const step = 2
