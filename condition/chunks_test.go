@@ -163,3 +163,53 @@ func TestArmChunksRefuses(t *testing.T) {
 	require.ErrorIs(t, err, condition.ErrInvalidParam)
 	require.NoError(t, kc.Destroy())
 }
+
+// recordingStream counts how the condition enqueues its waits.
+type recordingStream struct {
+	stream.Stream
+	writeThenWait, poll int
+}
+
+func (r *recordingStream) WriteThenWait(w *stream.Word, v uint64, on *stream.Word, ov uint64, cmp stream.Compare) error {
+	r.writeThenWait++
+	return r.Stream.WriteThenWait(w, v, on, ov, cmp)
+}
+
+func (r *recordingStream) PollValue(w *stream.Word, v uint64) error {
+	r.poll++
+	return r.Stream.PollValue(w, v)
+}
+
+// An operation that asks to poll for completion (alone or in a group) gets a trigger
+// store and a PollValue instead of WriteThenWait, and the stream still waits for it.
+func TestPollCompletion(t *testing.T) {
+	b := backend(t)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	rs := &recordingStream{Stream: s}
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: rs})
+	require.NoError(t, err)
+
+	poll := condition.StreamWork{PollCompletion: true}
+	_, err = c.Arm(true, poll, func(uint64) {})
+	require.NoError(t, err)
+	require.NoError(t, c.BeginGroup())
+	_, err = c.Arm(true, condition.StreamWork{}, func(uint64) {})
+	require.NoError(t, err)
+	_, err = c.Arm(true, poll, func(uint64) {})
+	require.NoError(t, err)
+	require.NoError(t, c.EndGroup())
+	_, err = c.Arm(true, condition.StreamWork{}, func(uint64) {})
+	require.NoError(t, err)
+	require.Equal(t, 2, rs.poll)
+	require.Equal(t, 1, rs.writeThenWait)
+
+	var ran bool
+	require.NoError(t, s.LaunchHostFunc(func() { ran = c.CompletionWord().Load() == 4 }))
+	done := retireAsTriggered(c, []uint64{1, 2, 3, 4}, nil)
+	syncWithin(t, s, 5*time.Second)
+	<-done
+	require.True(t, ran, "work after the operations ran before they completed")
+	require.NoError(t, c.Destroy())
+}

@@ -210,6 +210,10 @@ func (c *Condition) CompletionWord() *stream.Word { return c.done }
 // completion wait (a host-to-device copy of received data).
 type StreamWork struct {
 	Before, After func(s stream.Stream) error
+	// PollCompletion: the completion is expected to take long (a large transfer), so
+	// the stream waits for it with Stream.PollValue, which notices it sooner than a
+	// memop wait at the cost of a kernel launch.
+	PollCompletion bool
 }
 
 // Arm reserves the next sequence number for one operation. record runs first, with the
@@ -234,8 +238,9 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 		}
 		// The trigger and the completion wait go in one enqueue (one driver call on
 		// CUDA). If the stream refuses it (closed, sticky error), nothing is armed.
+		polled := streamOrdered && work.PollCompletion
 		var err error
-		if streamOrdered {
+		if streamOrdered && !polled {
 			err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, stream.GEQ)
 		} else {
 			err = c.stream.WriteValue(c.trigger, seq)
@@ -245,6 +250,11 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 		}
 		record(seq)
 		c.armed = seq
+		if polled {
+			if err := c.stream.PollValue(c.done, seq); err != nil {
+				return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
+			}
+		}
 		if streamOrdered {
 			if work.After != nil {
 				if err := work.After(c.stream); err != nil {

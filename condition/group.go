@@ -17,6 +17,7 @@ import (
 type group struct {
 	last    uint64 // sequence number armed last before the group began
 	ordered bool   // some operation asked for stream-ordered completion
+	polled  bool   // some stream-ordered operation asked to poll for completion
 	after   []func(s stream.Stream) error
 }
 
@@ -61,7 +62,7 @@ func (c *Condition) EndGroup() error {
 		return nil // an empty group enqueues nothing
 	}
 	var err error
-	if g.ordered {
+	if g.ordered && !g.polled {
 		err = c.stream.WriteThenWait(c.trigger, c.armed, c.done, c.armed, stream.GEQ)
 	} else {
 		err = c.stream.WriteValue(c.trigger, c.armed)
@@ -72,6 +73,11 @@ func (c *Condition) EndGroup() error {
 		c.trigger.Store(c.armed)
 		c.words.Kick()
 		return err
+	}
+	if g.polled {
+		if err := c.stream.PollValue(c.done, c.armed); err != nil {
+			return fmt.Errorf("end group: enqueue completion wait: %w", err)
+		}
 	}
 	for _, after := range g.after {
 		if err := after(c.stream); err != nil {
@@ -95,6 +101,7 @@ func (c *Condition) armGroupLocked(streamOrdered bool, work StreamWork, record f
 	c.armed = seq
 	if streamOrdered {
 		c.group.ordered = true
+		c.group.polled = c.group.polled || work.PollCompletion
 		if work.After != nil {
 			c.group.after = append(c.group.after, work.After)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/device"
 )
 
 // The CUDA backend: streams are non-blocking CUstreams of one device's primary
@@ -65,6 +66,13 @@ type cudaBackend struct {
 	ctx  *cuda.Context
 	caps cuda.Caps
 
+	// The signal kernels of PollValue, loaded on first use (pollOnce). pollErr: they
+	// could not be loaded; PollValue then waits with a memop.
+	pollOnce   sync.Once
+	pollModule *cuda.Module
+	pollFn     *cuda.Function
+	pollErr    error
+
 	mu       sync.Mutex
 	closed   bool
 	refs     int  // the backend itself plus each live stream, event and word block
@@ -89,10 +97,36 @@ func (b *cudaBackend) release() error {
 	b.refs--
 	last := b.refs == 0
 	b.mu.Unlock()
-	if last && !b.borrowed {
-		return b.ctx.Close()
+	if !last {
+		return nil
 	}
-	return nil
+	var err error
+	if b.pollModule != nil {
+		err = cudaErr("signal kernels", b.pollModule.Close())
+	}
+	if !b.borrowed {
+		err = errors.Join(err, b.ctx.Close())
+	}
+	return err
+}
+
+// pollKernel returns ucpx_signal_wait, loading the signal kernels on first use.
+func (b *cudaBackend) pollKernel() (*cuda.Function, error) {
+	b.pollOnce.Do(func() {
+		m, err := b.ctx.LoadModule(device.SignalKernelsPTX())
+		if err != nil {
+			b.pollErr = err
+			return
+		}
+		f, err := m.Function(device.KernelSignalWait)
+		if err != nil {
+			_ = m.Close()
+			b.pollErr = err
+			return
+		}
+		b.pollModule, b.pollFn = m, f
+	})
+	return b.pollFn, b.pollErr
 }
 
 func (b *cudaBackend) NewStream() (Stream, error) {
@@ -274,6 +308,21 @@ func (s *cudaStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValu
 		cuda.WriteValue64Op(wa, value, cuda.WriteDefault),
 		cuda.WaitValue64Op(da, waitValue, cuda.WaitFlags(cmp)),
 	}))
+}
+
+// PollValue launches ucpx_signal_wait (one thread polling the word with acquire loads).
+// Where the kernels cannot be loaded, or the device has only 32-bit memops (the word's
+// high half is then not maintained), it waits with a memop instead.
+func (s *cudaStream) PollValue(w *Word, value uint64) error {
+	addr, err := s.device("PollValue", w)
+	if err != nil {
+		return err
+	}
+	fn, err := s.b.pollKernel()
+	if err != nil || !s.b.caps.StreamMemOps64 {
+		return s.WaitValue(w, value, GEQ)
+	}
+	return s.wrap("PollValue", s.s.LaunchKernel(fn, cuda.Linear(1, 1), addr, value))
 }
 
 // LaunchHostFunc runs fn on a CUDA driver thread (cuLaunchHostFunc). fn must not

@@ -151,6 +151,39 @@ func TestCUDAWaitValueCompare(t *testing.T) {
 	require.ErrorIs(t, s.WaitValue(w, 1, Compare(4)), ErrInvalidArgument)
 }
 
+// PollValue holds back later work until the word reaches the value (wrap-aware GEQ),
+// through the signal kernel: the kernels must load where there is a GPU.
+func TestCUDAPollValue(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer wb.Close()
+	w, marker := wb.Word(0), wb.Word(1)
+	for _, c := range []struct{ value, blocked, released uint64 }{
+		{10, 9, 10},
+		{2, math.MaxUint64, 3}, // wrap-aware
+		{1 << 40, 1<<40 - 1, 1 << 41},
+	} {
+		w.Store(c.blocked)
+		marker.Store(0)
+		require.NoError(t, s.PollValue(w, c.value))
+		require.NoError(t, s.WriteValue(marker, 1))
+		time.Sleep(never)
+		done, err := s.Query()
+		require.NoError(t, err)
+		if done || marker.Load() != 0 {
+			w.Store(c.released)
+			t.Fatalf("PollValue(%d) did not block on %d", c.value, c.blocked)
+		}
+		w.Store(c.released)
+		syncSoon(t, s)
+		require.Equal(t, uint64(1), marker.Load())
+	}
+	_, err = b.(*cudaBackend).pollKernel()
+	require.NoError(t, err, "the signal kernels did not load: PollValue fell back to memop waits")
+}
+
 func TestCUDAWordArguments(t *testing.T) {
 	b := newCUDABackend(t)
 	s := newCUDAStream(t, b)

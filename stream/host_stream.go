@@ -189,6 +189,9 @@ func (s *hostStream) WaitValue(w *Word, value uint64, cmp Compare) error {
 	return s.enqueue(hostOp{kind: opWaitValue, word: w, value: value, cmp: cmp})
 }
 
+// PollValue is WaitValue(w, value, GEQ): the executor polls every wait.
+func (s *hostStream) PollValue(w *Word, value uint64) error { return s.WaitValue(w, value, GEQ) }
+
 func (s *hostStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValue uint64, cmp Compare) error {
 	if err := checkWord("WriteThenWait", w); err != nil {
 		return err

@@ -466,6 +466,11 @@ func (s stallingStream) WaitValue(w *stream.Word, v uint64, cmp stream.Compare) 
 	return s.Stream.WaitValue(w, v, cmp)
 }
 
+func (s stallingStream) PollValue(w *stream.Word, v uint64) error {
+	stall(w, v)
+	return s.Stream.PollValue(w, v)
+}
+
 func (s stallingStream) WriteThenWait(w *stream.Word, v uint64, waitOn *stream.Word, waitValue uint64, cmp stream.Compare) error {
 	stall(waitOn, waitValue)
 	return s.Stream.WriteThenWait(w, v, waitOn, waitValue, cmp)

@@ -116,6 +116,14 @@ func (w *Worker) proxy() (*proxy, error) {
 	return w.px, nil
 }
 
+// PollCompletionBytes: a stream-ordered operation moving at least this many bytes has
+// its stream wait for completion with Stream.PollValue, not a memop wait. A memop wait
+// not satisfied at once is looked at again only about every 13 µs on the H200 (run 29 of
+// docs/gpu-runs.md), while a transfer of 16 KiB or more takes several microseconds
+// over shared memory; below, the wait usually ends within a microsecond or two, where
+// the memop is cheaper (one driver call for trigger and wait, no kernel launch).
+const PollCompletionBytes = 16 << 10
+
 // direction says which way an operation's buffer moves, for staging.
 type direction int
 
@@ -167,7 +175,9 @@ func (w *Worker) enqueueParted(op string, p *RequestParam, buf []byte, dir direc
 	o.user = &Request{w: w, op: op, cb: p.Callback, cond: cond, condOp: o, doneCh: make(chan struct{})}
 	streamOrdered := cond.Category() == condition.Stream && p.Flags&NonBlockingEnqueue == 0
 
-	var work condition.StreamWork
+	// A large transfer's completion comes long after its trigger: the stream polls for
+	// it (condition.StreamWork.PollCompletion).
+	work := condition.StreamWork{PollCompletion: len(buf) >= PollCompletionBytes}
 	issueBuf := buf
 	registeredHost := p.MemH != nil && p.MemH.MemoryType() == MemoryHost
 	if stager != nil && dir != dirNone && len(buf) > 0 && !registeredHost {
