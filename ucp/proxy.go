@@ -121,7 +121,10 @@ func (w *Worker) proxy() (*proxy, error) {
 // not satisfied at once is looked at again only about every 13 µs on the H200 (run 29 of
 // docs/gpu-runs.md), while a transfer of 16 KiB or more takes several microseconds
 // over shared memory; below, the wait usually ends within a microsecond or two, where
-// the memop is cheaper (one driver call for trigger and wait, no kernel launch).
+// the memop is cheaper (one driver call for trigger and wait, no kernel launch). At 4 KiB
+// polling sped the bare ping-pong up (5.9 → 5.3 µs) but slowed it with a producer kernel
+// on the stream (6.2 → 8.5 µs: the extra launch made the enqueuing thread the
+// bottleneck), runs 35 and 36.
 const PollCompletionBytes = 16 << 10
 
 // direction says which way an operation's buffer moves, for staging.
