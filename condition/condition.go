@@ -100,6 +100,7 @@ type Condition struct {
 	waitNode    any                           // Graph category: the completion node
 	captured    []*Condition                  // Stream category: operations enqueued under stream capture
 	group       *group                        // Stream category: the open BeginGroup, if any
+	groupBuf    group                         // what group points to: one group at a time, reused
 
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
@@ -414,7 +415,8 @@ func (c *Condition) AttachDriver(d stream.Driver) {
 	}
 	c.drivers = append(c.drivers, d)
 	if len(c.drivers) == 1 {
-		c.firstDriver.Store(&d)
+		first := d // a copy, so that d itself does not escape on every call
+		c.firstDriver.Store(&first)
 		c.words.SetDriver(d)
 	} else {
 		c.words.SetDriver(drivers(append([]stream.Driver(nil), c.drivers...)))

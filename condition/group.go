@@ -34,7 +34,10 @@ func (c *Condition) BeginGroup() error {
 	case c.group != nil:
 		return fmt.Errorf("begin group: a group is already open: %w", ErrInvalidParam)
 	}
-	c.group = &group{last: c.armed}
+	after := c.groupBuf.after[:0]
+	clear(c.groupBuf.after)
+	c.groupBuf = group{last: c.armed, after: after}
+	c.group = &c.groupBuf
 	return nil
 }
 

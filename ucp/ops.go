@@ -59,9 +59,9 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned("tag_send_nbx", p, buf, dirOut, func(b []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.enqueueConditioned("tag_send_nbx", p, buf, dirOut, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.TagSendNbx(b, tag, ip)
-		})
+		}, false)
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -82,9 +82,9 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 		return nil, err
 	}
 	if p.Condition != nil {
-		return w.enqueueConditioned("tag_recv_nbx", p, buf, dirIn, func(b []byte, ip *RequestParam) (*Request, error) {
+		return w.enqueueConditioned("tag_recv_nbx", p, buf, dirIn, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
 			return w.TagRecvNbx(b, tag, mask, ip)
-		})
+		}, false)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -134,7 +134,7 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 		if put {
 			dir = dirOut
 		}
-		return ep.w.enqueueParted(op, p, buf, dir, func(off int, b []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.enqueueConditioned(op, p, buf, dir, func(off int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
 		}, true)
 	}
@@ -204,9 +204,9 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned(op, p, nil, dirNone, func(_ []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.enqueueConditioned(op, p, nil, dirNone, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
 			return ep.AtomicNbx(a, raddr, rkey, ip)
-		})
+		}, false)
 	}
 	fetch := a.Fetch || a.Op == AtomicSwap || a.Op == AtomicCswap
 	w := ep.w
@@ -274,9 +274,9 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned("ep_flush_nbx", p, nil, dirNone, func(_ []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.enqueueConditioned("ep_flush_nbx", p, nil, dirNone, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
 			return ep.FlushNbx(ip)
-		})
+		}, false)
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -295,9 +295,9 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return w.enqueueConditioned("worker_flush_nbx", p, nil, dirNone, func(_ []byte, ip *RequestParam) (*Request, error) {
+		return w.enqueueConditioned("worker_flush_nbx", p, nil, dirNone, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
 			return w.FlushNbx(ip)
-		})
+		}, false)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

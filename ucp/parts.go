@@ -44,7 +44,7 @@ func (w *partedOp) complete() {
 	u := w.user
 	u.err = w.err
 	u.done.Store(true)
-	close(u.doneCh)
+	u.wakeWaiters()
 	if u.cb != nil {
 		u.cb(u)
 	}
@@ -57,7 +57,7 @@ func (w *partedOp) complete() {
 // in as soon as it has arrived. The stream-ordered completion is the last part's.
 func (w *Worker) enqueueParts(op string, p *RequestParam, cond *condition.Condition, px *proxy, stager *protocol.Stager, addr uintptr, n int, dir direction, streamOrdered bool, issueAt func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	count := (n + StagingPart - 1) / StagingPart
-	user := &Request{w: w, op: op, cb: p.Callback, cond: cond, doneCh: make(chan struct{})}
+	user := &Request{w: w, op: op, cb: p.Callback, cond: cond}
 	whole := &partedOp{user: user, ops: make([]*condOp, count), left: count}
 	work := make([]condition.StreamWork, count)
 	stages := make([]*cuda.HostMemory, 0, count)
@@ -77,7 +77,7 @@ func (w *Worker) enqueueParts(op string, p *RequestParam, cond *condition.Condit
 		o.param.Flags &^= ucpxOnlyFlags
 		o.param.MemoryType, o.param.MemH = MemoryHost, nil
 		buf := stage.Bytes()[:size]
-		o.issue = func(ip *RequestParam) (*Request, error) { return issueAt(off, buf, ip) }
+		o.issueAt, o.off, o.buf = issueAt, off, buf
 		dev := addr + uintptr(off)
 		if dir == dirOut {
 			work[i].Before = func(s stream.Stream) error { return s.Copy(stage.Addr(), dev, size) }

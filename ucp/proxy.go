@@ -29,8 +29,12 @@ const NonBlockingEnqueue OpFlags = 1 << 31
 const ucpxOnlyFlags = NonBlockingEnqueue
 
 type condOp struct {
-	seq      uint64
-	issue    func(p *RequestParam) (*Request, error)
+	seq uint64
+	// issueAt performs the operation on buf; off is its offset in the user's buffer
+	// (the part of an operation moved in parts).
+	issueAt  func(off int, buf []byte, p *RequestParam) (*Request, error)
+	off      int
+	buf      []byte
 	param    RequestParam // what issue gets: no condition, no callback
 	user     *Request
 	inner    *Request
@@ -136,18 +140,13 @@ const (
 	dirIn                    // receives, gets: the buffer is written
 )
 
-// enqueueConditioned arms cond for one operation that issue performs, on buf, once
+// enqueueConditioned arms cond for one operation that issueAt performs, on buf, once
 // triggered. Device memory UCX cannot use is staged through pinned host memory, on the
 // condition's stream: copied out before the trigger, copied in after the completion.
-func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issue func(buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
-	return w.enqueueParted(op, p, buf, dir, func(_ int, b []byte, ip *RequestParam) (*Request, error) { return issue(b, ip) }, false)
-}
-
-// enqueueParted is enqueueConditioned for an operation that can also move its buffer in
-// parts (RMA: part at offset off goes to the remote address plus off): issueAt performs
-// the part at off. With partable, a device buffer larger than StagingPart is staged and
-// moved in parts that pipeline with the staging copies (see enqueueParts).
-func (w *Worker) enqueueParted(op string, p *RequestParam, buf []byte, dir direction, issueAt func(off int, buf []byte, p *RequestParam) (*Request, error), partable bool) (*Request, error) {
+// partable operations (RMA: the part at offset off goes to the remote address plus off)
+// stage a device buffer larger than StagingPart in parts that pipeline with the staging
+// copies (see enqueueParts).
+func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir direction, issueAt func(off int, buf []byte, p *RequestParam) (*Request, error), partable bool) (*Request, error) {
 	cond := p.Condition
 	if w.closed.Load() {
 		return nil, opErr(op, ErrClosed, "")
@@ -175,7 +174,7 @@ func (w *Worker) enqueueParted(op string, p *RequestParam, buf []byte, dir direc
 	o := &condOp{param: *p}
 	o.param.Condition, o.param.Callback = nil, nil
 	o.param.Flags &^= ucpxOnlyFlags
-	o.user = &Request{w: w, op: op, cb: p.Callback, cond: cond, condOp: o, doneCh: make(chan struct{})}
+	o.user = &Request{w: w, op: op, cb: p.Callback, cond: cond, condOp: o}
 	streamOrdered := cond.Category() == condition.Stream && p.Flags&NonBlockingEnqueue == 0
 
 	// A large transfer's completion comes long after its trigger: the stream polls for
@@ -219,7 +218,7 @@ func (w *Worker) enqueueParted(op string, p *RequestParam, buf []byte, dir direc
 			}
 		}
 	}
-	o.issue = func(ip *RequestParam) (*Request, error) { return issueAt(0, issueBuf, ip) }
+	o.issueAt, o.buf = issueAt, issueBuf
 
 	var addErr error
 	_, err = cond.Arm(streamOrdered, work, func(seq uint64) {
@@ -461,7 +460,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			if o.canceled {
 				o.err = opErr(o.user.op, ErrCanceled, "canceled before the condition triggered")
 			} else {
-				o.inner, o.err = o.issue(&o.param)
+				o.inner, o.err = o.issueAt(o.off, o.buf, &o.param)
 			}
 			o.issued = true
 			progressed = true
@@ -569,7 +568,7 @@ func (px *proxy) graphRoundLocked(cond *condition.Condition, ch *channel) bool {
 	}
 	cond.TriggerWord().Store(0)
 	for _, o := range ch.ops {
-		o.inner, o.err = o.issue(&o.param)
+		o.inner, o.err = o.issueAt(o.off, o.buf, &o.param)
 		o.issued, o.running = true, true
 	}
 	ch.running = len(ch.ops)
@@ -617,7 +616,7 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 		}
 		u.err = err
 		u.done.Store(true)
-		close(u.doneCh)
+		u.wakeWaiters()
 		if u.cb != nil {
 			u.cb(u)
 		}
@@ -645,7 +644,7 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 		}
 		cond.Retire(o.seq, err)
 		if last {
-			close(u.doneCh)
+			u.wakeWaiters()
 			if u.cb != nil {
 				u.cb(u)
 			}
@@ -655,7 +654,7 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 	u.err = err
 	u.done.Store(true)
 	cond.Retire(o.seq, err)
-	close(u.doneCh)
+	u.wakeWaiters()
 	if u.cb != nil {
 		u.cb(u)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -77,11 +78,39 @@ type Request struct {
 	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
 	finish func(r *Request)
 
-	// Conditioned operations: completed by the proxy, which closes doneCh.
+	// Conditioned operations (condOp != nil): completed by the proxy (finishProxied).
 	cond   *condition.Condition
 	condOp *condOp
 	seq    uint64
-	doneCh chan struct{}
+	// doneCh is made only for a waiter that has to block (most conditioned operations
+	// are never waited on from the host); finished says the proxy is done with it.
+	waitMu   sync.Mutex
+	doneCh   chan struct{}
+	finished bool
+}
+
+// wakeWaiters wakes a waiter blocked on a conditioned request, once it is done (after
+// its condition retired it: a woken waiter may destroy the condition).
+func (r *Request) wakeWaiters() {
+	r.waitMu.Lock()
+	r.finished = true
+	if r.doneCh != nil {
+		close(r.doneCh)
+	}
+	r.waitMu.Unlock()
+}
+
+// doneChan returns a channel closed once the conditioned request is done.
+func (r *Request) doneChan() <-chan struct{} {
+	r.waitMu.Lock()
+	defer r.waitMu.Unlock()
+	if r.doneCh == nil {
+		r.doneCh = make(chan struct{})
+		if r.finished {
+			close(r.doneCh)
+		}
+	}
+	return r.doneCh
 }
 
 // completedRequest is shared by every send that completes in place: it carries no
@@ -115,7 +144,7 @@ func (r *Request) Test() (bool, error) {
 	if r.done.Load() {
 		return true, r.err
 	}
-	if r.doneCh != nil {
+	if r.condOp != nil {
 		r.w.px.Drive()
 		return r.done.Load(), r.Err()
 	}
@@ -132,7 +161,7 @@ func (r *Request) Wait(ctx context.Context) error {
 	if r.done.Load() {
 		return r.err
 	}
-	if r.doneCh != nil {
+	if r.condOp != nil {
 		return r.waitProxied(ctx)
 	}
 	return r.w.waitRequest(ctx, r)
@@ -158,7 +187,7 @@ func (r *Request) waitProxied(ctx context.Context) error {
 		}
 	}
 	select {
-	case <-r.doneCh:
+	case <-r.doneChan():
 		return r.err
 	case <-ctx.Done():
 		return ctx.Err()
