@@ -370,9 +370,16 @@ func BenchmarkStreamSignalChain(b *testing.B) {
 // BenchmarkLaunchKernel: the CPU cost of one launch of a one-thread kernel with four
 // 8-byte arguments through LaunchKernel ("go"), against the same launches from one C
 // loop with the arguments packed once ("c", the driver's own cost), in one run.
+//
+// "go-locked" is "go" on a goroutine locked to its OS thread: the context stays current
+// on that thread, so the per-call context check never switches it.
 func BenchmarkLaunchKernel(b *testing.B) {
-	for _, variant := range []string{"go", "c"} {
+	for _, variant := range []string{"go", "go-locked", "c"} {
 		b.Run(variant, func(b *testing.B) {
+			if variant == "go-locked" {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
 			ctx := newContext(b)
 			s := newStream(b, ctx)
 			sm, err := ctx.LoadModule(device.SignalKernelsPTX())
@@ -384,7 +391,7 @@ func BenchmarkLaunchKernel(b *testing.B) {
 			b.ResetTimer()
 			for done := 0; done < b.N; {
 				c := min(chunk, b.N-done)
-				if variant == "go" {
+				if variant != "c" {
 					for i := 0; i < c; i++ {
 						must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(0), uint64(0), w.dev(1), uint64(0)))
 					}
