@@ -6,6 +6,7 @@ package stream
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -133,22 +134,31 @@ func TestCUDAWaitValueCompare(t *testing.T) {
 		}
 		require.False(t, c.cmp.Holds(c.blocked, c.value), "%v", c)
 		require.True(t, c.cmp.Holds(c.released, c.value), "%v", c)
-		w.Store(c.blocked)
-		marker.Store(0)
-		require.NoError(t, s.WaitValue(w, c.value, c.cmp))
-		require.NoError(t, s.WriteValue(marker, 1))
-		time.Sleep(never)
-		done, err := s.Query()
-		require.NoError(t, err)
-		if done || marker.Load() != 0 {
-			w.Store(c.released)
-			t.Fatalf("%v %d did not block on %d", c.cmp, c.value, c.blocked)
-		}
-		w.Store(c.released)
-		syncSoon(t, s)
-		require.Equal(t, uint64(1), marker.Load())
+		requireWaitBlocks(t, s, w, marker, c.blocked, c.released, func() error { return s.WaitValue(w, c.value, c.cmp) },
+			fmt.Sprintf("%v %d", c.cmp, c.value))
 	}
 	require.ErrorIs(t, s.WaitValue(w, 1, Compare(4)), ErrInvalidArgument)
+}
+
+// requireWaitBlocks stores blocked into w, enqueues the wait (wait) and a write of 1 to
+// marker after it, checks that the stream holds back the write, then stores released
+// and checks that the stream runs on.
+func requireWaitBlocks(t *testing.T, s Stream, w, marker *Word, blocked, released uint64, wait func() error, what string) {
+	t.Helper()
+	w.Store(blocked)
+	marker.Store(0)
+	require.NoError(t, wait())
+	require.NoError(t, s.WriteValue(marker, 1))
+	time.Sleep(never)
+	done, err := s.Query()
+	require.NoError(t, err)
+	if done || marker.Load() != 0 {
+		w.Store(released)
+		t.Fatalf("%s did not block on %d", what, blocked)
+	}
+	w.Store(released)
+	syncSoon(t, s)
+	require.Equal(t, uint64(1), marker.Load())
 }
 
 // PollValue holds back later work until the word reaches the value (wrap-aware GEQ),
@@ -165,20 +175,8 @@ func TestCUDAPollValue(t *testing.T) {
 		{2, math.MaxUint64, 3}, // wrap-aware
 		{1 << 40, 1<<40 - 1, 1 << 41},
 	} {
-		w.Store(c.blocked)
-		marker.Store(0)
-		require.NoError(t, s.PollValue(w, c.value))
-		require.NoError(t, s.WriteValue(marker, 1))
-		time.Sleep(never)
-		done, err := s.Query()
-		require.NoError(t, err)
-		if done || marker.Load() != 0 {
-			w.Store(c.released)
-			t.Fatalf("PollValue(%d) did not block on %d", c.value, c.blocked)
-		}
-		w.Store(c.released)
-		syncSoon(t, s)
-		require.Equal(t, uint64(1), marker.Load())
+		requireWaitBlocks(t, s, w, marker, c.blocked, c.released, func() error { return s.PollValue(w, c.value) },
+			fmt.Sprintf("PollValue(%d)", c.value))
 	}
 	_, err = b.(*cudaBackend).pollKernel()
 	require.NoError(t, err, "the signal kernels did not load: PollValue fell back to memop waits")

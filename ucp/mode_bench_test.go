@@ -97,18 +97,7 @@ func benchMode(b *testing.B, mode string, size int) {
 			for i-int(sends.Load()) >= streamWindow {
 				<-adv
 			}
-			if err := c.BeginGroup(); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
-				b.Fatal(err)
-			}
-			if err := c.EndGroup(); err != nil {
-				b.Fatal(err)
-			}
+			enqueueGroup(b, p, c, out, in, 2, sprm, prm)
 		}
 		if err := s.Synchronize(); err != nil {
 			b.Fatal(err)
@@ -134,18 +123,7 @@ func benchMode(b *testing.B, mode string, size int) {
 		}
 		prm := &RequestParam{Condition: c}
 		for i := 0; i < n; i++ {
-			if err := c.BeginGroup(); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
-				b.Fatal(err)
-			}
-			if err := c.EndGroup(); err != nil {
-				b.Fatal(err)
-			}
+			enqueueGroup(b, p, c, out, in, 2, prm, prm)
 		}
 		b.StartTimer()
 		gate.Word(0).Store(1)
@@ -246,6 +224,23 @@ func roundTrip(ctx context.Context, p *pair, out, in []byte) error {
 	return r.Wait(ctx)
 }
 
+// enqueueGroup enqueues one (c) iteration on c: a group of a send of out (tag 1) and a
+// receive into in (tag recvTag).
+func enqueueGroup(b *testing.B, p *pair, c *condition.Condition, out, in []byte, recvTag uint64, send, recv *RequestParam) {
+	if err := c.BeginGroup(); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.epA.TagSendNbx(out, 1, send); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.a.TagRecvNbx(in, recvTag, ^uint64(0), recv); err != nil {
+		b.Fatal(err)
+	}
+	if err := c.EndGroup(); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // echo answers n messages of tag 1 with tag 2 on p.b.
 func echo(ctx context.Context, p *pair, n, size int) error {
 	buf := make([]byte, size)
@@ -299,18 +294,7 @@ func BenchmarkConditionedEnqueue(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := c.BeginGroup(); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := p.epA.TagSendNbx(out, 1, prm); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := p.a.TagRecvNbx(in, 1, ^uint64(0), prm); err != nil {
-			b.Fatal(err)
-		}
-		if err := c.EndGroup(); err != nil {
-			b.Fatal(err)
-		}
+		enqueueGroup(b, p, c, out, in, 1, prm, prm)
 	}
 	b.StopTimer()
 	gate.Word(0).Store(1) // the worker's Close fails what the gate held back
