@@ -6,7 +6,6 @@ import (
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/protocol"
-	"github.com/ucpx/ucpx/stream"
 )
 
 // StagingPart is the size of the parts a staged RMA operation on a device buffer
@@ -27,27 +26,16 @@ type partedOp struct {
 	err  error
 }
 
-// finish counts k parts as ended (err from one of them, nil if none failed) and
-// reports whether they were the last.
-func (w *partedOp) finish(k int, err error) bool {
+// finish counts k parts as ended (err from one of them, nil if none failed). It reports
+// whether they were the last, and the operation's error: the first any part met.
+func (w *partedOp) finish(k int, err error) (last bool, first error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err == nil {
 		w.err = err
 	}
 	w.left -= k
-	return w.left == 0
-}
-
-// complete ends the user's Request when no armed part is left to retire it.
-func (w *partedOp) complete() {
-	u := w.user
-	u.err = w.err
-	u.done.Store(true)
-	u.wakeWaiters()
-	if u.cb != nil {
-		u.cb(u)
-	}
+	return w.left == 0, w.err
 }
 
 // enqueueParts stages a device buffer of n bytes at addr in parts of StagingPart bytes,
@@ -64,7 +52,9 @@ func (w *Worker) enqueueParts(op string, p *RequestParam, cond *condition.Condit
 	for i := range count {
 		off := i * StagingPart
 		size := min(StagingPart, n-off)
-		stage, err := stager.Get(size)
+		o := newCondOp(p, issueAt)
+		o.user, o.whole, o.off = user, whole, off
+		stage, err := o.stage(stager, &work[i], addr+uintptr(off), size, dir)
 		if err != nil {
 			for _, s := range stages {
 				stager.Put(s)
@@ -72,24 +62,6 @@ func (w *Worker) enqueueParts(op string, p *RequestParam, cond *condition.Condit
 			return nil, opErr(op, err, "staging part %d of %d bytes", i, size)
 		}
 		stages = append(stages, stage)
-		o := &condOp{param: *p, user: user, whole: whole}
-		o.param.Condition, o.param.Callback = nil, nil
-		o.param.Flags &^= ucpxOnlyFlags
-		o.param.MemoryType, o.param.MemH = MemoryHost, nil
-		buf := stage.Bytes()[:size]
-		o.issueAt, o.off, o.buf = issueAt, off, buf
-		dev := addr + uintptr(off)
-		if dir == dirOut {
-			work[i].Before = func(s stream.Stream) error { return s.Copy(stage.Addr(), dev, size) }
-			o.release = func() { stager.Put(stage) }
-		} else {
-			work[i].After = func(s stream.Stream) error {
-				if err := s.Copy(dev, stage.Addr(), size); err != nil {
-					return err
-				}
-				return s.LaunchHostFunc(func() { stager.Put(stage) })
-			}
-		}
 		whole.ops[i] = o
 	}
 	user.condOp = whole.ops[0]
@@ -118,13 +90,17 @@ func (w *Worker) enqueueParts(op string, p *RequestParam, cond *condition.Condit
 		for _, o := range whole.ops[added:armed] {
 			px.retire(cond, o, opErr(op, ErrClosed, "worker closed"))
 		}
-		if armed < count && whole.finish(count-armed, opErr(op, ErrClosed, "worker closed")) {
-			whole.complete()
+		if armed < count {
+			if last, first := whole.finish(count-armed, opErr(op, ErrClosed, "worker closed")); last {
+				user.finishProxied(first, nil)
+			}
 		}
 		return user, nil
 	}
-	if armed < count && whole.finish(count-armed, opErr(op, err, "condition")) {
-		whole.complete() // nothing was armed
+	if armed < count {
+		if last, first := whole.finish(count-armed, opErr(op, err, "condition")); last {
+			user.finishProxied(first, nil) // no armed part is left to end it
+		}
 	}
 	if err != nil {
 		if armed == 0 {

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
@@ -171,16 +172,14 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 		cond = captured
 	}
 
-	o := &condOp{param: *p}
-	o.param.Condition, o.param.Callback = nil, nil
-	o.param.Flags &^= ucpxOnlyFlags
+	o := newCondOp(p, issueAt)
 	o.user = &Request{w: w, op: op, cb: p.Callback, cond: cond, condOp: o}
 	streamOrdered := cond.Category() == condition.Stream && p.Flags&NonBlockingEnqueue == 0
 
 	// A large transfer's completion comes long after its trigger: the stream polls for
 	// it (condition.StreamWork.PollCompletion).
 	work := condition.StreamWork{PollCompletion: len(buf) >= PollCompletionBytes}
-	issueBuf := buf
+	o.buf = buf
 	registeredHost := p.MemH != nil && p.MemH.MemoryType() == MemoryHost
 	if stager != nil && dir != dirNone && len(buf) > 0 && !registeredHost {
 		addr := uintptr(unsafe.Pointer(&buf[0]))
@@ -198,27 +197,11 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 			if partable && len(buf) > StagingPart && !cond.InGroup() {
 				return w.enqueueParts(op, p, cond, px, stager, addr, len(buf), dir, streamOrdered, issueAt)
 			}
-			stage, err := stager.Get(len(buf))
-			if err != nil {
+			if _, err := o.stage(stager, &work, addr, len(buf), dir); err != nil {
 				return nil, opErr(op, err, "staging %d bytes", len(buf))
-			}
-			n := len(buf)
-			issueBuf = stage.Bytes()[:n]
-			o.param.MemoryType, o.param.MemH = MemoryHost, nil
-			if dir == dirOut {
-				work.Before = func(s stream.Stream) error { return s.Copy(stage.Addr(), addr, n) }
-				o.release = func() { stager.Put(stage) }
-			} else {
-				work.After = func(s stream.Stream) error {
-					if err := s.Copy(addr, stage.Addr(), n); err != nil {
-						return err
-					}
-					return s.LaunchHostFunc(func() { stager.Put(stage) })
-				}
 			}
 		}
 	}
-	o.issueAt, o.buf = issueAt, issueBuf
 
 	var addErr error
 	_, err = cond.Arm(streamOrdered, work, func(seq uint64) {
@@ -247,6 +230,40 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 		return o.user, opErr(op, err, "condition: stream-ordered completion not enqueued")
 	}
 	return o.user, nil
+}
+
+// newCondOp is the proxy's copy of an operation that issueAt performs: its parameters
+// without what ucpx alone handles (the condition, the callback, ucpx-only flags).
+func newCondOp(p *RequestParam, issueAt func(off int, buf []byte, p *RequestParam) (*Request, error)) *condOp {
+	o := &condOp{param: *p, issueAt: issueAt}
+	o.param.Condition, o.param.Callback = nil, nil
+	o.param.Flags &^= ucpxOnlyFlags
+	return o
+}
+
+// stage makes o move n bytes of device memory at dev through a pinned buffer from
+// stager, on the condition's stream: work gets the copy out before the trigger (dir
+// out) or the copy in after the completion (dir in), and the buffer goes back once the
+// operation (out) or the copy in (in) is done with it. It returns the buffer.
+func (o *condOp) stage(stager *protocol.Stager, work *condition.StreamWork, dev uintptr, n int, dir direction) (*cuda.HostMemory, error) {
+	buf, err := stager.Get(n)
+	if err != nil {
+		return nil, err
+	}
+	o.buf = buf.Bytes()[:n]
+	o.param.MemoryType, o.param.MemH = MemoryHost, nil
+	if dir == dirOut {
+		work.Before = func(s stream.Stream) error { return s.Copy(buf.Addr(), dev, n) }
+		o.release = func() { stager.Put(buf) }
+		return buf, nil
+	}
+	work.After = func(s stream.Stream) error {
+		if err := s.Copy(dev, buf.Addr(), n); err != nil {
+			return err
+		}
+		return s.LaunchHostFunc(func() { stager.Put(buf) })
+	}
+	return buf, nil
 }
 
 // stager returns the worker's stager for backend b (nil for host backends: every
@@ -614,12 +631,7 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 			cond.ReleaseWords()
 			err = cond.Err() // the first error any launch met
 		}
-		u.err = err
-		u.done.Store(true)
-		u.wakeWaiters()
-		if u.cb != nil {
-			u.cb(u)
-		}
+		u.finishProxied(err, nil)
 		return
 	}
 	switch {
@@ -637,27 +649,15 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 	}
 	if o.whole != nil {
 		// One part: the user's Request ends with the last (parts retire in order).
-		last := o.whole.finish(1, err)
-		if last {
-			u.err = o.whole.err
-			u.done.Store(true)
+		last, userErr := o.whole.finish(1, err)
+		if !last {
+			cond.Retire(o.seq, err)
+			return
 		}
-		cond.Retire(o.seq, err)
-		if last {
-			u.wakeWaiters()
-			if u.cb != nil {
-				u.cb(u)
-			}
-		}
+		u.finishProxied(userErr, func() { cond.Retire(o.seq, err) })
 		return
 	}
-	u.err = err
-	u.done.Store(true)
-	cond.Retire(o.seq, err)
-	u.wakeWaiters()
-	if u.cb != nil {
-		u.cb(u)
-	}
+	u.finishProxied(err, func() { cond.Retire(o.seq, err) })
 }
 
 // shutdown stops the proxy and fails every operation it still holds, so no stream

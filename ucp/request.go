@@ -89,8 +89,22 @@ type Request struct {
 	finished bool
 }
 
-// wakeWaiters wakes a waiter blocked on a conditioned request, once it is done (after
-// its condition retired it: a woken waiter may destroy the condition).
+// finishProxied ends a conditioned request with err. It is done before retire runs
+// (a stream the completion word releases sees it done); a blocked waiter is woken and
+// the callback runs after (a woken waiter may destroy the condition).
+func (r *Request) finishProxied(err error, retire func()) {
+	r.err = err
+	r.done.Store(true)
+	if retire != nil {
+		retire()
+	}
+	r.wakeWaiters()
+	if r.cb != nil {
+		r.cb(r)
+	}
+}
+
+// wakeWaiters wakes a waiter blocked on a conditioned request once it is done.
 func (r *Request) wakeWaiters() {
 	r.waitMu.Lock()
 	r.finished = true
