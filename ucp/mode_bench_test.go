@@ -31,17 +31,39 @@ func BenchmarkConditionModes(b *testing.B) {
 	}
 }
 
-func benchMode(b *testing.B, mode string, size int) {
+// benchSetup is what the host-stream benchmarks share: two workers over shared memory
+// and a host stream, closed when the benchmark ends.
+func benchSetup(b *testing.B) (*pair, stream.Backend, stream.Stream) {
 	t := &testing.T{}
 	p := newShmPair(t)
-	defer p.close(t)
 	backend := stream.NewHostBackend()
-	defer backend.Close()
 	s, err := backend.NewStream()
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() {
+		_ = s.Close()
+		_ = backend.Close()
+		p.close(t)
+	})
+	return p, backend, s
+}
+
+// gateStream holds s back until the returned word is stored 1.
+func gateStream(b *testing.B, backend stream.Backend, s stream.Stream) *stream.Word {
+	gate, err := backend.AllocWords(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = gate.Close() })
+	if err := s.WaitValue(gate.Word(0), 1, stream.GEQ); err != nil {
+		b.Fatal(err)
+	}
+	return gate.Word(0)
+}
+
+func benchMode(b *testing.B, mode string, size int) {
+	p, backend, s := benchSetup(b)
 	ctx := context.Background()
 	n := b.N
 	echoDone := make(chan error, 1)
@@ -113,20 +135,13 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		gate, err := backend.AllocWords(1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer gate.Close()
-		if err := s.WaitValue(gate.Word(0), 1, stream.GEQ); err != nil {
-			b.Fatal(err)
-		}
+		gate := gateStream(b, backend, s)
 		prm := &RequestParam{Condition: c}
 		for i := 0; i < n; i++ {
 			enqueueGroup(b, p, c, out, in, 2, prm, prm)
 		}
 		b.StartTimer()
-		gate.Word(0).Store(1)
+		gate.Store(1)
 		if err := s.Synchronize(); err != nil {
 			b.Fatal(err)
 		}
@@ -267,24 +282,8 @@ func echo(ctx context.Context, p *pair, n, size int) error {
 // send and a receive on a Stream condition — with the stream held behind a gate, so
 // only the enqueue is timed (allocs/op is per iteration).
 func BenchmarkConditionedEnqueue(b *testing.B) {
-	t := &testing.T{}
-	p := newShmPair(t)
-	defer p.close(t)
-	backend := stream.NewHostBackend()
-	defer backend.Close()
-	s, err := backend.NewStream()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	gate, err := backend.AllocWords(1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer gate.Close()
-	if err := s.WaitValue(gate.Word(0), 1, stream.GEQ); err != nil {
-		b.Fatal(err)
-	}
+	p, backend, s := benchSetup(b)
+	gate := gateStream(b, backend, s)
 	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
 	if err != nil {
 		b.Fatal(err)
@@ -297,5 +296,5 @@ func BenchmarkConditionedEnqueue(b *testing.B) {
 		enqueueGroup(b, p, c, out, in, 1, prm, prm)
 	}
 	b.StopTimer()
-	gate.Word(0).Store(1) // the worker's Close fails what the gate held back
+	gate.Store(1) // the worker's Close fails what the gate held back
 }
