@@ -483,28 +483,3 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 		reportUS(b, elapsed-time.Duration(b.N)*delay, b.N, "us/wake")
 	}
 }
-
-// startDelayedEcho is startEcho answering delay after it sees each new trigger value.
-func startDelayedEcho(w words, trigger, done int, delay time.Duration) *echoer {
-	if delay == 0 {
-		return startEcho(w, trigger, done)
-	}
-	e := &echoer{quit: make(chan struct{})}
-	go func() {
-		defer close(e.quit)
-		for i := 0; ; i++ {
-			if v := w.load(trigger); v != w.load(done) {
-				for t0 := time.Now(); time.Since(t0) < delay; {
-				}
-				w.store(done, v)
-			}
-			if i&1023 == 0 {
-				if e.stop.Load() {
-					return
-				}
-				runtime.Gosched()
-			}
-		}
-	}()
-	return e
-}

@@ -246,25 +246,17 @@ type echoer struct {
 	quit chan struct{}
 }
 
-func startEcho(w words, trigger, done int) *echoer {
-	e := &echoer{quit: make(chan struct{})}
-	go func() {
-		defer close(e.quit)
-		// Not locked to its thread: Gosched on a locked goroutine costs a thread
-		// handoff (25-30 us measured), which made the round trips 2-4x too slow.
-		for i := 0; ; i++ {
-			if v := w.load(trigger); v != w.load(done) {
-				w.store(done, v)
+func startEcho(w words, trigger, done int) *echoer { return startDelayedEcho(w, trigger, done, 0) }
+
+// startDelayedEcho is startEcho answering delay after it sees each new trigger value.
+func startDelayedEcho(w words, trigger, done int, delay time.Duration) *echoer {
+	return startPoller(func() {
+		if v := w.load(trigger); v != w.load(done) {
+			for t0 := time.Now(); delay > 0 && time.Since(t0) < delay; {
 			}
-			if i&1023 == 0 {
-				if e.stop.Load() {
-					return
-				}
-				runtime.Gosched() // let the test progress even with GOMAXPROCS=1
-			}
+			w.store(done, v)
 		}
-	}()
-	return e
+	})
 }
 
 func (e *echoer) Stop() {
@@ -275,17 +267,24 @@ func (e *echoer) Stop() {
 // startProxy emulates ucpx's proxy for graph memop nodes [write T=1, wait D==1,
 // write D=0]: it waits for T==1, resets T to 0, counts, and sets D=1.
 func startProxy(w words, trigger, done int, count *atomic.Int64) *echoer {
+	return startPoller(func() {
+		if w.load(trigger) == 1 {
+			w.store(trigger, 0)
+			count.Add(1)
+			w.store(done, 1)
+		}
+	})
+}
+
+// startPoller runs poll in a loop on its own goroutine until Stop.
+func startPoller(poll func()) *echoer {
 	e := &echoer{quit: make(chan struct{})}
 	go func() {
 		defer close(e.quit)
 		// Not locked to its thread: Gosched on a locked goroutine costs a thread
 		// handoff (25-30 us measured), which made the round trips 2-4x too slow.
 		for i := 0; ; i++ {
-			if w.load(trigger) == 1 {
-				w.store(trigger, 0)
-				count.Add(1)
-				w.store(done, 1)
-			}
+			poll()
 			if i&1023 == 0 {
 				if e.stop.Load() {
 					return
