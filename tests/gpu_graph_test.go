@@ -60,21 +60,7 @@ func TestGPUGraphConditionRelaunch(t *testing.T) {
 	rs, err := g.backend.NewStream()
 	must(t, err)
 	defer rs.Close()
-	scs, _ := stream.CUDAStream(ss)
-	rcs, _ := stream.CUDAStream(rs)
-	for i := 0; i < launches; i++ {
-		must(t, rx.Launch(rcs))
-		must(t, sx.Launch(scs))
-	}
-	must(t, ss.Synchronize())
-	must(t, rs.Synchronize())
-	requireAccumulated(t, acc, launches, n, seed)
-	must(t, send.Err())
-	must(t, recv.Err())
-	must(t, sx.Close())
-	must(t, rx.Close())
-	must(t, send.Destroy())
-	must(t, recv.Destroy())
+	launchGraphPair(t, ss, rs, sx, rx, launches, acc, n, seed, send, recv)
 }
 
 // Stream capture of stream conditions: a sender stream [fill kernel, send] and a
@@ -142,19 +128,7 @@ func TestGPUStreamCaptureConditions(t *testing.T) {
 	must(t, err)
 	rx, err := rg.Instantiate(0)
 	must(t, err)
-	for i := 0; i < launches; i++ {
-		must(t, rx.Launch(rcs))
-		must(t, sx.Launch(scs))
-	}
-	must(t, ss.Synchronize())
-	must(t, rs.Synchronize())
-	requireAccumulated(t, acc, launches, n, seed)
-	must(t, sendCond.Err())
-	must(t, recvCond.Err())
-	must(t, sx.Close())
-	must(t, rx.Close())
-	must(t, sendCond.Destroy())
-	must(t, recvCond.Destroy())
+	launchGraphPair(t, ss, rs, sx, rx, launches, acc, n, seed, sendCond, recvCond)
 }
 
 // A CUDA graph whose peer dies: the launch waiting on the dead peer's receive
@@ -241,6 +215,30 @@ func TestGPUGraphPeerDies(t *testing.T) {
 
 // requireAccumulated checks a device checksum word that added the fill pattern of n
 // bytes (seed) once per launch.
+// launchGraphPair launches the receiver's graph rx on rs and the sender's sx on ss,
+// launches times, then checks the device checksum accumulated over the launches and that
+// no condition met an error, and closes the graphs and destroys the conditions.
+func launchGraphPair(t *testing.T, ss, rs stream.Stream, sx, rx *cuda.GraphExec, launches int, acc *cuda.HostMemory, n int, seed uint32, conds ...*condition.Condition) {
+	t.Helper()
+	scs, _ := stream.CUDAStream(ss)
+	rcs, _ := stream.CUDAStream(rs)
+	for i := 0; i < launches; i++ {
+		must(t, rx.Launch(rcs))
+		must(t, sx.Launch(scs))
+	}
+	must(t, ss.Synchronize())
+	must(t, rs.Synchronize())
+	requireAccumulated(t, acc, launches, n, seed)
+	for _, c := range conds {
+		must(t, c.Err())
+	}
+	must(t, sx.Close())
+	must(t, rx.Close())
+	for _, c := range conds {
+		must(t, c.Destroy())
+	}
+}
+
 func requireAccumulated(t *testing.T, acc *cuda.HostMemory, launches, n int, seed uint32) {
 	t.Helper()
 	if got, want := binary.LittleEndian.Uint64(acc.Bytes()), uint64(launches)*fillSum(n, seed); got != want {
