@@ -73,6 +73,14 @@ type cudaBackend struct {
 	pollFn     *cuda.Function
 	pollErr    error
 
+	// The doorbell of WordBlock.Ring, made on first use: a stream of its own and a
+	// word it writes (the write is what matters, not the value).
+	bellOnce   sync.Once
+	bellStream *cuda.Stream
+	bellMem    *cuda.HostMemory
+	bellErr    error
+	bellCount  atomic.Uint64
+
 	mu       sync.Mutex
 	closed   bool
 	refs     int  // the backend itself plus each live stream, event and word block
@@ -104,6 +112,9 @@ func (b *cudaBackend) release() error {
 	if b.pollModule != nil {
 		err = cudaErr("signal kernels", b.pollModule.Close())
 	}
+	if b.bellStream != nil {
+		err = errors.Join(err, cudaErr("doorbell", b.bellStream.Close()), cudaErr("doorbell", b.bellMem.Close()))
+	}
 	if !b.borrowed {
 		err = errors.Join(err, b.ctx.Close())
 	}
@@ -127,6 +138,28 @@ func (b *cudaBackend) pollKernel() (*cuda.Function, error) {
 		b.pollModule, b.pollFn = m, f
 	})
 	return b.pollFn, b.pollErr
+}
+
+// ring submits one memop write on the backend's doorbell stream (WordBlock.Ring).
+func (b *cudaBackend) ring() error {
+	b.bellOnce.Do(func() {
+		m, err := b.ctx.MemHostAlloc(8, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+		if err != nil {
+			b.bellErr = cudaErr("doorbell", err)
+			return
+		}
+		s, err := b.ctx.NewStream(cuda.StreamNonBlocking, 0)
+		if err != nil {
+			_ = m.Close()
+			b.bellErr = cudaErr("doorbell", err)
+			return
+		}
+		b.bellStream, b.bellMem = s, m
+	})
+	if b.bellErr != nil {
+		return b.bellErr
+	}
+	return cudaErr("doorbell", b.bellStream.WriteValue64(b.bellMem.DevicePtr(), b.bellCount.Add(1), cuda.WriteDefault))
 }
 
 func (b *cudaBackend) NewStream() (Stream, error) {
@@ -170,7 +203,9 @@ func (b *cudaBackend) AllocWords(n int) (*WordBlock, error) {
 		err := m.Close()
 		return errors.Join(cudaErr("WordBlock.Close", err), b.release())
 	}
-	return NewWordBlock(KindCUDA, m.Ptr(), m.DevicePtr(), n, free), nil
+	blk := NewWordBlock(KindCUDA, m.Ptr(), m.DevicePtr(), n, free)
+	blk.doorbell = b.ring
+	return blk, nil
 }
 
 // Close releases the backend. The device context is released once every stream,

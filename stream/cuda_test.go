@@ -182,6 +182,60 @@ func TestCUDAPollValue(t *testing.T) {
 	require.NoError(t, err, "the signal kernels did not load: PollValue fell back to memop waits")
 }
 
+// Ring makes the GPU look again at pending waits; it must never release a wait whose
+// value is not reached, and may be called from any goroutine.
+func TestCUDARing(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	w, marker := wb.Word(0), wb.Word(1)
+	requireWaitBlocks(t, s, w, marker, 0, 1, func() error {
+		if err := s.WaitValue(w, 1, GEQ); err != nil {
+			return err
+		}
+		return wb.Ring() // rung while the value is not there: the wait holds
+	}, "WaitValue rung early")
+
+	// Stores each rung from one of several goroutines at once: the stream sees every
+	// value, in order.
+	const n, ringers = 200, 4
+	for i := uint64(2); i <= n; i++ {
+		require.NoError(t, s.WaitValue(w, i, GEQ))
+		require.NoError(t, s.WriteValue(marker, i))
+	}
+	errs := make(chan error, ringers)
+	var next atomic.Uint64
+	next.Store(1)
+	for range ringers {
+		go func() {
+			for {
+				v := next.Add(1)
+				if v > n {
+					errs <- nil
+					return
+				}
+				for w.Load() != v-1 { // one store at a time, in order
+					runtime.Gosched()
+				}
+				w.Store(v)
+				if err := wb.Ring(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range ringers {
+		require.NoError(t, <-errs)
+	}
+	syncSoon(t, s)
+	require.Equal(t, uint64(n), marker.Load())
+
+	require.NoError(t, wb.Close())
+	require.NoError(t, wb.Ring(), "a freed block has nothing to ring")
+}
+
 func TestCUDAWordArguments(t *testing.T) {
 	b := newCUDABackend(t)
 	s := newCUDAStream(t, b)

@@ -56,6 +56,8 @@ type WordBlock struct {
 
 	changeMu sync.Mutex
 	changed  chan struct{} // closed by Notify; nil until a waiter asks for it
+
+	doorbell func() error // CUDA: see Ring; nil on host blocks
 }
 
 // Changed returns a channel closed at the next Notify. Take it before checking the
@@ -135,6 +137,20 @@ func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, fr
 		b.words[i].block = b
 	}
 	return b
+}
+
+// Ring tells the device that the CPU stored into one of the block's words that a
+// stream may be waiting on. A CUDA memop wait (WaitValue, WriteThenWait) that was not
+// satisfied when the GPU reached it is looked at again only about every 13 µs when the
+// GPU is given nothing else to do; new work submitted to the GPU, on any stream of the
+// context, makes it look again within about 5 µs (run 42 of docs/gpu-runs.md). Ring
+// submits such work: one memop write on a stream of the backend's own. It costs the
+// caller one driver call (1–1.5 µs); on host blocks it does nothing.
+func (b *WordBlock) Ring() error {
+	if b.doorbell == nil || b.freed.Load() {
+		return nil
+	}
+	return b.doorbell()
 }
 
 // Len is the number of words in the block.

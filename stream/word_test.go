@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"errors"
 	"math"
 	"sync"
 	"testing"
@@ -93,4 +94,26 @@ func TestWordBlockCloseOnce(t *testing.T) {
 	require.True(t, wb.Closed())
 	require.ErrorIs(t, wb.Close(), ErrClosed)
 	require.Equal(t, 1, frees)
+}
+
+// Ring calls the block's doorbell until the block is freed; blocks without one (host
+// backends) have nothing to ring.
+func TestWordBlockRing(t *testing.T) {
+	host := NewHostBackend()
+	defer host.Close()
+	hb, err := host.AllocWords(1)
+	require.NoError(t, err)
+	defer hb.Close()
+	require.NoError(t, hb.Ring())
+
+	var mem [1]uint64
+	wb := NewWordBlock(KindCUDA, unsafe.Pointer(&mem[0]), 0x1000, 1, func() error { return nil })
+	rings := 0
+	bellErr := errors.New("doorbell failed")
+	wb.doorbell = func() error { rings++; return bellErr }
+	require.ErrorIs(t, wb.Ring(), bellErr)
+	require.Equal(t, 1, rings)
+	require.NoError(t, wb.Close())
+	require.NoError(t, wb.Ring())
+	require.Equal(t, 1, rings, "a freed block rang its doorbell")
 }

@@ -27,7 +27,8 @@ import (
 //	sync     (a)   synchronize the stream, post the send and the receive, wait for both
 //	               on the host
 //	hostfunc (b)   a stream host function posts both and waits for them (the blocking
-//	               round trip of MPIX_*_enqueue)
+//	               round trip of MPIX_*_enqueue); the host enqueues at most
+//	               pingpong.StreamWindow iterations ahead, as in stream
 //	stream   (c)   Stream condition: the send and the receive in one group
 //	               (BeginGroup/EndGroup: one trigger and one completion wait, enqueued
 //	               as one batch memop; MPIX Irecv/Isend/Waitall_enqueue): one
@@ -161,12 +162,15 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		}
 	case "hostfunc":
 		var failed error
+		ahead := pingpong.NewThrottle(pingpong.StreamWindow) // as stream
 		for i := 0; i < n; i++ {
+			must(b, ahead.Ahead(ctx, i, n))
 			produce(i)
 			must(b, s.LaunchHostFunc(func() {
 				if err := roundTrip(); err != nil && failed == nil {
 					failed = err
 				}
+				ahead.Done()
 			}))
 		}
 		must(b, s.Synchronize())

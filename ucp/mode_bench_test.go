@@ -84,11 +84,14 @@ func benchMode(b *testing.B, mode string, size int) {
 		}
 	case "hostfunc":
 		var failed error
+		ahead := newBenchWindow() // as stream
 		for i := 0; i < n; i++ {
+			ahead.wait(i)
 			if err := s.LaunchHostFunc(func() {
 				if err := roundTrip(ctx, p, out, in); err != nil && failed == nil {
 					failed = err
 				}
+				ahead.done()
 			}); err != nil {
 				b.Fatal(err)
 			}
@@ -101,24 +104,11 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// At most streamWindow iterations enqueued ahead of the completed ones, as
-		// pingpong.StreamWindow in the other two benchmarks.
-		const streamWindow = 128
-		var sends atomic.Int64
-		adv := make(chan struct{}, 1)
+		ahead := newBenchWindow()
 		prm := &RequestParam{Condition: c}
-		sprm := &RequestParam{Condition: c, Callback: func(*Request) {
-			if sends.Add(1)%(streamWindow/2) == 0 {
-				select {
-				case adv <- struct{}{}:
-				default:
-				}
-			}
-		}}
+		sprm := &RequestParam{Condition: c, Callback: func(*Request) { ahead.done() }}
 		for i := 0; i < n; i++ {
-			for i-int(sends.Load()) >= streamWindow {
-				<-adv
-			}
+			ahead.wait(i)
 			enqueueGroup(b, p, c, out, in, 2, sprm, prm)
 		}
 		if err := s.Synchronize(); err != nil {
@@ -222,6 +212,33 @@ func benchMode(b *testing.B, mode string, size int) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "half-rt-ns")
+}
+
+// benchWindow keeps the host of hostfunc and stream at most 128 iterations ahead of the
+// completed ones, as pingpong.StreamWindow in the other two benchmarks (which this
+// package cannot import: pingpong imports ucp).
+type benchWindow struct {
+	completed atomic.Int64
+	adv       chan struct{}
+}
+
+const benchWindowSize = 128
+
+func newBenchWindow() *benchWindow { return &benchWindow{adv: make(chan struct{}, 1)} }
+
+func (w *benchWindow) done() {
+	if w.completed.Add(1)%(benchWindowSize/2) == 0 {
+		select {
+		case w.adv <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (w *benchWindow) wait(i int) {
+	for i-int(w.completed.Load()) >= benchWindowSize {
+		<-w.adv
+	}
 }
 
 func roundTrip(ctx context.Context, p *pair, out, in []byte) error {

@@ -45,6 +45,11 @@ type condOp struct {
 	running  bool      // Graph category: issued for the current launch, not yet fired
 	release  func()    // returns a staging buffer once the operation is done with it
 	whole    *partedOp // the operation this one is a part of (enqueueParts), or nil
+	// ring: a CUDA stream waits for this operation with a memop wait, which the GPU
+	// looks at again late unless rung (stream.WordBlock.Ring); issuedAt tells whether
+	// it completed late enough for the wait to be pending.
+	ring     bool
+	issuedAt time.Time
 }
 
 type channel struct {
@@ -66,14 +71,21 @@ type proxy struct {
 	mu     sync.Mutex // guards active and the operations' issue state
 	active map[*condition.Condition]*channel
 	order  []*channel // the channels of active, for rounds (iterating a map costs more)
-	// Operations added and not yet in their channels (see add), under inMu.
+	// Operations added and not yet in their channels (see add), under inMu; gen counts
+	// add calls. Enqueuers write these on every operation while a driver writes the
+	// round state below on every round, on another core: padding keeps the two apart
+	// (on one cache line, every write of either side would take it from the other).
+	_        [64]byte
 	inMu     sync.Mutex
 	incoming []retirement
 	inClosed bool
-	spare    []retirement // the emptied incoming slice, reused (under mu)
-	wake     chan struct{}
-	stop     chan struct{}
-	exited   chan struct{}
+	gen      atomic.Uint64
+	_        [64]byte
+
+	spare  []retirement // the emptied incoming slice, reused (under mu)
+	wake   chan struct{}
+	stop   chan struct{}
+	exited chan struct{}
 	// retired is the drive round's scratch list (under drive).
 	retired []retirement
 	// parked: the proxy goroutine waits for work on wake. Kicks wake it only then:
@@ -83,11 +95,11 @@ type proxy struct {
 
 	// What the last full round saw, so that rounds in between can tell that nothing
 	// changed without taking mu (which enqueuers need: a spinning proxy taking it
-	// every round made them wait). gen counts add calls.
-	gen    atomic.Uint64
+	// every round made them wait).
 	last   roundState // under drive
 	scan   []*channel // the active channels as of the last full round (under drive)
 	waitOn *Request   // the oldest operation in flight then (under drive)
+	warmed uint64     // what warm read (under drive), so the reads are not dropped
 }
 
 // roundState is what a full round started from.
@@ -131,6 +143,16 @@ func (w *Worker) proxy() (*proxy, error) {
 // on the stream (6.2 → 8.5 µs: the extra launch made the enqueuing thread the
 // bottleneck), runs 35 and 36.
 const PollCompletionBytes = 16 << 10
+
+// ringAfter: the proxy rings the GPU's doorbell (stream.WordBlock.Ring) when a
+// stream-ordered operation on a CUDA stream completes at least this long after it was
+// issued. The memop wait is reached right after the trigger; the GPU keeps looking at
+// it for a short while, then only about every 13 µs, so a completion that comes later
+// is noticed late unless the GPU is given new work. Run 43 (H200) tried 0, 1 and 3 µs
+// and never: 1 µs took (c) at 4 KiB from 6.37 to 4.33 µs and (c)+work from 6.88 to
+// 5.76 µs (`ucpx perf`); 0 rang after prompt completions too, whose ring only delayed
+// the proxy (8 B: 3.68 → 4.20 µs in BenchmarkGPUModes).
+const ringAfter = time.Microsecond
 
 // direction says which way an operation's buffer moves, for staging.
 type direction int
@@ -180,6 +202,7 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 	// it (condition.StreamWork.PollCompletion).
 	work := condition.StreamWork{PollCompletion: len(buf) >= PollCompletionBytes}
 	o.buf = buf
+	o.ring = streamOrdered && !work.PollCompletion && cond.Backend().Kind() == stream.KindCUDA
 	registeredHost := p.MemH != nil && p.MemH.MemoryType() == MemoryHost
 	if stager != nil && dir != dirNone && len(buf) > 0 && !registeredHost {
 		addr := uintptr(unsafe.Pointer(&buf[0]))
@@ -477,11 +500,15 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			if o.canceled {
 				o.err = opErr(o.user.op, ErrCanceled, "canceled before the condition triggered")
 			} else {
+				if o.ring {
+					o.issuedAt = time.Now()
+				}
 				o.inner, o.err = o.issueAt(o.off, o.buf, &o.param)
 			}
 			o.issued = true
 			progressed = true
 		}
+		px.warm(ch)
 		for len(ch.ops) > 0 {
 			o := ch.ops[0]
 			if !o.issued || (o.err == nil && !o.inner.Done()) {
@@ -507,11 +534,19 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 	if len(px.retired) > 0 {
 		// Outside px.mu: Retire takes the condition's lock, which Arm holds while it
 		// calls add.
+		var bell *stream.WordBlock
 		for i, r := range px.retired {
+			if r.op.ring && r.op.issued && time.Since(r.op.issuedAt) >= ringAfter {
+				bell = r.cond.CompletionWord().Block()
+			}
 			px.retire(r.cond, r.op, nil)
 			px.retired[i] = retirement{}
 		}
 		px.retired = px.retired[:0]
+		if bell != nil {
+			// Best effort: unrung, the wait is still noticed, only later.
+			_ = bell.Ring()
+		}
 		progressed = true
 	}
 	// Spin in C on the oldest operation in flight (as Request.Wait does) rather than
@@ -520,6 +555,32 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		progressed = true
 	}
 	return progressed, true
+}
+
+// warmAhead is how many operations past the issued ones warm reads.
+const warmAhead = 4
+
+// warm reads the first operations of ch still waiting for their trigger, and their
+// Requests. The enqueuing goroutine wrote them on another core; reading them now, while
+// the issued operations are in flight, moves their cache lines to this core during a
+// wait for the network, instead of when their trigger comes (a dozen lines per
+// iteration of a send and a receive, 100-200 ns each on a large machine). Caller holds
+// px.mu and px.drive.
+func (px *proxy) warm(ch *channel) {
+	n := 0
+	for _, o := range ch.ops {
+		if o.issued {
+			continue
+		}
+		// The first and last words of each object: together they span its lines.
+		px.warmed += o.seq + uint64(o.issuedAt.Nanosecond())
+		if u := o.user; u != nil {
+			px.warmed += uint64(u.length) + uint64(u.seq)
+		}
+		if n++; n == warmAhead {
+			return
+		}
+	}
 }
 
 // quiet reports that no full round is needed: the last one changed nothing, no

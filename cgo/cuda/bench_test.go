@@ -360,6 +360,15 @@ func BenchmarkStreamSignalChain(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/none/delay=%v", signal, delay), func(b *testing.B) { benchSignalChain(b, signal, false, delay) })
 		}
 	}
+	// The echo, after each store, submits work to the GPU: a memop on another stream
+	// ("kick"), or queries the waiting stream ("query"). Does a pending wait get looked
+	// at again when the GPU is handed new work?
+	for _, signal := range []string{"memop-kick", "memop-query"} {
+		for _, delay := range []time.Duration{0, 2 * time.Microsecond, 5 * time.Microsecond} {
+			b.Run(fmt.Sprintf("%s/none/delay=%v", signal, delay), func(b *testing.B) { benchSignalChain(b, signal, false, delay) })
+		}
+	}
+	b.Run("memop-kick/fill", func(b *testing.B) { benchSignalChain(b, "memop-kick", true, 0) })
 	// The same memop wait on a stream of the highest priority: does the GPU look at a
 	// pending wait sooner?
 	for _, delay := range []time.Duration{2 * time.Microsecond, 5 * time.Microsecond} {
@@ -440,10 +449,36 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 		reportUS(b, time.Since(t0), b.N, "us/iteration")
 		return
 	}
-	const G, T, D = 0, 1, 2
-	w := newWords(b, ctx, 3)
-	e := startDelayedEcho(w, T, D, delay)
-	defer e.Stop()
+	const G, T, D, K = 0, 1, 2, 3
+	w := newWords(b, ctx, 4)
+	var then func()
+	var kicks int
+	var thenErr error // the echo's first error, checked at the end (not its goroutine's to fail)
+	switch signal {
+	case "memop-kick":
+		ks, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
+		must(b, err)
+		defer ks.Close()
+		then = func() {
+			kicks++
+			if err := ks.WriteValue64(w.dev(K), uint64(kicks), cuda.WriteDefault); err != nil && thenErr == nil {
+				thenErr = err
+			}
+		}
+		signal = "memop"
+	case "memop-query":
+		then = func() {
+			if _, err := s.Query(); err != nil && thenErr == nil {
+				thenErr = err
+			}
+		}
+		signal = "memop"
+	}
+	e := startDelayedEchoThen(w, T, D, delay, then)
+	defer func() {
+		e.Stop()
+		must(b, thenErr)
+	}()
 	const chunk = 100
 	var gate, k uint64
 	var elapsed, enqueue time.Duration

@@ -250,11 +250,19 @@ func startEcho(w words, trigger, done int) *echoer { return startDelayedEcho(w, 
 
 // startDelayedEcho is startEcho answering delay after it sees each new trigger value.
 func startDelayedEcho(w words, trigger, done int, delay time.Duration) *echoer {
+	return startDelayedEchoThen(w, trigger, done, delay, nil)
+}
+
+// startDelayedEchoThen is startDelayedEcho calling then (if not nil) after each store.
+func startDelayedEchoThen(w words, trigger, done int, delay time.Duration, then func()) *echoer {
 	return startPoller(func() {
 		if v := w.load(trigger); v != w.load(done) {
 			for t0 := time.Now(); delay > 0 && time.Since(t0) < delay; {
 			}
 			w.store(done, v)
+			if then != nil {
+				then()
+			}
 		}
 	})
 }

@@ -25,7 +25,8 @@ import (
 //	sync      (a) synchronize the stream, then post the send and the receive and wait
 //	          for both on the host
 //	hostfunc  (b) a stream host function posts both and waits for them (the blocking
-//	          round trip of MPICH's MPIX_*_enqueue); the host only enqueues
+//	          round trip of MPICH's MPIX_*_enqueue); the host only enqueues, at most
+//	          pingpong.StreamWindow iterations ahead, as in stream
 //	stream    (c) a Stream condition: the send, then the receive, in one group
 //	          (Condition.BeginGroup/EndGroup, as MPIX Irecv_enqueue, Isend_enqueue,
 //	          Waitall_enqueue): one trigger store and one completion wait on the
@@ -257,13 +258,20 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		elapsed = time.Since(start)
 	case modeHostFunc:
 		var failed error // written on the stream, read after Synchronize
+		// The same bounded run-ahead as stream: the host thread keeps enqueuing beside
+		// the stream in both.
+		ahead := pingpong.NewThrottle(pingpong.StreamWindow)
 		for i := 0; i < count && err == nil; i++ {
-			err = produce(i)
+			err = ahead.Ahead(ctx, i, count)
+			if err == nil {
+				err = produce(i)
+			}
 			if err == nil {
 				err = r.s.LaunchHostFunc(func() {
 					if err := roundTrip(); err != nil && failed == nil {
 						failed = err
 					}
+					ahead.Done()
 				})
 			}
 		}
