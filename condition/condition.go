@@ -87,12 +87,6 @@ type Condition struct {
 	trigger  *stream.Word
 	done     *stream.Word
 
-	// The enqueuing goroutines write the fields from mu to groupBuf on every Arm; the
-	// proxy writes retired on every Retire, on another core. Padding keeps them on
-	// different cache lines: sharing one, each side's write would take the line from
-	// the other on every operation (false sharing).
-	_ [64]byte
-
 	// mu orders sequence assignment with the stream enqueues, so stream order is
 	// sequence order even with concurrent callers. It is held while a stream enqueue
 	// blocks (a CUDA stream stuck in a wait stops accepting work), so the proxy must
@@ -108,7 +102,6 @@ type Condition struct {
 	group       *group                        // Stream category: the open BeginGroup, if any
 	groupBuf    group                         // what group points to: one group at a time, reused
 
-	_        [64]byte
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
 	firstErr error

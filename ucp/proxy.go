@@ -71,21 +71,14 @@ type proxy struct {
 	mu     sync.Mutex // guards active and the operations' issue state
 	active map[*condition.Condition]*channel
 	order  []*channel // the channels of active, for rounds (iterating a map costs more)
-	// Operations added and not yet in their channels (see add), under inMu; gen counts
-	// add calls. Enqueuers write these on every operation while a driver writes the
-	// round state below on every round, on another core: padding keeps the two apart
-	// (on one cache line, every write of either side would take it from the other).
-	_        [64]byte
+	// Operations added and not yet in their channels (see add), under inMu.
 	inMu     sync.Mutex
 	incoming []retirement
 	inClosed bool
-	gen      atomic.Uint64
-	_        [64]byte
-
-	spare  []retirement // the emptied incoming slice, reused (under mu)
-	wake   chan struct{}
-	stop   chan struct{}
-	exited chan struct{}
+	spare    []retirement // the emptied incoming slice, reused (under mu)
+	wake     chan struct{}
+	stop     chan struct{}
+	exited   chan struct{}
 	// retired is the drive round's scratch list (under drive).
 	retired []retirement
 	// parked: the proxy goroutine waits for work on wake. Kicks wake it only then:
@@ -95,11 +88,11 @@ type proxy struct {
 
 	// What the last full round saw, so that rounds in between can tell that nothing
 	// changed without taking mu (which enqueuers need: a spinning proxy taking it
-	// every round made them wait).
+	// every round made them wait). gen counts add calls.
+	gen    atomic.Uint64
 	last   roundState // under drive
 	scan   []*channel // the active channels as of the last full round (under drive)
 	waitOn *Request   // the oldest operation in flight then (under drive)
-	warmed uint64     // what warm read (under drive), so the reads are not dropped
 }
 
 // roundState is what a full round started from.
@@ -146,13 +139,16 @@ const PollCompletionBytes = 16 << 10
 
 // ringAfter: the proxy rings the GPU's doorbell (stream.WordBlock.Ring) when a
 // stream-ordered operation on a CUDA stream completes at least this long after it was
-// issued. The memop wait is reached right after the trigger; the GPU keeps looking at
-// it for a short while, then only about every 13 µs, so a completion that comes later
-// is noticed late unless the GPU is given new work. Run 43 (H200) tried 0, 1 and 3 µs
-// and never: 1 µs took (c) at 4 KiB from 6.37 to 4.33 µs and (c)+work from 6.88 to
-// 5.76 µs (`ucpx perf`); 0 rang after prompt completions too, whose ring only delayed
-// the proxy (8 B: 3.68 → 4.20 µs in BenchmarkGPUModes).
-const ringAfter = time.Microsecond
+// issued. The stream reaches its memop wait right after the trigger; the GPU keeps
+// looking at a pending wait for a short while, then only about every 13 µs, so a
+// completion later than that window is noticed late unless the GPU is given new work.
+// A ring costs the proxy one driver call (~1.3 µs) and, when the wait was still being
+// looked at anyway, slows the stream. Sweeps on the H200 (runs 43 and 45, never / 0 /
+// 1 / 2 / 3 / 4 µs): completions within ~1.5 µs of their issue (8 B) were noticed
+// without a ring and rings only slowed them ((c)+work 8 B: 4.0 µs unrung, 5.1 at
+// 1 µs, 4.8 at 2 µs); 4 KiB ones (~2–2.5 µs) were not (unrung (c)+work 6.6 µs, 5.5–5.8
+// rung at 1–2 µs; 3 µs and more rang too late to help).
+const ringAfter = 2 * time.Microsecond
 
 // direction says which way an operation's buffer moves, for staging.
 type direction int
@@ -508,7 +504,6 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			o.issued = true
 			progressed = true
 		}
-		px.warm(ch)
 		for len(ch.ops) > 0 {
 			o := ch.ops[0]
 			if !o.issued || (o.err == nil && !o.inner.Done()) {
@@ -555,32 +550,6 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		progressed = true
 	}
 	return progressed, true
-}
-
-// warmAhead is how many operations past the issued ones warm reads.
-const warmAhead = 4
-
-// warm reads the first operations of ch still waiting for their trigger, and their
-// Requests. The enqueuing goroutine wrote them on another core; reading them now, while
-// the issued operations are in flight, moves their cache lines to this core during a
-// wait for the network, instead of when their trigger comes (a dozen lines per
-// iteration of a send and a receive, 100-200 ns each on a large machine). Caller holds
-// px.mu and px.drive.
-func (px *proxy) warm(ch *channel) {
-	n := 0
-	for _, o := range ch.ops {
-		if o.issued {
-			continue
-		}
-		// The first and last words of each object: together they span its lines.
-		px.warmed += o.seq + uint64(o.issuedAt.Nanosecond())
-		if u := o.user; u != nil {
-			px.warmed += uint64(u.length) + uint64(u.seq)
-		}
-		if n++; n == warmAhead {
-			return
-		}
-	}
 }
 
 // quiet reports that no full round is needed: the last one changed nothing, no
