@@ -113,7 +113,9 @@ func (b *cudaBackend) release() error {
 		err = cudaErr("signal kernels", b.pollModule.Close())
 	}
 	if b.bellStream != nil {
-		err = errors.Join(err, cudaErr("doorbell", b.bellStream.Close()), cudaErr("doorbell", b.bellMem.Close()))
+		// The last rings' writes land before their word is freed.
+		err = errors.Join(err, cudaErr("doorbell", b.bellStream.Synchronize()),
+			cudaErr("doorbell", b.bellStream.Close()), cudaErr("doorbell", b.bellMem.Close()))
 	}
 	if !b.borrowed {
 		err = errors.Join(err, b.ctx.Close())

@@ -22,6 +22,9 @@
 //     Go and, on CUDA, the GPU may all address — never Go memory. Load, Store, Add and
 //     CompareAndSwap are atomic. WaitValue's Compare values (GEQ, EQ, AND, NOR) follow
 //     CUDA's stream memops; GEQ is wrap-aware (signed difference), so counters may wrap.
+//     After storing a word a CUDA stream may be waiting on, WordBlock.Ring makes the
+//     GPU look at its pending waits again soon (it otherwise rechecks a memop wait
+//     only about every 13 µs); it is never needed for correctness.
 //
 // Objects of one backend may not be handed to another: a CUDA event given to a host
 // stream is refused with ErrWrongBackend, and so is a host word given to a CUDA stream
