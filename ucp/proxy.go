@@ -45,9 +45,10 @@ type condOp struct {
 	running  bool      // Graph category: issued for the current launch, not yet fired
 	release  func()    // returns a staging buffer once the operation is done with it
 	whole    *partedOp // the operation this one is a part of (enqueueParts), or nil
-	// ring: a CUDA stream waits for this operation with a memop wait, which the GPU
-	// looks at again late unless rung (stream.WordBlock.Ring); issuedAt tells whether
-	// it completed late enough for the wait to be pending.
+	// ring: a CUDA stream waits for this operation with a memop wait (its own stream,
+	// or another through Request.WaitOnStream), which the GPU looks at again late
+	// unless rung (stream.WordBlock.Ring); issuedAt tells whether it completed late
+	// enough for the wait to be pending. Under px.mu once added.
 	ring     bool
 	issuedAt time.Time
 }
@@ -463,7 +464,8 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 	defer func() { px.last.changed = progressed }()
 	px.last.gen, px.last.completions = px.gen.Load(), px.w.completions.Load()
 	inflight := false
-	var waitOn *Request // the oldest operation in flight
+	var bell *stream.WordBlock // rung once this round's completions are stored
+	var waitOn *Request        // the oldest operation in flight
 	px.mu.Lock()
 	px.takeIncomingLocked()
 	if len(px.active) == 0 {
@@ -511,6 +513,9 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 			}
 			ch.ops[0] = nil
 			ch.ops = ch.ops[1:]
+			if o.ring && time.Since(o.issuedAt) >= ringAfter {
+				bell = cond.CompletionWord().Block()
+			}
 			px.retired = append(px.retired, retirement{cond, o})
 		}
 		if len(ch.ops) > 0 && ch.ops[0].issued {
@@ -529,11 +534,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 	if len(px.retired) > 0 {
 		// Outside px.mu: Retire takes the condition's lock, which Arm holds while it
 		// calls add.
-		var bell *stream.WordBlock
 		for i, r := range px.retired {
-			if r.op.ring && r.op.issued && time.Since(r.op.issuedAt) >= ringAfter {
-				bell = r.cond.CompletionWord().Block()
-			}
 			px.retire(r.cond, r.op, nil)
 			px.retired[i] = retirement{}
 		}
@@ -620,6 +621,18 @@ func (px *proxy) graphRoundLocked(cond *condition.Condition, ch *channel) bool {
 	}
 	ch.running = len(ch.ops)
 	return true
+}
+
+// ringOnCompletion makes the proxy ring the GPU's doorbell when o completes (a CUDA
+// stream now waits for it with a memop wait), however soon. An operation moved in
+// parts completes with its last part.
+func (px *proxy) ringOnCompletion(o *condOp) {
+	if o.whole != nil {
+		o = o.whole.ops[len(o.whole.ops)-1]
+	}
+	px.mu.Lock()
+	o.ring = true
+	px.mu.Unlock()
 }
 
 // cancel cancels a conditioned operation: before its trigger it will retire with

@@ -224,6 +224,9 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 	if err := r.cond.WaitOnStream(s, r.seq); err != nil {
 		return opErr("wait_on_stream", err, "%s", r.op)
 	}
+	if s.Kind() == stream.KindCUDA && r.condOp != nil && !r.done.Load() {
+		r.w.px.ringOnCompletion(r.condOp)
+	}
 	return nil
 }
 
