@@ -51,7 +51,14 @@ type condOp struct {
 	// enough for the wait to be pending. Under px.mu once added.
 	ring     bool
 	issuedAt time.Time
+	// cond and nextIn: the condition and the next older operation while o waits in
+	// proxy.incoming.
+	cond   *condition.Condition
+	nextIn *condOp
 }
+
+// closedIncoming marks proxy.incoming of a proxy that shut down.
+var closedIncoming = &condOp{}
 
 type channel struct {
 	cond *condition.Condition
@@ -72,11 +79,10 @@ type proxy struct {
 	mu     sync.Mutex // guards active and the operations' issue state
 	active map[*condition.Condition]*channel
 	order  []*channel // the channels of active, for rounds (iterating a map costs more)
-	// Operations added and not yet in their channels (see add), under inMu.
-	inMu     sync.Mutex
-	incoming []retirement
-	inClosed bool
-	spare    []retirement // the emptied incoming slice, reused (under mu)
+	// incoming holds the operations added and not yet in their channels (see add): a
+	// lock-free stack linked through condOp.nextIn, newest first; closedIncoming once
+	// the proxy shut down.
+	incoming atomic.Pointer[condOp]
 	wake     chan struct{}
 	stop     chan struct{}
 	exited   chan struct{}
@@ -89,8 +95,7 @@ type proxy struct {
 
 	// What the last full round saw, so that rounds in between can tell that nothing
 	// changed without taking mu (which enqueuers need: a spinning proxy taking it
-	// every round made them wait). gen counts add calls.
-	gen    atomic.Uint64
+	// every round made them wait).
 	last   roundState // under drive
 	scan   []*channel // the active channels as of the last full round (under drive)
 	waitOn *Request   // the oldest operation in flight then (under drive)
@@ -98,9 +103,9 @@ type proxy struct {
 
 // roundState is what a full round started from.
 type roundState struct {
-	gen, completions uint64
-	changed          bool // the round progressed: the next one must be full too
-	inflight         bool
+	completions uint64
+	changed     bool // the round progressed: the next one must be full too
+	inflight    bool
 }
 
 // proxy returns the worker's proxy, starting it on first use.
@@ -308,41 +313,70 @@ func (w *Worker) stager(b stream.Backend) (*protocol.Stager, error) {
 	return st, nil
 }
 
-// add hands o to the proxy. It goes to a queue of its own lock, which the next full
-// round empties into the channels: an enqueuer never waits for a round, which holds
-// px.mu while it issues operations. One condition's operations arrive in sequence
-// order (Arm holds the condition's lock while it calls add).
+// add hands o to the proxy: it is pushed onto a lock-free stack, which the next full
+// round empties into the channels. An enqueuer never waits for a round (which holds
+// px.mu while it issues operations), and a round never waits for an enqueuer (the
+// lock this replaced was the most contended of a host-stream run: run 47). One
+// condition's operations arrive in sequence order: Arm holds the condition's lock while
+// it calls add, and the round takes them in push order.
 func (px *proxy) add(cond *condition.Condition, o *condOp) error {
-	px.inMu.Lock()
-	if px.inClosed {
-		px.inMu.Unlock()
-		return ErrClosed
+	o.cond = cond
+	for {
+		head := px.incoming.Load()
+		if head == closedIncoming {
+			return ErrClosed
+		}
+		o.nextIn = head
+		if px.incoming.CompareAndSwap(head, o) {
+			break
+		}
 	}
-	px.incoming = append(px.incoming, retirement{cond, o})
-	px.gen.Add(1)
-	px.inMu.Unlock()
 	px.Kick()
 	return nil
+}
+
+// added reports whether operations wait in px.incoming.
+func (px *proxy) added() bool {
+	head := px.incoming.Load()
+	return head != nil && head != closedIncoming
 }
 
 // takeIncomingLocked moves the added operations into their channels. Caller holds
 // px.mu.
 func (px *proxy) takeIncomingLocked() {
-	px.inMu.Lock()
-	in := px.incoming
-	px.incoming = px.spare[:0]
-	px.inMu.Unlock()
-	for i, a := range in {
-		ch := px.active[a.cond]
+	for {
+		head := px.incoming.Load()
+		if head == nil || head == closedIncoming {
+			return
+		}
+		if px.incoming.CompareAndSwap(head, nil) {
+			px.channelLocked(head)
+			return
+		}
+	}
+}
+
+// channelLocked appends the stack of added operations from head to their channels,
+// oldest first. Caller holds px.mu.
+func (px *proxy) channelLocked(head *condOp) {
+	var oldest *condOp
+	for o := head; o != nil; {
+		next := o.nextIn
+		o.nextIn = oldest
+		oldest, o = o, next
+	}
+	for o := oldest; o != nil; {
+		next := o.nextIn
+		o.nextIn = nil
+		ch := px.active[o.cond]
 		if ch == nil {
-			ch = &channel{cond: a.cond, pos: len(px.order)}
-			px.active[a.cond] = ch
+			ch = &channel{cond: o.cond, pos: len(px.order)}
+			px.active[o.cond] = ch
 			px.order = append(px.order, ch)
 		}
-		ch.ops = append(ch.ops, a.op)
-		in[i] = retirement{}
+		ch.ops = append(ch.ops, o)
+		o = next
 	}
-	px.spare = in[:0]
 }
 
 // removeLocked drops ch from the active channels. Caller holds px.mu.
@@ -462,7 +496,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 		return false, true
 	}
 	defer func() { px.last.changed = progressed }()
-	px.last.gen, px.last.completions = px.gen.Load(), px.w.completions.Load()
+	px.last.completions = px.w.completions.Load()
 	inflight := false
 	var bell *stream.WordBlock // rung once this round's completions are stored
 	var waitOn *Request        // the oldest operation in flight
@@ -557,7 +591,7 @@ func (px *proxy) roundLocked() (progressed, active bool) {
 // operation was added, no request completed and no trigger word moved since. Caller
 // holds px.drive.
 func (px *proxy) quiet() bool {
-	if px.last.changed || len(px.scan) == 0 || px.gen.Load() != px.last.gen || px.w.completions.Load() != px.last.completions {
+	if px.last.changed || len(px.scan) == 0 || px.added() || px.w.completions.Load() != px.last.completions {
 		return false
 	}
 	for _, ch := range px.scan {
@@ -707,13 +741,13 @@ func (px *proxy) retire(cond *condition.Condition, o *condOp, err error) {
 // stays blocked on a completion word. Called by Worker.Close without w.mu held, after
 // UCX finished every request the proxy had issued.
 func (px *proxy) shutdown() {
-	px.inMu.Lock()
-	px.inClosed = true
-	px.inMu.Unlock()
+	pending := px.incoming.Swap(closedIncoming)
 	close(px.stop)
 	<-px.exited
 	px.mu.Lock()
-	px.takeIncomingLocked()
+	if pending != closedIncoming {
+		px.channelLocked(pending)
+	}
 	var left []retirement
 	for len(px.order) > 0 {
 		ch := px.order[len(px.order)-1]
