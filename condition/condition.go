@@ -86,6 +86,7 @@ type Condition struct {
 	words    *stream.WordBlock
 	trigger  *stream.Word
 	done     *stream.Word
+	_        [64]byte // the proxy reads the fields above every round; enqueuers write the ones below
 
 	// mu orders sequence assignment with the stream enqueues, so stream order is
 	// sequence order even with concurrent callers. It is held while a stream enqueue
@@ -102,6 +103,9 @@ type Condition struct {
 	group       *group                        // Stream category: the open BeginGroup, if any
 	groupBuf    group                         // what group points to: one group at a time, reused
 
+	// Enqueuers write the fields above on every Arm; the proxy writes retired on every
+	// Retire, from another core: the padding keeps them on different cache lines.
+	_        [64]byte
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
 	firstErr error

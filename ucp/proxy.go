@@ -81,8 +81,12 @@ type proxy struct {
 	order  []*channel // the channels of active, for rounds (iterating a map costs more)
 	// incoming holds the operations added and not yet in their channels (see add): a
 	// lock-free stack linked through condOp.nextIn, newest first; closedIncoming once
-	// the proxy shut down.
+	// the proxy shut down. Enqueuers write it on every operation, from other cores:
+	// the padding keeps it off the lines of mu and the round state, which the driving
+	// thread uses every round (sharing one, each write would take the line from it).
+	_        [64]byte
 	incoming atomic.Pointer[condOp]
+	_        [64]byte
 	wake     chan struct{}
 	stop     chan struct{}
 	exited   chan struct{}
