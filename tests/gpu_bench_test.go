@@ -12,6 +12,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/internal/pingpong"
+	"github.com/ucpx/ucpx/internal/runahead"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -28,14 +29,14 @@ import (
 //	               on the host
 //	hostfunc (b)   a stream host function posts both and waits for them (the blocking
 //	               round trip of MPIX_*_enqueue); the host enqueues at most
-//	               pingpong.StreamWindow iterations ahead, as in stream
+//	               runahead.StreamWindow iterations ahead, as in stream
 //	stream   (c)   Stream condition: the send and the receive in one group
 //	               (BeginGroup/EndGroup: one trigger and one completion wait, enqueued
 //	               as one batch memop; MPIX Irecv/Isend/Waitall_enqueue): one
 //	               stream-to-proxy round trip per iteration
 //	kernel   (d)   KernelTriggered condition: one persistent ucpx_test_pingpong kernel
 //	               triggers and waits for every iteration (handle values + 2k) while the
-//	               host arms iterations at most kernelWindow ahead of completion; it also
+//	               host arms iterations at most runahead.KernelWindow ahead of completion; it also
 //	               reports kernel-half-rt-us, the kernel's own %globaltimer measure
 //
 // mode+work (sizes up to 64 KiB, the range of the targets): each iteration first runs a
@@ -162,7 +163,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		}
 	case "hostfunc":
 		var failed error
-		ahead := pingpong.NewThrottle(pingpong.StreamWindow) // as stream
+		ahead := runahead.New(runahead.StreamWindow) // as stream
 		for i := 0; i < n; i++ {
 			must(b, ahead.Ahead(ctx, i, n))
 			produce(i)
@@ -178,7 +179,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 	case "stream":
 		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
 		must(b, err)
-		chk := pingpong.NewCheck(size, pingpong.StreamWindow)
+		chk := pingpong.NewCheck(size, runahead.StreamWindow)
 		sp, rp := chk.Params(c, nil, nil, nil)
 		for i := 0; i < n; i++ {
 			must(b, chk.Ahead(ctx, i, n))
@@ -199,7 +200,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
 		must(b, err)
 		res := g.mapped(b, 16)
-		chk := pingpong.NewCheck(size, pingpong.Window)
+		chk := pingpong.NewCheck(size, runahead.KernelWindow)
 		sp, rp := chk.Params(c, nil, nil, nil)
 		arm := func() error { // one iteration, two sequence numbers: the send first
 			if _, err := p.ep.TagSendNbx(ob, tag, sp); err != nil {

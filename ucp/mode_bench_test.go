@@ -3,10 +3,10 @@ package ucp
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
 	"testing"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/runahead"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -84,14 +84,16 @@ func benchMode(b *testing.B, mode string, size int) {
 		}
 	case "hostfunc":
 		var failed error
-		ahead := newBenchWindow() // as stream
+		ahead := runahead.New(runahead.StreamWindow) // as stream
 		for i := 0; i < n; i++ {
-			ahead.wait(i)
+			if err := ahead.Ahead(ctx, i, n); err != nil {
+				b.Fatal(err)
+			}
 			if err := s.LaunchHostFunc(func() {
 				if err := roundTrip(ctx, p, out, in); err != nil && failed == nil {
 					failed = err
 				}
-				ahead.done()
+				ahead.Done()
 			}); err != nil {
 				b.Fatal(err)
 			}
@@ -104,11 +106,13 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ahead := newBenchWindow()
+		ahead := runahead.New(runahead.StreamWindow)
 		prm := &RequestParam{Condition: c}
-		sprm := &RequestParam{Condition: c, Callback: func(*Request) { ahead.done() }}
+		sprm := &RequestParam{Condition: c, Callback: func(*Request) { ahead.Done() }}
 		for i := 0; i < n; i++ {
-			ahead.wait(i)
+			if err := ahead.Ahead(ctx, i, n); err != nil {
+				b.Fatal(err)
+			}
 			enqueueGroup(b, p, c, out, in, 2, sprm, prm)
 		}
 		if err := s.Synchronize(); err != nil {
@@ -145,27 +149,19 @@ func benchMode(b *testing.B, mode string, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		const window = 1024 // iterations armed ahead of completion
-		var sends atomic.Int64
-		adv := make(chan struct{}, 1)
+		ahead := runahead.New(runahead.KernelWindow)
 		prm := &RequestParam{Condition: c}
-		sprm := &RequestParam{Condition: c, Callback: func(*Request) {
-			if sends.Add(1)%(window/2) == 0 {
-				select {
-				case adv <- struct{}{}:
-				default:
-				}
-			}
-		}}
-		arm := func() {
+		sprm := &RequestParam{Condition: c, Callback: func(*Request) { ahead.Done() }}
+		arm := func() error {
 			if _, err := p.epA.TagSendNbx(out, 1, sprm); err != nil {
-				b.Fatal(err)
+				return err
 			}
-			if _, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm); err != nil {
-				b.Fatal(err)
-			}
+			_, err := p.a.TagRecvNbx(in, 2, ^uint64(0), prm)
+			return err
 		}
-		arm()
+		if err := arm(); err != nil {
+			b.Fatal(err)
+		}
 		h, err := c.DeviceHandle()
 		if err != nil {
 			b.Fatal(err)
@@ -190,13 +186,8 @@ func benchMode(b *testing.B, mode string, size int) {
 			}
 			kernel <- nil
 		}()
-		for armed := 1; armed < n; {
-			for ; armed < n && armed-int(sends.Load()) < window; armed++ {
-				arm()
-			}
-			if armed < n {
-				<-adv
-			}
+		if err := ahead.ArmAhead(ctx, n, arm); err != nil {
+			b.Fatal(err)
 		}
 		if err := <-kernel; err != nil {
 			b.Fatal(err)
@@ -212,33 +203,6 @@ func benchMode(b *testing.B, mode string, size int) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "half-rt-ns")
-}
-
-// benchWindow keeps the host of hostfunc and stream at most 128 iterations ahead of the
-// completed ones, as pingpong.StreamWindow in the other two benchmarks (which this
-// package cannot import: pingpong imports ucp).
-type benchWindow struct {
-	completed atomic.Int64
-	adv       chan struct{}
-}
-
-const benchWindowSize = 128
-
-func newBenchWindow() *benchWindow { return &benchWindow{adv: make(chan struct{}, 1)} }
-
-func (w *benchWindow) done() {
-	if w.completed.Add(1)%(benchWindowSize/2) == 0 {
-		select {
-		case w.adv <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (w *benchWindow) wait(i int) {
-	for i-int(w.completed.Load()) >= benchWindowSize {
-		<-w.adv
-	}
 }
 
 func roundTrip(ctx context.Context, p *pair, out, in []byte) error {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ucpx/ucpx/internal/pingpong"
+	"github.com/ucpx/ucpx/internal/runahead"
 )
 
 // TestMain routes a re-executed test binary (the perf and demo peers) to dispatch,
@@ -202,8 +202,8 @@ func TestPerf(t *testing.T) {
 func TestPerfModes(t *testing.T) {
 	for _, work := range []string{"none", "kernel"} {
 		t.Run("work="+work, func(t *testing.T) {
-			// More iterations than pingpong.Window: kernel mode arms ahead in several bursts.
-			iters := 2*pingpong.Window + 100
+			// More iterations than runahead.KernelWindow: kernel mode arms ahead in several bursts.
+			iters := 2*runahead.KernelWindow + 100
 			st, out, errs := run(t, "perf", "--json", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","), "--work", work,
 				"--backend", "host", "--sizes", "8,4k", "--iters", strconv.Itoa(iters), "--warmup", "20", "--timeout", "60s")
 			if st != 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/internal/pingpong"
+	"github.com/ucpx/ucpx/internal/runahead"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -26,7 +27,7 @@ import (
 //	          for both on the host
 //	hostfunc  (b) a stream host function posts both and waits for them (the blocking
 //	          round trip of MPICH's MPIX_*_enqueue); the host only enqueues, at most
-//	          pingpong.StreamWindow iterations ahead, as in stream
+//	          runahead.StreamWindow iterations ahead, as in stream
 //	stream    (c) a Stream condition: the send, then the receive, in one group
 //	          (Condition.BeginGroup/EndGroup, as MPIX Irecv_enqueue, Isend_enqueue,
 //	          Waitall_enqueue): one trigger store and one completion wait on the
@@ -35,7 +36,7 @@ import (
 //	kernel    (d) a KernelTriggered condition: one persistent kernel (a host goroutine
 //	          on host streams) runs every iteration, triggering the receive and the
 //	          receive of iteration k with the handle's values plus 2k and waiting for
-//	          their completion; the host keeps arming iterations up to kernelWindow
+//	          their completion; the host keeps arming iterations up to runahead.KernelWindow
 //	          ahead of completion while it runs
 //
 // With --work kernel, sync, hostfunc and stream also run as mode+work: each iteration
@@ -260,7 +261,7 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		var failed error // written on the stream, read after Synchronize
 		// The same bounded run-ahead as stream: the host thread keeps enqueuing beside
 		// the stream in both.
-		ahead := pingpong.NewThrottle(pingpong.StreamWindow)
+		ahead := runahead.New(runahead.StreamWindow)
 		for i := 0; i < count && err == nil; i++ {
 			err = ahead.Ahead(ctx, i, count)
 			if err == nil {
@@ -305,13 +306,13 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 
 // streamMode is mode (c): per iteration the producer (if any), the send and the receive
 // as trigger stores, and one wait for both. The host enqueues at most
-// pingpong.StreamWindow iterations ahead of the completed ones.
+// runahead.StreamWindow iterations ahead of the completed ones.
 func (s *perfSide) streamMode(ctx context.Context, r *modeRig, size, count int, produce func(int) error) (time.Duration, error) {
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: r.backend, Stream: r.s})
 	if err != nil {
 		return 0, err
 	}
-	chk := pingpong.NewCheck(size, pingpong.StreamWindow)
+	chk := pingpong.NewCheck(size, runahead.StreamWindow)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	start := time.Now()
@@ -354,7 +355,7 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	if err != nil {
 		return 0, err
 	}
-	chk := pingpong.NewCheck(size, pingpong.Window)
+	chk := pingpong.NewCheck(size, runahead.KernelWindow)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	arm := func() error { // one iteration: two sequence numbers, the send first
