@@ -74,12 +74,11 @@ type cudaBackend struct {
 	pollErr    error
 
 	// The doorbell of WordBlock.Ring, made on first use: a stream of its own and a
-	// word it writes (the write is what matters, not the value).
+	// word it writes (the submission is what matters, not the value).
 	bellOnce   sync.Once
 	bellStream *cuda.Stream
 	bellMem    *cuda.HostMemory
 	bellErr    error
-	bellCount  atomic.Uint64
 
 	mu       sync.Mutex
 	closed   bool
@@ -161,7 +160,7 @@ func (b *cudaBackend) ring() error {
 	if b.bellErr != nil {
 		return b.bellErr
 	}
-	return cudaErr("doorbell", b.bellStream.WriteValue64(b.bellMem.DevicePtr(), b.bellCount.Add(1), cuda.WriteDefault))
+	return cudaErr("doorbell", b.bellStream.WriteValue64(b.bellMem.DevicePtr(), 1, cuda.WriteDefault))
 }
 
 func (b *cudaBackend) NewStream() (Stream, error) {

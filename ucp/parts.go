@@ -72,7 +72,7 @@ func (w *Worker) enqueueParts(op string, p *RequestParam, cond *condition.Condit
 		o := whole.ops[i]
 		o.seq, user.seq = seq, seq
 		if addErr == nil {
-			if addErr = px.add(cond, o); addErr == nil {
+			if addErr = px.add(o); addErr == nil {
 				added++
 			}
 		}

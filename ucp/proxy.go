@@ -51,10 +51,7 @@ type condOp struct {
 	// enough for the wait to be pending. Under px.mu once added.
 	ring     bool
 	issuedAt time.Time
-	// cond and nextIn: the condition and the next older operation while o waits in
-	// proxy.incoming.
-	cond   *condition.Condition
-	nextIn *condOp
+	nextIn   *condOp // the next older operation while o waits in proxy.incoming
 }
 
 // closedIncoming marks proxy.incoming of a proxy that shut down.
@@ -235,7 +232,7 @@ func (w *Worker) enqueueConditioned(op string, p *RequestParam, buf []byte, dir 
 	var addErr error
 	_, err = cond.Arm(streamOrdered, work, func(seq uint64) {
 		o.seq, o.user.seq = seq, seq
-		addErr = px.add(cond, o)
+		addErr = px.add(o)
 	})
 	if addErr == nil && err == nil {
 		// After Arm: Arm holds the condition's lock, which AttachDriver takes. Cheap
@@ -317,14 +314,13 @@ func (w *Worker) stager(b stream.Backend) (*protocol.Stager, error) {
 	return st, nil
 }
 
-// add hands o to the proxy: it is pushed onto a lock-free stack, which the next full
+// add hands o (of the condition o.user.cond) to the proxy: it is pushed onto a lock-free stack, which the next full
 // round empties into the channels. An enqueuer never waits for a round (which holds
 // px.mu while it issues operations), and a round never waits for an enqueuer (the
 // lock this replaced was the most contended of a host-stream run: run 47). One
 // condition's operations arrive in sequence order: Arm holds the condition's lock while
 // it calls add, and the round takes them in push order.
-func (px *proxy) add(cond *condition.Condition, o *condOp) error {
-	o.cond = cond
+func (px *proxy) add(o *condOp) error {
 	for {
 		head := px.incoming.Load()
 		if head == closedIncoming {
@@ -372,10 +368,11 @@ func (px *proxy) channelLocked(head *condOp) {
 	for o := oldest; o != nil; {
 		next := o.nextIn
 		o.nextIn = nil
-		ch := px.active[o.cond]
+		cond := o.user.cond
+		ch := px.active[cond]
 		if ch == nil {
-			ch = &channel{cond: o.cond, pos: len(px.order)}
-			px.active[o.cond] = ch
+			ch = &channel{cond: cond, pos: len(px.order)}
+			px.active[cond] = ch
 			px.order = append(px.order, ch)
 		}
 		ch.ops = append(ch.ops, o)
