@@ -37,39 +37,20 @@ func BenchmarkStreamMemopRoundTrip(b *testing.B) {
 			e := startEcho(w, T, D)
 			defer e.Stop()
 			const chunk = 120 // 240 memops + the gate
-			var gate, k uint64
-			var elapsed time.Duration
-			b.ResetTimer()
-			b.StopTimer()
-			for done := 0; done < b.N; {
-				c := min(chunk, b.N-done)
-				gate++
-				must(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
-				base := k
+			elapsed, _ := gatedRoundTrips(b, s, w, G, D, chunk, func(k uint64, c int) {
 				if mode == "batch" {
 					ops := make([]cuda.MemOp, 0, 2*c)
-					for i := 0; i < c; i++ {
-						k++
-						ops = append(ops, cuda.WriteValue64Op(w.dev(T), k, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k, cuda.WaitGEQ))
+					for i := range uint64(c) {
+						ops = append(ops, cuda.WriteValue64Op(w.dev(T), k+i, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k+i, cuda.WaitGEQ))
 					}
 					must(b, s.BatchMemOp(ops))
-				} else {
-					for i := 0; i < c; i++ {
-						k++
-						must(b, s.WriteValue64(w.dev(T), k, cuda.WriteDefault))
-						must(b, s.WaitValue64(w.dev(D), k, cuda.WaitGEQ))
-					}
+					return
 				}
-				b.StartTimer()
-				t0 := time.Now()
-				w.store(G, gate)
-				for w.load(D) != base+uint64(c) {
+				for i := range uint64(c) {
+					must(b, s.WriteValue64(w.dev(T), k+i, cuda.WriteDefault))
+					must(b, s.WaitValue64(w.dev(D), k+i, cuda.WaitGEQ))
 				}
-				elapsed += time.Since(t0)
-				b.StopTimer()
-				done += c
-			}
-			syncWithin(b, s, 10*time.Second)
+			})
 			reportUS(b, elapsed, b.N, "us/roundtrip")
 		})
 	}
@@ -452,7 +433,6 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 	const G, T, D, K = 0, 1, 2, 3
 	w := newWords(b, ctx, 4)
 	var then func()
-	var kicks int
 	var thenErr error // the echo's first error, checked at the end (not its goroutine's to fail)
 	switch signal {
 	case "memop-kick":
@@ -460,8 +440,7 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 		must(b, err)
 		defer ks.Close()
 		then = func() {
-			kicks++
-			if err := ks.WriteValue64(w.dev(K), uint64(kicks), cuda.WriteDefault); err != nil && thenErr == nil {
+			if err := ks.WriteValue64(w.dev(K), 1, cuda.WriteDefault); err != nil && thenErr == nil {
 				thenErr = err
 			}
 		}
@@ -480,18 +459,9 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 		must(b, thenErr)
 	}()
 	const chunk = 100
-	var gate, k uint64
-	var elapsed, enqueue time.Duration
-	b.ResetTimer()
-	b.StopTimer()
-	for done := 0; done < b.N; {
-		c := min(chunk, b.N-done)
-		gate++
-		must(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
-		base := k
-		te := time.Now()
-		for i := 0; i < c; i++ {
-			k++
+	elapsed, enqueue := gatedRoundTrips(b, s, w, G, D, chunk, func(k uint64, c int) {
+		for i := range uint64(c) {
+			k := k + i
 			if fill {
 				must(b, produce(int(k)))
 			}
@@ -501,17 +471,7 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 				must(b, s.LaunchKernel(writeWait, cuda.Linear(1, 1), w.dev(T), k, w.dev(D), k))
 			}
 		}
-		enqueue += time.Since(te)
-		b.StartTimer()
-		t0 := time.Now()
-		w.store(G, gate)
-		for w.load(D) != base+uint64(c) {
-		}
-		elapsed += time.Since(t0)
-		b.StopTimer()
-		done += c
-	}
-	syncWithin(b, s, 10*time.Second)
+	})
 	reportUS(b, elapsed, b.N, "us/roundtrip")
 	reportUS(b, enqueue, b.N, "us/enqueue") // CPU cost of one iteration's launches
 	if delay > 0 {

@@ -239,6 +239,37 @@ func function(t testing.TB, m *cuda.Module, name string) *cuda.Function {
 	return f
 }
 
+// gatedRoundTrips runs b.N round trips in chunks of at most chunk, each chunk
+// enqueued behind a closed gate (stream wait on word G >= gate): enqueue(k, c)
+// enqueues round trips k..k+c-1 (k counts from 1 across chunks), whose echoes store
+// each value into word D. The benchmark clock runs only from opening the gate to the
+// chunk's last echo: it returns that time, and the time enqueue took (the CPU cost of
+// the launches). A chunk must be small enough not to fill the stream's queue.
+func gatedRoundTrips(b *testing.B, s *cuda.Stream, w words, G, D, chunk int, enqueue func(k uint64, c int)) (elapsed, enqueued time.Duration) {
+	var gate, k uint64
+	b.ResetTimer()
+	b.StopTimer()
+	for done := 0; done < b.N; {
+		c := min(chunk, b.N-done)
+		gate++
+		must(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
+		te := time.Now()
+		enqueue(k+1, c)
+		enqueued += time.Since(te)
+		k += uint64(c)
+		b.StartTimer()
+		t0 := time.Now()
+		w.store(G, gate)
+		for w.load(D) != k {
+		}
+		elapsed += time.Since(t0)
+		b.StopTimer()
+		done += c
+	}
+	syncWithin(b, s, 10*time.Second)
+	return elapsed, enqueued
+}
+
 // echoer is a host "proxy" on its own OS thread: whenever word trigger differs
 // from word done it copies trigger into done.
 type echoer struct {
