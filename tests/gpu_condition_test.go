@@ -183,14 +183,7 @@ func fillSum(n int, seed uint32) uint64 {
 func TestGPUKernelTriggeredSend500Rearms(t *testing.T) {
 	g := requireGPU(t)
 	recvW, _, toRecv, _ := shmWorkers(t)
-	ks, err := g.backend.NewStream()
-	must(t, err)
-	defer ks.Close()
-	cs, _ := stream.CUDAStream(ks)
-	cond, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
-	must(t, err)
-	defer func() { must(t, cond.Destroy()) }()
-	result := g.mapped(t, 16)
+	ks, cs, cond, result := g.kernelTriggered(t)
 	resultDev := result.DevicePtr()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -227,14 +220,7 @@ func TestGPUKernelTriggeredSend500Rearms(t *testing.T) {
 func TestGPUKernelTriggeredReceive(t *testing.T) {
 	g := requireGPU(t)
 	recvW, _, toRecv, _ := shmWorkers(t)
-	ks, err := g.backend.NewStream()
-	must(t, err)
-	defer ks.Close()
-	cs, _ := stream.CUDAStream(ks)
-	cond, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
-	must(t, err)
-	defer func() { must(t, cond.Destroy()) }()
-	result := g.mapped(t, 16)
+	ks, cs, cond, result := g.kernelTriggered(t)
 	in := make([]byte, 1<<20)
 	rr, err := recvW.TagRecvNbx(in, 42, ^uint64(0), &ucp.RequestParam{Condition: cond})
 	must(t, err)
@@ -280,22 +266,7 @@ func TestGPUDeadPeerReleasesStream(t *testing.T) {
 	must(t, s.Record(ev))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	must(t, send(ctx, p.ep, nil, tagDie))
-	start := time.Now()
-	for {
-		done, err := ev.Query()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if done {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("CUDA stream still blocked 30 s after the peer died")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Logf("CUDA stream released %v after the peer was told to die", time.Since(start))
+	killPeerAndAwait(ctx, t, p, ev, "CUDA stream")
 	if err := rr.Wait(ctx); !errors.Is(err, ucp.ErrPeerFailed) {
 		t.Fatalf("request: %v", err)
 	}

@@ -1,12 +1,15 @@
 package tests
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/stream"
 )
@@ -103,4 +106,41 @@ func (g *gpu) mapped(t testing.TB, n int) *cuda.HostMemory {
 	must(t, err)
 	t.Cleanup(func() { _ = m.Close() })
 	return m
+}
+
+// kernelTriggered makes what the kernel-triggered tests share: a stream (and its
+// CUstream), a KernelTriggered condition and 16 bytes of mapped memory for the test
+// kernel's result, all released when the test ends (the condition first).
+func (g *gpu) kernelTriggered(t testing.TB) (stream.Stream, *cuda.Stream, *condition.Condition, *cuda.HostMemory) {
+	t.Helper()
+	result := g.mapped(t, 16)
+	s, err := g.backend.NewStream()
+	must(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	cs, _ := stream.CUDAStream(s)
+	cond, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
+	must(t, err)
+	t.Cleanup(func() { must(t, cond.Destroy()) })
+	return s, cs, cond, result
+}
+
+// killPeerAndAwait tells p to die and waits, until ctx ends, for the work recorded in
+// ev: a stream blocked on one of the peer's operations must be released. what names
+// the blocked work in the messages.
+func killPeerAndAwait(ctx context.Context, t testing.TB, p *peer, ev stream.Event, what string) {
+	t.Helper()
+	must(t, send(ctx, p.ep, nil, tagDie))
+	start := time.Now()
+	for {
+		done, err := ev.Query()
+		must(t, err)
+		if done {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s still blocked %v after the peer was told to die", what, time.Since(start))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("%s released %v after the peer was told to die", what, time.Since(start))
 }
