@@ -69,9 +69,7 @@ func BenchmarkGPUModes(b *testing.B) {
 const preEnqueue = 256
 
 func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode string, size int) {
-	s, err := g.backend.NewStream()
-	must(b, err)
-	defer s.Close()
+	s := g.stream(b)
 	cs, _ := stream.CUDAStream(s)
 	out := g.mapped(b, max(size, 8))
 	in := g.mapped(b, max(size, 8))

@@ -20,9 +20,7 @@ func TestGPUStagedRMAInParts(t *testing.T) {
 	const maxSize = 3*ucp.StagingPart + 12345
 	ep, region, rkey := rmaTarget(t, maxSize)
 
-	s, err := g.backend.NewStream()
-	must(t, err)
-	defer s.Close()
+	s := g.stream(t)
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
 	must(t, err)
 	defer func() { must(t, cond.Destroy()) }()

@@ -108,15 +108,22 @@ func (g *gpu) mapped(t testing.TB, n int) *cuda.HostMemory {
 	return m
 }
 
+// stream makes a stream of the CUDA backend, closed when the test ends.
+func (g *gpu) stream(t testing.TB) stream.Stream {
+	t.Helper()
+	s, err := g.backend.NewStream()
+	must(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // kernelTriggered makes what the kernel-triggered tests share: a stream (and its
 // CUstream), a KernelTriggered condition and 16 bytes of mapped memory for the test
 // kernel's result, all released when the test ends (the condition first).
 func (g *gpu) kernelTriggered(t testing.TB) (stream.Stream, *cuda.Stream, *condition.Condition, *cuda.HostMemory) {
 	t.Helper()
 	result := g.mapped(t, 16)
-	s, err := g.backend.NewStream()
-	must(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	s := g.stream(t)
 	cs, _ := stream.CUDAStream(s)
 	cond, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
 	must(t, err)
