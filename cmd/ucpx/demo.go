@@ -379,19 +379,26 @@ func (d *demoParent) tagEcho(ctx context.Context, step, size int) (demoResult, e
 		rr.Cancel()
 		return res, fmt.Errorf("receive echo: %w", err)
 	}
+	return res, d.echoVerified(ctx, &res, size, want, rr.Length(), crc(echo), "echo")
+}
+
+// echoVerified completes an echo step that sent size bytes with crc32c want and got
+// echoLen bytes back whose crc32c was echoCRC where what says: it reads the peer's
+// report on what it received and checks both ways.
+func (d *demoParent) echoVerified(ctx context.Context, res *demoResult, size int, want uint32, echoLen int, echoCRC uint32, what string) error {
 	m, err := d.recvCtl(ctx)
 	if err != nil {
-		return res, err
+		return err
 	}
-	res.Bytes = int64(size) + int64(rr.Length())
+	res.Bytes = int64(size) + int64(echoLen)
 	switch {
 	case m.CRC != want || m.Size != size:
-		return res, fmt.Errorf("peer received %d bytes with crc32c %08x, sent %d with %08x", m.Size, m.CRC, size, want)
-	case rr.Length() != size || crc(echo) != want:
-		return res, fmt.Errorf("echo: %d bytes with crc32c %08x, want %d with %08x", rr.Length(), crc(echo), size, want)
+		return fmt.Errorf("peer received %d bytes with crc32c %08x, sent %d with %08x", m.Size, m.CRC, size, want)
+	case echoLen != size || echoCRC != want:
+		return fmt.Errorf("%s: %d bytes with crc32c %08x, want %d with %08x", what, echoLen, echoCRC, size, want)
 	}
 	res.Verified = true
-	return res, nil
+	return nil
 }
 
 // activeMessage sends an AM whose header carries (seq, length, crc32c); the peer's
@@ -449,23 +456,7 @@ func (d *demoParent) put(ctx context.Context, off, size int) (demoResult, error)
 	want := crc(src)
 	res.CRC32C = fmt.Sprintf("%08x", want)
 	r, err := d.ep.PutNbx(src, d.rkey.Base()+uint64(off), d.rkey, &ucp.RequestParam{MemH: d.local})
-	if err != nil {
-		return res, err
-	}
-	if err := r.Wait(ctx); err != nil {
-		return res, fmt.Errorf("put: %w", err)
-	}
-	f, err := d.ep.FlushNbx(nil)
-	if err != nil {
-		return res, err
-	}
-	if err := f.Wait(ctx); err != nil {
-		return res, fmt.Errorf("flush: %w", err)
-	}
-	if err := d.sendCtl(ctx, demoCtl{Op: "verify", Off: off, Size: size}); err != nil {
-		return res, err
-	}
-	m, err := d.recvCtl(ctx)
+	m, err := d.flushAndVerify(ctx, "put", r, err, off, size)
 	if err != nil {
 		return res, err
 	}
@@ -475,6 +466,29 @@ func (d *demoParent) put(ctx context.Context, off, size int) (demoResult, error)
 	}
 	res.Verified = true
 	return res, nil
+}
+
+// flushAndVerify completes an RMA step: it waits for r (the operation op posted, or
+// the error posting it returned), flushes the endpoint so the data is in the peer's
+// memory, and returns the peer's report on [off, +size).
+func (d *demoParent) flushAndVerify(ctx context.Context, op string, r *ucp.Request, err error, off, size int) (demoCtl, error) {
+	if err != nil {
+		return demoCtl{}, err
+	}
+	if err := r.Wait(ctx); err != nil {
+		return demoCtl{}, fmt.Errorf("%s: %w", op, err)
+	}
+	f, err := d.ep.FlushNbx(nil)
+	if err != nil {
+		return demoCtl{}, err
+	}
+	if err := f.Wait(ctx); err != nil {
+		return demoCtl{}, fmt.Errorf("flush: %w", err)
+	}
+	if err := d.sendCtl(ctx, demoCtl{Op: "verify", Off: off, Size: size}); err != nil {
+		return demoCtl{}, err
+	}
+	return d.recvCtl(ctx)
 }
 
 // get reads the region written by put back and compares it with what put wrote.
@@ -505,23 +519,7 @@ func (d *demoParent) get(ctx context.Context, off, size int) (demoResult, error)
 func (d *demoParent) atomicAdd(ctx context.Context, off int, delta uint64) (demoResult, error) {
 	res := demoResult{}
 	r, err := d.ep.AtomicNbx(ucp.AtomicParam{Op: ucp.AtomicAdd, Operand: delta, Fetch: true}, d.rkey.Base()+uint64(off), d.rkey, nil)
-	if err != nil {
-		return res, err
-	}
-	if err := r.Wait(ctx); err != nil {
-		return res, fmt.Errorf("atomic: %w", err)
-	}
-	f, err := d.ep.FlushNbx(nil)
-	if err != nil {
-		return res, err
-	}
-	if err := f.Wait(ctx); err != nil {
-		return res, fmt.Errorf("flush: %w", err)
-	}
-	if err := d.sendCtl(ctx, demoCtl{Op: "verify", Off: off, Size: 8}); err != nil {
-		return res, err
-	}
-	m, err := d.recvCtl(ctx)
+	m, err := d.flushAndVerify(ctx, "atomic", r, err, off, 8)
 	if err != nil {
 		return res, err
 	}

@@ -90,19 +90,7 @@ func (d *demoParent) conditionEcho(ctx context.Context, step, size int, cat cond
 	if cat == condition.KernelTriggered {
 		seen = crc(echo)
 	}
-	m, err := d.recvCtl(ctx)
-	if err != nil {
-		return res, err
-	}
-	res.Bytes = int64(size) + int64(rr.Length())
-	switch {
-	case m.CRC != want || m.Size != size:
-		return res, fmt.Errorf("peer received %d bytes with crc32c %08x, sent %d with %08x", m.Size, m.CRC, size, want)
-	case seen != want:
-		return res, fmt.Errorf("echo seen in stream order has crc32c %08x, want %08x", seen, want)
-	}
-	res.Verified = true
-	return res, nil
+	return res, d.echoVerified(ctx, &res, size, want, rr.Length(), seen, "echo seen in stream order")
 }
 
 // fireTrigger starts a kernel-triggered condition's operations: on a GPU a kernel
