@@ -273,6 +273,17 @@ func (s *Stream) LaunchKernel(f *Function, cfg LaunchConfig, args ...any) error 
 	if err := cfg.validate(op); err != nil {
 		return err
 	}
+	return s.launch(op, f, args, func(fh C.CUfunction, flat *C.uchar, offs *C.uint, n C.int) C.CUresult {
+		return C.ucpx_launch_kernel(s.ctx.h, fh,
+			C.uint(cfg.Grid.X), C.uint(cfg.Grid.Y), C.uint(cfg.Grid.Z),
+			C.uint(cfg.Block.X), C.uint(cfg.Block.Y), C.uint(cfg.Block.Z),
+			C.uint(cfg.SharedMemBytes), s.h, flat, offs, n)
+	})
+}
+
+// launch packs args and calls call with f's handle and the packed arguments while the
+// stream and f's module are held open.
+func (s *Stream) launch(op string, f *Function, args []any, call func(fh C.CUfunction, flat *C.uchar, offs *C.uint, n C.int) C.CUresult) error {
 	params, err := packArgs(op, args)
 	if err != nil {
 		return err
@@ -288,31 +299,14 @@ func (s *Stream) LaunchKernel(f *Function, cfg LaunchConfig, args ...any) error 
 	}
 	defer f.mod.mu.RUnlock()
 	flat, offs, n := params.c()
-	return check(op, C.ucpx_launch_kernel(s.ctx.h, fh,
-		C.uint(cfg.Grid.X), C.uint(cfg.Grid.Y), C.uint(cfg.Grid.Z),
-		C.uint(cfg.Block.X), C.uint(cfg.Block.Y), C.uint(cfg.Block.Z),
-		C.uint(cfg.SharedMemBytes), s.h, flat, offs, n))
+	return check(op, call(fh, flat, offs, n))
 }
 
 // launchKernelRepeatC launches f n times from one C loop with its arguments packed
 // once: the driver's own cost of cuLaunchKernel, which the benchmarks compare
 // LaunchKernel with.
 func (s *Stream) launchKernelRepeatC(f *Function, grid, block uint32, n int, args ...any) error {
-	const op = "cuLaunchKernel"
-	params, err := packArgs(op, args)
-	if err != nil {
-		return err
-	}
-	defer params.free()
-	if err := s.rlock(op); err != nil {
-		return err
-	}
-	defer s.mu.RUnlock()
-	fh, err := f.raw(op)
-	if err != nil {
-		return err
-	}
-	defer f.mod.mu.RUnlock()
-	flat, offs, nargs := params.c()
-	return check(op, C.ucpx_launch_kernel_repeat(s.ctx.h, fh, C.uint(grid), C.uint(block), s.h, flat, offs, nargs, C.int(n)))
+	return s.launch("cuLaunchKernel", f, args, func(fh C.CUfunction, flat *C.uchar, offs *C.uint, nargs C.int) C.CUresult {
+		return C.ucpx_launch_kernel_repeat(s.ctx.h, fh, C.uint(grid), C.uint(block), s.h, flat, offs, nargs, C.int(n))
+	})
 }
