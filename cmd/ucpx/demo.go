@@ -170,6 +170,20 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// newDemoContext is the UCX context of either side of the demo: UCX's default
+// transports, or UCX_TLS=tls.
+func newDemoContext(tls string) (*ucp.Context, error) {
+	var cfg map[string]string
+	if tls != "" {
+		cfg = map[string]string{"TLS": tls}
+	}
+	c, err := ucp.NewContext(ucp.ContextParams{Config: cfg})
+	if err != nil {
+		return nil, fmt.Errorf("UCX context: %w", err)
+	}
+	return c, nil
+}
+
 func demoMain(timeout, stepTimeout time.Duration, tls string, out, logw io.Writer) (*demoReport, error) {
 	start := time.Now()
 	maj, mnr, rel := ucx.Version()
@@ -179,13 +193,9 @@ func demoMain(timeout, stepTimeout time.Duration, tls string, out, logw io.Write
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 
-	var cfg map[string]string
-	if tls != "" {
-		cfg = map[string]string{"TLS": tls}
-	}
-	uctx, err := ucp.NewContext(ucp.ContextParams{Config: cfg})
+	uctx, err := newDemoContext(tls)
 	if err != nil {
-		return rep, fmt.Errorf("UCX context: %w", err)
+		return rep, err
 	}
 	defer uctx.Close()
 	w, err := uctx.NewWorker(ucp.WorkerParams{})
@@ -583,13 +593,9 @@ func demoPeerMain(addr, tls string, timeout time.Duration) error {
 	defer cancel()
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
-	var cfg map[string]string
-	if tls != "" {
-		cfg = map[string]string{"TLS": tls}
-	}
-	uctx, err := ucp.NewContext(ucp.ContextParams{Config: cfg})
+	uctx, err := newDemoContext(tls)
 	if err != nil {
-		return fmt.Errorf("UCX context: %w", err)
+		return err
 	}
 	defer uctx.Close()
 	w, err := uctx.NewWorker(ucp.WorkerParams{})
