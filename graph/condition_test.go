@@ -97,6 +97,15 @@ func TestGraphConditionRelaunch(t *testing.T) {
 	})
 	require.NoError(t, err)
 
+	launchPair(t, l, sg, rg, send, recv, launches, &checked)
+}
+
+// launchPair instantiates a sender and a receiver graph, launches both launches times
+// (the receiver first; each sender launch finished before the next, which refills its
+// buffer), checks that the receiver's check task ran every time (checked) and that
+// neither condition met an error, and ends both graphs and conditions.
+func launchPair(t *testing.T, l *link, sg, rg *graph.Host, send, recv *condition.Condition, launches int, checked *atomic.Int64) {
+	t.Helper()
 	sx, err := sg.Instantiate()
 	require.NoError(t, err)
 	rx, err := rg.Instantiate()
@@ -109,7 +118,6 @@ func TestGraphConditionRelaunch(t *testing.T) {
 	for i := 0; i < launches; i++ {
 		require.NoError(t, rx.Launch(rs))
 		require.NoError(t, sx.Launch(ss))
-		// The sender's buffer is refilled by the next launch: wait for this one.
 		require.NoError(t, ss.Synchronize())
 	}
 	require.NoError(t, rs.Synchronize())
@@ -290,27 +298,7 @@ func TestGraphConditionSeveralOperations(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	sx, err := sg.Instantiate()
-	require.NoError(t, err)
-	rx, err := rg.Instantiate()
-	require.NoError(t, err)
-	ss, err := l.backend.NewStream()
-	require.NoError(t, err)
-	rs, err := l.backend.NewStream()
-	require.NoError(t, err)
-	for i := 0; i < launches; i++ {
-		require.NoError(t, rx.Launch(rs))
-		require.NoError(t, sx.Launch(ss))
-		require.NoError(t, ss.Synchronize())
-	}
-	require.NoError(t, rs.Synchronize())
-	require.Equal(t, int64(launches), checked.Load())
-	require.NoError(t, send.Err())
-	require.NoError(t, recv.Err())
-	require.NoError(t, sx.Close())
-	require.NoError(t, rx.Close())
-	require.NoError(t, send.Destroy())
-	require.NoError(t, recv.Destroy())
+	launchPair(t, l, sg, rg, send, recv, launches, &checked)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, r := range sendReqs { // every operation's request ends with the condition
