@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/internal/runahead"
 )
 
@@ -242,6 +244,19 @@ func TestPerfModes(t *testing.T) {
 			if len(seen) != len(want) {
 				t.Errorf("modes %v, want %v", seen, want)
 			}
+			// (c) against (a) and (b) at both sizes, and with work against their +work.
+			wantCells := 2 * 2
+			if work == "kernel" {
+				wantCells *= 2
+			}
+			if len(rep.Comparisons) != wantCells {
+				t.Errorf("%d comparisons, want %d: %+v", len(rep.Comparisons), wantCells, rep.Comparisons)
+			}
+			for _, c := range rep.Comparisons {
+				if !(c.Ratio > 0) {
+					t.Errorf("comparison %+v: ratio not positive", c)
+				}
+			}
 		})
 	}
 	for _, bad := range [][]string{{"--modes", "warp"}, {"--work", "gpu"}, {"--modes", "plain,kernel", "--work", "kernel"}} {
@@ -250,6 +265,34 @@ func TestPerfModes(t *testing.T) {
 			t.Errorf("perf %v: status %d, stderr %s", bad, st, errs)
 		}
 	}
+}
+
+// compareModes pairs (c) with (a) and (b) of the same size and work, and nothing else.
+func TestCompareModes(t *testing.T) {
+	res := func(mode string, size int, lat float64) perfResult {
+		return perfResult{Test: testTagLat, Mode: mode, Size: size, LatAvgUs: lat}
+	}
+	got := compareModes([]perfResult{
+		res(modePlain, 8, 0.5),
+		res(modeSync, 8, 2), res(modeHostFunc, 8, 4), res(modeStream, 8, 3),
+		res(modeSync+workSuffix, 8, 6), res(modeStream+workSuffix, 8, 4.5),
+		res(modeSync, 4096, 5), // no (c) at 4 KiB: no cell
+		{Test: testTagBw, Size: 8, LatAvgUs: 1},
+	})
+	want := []modeComparison{
+		{Size: 8, Mode: modeStream, Against: modeSync, Ratio: 1.5},
+		{Size: 8, Mode: modeStream, Against: modeHostFunc, Ratio: 0.75},
+		{Size: 8, Mode: modeStream + workSuffix, Against: modeSync + workSuffix, Ratio: 0.75},
+	}
+	require.Equal(t, want, got)
+
+	var out strings.Builder
+	printComparisons(&out, got)
+	require.Contains(t, out.String(), "stream+work/sync+work")
+	require.Regexp(t, `(?m)^\s+8\s+1\.500\s+0\.750\s+0\.750\s*$`, out.String())
+	out.Reset()
+	printComparisons(&out, nil)
+	require.Empty(t, out.String(), "no cells, no table")
 }
 
 func TestParseModes(t *testing.T) {

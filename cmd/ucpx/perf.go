@@ -63,6 +63,9 @@ type perfReport struct {
 	CPUs              int          `json:"cpus"`
 	Backend           string       `json:"backend,omitempty"` // stream backend of the stream modes
 	Results           []perfResult `json:"results"`
+	// Comparisons: (c) against (a) and (b) at each size, from Results (tag_lat with
+	// --modes including stream and sync or hostfunc).
+	Comparisons []modeComparison `json:"comparisons,omitempty"`
 }
 
 // perfResult follows ucx_perftest's columns: latency typical (median), average and
@@ -428,6 +431,7 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 			}
 		}
 	}
+	rep.Comparisons = compareModes(rep.Results)
 	if err := ctl.send(perfMsg{Op: "bye"}, ctlTimeout); err != nil {
 		return nil, err
 	}
@@ -592,6 +596,7 @@ func printPerf(w io.Writer, rep *perfReport) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w, "latency: one way (half a round trip), typical = median; MB = 2^20 bytes (as ucx_perftest); bw tests: lat avg = time per message")
+	printComparisons(w, rep.Comparisons)
 }
 
 // runPerfPeer is the hidden `ucpx perf-peer`: the responder of every test.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
@@ -438,4 +440,95 @@ func hostPingPong(ctx context.Context, h condition.DeviceHandle, n int, step uin
 		}
 	}
 	return nil
+}
+
+// modeComparison is one cell of the conditions target, "(c) beats (a) and (b)", taken
+// from one run: Mode (stream, or stream+work) against Against (sync or hostfunc, with
+// the same work) at Size. Ratio is Mode's mean one-way latency over Against's: below 1,
+// (c) is faster. The same run, because cells move by up to 20 % between machines.
+type modeComparison struct {
+	Size    int     `json:"size"`
+	Mode    string  `json:"mode"`
+	Against string  `json:"against"`
+	Ratio   float64 `json:"ratio"`
+}
+
+// compareModes returns (c) against (a) and (b), with and without work, at every tag_lat
+// size where the run measured both sides, in size order.
+func compareModes(results []perfResult) []modeComparison {
+	lat := map[string]map[int]float64{}
+	var sizes []int
+	for _, r := range results {
+		if r.Test != testTagLat || r.Mode == "" || !(r.LatAvgUs > 0) {
+			continue
+		}
+		if lat[r.Mode] == nil {
+			lat[r.Mode] = map[int]float64{}
+		}
+		lat[r.Mode][r.Size] = r.LatAvgUs
+		if !containsInt(sizes, r.Size) {
+			sizes = append(sizes, r.Size)
+		}
+	}
+	var out []modeComparison
+	for _, size := range sizes {
+		for _, work := range []string{"", workSuffix} {
+			c, ok := lat[modeStream+work][size]
+			if !ok {
+				continue
+			}
+			for _, against := range []string{modeSync, modeHostFunc} {
+				if other, ok := lat[against+work][size]; ok {
+					out = append(out, modeComparison{Size: size, Mode: modeStream + work, Against: against + work, Ratio: c / other})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// printComparisons prints compareModes' cells as a table: a row per size, a column per
+// pair.
+func printComparisons(w io.Writer, cells []modeComparison) {
+	if len(cells) == 0 {
+		return
+	}
+	var pairs []string
+	var sizes []int
+	ratio := map[string]map[int]float64{}
+	for _, c := range cells {
+		pair := c.Mode + "/" + c.Against
+		if ratio[pair] == nil {
+			ratio[pair] = map[int]float64{}
+			pairs = append(pairs, pair)
+		}
+		ratio[pair][c.Size] = c.Ratio
+		if !containsInt(sizes, c.Size) {
+			sizes = append(sizes, c.Size)
+		}
+	}
+	fmt.Fprintln(w, "(c) against (a) and (b), this run: mean one-way latency ratio, below 1 = (c) faster")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "size\t%s\t\n", strings.Join(pairs, "\t"))
+	for _, size := range sizes {
+		row := []string{fmtSize(size)}
+		for _, pair := range pairs {
+			if r, ok := ratio[pair][size]; ok {
+				row = append(row, fmt.Sprintf("%.3f", r))
+			} else {
+				row = append(row, "-")
+			}
+		}
+		fmt.Fprintf(tw, "%s\t\n", strings.Join(row, "\t"))
+	}
+	_ = tw.Flush()
 }
