@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -466,7 +467,7 @@ func compareModes(results []perfResult) []modeComparison {
 			lat[r.Mode] = map[int]float64{}
 		}
 		lat[r.Mode][r.Size] = r.LatAvgUs
-		if !containsInt(sizes, r.Size) {
+		if !slices.Contains(sizes, r.Size) {
 			sizes = append(sizes, r.Size)
 		}
 	}
@@ -487,15 +488,6 @@ func compareModes(results []perfResult) []modeComparison {
 	return out
 }
 
-func containsInt(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
-
 // printComparisons prints compareModes' cells as a table: a row per size, a column per
 // pair.
 func printComparisons(w io.Writer, cells []modeComparison) {
@@ -512,7 +504,7 @@ func printComparisons(w io.Writer, cells []modeComparison) {
 			pairs = append(pairs, pair)
 		}
 		ratio[pair][c.Size] = c.Ratio
-		if !containsInt(sizes, c.Size) {
+		if !slices.Contains(sizes, c.Size) {
 			sizes = append(sizes, c.Size)
 		}
 	}
