@@ -455,7 +455,7 @@ type modeComparison struct {
 }
 
 // compareModes returns (c) against (a) and (b), with and without work, at every tag_lat
-// size where the run measured both sides, in size order.
+// size where the run measured both sides, sizes in the order the run measured them.
 func compareModes(results []perfResult) []modeComparison {
 	lat := map[string]map[int]float64{}
 	var sizes []int
