@@ -164,15 +164,11 @@ func runBroadcastPeer(role string) error {
 	if os.Getenv(envBcastKind) == stream.KindCUDA.String() {
 		kind = stream.KindCUDA
 	}
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	uctx, w, err := peerWorker(nil)
 	if err != nil {
 		return err
 	}
 	defer uctx.Close()
-	w, err := uctx.NewWorker(ucp.WorkerParams{})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
 	defer cancel()
 	rootAddr, err := hex.DecodeString(os.Getenv(envBcastA))

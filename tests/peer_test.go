@@ -57,6 +57,21 @@ func contextConfig(transport string) map[string]string {
 	return nil
 }
 
+// peerWorker opens a peer process's UCX context (with config) and its one worker;
+// closing the context closes the worker.
+func peerWorker(config map[string]string) (*ucp.Context, *ucp.Worker, error) {
+	uctx, err := ucp.NewContext(ucp.ContextParams{Config: config})
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	if err != nil {
+		_ = uctx.Close()
+		return nil, nil, err
+	}
+	return uctx, w, nil
+}
+
 // runPeer is the peer process: connect, publish a registered region, then echo.
 func runPeer(role string) error {
 	if role == "bcast-b" || role == "bcast-c" {
@@ -66,15 +81,11 @@ func runPeer(role string) error {
 		return fmt.Errorf("unknown role %q", role)
 	}
 	transport := os.Getenv(envTransport)
-	uctx, err := ucp.NewContext(ucp.ContextParams{Config: contextConfig(transport)})
+	uctx, w, err := peerWorker(contextConfig(transport))
 	if err != nil {
 		return err
 	}
 	defer uctx.Close()
-	w, err := uctx.NewWorker(ucp.WorkerParams{})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
