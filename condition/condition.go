@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -38,11 +39,12 @@ func (c Category) String() string {
 
 // Errors; wrapped with detail, test with errors.Is.
 var (
-	ErrInvalidParam = errors.New("condition: invalid parameter")
-	ErrDestroyed    = errors.New("condition: destroyed")
+	ErrInvalidParam = errs.InvalidParam
+	// ErrDestroyed: the condition was destroyed; it matches ErrClosed of every package.
+	ErrDestroyed = errs.New("condition: destroyed", errs.Closed)
 	// ErrBusy: Destroy was called while operations were still pending; nothing was lost
 	// and the condition is still usable.
-	ErrBusy = errors.New("condition: operations pending")
+	ErrBusy = errs.New("condition: operations pending", errs.Busy)
 )
 
 // Param configures Create.

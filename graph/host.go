@@ -4,7 +4,6 @@
 package graph
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -12,17 +11,18 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
 )
 
 // Errors, wrapped with detail; test with errors.Is.
 var (
-	ErrInvalidParam = errors.New("graph: invalid parameter")
-	ErrClosed       = errors.New("graph: closed")
+	ErrInvalidParam = errs.InvalidParam
+	ErrClosed       = errs.Closed
 	// ErrInFlight: the executable graph still has launches running; nothing was closed.
-	ErrInFlight = errors.New("graph: launch in flight")
+	ErrInFlight = errs.New("graph: launch in flight", errs.Busy)
 	// ErrCycle: the dependencies form a cycle; the graph cannot be instantiated.
-	ErrCycle = errors.New("graph: dependency cycle")
+	ErrCycle = errs.New("graph: dependency cycle", errs.InvalidParam)
 )
 
 // Host is a graph of host tasks: nodes run on goroutines once all their dependencies

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -35,7 +36,7 @@ func (k Kind) String() string {
 }
 
 // ErrClosed is returned after Close.
-var ErrClosed = errors.New("protocol: stager closed")
+var ErrClosed = errs.Closed
 
 // minClass is the smallest staging buffer: small messages share one size so the pool
 // stays small; larger ones round up to a power of two.

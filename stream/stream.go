@@ -1,8 +1,9 @@
 package stream
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // Kind says which execution engine runs a Stream.
@@ -70,16 +71,17 @@ func (c Compare) Holds(current, value uint64) bool {
 	return false
 }
 
-// Errors common to every backend. Backends wrap them with detail (fmt.Errorf("...: %w", ErrX)).
+// Errors common to every backend, the roots every ucpx package shares (ucp.ErrClosed,
+// ucp.ErrInvalidParam and ucp.ErrUnsupported match them). Backends wrap them with detail (fmt.Errorf("...: %w", ErrX)).
 var (
 	// ErrClosed: the stream, event or backend was closed or destroyed.
-	ErrClosed = errors.New("stream: closed")
+	ErrClosed = errs.Closed
 	// ErrInvalidArgument: nil word, unaligned address, zero-length or overlapping copy, bad Compare.
-	ErrInvalidArgument = errors.New("stream: invalid argument")
+	ErrInvalidArgument = errs.InvalidParam
 	// ErrNotSupported: the backend or device lacks the feature (for example 64-bit memops).
-	ErrNotSupported = errors.New("stream: not supported")
+	ErrNotSupported = errs.Unsupported
 	// ErrWrongBackend: an object from one backend was handed to another (a host Event to a CUDA stream).
-	ErrWrongBackend = errors.New("stream: object belongs to another backend")
+	ErrWrongBackend = errs.New("stream: object belongs to another backend", errs.InvalidParam)
 )
 
 // Stream is an ordered queue of work. Every method enqueues and returns without waiting

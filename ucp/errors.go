@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // Status is a UCX status code (ucs_status_t) used as an error. Every UCS error status
@@ -20,7 +21,6 @@ var (
 	ErrNoResource       error = Status(ucx.ErrNoResource)
 	ErrIO               error = Status(ucx.ErrIOError)
 	ErrNoMemory         error = Status(ucx.ErrNoMemory)
-	ErrInvalidParam     error = Status(ucx.ErrInvalidParam)
 	ErrUnreachable      error = Status(ucx.ErrUnreachable)
 	ErrInvalidAddr      error = Status(ucx.ErrInvalidAddr)
 	ErrNotImplemented   error = Status(ucx.ErrNotImplemented)
@@ -29,32 +29,50 @@ var (
 	ErrBufferTooSmall   error = Status(ucx.ErrBufferTooSmall)
 	ErrNoElem           error = Status(ucx.ErrNoElem)
 	ErrNoDevice         error = Status(ucx.ErrNoDevice)
-	ErrBusy             error = Status(ucx.ErrBusy)
 	ErrCanceled         error = Status(ucx.ErrCanceled)
 	ErrAlreadyExists    error = Status(ucx.ErrAlreadyExists)
 	ErrOutOfRange       error = Status(ucx.ErrOutOfRange)
 	ErrTimedOut         error = Status(ucx.ErrTimedOut)
 	ErrExceedsLimit     error = Status(ucx.ErrExceedsLimit)
-	ErrUnsupported      error = Status(ucx.ErrUnsupported)
 	ErrRejected         error = Status(ucx.ErrRejected)
 	ErrNotConnected     error = Status(ucx.ErrNotConnected)
 	ErrConnectionReset  error = Status(ucx.ErrConnectionReset)
 	ErrEndpointTimeout  error = Status(ucx.ErrEndpointTimeout)
 )
 
-// ErrClosed is returned for operations on a closed context, worker, endpoint,
-// listener, memory handle or rkey. It is not a UCX status: UCX would crash instead.
-var ErrClosed = errors.New("ucp: use of closed object")
+// The roots shared by every ucpx package (internal/errs): an error matches them
+// whichever package found it, and a UCX status of the same meaning matches them too.
+var (
+	// ErrInvalidParam: a bad argument, found by ucpx before UCX (or UCS_ERR_INVALID_PARAM).
+	ErrInvalidParam = errs.InvalidParam
+	// ErrUnsupported: not available here (UCS_ERR_UNSUPPORTED, UCS_ERR_NOT_IMPLEMENTED,
+	// or a combination ucpx cannot run); it also matches errors.ErrUnsupported.
+	ErrUnsupported = errs.Unsupported
+	// ErrBusy: the object still has work in flight (UCS_ERR_BUSY).
+	ErrBusy = errs.Busy
+	// ErrClosed is returned for operations on a closed context, worker, endpoint,
+	// listener, memory handle, rkey, condition or stream. It is not a UCX status: UCX
+	// would crash instead.
+	ErrClosed = errs.Closed
+)
 
 // ErrPeerFailed is matched (errors.Is) by every error that reports a failed peer:
 // the link and endpoint failure ranges of UCX, connection reset, unreachable,
 // endpoint timeout. A receive whose RequestParam.Peer fails completes with it too.
 var ErrPeerFailed = errors.New("ucp: peer failed")
 
-// Is lets errors.Is(err, ErrPeerFailed) match every peer-failure status.
+// Is lets errors.Is(err, ErrPeerFailed) match every peer-failure status, and the
+// statuses that mean a shared root match it.
 func (s Status) Is(target error) bool {
-	if target == ErrPeerFailed {
+	switch target {
+	case ErrPeerFailed:
 		return s.peerFailure()
+	case errs.InvalidParam:
+		return ucx.Status(s) == ucx.ErrInvalidParam
+	case errs.Unsupported, errors.ErrUnsupported:
+		return ucx.Status(s) == ucx.ErrUnsupported || ucx.Status(s) == ucx.ErrNotImplemented
+	case errs.Busy:
+		return ucx.Status(s) == ucx.ErrBusy
 	}
 	return false
 }

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // Result is a CUresult, the status code every driver call returns.
@@ -73,7 +75,16 @@ func (e *Error) Error() string {
 }
 
 // Is reports whether target is an *Error with the same code.
+// Is matches the sentinel of the same code, and the roots every ucpx package shares:
+// CUDA_ERROR_NOT_SUPPORTED (and a missing entry point) is "not supported" (matching
+// errors.ErrUnsupported too), CUDA_ERROR_INVALID_VALUE is "invalid parameter".
 func (e *Error) Is(target error) bool {
+	switch target {
+	case errs.Unsupported, errors.ErrUnsupported:
+		return e.Code == ErrNotSupported.Code
+	case errs.InvalidParam:
+		return e.Code == ErrInvalidValue.Code
+	}
 	t, ok := target.(*Error)
 	return ok && t.Code == e.Code
 }
