@@ -1,18 +1,13 @@
 package stream
 
-// Tests of the CUDA backend. They skip where there is no CUDA driver or device
-// (set UCPX_REQUIRE_GPU=1 to make that a failure) and fail where a driver is
-// present but the backend cannot open.
+// Tests of the CUDA backend. They skip where the machine has no GPU (set
+// UCPX_REQUIRE_GPU=1 to make that a failure) and fail where a driver is present but
+// the backend cannot open: testenv.RequireGPU decides.
 
 import (
-	"errors"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,17 +16,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/internal/testenv"
 )
 
+// newCUDABackend opens the CUDA backend of device 0 for the test (closed at its end),
+// after testenv.RequireGPU.
 func newCUDABackend(t testing.TB) Backend {
 	t.Helper()
+	testenv.RequireGPU(t)
 	b, err := openCUDA(0)
-	if err != nil {
-		if errors.Is(err, cuda.ErrNoDriver) && os.Getenv("UCPX_REQUIRE_GPU") != "1" {
-			t.Skipf("no CUDA: %v", err)
-		}
-		t.Fatalf("openCUDA: %v", err)
-	}
+	require.NoError(t, err, "openCUDA")
 	t.Cleanup(func() { _ = b.Close() })
 	return b
 }
@@ -53,7 +47,7 @@ func syncSoon(t testing.TB, s Stream) {
 	case err := <-done:
 		require.NoError(t, err)
 	case <-time.After(soon):
-		t.Fatal("stream still busy")
+		require.FailNow(t, "stream still busy")
 	}
 }
 
@@ -152,11 +146,9 @@ func requireWaitBlocks(t *testing.T, s Stream, w, marker *Word, blocked, release
 	time.Sleep(never)
 	done, err := s.Query()
 	require.NoError(t, err)
-	if done || marker.Load() != 0 {
-		w.Store(released)
-		t.Fatalf("%s did not block on %d", what, blocked)
-	}
-	w.Store(released)
+	held := !done && marker.Load() == 0
+	w.Store(released) // before failing too: the stream must not stay blocked
+	require.Truef(t, held, "%s did not block on %d", what, blocked)
 	syncSoon(t, s)
 	require.Equal(t, uint64(1), marker.Load())
 }
@@ -426,11 +418,9 @@ func TestCUDAEvents(t *testing.T) {
 }
 
 func TestCUDACloseSemantics(t *testing.T) {
-	b, err := openCUDA(0)
-	if err != nil {
-		newCUDABackend(t) // skips or fails as appropriate
-		return
-	}
+	testenv.RequireGPU(t)
+	b, err := openCUDA(0) // closed by the test itself
+	require.NoError(t, err, "openCUDA")
 	s, err := b.NewStream()
 	require.NoError(t, err)
 	wb, err := b.AllocWords(1)
@@ -515,31 +505,7 @@ func TestCUDACloseBlockedWait(t *testing.T) {
 // CPU emulation of the driver in cgo/cuda/testdata/fakecuda, so the backend's
 // logic runs where there is no GPU. It proves nothing about real GPUs.
 func TestCUDAFakeDriver(t *testing.T) {
-	if cuda.Load() == nil {
-		t.Skip("a real driver is loaded: the CUDA tests run against it")
-	}
-	cc := ""
-	for _, c := range []string{os.Getenv("CC"), "cc", "gcc", "clang"} {
-		if p, err := exec.LookPath(c); c != "" && err == nil {
-			cc = p
-			break
-		}
-	}
-	if cc == "" {
-		t.Skip("no C compiler to build the fake driver")
-	}
-	dir := t.TempDir()
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-I../cgo/cuda", "-o", filepath.Join(dir, "libcuda.so.1"),
-		"../cgo/cuda/testdata/fakecuda/fakecuda.c", "-lpthread").CombinedOutput()
-	require.NoError(t, err, "building the fake driver:\n%s", out)
-	tests := "^(TestCUDABackendBasics|TestCUDAWaitValueCompare|TestCUDAWordArguments|TestCUDAHostFuncOrder|" +
-		"TestCUDAChannelRoundTrip|TestCUDACopy|TestCUDAEvents|TestCUDACloseSemantics|TestCUDACloseBlockedWait|TestWrapCUDAStream)$"
-	cmd := exec.Command(os.Args[0], "-test.run="+tests, "-test.v", "-test.count=1", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir+":"+os.Getenv("LD_LIBRARY_PATH"), "UCPX_REQUIRE_GPU=1")
-	out, err = cmd.CombinedOutput()
-	text := string(out)
-	require.NoError(t, err, "CUDA backend tests against the fake driver:\n%s", text)
-	require.Contains(t, text, "\nPASS")
-	require.NotContains(t, text, "--- SKIP", text)
-	t.Logf("%d CUDA backend tests passed against the fake driver", strings.Count(text, "--- PASS"))
+	testenv.RunUnderFakeDriver(t, []string{"TestCUDABackendBasics", "TestCUDAWaitValueCompare", "TestCUDAWordArguments",
+		"TestCUDAHostFuncOrder", "TestCUDAChannelRoundTrip", "TestCUDACopy", "TestCUDAEvents", "TestCUDACloseSemantics",
+		"TestCUDACloseBlockedWait", "TestWrapCUDAStream"})
 }

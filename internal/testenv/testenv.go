@@ -1,7 +1,12 @@
-// Package testenv holds what ucpx's tests share: the GPU-required helper (skip where
-// no CUDA driver is present, fail where UCPX_REQUIRE_GPU=1 says one must be) and the
-// fake CUDA driver (a CPU emulation of the driver API, built from C source with the
-// system compiler) that exercises the CUDA code paths on machines without a GPU.
+// Package testenv holds what ucpx's tests share about the machine they run on: the
+// rule that decides whether a GPU test skips or fails (RequireGPU, SkipOrFail) and
+// the fake CUDA driver (a CPU emulation of the driver API, built from C source with
+// the system compiler) that exercises the CUDA code paths where there is no GPU.
+//
+// It imports only cgo/cuda, so the internal tests of every package above cgo/cuda
+// (stream's, for one) can use it; helpers that need the stream package live in
+// internal/testenv/streamenv. cgo/cuda's own tests use it from the external test
+// package cuda_test.
 package testenv
 
 import (
@@ -10,66 +15,76 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
-	"github.com/ucpx/ucpx/stream"
 )
 
-// EnvRequireGPU names the variable that turns GPU skips into failures (the GPU
-// bundle's run.sh sets it).
+// EnvRequireGPU names the variable that turns "no GPU here" skips into failures, so
+// a run on the GPU machine cannot pass by skipping everything (the GPU bundle's
+// run.sh sets it).
 const EnvRequireGPU = "UCPX_REQUIRE_GPU"
 
 // GPURequired reports whether UCPX_REQUIRE_GPU=1.
 func GPURequired() bool { return os.Getenv(EnvRequireGPU) == "1" }
 
-// RequireGPU loads the CUDA driver and returns device 0. It skips the test where no
-// driver or device is present, unless UCPX_REQUIRE_GPU=1, and fails where the driver
-// is present but unusable.
+// NoGPU reports whether err (from cuda.Load, or from opening a device) says that
+// this machine has no GPU: libcuda.so.1 cannot be opened, it is the toolkit's stub,
+// or the driver sees no device. Any other error is a driver that is present but
+// unusable, which a test reports as a failure.
+func NoGPU(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, cuda.ErrNoDevice) || errors.Is(err, cuda.ErrStubLibrary) {
+		return true
+	}
+	// cuda.Load reports a failed dlopen as "cuda: dlopen <library>: ...", wrapping
+	// ErrNoDriver and no driver code (cgo/cuda's TestLoadMissingLibrary holds it to
+	// that); a library that opens but lacks an entry point is not "no GPU".
+	var code *cuda.Error
+	return errors.Is(err, cuda.ErrNoDriver) && !errors.As(err, &code) && strings.Contains(err.Error(), "cuda: dlopen ")
+}
+
+// SkipOrFail ends a test that cannot run because of err: it skips where err says
+// the machine has no GPU (NoGPU) and UCPX_REQUIRE_GPU is not 1, and fails otherwise.
+func SkipOrFail(t testing.TB, err error) {
+	t.Helper()
+	switch {
+	case !NoGPU(err):
+		t.Fatalf("CUDA driver present but unusable: %v", err)
+	case GPURequired():
+		t.Fatalf("no GPU, and %s=1 requires one: %v", EnvRequireGPU, err)
+	default:
+		t.Skipf("no GPU: %v", err)
+	}
+}
+
+// RequireGPU loads the CUDA driver and returns device 0. It skips the test where the
+// machine has no GPU (no libcuda.so.1, the stub library, or no device), unless
+// UCPX_REQUIRE_GPU=1, and fails where a driver is present but unusable or device 0
+// lacks a feature ucpx needs (64-bit stream memory operations, host-mapped memory,
+// unified addressing).
 func RequireGPU(t testing.TB) cuda.Device {
 	t.Helper()
-	err := cuda.Load()
-	if err == nil {
-		var n int
-		if n, err = cuda.DeviceCount(); err == nil && n == 0 {
-			err = cuda.ErrNoDriver
-		}
+	if err := cuda.Load(); err != nil {
+		SkipOrFail(t, err)
 	}
-	if err != nil {
-		if errors.Is(err, cuda.ErrNoDriver) && !GPURequired() {
-			t.Skipf("no CUDA driver: %v", err)
-		}
-		t.Fatalf("CUDA driver required: %v", err)
+	n, err := cuda.DeviceCount()
+	require.NoError(t, err, "DeviceCount")
+	if n == 0 {
+		SkipOrFail(t, cuda.ErrNoDevice)
 	}
 	dev, err := cuda.GetDevice(0)
-	if err != nil {
-		t.Fatalf("device 0: %v", err)
-	}
+	require.NoError(t, err, "GetDevice(0)")
+	caps, err := dev.Caps()
+	require.NoError(t, err, "Caps")
+	require.Truef(t, caps.StreamMemOps64 && caps.MapHostMemory && caps.UnifiedAddressing,
+		"device 0 lacks a feature ucpx needs: %+v", caps)
 	return dev
-}
-
-// CUDABackend opens the CUDA stream backend of device 0 for the test (closed at its
-// end), skipping or failing as RequireGPU does.
-func CUDABackend(t testing.TB) stream.Backend {
-	t.Helper()
-	RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	if err != nil {
-		t.Fatalf("cuda backend: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
-
-// HostBackend opens a host stream backend for the test (closed at its end).
-func HostBackend(t testing.TB) stream.Backend {
-	t.Helper()
-	b, err := stream.Open(stream.Host)
-	if err != nil {
-		t.Fatalf("host backend: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
 }
 
 // FakeDriverSource is the fake driver's C source, relative to the module root.
@@ -77,30 +92,61 @@ const FakeDriverSource = "cgo/cuda/testdata/fakecuda/fakecuda.c"
 
 // BuildFakeDriver compiles the fake CUDA driver into dir/libcuda.so.1 and returns dir,
 // for a child process run with LD_LIBRARY_PATH=dir. It skips the test where there is
-// no C compiler.
+// no C compiler ($CC, cc, gcc or clang).
 func BuildFakeDriver(t testing.TB, dir string) string {
 	t.Helper()
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
+	cc := ""
+	for _, c := range []string{os.Getenv("CC"), "cc", "gcc", "clang"} {
+		if p, err := exec.LookPath(c); c != "" && err == nil {
+			cc = p
+			break
+		}
 	}
-	if _, err := exec.LookPath(cc); err != nil {
+	if cc == "" {
 		t.Skip("no C compiler to build the fake driver")
 	}
 	root := moduleRoot(t)
 	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-I", filepath.Join(root, "cgo", "cuda"),
 		"-o", filepath.Join(dir, "libcuda.so.1"), filepath.Join(root, FakeDriverSource), "-lpthread").CombinedOutput()
-	if err != nil {
-		t.Fatalf("building the fake driver: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "building the fake driver:\n%s", out)
 	return dir
+}
+
+// RunUnderFakeDriver runs the named tests of this test binary in a child process
+// whose libcuda.so.1 is the fake driver, with UCPX_REQUIRE_GPU=1 (a skip there fails
+// here) and env added to its environment. It skips where a real driver loads (the
+// tests run against it directly), fails unless the child passes every named test and
+// skips none, and returns the child's output. It proves nothing about real GPUs,
+// which the GPU bundle's run covers.
+func RunUnderFakeDriver(t testing.TB, tests []string, env ...string) string {
+	t.Helper()
+	if cuda.Load() == nil {
+		t.Skip("a real CUDA driver is loaded: the GPU tests run against it")
+	}
+	dir := BuildFakeDriver(t, t.TempDir())
+	run := "^(" + strings.Join(tests, "|") + ")$"
+	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=5m")
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir+":"+os.Getenv("LD_LIBRARY_PATH"), EnvRequireGPU+"=1")
+	cmd.Env = append(cmd.Env, env...)
+	out, err := cmd.CombinedOutput()
+	text := string(out)
+	require.NoError(t, err, "GPU tests against the fake driver:\n%s", text)
+	require.Contains(t, text, "\nPASS", "GPU tests against the fake driver:\n%s", text)
+	require.NotContains(t, text, "--- SKIP", "tests skipped under the fake driver:\n%s", text)
+	for _, name := range tests {
+		require.Contains(t, text, "--- PASS: "+name+" (", "%s did not run under the fake driver:\n%s", name, text)
+	}
+	t.Logf("%d GPU tests passed against the fake driver", strings.Count(text, "--- PASS"))
+	return text
 }
 
 // moduleRoot is the directory of go.mod, found from this file's location.
 func moduleRoot(t testing.TB) string {
+	t.Helper()
 	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the module root")
-	}
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	require.True(t, ok, "cannot locate the module root")
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	_, err := os.Stat(filepath.Join(root, FakeDriverSource))
+	require.NoError(t, err, "the fake driver's source is not where this build's sources were")
+	return root
 }
