@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
 )
 
@@ -42,13 +45,9 @@ func runC(t *testing.T, cc string, args ...string) []byte {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "a.out")
 	out, err := exec.Command(cc, append(args, "-o", bin)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", cc, strings.Join(args, " "), err, out)
-	}
+	require.NoError(t, err, "%s %s:\n%s", cc, strings.Join(args, " "), out)
 	out, err = exec.Command(bin).Output()
-	if err != nil {
-		t.Fatalf("running the check: %v", err)
-	}
+	require.NoError(t, err, "running the check")
 	return out
 }
 
@@ -61,15 +60,11 @@ func TestABIAgainstHeader(t *testing.T) {
 
 	mine := runC(t, cc, "-I.", "testdata/abicheck/layout.c")
 	theirs := runC(t, cc, "-I.", real, "testdata/abicheck/layout.c")
-	if !bytes.Equal(mine, theirs) {
-		t.Errorf("layouts differ from %s\nucpx:\n%s\ncuda.h:\n%s", header, mine, theirs)
-	}
+	assert.Truef(t, bytes.Equal(mine, theirs), "layouts differ from %s\nucpx:\n%s\ncuda.h:\n%s", header, mine, theirs)
 
 	dir := t.TempDir()
 	out, err := exec.Command(cc, "-Werror", "-I.", real, "-c", "testdata/abicheck/signatures.c", "-o", filepath.Join(dir, "s.o")).CombinedOutput()
-	if err != nil {
-		t.Errorf("entry points disagree with %s:\n%s", header, out)
-	}
+	assert.NoError(t, err, "entry points disagree with %s:\n%s", header, out)
 }
 
 // TestGoConstantsAgainstHeader checks the Go-side enum values against cuda.h.
@@ -180,20 +175,15 @@ func TestGoConstantsAgainstHeader(t *testing.T) {
 	}
 	src.WriteString("\treturn 0;\n}\n")
 	file := filepath.Join(t.TempDir(), "consts.c")
-	must(t, os.WriteFile(file, []byte(src.String()), 0o644))
+	require.NoError(t, os.WriteFile(file, []byte(src.String()), 0o644))
 	out := runC(t, cc, file)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(consts) {
-		t.Fatalf("%d values for %d constants", len(lines), len(consts))
-	}
+	require.Len(t, lines, len(consts), "one value per constant")
 	for i, c := range consts {
 		var name string
 		var v int64
-		if _, err := fmt.Sscanf(lines[i], "%s %d", &name, &v); err != nil {
-			t.Fatalf("%q: %v", lines[i], err)
-		}
-		if v != c.val {
-			t.Errorf("%s = %d in cuda.h, %d in ucpx", c.c, v, c.val)
-		}
+		_, err := fmt.Sscanf(lines[i], "%s %d", &name, &v)
+		require.NoError(t, err, "%q", lines[i])
+		assert.Equal(t, v, c.val, "%s: cuda.h's value first, ucpx's second", c.c)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/device"
 )
@@ -43,12 +45,12 @@ func BenchmarkStreamMemopRoundTrip(b *testing.B) {
 					for i := range uint64(c) {
 						ops = append(ops, cuda.WriteValue64Op(w.dev(T), k+i, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k+i, cuda.WaitGEQ))
 					}
-					must(b, s.BatchMemOp(ops))
+					require.NoError(b, s.BatchMemOp(ops))
 					return
 				}
 				for i := range uint64(c) {
-					must(b, s.WriteValue64(w.dev(T), k+i, cuda.WriteDefault))
-					must(b, s.WaitValue64(w.dev(D), k+i, cuda.WaitGEQ))
+					require.NoError(b, s.WriteValue64(w.dev(T), k+i, cuda.WriteDefault))
+					require.NoError(b, s.WaitValue64(w.dev(D), k+i, cuda.WaitGEQ))
 				}
 			})
 			reportUS(b, elapsed, b.N, "us/roundtrip")
@@ -68,20 +70,20 @@ func BenchmarkGraphMemopRoundTrip(b *testing.B) {
 			const T, D = 0, 1
 			w := newWords(b, ctx, 2)
 			g, err := ctx.NewGraph()
-			must(b, err)
+			require.NoError(b, err)
 			defer g.Close()
 			ops := roundTripOps(w, T, D)
 			if shape == "one-node" {
 				_, err = g.AddBatchMemOpNode(nil, ops)
-				must(b, err)
+				require.NoError(b, err)
 			} else {
 				n1, err := g.AddBatchMemOpNode(nil, ops[:1])
-				must(b, err)
+				require.NoError(b, err)
 				_, err = g.AddBatchMemOpNode([]cuda.Node{n1}, ops[1:])
-				must(b, err)
+				require.NoError(b, err)
 			}
 			x, err := g.Instantiate(0)
-			must(b, err)
+			require.NoError(b, err)
 			defer x.Close()
 			var count atomic.Int64
 			p := startProxy(w, T, D, &count)
@@ -89,14 +91,12 @@ func BenchmarkGraphMemopRoundTrip(b *testing.B) {
 			b.ResetTimer()
 			t0 := time.Now()
 			for i := 0; i < b.N; i++ {
-				must(b, x.Launch(s))
+				require.NoError(b, x.Launch(s))
 			}
-			must(b, s.Synchronize())
+			require.NoError(b, s.Synchronize())
 			elapsed := time.Since(t0)
 			b.StopTimer()
-			if count.Load() != int64(b.N) {
-				b.Fatalf("%d triggers for %d launches", count.Load(), b.N)
-			}
+			require.Equal(b, int64(b.N), count.Load(), "one trigger per launch")
 			reportUS(b, elapsed, b.N, "us/roundtrip")
 		})
 	}
@@ -115,18 +115,16 @@ func BenchmarkKernelFlagRoundTrip(b *testing.B) {
 	e := startEcho(w, T, D)
 	defer e.Stop()
 	// Warm up: the first launch JITs nothing (LoadModule did) but maps pages.
-	must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(0), uint64(10), w.dev(R0)))
+	require.NoError(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(0), uint64(10), w.dev(R0)))
 	syncWithin(b, s, 10*time.Second)
 	base := w.load(T)
 	b.ResetTimer()
 	t0 := time.Now()
-	must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), base, uint64(b.N), w.dev(R0)))
-	must(b, s.Synchronize())
+	require.NoError(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), base, uint64(b.N), w.dev(R0)))
+	require.NoError(b, s.Synchronize())
 	elapsed := time.Since(t0)
 	b.StopTimer()
-	if w.load(R0) != uint64(b.N) {
-		b.Fatalf("kernel did %d of %d iterations", w.load(R0), b.N)
-	}
+	require.Equal(b, uint64(b.N), w.load(R0), "iterations the kernel did")
 	reportUS(b, elapsed, b.N, "us/roundtrip")
 	reportUS(b, time.Duration(w.load(R1)), b.N, "us/roundtrip-gpu")
 }
@@ -189,9 +187,9 @@ func BenchmarkLaunchHostFunc(b *testing.B) {
 		for done := 0; done < b.N; {
 			c := min(chunk, b.N-done)
 			gate++
-			must(b, s.WaitValue64(w.dev(0), gate, cuda.WaitGEQ))
+			require.NoError(b, s.WaitValue64(w.dev(0), gate, cuda.WaitGEQ))
 			for i := 0; i < c; i++ {
-				must(b, s.LaunchHostFunc(inc))
+				require.NoError(b, s.LaunchHostFunc(inc))
 			}
 			want := ran.Load() + int64(c)
 			b.StartTimer()
@@ -203,7 +201,7 @@ func BenchmarkLaunchHostFunc(b *testing.B) {
 			b.StopTimer()
 			done += c
 		}
-		must(b, s.Synchronize())
+		require.NoError(b, s.Synchronize())
 		reportUS(b, elapsed, b.N, "us/callback")
 	})
 }
@@ -225,15 +223,15 @@ func benchHostFuncEnqueue(b *testing.B, cNoop bool) {
 func timeEnqueues(b *testing.B, s *cuda.Stream, enqueue func(i int) error) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		must(b, enqueue(i))
+		require.NoError(b, enqueue(i))
 		if i%1024 == 1023 {
 			b.StopTimer()
-			must(b, s.Synchronize())
+			require.NoError(b, s.Synchronize())
 			b.StartTimer()
 		}
 	}
 	b.StopTimer()
-	must(b, s.Synchronize())
+	require.NoError(b, s.Synchronize())
 }
 
 // BenchmarkGraphLaunchMemopNodes: the CPU cost of launching a graph of N batch-memop
@@ -262,15 +260,15 @@ func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 					}
 				} else {
 					g, err := ctx.NewGraph()
-					must(b, err)
+					require.NoError(b, err)
 					defer g.Close()
 					var fill *cuda.Function
 					if strings.HasPrefix(shape, "kernel") {
 						mod, err := ctx.LoadModule(device.TestKernelsPTX())
-						must(b, err)
+						require.NoError(b, err)
 						defer mod.Close()
 						fill, err = mod.Function(device.KernelFill)
-						must(b, err)
+						require.NoError(b, err)
 					}
 					var prev []cuda.Node
 					for i := 0; i < n; i++ {
@@ -281,13 +279,13 @@ func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 						} else {
 							nd, err = g.AddBatchMemOpNode(prev, []cuda.MemOp{cuda.WriteValue64Op(w.dev(i), 1, cuda.WriteDefault)})
 						}
-						must(b, err)
+						require.NoError(b, err)
 						if strings.HasSuffix(shape, "chain") {
 							prev = []cuda.Node{nd}
 						}
 					}
 					x, err := g.Instantiate(0)
-					must(b, err)
+					require.NoError(b, err)
 					defer x.Close()
 					submit = func() error { return x.Launch(s) }
 				}
@@ -295,10 +293,10 @@ func BenchmarkGraphLaunchMemopNodes(b *testing.B) {
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					t0 := time.Now()
-					must(b, submit())
+					require.NoError(b, submit())
 					elapsed += time.Since(t0)
 					b.StopTimer()
-					must(b, s.Synchronize())
+					require.NoError(b, s.Synchronize())
 					b.StartTimer()
 				}
 				b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N*n), "submit-ns/node")
@@ -369,7 +367,7 @@ func BenchmarkLaunchKernel(b *testing.B) {
 			ctx := newContext(b)
 			s := newStream(b, ctx)
 			sm, err := ctx.LoadModule(device.SignalKernelsPTX())
-			must(b, err)
+			require.NoError(b, err)
 			defer sm.Close()
 			k := function(b, sm, device.KernelSignalWriteWait)
 			w := newWords(b, ctx, 2) // completion already reached: each launch exits at once
@@ -379,14 +377,14 @@ func BenchmarkLaunchKernel(b *testing.B) {
 				c := min(chunk, b.N-done)
 				if variant != "c" {
 					for i := 0; i < c; i++ {
-						must(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(0), uint64(0), w.dev(1), uint64(0)))
+						require.NoError(b, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(0), uint64(0), w.dev(1), uint64(0)))
 					}
 				} else {
-					must(b, s.LaunchKernelRepeatC(k, 1, 1, c, w.dev(0), uint64(0), w.dev(1), uint64(0)))
+					require.NoError(b, s.LaunchKernelRepeatC(k, 1, 1, c, w.dev(0), uint64(0), w.dev(1), uint64(0)))
 				}
 				done += c
 				b.StopTimer()
-				must(b, s.Synchronize())
+				require.NoError(b, s.Synchronize())
 				b.StartTimer()
 			}
 		})
@@ -398,16 +396,16 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 	s := newStream(b, ctx)
 	if signal == "memop-high" {
 		_, greatest, err := ctx.StreamPriorityRange()
-		must(b, err)
+		require.NoError(b, err)
 		hs, err := ctx.NewStream(cuda.StreamNonBlocking, greatest)
-		must(b, err)
+		require.NoError(b, err)
 		defer hs.Close()
 		s, signal = hs, "memop"
 	}
 	tm := testModule(b, ctx)
 	fillFn := function(b, tm, device.KernelFill)
 	sm, err := ctx.LoadModule(device.SignalKernelsPTX())
-	must(b, err)
+	require.NoError(b, err)
 	defer sm.Close()
 	writeWait := function(b, sm, device.KernelSignalWriteWait)
 	buf := hostMem(b, ctx, 4096, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
@@ -415,13 +413,13 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 		return s.LaunchKernel(fillFn, cuda.Linear(1, 256), buf.DevicePtr(), uint64(8), uint32(i)<<7)
 	}
 	if signal == "sync" {
-		must(b, produce(0))
-		must(b, s.Synchronize())
+		require.NoError(b, produce(0))
+		require.NoError(b, s.Synchronize())
 		b.ResetTimer()
 		t0 := time.Now()
 		for i := 0; i < b.N; i++ {
-			must(b, produce(i))
-			must(b, s.Synchronize())
+			require.NoError(b, produce(i))
+			require.NoError(b, s.Synchronize())
 		}
 		reportUS(b, time.Since(t0), b.N, "us/iteration")
 		return
@@ -433,7 +431,7 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 	switch signal {
 	case "memop-kick":
 		ks, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
-		must(b, err)
+		require.NoError(b, err)
 		defer ks.Close()
 		then = func() {
 			if err := ks.WriteValue64(w.dev(K), 1, cuda.WriteDefault); err != nil && thenErr == nil {
@@ -452,19 +450,19 @@ func benchSignalChain(b *testing.B, signal string, fill bool, delay time.Duratio
 	e := startDelayedEchoThen(w, T, D, delay, then)
 	defer func() {
 		e.Stop()
-		must(b, thenErr)
+		require.NoError(b, thenErr)
 	}()
 	const chunk = 100
 	elapsed, enqueue := gatedRoundTrips(b, s, w, G, D, chunk, func(k uint64, c int) {
 		for i := range uint64(c) {
 			k := k + i
 			if fill {
-				must(b, produce(int(k)))
+				require.NoError(b, produce(int(k)))
 			}
 			if signal == "memop" {
-				must(b, s.BatchMemOp([]cuda.MemOp{cuda.WriteValue64Op(w.dev(T), k, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k, cuda.WaitGEQ)}))
+				require.NoError(b, s.BatchMemOp([]cuda.MemOp{cuda.WriteValue64Op(w.dev(T), k, cuda.WriteDefault), cuda.WaitValue64Op(w.dev(D), k, cuda.WaitGEQ)}))
 			} else {
-				must(b, s.LaunchKernel(writeWait, cuda.Linear(1, 1), w.dev(T), k, w.dev(D), k))
+				require.NoError(b, s.LaunchKernel(writeWait, cuda.Linear(1, 1), w.dev(T), k, w.dev(D), k))
 			}
 		}
 	})

@@ -1,7 +1,6 @@
 package cuda_test
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"runtime"
@@ -11,77 +10,26 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/internal/testenv"
 )
 
-// EnvRequireGPU, when set to 1, turns "no GPU here" skips into failures, so a run
-// on the GPU machine cannot pass by skipping everything.
-const EnvRequireGPU = "UCPX_REQUIRE_GPU"
-
-// requireGPU skips the test where CUDA is absent (no libcuda.so.1, or no device)
-// and fails it where a driver is present but unusable or lacks what ucpx needs.
-// It returns device 0.
-func requireGPU(t testing.TB) cuda.Device {
-	t.Helper()
-	skip := t.Skipf
-	if os.Getenv(EnvRequireGPU) == "1" {
-		skip = t.Fatalf
-	}
-	if err := cuda.Load(); err != nil {
-		if errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice) || errors.Is(err, cuda.ErrStubLibrary) {
-			skip("no GPU: %v", err)
-		}
-		t.Fatalf("CUDA driver present but unusable: %v", err)
-	}
-	n, err := cuda.DeviceCount()
-	if err != nil {
-		t.Fatalf("DeviceCount: %v", err)
-	}
-	if n == 0 {
-		skip("no CUDA device")
-	}
-	dev, err := cuda.GetDevice(0)
-	if err != nil {
-		t.Fatalf("GetDevice(0): %v", err)
-	}
-	caps, err := dev.Caps()
-	if err != nil {
-		t.Fatalf("Caps: %v", err)
-	}
-	if !caps.StreamMemOps64 || !caps.MapHostMemory || !caps.UnifiedAddressing {
-		t.Fatalf("device 0 lacks a feature ucpx needs: %+v", caps)
-	}
-	return dev
-}
-
-// gpuCount returns the number of devices (after requireGPU).
+// gpuCount returns the number of devices (after testenv.RequireGPU).
 func gpuCount(t testing.TB) int {
 	n, err := cuda.DeviceCount()
-	must(t, err)
+	require.NoError(t, err)
 	return n
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func mustIs(t testing.TB, err, target error) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Fatalf("got error %v, want one matching %v", err, target)
-	}
 }
 
 // newContext retains device 0's primary context for the test.
 func newContext(t testing.TB) *cuda.Context {
 	t.Helper()
-	dev := requireGPU(t)
+	dev := testenv.RequireGPU(t)
 	ctx, err := dev.RetainPrimaryContext()
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() { ctx.Close() })
 	return ctx
 }
@@ -89,7 +37,7 @@ func newContext(t testing.TB) *cuda.Context {
 func newStream(t testing.TB, ctx *cuda.Context) *cuda.Stream {
 	t.Helper()
 	s, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		done := make(chan struct{})
 		go func() {
@@ -115,9 +63,7 @@ type words struct {
 func newWords(t testing.TB, ctx *cuda.Context, n int) words {
 	t.Helper()
 	m := hostMem(t, ctx, 8*n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-	if m.DevicePtr() == 0 {
-		t.Fatal("mapped host memory has no device pointer")
-	}
+	require.NotZero(t, m.DevicePtr(), "mapped host memory has no device pointer")
 	return words{m: m, base: m.Ptr()}
 }
 
@@ -145,7 +91,7 @@ func settled(t testing.TB, ctx *cuda.Context) bool {
 func devMem(t testing.TB, ctx *cuda.Context, n int) *cuda.DeviceMemory {
 	t.Helper()
 	m, err := ctx.MemAlloc(n)
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		if settled(t, ctx) {
 			m.Close()
@@ -157,7 +103,7 @@ func devMem(t testing.TB, ctx *cuda.Context, n int) *cuda.DeviceMemory {
 func managedMem(t testing.TB, ctx *cuda.Context, n int) *cuda.DeviceMemory {
 	t.Helper()
 	m, err := ctx.MemAllocManaged(n)
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		if settled(t, ctx) {
 			m.Close()
@@ -169,7 +115,7 @@ func managedMem(t testing.TB, ctx *cuda.Context, n int) *cuda.DeviceMemory {
 func hostMem(t testing.TB, ctx *cuda.Context, n int, flags cuda.HostAllocFlags) *cuda.HostMemory {
 	t.Helper()
 	m, err := ctx.MemHostAlloc(n, flags)
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		if settled(t, ctx) {
 			m.Close()
@@ -189,9 +135,7 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
+		require.Falsef(t, time.Now().After(deadline), "timed out after %v waiting for %s", d, what)
 		time.Sleep(50 * time.Microsecond)
 	}
 }
@@ -204,9 +148,9 @@ func syncWithin(t testing.TB, s *cuda.Stream, d time.Duration) {
 	go func() { done <- s.Synchronize() }()
 	select {
 	case err := <-done:
-		must(t, err)
+		require.NoError(t, err)
 	case <-time.After(d):
-		t.Fatalf("stream did not finish within %v", d)
+		require.FailNowf(t, "stream blocked", "stream did not finish within %v", d)
 	}
 }
 
@@ -220,14 +164,12 @@ func testModule(t testing.TB, ctx *cuda.Context) *cuda.Module {
 	ptx := device.TestKernelsPTX()
 	if f := os.Getenv("UCPX_TEST_PTX"); f != "" {
 		b, err := os.ReadFile(f)
-		must(t, err)
+		require.NoError(t, err)
 		ptx = b
 	}
-	if device.IsPlaceholder(ptx) {
-		t.Fatal("device/ptx/test_kernels.ptx is the placeholder: run scripts/ptx.sh (make ptx) and commit the PTX")
-	}
+	require.False(t, device.IsPlaceholder(ptx), "device/ptx/test_kernels.ptx is the placeholder: run scripts/ptx.sh (make ptx) and commit the PTX")
 	m, err := ctx.LoadModule(ptx)
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	return m
 }
@@ -235,7 +177,7 @@ func testModule(t testing.TB, ctx *cuda.Context) *cuda.Module {
 func function(t testing.TB, m *cuda.Module, name string) *cuda.Function {
 	t.Helper()
 	f, err := m.Function(name)
-	must(t, err)
+	require.NoError(t, err)
 	return f
 }
 
@@ -252,7 +194,7 @@ func gatedRoundTrips(b *testing.B, s *cuda.Stream, w words, G, D, chunk int, enq
 	for done := 0; done < b.N; {
 		c := min(chunk, b.N-done)
 		gate++
-		must(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
+		require.NoError(b, s.WaitValue64(w.dev(G), gate, cuda.WaitGEQ))
 		te := time.Now()
 		enqueue(k+1, c)
 		enqueued += time.Since(te)
@@ -351,15 +293,24 @@ func isolated(t *testing.T) bool {
 	cmd.Env = append(os.Environ(), envIsolated+"="+t.Name())
 	out, err := cmd.CombinedOutput()
 	t.Logf("isolated child:\n%s", out)
-	switch {
-	case err != nil:
-		t.Fatalf("isolated child failed: %v", err)
-	case strings.Contains(string(out), "--- SKIP: "+t.Name()):
+	require.NoError(t, err, "isolated child failed")
+	if strings.Contains(string(out), "--- SKIP: "+t.Name()) {
 		t.Skip("skipped in the isolated child")
-	case !strings.Contains(string(out), "--- PASS: "+t.Name()):
-		t.Fatal("isolated child did not pass")
 	}
+	require.Contains(t, string(out), "--- PASS: "+t.Name(), "isolated child did not pass")
 	return false
 }
 
 const envIsolated = "UCPX_TEST_ISOLATED"
+
+// requireEach checks that got(i) == want(i) for every i in [0, n) and fails at the
+// first index that differs. It asserts only there, so checking a large buffer
+// element by element stays fast.
+func requireEach[T comparable](t testing.TB, n int, want, got func(i int) T, what string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if w, g := want(i), got(i); w != g {
+			require.Equalf(t, w, g, "%s %d of %d", what, i, n)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package cuda
 import (
 	"runtime/cgo"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // The callback plumbing needs no GPU: the trampoline's Go half and the handle
@@ -14,17 +16,12 @@ func TestHostCallOnceDeletesHandle(t *testing.T) {
 	c.once.Store(true)
 	h := cgo.NewHandle(c)
 	runHostCall(uintptr(h))
-	if n != 1 {
-		t.Fatalf("callback ran %d times, want 1", n)
-	}
-	if _, ok := lookupHostCall(h); ok {
-		t.Fatal("one-shot handle still live after its callback")
-	}
+	require.Equal(t, 1, n, "callback runs")
+	_, ok := lookupHostCall(h)
+	require.False(t, ok, "one-shot handle still live after its callback")
 	// A stale handle (a late launch of a released graph) is ignored, not a panic.
 	runHostCall(uintptr(h))
-	if n != 1 {
-		t.Fatalf("stale handle ran the callback again")
-	}
+	require.Equal(t, 1, n, "stale handle ran the callback again")
 }
 
 func TestHostCallPersistent(t *testing.T) {
@@ -33,9 +30,7 @@ func TestHostCallPersistent(t *testing.T) {
 	for range 3 {
 		runHostCall(uintptr(h))
 	}
-	if n != 3 {
-		t.Fatalf("callback ran %d times, want 3", n)
-	}
+	require.Equal(t, 3, n, "callback runs")
 	h.Delete()
 }
 
@@ -48,19 +43,15 @@ func TestHostFnSetRefcount(t *testing.T) {
 	child.add(ch)
 	graph.addChild(child)
 	child.release() // the child graph closed; the parent still needs its callbacks
-	if _, ok := lookupHostCall(ch); !ok {
-		t.Fatal("child callback released while its parent graph lives")
-	}
+	_, ok := lookupHostCall(ch)
+	require.True(t, ok, "child callback released while its parent graph lives")
 	exec := graph.retain() // instantiated
 	graph.release()        // graph closed, exec still alive
-	if _, ok := lookupHostCall(h); !ok {
-		t.Fatal("callback released while an exec still uses it")
-	}
+	_, ok = lookupHostCall(h)
+	require.True(t, ok, "callback released while an exec still uses it")
 	exec.release()
-	if _, ok := lookupHostCall(h); ok {
-		t.Fatal("callback not released with the last owner")
-	}
-	if _, ok := lookupHostCall(ch); ok {
-		t.Fatal("child callback not released with the last owner")
-	}
+	_, ok = lookupHostCall(h)
+	require.False(t, ok, "callback not released with the last owner")
+	_, ok = lookupHostCall(ch)
+	require.False(t, ok, "child callback not released with the last owner")
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
 )
 
@@ -35,20 +37,20 @@ func TestIPC(t *testing.T) {
 	dm := devMem(t, ctx, n)
 	host := hostMem(t, ctx, n, 0)
 	ev, err := ctx.NewEvent(cuda.EventInterprocess | cuda.EventDisableTiming)
-	must(t, err)
+	require.NoError(t, err)
 	defer ev.Close()
 
 	// The parent's write is gated, so the child must really wait on the event.
 	w := newWords(t, ctx, 1)
-	must(t, s.WaitValue64(w.dev(0), 1, cuda.WaitGEQ))
+	require.NoError(t, s.WaitValue64(w.dev(0), 1, cuda.WaitGEQ))
 	defer w.store(0, 1)
-	must(t, s.MemsetD8(dm.Ptr(), ipcFill, n))
-	must(t, ev.Record(s))
+	require.NoError(t, s.MemsetD8(dm.Ptr(), ipcFill, n))
+	require.NoError(t, ev.Record(s))
 
 	mh, err := ctx.IPCMemHandle(dm.Ptr())
-	must(t, err)
+	require.NoError(t, err)
 	eh, err := ev.IPCHandle()
-	must(t, err)
+	require.NoError(t, err)
 	// CUDA does not support opening a handle in its exporting process.
 	if m, err := ctx.OpenIPCMemHandle(mh, 0); err == nil {
 		m.Close()
@@ -70,9 +72,9 @@ func TestIPC(t *testing.T) {
 		envIPCSize+"="+strconv.Itoa(n),
 	)
 	pipe, err := cmd.StdoutPipe()
-	must(t, err)
+	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout
-	must(t, cmd.Start())
+	require.NoError(t, cmd.Start())
 	lines := make(chan string, 100)
 	var out strings.Builder
 	go func() {
@@ -101,23 +103,17 @@ read:
 			}
 		case <-timeout:
 			cmd.Process.Kill()
-			t.Fatalf("child timed out:\n%s", out.String())
+			require.FailNowf(t, "child timed out", "output:\n%s", out.String())
 		}
 	}
 	err = cmd.Wait()
 	t.Logf("child on device %d:\n%s", childDev, out.String())
-	if err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if !strings.Contains(out.String(), "IPC-CHILD-OK") {
-		t.Fatal("child did not report success")
-	}
-	must(t, s.MemcpyDtoH(host.Addr(), dm.Ptr(), n))
+	require.NoError(t, err, "child")
+	require.Contains(t, out.String(), "IPC-CHILD-OK", "child did not report success")
+	require.NoError(t, s.MemcpyDtoH(host.Addr(), dm.Ptr(), n))
 	syncWithin(t, s, 5*time.Second)
 	for i, b := range host.Bytes() {
-		if b != ipcReply {
-			t.Fatalf("byte %d = %#x after the child wrote %#x", i, b, ipcReply)
-		}
+		require.Equalf(t, byte(ipcReply), b, "byte %d after the child wrote %#x", i, ipcReply)
 	}
 }
 

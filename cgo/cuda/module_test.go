@@ -2,10 +2,14 @@ package cuda_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/device"
@@ -17,11 +21,10 @@ func TestModuleKernels(t *testing.T) {
 	m := testModule(t, ctx)
 	fill := function(t, m, device.KernelFill)
 	sum := function(t, m, device.KernelChecksum)
-	if fill.Name() != device.KernelFill || fill.Handle() == 0 {
-		t.Error("function name or handle")
-	}
+	assert.Equal(t, device.KernelFill, fill.Name(), "function name")
+	assert.NotZero(t, fill.Handle(), "function handle")
 	_, err := m.Function("ucpx_no_such_kernel")
-	mustIs(t, err, cuda.ErrNotFound)
+	require.ErrorIs(t, err, cuda.ErrNotFound)
 
 	const n = 1<<20 + 13
 	const seed = 7
@@ -29,48 +32,39 @@ func TestModuleKernels(t *testing.T) {
 	out := devMem(t, ctx, 8)
 	host := hostMem(t, ctx, n, 0)
 
-	must(t, s.LaunchKernel(fill, cuda.Linear(64, 256), buf.Ptr(), uint64(n), uint32(seed)))
-	must(t, s.MemsetD32(out.Ptr(), 0, 2))
-	must(t, s.LaunchKernel(sum, cuda.Linear(32, 128), buf.Ptr(), uint64(n), out.Ptr()))
-	must(t, s.MemcpyDtoH(host.Addr(), buf.Ptr(), n))
-	must(t, s.MemcpyDtoH(host.Addr(), out.Ptr(), 8)) // overwrites the first 8 bytes with the sum
+	require.NoError(t, s.LaunchKernel(fill, cuda.Linear(64, 256), buf.Ptr(), uint64(n), uint32(seed)))
+	require.NoError(t, s.MemsetD32(out.Ptr(), 0, 2))
+	require.NoError(t, s.LaunchKernel(sum, cuda.Linear(32, 128), buf.Ptr(), uint64(n), out.Ptr()))
+	require.NoError(t, s.MemcpyDtoH(host.Addr(), buf.Ptr(), n))
+	require.NoError(t, s.MemcpyDtoH(host.Addr(), out.Ptr(), 8)) // overwrites the first 8 bytes with the sum
 	syncWithin(t, s, 10*time.Second)
 	var want uint64
 	b := host.Bytes()
 	for i := uint64(0); i < n; i++ {
-		p := device.Pattern(i, seed)
-		want += uint64(p)
-		if i >= 8 && b[i] != p {
-			t.Fatalf("byte %d = %#x, want %#x", i, b[i], p)
-		}
+		want += uint64(device.Pattern(i, seed))
 	}
-	if got := *(*uint64)(host.Ptr()); got != want {
-		t.Fatalf("checksum %d, want %d", got, want)
-	}
+	// The first 8 bytes hold the checksum.
+	requireEach(t, n-8, func(i int) byte { return device.Pattern(uint64(i+8), seed) }, func(i int) byte { return b[i+8] }, "filled byte 8+")
+	require.Equal(t, want, *(*uint64)(host.Ptr()), "checksum")
 
 	// Bad launches fail at the call.
-	mustIs(t, s.LaunchKernel(fill, cuda.LaunchConfig{Grid: cuda.Dim3{1, 1, 1}}), cuda.ErrInvalidValue)
-	if err := s.LaunchKernel(fill, cuda.Linear(1, 4096), buf.Ptr(), uint64(n), uint32(1)); err == nil {
-		t.Error("a block of 4096 threads was accepted")
-	}
-	must(t, s.Synchronize())
+	require.ErrorIs(t, s.LaunchKernel(fill, cuda.LaunchConfig{Grid: cuda.Dim3{1, 1, 1}}), cuda.ErrInvalidValue)
+	assert.Error(t, s.LaunchKernel(fill, cuda.Linear(1, 4096), buf.Ptr(), uint64(n), uint32(1)), "a block of 4096 threads was accepted")
+	require.NoError(t, s.Synchronize())
 
-	must(t, m.Close())
-	mustIs(t, m.Close(), cuda.ErrInvalidHandle)
-	mustIs(t, s.LaunchKernel(fill, cuda.Linear(1, 1), buf.Ptr(), uint64(1), uint32(1)), cuda.ErrInvalidHandle)
+	require.NoError(t, m.Close())
+	require.ErrorIs(t, m.Close(), cuda.ErrInvalidHandle)
+	require.ErrorIs(t, s.LaunchKernel(fill, cuda.Linear(1, 1), buf.Ptr(), uint64(1), uint32(1)), cuda.ErrInvalidHandle)
 	_, err = m.Function(device.KernelFill)
-	mustIs(t, err, cuda.ErrInvalidHandle)
+	require.ErrorIs(t, err, cuda.ErrInvalidHandle)
 }
 
 func TestModuleBadImage(t *testing.T) {
 	ctx := newContext(t)
 	_, err := ctx.LoadModule([]byte("this is not PTX, nor a cubin"))
-	if err == nil {
-		t.Fatal("garbage image loaded")
-	}
-	if !errorsIsAny(err, cuda.ErrInvalidPTX, cuda.ErrInvalidImage, cuda.ErrInvalidValue) {
-		t.Errorf("garbage image: %v", err)
-	}
+	require.Error(t, err, "garbage image loaded")
+	assert.Truef(t, errorsIsAny(err, cuda.ErrInvalidPTX, cuda.ErrInvalidImage, cuda.ErrInvalidValue),
+		"garbage image: %v, want ErrInvalidPTX, ErrInvalidImage or ErrInvalidValue", err)
 	bad := []byte(`.version 7.0
 .target sm_75
 .address_size 64
@@ -82,15 +76,14 @@ func TestModuleBadImage(t *testing.T) {
 }
 `)
 	_, err = ctx.LoadModule(bad)
-	mustIs(t, err, cuda.ErrInvalidPTX)
-	if !strings.Contains(err.Error(), "JIT log") || !strings.Contains(strings.ToLower(err.Error()), "error") {
-		t.Errorf("error lacks the JIT log: %v", err)
-	}
+	require.ErrorIs(t, err, cuda.ErrInvalidPTX)
+	assert.Contains(t, err.Error(), "JIT log", "error lacks the JIT log")
+	assert.Contains(t, strings.ToLower(err.Error()), "error", "error lacks the JIT log")
 	t.Logf("bad PTX: %v", err)
 	_, err = ctx.LoadModule(nil)
-	mustIs(t, err, cuda.ErrInvalidValue)
+	require.ErrorIs(t, err, cuda.ErrInvalidValue)
 	_, err = ctx.LoadModule([]byte{0, 0})
-	mustIs(t, err, cuda.ErrInvalidValue)
+	require.ErrorIs(t, err, cuda.ErrInvalidValue)
 }
 
 func errorsIsAny(err error, targets ...error) bool {
@@ -115,18 +108,14 @@ func TestKernelEcho(t *testing.T) {
 	defer e.Stop()
 
 	const n = 1000
-	must(t, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(0), uint64(n), w.dev(R0)))
+	require.NoError(t, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(0), uint64(n), w.dev(R0)))
 	syncWithin(t, s, 20*time.Second)
-	if w.load(T) != n || w.load(D) != n || w.load(R0) != n {
-		t.Fatalf("T=%d D=%d iterations=%d", w.load(T), w.load(D), w.load(R0))
-	}
+	require.Equal(t, [3]uint64{n, n, n}, [3]uint64{w.load(T), w.load(D), w.load(R0)}, "T, D, iterations")
 	t.Logf("kernel-measured round trip: %.2f µs", float64(w.load(R1))/n/1000)
 
-	must(t, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(n), uint64(10), w.dev(R0)))
+	require.NoError(t, s.LaunchKernel(k, cuda.Linear(1, 1), w.dev(T), w.dev(D), uint64(n), uint64(10), w.dev(R0)))
 	syncWithin(t, s, 5*time.Second)
-	if w.load(T) != n+10 || w.load(R0) != 10 {
-		t.Fatalf("second launch: T=%d iterations=%d", w.load(T), w.load(R0))
-	}
+	require.Equal(t, [2]uint64{n + 10, 10}, [2]uint64{w.load(T), w.load(R0)}, "second launch: T, iterations")
 }
 
 // TestKernelDeviceHandle passes ucpx_device_handle by value and drives
@@ -140,29 +129,21 @@ func TestKernelDeviceHandle(t *testing.T) {
 	w := newWords(t, ctx, 4)
 	w.store(R0, 99)
 	h := device.Handle{Trigger: uint64(w.dev(T)), Value: 5, Completion: uint64(w.dev(D)), CompletionValue: 7}
-	if unsafe.Sizeof(h) != 32 {
-		t.Fatalf("device.Handle is %d bytes", unsafe.Sizeof(h))
-	}
-	must(t, s.LaunchKernel(k, cuda.Linear(1, 1), h, w.dev(R0)))
+	require.EqualValues(t, 32, unsafe.Sizeof(h), "device.Handle's size")
+	require.NoError(t, s.LaunchKernel(k, cuda.Linear(1, 1), h, w.dev(R0)))
 	defer w.store(D, 7)
 	eventually(t, 5*time.Second, "the kernel's trigger", func() bool { return w.load(T) == 5 })
-	if w.load(R0) != 0 {
-		t.Fatalf("ucpx_test before completion returned %d", w.load(R0))
-	}
+	require.Zero(t, w.load(R0), "ucpx_test before completion returned")
 	time.Sleep(blockedFor)
-	if done, _ := s.Query(); done {
-		t.Fatal("ucpx_wait returned before completion")
-	}
+	done, _ := s.Query()
+	require.False(t, done, "ucpx_wait returned before completion")
 	w.store(D, 6) // not yet
 	time.Sleep(blockedFor)
-	if done, _ := s.Query(); done {
-		t.Fatal("ucpx_wait returned below the completion value")
-	}
+	done, _ = s.Query()
+	require.False(t, done, "ucpx_wait returned below the completion value")
 	w.store(D, 7)
 	syncWithin(t, s, 5*time.Second)
-	if w.load(R1) != 7 {
-		t.Fatalf("kernel saw completion %d", w.load(R1))
-	}
+	require.Equal(t, uint64(7), w.load(R1), "completion the kernel saw")
 }
 
 func TestGraphKernelNode(t *testing.T) {
@@ -174,28 +155,26 @@ func TestGraphKernelNode(t *testing.T) {
 	buf := devMem(t, ctx, n)
 	host := hostMem(t, ctx, n, 0)
 	g, err := ctx.NewGraph()
-	must(t, err)
+	require.NoError(t, err)
 	defer g.Close()
 	kn, err := g.AddKernelNode(nil, fill, cuda.Linear(16, 256), buf.Ptr(), uint64(n), uint32(3))
-	must(t, err)
+	require.NoError(t, err)
 	_, err = g.AddMemcpyNode([]cuda.Node{kn}, host.Addr(), buf.Ptr(), n)
-	must(t, err)
+	require.NoError(t, err)
 	x, err := g.Instantiate(0)
-	must(t, err)
+	require.NoError(t, err)
 	defer x.Close()
 	for i := 0; i < 2; i++ {
 		clear(host.Bytes())
-		must(t, x.Launch(s))
+		require.NoError(t, x.Launch(s))
 		syncWithin(t, s, 5*time.Second)
-		for j, b := range host.Bytes() {
-			if b != device.Pattern(uint64(j), 3) {
-				t.Fatalf("launch %d byte %d = %#x", i, j, b)
-			}
-		}
+		got := host.Bytes()
+		requireEach(t, n, func(j int) byte { return device.Pattern(uint64(j), 3) }, func(j int) byte { return got[j] },
+			fmt.Sprintf("launch %d: byte", i))
 	}
 	// Functions of a closed module cannot be added to graphs.
-	must(t, x.Close())
-	must(t, m.Close())
+	require.NoError(t, x.Close())
+	require.NoError(t, m.Close())
 	_, err = g.AddKernelNode(nil, fill, cuda.Linear(1, 1), buf.Ptr(), uint64(1), uint32(1))
-	mustIs(t, err, cuda.ErrInvalidHandle)
+	require.ErrorIs(t, err, cuda.ErrInvalidHandle)
 }
