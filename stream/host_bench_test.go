@@ -1,8 +1,15 @@
 package stream
 
+// Inside timed loops an error is checked before require.NoError is called:
+// require calls b.Helper on every call, whose cost would be measured with the
+// operation.
+
 import (
 	"runtime"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkHostEnqueueWriteValue: CPU cost of enqueueing one WriteValue while the
@@ -15,13 +22,11 @@ func BenchmarkHostEnqueueWriteValue(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		if err := s.WriteValue(w, uint64(i)); err != nil {
-			b.Fatal(err)
+			require.NoError(b, err)
 		}
 	}
 	b.StopTimer()
-	if err := s.Synchronize(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, s.Synchronize())
 }
 
 // BenchmarkHostEnqueueWriteValueParallel: the same with many goroutines sharing a stream.
@@ -33,15 +38,13 @@ func BenchmarkHostEnqueueWriteValueParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if err := s.WriteValue(w, 1); err != nil {
-				b.Error(err)
+				assert.NoError(b, err)
 				return
 			}
 		}
 	})
 	b.StopTimer()
-	if err := s.Synchronize(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, s.Synchronize())
 }
 
 // BenchmarkHostEnqueueHostFunc: enqueue cost of LaunchHostFunc with a preallocated
@@ -54,13 +57,11 @@ func BenchmarkHostEnqueueHostFunc(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		if err := s.LaunchHostFunc(fn); err != nil {
-			b.Fatal(err)
+			require.NoError(b, err)
 		}
 	}
 	b.StopTimer()
-	if err := s.Synchronize(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, s.Synchronize())
 }
 
 // BenchmarkHostRoundTrip: the stream-channel round trip. The stream writes T=k, a
@@ -91,22 +92,14 @@ func BenchmarkHostRoundTrip(b *testing.B) {
 	for first := uint64(1); first <= n; first += roundTripChunk {
 		b.StopTimer()
 		hold, release := gate()
-		if err := s.LaunchHostFunc(hold); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, s.LaunchHostFunc(hold))
 		for k := first; k < first+roundTripChunk && k <= n; k++ {
-			if err := s.WriteValue(trigger, k); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.WaitValue(completion, k, GEQ); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, s.WriteValue(trigger, k))
+			require.NoError(b, s.WaitValue(completion, k, GEQ))
 		}
 		b.StartTimer()
 		release()
-		if err := s.Synchronize(); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, s.Synchronize())
 	}
 	b.StopTimer()
 	<-proxyDone
@@ -123,10 +116,10 @@ func BenchmarkHostSynchronize(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		if err := s.WriteValue(w, uint64(i)); err != nil {
-			b.Fatal(err)
+			require.NoError(b, err)
 		}
 		if err := s.Synchronize(); err != nil {
-			b.Fatal(err)
+			require.NoError(b, err)
 		}
 	}
 }
@@ -154,16 +147,13 @@ func BenchmarkHostEventRoundTrip(b *testing.B) {
 		}
 		b.StartTimer()
 		release()
-		if err := c.Synchronize(); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, c.Synchronize())
 	}
 }
 
 func mustEventB(b *testing.B, be Backend) Event {
+	b.Helper()
 	e, err := be.NewEvent()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return e
 }
