@@ -15,12 +15,12 @@ import (
 // of the captured graph performs the operation again; stream order inside the graph
 // is the capture's order.
 
-// Captured returns, when c is a Stream condition whose stream is capturing, a new
+// capture returns, when c is a Stream condition whose stream is capturing, a new
 // Graph condition whose nodes were just captured on the stream, for the one operation
 // about to be enqueued; nil when the stream is not capturing. c owns it: c.Destroy
 // destroys it. streamOrdered false (a non-blocking enqueue) is refused under capture:
 // its later wait would have no sequence number to wait for in a relaunched graph.
-func (c *Condition) Captured(streamOrdered bool) (*Condition, error) {
+func (c *Condition) capture(streamOrdered bool) (*Condition, error) {
 	if c.category != Stream {
 		return nil, nil
 	}
@@ -76,7 +76,7 @@ func (c *Condition) destroyCapturedLocked() error {
 	kept := c.captured[:0]
 	var first error
 	for _, g := range c.captured {
-		if g.Destroyed() {
+		if g.destroyed.Load() {
 			continue
 		}
 		if err := g.Destroy(); err != nil {

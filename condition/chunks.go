@@ -6,7 +6,7 @@ import (
 	"github.com/ucpx/ucpx/stream"
 )
 
-// ArmChunks arms one operation made of len(work) parts with consecutive sequence
+// armChunks arms one operation made of len(work) parts with consecutive sequence
 // numbers, on a Stream condition, so that their staging copies pipeline with the
 // transfers (a large device buffer staged through pinned host memory):
 //
@@ -22,7 +22,7 @@ import (
 // means the stream refused a trigger; with armed == len(work), a wait or work after
 // completion was not enqueued. Not within a group (ErrInvalidParam): a group has one
 // trigger for all its operations.
-func (c *Condition) ArmChunks(streamOrdered bool, work []StreamWork, record func(part int, seq uint64)) (armed int, err error) {
+func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func(part int, seq uint64)) (armed int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -39,12 +39,12 @@ func (c *Condition) ArmChunks(streamOrdered bool, work []StreamWork, record func
 	last := c.armed + uint64(len(work))
 	eachTrigger := false
 	for _, w := range work {
-		eachTrigger = eachTrigger || w.Before != nil
+		eachTrigger = eachTrigger || w.before != nil
 	}
 	if eachTrigger {
 		for i, w := range work {
-			if w.Before != nil {
-				if err := w.Before(c.stream); err != nil {
+			if w.before != nil {
+				if err := w.before(c.stream); err != nil {
 					return armed, fmt.Errorf("arm part %d: enqueue work before the trigger: %w", i, err)
 				}
 			}
@@ -70,14 +70,14 @@ func (c *Condition) ArmChunks(streamOrdered bool, work []StreamWork, record func
 		return armed, nil
 	}
 	for i, w := range work {
-		if w.After == nil && i < len(work)-1 {
+		if w.after == nil && i < len(work)-1 {
 			continue
 		}
 		if err := c.stream.WaitValue(c.done, first+uint64(i), stream.GEQ); err != nil {
 			return armed, fmt.Errorf("arm part %d: enqueue completion wait: %w", i, err)
 		}
-		if w.After != nil {
-			if err := w.After(c.stream); err != nil {
+		if w.after != nil {
+			if err := w.after(c.stream); err != nil {
 				return armed, fmt.Errorf("arm part %d: enqueue work after completion: %w", i, err)
 			}
 		}

@@ -1,4 +1,4 @@
-package condition_test
+package condition
 
 import (
 	"testing"
@@ -6,28 +6,27 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/stream"
 )
 
-func streamCondition(t *testing.T) (stream.Stream, *condition.Condition) {
+func streamCondition(t *testing.T) (stream.Stream, *Condition) {
 	b := backend(t)
 	s, err := b.NewStream()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	c, err := Create(Param{Category: Stream, Backend: b, Stream: s})
 	require.NoError(t, err)
 	return s, c
 }
 
 // retireAsTriggered plays the proxy: it retires each of seqs once the trigger word has
 // reached it, first waiting for gate(i) when gate is not nil.
-func retireAsTriggered(c *condition.Condition, seqs []uint64, gate func(i int) <-chan struct{}) chan struct{} {
+func retireAsTriggered(c *Condition, seqs []uint64, gate func(i int) <-chan struct{}) chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for i, seq := range seqs {
-			for int64(c.TriggerWord().Load()-seq) < 0 {
+			for int64(c.trigger.Load()-seq) < 0 {
 				time.Sleep(10 * time.Microsecond)
 			}
 			if gate != nil {
@@ -37,7 +36,7 @@ func retireAsTriggered(c *condition.Condition, seqs []uint64, gate func(i int) <
 					return // the test fails on its own wait
 				}
 			}
-			c.Retire(seq, nil)
+			c.retire(seq, nil)
 		}
 	}()
 	return done
@@ -61,14 +60,14 @@ func TestArmChunksTriggersEachPartAfterItsWork(t *testing.T) {
 	s, c := streamCondition(t)
 	const parts = 4
 	seen := make([]uint64, parts) // the trigger word when part i's work ran
-	work := make([]condition.StreamWork, parts)
+	work := make([]streamWork, parts)
 	for i := range work {
-		work[i].Before = func(s stream.Stream) error {
-			return s.LaunchHostFunc(func() { seen[i] = c.TriggerWord().Load() })
+		work[i].before = func(s stream.Stream) error {
+			return s.LaunchHostFunc(func() { seen[i] = c.trigger.Load() })
 		}
 	}
 	var recorded []uint64
-	armed, err := c.ArmChunks(true, work, func(part int, seq uint64) {
+	armed, err := c.armChunks(true, work, func(part int, seq uint64) {
 		require.Equal(t, len(recorded), part)
 		recorded = append(recorded, seq)
 	})
@@ -76,7 +75,7 @@ func TestArmChunksTriggersEachPartAfterItsWork(t *testing.T) {
 	require.Equal(t, parts, armed)
 	require.Equal(t, []uint64{1, 2, 3, 4}, recorded)
 	var after bool
-	require.NoError(t, s.LaunchHostFunc(func() { after = c.CompletionWord().Load() == parts }))
+	require.NoError(t, s.LaunchHostFunc(func() { after = c.done.Load() == parts }))
 	done := retireAsTriggered(c, recorded, nil)
 	syncWithin(t, s, 5*time.Second)
 	<-done
@@ -94,22 +93,22 @@ func TestArmChunksRunsEachPartsWorkAfterItsCompletion(t *testing.T) {
 	const parts = 3
 	ran := make([]chan struct{}, parts)
 	done := make([]uint64, parts) // the completion word when part i's work ran
-	work := make([]condition.StreamWork, parts)
+	work := make([]streamWork, parts)
 	for i := range work {
 		ran[i] = make(chan struct{})
-		work[i].After = func(s stream.Stream) error {
+		work[i].after = func(s stream.Stream) error {
 			return s.LaunchHostFunc(func() {
-				done[i] = c.CompletionWord().Load()
+				done[i] = c.done.Load()
 				close(ran[i])
 			})
 		}
 	}
 	var recorded []uint64
-	armed, err := c.ArmChunks(true, work, func(_ int, seq uint64) { recorded = append(recorded, seq) })
+	armed, err := c.armChunks(true, work, func(_ int, seq uint64) { recorded = append(recorded, seq) })
 	require.NoError(t, err)
 	require.Equal(t, parts, armed)
 	// One trigger for all parts.
-	require.Eventually(t, func() bool { return c.TriggerWord().Load() == parts }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return c.trigger.Load() == parts }, 5*time.Second, time.Millisecond)
 	proxy := retireAsTriggered(c, recorded, func(i int) <-chan struct{} {
 		if i == 0 {
 			return closed()
@@ -132,14 +131,14 @@ func closed() <-chan struct{} {
 // still pending.
 func TestArmChunksNonBlocking(t *testing.T) {
 	s, c := streamCondition(t)
-	armed, err := c.ArmChunks(false, make([]condition.StreamWork, 3), func(int, uint64) {})
+	armed, err := c.armChunks(false, make([]streamWork, 3), func(int, uint64) {})
 	require.NoError(t, err)
 	require.Equal(t, 3, armed)
 	syncWithin(t, s, 5*time.Second)
-	require.Equal(t, uint64(3), c.TriggerWord().Load())
+	require.Equal(t, uint64(3), c.trigger.Load())
 	require.Equal(t, 3, c.Pending())
 	for seq := uint64(1); seq <= 3; seq++ {
-		c.Retire(seq, nil)
+		c.retire(seq, nil)
 	}
 	require.NoError(t, c.Destroy())
 }
@@ -147,20 +146,20 @@ func TestArmChunksNonBlocking(t *testing.T) {
 func TestArmChunksRefuses(t *testing.T) {
 	_, c := streamCondition(t)
 	none := func(int, uint64) { t.Fatal("recorded a part of a refused operation") }
-	_, err := c.ArmChunks(true, nil, none)
-	require.ErrorIs(t, err, condition.ErrInvalidParam)
+	_, err := c.armChunks(true, nil, none)
+	require.ErrorIs(t, err, ErrInvalidParam)
 	require.NoError(t, c.BeginGroup())
-	_, err = c.ArmChunks(true, make([]condition.StreamWork, 2), none)
-	require.ErrorIs(t, err, condition.ErrInvalidParam)
+	_, err = c.armChunks(true, make([]streamWork, 2), none)
+	require.ErrorIs(t, err, ErrInvalidParam)
 	require.NoError(t, c.EndGroup())
 	require.NoError(t, c.Destroy())
-	_, err = c.ArmChunks(true, make([]condition.StreamWork, 2), none)
-	require.ErrorIs(t, err, condition.ErrDestroyed)
+	_, err = c.armChunks(true, make([]streamWork, 2), none)
+	require.ErrorIs(t, err, ErrDestroyed)
 
-	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: backend(t)})
+	kc, err := Create(Param{Category: KernelTriggered, Backend: backend(t)})
 	require.NoError(t, err)
-	_, err = kc.ArmChunks(true, make([]condition.StreamWork, 2), none)
-	require.ErrorIs(t, err, condition.ErrInvalidParam)
+	_, err = kc.armChunks(true, make([]streamWork, 2), none)
+	require.ErrorIs(t, err, ErrInvalidParam)
 	require.NoError(t, kc.Destroy())
 }
 
@@ -188,25 +187,25 @@ func TestPollCompletion(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	rs := &recordingStream{Stream: s}
-	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: rs})
+	c, err := Create(Param{Category: Stream, Backend: b, Stream: rs})
 	require.NoError(t, err)
 
-	poll := condition.StreamWork{PollCompletion: true}
-	_, err = c.Arm(true, poll, func(uint64) {})
+	poll := streamWork{poll: true}
+	_, err = c.arm(true, poll, func(uint64) {})
 	require.NoError(t, err)
 	require.NoError(t, c.BeginGroup())
-	_, err = c.Arm(true, condition.StreamWork{}, func(uint64) {})
+	_, err = c.arm(true, streamWork{}, func(uint64) {})
 	require.NoError(t, err)
-	_, err = c.Arm(true, poll, func(uint64) {})
+	_, err = c.arm(true, poll, func(uint64) {})
 	require.NoError(t, err)
 	require.NoError(t, c.EndGroup())
-	_, err = c.Arm(true, condition.StreamWork{}, func(uint64) {})
+	_, err = c.arm(true, streamWork{}, func(uint64) {})
 	require.NoError(t, err)
 	require.Equal(t, 2, rs.poll)
 	require.Equal(t, 1, rs.writeThenWait)
 
 	var ran bool
-	require.NoError(t, s.LaunchHostFunc(func() { ran = c.CompletionWord().Load() == 4 }))
+	require.NoError(t, s.LaunchHostFunc(func() { ran = c.done.Load() == 4 }))
 	done := retireAsTriggered(c, []uint64{1, 2, 3, 4}, nil)
 	syncWithin(t, s, 5*time.Second)
 	<-done

@@ -40,6 +40,8 @@ func (c Category) String() string {
 // Errors; wrapped with detail, test with errors.Is.
 var (
 	ErrInvalidParam = errs.InvalidParam
+	// ErrClosed: the engine closed (its worker closed).
+	ErrClosed = errs.Closed
 	// ErrDestroyed: the condition was destroyed; it matches ErrClosed of every package.
 	ErrDestroyed = errs.New("condition: destroyed", errs.Closed)
 	// ErrBusy: Destroy was called while operations were still pending; nothing was lost
@@ -166,9 +168,9 @@ func (c *Condition) Node() any { return c.node }
 // WaitNode is the node that completes the operation (the same as Node without Split).
 func (c *Condition) WaitNode() any { return c.waitNode }
 
-// Fire reports one run of a Graph condition's operation finished (err nil on success):
-// it stores 1 into the completion word, releasing the graph's wait node.
-func (c *Condition) Fire(err error) {
+// fire reports one run of a Graph condition's operations finished (err nil on
+// success): it stores 1 into the completion word, releasing the graph's wait node.
+func (c *Condition) fire(err error) {
 	c.recordErr(err, "graph operation")
 	c.done.Store(1)
 	c.words.Notify() // host graph wait nodes park on it
@@ -178,19 +180,19 @@ func (c *Condition) Fire(err error) {
 // no more (its worker closed): graph wait nodes fail instead of waiting forever.
 const GraphFailed = ^uint64(0)
 
-// Fail marks a Graph condition's operation as unable to run again (see GraphFailed).
-func (c *Condition) Fail(err error) {
+// fail marks a Graph condition's operation as unable to run again (see GraphFailed).
+func (c *Condition) fail(err error) {
 	c.recordErr(err, "graph operation")
 	c.done.Store(GraphFailed)
 	c.words.Notify()
 }
 
-// Destroyed reports whether Destroy succeeded (the proxy then drops the operation).
+// Destroyed reports whether Destroy succeeded.
 func (c *Condition) Destroyed() bool { return c.destroyed.Load() }
 
-// ReleaseWords frees a destroyed Graph condition's words once the proxy no longer reads
-// them.
-func (c *Condition) ReleaseWords() {
+// releaseWords frees a destroyed Graph condition's words once the engine no longer
+// reads them.
+func (c *Condition) releaseWords() {
 	if !c.words.Closed() {
 		_ = c.words.Close()
 	}
@@ -205,29 +207,23 @@ func (c *Condition) Category() Category { return c.category }
 // Stream is the stream of a Stream condition.
 func (c *Condition) Stream() stream.Stream { return c.stream }
 
-// TriggerWord is where the stream, kernel or Trigger stores the sequence number reached.
-func (c *Condition) TriggerWord() *stream.Word { return c.trigger }
-
-// CompletionWord holds the highest sequence number up to which all operations completed.
-func (c *Condition) CompletionWord() *stream.Word { return c.done }
-
-// StreamWork is work a Stream condition's operation enqueues around its trigger, in
-// the same critical section so no other operation's work interleaves: Before runs
-// before the trigger store (a device-to-host staging copy), After after the
+// streamWork is work a Stream condition's operation enqueues around its trigger, in
+// the same critical section so no other operation's work interleaves: before runs
+// before the trigger store (a device-to-host staging copy), after after the
 // completion wait (a host-to-device copy of received data).
-type StreamWork struct {
-	Before, After func(s stream.Stream) error
-	// PollCompletion: the completion is expected to take long (a large transfer), so
-	// the stream waits for it with Stream.PollValue, which notices it sooner than a
-	// memop wait at the cost of a kernel launch.
-	PollCompletion bool
+type streamWork struct {
+	before, after func(s stream.Stream) error
+	// poll: the completion is expected to take long (a large transfer), so the stream
+	// waits for it with Stream.PollValue, which notices it sooner than a memop wait at
+	// the cost of a kernel launch.
+	poll bool
 }
 
-// Arm reserves the next sequence number for one operation. record runs first, with the
-// number, so whoever executes operations knows the operation before the trigger can
-// reach it. For a Stream condition Arm then enqueues work.Before, the trigger store,
-// and with streamOrdered the wait for completion and work.After, on the stream.
-func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uint64)) (uint64, error) {
+// arm reserves the next sequence number for one operation. record runs first, with the
+// number, so the engine knows the operation before the trigger can reach it. For a
+// Stream condition arm then enqueues work.before, the trigger store, and with
+// streamOrdered the wait for completion and work.after, on the stream.
+func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uint64)) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed.Load() {
@@ -238,14 +234,14 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 		return c.armGroupLocked(streamOrdered, work, record)
 	}
 	if c.category == Stream {
-		if work.Before != nil {
-			if err := work.Before(c.stream); err != nil {
+		if work.before != nil {
+			if err := work.before(c.stream); err != nil {
 				return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
 			}
 		}
 		// The trigger and the completion wait go in one enqueue (one driver call on
 		// CUDA). If the stream refuses it (closed, sticky error), nothing is armed.
-		polled := streamOrdered && work.PollCompletion
+		polled := streamOrdered && work.poll
 		var err error
 		if streamOrdered && !polled {
 			err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, stream.GEQ)
@@ -263,8 +259,8 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 			}
 		}
 		if streamOrdered {
-			if work.After != nil {
-				if err := work.After(c.stream); err != nil {
+			if work.after != nil {
+				if err := work.after(c.stream); err != nil {
 					return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)
 				}
 			}
@@ -276,10 +272,10 @@ func (c *Condition) Arm(streamOrdered bool, work StreamWork, record func(seq uin
 	return seq, nil
 }
 
-// Retire marks operation seq completed (with err, nil on success). Operations retire in
-// sequence order: the proxy calls Retire for seq only after seq-1. It advances the
+// retire marks operation seq completed (with err, nil on success). Operations retire
+// in sequence order: the engine retires seq only after seq-1. It advances the
 // completion word, which releases streams waiting on it.
-func (c *Condition) Retire(seq uint64, err error) {
+func (c *Condition) retire(seq uint64, err error) {
 	if err != nil {
 		c.recordErr(err, fmt.Sprintf("operation %d", seq))
 	}
@@ -299,13 +295,25 @@ func (c *Condition) recordErr(err error, what string) {
 	c.errMu.Unlock()
 }
 
-// Err is the first error an operation of the condition met, if any. The failed
-// operation's Request reports it too; the completion word still advances, so no stream
-// stays blocked on a failed operation.
+// Err is the first error an operation of the condition met since the condition was
+// created or ClearErr was last called, nil if none. The failed operation's Request
+// reports its own error too; the completion word still advances, so no stream stays
+// blocked on a failed operation. For a Graph condition it is the first error any
+// launch met.
 func (c *Condition) Err() error {
 	c.errMu.Lock()
 	defer c.errMu.Unlock()
 	return c.firstErr
+}
+
+// ClearErr returns Err and clears it, so the condition serves as a health check again
+// (operations that fail later are reported by the next Err).
+func (c *Condition) ClearErr() error {
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	err := c.firstErr
+	c.firstErr = nil
+	return err
 }
 
 // Pending is the number of operations armed but not retired.
@@ -315,9 +323,9 @@ func (c *Condition) Pending() int {
 	return int(c.armed - c.retired.Load())
 }
 
-// WaitOnStream enqueues on s a wait until operation seq has completed: the
+// waitOnStream enqueues on s a wait until operation seq has completed: the
 // cross-stream form of stream-ordered completion.
-func (c *Condition) WaitOnStream(s stream.Stream, seq uint64) error {
+func (c *Condition) waitOnStream(s stream.Stream, seq uint64) error {
 	if s == nil {
 		return fmt.Errorf("wait on stream: nil stream: %w", ErrInvalidParam)
 	}
@@ -405,9 +413,9 @@ func Test(h DeviceHandle) bool {
 	return int64(h.hostDone.Load()-h.CompletionValue) >= 0
 }
 
-// AttachDriver adds d (once) to the drivers of the condition's words: host executors
+// attachDriver adds d (once) to the drivers of the condition's words: host executors
 // waiting on the completion word run it, and trigger stores kick it.
-func (c *Condition) AttachDriver(d stream.Driver) {
+func (c *Condition) attachDriver(d stream.Driver) {
 	// The common case, once per operation: the one driver is attached already.
 	if p := c.firstDriver.Load(); p != nil && *p == d {
 		return

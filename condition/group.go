@@ -41,8 +41,8 @@ func (c *Condition) BeginGroup() error {
 	return nil
 }
 
-// InGroup reports whether a group is open.
-func (c *Condition) InGroup() bool {
+// inGroup reports whether a group is open.
+func (c *Condition) inGroup() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.group != nil
@@ -93,9 +93,9 @@ func (c *Condition) EndGroup() error {
 // armGroupLocked arms one operation of the open group: work before the trigger is
 // enqueued now (it precedes the group's trigger either way), the rest at EndGroup.
 // Caller holds c.mu.
-func (c *Condition) armGroupLocked(streamOrdered bool, work StreamWork, record func(seq uint64)) (uint64, error) {
-	if work.Before != nil {
-		if err := work.Before(c.stream); err != nil {
+func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record func(seq uint64)) (uint64, error) {
+	if work.before != nil {
+		if err := work.before(c.stream); err != nil {
 			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
 		}
 	}
@@ -104,9 +104,9 @@ func (c *Condition) armGroupLocked(streamOrdered bool, work StreamWork, record f
 	c.armed = seq
 	if streamOrdered {
 		c.group.ordered = true
-		c.group.polled = c.group.polled || work.PollCompletion
-		if work.After != nil {
-			c.group.after = append(c.group.after, work.After)
+		c.group.polled = c.group.polled || work.poll
+		if work.after != nil {
+			c.group.after = append(c.group.after, work.after)
 		}
 	}
 	return seq, nil

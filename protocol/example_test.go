@@ -7,15 +7,18 @@ import (
 	"github.com/ucpx/ucpx/stream"
 )
 
-// On host streams every buffer is host memory and nothing needs staging; on a CUDA
-// backend the same calls classify device memory and lend pinned buffers.
-func ExampleStager() {
+// A planner decides how an operation's buffer travels. On host streams every buffer is
+// host memory and moves as it is, in one part; on a CUDA backend whose transport has
+// no CUDA support, device buffers are staged through pinned host memory (in parts for
+// large RMA).
+func ExamplePlanner() {
 	backend, _ := stream.Open(stream.Host)
 	defer backend.Close()
-	st := protocol.NewStager(backend)
-	defer st.Close()
-	buf := make([]byte, 64)
-	kind, err := st.Classify(uintptr(len(buf)))
-	fmt.Println(kind, err)
-	// Output: host <nil>
+	pl, _ := protocol.NewPlanner(protocol.Config{}, false)
+	defer pl.Close()
+	var plan protocol.Plan
+	err := pl.Plan(protocol.Transfer{Buf: make([]byte, 64<<10), Dir: protocol.Out},
+		protocol.Route{Backend: backend, OnStream: true, StreamOrdered: true}, &plan)
+	fmt.Println(len(plan.Parts), plan.Staged(), plan.Poll, err)
+	// Output: 1 false true <nil>
 }

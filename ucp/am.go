@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // AmSendFlags are ucp_am_send_flags.
@@ -196,9 +197,9 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 		return nil, opErr(op, ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned(op, p, buf, dirOut, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.submit(op, p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.AmSendNbx(id, header, b, ip)
-		}, false)
+		})
 	}
 	w := ep.w
 	w.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // Feature selects the UCX capabilities a context is created with.
@@ -64,6 +65,9 @@ type ContextParams struct {
 	Config map[string]string
 	// EstimatedEndpoints helps UCX size its resources; 0 leaves the default.
 	EstimatedEndpoints int
+	// Protocol tunes how buffers travel under conditions (staging parts, completion
+	// polling, doorbell); the zero value means protocol.DefaultConfig.
+	Protocol protocol.Config
 }
 
 // Context is a ucp_context_h: the UCX configuration and the memory registrations.
@@ -73,6 +77,7 @@ type Context struct {
 	raw      *ucx.Context
 	features Feature
 	memTypes uint64
+	protocol protocol.Config
 	workers  map[*Worker]struct{}
 	memhs    map[*MemH]struct{}
 	closed   bool
@@ -85,6 +90,10 @@ func NewContext(p ContextParams) (*Context, error) {
 	}
 	if p.EstimatedEndpoints < 0 {
 		return nil, opErr("init", ErrInvalidParam, "EstimatedEndpoints %d", p.EstimatedEndpoints)
+	}
+	proto, err := p.Protocol.Resolve()
+	if err != nil {
+		return nil, opErr("init", err, "ContextParams.Protocol")
 	}
 	cfg := make(map[string]string, len(p.Config))
 	for k, v := range p.Config {
@@ -99,6 +108,7 @@ func NewContext(p ContextParams) (*Context, error) {
 		raw:      raw,
 		features: p.Features,
 		memTypes: raw.MemoryTypes(),
+		protocol: proto,
 		workers:  map[*Worker]struct{}{},
 		memhs:    map[*MemH]struct{}{},
 	}, nil

@@ -139,6 +139,15 @@ func (w *Worker) ConnectAddress(addr []byte, p *EndpointParams) (*Endpoint, erro
 }
 
 // usableLocked returns the error an operation on ep must fail with, if any.
+// sameWorker checks that ep (RequestParam.Peer, nil allowed) belongs to w: a receive
+// is tied to the peer's failure through the peer's worker.
+func (ep *Endpoint) sameWorker(op string, w *Worker) error {
+	if ep != nil && ep.w != w {
+		return opErr(op, ErrInvalidParam, "RequestParam.Peer %s belongs to another worker", ep)
+	}
+	return nil
+}
+
 func (ep *Endpoint) usableLocked(op string) error {
 	if ep.closed || ep.w.closed.Load() {
 		return opErr(op, ErrClosed, "%s", ep)

@@ -29,7 +29,6 @@ var (
 	ErrBufferTooSmall   error = Status(ucx.ErrBufferTooSmall)
 	ErrNoElem           error = Status(ucx.ErrNoElem)
 	ErrNoDevice         error = Status(ucx.ErrNoDevice)
-	ErrCanceled         error = Status(ucx.ErrCanceled)
 	ErrAlreadyExists    error = Status(ucx.ErrAlreadyExists)
 	ErrOutOfRange       error = Status(ucx.ErrOutOfRange)
 	ErrTimedOut         error = Status(ucx.ErrTimedOut)
@@ -50,6 +49,9 @@ var (
 	ErrUnsupported = errs.Unsupported
 	// ErrBusy: the object still has work in flight (UCS_ERR_BUSY).
 	ErrBusy = errs.Busy
+	// ErrCanceled: the operation was canceled (UCS_ERR_CANCELED), by Cancel or because
+	// its worker closed.
+	ErrCanceled = errs.Canceled
 	// ErrClosed is returned for operations on a closed context, worker, endpoint,
 	// listener, memory handle, rkey, condition or stream. It is not a UCX status: UCX
 	// would crash instead.
@@ -73,6 +75,8 @@ func (s Status) Is(target error) bool {
 		return ucx.Status(s) == ucx.ErrUnsupported || ucx.Status(s) == ucx.ErrNotImplemented
 	case errs.Busy:
 		return ucx.Status(s) == ucx.ErrBusy
+	case errs.Canceled:
+		return ucx.Status(s) == ucx.ErrCanceled
 	}
 	return false
 }

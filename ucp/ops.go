@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // DeviceBuffer presents n bytes at addr, memory Go does not manage (device memory from
@@ -37,9 +38,13 @@ func (p *RequestParam) check(op string, c *Context) error {
 	if p.MemH != nil && p.MemH.closed {
 		return opErr(op, ErrClosed, "RequestParam.MemH")
 	}
+	if p.MemH != nil && p.MemH.ctx != c {
+		return opErr(op, ErrInvalidParam, "RequestParam.MemH belongs to another context")
+	}
 	if p.MemoryType > MemoryHost && p.Condition == nil && !c.SupportsMemoryType(p.MemoryType) {
-		// UCX would touch device memory from the CPU. Conditions stage it instead.
-		return opErr(op, ErrUnsupported, "%s memory: UCX here has no transport for it; use a Stream condition (staging) or host memory", p.MemoryType)
+		// UCX would touch device memory from the CPU. A Stream condition on a CUDA
+		// stream stages it instead.
+		return opErr(op, ErrUnsupported, "%s memory: UCX here has no transport for it; enqueue it with a Stream condition on a CUDA stream (staging) or use host memory", p.MemoryType)
 	}
 	return nil
 }
@@ -59,9 +64,9 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned("tag_send_nbx", p, buf, dirOut, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.submit("tag_send_nbx", p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.TagSendNbx(b, tag, ip)
-		}, false)
+		})
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -81,10 +86,13 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 	if err := p.check("tag_recv_nbx", w.ctx); err != nil {
 		return nil, err
 	}
+	if err := p.Peer.sameWorker("tag_recv_nbx", w); err != nil {
+		return nil, err
+	}
 	if p.Condition != nil {
-		return w.enqueueConditioned("tag_recv_nbx", p, buf, dirIn, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
+		return w.submit("tag_recv_nbx", p, buf, protocol.In, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
 			return w.TagRecvNbx(b, tag, mask, ip)
-		}, false)
+		})
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -130,13 +138,18 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 		return nil, err
 	}
 	if p.Condition != nil {
-		dir := dirIn
-		if put {
-			dir = dirOut
+		// The range is checked at the call: a bad one would otherwise fail only when
+		// the stream gets there.
+		if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
+			return nil, err
 		}
-		return ep.w.enqueueConditioned(op, p, buf, dir, func(off int, b []byte, ip *RequestParam) (*Request, error) {
+		dir := protocol.In
+		if put {
+			dir = protocol.Out
+		}
+		return ep.w.submit(op, p, buf, dir, true, func(off int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
-		}, true)
+		})
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -204,9 +217,12 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned(op, p, nil, dirNone, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
+		if err := rkey.checkRange(op, ep, raddr, a.Size); err != nil {
+			return nil, err
+		}
+		return ep.w.submit(op, p, nil, protocol.NoBuffer, false, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
 			return ep.AtomicNbx(a, raddr, rkey, ip)
-		}, false)
+		})
 	}
 	fetch := a.Fetch || a.Op == AtomicSwap || a.Op == AtomicCswap
 	w := ep.w
@@ -264,7 +280,14 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 }
 
 // Fetched is the remote value before an atomic operation with fetch semantics.
-func (r *Request) Fetched() uint64 { return r.fetched }
+func (r *Request) Fetched() uint64 {
+	if r.cop != nil {
+		if in := r.issued(); in != nil {
+			return in.fetched
+		}
+	}
+	return r.fetched
+}
 
 // FlushNbx completes all operations issued on the endpoint, locally and remotely
 // (ucp_ep_flush_nbx).
@@ -274,9 +297,9 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return ep.w.enqueueConditioned("ep_flush_nbx", p, nil, dirNone, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
+		return ep.w.submit("ep_flush_nbx", p, nil, protocol.NoBuffer, false, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
 			return ep.FlushNbx(ip)
-		}, false)
+		})
 	}
 	w := ep.w
 	w.mu.Lock()
@@ -295,9 +318,9 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 		return nil, err
 	}
 	if p.Condition != nil {
-		return w.enqueueConditioned("worker_flush_nbx", p, nil, dirNone, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
+		return w.submit("worker_flush_nbx", p, nil, protocol.NoBuffer, false, func(_ int, _ []byte, ip *RequestParam) (*Request, error) {
 			return w.FlushNbx(ip)
-		}, false)
+		})
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -360,11 +383,17 @@ func (r *Rkey) Base() uint64 { return r.base }
 func (r *Rkey) Len() int { return int(r.length) }
 
 func (r *Rkey) checkLocked(op string, ep *Endpoint, raddr uint64, n int) error {
+	if r != nil && r.closed {
+		return opErr(op, ErrClosed, "rkey")
+	}
+	return r.checkRange(op, ep, raddr, n)
+}
+
+// checkRange checks what never changes after unpacking: the endpoint and the region.
+func (r *Rkey) checkRange(op string, ep *Endpoint, raddr uint64, n int) error {
 	switch {
 	case r == nil:
 		return opErr(op, ErrInvalidParam, "nil rkey")
-	case r.closed:
-		return opErr(op, ErrClosed, "rkey")
 	case r.ep != ep:
 		return opErr(op, ErrInvalidParam, "rkey was unpacked for %s, not %s", r.ep, ep)
 	case raddr < r.base || uint64(n) > r.length || raddr-r.base > r.length-uint64(n):

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -49,10 +48,10 @@ type RequestParam struct {
 	// forever (tag receives are not tied to an endpoint in UCX).
 	Peer *Endpoint
 	// Condition defers the operation until the condition triggers (a stream reaches the
-	// point of the call, a kernel or Trigger fires the handle). The proxy engine issues
-	// it; the Request completes on the proxy goroutine, which also runs Callback. With a
-	// Stream condition, later work on the stream waits for the completion unless Flags
-	// has NonBlockingEnqueue.
+	// point of the call, a kernel or Trigger fires the handle). The worker's engine
+	// issues it; the Request completes on the goroutine that ran the engine's round,
+	// which also runs Callback. With a Stream condition, later work on the stream waits
+	// for the completion unless Flags has NonBlockingEnqueue.
 	Condition *condition.Condition
 }
 
@@ -78,53 +77,15 @@ type Request struct {
 	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
 	finish func(r *Request)
 
-	// Conditioned operations (condOp != nil): completed by the proxy (finishProxied).
-	cond   *condition.Condition
-	condOp *condOp
-	seq    uint64
-	// doneCh is made only for a waiter that has to block (most conditioned operations
-	// are never waited on from the host); finished says the proxy is done with it.
-	waitMu   sync.Mutex
-	doneCh   chan struct{}
-	finished bool
+	// cop is the engine's view of a conditioned operation, which completes it.
+	cop *condition.Op
 }
 
-// finishProxied ends a conditioned request with err. It is done before retire runs
-// (a stream the completion word releases sees it done); a blocked waiter is woken and
-// the callback runs after (a woken waiter may destroy the condition).
-func (r *Request) finishProxied(err error, retire func()) {
-	r.err = err
-	r.done.Store(true)
-	if retire != nil {
-		retire()
-	}
-	r.wakeWaiters()
-	if r.cb != nil {
-		r.cb(r)
-	}
-}
-
-// wakeWaiters wakes a waiter blocked on a conditioned request once it is done.
-func (r *Request) wakeWaiters() {
-	r.waitMu.Lock()
-	r.finished = true
-	if r.doneCh != nil {
-		close(r.doneCh)
-	}
-	r.waitMu.Unlock()
-}
-
-// doneChan returns a channel closed once the conditioned request is done.
-func (r *Request) doneChan() <-chan struct{} {
-	r.waitMu.Lock()
-	defer r.waitMu.Unlock()
-	if r.doneCh == nil {
-		r.doneCh = make(chan struct{})
-		if r.finished {
-			close(r.doneCh)
-		}
-	}
-	return r.doneCh
+// issued is the UCX request a one-part conditioned operation ran as, once done (nil
+// otherwise): its results are the operation's.
+func (r *Request) issued() *Request {
+	in, _ := r.cop.Issued().(*Request)
+	return in
 }
 
 // completedRequest is shared by every send that completes in place: it carries no
@@ -136,10 +97,18 @@ var completedRequest = func() *Request {
 }()
 
 // Done reports whether the operation completed, without driving progress.
-func (r *Request) Done() bool { return r.done.Load() }
+func (r *Request) Done() bool {
+	if r.cop != nil {
+		return r.cop.Done()
+	}
+	return r.done.Load()
+}
 
 // Err is the operation's result once Done; nil while pending.
 func (r *Request) Err() error {
+	if r.cop != nil {
+		return r.cop.Err()
+	}
 	if !r.done.Load() {
 		return nil
 	}
@@ -147,20 +116,33 @@ func (r *Request) Err() error {
 }
 
 // Length is the received length (tag receive, AM receive) once Done.
-func (r *Request) Length() int { return r.length }
+func (r *Request) Length() int {
+	if r.cop != nil {
+		if in := r.issued(); in != nil {
+			return in.length
+		}
+	}
+	return r.length
+}
 
 // SenderTag is the tag of the matched message (tag receive) once Done.
-func (r *Request) SenderTag() uint64 { return r.tag }
+func (r *Request) SenderTag() uint64 {
+	if r.cop != nil {
+		if in := r.issued(); in != nil {
+			return in.tag
+		}
+	}
+	return r.tag
+}
 
 // Test drives one round of progress if the request is pending and reports whether
 // it is done, with its error.
 func (r *Request) Test() (bool, error) {
+	if r.cop != nil {
+		return r.cop.Test()
+	}
 	if r.done.Load() {
 		return true, r.err
-	}
-	if r.condOp != nil {
-		r.w.px.Drive()
-		return r.done.Load(), r.Err()
 	}
 	r.w.Progress()
 	if r.done.Load() {
@@ -172,72 +154,39 @@ func (r *Request) Test() (bool, error) {
 // Wait drives progress until the operation completes or ctx ends. When ctx ends first
 // it returns ctx.Err() and the operation stays pending (Cancel it if it should stop).
 func (r *Request) Wait(ctx context.Context) error {
+	if r.cop != nil {
+		return r.cop.Wait(ctx)
+	}
 	if r.done.Load() {
 		return r.err
 	}
-	if r.condOp != nil {
-		return r.waitProxied(ctx)
-	}
 	return r.w.waitRequest(ctx, r)
-}
-
-// waitProxied waits for a conditioned operation: it drives the proxy itself while that
-// makes progress (no thread hop on the latency path), then blocks until the proxy
-// goroutine completes the operation.
-func (r *Request) waitProxied(ctx context.Context) error {
-	px := r.w.px
-	idle := 0
-	for idle < 4096 {
-		if r.done.Load() {
-			return r.err
-		}
-		if px.Drive() {
-			idle = 0
-		} else {
-			idle++
-			if idle > 256 {
-				runtime.Gosched()
-			}
-		}
-	}
-	select {
-	case <-r.doneChan():
-		return r.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // WaitOnStream orders s after a conditioned operation: work enqueued on s afterwards runs
 // only once the operation has completed (MPIX Wait_enqueue). s must be of the
 // condition's backend. A done operation, or one without a condition, needs no wait.
 func (r *Request) WaitOnStream(s stream.Stream) error {
-	if r.cond == nil {
-		if s == nil {
-			return opErr("wait_on_stream", ErrInvalidParam, "nil stream")
-		}
+	if s == nil {
+		return opErr("wait_on_stream", ErrInvalidParam, "nil stream")
+	}
+	if r.cop == nil {
 		if !r.done.Load() {
 			return opErr("wait_on_stream", ErrInvalidParam, "%s has no condition: wait on the host", r.op)
 		}
 		return nil
 	}
-	if err := r.cond.WaitOnStream(s, r.seq); err != nil {
-		return opErr("wait_on_stream", err, "%s", r.op)
-	}
-	if s.Kind() == stream.KindCUDA && r.condOp != nil && !r.done.Load() {
-		r.w.px.ringOnCompletion(r.condOp)
-	}
-	return nil
+	return opErr("wait_on_stream", r.cop.WaitOnStream(s), "%s", r.op)
 }
 
 // Cancel asks UCX to cancel a pending operation; it then completes with ErrCanceled
 // (or its real result if it completed first). Canceling a done request does nothing.
 func (r *Request) Cancel() {
-	if r.done.Load() {
+	if r.cop != nil {
+		r.cop.Cancel()
 		return
 	}
-	if r.condOp != nil {
-		r.w.px.cancel(r.condOp)
+	if r.done.Load() {
 		return
 	}
 	w := r.w

@@ -12,8 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
-	"github.com/ucpx/ucpx/protocol"
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/condition"
 )
 
 // WorkerParams configures NewWorker.
@@ -42,21 +41,15 @@ type Worker struct {
 	events    []ucx.Event
 	deferred  []func() // user callbacks to run after mu is released
 
-	efd int    // -1 without wakeup
-	px  *proxy // the proxy engine, started by the first conditioned operation (under mu)
-	// proxyReady is px once started: enqueuers read it without mu, which the proxy
+	efd int               // -1 without wakeup
+	eng *condition.Engine // the engine of conditioned operations, started on first use (under mu)
+	// engReady is eng once started: enqueuers read it without mu, which the engine
 	// holds while it progresses.
-	proxyReady atomic.Pointer[proxy]
-	// completions counts requests completed asynchronously (completeLocked): the proxy
+	engReady atomic.Pointer[condition.Engine]
+	// completions counts requests completed asynchronously (completeLocked): the engine
 	// rescans its operations only when this, a trigger word or its own operation set
 	// changed.
 	completions atomic.Uint64
-
-	// stagers lend pinned buffers for device memory, one per CUDA backend. Their own
-	// lock: enqueuers must not wait for the proxy's progress calls, which hold mu.
-	stagerMu      sync.Mutex
-	stagers       map[stream.Backend]*protocol.Stager
-	stagersClosed bool
 }
 
 // NewWorker creates a worker on the context.
@@ -315,17 +308,10 @@ func (w *Worker) Close() error {
 	}
 	cbs := w.takeDeferredLocked()
 	w.raw.Destroy()
-	px := w.px
+	eng := w.eng
 	w.mu.Unlock()
-	w.stagerMu.Lock()
-	stagers := w.stagers
-	w.stagers, w.stagersClosed = nil, true
-	w.stagerMu.Unlock()
-	if px != nil {
-		px.shutdown()
-	}
-	for _, st := range stagers {
-		_ = st.Close()
+	if eng != nil {
+		_ = eng.Close()
 	}
 
 	w.ctx.mu.Lock()

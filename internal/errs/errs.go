@@ -41,4 +41,6 @@ var (
 	Unsupported = New("not supported", errors.ErrUnsupported)
 	// Busy: the object still has work in flight; nothing was changed.
 	Busy = New("busy")
+	// Canceled: the operation was canceled (by the caller, or because its worker closed).
+	Canceled = New("canceled")
 )

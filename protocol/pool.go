@@ -1,6 +1,3 @@
-// Package protocol holds the mechanisms that decide how a buffer travels: memory-kind
-// detection and the staging workspace through which device memory moves when UCX
-// cannot send from it directly (Debian's UCX has no CUDA transports).
 package protocol
 
 import (
@@ -35,29 +32,49 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
-// ErrClosed is returned after Close.
-var ErrClosed = errs.Closed
+// Errors: the roots every ucpx package shares (ucp.ErrClosed and friends match them).
+var (
+	ErrClosed       = errs.Closed
+	ErrInvalidParam = errs.InvalidParam
+	ErrUnsupported  = errs.Unsupported
+)
 
 // minClass is the smallest staging buffer: small messages share one size so the pool
 // stays small; larger ones round up to a power of two.
 const minClass = 64 << 10
 
-// Stager classifies buffers and lends page-locked host buffers for staging. One serves
+// Buffer is a page-locked host buffer lent by a Pool: the staging workspace a device
+// buffer moves through. Its memory is C memory, so UCX and the GPU's copy engine may
+// hold its address.
+type Buffer struct {
+	mem *cuda.HostMemory
+}
+
+// Bytes is the whole buffer (its size class: at least what was asked for).
+func (b *Buffer) Bytes() []byte { return b.mem.Bytes() }
+
+// Addr is the buffer's address.
+func (b *Buffer) Addr() uintptr { return b.mem.Addr() }
+
+// Size is the buffer's size in bytes (its size class).
+func (b *Buffer) Size() int { return b.mem.Size() }
+
+// Pool classifies buffers and lends page-locked host buffers for staging. One serves
 // one stream backend; on host backends every buffer is host memory and nothing is lent.
 // Buffers are cached by size class and reused: allocating pinned memory costs far more
-// than a message.
-type Stager struct {
+// than a message, and may wait for the user's own stream work.
+type Pool struct {
 	ctx       *cuda.Context // nil on host backends
 	mu        sync.Mutex
-	free      map[int][]*cuda.HostMemory
-	freeLater []*cuda.HostMemory // returned after Close, freed by the next Close
+	free      map[int][]*Buffer
+	freeLater []*Buffer // returned after Close, freed by the next Close
 	lent      int
 	closed    bool
 }
 
-// NewStager makes the stager of backend b.
-func NewStager(b stream.Backend) *Stager {
-	s := &Stager{free: map[int][]*cuda.HostMemory{}}
+// NewPool makes the staging pool of backend b.
+func NewPool(b stream.Backend) *Pool {
+	s := &Pool{free: map[int][]*Buffer{}}
 	if ctx, _, ok := stream.CUDAContext(b); ok {
 		s.ctx = ctx
 	}
@@ -66,7 +83,7 @@ func NewStager(b stream.Backend) *Stager {
 
 // Classify reports where addr lives. On host backends, and for memory CUDA does not
 // know (ordinary pageable memory), it is host memory.
-func (s *Stager) Classify(addr uintptr) (Kind, error) {
+func (s *Pool) Classify(addr uintptr) (Kind, error) {
 	if s.ctx == nil || addr == 0 {
 		return KindHost, nil
 	}
@@ -94,7 +111,7 @@ func class(n int) int {
 }
 
 // Get lends a pinned buffer of at least n bytes.
-func (s *Stager) Get(n int) (*cuda.HostMemory, error) {
+func (s *Pool) Get(n int) (*Buffer, error) {
 	if s.ctx == nil {
 		return nil, fmt.Errorf("staging on a host backend: %w", stream.ErrNotSupported)
 	}
@@ -120,12 +137,12 @@ func (s *Stager) Get(n int) (*cuda.HostMemory, error) {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("staging buffer of %d bytes: %w", c, err)
 	}
-	return m, nil
+	return &Buffer{mem: m}, nil
 }
 
 // Put returns a lent buffer. Safe from any goroutine (including stream host functions,
 // where it must not call CUDA: it only queues the buffer).
-func (s *Stager) Put(m *cuda.HostMemory) {
+func (s *Pool) Put(m *Buffer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lent--
@@ -138,7 +155,7 @@ func (s *Stager) Put(m *cuda.HostMemory) {
 }
 
 // Lent is the number of buffers lent and not returned.
-func (s *Stager) Lent() int {
+func (s *Pool) Lent() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lent
@@ -146,10 +163,10 @@ func (s *Stager) Lent() int {
 
 // Close frees the cached buffers; buffers still lent are freed by a later Close once
 // returned. A second Close only frees what came back since.
-func (s *Stager) Close() error {
+func (s *Pool) Close() error {
 	s.mu.Lock()
 	s.closed = true
-	var all []*cuda.HostMemory
+	var all []*Buffer
 	for c, l := range s.free {
 		all = append(all, l...)
 		delete(s.free, c)
@@ -159,9 +176,28 @@ func (s *Stager) Close() error {
 	s.mu.Unlock()
 	var first error
 	for _, m := range all {
-		if err := m.Close(); err != nil && first == nil {
+		if err := m.mem.Close(); err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
+}
+
+// Reserve allocates count buffers of at least n bytes into the cache now, so that the
+// operations that need them later find them without an allocation.
+func (s *Pool) Reserve(n, count int) error {
+	bufs := make([]*Buffer, 0, count)
+	defer func() {
+		for _, b := range bufs {
+			s.Put(b)
+		}
+	}()
+	for range count {
+		b, err := s.Get(n)
+		if err != nil {
+			return err
+		}
+		bufs = append(bufs, b)
+	}
+	return nil
 }

@@ -1,0 +1,486 @@
+package condition
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream"
+)
+
+// The engine (the proxy) executes conditioned operations: one per communication
+// worker. It watches the trigger words of conditions with pending operations only,
+// issues each operation (in sequence order) once its condition's trigger has reached
+// it, and retires operations in order, storing into the completion word the highest
+// sequence number up to which every operation completed. A round may run on any
+// goroutine (the engine's own, a host-stream executor waiting on a completion word, a
+// goroutine waiting on an operation), one at a time. With nothing pending the engine's
+// goroutine blocks on a channel, so an idle process costs no CPU. It never needs the
+// application's goroutines to run, and it makes no driver call that can wait for the
+// application's stream work (docs/ARCHITECTURE.md lists the calls it makes).
+
+// Operation is a communication operation the engine issues when its condition's
+// trigger reaches it. Package ucp implements it for every nbx call.
+type Operation interface {
+	// Issue starts the operation on one part of its plan: p.Buf at p.Offset of the
+	// caller's buffer (p.Staged: host staging memory standing for device memory). It
+	// is called once per trigger (once per launch for graph operations) on whichever
+	// goroutine runs the engine's round, and must not block.
+	Issue(p *protocol.Part) (Issued, error)
+}
+
+// Issued is an operation the transport has started.
+type Issued interface {
+	// Done reports completion without driving progress.
+	Done() bool
+	// Err is the result once Done.
+	Err() error
+	// Cancel asks the transport to cancel the operation.
+	Cancel()
+}
+
+// Transport is what an engine drives.
+type Transport interface {
+	// Progress advances the transport, spinning a bounded number of times while
+	// oldest (the oldest operation in flight, nil if none) is pending; it reports
+	// whether anything progressed. It must not block.
+	Progress(oldest Issued) bool
+	// Completions counts the operations the transport completed asynchronously so
+	// far: the engine rescans its operations only when this or a trigger word moved.
+	Completions() uint64
+}
+
+// Engine executes the conditioned operations of one transport (a ucp.Worker).
+type Engine struct {
+	transport Transport
+	planner   *protocol.Planner
+	// drive makes one goroutine at a time run a round.
+	drive  sync.Mutex
+	mu     sync.Mutex // guards active and the parts' issue state
+	active map[*Condition]*channel
+	order  []*channel // the channels of active, for rounds (cheaper than a map)
+	// incoming holds the parts added and not yet in their channels: a lock-free stack
+	// linked through part.nextIn, newest first; closedIncoming once the engine closed.
+	// Enqueuers write it from other cores: the padding keeps it off the lines the
+	// driving thread uses every round.
+	_        [64]byte
+	incoming atomic.Pointer[part]
+	_        [64]byte
+	wake     chan struct{}
+	stop     chan struct{}
+	exited   chan struct{}
+	retired  []*part // the round's scratch list (under drive)
+	// parked: the engine's goroutine waits on wake. Kicks wake it only then: while it
+	// backs off, a goroutine waiting on a completion word drives rounds itself.
+	parked atomic.Bool
+
+	// What the last full round saw, so rounds in between can tell that nothing changed
+	// without taking mu (which enqueuers need). Under drive.
+	last   roundState
+	scan   []*channel
+	waitOn Issued // the oldest operation in flight then
+}
+
+// closedIncoming marks Engine.incoming of an engine that closed.
+var closedIncoming = &part{}
+
+// channel is one condition's pending parts, in sequence order.
+type channel struct {
+	cond *Condition
+	ops  []*part
+	pos  int // index in Engine.order
+	// seenTrigger is the trigger word as the last full round read it (under drive).
+	seenTrigger uint64
+	// running counts a Graph condition's parts issued for the current launch and not
+	// yet completed.
+	running int
+}
+
+type roundState struct {
+	completions uint64
+	changed     bool // the round progressed: the next one must be full too
+	inflight    bool
+}
+
+// NewEngine starts an engine driving t, with the transfer protocol configured by cfg;
+// cudaTransport says t moves device memory itself (no staging).
+func NewEngine(t Transport, cfg protocol.Config, cudaTransport bool) (*Engine, error) {
+	pl, err := protocol.NewPlanner(cfg, cudaTransport)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		transport: t,
+		planner:   pl,
+		active:    map[*Condition]*channel{},
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		exited:    make(chan struct{}),
+	}
+	go e.run()
+	return e, nil
+}
+
+// add hands p to the engine through the lock-free stack, which the next full round
+// empties into the channels: an enqueuer never waits for a round, a round never waits
+// for an enqueuer. One condition's parts arrive in sequence order: arming holds the
+// condition's lock while it calls add, and the round takes them in push order.
+func (e *Engine) add(p *part) error {
+	for {
+		head := e.incoming.Load()
+		if head == closedIncoming {
+			return ErrClosed
+		}
+		p.nextIn = head
+		if e.incoming.CompareAndSwap(head, p) {
+			break
+		}
+	}
+	e.Kick()
+	return nil
+}
+
+func (e *Engine) added() bool {
+	head := e.incoming.Load()
+	return head != nil && head != closedIncoming
+}
+
+// takeIncomingLocked moves the added parts into their channels. Caller holds e.mu.
+func (e *Engine) takeIncomingLocked() {
+	for {
+		head := e.incoming.Load()
+		if head == nil || head == closedIncoming {
+			return
+		}
+		if e.incoming.CompareAndSwap(head, nil) {
+			e.channelLocked(head)
+			return
+		}
+	}
+}
+
+// channelLocked appends the stack from head to the channels, oldest first.
+func (e *Engine) channelLocked(head *part) {
+	var oldest *part
+	for p := head; p != nil; {
+		next := p.nextIn
+		p.nextIn = oldest
+		oldest, p = p, next
+	}
+	for p := oldest; p != nil; {
+		next := p.nextIn
+		p.nextIn = nil
+		cond := p.op.cond
+		ch := e.active[cond]
+		if ch == nil {
+			ch = &channel{cond: cond, pos: len(e.order)}
+			e.active[cond] = ch
+			e.order = append(e.order, ch)
+		}
+		ch.ops = append(ch.ops, p)
+		p = next
+	}
+}
+
+func (e *Engine) removeLocked(ch *channel) {
+	delete(e.active, ch.cond)
+	last := e.order[len(e.order)-1]
+	e.order[ch.pos], last.pos = last, ch.pos
+	e.order[len(e.order)-1] = nil
+	e.order = e.order[:len(e.order)-1]
+}
+
+// Kick wakes the engine's goroutine if it is parked (stream.Driver: a host executor
+// stored a trigger).
+func (e *Engine) Kick() {
+	if !e.parked.Load() {
+		return
+	}
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Drive runs one round unless another goroutine runs one (stream.Driver): issue the
+// operations whose trigger came, retire completed ones in order, progress the
+// transport if anything is in flight. It reports whether anything progressed.
+func (e *Engine) Drive() bool {
+	progressed, _, _ := e.round()
+	return progressed
+}
+
+// run is the engine's goroutine. It is not locked to its OS thread: its backoff
+// yields with runtime.Gosched, which on a locked goroutine costs a thread handoff,
+// and nothing it calls needs thread affinity.
+func (e *Engine) run() {
+	defer close(e.exited)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	idle := 0
+	for {
+		select {
+		case <-e.stop:
+			return
+		default:
+		}
+		progressed, active, busy := e.round()
+		if !active {
+			e.parked.Store(true)
+			// Re-check after announcing: an add between the round and the flag would
+			// otherwise go unseen until the next kick.
+			if _, active, _ = e.round(); !active {
+				select {
+				case <-e.wake:
+				case <-e.stop:
+					e.parked.Store(false)
+					return
+				}
+			}
+			e.parked.Store(false)
+			idle = 0
+			continue
+		}
+		if progressed {
+			idle = 0
+			continue
+		}
+		if busy && idle < 4096 {
+			idle = 4096 // another goroutine drives the rounds: back off at once
+		}
+		idle++
+		switch {
+		case idle < 256:
+		case idle < 4096:
+			// A yield keeps a trigger that comes soon within microseconds; timers
+			// cannot sleep that briefly.
+			runtime.Gosched()
+		default:
+			// Waiting long for a trigger or a peer, or another goroutine drives: sleep
+			// until kicked, or briefly (GPU-written triggers are not kicked).
+			timer.Reset(50 * time.Microsecond)
+			select {
+			case <-e.wake:
+				idle = 0
+			case <-timer.C:
+			case <-e.stop:
+				timer.Stop()
+				return
+			}
+			timer.Stop()
+		}
+	}
+}
+
+// round is one pass of the engine unless another goroutine runs one (busy). active
+// reports whether operations are pending.
+func (e *Engine) round() (progressed, active, busy bool) {
+	if !e.drive.TryLock() {
+		return false, true, true
+	}
+	progressed, active = e.roundLocked()
+	return progressed, active, false
+}
+
+func (e *Engine) roundLocked() (progressed, active bool) {
+	defer e.drive.Unlock()
+	if e.quiet() {
+		// Nothing to issue or retire: only progress what is in flight.
+		if e.last.inflight && e.transport.Progress(e.waitOn) {
+			return true, true
+		}
+		return false, true
+	}
+	defer func() { e.last.changed = progressed }()
+	e.last.completions = e.transport.Completions()
+	inflight := false
+	var bell *stream.WordBlock // rung once this round's completions are stored
+	var waitOn Issued
+	e.mu.Lock()
+	e.takeIncomingLocked()
+	if len(e.active) == 0 {
+		e.scan = e.scan[:0]
+		e.mu.Unlock()
+		return false, false
+	}
+	// Backwards, so removeLocked's swap only moves channels already visited.
+	for i := len(e.order) - 1; i >= 0; i-- {
+		ch := e.order[i]
+		cond := ch.cond
+		if cond.category == Graph {
+			if e.persistentRoundLocked(ch) {
+				progressed = true
+			}
+			if ch.running > 0 {
+				inflight = true
+			}
+			continue
+		}
+		trigger := cond.trigger.Load()
+		ch.seenTrigger = trigger
+		for _, p := range ch.ops {
+			if p.issued {
+				continue
+			}
+			if int64(trigger-p.seq) < 0 {
+				break // later operations wait for a later trigger
+			}
+			if p.canceled {
+				p.err = errCanceledBeforeTrigger(p.op.what)
+			} else {
+				if p.ring {
+					p.issuedAt = time.Now()
+				}
+				p.inner, p.err = p.op.operation.Issue(p.plan)
+			}
+			p.issued = true
+			progressed = true
+		}
+		for len(ch.ops) > 0 {
+			p := ch.ops[0]
+			if !p.issued || (p.err == nil && !p.inner.Done()) {
+				break
+			}
+			ch.ops[0] = nil
+			ch.ops = ch.ops[1:]
+			if p.ring && time.Since(p.issuedAt) >= p.op.plan.RingAfter {
+				bell = cond.done.Block()
+			}
+			e.retired = append(e.retired, p)
+		}
+		if len(ch.ops) > 0 && ch.ops[0].issued {
+			inflight = true
+			if front := ch.ops[0]; waitOn == nil && front.err == nil && front.inner != nil {
+				waitOn = front.inner
+			}
+		}
+		if len(ch.ops) == 0 {
+			e.removeLocked(ch)
+		}
+	}
+	e.scan = append(e.scan[:0], e.order...)
+	e.mu.Unlock()
+	e.last.inflight, e.waitOn = inflight, waitOn
+	if len(e.retired) > 0 {
+		// Outside e.mu: retiring takes the condition's error lock and runs callbacks.
+		for i, p := range e.retired {
+			p.retire(nil)
+			e.retired[i] = nil
+		}
+		e.retired = e.retired[:0]
+		if bell != nil {
+			// Best effort: unrung, the wait is still noticed, only later.
+			_ = bell.Ring()
+		}
+		progressed = true
+	}
+	// Spin in the transport on the oldest operation in flight rather than paying a
+	// whole round per progress call.
+	if inflight && e.transport.Progress(waitOn) {
+		progressed = true
+	}
+	return progressed, true
+}
+
+// quiet reports that no full round is needed: the last one changed nothing, no part
+// was added, nothing completed and no trigger word moved since. Caller holds drive.
+func (e *Engine) quiet() bool {
+	if e.last.changed || len(e.scan) == 0 || e.added() || e.transport.Completions() != e.last.completions {
+		return false
+	}
+	for _, ch := range e.scan {
+		cond := ch.cond
+		if cond.category == Graph {
+			if cond.trigger.Load() == 1 || cond.destroyed.Load() {
+				return false
+			}
+		} else if cond.trigger.Load() != ch.seenTrigger {
+			return false
+		}
+	}
+	return true
+}
+
+// persistentRoundLocked runs the persistent operations of a Graph condition: each
+// time a launch stores 1 into the trigger, the engine takes it (resets the trigger to
+// 0, so the graph relaunches with no host update), issues every operation the
+// condition carries and, once all completed, stores 1 into the completion word. An
+// operation added while a launch runs joins from the next launch. A destroyed
+// condition's operations end. Caller holds e.mu and drive.
+func (e *Engine) persistentRoundLocked(ch *channel) bool {
+	cond := ch.cond
+	if ch.running > 0 {
+		var err error
+		for _, p := range ch.ops {
+			if !p.running {
+				continue
+			}
+			if p.err == nil && !p.inner.Done() {
+				return false
+			}
+			if err == nil {
+				err = p.err
+				if err == nil {
+					err = p.inner.Err()
+				}
+			}
+		}
+		for _, p := range ch.ops {
+			p.running = false
+		}
+		ch.running = 0
+		cond.fire(err)
+		return true
+	}
+	if cond.destroyed.Load() {
+		e.removeLocked(ch)
+		e.retired = append(e.retired, ch.ops...)
+		return true
+	}
+	if cond.trigger.Load() != 1 {
+		return false
+	}
+	cond.trigger.Store(0)
+	for _, p := range ch.ops {
+		p.inner, p.err = p.op.operation.Issue(p.plan)
+		p.issued, p.running = true, true
+	}
+	ch.running = len(ch.ops)
+	return true
+}
+
+// Close stops the engine and fails every operation it still holds, so no stream
+// stays blocked on a completion word; later submissions fail with ErrClosed. Call it
+// after the transport finished every operation the engine issued.
+func (e *Engine) Close() error {
+	pending := e.incoming.Swap(closedIncoming)
+	if pending == closedIncoming {
+		return ErrClosed
+	}
+	close(e.stop)
+	<-e.exited
+	e.mu.Lock()
+	e.channelLocked(pending)
+	var left []*part
+	for len(e.order) > 0 {
+		ch := e.order[len(e.order)-1]
+		left = append(left, ch.ops...)
+		e.removeLocked(ch)
+	}
+	e.mu.Unlock()
+	for _, p := range left {
+		switch {
+		case p.op.cond.category == Graph:
+			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"))
+		case !p.issued:
+			p.retire(errClosedWhile(p.op.what, "before the condition triggered"))
+		case p.err == nil && !p.inner.Done():
+			p.retire(errClosedWhile(p.op.what, "with the operation in flight"))
+		default:
+			p.retire(nil)
+		}
+	}
+	return e.planner.Close()
+}

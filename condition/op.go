@@ -1,0 +1,404 @@
+package condition
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream"
+)
+
+// Submission describes one operation handed to an engine.
+type Submission struct {
+	// What names the operation in errors ("tag_send_nbx").
+	What string
+	// Transfer is what the operation moves, for the transfer protocol's plan.
+	Transfer protocol.Transfer
+	// NonBlocking, with a Stream condition, enqueues only the trigger: the stream does
+	// not wait for completion (Op.WaitOnStream orders a stream after it later).
+	NonBlocking bool
+	// Callback runs once the operation completed, on the goroutine that retired it.
+	Callback func()
+}
+
+// Op is an operation submitted to an engine: the caller's handle on its completion.
+// The zero value is ready for Submit.
+type Op struct {
+	eng       *Engine
+	cond      *Condition
+	operation Operation
+	what      string
+	cb        func()
+	plan      protocol.Plan
+	single    part
+	parts     []*part // every part, for an operation moved in several
+	seq       uint64  // the last part's sequence number: the operation's completion
+
+	mu   sync.Mutex // left, err of a multi-part operation; the blocked waiter's channel
+	left int
+
+	done     atomic.Bool
+	err      error
+	doneCh   chan struct{} // made only for a waiter that has to block
+	finished bool
+}
+
+// part is the engine's unit: one sequence number of a condition.
+type part struct {
+	op   *Op
+	plan *protocol.Part
+	seq  uint64
+
+	inner    Issued
+	err      error // issue error
+	issued   bool
+	canceled bool // canceled before its trigger: retired without being issued
+	running  bool // Graph category: issued for the current launch, not yet fired
+	// ring: a CUDA stream waits for this part with a memop wait, which the GPU looks at
+	// again late unless rung; issuedAt tells whether it completed late enough for that.
+	ring     bool
+	issuedAt time.Time
+	nextIn   *part // the next older part while it waits in Engine.incoming
+}
+
+// Submit arms c for op: it plans how the operation's buffer travels (staging device
+// memory through pinned host memory on c's stream where the transport cannot move it),
+// reserves the operation's sequence number(s) and, for a Stream condition, enqueues the
+// trigger (and, unless NonBlocking, the completion wait) on the stream. The engine
+// calls op.Issue once the trigger has come. o must be a zero Op; it completes when the
+// operation did, with its error.
+func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
+	if c == nil || op == nil || o == nil {
+		return fmt.Errorf("submit: nil condition, operation or Op: %w", ErrInvalidParam)
+	}
+	if o.eng != nil {
+		return fmt.Errorf("submit: the Op was submitted already: %w", ErrInvalidParam)
+	}
+	// Under stream capture the operation becomes a persistent graph operation of a
+	// condition of its own (same backend).
+	captured, err := c.capture(!s.NonBlocking)
+	if err != nil {
+		return err
+	}
+	if captured != nil {
+		c = captured
+	}
+	o.eng, o.cond, o.operation, o.what, o.cb = e, c, op, s.What, s.Callback
+	streamOrdered := c.category == Stream && !s.NonBlocking
+	route := protocol.Route{
+		Backend:       c.backend,
+		OnStream:      c.category == Stream,
+		StreamOrdered: streamOrdered,
+		Grouped:       c.inGroup(),
+		What:          c.category.String() + " condition",
+	}
+	if err := e.planner.Plan(s.Transfer, route, &o.plan); err != nil {
+		return err
+	}
+	if len(o.plan.Parts) > 1 {
+		return e.submitParts(o, streamOrdered)
+	}
+	p := &o.single
+	*p = part{op: o, plan: &o.plan.Parts[0], ring: o.plan.Ring}
+	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
+	var addErr error
+	_, err = c.arm(streamOrdered, work, func(seq uint64) {
+		p.seq, o.seq = seq, seq
+		addErr = e.add(p)
+	})
+	if addErr == nil && err == nil {
+		c.attachDriver(e) // after arm, which holds the lock attachDriver takes
+	}
+	if addErr != nil {
+		// Armed but the engine closed: fail it so streams move on.
+		p.retire(errClosedWhile(s.What, "before the condition triggered"))
+		return nil
+	}
+	if err != nil {
+		if p.seq == 0 {
+			o.plan.Unused(0)
+			return err
+		}
+		// The trigger is enqueued (the operation will run) but the completion wait
+		// is not: the caller reports it with the operation.
+		return fmt.Errorf("stream-ordered completion not enqueued: %w", err)
+	}
+	return nil
+}
+
+// submitParts arms an operation moved in parts (a large staged RMA): one sequence
+// number per part, so that staging copies pipeline with the transfers (armChunks). The
+// operation completes with its last part, with the first error any part met.
+func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
+	c := o.cond
+	n := len(o.plan.Parts)
+	o.parts = make([]*part, n)
+	o.left = n
+	work := make([]streamWork, n)
+	for i := range o.plan.Parts {
+		pp := &o.plan.Parts[i]
+		o.parts[i] = &part{op: o, plan: pp}
+		work[i] = streamWork{before: pp.Before, after: pp.After}
+	}
+	var addErr error
+	added := 0
+	armed, err := c.armChunks(streamOrdered, work, func(i int, seq uint64) {
+		p := o.parts[i]
+		p.seq, o.seq = seq, seq
+		if addErr == nil {
+			if addErr = e.add(p); addErr == nil {
+				added++
+			}
+		}
+	})
+	if armed > 0 && addErr == nil {
+		c.attachDriver(e)
+	}
+	// Parts never armed give their staging back and count as ended now.
+	o.plan.Unused(armed)
+	if addErr != nil {
+		closed := errClosedWhile(o.what, "before the condition triggered")
+		for _, p := range o.parts[added:armed] {
+			p.retire(closed)
+		}
+		if armed < n {
+			o.finishParts(n-armed, closed)
+		}
+		return nil
+	}
+	if armed < n {
+		o.finishParts(n-armed, err)
+	}
+	if err != nil {
+		if armed == 0 {
+			return err
+		}
+		return fmt.Errorf("the operation runs in %d of %d parts: %w", armed, n, err)
+	}
+	return nil
+}
+
+// finishParts counts k parts as ended (err from one of them); the last ends the Op
+// with the first error any part met.
+func (o *Op) finishParts(k int, err error) {
+	o.mu.Lock()
+	if o.err == nil {
+		o.err = err
+	}
+	o.left -= k
+	last, first := o.left == 0, o.err
+	o.mu.Unlock()
+	if last {
+		o.complete(first, nil)
+	}
+}
+
+// retire ends part p (err: a failure found by the engine itself, nil to take the
+// operation's own result) and advances its condition's completion word.
+func (p *part) retire(err error) {
+	o := p.op
+	c := o.cond
+	if c.category == Graph {
+		// A persistent operation ends with its condition (destroyed, or the engine
+		// closed); each launch's result went to the condition already.
+		if err != nil {
+			c.fail(err)
+		} else {
+			c.releaseWords()
+			err = c.Err() // the first error any launch met
+		}
+		o.complete(err, nil)
+		return
+	}
+	switch {
+	case err != nil:
+	case p.err != nil:
+		err = p.err
+	default:
+		err = p.inner.Err()
+	}
+	if rel := p.plan.Release; rel != nil {
+		rel()
+	}
+	if o.parts != nil {
+		c.retire(p.seq, err)
+		o.mu.Lock()
+		if o.err == nil {
+			o.err = err
+		}
+		o.left--
+		last, first := o.left == 0, o.err
+		o.mu.Unlock()
+		if last {
+			o.complete(first, nil)
+		}
+		return
+	}
+	o.complete(err, func() { c.retire(p.seq, err) })
+}
+
+// complete ends the Op with err. It is done before retire runs (a stream the
+// completion word releases sees it done); a blocked waiter is woken and the callback
+// runs after (a woken waiter may destroy the condition).
+func (o *Op) complete(err error, retire func()) {
+	o.err = err
+	o.done.Store(true)
+	if retire != nil {
+		retire()
+	}
+	o.mu.Lock()
+	o.finished = true
+	if o.doneCh != nil {
+		close(o.doneCh)
+	}
+	o.mu.Unlock()
+	if o.cb != nil {
+		o.cb()
+	}
+}
+
+// Submitted reports whether Submit armed the operation, so that it will complete
+// (even when Submit returned an error about work after its trigger).
+func (o *Op) Submitted() bool { return o.seq != 0 }
+
+// Done reports whether the operation completed.
+func (o *Op) Done() bool { return o.done.Load() }
+
+// Err is the operation's result once Done; nil while pending.
+func (o *Op) Err() error {
+	if !o.done.Load() {
+		return nil
+	}
+	return o.err
+}
+
+// Issued is the started operation of a one-part operation once Done (to read its
+// results: received length, tag), nil for an operation moved in parts or never issued.
+func (o *Op) Issued() Issued {
+	if !o.done.Load() || o.parts != nil {
+		return nil
+	}
+	return o.single.inner
+}
+
+// Condition is the condition the operation was armed on (for an operation enqueued
+// under stream capture, the graph condition made for it).
+func (o *Op) Condition() *Condition { return o.cond }
+
+// Test drives one engine round if the operation is pending and reports whether it is
+// done, with its error.
+func (o *Op) Test() (bool, error) {
+	if o.done.Load() {
+		return true, o.err
+	}
+	o.eng.Drive()
+	return o.done.Load(), o.Err()
+}
+
+// Wait waits until the operation completed or ctx ended (then it returns ctx.Err()
+// and the operation stays pending). It drives the engine itself while that makes
+// progress (no thread hop on the latency path), then blocks until the engine's
+// goroutine completes the operation.
+func (o *Op) Wait(ctx context.Context) error {
+	idle := 0
+	for idle < 4096 {
+		if o.done.Load() {
+			return o.err
+		}
+		if o.eng.Drive() {
+			idle = 0
+		} else {
+			idle++
+			if idle > 256 {
+				runtime.Gosched()
+			}
+		}
+	}
+	select {
+	case <-o.doneChan():
+		return o.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (o *Op) doneChan() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.doneCh == nil {
+		o.doneCh = make(chan struct{})
+		if o.finished {
+			close(o.doneCh)
+		}
+	}
+	return o.doneCh
+}
+
+// WaitOnStream orders s after the operation: work enqueued on s afterwards runs only
+// once it has completed (MPIX Wait_enqueue). s must be of the condition's backend.
+func (o *Op) WaitOnStream(s stream.Stream) error {
+	if err := o.cond.waitOnStream(s, o.seq); err != nil {
+		return err
+	}
+	if s.Kind() == stream.KindCUDA && !o.done.Load() {
+		// Nothing tells the engine when s reaches its wait: ring on completion,
+		// however soon.
+		last := &o.single
+		if o.parts != nil {
+			last = o.parts[len(o.parts)-1]
+		}
+		o.eng.mu.Lock()
+		last.ring = true
+		o.eng.mu.Unlock()
+	}
+	return nil
+}
+
+// Cancel cancels the operation: before its trigger it will complete with an error
+// matching ErrCanceled without being issued; once issued, the transport cancels it.
+func (o *Op) Cancel() {
+	if o.done.Load() {
+		return
+	}
+	if o.parts != nil {
+		for _, p := range o.parts {
+			p.cancel()
+		}
+		return
+	}
+	o.single.cancel()
+}
+
+func (p *part) cancel() {
+	e := p.op.eng
+	e.mu.Lock()
+	var inner Issued
+	if p.issued {
+		inner = p.inner
+	} else {
+		p.canceled = true
+	}
+	e.mu.Unlock()
+	if inner != nil {
+		inner.Cancel()
+	}
+}
+
+// ErrCanceled matches operations canceled by Cancel or by their engine closing.
+var ErrCanceled = errs.Canceled
+
+// errEngineClosed: the operation ended because its engine closed (its worker closed).
+var errEngineClosed = errs.New("engine closed", errs.Canceled, errs.Closed)
+
+func errCanceledBeforeTrigger(what string) error {
+	return fmt.Errorf("%s: canceled before the condition triggered: %w", what, ErrCanceled)
+}
+
+func errClosedWhile(what, when string) error {
+	return fmt.Errorf("%s: %w %s", what, errEngineClosed, when)
+}

@@ -1,0 +1,78 @@
+package protocol
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/stream"
+)
+
+func TestHostBackendNeedsNoStaging(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s := NewPool(b)
+	buf := make([]byte, 8)
+	kind, err := s.Classify(uintptr(len(buf))) // any address: host backends never stage
+	require.NoError(t, err)
+	require.Equal(t, KindHost, kind)
+	_, err = s.Get(100)
+	require.ErrorIs(t, err, stream.ErrNotSupported)
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	require.NoError(t, s.Close())
+}
+
+func TestSizeClasses(t *testing.T) {
+	for _, tc := range []struct{ n, want int }{
+		{1, minClass}, {minClass, minClass}, {minClass + 1, 2 * minClass}, {1 << 20, 1 << 20}, {(1 << 20) + 1, 2 << 20},
+	} {
+		assert.Equal(t, tc.want, class(tc.n), "class(%d)", tc.n)
+	}
+}
+
+func TestConfigResolve(t *testing.T) {
+	c, err := Config{}.Resolve()
+	require.NoError(t, err)
+	require.Equal(t, DefaultConfig(), c)
+	c, err = Config{StagingPart: 1 << 20, RingAfter: time.Microsecond}.Resolve()
+	require.NoError(t, err)
+	require.Equal(t, 1<<20, c.StagingPart)
+	require.Equal(t, time.Microsecond, c.RingAfter)
+	require.Equal(t, DefaultPollCompletionBytes, c.PollCompletionBytes)
+	for _, bad := range []Config{{StagingPart: -1}, {PollCompletionBytes: -1}, {RingAfter: -1}, {ReserveBuffers: -1}} {
+		_, err := bad.Resolve()
+		require.ErrorIs(t, err, ErrInvalidParam, "%+v", bad)
+	}
+}
+
+// On host backends every plan is one part that moves the caller's buffer as is; the
+// stream polls for large completions and never rings.
+func TestPlanHostBackend(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	pl, err := NewPlanner(Config{PollCompletionBytes: 1024}, false)
+	require.NoError(t, err)
+	defer pl.Close()
+	for _, tc := range []struct {
+		n       int
+		ordered bool
+		poll    bool
+	}{{8, true, false}, {1024, true, true}, {1 << 20, false, false}} {
+		buf := make([]byte, tc.n)
+		var plan Plan
+		require.NoError(t, pl.Plan(Transfer{Buf: buf, Dir: Out, Splittable: true}, Route{Backend: b, OnStream: true, StreamOrdered: tc.ordered}, &plan))
+		require.Len(t, plan.Parts, 1)
+		require.False(t, plan.Staged())
+		require.Equal(t, &buf[0], &plan.Parts[0].Buf[0])
+		require.Equal(t, tc.poll, plan.Poll, "n=%d", tc.n)
+		require.False(t, plan.Ring)
+	}
+	// Device memory declared on a host backend fails at the call, with the reason.
+	var plan Plan
+	err = pl.Plan(Transfer{Buf: make([]byte, 8), Dir: In, DeclaredDevice: true}, Route{Backend: b, OnStream: true, StreamOrdered: true}, &plan)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.Contains(t, err.Error(), "host-stream backend")
+}

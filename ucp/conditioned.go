@@ -1,0 +1,125 @@
+package ucp
+
+import (
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/protocol"
+)
+
+// NonBlockingEnqueue, on an operation with a Stream condition, enqueues only the trigger:
+// the stream does not wait for completion. Wait on the Request, or order a stream after
+// it with Request.WaitOnStream (the MPIX Isend_enqueue / Wait_enqueue pattern).
+const NonBlockingEnqueue OpFlags = 1 << 31
+
+// ucpxOnlyFlags are OpFlags bits UCX never sees.
+const ucpxOnlyFlags = NonBlockingEnqueue
+
+// A conditioned operation crosses between ucp and condition twice: ucp hands it to the
+// worker's engine once (Engine.Submit), and the engine calls it back once per trigger
+// (conditioned.Issue), which runs the ordinary nbx path. The user's Request reads the
+// engine's Op for its completion.
+
+// conditioned is the condition.Operation of one nbx call.
+type conditioned struct {
+	param  RequestParam // what the nbx call gets: no condition, no callback
+	staged RequestParam // the same for a staged part: host memory, no registration
+	issue  func(off int, buf []byte, p *RequestParam) (*Request, error)
+}
+
+// Issue runs the nbx call on one part of the plan.
+func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
+	ip := &c.param
+	if p.Staged {
+		ip = &c.staged
+	}
+	r, err := c.issue(p.Offset, p.Buf, ip)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// condRequest is what one conditioned operation allocates: the user's Request, the
+// engine's Op and the Operation, together.
+type condRequest struct {
+	Request
+	op        condition.Op
+	operation conditioned
+}
+
+// engine returns the worker's engine, starting it on first use.
+func (w *Worker) engine() (*condition.Engine, error) {
+	if e := w.engReady.Load(); e != nil {
+		return e, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return nil, ErrClosed
+	}
+	if w.eng == nil {
+		e, err := condition.NewEngine(workerTransport{w}, w.ctx.protocol, w.ctx.SupportsMemoryType(MemoryCUDA))
+		if err != nil {
+			return nil, err
+		}
+		w.eng = e
+		w.engReady.Store(e)
+	}
+	return w.eng, nil
+}
+
+// workerTransport is the worker as the engine's transport.
+type workerTransport struct{ w *Worker }
+
+func (t workerTransport) Progress(oldest condition.Issued) bool {
+	r, _ := oldest.(*Request)
+	return t.w.progressFor(r, 16) > 0
+}
+
+func (t workerTransport) Completions() uint64 { return t.w.completions.Load() }
+
+// submit hands an operation with a condition to the worker's engine: issue performs
+// it (on the part of buf at offset off) once the condition triggers. Everything the
+// call can check is checked here, so bad input fails at the call.
+func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
+	if w.closed.Load() {
+		return nil, opErr(op, ErrClosed, "")
+	}
+	// Not under w.mu, which the engine holds while it progresses. A Close racing with
+	// this is caught by the engine (closed: the operation fails) or its planner.
+	eng, err := w.engine()
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
+	c := &condRequest{}
+	r := &c.Request
+	r.w, r.op, r.cop = w, op, &c.op
+	c.operation.issue = issue
+	c.operation.param = *p
+	c.operation.param.Condition, c.operation.param.Callback = nil, nil
+	c.operation.param.Flags &^= ucpxOnlyFlags
+	c.operation.staged = c.operation.param
+	c.operation.staged.MemoryType, c.operation.staged.MemH = MemoryHost, nil
+	sub := condition.Submission{
+		What: op,
+		Transfer: protocol.Transfer{
+			Buf:            buf,
+			Dir:            dir,
+			Splittable:     splittable,
+			RegisteredHost: p.MemH != nil && p.MemH.MemoryType() == MemoryHost,
+			DeclaredDevice: p.MemoryType == MemoryCUDA || p.MemoryType == MemoryCUDAManaged,
+		},
+		NonBlocking: p.Flags&NonBlockingEnqueue != 0,
+	}
+	if cb := p.Callback; cb != nil {
+		sub.Callback = func() { cb(r) }
+	}
+	if err := eng.Submit(&c.op, p.Condition, &c.operation, sub); err != nil {
+		if c.op.Submitted() {
+			// The trigger is enqueued (the operation will run), something after it was
+			// not: report it with the request.
+			return r, opErr(op, err, "condition")
+		}
+		return nil, opErr(op, err, "condition")
+	}
+	return r, nil
+}
