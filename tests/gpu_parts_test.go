@@ -7,17 +7,18 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/ucp"
 )
 
-// RMA on device buffers larger than ucp.StagingPart is staged and moved in parts that
+// RMA on device buffers larger than protocol.DefaultStagingPart is staged and moved in parts that
 // pipeline with the staging copies. A put from device memory must land whole in the
 // peer's region, and a get into device memory must be complete for the kernel enqueued
 // right after it on the same stream (no host synchronisation in between), for sizes
 // that split evenly and unevenly.
 func TestGPUStagedRMAInParts(t *testing.T) {
 	g := requireGPU(t)
-	const maxSize = 3*ucp.StagingPart + 12345
+	const maxSize = 3*protocol.DefaultStagingPart + 12345
 	ep, region, rkey := rmaTarget(t, maxSize)
 
 	s := g.stream(t)
@@ -27,7 +28,7 @@ func TestGPUStagedRMAInParts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	for _, n := range []int{ucp.StagingPart + 1, 2 * ucp.StagingPart, maxSize} {
+	for _, n := range []int{protocol.DefaultStagingPart + 1, 2 * protocol.DefaultStagingPart, maxSize} {
 		want := pattern(n, byte(n))
 		src, err := g.ctx.MemAlloc(n)
 		must(t, err)
@@ -59,7 +60,7 @@ func TestGPUStagedRMAInParts(t *testing.T) {
 		if got, sum := read(), byteSum(want); got != sum {
 			t.Fatalf("%d bytes: device checksum after the get is %d, want %d", n, got, sum)
 		}
-		t.Logf("%d bytes in %d parts: put, flush and get in %v", n, (n+ucp.StagingPart-1)/ucp.StagingPart, elapsed)
+		t.Logf("%d bytes in %d parts: put, flush and get in %v", n, (n+protocol.DefaultStagingPart-1)/protocol.DefaultStagingPart, elapsed)
 		must(t, src.Close())
 		must(t, dst.Close())
 	}
@@ -67,7 +68,7 @@ func TestGPUStagedRMAInParts(t *testing.T) {
 }
 
 // BenchmarkGPUStagedPut: a stream-ordered put of 64 MiB from device memory (staged, in
-// parts of ucp.StagingPart) against its two stages measured alone in the same run: the
+// parts of protocol.DefaultStagingPart) against its two stages measured alone in the same run: the
 // device-to-host copy into pinned memory, and the put of pinned host memory. Moved
 // whole, the staged put would take their sum; the parts overlap them.
 func BenchmarkGPUStagedPut(b *testing.B) {
