@@ -1,15 +1,16 @@
 package graph_test
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/internal/testenv/streamenv"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -34,50 +35,35 @@ func BenchmarkGraphVsStream(b *testing.B) {
 	}
 }
 
-// benchBackend opens the backend of kind; CUDA is skipped without a driver unless
-// UCPX_REQUIRE_GPU=1 (the GPU bundle), where its absence fails.
+// benchBackend opens the backend of kind for the benchmark (closed at its end); CUDA
+// skips or fails as testenv.RequireGPU does (UCPX_REQUIRE_GPU=1, the GPU bundle, makes
+// its absence a failure).
 func benchBackend(b *testing.B, kind stream.Kind) stream.Backend {
+	b.Helper()
 	if kind == stream.KindHost {
-		return stream.NewHostBackend()
+		return streamenv.HostBackend(b)
 	}
-	if err := cuda.Load(); err != nil {
-		if errors.Is(err, cuda.ErrNoDriver) && os.Getenv("UCPX_REQUIRE_GPU") != "1" {
-			b.Skipf("no GPU: %v", err)
-		}
-		b.Fatal(err)
-	}
-	be, err := stream.Open(stream.CUDA)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return be
+	return streamenv.CUDABackend(b)
 }
+
+// Inside the timed sections an error is checked before require.NoError is called:
+// require calls b.Helper on every call, whose cost would be measured with the work.
 
 func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 	backend := benchBackend(b, kind)
-	t := &testing.T{}
-	l := newLink(t)
+	l := newLink(b) // its workers are closed when the benchmark run ends
+	require.NoError(b, l.backend.Close())
 	l.backend = backend
-	defer func() {
-		for _, c := range l.contexts {
-			_ = c.Close()
-		}
-		_ = backend.Close()
-	}()
 	out := make([][]byte, n)
 	in := make([][]byte, n)
 	for i := range out {
 		out[i], in[i] = make([]byte, 8), make([]byte, 8)
 	}
 	ss, err := backend.NewStream()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	defer ss.Close()
 	rs, err := backend.NewStream()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	defer rs.Close()
 	// sync waits for both streams, failing instead of hanging past a generous bound.
 	sync := func() {
@@ -86,13 +72,13 @@ func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 			for {
 				done, err := s.Query()
 				if err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 				if done {
 					break
 				}
 				if time.Now().After(deadline) {
-					b.Fatalf("%s/%s N=%d: streams still busy after 20 s", kind, path, n)
+					require.FailNowf(b, "streams still busy", "%s/%s N=%d: streams still busy after 20 s", kind, path, n)
 				}
 			}
 		}
@@ -108,27 +94,23 @@ func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 		for i := 0; i < n; i++ {
 			if path == "graph" || i == 0 { // graph-one-node: one node carries all N
 				var err error
-				if sc, err = condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: sg}); err != nil {
-					b.Fatal(err)
-				}
-				if rc, err = condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: rg}); err != nil {
-					b.Fatal(err)
-				}
+				sc, err = condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: sg})
+				require.NoError(b, err)
+				rc, err = condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: rg})
+				require.NoError(b, err)
 				conds = append(conds, sc, rc)
 			}
-			if _, err := l.ab.TagSendNbx(out[i], uint64(i), &ucp.RequestParam{Condition: sc}); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := l.b.TagRecvNbx(in[i], uint64(i), ^uint64(0), &ucp.RequestParam{Condition: rc}); err != nil {
-				b.Fatal(err)
-			}
+			_, err := l.ab.TagSendNbx(out[i], uint64(i), &ucp.RequestParam{Condition: sc})
+			require.NoError(b, err)
+			_, err = l.b.TagRecvNbx(in[i], uint64(i), ^uint64(0), &ucp.RequestParam{Condition: rc})
+			require.NoError(b, err)
 		}
 		start := launch()
 		b.StartTimer()
 		for it := 0; it < b.N; it++ {
 			t0 := time.Now()
 			if err := start(); err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 			submit += time.Since(t0)
 			sync()
@@ -136,9 +118,7 @@ func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 		b.StopTimer()
 		closeGraphs()
 		for _, c := range conds {
-			if err := c.Err(); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, c.Err())
 			_ = c.Destroy()
 		}
 	case "stream":
@@ -152,31 +132,27 @@ func benchGraphVsStream(b *testing.B, kind stream.Kind, path string, n int) {
 			for i := 0; i < n; i++ {
 				r, err := l.b.TagRecvNbx(in[i], uint64(i), ^uint64(0), rp)
 				if err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 				lastRecv = r
 				if lastSend, err = l.ab.TagSendNbx(out[i], uint64(i), sp); err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 			}
 			// One stream-ordered wait per stream for the whole batch, as each graph's
 			// end is: the receiving stream finishes once every receive completed.
 			if err := lastSend.WaitOnStream(ss); err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 			if err := lastRecv.WaitOnStream(rs); err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 			submit += time.Since(t0)
 			sync()
 		}
 		b.StopTimer()
-		if err := sc.Err(); err != nil {
-			b.Fatal(err)
-		}
-		if err := rc.Err(); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, sc.Err())
+		require.NoError(b, rc.Err())
 		_ = sc.Destroy()
 		_ = rc.Destroy()
 	}
@@ -193,12 +169,10 @@ func benchGraphs(b *testing.B, backend stream.Backend, ss, rs stream.Stream) (sg
 		var sx, rx *graph.HostExec
 		launch = func() func() error {
 			var err error
-			if sx, err = hs.Instantiate(); err != nil {
-				b.Fatal(err)
-			}
-			if rx, err = hr.Instantiate(); err != nil {
-				b.Fatal(err)
-			}
+			sx, err = hs.Instantiate()
+			require.NoError(b, err)
+			rx, err = hr.Instantiate()
+			require.NoError(b, err)
 			return func() error {
 				if err := rx.Launch(rs); err != nil {
 					return err
@@ -216,22 +190,16 @@ func benchGraphs(b *testing.B, backend stream.Backend, ss, rs stream.Stream) (sg
 	cs, _ := stream.CUDAStream(ss)
 	cr, _ := stream.CUDAStream(rs)
 	gs, err := ctx.NewGraph()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	gr, err := ctx.NewGraph()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	var sx, rx *cuda.GraphExec
 	launch = func() func() error {
 		var err error
-		if sx, err = gs.Instantiate(0); err != nil {
-			b.Fatal(err)
-		}
-		if rx, err = gr.Instantiate(0); err != nil {
-			b.Fatal(err)
-		}
+		sx, err = gs.Instantiate(0)
+		require.NoError(b, err)
+		rx, err = gr.Instantiate(0)
+		require.NoError(b, err)
 		// Sender first: CUDA may serialize independent graph branches of one context
 		// onto one hardware queue, so a receive's blocked wait launched first could
 		// sit ahead of the send triggers it waits for (see graph.CUDA).

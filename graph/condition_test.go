@@ -3,7 +3,6 @@ package graph_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -24,7 +23,7 @@ type link struct {
 	contexts []*ucp.Context
 }
 
-func newLink(t *testing.T) *link {
+func newLink(t testing.TB) *link {
 	t.Helper()
 	l := &link{backend: stream.NewHostBackend()}
 	ws := make([]*ucp.Worker, 2)
@@ -245,9 +244,9 @@ func TestGraphLaunchAfterWorkerClose(t *testing.T) {
 	go func() { done <- s.Synchronize() }()
 	select {
 	case err := <-done:
-		require.True(t, errors.Is(err, graph.ErrOperationFailed), "got %v", err)
+		require.ErrorIs(t, err, graph.ErrOperationFailed)
 	case <-time.After(10 * time.Second):
-		t.Fatal("launch after worker close hung")
+		require.FailNow(t, "launch after worker close hung")
 	}
 	require.ErrorIs(t, c.Err(), ucp.ErrCanceled)
 	require.NoError(t, c.Destroy())

@@ -114,7 +114,7 @@ func TestHostGraphCloseWithLaunchInFlight(t *testing.T) {
 	case err := <-done:
 		require.ErrorIs(t, err, graph.ErrInFlight)
 	case <-time.After(5 * time.Second):
-		t.Fatal("Close hung on a launch in flight")
+		require.FailNow(t, "Close hung on a launch in flight")
 	}
 	close(release)
 	require.NoError(t, s.Synchronize())
