@@ -22,7 +22,7 @@ func TestAheadBlocksAtTheWindow(t *testing.T) {
 	go func() { released <- th.Ahead(ctx, 4, 100) }()
 	select {
 	case err := <-released:
-		t.Fatalf("iteration 4 ran with none completed (err %v)", err)
+		require.FailNowf(t, "iteration 4 ran with none completed", "err %v", err)
 	case <-time.After(20 * time.Millisecond):
 	}
 	th.Done() // 1 completed: not yet half a window, no wake-up
@@ -31,7 +31,7 @@ func TestAheadBlocksAtTheWindow(t *testing.T) {
 	case err := <-released:
 		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
-		t.Fatal("iteration 4 still blocked with 2 of 4 completed")
+		require.FailNow(t, "iteration 4 still blocked with 2 of 4 completed")
 	}
 	require.Equal(t, int64(2), th.Completed())
 }
