@@ -1,16 +1,16 @@
 package graph
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
 )
 
 // ErrOperationFailed is returned by a graph's wait node when the operation can run no
-// more (its worker closed); the launch fails instead of hanging.
-var ErrOperationFailed = errors.New("graph: communication operation failed permanently")
+// more (its worker closed); the launch fails instead of hanging. It matches ErrClosed.
+var ErrOperationFailed = errs.New("graph: communication operation failed permanently", errs.Closed)
 
 // AddSignalNodes implements condition.GraphBuilder for host graphs: the trigger store
 // and the completion wait of one communication operation, as host tasks.
