@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/internal/runahead"
@@ -32,30 +33,23 @@ func run(t *testing.T, args ...string) (int, string, string) {
 
 func TestInfoJSON(t *testing.T) {
 	st, out, errs := run(t, "info", "--json")
-	if st != 0 {
-		t.Fatalf("info --json: status %d\n%s", st, errs)
-	}
+	require.Zero(t, st, "info --json: status\n%s", errs)
 	var rep infoReport
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("info --json output does not parse: %v\n%s", err, out)
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), "info --json output does not parse:\n%s", out)
+	assert.Truef(t, strings.HasPrefix(rep.UCXVersion, "1."), "ucx_version %q", rep.UCXVersion)
+	if assert.NotEmpty(t, rep.MemoryTypes, "memory_types") {
+		assert.Equal(t, "host", rep.MemoryTypes[0], "memory_types %v, want host first", rep.MemoryTypes)
 	}
-	if !strings.HasPrefix(rep.UCXVersion, "1.") {
-		t.Errorf("ucx_version %q", rep.UCXVersion)
-	}
-	if len(rep.MemoryTypes) == 0 || rep.MemoryTypes[0] != "host" {
-		t.Errorf("memory_types %v, want host first", rep.MemoryTypes)
-	}
-	if !rep.CUDA.Driver && rep.CUDA.Reason == "" {
-		t.Errorf("CUDA without driver must say why: %+v", rep.CUDA)
+	if !rep.CUDA.Driver {
+		assert.NotEmpty(t, rep.CUDA.Reason, "CUDA without driver must say why: %+v", rep.CUDA)
 	}
 	if len(rep.Transports) > 0 {
 		for _, tr := range rep.Transports {
-			if tr.Transport == "" || tr.Device == "" {
-				t.Errorf("incomplete transport entry %+v", tr)
-			}
+			assert.NotEmpty(t, tr.Transport, "incomplete transport entry %+v", tr)
+			assert.NotEmpty(t, tr.Device, "incomplete transport entry %+v", tr)
 		}
-	} else if !strings.HasPrefix(rep.TransportsSource, "unknown") {
-		t.Errorf("no transports but source %q", rep.TransportsSource)
+	} else {
+		assert.Truef(t, strings.HasPrefix(rep.TransportsSource, "unknown"), "no transports but source %q", rep.TransportsSource)
 	}
 }
 
@@ -80,70 +74,48 @@ func TestParseUCXInfo(t *testing.T) {
 		{Transport: "tcp", Device: "lo", Type: "network", ErrorHandling: "peer failure, ep_check, keepalive"},
 		{Transport: "sysv", Device: "memory", Type: "intra-node"},
 	}
-	if len(got) != len(want) {
-		t.Fatalf("got %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("entry %d: got %+v, want %+v", i, got[i], want[i])
-		}
-	}
+	require.Equal(t, want, got)
 }
 
 func TestUsage(t *testing.T) {
-	if st, _, _ := run(t); st != 2 {
-		t.Errorf("no command: status %d, want 2", st)
-	}
-	if st, _, errs := run(t, "frobnicate"); st != 2 || !strings.Contains(errs, "unknown command") {
-		t.Errorf("unknown command: status %d, stderr %q", st, errs)
-	}
+	st, _, _ := run(t)
+	assert.Equal(t, 2, st, "no command: status")
+	st, _, errs := run(t, "frobnicate")
+	assert.Equal(t, 2, st, "unknown command: status")
+	assert.Contains(t, errs, "unknown command")
 	st, out, _ := run(t, "help")
-	if st != 0 || !strings.Contains(out, "perf") || strings.Contains(out, "perf-peer") {
-		t.Errorf("help: status %d, output %q", st, out)
-	}
-	if st, _, errs := run(t, "perf", "--sizes", "0"); st != 2 || !strings.Contains(errs, "bad size") {
-		t.Errorf("perf --sizes 0: status %d, stderr %q", st, errs)
-	}
-	if st, _, errs := run(t, "perf", "--transport", "ib"); st != 2 || !strings.Contains(errs, "want shm or tcp") {
-		t.Errorf("perf --transport ib: status %d, stderr %q", st, errs)
-	}
+	assert.Zero(t, st, "help: status")
+	assert.Contains(t, out, "perf", "help")
+	assert.NotContains(t, out, "perf-peer", "help")
+	st, _, errs = run(t, "perf", "--sizes", "0")
+	assert.Equal(t, 2, st, "perf --sizes 0: status")
+	assert.Contains(t, errs, "bad size", "perf --sizes 0")
+	st, _, errs = run(t, "perf", "--transport", "ib")
+	assert.Equal(t, 2, st, "perf --transport ib: status")
+	assert.Contains(t, errs, "want shm or tcp", "perf --transport ib")
 }
 
 func TestParseSizes(t *testing.T) {
 	got, err := parseSizes("8, 4k,64KiB,4m,1MB")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []int{8, 4096, 64 << 10, 4 << 20, 1 << 20}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("got %v, want %v", got, want)
-		}
-	}
+	require.NoError(t, err)
+	require.Equal(t, []int{8, 4096, 64 << 10, 4 << 20, 1 << 20}, got)
 	for _, bad := range []string{"", "x", "-1", "2g", "1.5k"} {
-		if _, err := parseSizes(bad); err == nil {
-			t.Errorf("parseSizes(%q) accepted", bad)
-		}
+		_, err := parseSizes(bad)
+		assert.Error(t, err, "parseSizes(%q) accepted", bad)
 	}
 }
 
 func TestDemo(t *testing.T) {
 	start := time.Now()
 	st, out, errs := run(t, "demo", "--json", "--timeout", "60s")
-	if st != 0 {
-		t.Fatalf("demo: status %d\nstdout:\n%s\nstderr:\n%s", st, out, errs)
-	}
+	require.Zero(t, st, "demo: status\nstdout:\n%s\nstderr:\n%s", out, errs)
 	var rep demoReport
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("demo --json output does not parse: %v\n%s", err, out)
-	}
-	if !rep.OK || len(rep.Steps) != len(demoSteps()) {
-		t.Fatalf("demo report not OK: %+v", rep)
-	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), "demo --json output does not parse:\n%s", out)
+	require.True(t, rep.OK, "demo report not OK: %+v", rep)
+	require.Len(t, rep.Steps, len(demoSteps()), "demo report: %+v", rep)
 	for _, s := range rep.Steps {
-		if !s.Verified || s.Bytes <= 0 {
-			t.Errorf("step %+v", s)
-		}
+		assert.True(t, s.Verified, "step %+v", s)
+		assert.Positive(t, s.Bytes, "step %+v", s)
 	}
 	t.Logf("demo: %d steps in %v", len(rep.Steps), time.Since(start))
 }
@@ -153,15 +125,10 @@ func TestDemoPeerCrash(t *testing.T) {
 	t.Setenv(demoPeerCrashEnv, "verify")
 	start := time.Now()
 	st, out, errs := run(t, "demo", "--timeout", "60s", "--step-timeout", "20s")
-	if st != 1 {
-		t.Fatalf("demo with crashing peer: status %d, want 1\nstdout:\n%s\nstderr:\n%s", st, out, errs)
-	}
-	if !strings.Contains(errs, "FAILED") || !strings.Contains(errs, "RMA put") {
-		t.Errorf("error does not name the failed step:\n%s", errs)
-	}
-	if d := time.Since(start); d > 15*time.Second {
-		t.Errorf("failure took %v to be reported", d)
-	}
+	require.Equal(t, 1, st, "demo with crashing peer: status\nstdout:\n%s\nstderr:\n%s", out, errs)
+	assert.Contains(t, errs, "FAILED", "error does not name the failed step")
+	assert.Contains(t, errs, "RMA put", "error does not name the failed step")
+	assert.LessOrEqual(t, time.Since(start), 15*time.Second, "time the failure took to be reported")
 	t.Logf("reported in %v: %s", time.Since(start), strings.TrimSpace(errs))
 }
 
@@ -169,28 +136,24 @@ func TestPerf(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp"} {
 		t.Run(tr, func(t *testing.T) {
 			st, out, errs := run(t, "perf", "--json", "--transport", tr, "--sizes", "8,64k", "--iters", "200", "--warmup", "20", "--timeout", "60s")
-			if st != 0 {
-				t.Fatalf("perf: status %d\nstderr:\n%s", st, errs)
-			}
+			require.Zero(t, st, "perf: status\nstderr:\n%s", errs)
 			var rep perfReport
-			if err := json.Unmarshal([]byte(out), &rep); err != nil {
-				t.Fatalf("perf --json output does not parse: %v\n%s", err, out)
-			}
-			if rep.TLS != tr || rep.PeerTLS != tr {
-				t.Errorf("tls %q, peer tls %q, want %q", rep.TLS, rep.PeerTLS, tr)
-			}
-			if rep.PeerErrorHandling != (tr == "tcp") {
-				t.Errorf("peer_error_handling %v for %s", rep.PeerErrorHandling, tr)
-			}
-			if len(rep.Results) != len(allTests)*2 {
-				t.Fatalf("%d results, want %d: %+v", len(rep.Results), len(allTests)*2, rep.Results)
-			}
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), "perf --json output does not parse:\n%s", out)
+			assert.Equal(t, tr, rep.TLS, "tls")
+			assert.Equal(t, tr, rep.PeerTLS, "peer tls")
+			assert.Equal(t, tr == "tcp", rep.PeerErrorHandling, "peer_error_handling for %s", tr)
+			require.Len(t, rep.Results, len(allTests)*2, "results")
 			for _, r := range rep.Results {
-				if r.Iters != 200 || r.Warmup != 20 || r.ElapsedS <= 0 || r.BandwidthMBs <= 0 || r.MsgRate <= 0 {
-					t.Errorf("implausible result %+v", r)
-				}
-				if r.Test == testTagLat && !(r.LatMinUs > 0 && r.LatMinUs <= r.LatTypicalUs && r.LatTypicalUs > 0 && r.LatAvgUs > 0) {
-					t.Errorf("implausible latency %+v", r)
+				assert.Equal(t, 200, r.Iters, "implausible result %+v", r)
+				assert.Equal(t, 20, r.Warmup, "implausible result %+v", r)
+				assert.Positive(t, r.ElapsedS, "implausible result %+v", r)
+				assert.Positive(t, r.BandwidthMBs, "implausible result %+v", r)
+				assert.Positive(t, r.MsgRate, "implausible result %+v", r)
+				if r.Test == testTagLat {
+					assert.Positive(t, r.LatMinUs, "implausible latency %+v", r)
+					assert.LessOrEqual(t, r.LatMinUs, r.LatTypicalUs, "implausible latency %+v", r)
+					assert.Positive(t, r.LatTypicalUs, "implausible latency %+v", r)
+					assert.Positive(t, r.LatAvgUs, "implausible latency %+v", r)
 				}
 			}
 		})
@@ -208,16 +171,10 @@ func TestPerfModes(t *testing.T) {
 			iters := 2*runahead.KernelWindow + 100
 			st, out, errs := run(t, "perf", "--json", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","), "--work", work,
 				"--backend", "host", "--sizes", "8,4k", "--iters", strconv.Itoa(iters), "--warmup", "20", "--timeout", "60s")
-			if st != 0 {
-				t.Fatalf("perf --modes: status %d\nstderr:\n%s", st, errs)
-			}
+			require.Zero(t, st, "perf --modes: status\nstderr:\n%s", errs)
 			var rep perfReport
-			if err := json.Unmarshal([]byte(out), &rep); err != nil {
-				t.Fatalf("output does not parse: %v\n%s", err, out)
-			}
-			if rep.Backend != "host" {
-				t.Errorf("backend %q, want host", rep.Backend)
-			}
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), "output does not parse:\n%s", out)
+			assert.Equal(t, "host", rep.Backend, "backend")
 			want := map[string]int{}
 			for _, m := range allModes {
 				want[m] = 2
@@ -228,42 +185,31 @@ func TestPerfModes(t *testing.T) {
 			seen := map[string]int{}
 			for _, r := range rep.Results {
 				seen[r.Mode]++
-				if r.Test != testTagLat || r.Iters != iters || r.Warmup != 20 || !(r.LatAvgUs > 0) || !(r.ElapsedS > 0) {
-					t.Errorf("implausible result %+v", r)
-				}
+				assert.Equal(t, testTagLat, r.Test, "implausible result %+v", r)
+				assert.Equal(t, iters, r.Iters, "implausible result %+v", r)
+				assert.Equal(t, 20, r.Warmup, "implausible result %+v", r)
+				assert.Positive(t, r.LatAvgUs, "implausible result %+v", r)
+				assert.Positive(t, r.ElapsedS, "implausible result %+v", r)
 				// The total time is what the mean latency comes from: two one-way trips per iteration.
-				if got := r.LatAvgUs * 2 * float64(r.Iters) / 1e6; got < r.ElapsedS*0.99 || got > r.ElapsedS*1.01 {
-					t.Errorf("%s/%d: mean latency %.3f us does not match %d iterations in %.6f s", r.Mode, r.Size, r.LatAvgUs, r.Iters, r.ElapsedS)
-				}
+				assert.InEpsilonf(t, r.ElapsedS, r.LatAvgUs*2*float64(r.Iters)/1e6, 0.01,
+					"%s/%d: mean latency %.3f us does not match %d iterations in %.6f s", r.Mode, r.Size, r.LatAvgUs, r.Iters, r.ElapsedS)
 			}
-			for m, n := range want {
-				if seen[m] != n {
-					t.Errorf("mode %s: %d results, want %d", m, seen[m], n)
-				}
-			}
-			if len(seen) != len(want) {
-				t.Errorf("modes %v, want %v", seen, want)
-			}
+			assert.Equal(t, want, seen, "results per mode")
 			// (c) against (a) and (b) at both sizes, and with work against their +work.
 			wantCells := 2 * 2
 			if work == "kernel" {
 				wantCells *= 2
 			}
-			if len(rep.Comparisons) != wantCells {
-				t.Errorf("%d comparisons, want %d: %+v", len(rep.Comparisons), wantCells, rep.Comparisons)
-			}
+			assert.Len(t, rep.Comparisons, wantCells, "comparisons")
 			for _, c := range rep.Comparisons {
-				if !(c.Ratio > 0) {
-					t.Errorf("comparison %+v: ratio not positive", c)
-				}
+				assert.Positive(t, c.Ratio, "comparison %+v", c)
 			}
 		})
 	}
 	for _, bad := range [][]string{{"--modes", "warp"}, {"--work", "gpu"}, {"--modes", "plain,kernel", "--work", "kernel"}} {
 		st, _, errs := run(t, append([]string{"perf", "--tests", "tag_lat", "--timeout", "5s"}, bad...)...)
-		if st != 2 || !strings.Contains(errs, "--") {
-			t.Errorf("perf %v: status %d, stderr %s", bad, st, errs)
-		}
+		assert.Equal(t, 2, st, "perf %v: status", bad)
+		assert.Contains(t, errs, "--", "perf %v", bad)
 	}
 }
 
@@ -297,19 +243,15 @@ func TestCompareModes(t *testing.T) {
 
 func TestParseModes(t *testing.T) {
 	got, err := parseModes("plain,sync,kernel,stream", "kernel")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "plain,sync,sync+work,kernel,stream,stream+work"; strings.Join(got, ",") != want {
-		t.Errorf("got %v, want %s", got, want)
-	}
-	if got, err := parseModes("stream", "none"); err != nil || strings.Join(got, ",") != "stream" {
-		t.Errorf("--work none: %v, %v", got, err)
+	require.NoError(t, err)
+	assert.Equal(t, "plain,sync,sync+work,kernel,stream,stream+work", strings.Join(got, ","))
+	got, err = parseModes("stream", "none")
+	if assert.NoError(t, err, "--work none") {
+		assert.Equal(t, "stream", strings.Join(got, ","), "--work none")
 	}
 	for _, bad := range [][2]string{{"stream+work", "none"}, {"kernel", "kernel"}, {"sync", "host"}, {"", "none"}} {
-		if _, err := parseModes(bad[0], bad[1]); err == nil {
-			t.Errorf("parseModes(%q, %q) accepted", bad[0], bad[1])
-		}
+		_, err := parseModes(bad[0], bad[1])
+		assert.Error(t, err, "parseModes(%q, %q) accepted", bad[0], bad[1])
 	}
 }
 
@@ -321,12 +263,9 @@ func TestPerfPeerCrash(t *testing.T) {
 			t.Setenv(perfPeerCrashEnv, test)
 			start := time.Now()
 			st, _, errs := run(t, "perf", "--tests", test, "--sizes", "64k", "--iters", "100000", "--warmup", "0", "--timeout", "60s")
-			if st != 1 || !strings.Contains(errs, "peer") {
-				t.Fatalf("status %d, stderr:\n%s", st, errs)
-			}
-			if d := time.Since(start); d > 15*time.Second {
-				t.Errorf("failure took %v to be reported", d)
-			}
+			require.Equal(t, 1, st, "status, stderr:\n%s", errs)
+			require.Contains(t, errs, "peer")
+			assert.LessOrEqual(t, time.Since(start), 15*time.Second, "time the failure took to be reported")
 			t.Logf("reported in %v: %s", time.Since(start), strings.TrimSpace(errs))
 		})
 	}
