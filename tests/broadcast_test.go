@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
@@ -78,12 +80,12 @@ func newBcastGraph(kind stream.Kind) (bcastGraph, error) {
 // bcastRoot is process A; B and C are this test binary run again (runBroadcastPeer).
 func bcastRoot(t *testing.T, kind stream.Kind) {
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	must(t, err)
+	require.NoError(t, err)
 	defer uctx.Close()
 	w, err := uctx.NewWorker(ucp.WorkerParams{})
-	must(t, err)
+	require.NoError(t, err)
 	self, err := w.Address()
-	must(t, err)
+	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 
@@ -94,7 +96,7 @@ func bcastRoot(t *testing.T, kind stream.Kind) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), envRole+"="+role, envBcastA+"="+hex.EncodeToString(self), envBcastKind+"="+kind.String())
 		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
-		must(t, cmd.Start())
+		require.NoError(t, cmd.Start())
 		children[i] = cmd
 		exits[i] = make(chan error, 1)
 		go func(i int) { exits[i] <- cmd.Wait() }(i)
@@ -107,55 +109,49 @@ func bcastRoot(t *testing.T, kind stream.Kind) {
 	recvAddr := func(tag uint64) []byte {
 		buf := make([]byte, 4096)
 		r, err := w.TagRecvNbx(buf, tag, ^uint64(0), nil)
-		must(t, err)
-		if err := r.Wait(ctx); err != nil {
-			t.Fatalf("hello %#x: %v\nB:\n%s\nC:\n%s", tag, err, &outs[0], &outs[1])
-		}
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx), "hello %#x\nB:\n%s\nC:\n%s", tag, &outs[0], &outs[1])
 		return buf[:r.Length()]
 	}
 	noPeerErr := &ucp.EndpointParams{NoPeerErrorHandling: true}
 	toB, err := w.ConnectAddress(recvAddr(tagHelloB), noPeerErr)
-	must(t, err)
+	require.NoError(t, err)
 	addrC := recvAddr(tagHelloC)
-	must(t, send(ctx, toB, addrC, tagAddrOfC)) // B connects to C itself
+	require.NoError(t, send(ctx, toB, addrC, tagAddrOfC)) // B connects to C itself
 
 	g, err := newBcastGraph(kind)
-	must(t, err)
+	require.NoError(t, err)
 	defer g.close()
 	out, echo := g.buffer(), g.buffer()
 	produced, err := g.produce(out)
-	must(t, err)
+	require.NoError(t, err)
 	sendB, err := g.comm(produced)
-	must(t, err)
+	require.NoError(t, err)
 	_, err = toB.TagSendNbx(out, tagAToB, &ucp.RequestParam{Condition: sendB})
-	must(t, err)
+	require.NoError(t, err)
 	cleared, err := g.clear(echo)
-	must(t, err)
+	require.NoError(t, err)
 	recvEcho, err := g.comm(cleared)
-	must(t, err)
+	require.NoError(t, err)
 	_, err = w.TagRecvNbx(echo, tagBToA, ^uint64(0), &ucp.RequestParam{Condition: recvEcho})
-	must(t, err)
-	must(t, g.check(echo, recvEcho.WaitNode(), sendB.WaitNode()))
+	require.NoError(t, err)
+	require.NoError(t, g.check(echo, recvEcho.WaitNode(), sendB.WaitNode()))
 	start := time.Now()
-	if err := g.run(bcastLaunches); err != nil {
-		t.Fatalf("root graph: %v\nB:\n%s\nC:\n%s", err, &outs[0], &outs[1])
-	}
+	require.NoError(t, g.run(bcastLaunches), "root graph\nB:\n%s\nC:\n%s", &outs[0], &outs[1])
 	t.Logf("%d launches of the broadcast (%s graphs) in %v", bcastLaunches, kind, time.Since(start))
 	for i, ch := range exits {
 		select {
 		case err := <-ch:
-			if err != nil {
-				t.Fatalf("process %c: %v\n%s", 'B'+i, err, &outs[i])
-			}
+			require.NoError(t, err, "process %c\n%s", 'B'+i, &outs[i])
 		case <-ctx.Done():
-			t.Fatalf("process %c did not finish\n%s", 'B'+i, &outs[i])
+			require.FailNowf(t, "peer did not finish", "process %c did not finish\n%s", 'B'+i, &outs[i])
 		}
 	}
-	must(t, sendB.Err())
-	must(t, recvEcho.Err())
+	require.NoError(t, sendB.Err())
+	require.NoError(t, recvEcho.Err())
 	g.close()
-	must(t, sendB.Destroy())
-	must(t, recvEcho.Destroy())
+	require.NoError(t, sendB.Destroy())
+	require.NoError(t, recvEcho.Destroy())
 }
 
 // runBroadcastPeer is process B or C of the broadcast.

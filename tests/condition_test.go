@@ -2,10 +2,11 @@ package tests
 
 import (
 	"context"
-	"errors"
 	"hash/crc32"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/stream"
@@ -21,14 +22,14 @@ func TestConditionsBetweenTwoProcesses(t *testing.T) {
 			backend := stream.NewHostBackend()
 			defer backend.Close()
 			s, err := backend.NewStream()
-			must(t, err)
+			require.NoError(t, err)
 			defer s.Close()
 			sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
-			must(t, err)
+			require.NoError(t, err)
 			kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: backend})
-			must(t, err)
+			require.NoError(t, err)
 			replies := make(chan []byte, 1)
-			must(t, p.w.SetAmHandler(amReply, func(m *ucp.AmMessage) {
+			require.NoError(t, p.w.SetAmHandler(amReply, func(m *ucp.AmMessage) {
 				data := make([]byte, m.Length())
 				r, err := m.RecvData(data, nil)
 				if err != nil {
@@ -51,7 +52,7 @@ func TestConditionsBetweenTwoProcesses(t *testing.T) {
 				var reqs []*ucp.Request
 				add := func(r *ucp.Request, err error) *ucp.Request {
 					t.Helper()
-					must(t, err)
+					require.NoError(t, err)
 					reqs = append(reqs, r)
 					return r
 				}
@@ -82,49 +83,39 @@ func TestConditionsBetweenTwoProcesses(t *testing.T) {
 				if cond.Category() == condition.KernelTriggered {
 					time.Sleep(10 * time.Millisecond)
 					for _, r := range reqs {
-						if r.Done() {
-							t.Fatal("kernel-triggered operation ran before its trigger")
-						}
+						require.False(t, r.Done(), "kernel-triggered operation ran before its trigger")
 					}
 					h, err := cond.DeviceHandle()
-					must(t, err)
-					must(t, condition.Trigger(h))
+					require.NoError(t, err)
+					require.NoError(t, condition.Trigger(h))
 				}
 				for _, r := range reqs {
-					if err := r.Wait(ctx); err != nil {
-						t.Fatalf("%v: %v\npeer output:\n%s", cond.Category(), err, p.out)
-					}
+					require.NoError(t, r.Wait(ctx), "%v\npeer output:\n%s", cond.Category(), p.out)
 				}
 				for i := range ins {
-					if crc32.ChecksumIEEE(ins[i]) != crc32.ChecksumIEEE(outs[i]) {
-						t.Fatalf("%v: tag echo %d differs", cond.Category(), i)
-					}
+					require.Equal(t, crc32.ChecksumIEEE(outs[i]), crc32.ChecksumIEEE(ins[i]), "%v: tag echo %d differs", cond.Category(), i)
 				}
-				if crc32.ChecksumIEEE(back) != crc32.ChecksumIEEE(region) {
-					t.Fatalf("%v: get after put differs", cond.Category())
-				}
-				if round == 1 && at.Fetched() != 77 {
-					t.Fatalf("second swap fetched %d, want the first swap's 77", at.Fetched())
+				require.Equal(t, crc32.ChecksumIEEE(region), crc32.ChecksumIEEE(back), "%v: get after put differs", cond.Category())
+				if round == 1 {
+					require.Equal(t, uint64(77), at.Fetched(), "second swap: it fetches the first swap's value")
 				}
 				var got []byte
 				for got == nil {
 					select {
 					case got = <-replies:
 					case <-ctx.Done():
-						t.Fatalf("%v: no AM echo", cond.Category())
+						require.FailNowf(t, "no AM echo", "%v: no AM echo", cond.Category())
 					default:
 						p.w.Progress() // the echo arrives through this worker's AM handler
 					}
 				}
-				if crc32.ChecksumIEEE(got) != crc32.ChecksumIEEE(amData) {
-					t.Fatalf("%v: AM echo differs", cond.Category())
-				}
-				must(t, s.Synchronize())
-				must(t, cond.Err())
+				require.Equal(t, crc32.ChecksumIEEE(amData), crc32.ChecksumIEEE(got), "%v: AM echo differs", cond.Category())
+				require.NoError(t, s.Synchronize())
+				require.NoError(t, cond.Err())
 				cancel()
 			}
-			must(t, sc.Destroy())
-			must(t, kc.Destroy())
+			require.NoError(t, sc.Destroy())
+			require.NoError(t, kc.Destroy())
 		})
 	}
 }
@@ -136,32 +127,28 @@ func TestDeadPeerReleasesStream(t *testing.T) {
 	backend := stream.NewHostBackend()
 	defer backend.Close()
 	s, err := backend.NewStream()
-	must(t, err)
+	require.NoError(t, err)
 	defer s.Close()
 	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
-	must(t, err)
+	require.NoError(t, err)
 	defer c.Destroy()
 
 	rr, err := p.w.TagRecvNbx(make([]byte, 64), 0xdead, ^uint64(0), &ucp.RequestParam{Condition: c, Peer: p.ep})
-	must(t, err)
+	require.NoError(t, err)
 	released := make(chan struct{})
-	must(t, s.LaunchHostFunc(func() { close(released) }))
+	require.NoError(t, s.LaunchHostFunc(func() { close(released) }))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	must(t, send(ctx, p.ep, nil, tagDie))
+	require.NoError(t, send(ctx, p.ep, nil, tagDie))
 	start := time.Now()
 	select {
 	case <-released:
 	case <-ctx.Done():
-		t.Fatal("stream still blocked 30 s after the peer died")
+		require.FailNow(t, "stream still blocked 30 s after the peer died")
 	}
 	t.Logf("stream released %v after the peer was told to die", time.Since(start))
-	if err := rr.Wait(ctx); !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("request: %v, want ErrPeerFailed", err)
-	}
-	if err := c.Err(); !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("condition: %v, want ErrPeerFailed", err)
-	}
-	must(t, s.Synchronize())
+	require.ErrorIs(t, rr.Wait(ctx), ucp.ErrPeerFailed, "request")
+	require.ErrorIs(t, c.Err(), ucp.ErrPeerFailed, "condition")
+	require.NoError(t, s.Synchronize())
 	_ = p.exit()
 }

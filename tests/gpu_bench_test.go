@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
@@ -48,7 +50,7 @@ import (
 func BenchmarkGPUModes(b *testing.B) {
 	g := requireGPU(b)
 	pingpongKernel, err := g.module.Function(device.KernelPingPong)
-	must(b, err)
+	require.NoError(b, err)
 	p := spawnPeer(b, "shm")
 	// Up to 1 MiB: the echo peer receives at most maxMsg (16 MiB); `ucpx perf --modes
 	// --backend cuda` covers 64 MiB.
@@ -81,7 +83,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 	produce := func(int) {}
 	if work {
 		produce = func(i int) {
-			must(b, cs.LaunchKernel(g.fill, cuda.Linear(pingpong.ProducerBlocks(size), 256), out.DevicePtr(), uint64(size), pingpong.WorkSeed(i)))
+			require.NoError(b, cs.LaunchKernel(g.fill, cuda.Linear(pingpong.ProducerBlocks(size), 256), out.DevicePtr(), uint64(size), pingpong.WorkSeed(i)))
 		}
 	}
 	roundTrip := func() error { // the send first, then the receive, in every mode
@@ -103,11 +105,11 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 	switch mode {
 	case "floor-ucx":
 		for i := 0; i < n; i++ {
-			must(b, roundTrip())
+			require.NoError(b, roundTrip())
 		}
 	case "floor-memop", "floor-kflag":
 		words, err := g.backend.AllocWords(2)
-		must(b, err)
+		require.NoError(b, err)
 		defer words.Close()
 		trig, done := words.Word(0), words.Word(1)
 		echoStop := make(chan struct{})
@@ -130,73 +132,73 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		if mode == "floor-memop" {
 			b.StopTimer()
 			gate, err := g.backend.AllocWords(1)
-			must(b, err)
+			require.NoError(b, err)
 			defer gate.Close()
 			// Pre-enqueue a head start behind a gate, then keep enqueueing while the
 			// stream runs: a blocked stream accepts only so many memops before the
 			// enqueuing call itself blocks (DESIGN §4), so never gate all of them.
-			must(b, s.WaitValue(gate.Word(0), 1, stream.GEQ))
+			require.NoError(b, s.WaitValue(gate.Word(0), 1, stream.GEQ))
 			head := min(n, preEnqueue)
 			for i := 1; i <= head; i++ {
-				must(b, s.WriteValue(trig, uint64(i)))
-				must(b, s.WaitValue(done, uint64(i), stream.GEQ))
+				require.NoError(b, s.WriteValue(trig, uint64(i)))
+				require.NoError(b, s.WaitValue(done, uint64(i), stream.GEQ))
 			}
 			b.StartTimer()
 			gate.Word(0).Store(1)
 			for i := head + 1; i <= n; i++ {
-				must(b, s.WriteValue(trig, uint64(i)))
-				must(b, s.WaitValue(done, uint64(i), stream.GEQ))
+				require.NoError(b, s.WriteValue(trig, uint64(i)))
+				require.NoError(b, s.WaitValue(done, uint64(i), stream.GEQ))
 			}
-			must(b, s.Synchronize())
+			require.NoError(b, s.Synchronize())
 		} else {
 			res := g.mapped(b, 16)
-			must(b, cs.LaunchKernel(g.echo, cuda.Linear(1, 1), trig.DevicePtr(), done.DevicePtr(), uint64(0), uint64(n), res.DevicePtr()))
-			must(b, s.Synchronize())
+			require.NoError(b, cs.LaunchKernel(g.echo, cuda.Linear(1, 1), trig.DevicePtr(), done.DevicePtr(), uint64(0), uint64(n), res.DevicePtr()))
+			require.NoError(b, s.Synchronize())
 		}
 	case "sync":
 		for i := 0; i < n; i++ {
 			produce(i)
-			must(b, s.Synchronize())
-			must(b, roundTrip())
+			require.NoError(b, s.Synchronize())
+			require.NoError(b, roundTrip())
 		}
 	case "hostfunc":
 		var failed error
 		ahead := runahead.New(runahead.StreamWindow) // as stream
 		for i := 0; i < n; i++ {
-			must(b, ahead.Ahead(ctx, i, n))
+			require.NoError(b, ahead.Ahead(ctx, i, n))
 			produce(i)
-			must(b, s.LaunchHostFunc(func() {
+			require.NoError(b, s.LaunchHostFunc(func() {
 				if err := roundTrip(); err != nil && failed == nil {
 					failed = err
 				}
 				ahead.Done()
 			}))
 		}
-		must(b, s.Synchronize())
-		must(b, failed)
+		require.NoError(b, s.Synchronize())
+		require.NoError(b, failed)
 	case "stream":
 		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
-		must(b, err)
+		require.NoError(b, err)
 		chk := pingpong.NewCheck(size, runahead.StreamWindow)
 		sp, rp := chk.Params(c, nil, nil, nil)
 		for i := 0; i < n; i++ {
-			must(b, chk.Ahead(ctx, i, n))
+			require.NoError(b, chk.Ahead(ctx, i, n))
 			produce(i)
-			must(b, c.BeginGroup())
+			require.NoError(b, c.BeginGroup())
 			_, err := p.ep.TagSendNbx(ob, tag, sp)
-			must(b, err)
+			require.NoError(b, err)
 			_, err = p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
-			must(b, err)
-			must(b, c.EndGroup())
+			require.NoError(b, err)
+			require.NoError(b, c.EndGroup())
 		}
-		must(b, s.Synchronize())
+		require.NoError(b, s.Synchronize())
 		b.StopTimer()
-		must(b, chk.Verify(c, n))
-		must(b, c.Destroy())
+		require.NoError(b, chk.Verify(c, n))
+		require.NoError(b, c.Destroy())
 	case "kernel":
 		b.StopTimer()
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
-		must(b, err)
+		require.NoError(b, err)
 		res := g.mapped(b, 16)
 		chk := pingpong.NewCheck(size, runahead.KernelWindow)
 		sp, rp := chk.Params(c, nil, nil, nil)
@@ -207,28 +209,26 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 			_, err := p.w.TagRecvNbx(ib, tag|tagReply, ^uint64(0), rp)
 			return err
 		}
-		must(b, arm())
+		require.NoError(b, arm())
 		h, err := c.DeviceHandle() // iteration k triggers h.Value+2k, waits h.CompletionValue+2k
-		must(b, err)
+		require.NoError(b, err)
 		b.StartTimer()
-		must(b, cs.LaunchKernel(pingpongKernel, cuda.Linear(1, 1), h.Kernel(), uint64(n), uint64(2), res.DevicePtr()))
-		must(b, chk.ArmAhead(ctx, n, arm))
-		must(b, s.Synchronize())
+		require.NoError(b, cs.LaunchKernel(pingpongKernel, cuda.Linear(1, 1), h.Kernel(), uint64(n), uint64(2), res.DevicePtr()))
+		require.NoError(b, chk.ArmAhead(ctx, n, arm))
+		require.NoError(b, s.Synchronize())
 		b.StopTimer()
 		iters, ns := binary.LittleEndian.Uint64(res.Bytes()), binary.LittleEndian.Uint64(res.Bytes()[8:])
-		if iters != uint64(n) {
-			b.Fatalf("the ping-pong kernel ran %d iterations, want %d", iters, n)
-		}
-		must(b, chk.Verify(c, n))
-		must(b, c.Destroy())
+		require.Equal(b, uint64(n), iters, "iterations the ping-pong kernel ran")
+		require.NoError(b, chk.Verify(c, n))
+		require.NoError(b, c.Destroy())
 		b.ReportMetric(float64(ns)/float64(n)/2/1000, "kernel-half-rt-us")
 	}
 	b.StopTimer()
 	if work {
 		// The peer echoed the last message: it carries the last producer's data.
 		for i, x := range ib {
-			if want := device.Pattern(uint64(i), pingpong.WorkSeed(n-1)); x != want {
-				b.Fatalf("echo of the last message: byte %d is %#x, want %#x (the send overtook its producer)", i, x, want)
+			if want := device.Pattern(uint64(i), pingpong.WorkSeed(n-1)); x != want { // asserted only where it differs: the buffer is large
+				require.Equalf(b, want, x, "echo of the last message: byte %d (the send overtook its producer)", i)
 			}
 		}
 	}

@@ -3,9 +3,10 @@ package tests
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
@@ -17,20 +18,20 @@ import (
 func shmWorkers(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
 	t.Helper()
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = uctx.Close() })
 	recvW, err = uctx.NewWorker(ucp.WorkerParams{})
-	must(t, err)
+	require.NoError(t, err)
 	sendW, err = uctx.NewWorker(ucp.WorkerParams{})
-	must(t, err)
+	require.NoError(t, err)
 	ra, err := recvW.Address()
-	must(t, err)
+	require.NoError(t, err)
 	sa, err := sendW.Address()
-	must(t, err)
+	require.NoError(t, err)
 	toRecv, err = sendW.ConnectAddress(ra, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	must(t, err)
+	require.NoError(t, err)
 	toSend, err = recvW.ConnectAddress(sa, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	must(t, err)
+	require.NoError(t, err)
 	return recvW, sendW, toRecv, toSend
 }
 
@@ -44,11 +45,11 @@ func TestGPUStreamOrderedReceiveIntoDeviceMemory(t *testing.T) {
 	s := g.stream(t)
 	s2 := g.stream(t)
 	ev, err := g.backend.NewEvent()
-	must(t, err)
+	require.NoError(t, err)
 	defer ev.Close()
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
-	must(t, err)
-	defer func() { must(t, cond.Destroy()) }()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, cond.Destroy()) }()
 
 	iters := 100
 	sizes := []int{4, 4096, 1 << 20, 16 << 20, 256 << 20}
@@ -59,7 +60,7 @@ func TestGPUStreamOrderedReceiveIntoDeviceMemory(t *testing.T) {
 	defer cancel()
 	for _, n := range sizes {
 		dev, err := g.ctx.MemAlloc(n)
-		must(t, err)
+		require.NoError(t, err)
 		// Three host patterns in turn: consecutive iterations always differ.
 		var patterns [3][]byte
 		var sums [3]uint64
@@ -72,31 +73,29 @@ func TestGPUStreamOrderedReceiveIntoDeviceMemory(t *testing.T) {
 			tag := uint64(n)<<8 | uint64(it%256)
 			rr, err := recvW.TagRecvNbx(ucp.DeviceBuffer(dev.Ptr(), n), tag, ^uint64(0),
 				&ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA})
-			must(t, err)
-			must(t, s.Record(ev))
-			must(t, s2.WaitEvent(ev))
+			require.NoError(t, err)
+			require.NoError(t, s.Record(ev))
+			require.NoError(t, s2.WaitEvent(ev))
 			read := g.deviceSum(t, s2, dev.Ptr(), n)
 			if it == 0 {
 				// Hold the sender back: the event must not be ready meanwhile.
 				time.Sleep(200 * time.Millisecond)
-				if done, err := ev.Query(); err != nil || done {
-					t.Fatalf("size %d: event after the enqueued receive is ready (%v) before the data was sent", n, err)
-				}
+				done, err := ev.Query()
+				require.NoError(t, err, "size %d: event after the enqueued receive", n)
+				require.False(t, done, "size %d: event after the enqueued receive is ready before the data was sent", n)
 			}
 			sr, err := toRecv.TagSendNbx(patterns[it%3], tag, nil)
-			must(t, err)
-			must(t, sr.Wait(ctx))
-			must(t, s2.Synchronize())
-			if got := read(); got != sums[it%3] {
-				t.Fatalf("size %d iteration %d: device checksum %d, want %d", n, it, got, sums[it%3])
-			}
-			must(t, rr.Wait(ctx))
+			require.NoError(t, err)
+			require.NoError(t, sr.Wait(ctx))
+			require.NoError(t, s2.Synchronize())
+			require.Equal(t, sums[it%3], read(), "size %d iteration %d: device checksum", n, it)
+			require.NoError(t, rr.Wait(ctx))
 		}
 		t.Logf("size %d: %d iterations in %v", n, iters, time.Since(start))
-		must(t, s.Synchronize())
-		must(t, dev.Close())
+		require.NoError(t, s.Synchronize())
+		require.NoError(t, dev.Close())
 	}
-	must(t, cond.Err())
+	require.NoError(t, cond.Err())
 }
 
 // An allreduce-like exchange built from sends and receives: two ranks, each with its
@@ -117,16 +116,16 @@ func TestGPUExchangeBetweenStreams(t *testing.T) {
 	for _, r := range ranks {
 		var err error
 		r.s, err = g.backend.NewStream()
-		must(t, err)
+		require.NoError(t, err)
 		defer r.s.Close()
 		r.cond, err = condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: r.s})
-		must(t, err)
+		require.NoError(t, err)
 		defer r.cond.Destroy()
 		r.own, err = g.ctx.MemAlloc(n)
-		must(t, err)
+		require.NoError(t, err)
 		defer r.own.Close()
 		r.got, err = g.ctx.MemAlloc(n)
-		must(t, err)
+		require.NoError(t, err)
 		defer r.got.Close()
 	}
 	// shmWorkers returns (w0, w1, endpoint w1->w0, endpoint w0->w1).
@@ -134,21 +133,21 @@ func TestGPUExchangeBetweenStreams(t *testing.T) {
 	for it := 0; it < 20; it++ {
 		for i, r := range ranks {
 			cs, _ := stream.CUDAStream(r.s)
-			must(t, cs.LaunchKernel(g.fill, cuda.Linear(256, 256), r.own.Ptr(), uint64(n), r.seed+uint32(it)))
+			require.NoError(t, cs.LaunchKernel(g.fill, cuda.Linear(256, 256), r.own.Ptr(), uint64(n), r.seed+uint32(it)))
 			prm := &ucp.RequestParam{Condition: r.cond}
 			tag := uint64(it)<<1 | uint64(i)
 			peerTag := uint64(it)<<1 | uint64(1-i)
 			// Rank 0 sends first, rank 1 receives first: no send-send deadlock.
 			if i == 0 {
 				_, err := r.ep.TagSendNbx(ucp.DeviceBuffer(r.own.Ptr(), n), tag, prm)
-				must(t, err)
+				require.NoError(t, err)
 				_, err = r.w.TagRecvNbx(ucp.DeviceBuffer(r.got.Ptr(), n), peerTag, ^uint64(0), prm)
-				must(t, err)
+				require.NoError(t, err)
 			} else {
 				_, err := r.w.TagRecvNbx(ucp.DeviceBuffer(r.got.Ptr(), n), peerTag, ^uint64(0), prm)
-				must(t, err)
+				require.NoError(t, err)
 				_, err = r.ep.TagSendNbx(ucp.DeviceBuffer(r.own.Ptr(), n), tag, prm)
-				must(t, err)
+				require.NoError(t, err)
 			}
 		}
 		reads := make([]func() uint64, 2)
@@ -156,12 +155,10 @@ func TestGPUExchangeBetweenStreams(t *testing.T) {
 			reads[i] = g.deviceSum(t, r.s, r.got.Ptr(), n)
 		}
 		for i, r := range ranks {
-			must(t, r.s.Synchronize())
+			require.NoError(t, r.s.Synchronize())
 			want := fillSum(n, ranks[1-i].seed+uint32(it))
-			if got := reads[i](); got != want {
-				t.Fatalf("iteration %d rank %d: received checksum %d, want %d", it, i, got, want)
-			}
-			must(t, r.cond.Err())
+			require.Equal(t, want, reads[i](), "iteration %d rank %d: received checksum", it, i)
+			require.NoError(t, r.cond.Err())
 		}
 	}
 }
@@ -188,27 +185,23 @@ func TestGPUKernelTriggeredSend500Rearms(t *testing.T) {
 	for i := 0; i < 500; i++ {
 		binary.LittleEndian.PutUint64(msg, uint64(i))
 		sr, err := toRecv.TagSendNbx(msg, uint64(i), &ucp.RequestParam{Condition: cond})
-		must(t, err)
+		require.NoError(t, err)
 		h, err := cond.DeviceHandle()
-		must(t, err)
+		require.NoError(t, err)
 		rr, err := recvW.TagRecvNbx(in, uint64(i), ^uint64(0), nil)
-		must(t, err)
-		must(t, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), resultDev))
-		must(t, sr.Wait(ctx))
-		must(t, rr.Wait(ctx))
-		must(t, ks.Synchronize())
+		require.NoError(t, err)
+		require.NoError(t, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), resultDev))
+		require.NoError(t, sr.Wait(ctx))
+		require.NoError(t, rr.Wait(ctx))
+		require.NoError(t, ks.Synchronize())
 		r := result.Bytes()
-		if binary.LittleEndian.Uint64(r[0:]) != 0 {
-			t.Fatalf("re-arm %d: ucpx_test saw completion before the trigger", i)
-		}
-		if got := binary.LittleEndian.Uint64(r[8:]); int64(got-h.CompletionValue) < 0 {
-			t.Fatalf("re-arm %d: kernel saw completion word %d, want >= %d", i, got, h.CompletionValue)
-		}
-		if binary.LittleEndian.Uint64(in) != uint64(i) {
-			t.Fatalf("re-arm %d: received %d", i, binary.LittleEndian.Uint64(in))
-		}
+		require.Zero(t, binary.LittleEndian.Uint64(r[0:]), "re-arm %d: ucpx_test saw completion before the trigger", i)
+		got := binary.LittleEndian.Uint64(r[8:])
+		require.GreaterOrEqualf(t, int64(got-h.CompletionValue), int64(0), // wrap-aware
+			"re-arm %d: kernel saw completion word %d, want >= %d", i, got, h.CompletionValue)
+		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(in), "re-arm %d: received", i)
 	}
-	must(t, cond.Err())
+	require.NoError(t, cond.Err())
 }
 
 // A kernel-triggered receive: the kernel triggers, the data lands in host memory, the
@@ -219,25 +212,22 @@ func TestGPUKernelTriggeredReceive(t *testing.T) {
 	ks, cs, cond, result := g.kernelTriggered(t)
 	in := make([]byte, 1<<20)
 	rr, err := recvW.TagRecvNbx(in, 42, ^uint64(0), &ucp.RequestParam{Condition: cond})
-	must(t, err)
+	require.NoError(t, err)
 	h, err := cond.DeviceHandle()
-	must(t, err)
-	must(t, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), result.DevicePtr()))
+	require.NoError(t, err)
+	require.NoError(t, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), result.DevicePtr()))
 	time.Sleep(50 * time.Millisecond)
-	if done, _ := ks.Query(); done {
-		t.Fatal("kernel's wait returned before the message was sent")
-	}
+	done, _ := ks.Query()
+	require.False(t, done, "kernel's wait returned before the message was sent")
 	src := pattern(len(in), 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sr, err := toRecv.TagSendNbx(src, 42, nil)
-	must(t, err)
-	must(t, sr.Wait(ctx))
-	must(t, rr.Wait(ctx))
-	must(t, ks.Synchronize())
-	if byteSum(in) != byteSum(src) {
-		t.Fatal("kernel-triggered receive: data differs")
-	}
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, rr.Wait(ctx))
+	require.NoError(t, ks.Synchronize())
+	require.Equal(t, byteSum(src), byteSum(in), "kernel-triggered receive: data differs")
 }
 
 // A peer that dies while a CUDA stream waits on one of its receives releases the
@@ -247,25 +237,21 @@ func TestGPUDeadPeerReleasesStream(t *testing.T) {
 	p := spawnPeer(t, "tcp")
 	s := g.stream(t)
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
-	must(t, err)
+	require.NoError(t, err)
 	defer cond.Destroy()
 	dev, err := g.ctx.MemAlloc(1 << 20)
-	must(t, err)
+	require.NoError(t, err)
 	defer dev.Close()
 	rr, err := p.w.TagRecvNbx(ucp.DeviceBuffer(dev.Ptr(), 1<<20), 0xdead, ^uint64(0), &ucp.RequestParam{Condition: cond, Peer: p.ep})
-	must(t, err)
+	require.NoError(t, err)
 	ev, err := g.backend.NewEvent()
-	must(t, err)
+	require.NoError(t, err)
 	defer ev.Close()
-	must(t, s.Record(ev))
+	require.NoError(t, s.Record(ev))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	killPeerAndAwait(ctx, t, p, ev, "CUDA stream")
-	if err := rr.Wait(ctx); !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("request: %v", err)
-	}
-	if !errors.Is(cond.Err(), ucp.ErrPeerFailed) {
-		t.Fatalf("condition: %v", cond.Err())
-	}
+	require.ErrorIs(t, rr.Wait(ctx), ucp.ErrPeerFailed, "request")
+	require.ErrorIs(t, cond.Err(), ucp.ErrPeerFailed, "condition")
 	_ = p.exit()
 }

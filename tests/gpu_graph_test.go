@@ -3,9 +3,10 @@ package tests
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
@@ -27,38 +28,38 @@ func TestGPUGraphConditionRelaunch(t *testing.T) {
 	acc := g.mapped(t, 8)
 
 	sg, err := g.ctx.NewGraph()
-	must(t, err)
+	require.NoError(t, err)
 	defer sg.Close()
 	fill, err := sg.AddKernelNode(nil, g.fill, cuda.Linear(64, 256), out.DevicePtr(), uint64(n), uint32(seed))
-	must(t, err)
+	require.NoError(t, err)
 	send, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: sg}, Deps: []any{fill}})
-	must(t, err)
+	require.NoError(t, err)
 	_, err = toRecv.TagSendNbx(out.Bytes(), 5, &ucp.RequestParam{Condition: send})
-	must(t, err)
+	require.NoError(t, err)
 
 	rg, err := g.ctx.NewGraph()
-	must(t, err)
+	require.NoError(t, err)
 	defer rg.Close()
 	clear, err := rg.AddMemsetNode(nil, in.DevicePtr(), 0, 1, n)
-	must(t, err)
+	require.NoError(t, err)
 	recv, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: rg}, Deps: []any{clear}})
-	must(t, err)
+	require.NoError(t, err)
 	_, err = recvW.TagRecvNbx(in.Bytes(), 5, ^uint64(0), &ucp.RequestParam{Condition: recv})
-	must(t, err)
+	require.NoError(t, err)
 	_, err = rg.AddKernelNode([]cuda.Node{recv.WaitNode().(cuda.Node)}, g.checksum, cuda.Linear(64, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
-	must(t, err)
+	require.NoError(t, err)
 
 	sx, err := sg.Instantiate(0)
-	must(t, err)
+	require.NoError(t, err)
 	defer sx.Close()
 	rx, err := rg.Instantiate(0)
-	must(t, err)
+	require.NoError(t, err)
 	defer rx.Close()
 	ss, err := g.backend.NewStream()
-	must(t, err)
+	require.NoError(t, err)
 	defer ss.Close()
 	rs, err := g.backend.NewStream()
-	must(t, err)
+	require.NoError(t, err)
 	defer rs.Close()
 	launchGraphPair(t, ss, rs, sx, rx, launches, acc, n, seed, send, recv)
 }
@@ -78,51 +79,46 @@ func TestGPUStreamCaptureConditions(t *testing.T) {
 	scs, _ := stream.CUDAStream(ss)
 	rcs, _ := stream.CUDAStream(rs)
 	sendCond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: ss})
-	must(t, err)
+	require.NoError(t, err)
 	recvCond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: rs})
-	must(t, err)
+	require.NoError(t, err)
 
-	must(t, scs.BeginCapture(cuda.CaptureRelaxed))
-	must(t, scs.LaunchKernel(g.fill, cuda.Linear(64, 256), out.DevicePtr(), uint64(n), uint32(seed)))
+	require.NoError(t, scs.BeginCapture(cuda.CaptureRelaxed))
+	require.NoError(t, scs.LaunchKernel(g.fill, cuda.Linear(64, 256), out.DevicePtr(), uint64(n), uint32(seed)))
 	_, err = toRecv.TagSendNbx(out.Bytes(), 6, &ucp.RequestParam{Condition: sendCond})
-	must(t, err)
+	require.NoError(t, err)
 	// A non-blocking enqueue has nothing to wait for in a relaunched graph: refused.
-	if _, err := toRecv.TagSendNbx(out.Bytes(), 6, &ucp.RequestParam{Condition: sendCond, Flags: ucp.NonBlockingEnqueue}); !errors.Is(err, condition.ErrInvalidParam) {
-		t.Fatalf("non-blocking enqueue under capture: %v, want ErrInvalidParam", err)
-	}
+	_, err = toRecv.TagSendNbx(out.Bytes(), 6, &ucp.RequestParam{Condition: sendCond, Flags: ucp.NonBlockingEnqueue})
+	require.ErrorIs(t, err, condition.ErrInvalidParam, "non-blocking enqueue under capture")
 	sg, err := scs.EndCapture()
-	must(t, err)
+	require.NoError(t, err)
 	defer sg.Close()
 
-	must(t, rcs.BeginCapture(cuda.CaptureRelaxed))
-	must(t, rcs.MemsetD8(in.DevicePtr(), 0, n))
+	require.NoError(t, rcs.BeginCapture(cuda.CaptureRelaxed))
+	require.NoError(t, rcs.MemsetD8(in.DevicePtr(), 0, n))
 	_, err = recvW.TagRecvNbx(in.Bytes(), 6, ^uint64(0), &ucp.RequestParam{Condition: recvCond})
-	must(t, err)
-	must(t, rcs.LaunchKernel(g.checksum, cuda.Linear(64, 256), in.DevicePtr(), uint64(n), acc.DevicePtr()))
+	require.NoError(t, err)
+	require.NoError(t, rcs.LaunchKernel(g.checksum, cuda.Linear(64, 256), in.DevicePtr(), uint64(n), acc.DevicePtr()))
 	rg, err := rcs.EndCapture()
-	must(t, err)
+	require.NoError(t, err)
 	defer rg.Close()
-	if p := sendCond.Pending() + recvCond.Pending(); p != 0 {
-		t.Fatalf("captured operations counted as pending on the stream conditions: %d", p)
-	}
+	require.Zero(t, sendCond.Pending()+recvCond.Pending(), "captured operations counted as pending on the stream conditions")
 	for name, gr := range map[string]*cuda.Graph{"sender": sg, "receiver": rg} {
 		ns, err := gr.Nodes()
-		must(t, err)
+		require.NoError(t, err)
 		memops := 0
 		for _, nd := range ns {
 			if ty, _ := gr.NodeType(nd); ty == cuda.NodeBatchMemOp {
 				memops++
 			}
 		}
-		if memops < 1 {
-			t.Fatalf("%s graph: no batch-memop node among %d captured nodes", name, len(ns))
-		}
+		require.Positive(t, memops, "%s graph: no batch-memop node among %d captured nodes", name, len(ns))
 	}
 
 	sx, err := sg.Instantiate(0)
-	must(t, err)
+	require.NoError(t, err)
 	rx, err := rg.Instantiate(0)
-	must(t, err)
+	require.NoError(t, err)
 	launchGraphPair(t, ss, rs, sx, rx, launches, acc, n, seed, sendCond, recvCond)
 }
 
@@ -136,18 +132,18 @@ func TestGPUGraphPeerDies(t *testing.T) {
 	in := g.mapped(t, n)
 	acc := g.mapped(t, 8)
 	cg, err := g.ctx.NewGraph()
-	must(t, err)
+	require.NoError(t, err)
 	defer cg.Close()
 	recv, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: cg}})
-	must(t, err)
+	require.NoError(t, err)
 	rr, err := p.w.TagRecvNbx(in.Bytes(), tag|tagReply, ^uint64(0), &ucp.RequestParam{Condition: recv, Peer: p.ep})
-	must(t, err)
+	require.NoError(t, err)
 	_, err = cg.AddKernelNode([]cuda.Node{recv.WaitNode().(cuda.Node)}, g.checksum, cuda.Linear(4, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
-	must(t, err)
+	require.NoError(t, err)
 	x, err := cg.Instantiate(0)
-	must(t, err)
+	require.NoError(t, err)
 	s, err := g.backend.NewStream()
-	must(t, err)
+	require.NoError(t, err)
 	defer s.Close()
 	cs, _ := stream.CUDAStream(s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -155,43 +151,37 @@ func TestGPUGraphPeerDies(t *testing.T) {
 
 	// Launch 1: the peer echoes a message into the graph's receive.
 	src := pattern(n, 9)
-	must(t, x.Launch(cs))
-	must(t, send(ctx, p.ep, src, tag))
-	must(t, s.Synchronize())
-	if got := binary.LittleEndian.Uint64(acc.Bytes()); got != byteSum(src) {
-		t.Fatalf("launch 1 checksum %d, want %d", got, byteSum(src))
-	}
-	must(t, recv.Err())
+	require.NoError(t, x.Launch(cs))
+	require.NoError(t, send(ctx, p.ep, src, tag))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, byteSum(src), binary.LittleEndian.Uint64(acc.Bytes()), "launch 1 checksum")
+	require.NoError(t, recv.Err())
 
 	// Launch 2 waits on a receive from a peer that now dies.
-	must(t, x.Launch(cs))
+	require.NoError(t, x.Launch(cs))
 	ev, err := g.backend.NewEvent()
-	must(t, err)
+	require.NoError(t, err)
 	defer ev.Close()
-	must(t, s.Record(ev))
+	require.NoError(t, s.Record(ev))
 	time.Sleep(20 * time.Millisecond)
-	if done, err := ev.Query(); err != nil || done {
-		t.Fatalf("launch 2 finished before the peer died (done %v, err %v)", done, err)
-	}
+	finished, err := ev.Query()
+	require.NoError(t, err, "launch 2")
+	require.False(t, finished, "launch 2 finished before the peer died")
 	killPeerAndAwait(ctx, t, p, ev, "graph launch")
-	if !errors.Is(recv.Err(), ucp.ErrPeerFailed) {
-		t.Fatalf("condition error %v, want ErrPeerFailed", recv.Err())
-	}
+	require.ErrorIs(t, recv.Err(), ucp.ErrPeerFailed, "condition error")
 	// Launch 3 finds the endpoint failed and completes at once.
-	must(t, x.Launch(cs))
+	require.NoError(t, x.Launch(cs))
 	done := make(chan error, 1)
 	go func() { done <- s.Synchronize() }()
 	select {
 	case err := <-done:
-		must(t, err)
+		require.NoError(t, err)
 	case <-ctx.Done():
-		t.Fatal("launch after the peer died blocked the stream")
+		require.FailNow(t, "launch after the peer died blocked the stream")
 	}
-	must(t, x.Close())
-	must(t, recv.Destroy())
-	if err := rr.Wait(ctx); !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("graph operation's request: %v, want ErrPeerFailed", err)
-	}
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+	require.ErrorIs(t, rr.Wait(ctx), ucp.ErrPeerFailed, "graph operation's request")
 	_ = p.exit()
 }
 
@@ -205,25 +195,23 @@ func launchGraphPair(t *testing.T, ss, rs stream.Stream, sx, rx *cuda.GraphExec,
 	scs, _ := stream.CUDAStream(ss)
 	rcs, _ := stream.CUDAStream(rs)
 	for i := 0; i < launches; i++ {
-		must(t, rx.Launch(rcs))
-		must(t, sx.Launch(scs))
+		require.NoError(t, rx.Launch(rcs))
+		require.NoError(t, sx.Launch(scs))
 	}
-	must(t, ss.Synchronize())
-	must(t, rs.Synchronize())
+	require.NoError(t, ss.Synchronize())
+	require.NoError(t, rs.Synchronize())
 	requireAccumulated(t, acc, launches, n, seed)
 	for _, c := range conds {
-		must(t, c.Err())
+		require.NoError(t, c.Err())
 	}
-	must(t, sx.Close())
-	must(t, rx.Close())
+	require.NoError(t, sx.Close())
+	require.NoError(t, rx.Close())
 	for _, c := range conds {
-		must(t, c.Destroy())
+		require.NoError(t, c.Destroy())
 	}
 }
 
 func requireAccumulated(t *testing.T, acc *cuda.HostMemory, launches, n int, seed uint32) {
 	t.Helper()
-	if got, want := binary.LittleEndian.Uint64(acc.Bytes()), uint64(launches)*fillSum(n, seed); got != want {
-		t.Fatalf("accumulated checksum %d over %d launches, want %d", got, launches, want)
-	}
+	require.Equal(t, uint64(launches)*fillSum(n, seed), binary.LittleEndian.Uint64(acc.Bytes()), "accumulated checksum over %d launches", launches)
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/ucp"
@@ -23,48 +25,44 @@ func TestGPUStagedRMAInParts(t *testing.T) {
 
 	s := g.stream(t)
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
-	must(t, err)
-	defer func() { must(t, cond.Destroy()) }()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, cond.Destroy()) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
 	for _, n := range []int{protocol.DefaultStagingPart + 1, 2 * protocol.DefaultStagingPart, maxSize} {
 		want := pattern(n, byte(n))
 		src, err := g.ctx.MemAlloc(n)
-		must(t, err)
+		require.NoError(t, err)
 		dst, err := g.ctx.MemAlloc(n)
-		must(t, err)
+		require.NoError(t, err)
 		staging := g.mapped(t, n)
 		copy(staging.Bytes(), want)
-		must(t, s.Copy(src.Ptr(), staging.Addr(), n))
-		must(t, s.Synchronize())
+		require.NoError(t, s.Copy(src.Ptr(), staging.Addr(), n))
+		require.NoError(t, s.Synchronize())
 		clear(region.Bytes())
 
 		start := time.Now()
 		prm := &ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA}
 		pr, err := ep.PutNbx(ucp.DeviceBuffer(src.Ptr(), n), rkey.Base(), rkey, prm)
-		must(t, err)
+		require.NoError(t, err)
 		fr, err := ep.FlushNbx(&ucp.RequestParam{Condition: cond})
-		must(t, err)
+		require.NoError(t, err)
 		gr, err := ep.GetNbx(ucp.DeviceBuffer(dst.Ptr(), n), rkey.Base(), rkey, prm)
-		must(t, err)
+		require.NoError(t, err)
 		read := g.deviceSum(t, s, dst.Ptr(), n) // after the get, in stream order only
-		must(t, s.Synchronize())
+		require.NoError(t, s.Synchronize())
 		elapsed := time.Since(start)
 		for _, r := range []*ucp.Request{pr, fr, gr} {
-			must(t, r.Wait(ctx))
+			require.NoError(t, r.Wait(ctx))
 		}
-		if !bytes.Equal(region.Bytes()[:n], want) {
-			t.Fatalf("%d bytes: the peer's region differs from what was put", n)
-		}
-		if got, sum := read(), byteSum(want); got != sum {
-			t.Fatalf("%d bytes: device checksum after the get is %d, want %d", n, got, sum)
-		}
+		require.True(t, bytes.Equal(region.Bytes()[:n], want), "%d bytes: the peer's region differs from what was put", n) // not Equal: no multi-MiB diff
+		require.Equal(t, byteSum(want), read(), "%d bytes: device checksum after the get", n)
 		t.Logf("%d bytes in %d parts: put, flush and get in %v", n, (n+protocol.DefaultStagingPart-1)/protocol.DefaultStagingPart, elapsed)
-		must(t, src.Close())
-		must(t, dst.Close())
+		require.NoError(t, src.Close())
+		require.NoError(t, dst.Close())
 	}
-	must(t, cond.Err())
+	require.NoError(t, cond.Err())
 }
 
 // BenchmarkGPUStagedPut: a stream-ordered put of 64 MiB from device memory (staged, in
@@ -77,50 +75,50 @@ func BenchmarkGPUStagedPut(b *testing.B) {
 	ep, _, rkey := rmaTarget(b, n)
 	uctx := ep.Worker().Context()
 	src, err := g.ctx.MemAlloc(n)
-	must(b, err)
+	require.NoError(b, err)
 	defer src.Close()
 	pinned := g.mapped(b, n)
 	hostSrc, err := uctx.MemMapPtr(pinned.Addr(), n, ucp.MemoryHost)
-	must(b, err)
+	require.NoError(b, err)
 	defer hostSrc.Close()
 	s, err := g.backend.NewStream()
-	must(b, err)
+	require.NoError(b, err)
 	defer s.Close()
 	ctx := context.Background()
 
 	b.Run("copy-dtoh", func(b *testing.B) {
 		b.SetBytes(n)
 		for i := 0; i < b.N; i++ {
-			must(b, s.Copy(pinned.Addr(), src.Ptr(), n))
-			must(b, s.Synchronize())
+			require.NoError(b, s.Copy(pinned.Addr(), src.Ptr(), n))
+			require.NoError(b, s.Synchronize())
 		}
 	})
 	b.Run("put-pinned", func(b *testing.B) {
 		b.SetBytes(n)
 		for i := 0; i < b.N; i++ {
 			r, err := ep.PutNbx(pinned.Bytes(), rkey.Base(), rkey, &ucp.RequestParam{MemH: hostSrc})
-			must(b, err)
+			require.NoError(b, err)
 			f, err := ep.FlushNbx(nil)
-			must(b, err)
-			must(b, r.Wait(ctx))
-			must(b, f.Wait(ctx))
+			require.NoError(b, err)
+			require.NoError(b, r.Wait(ctx))
+			require.NoError(b, f.Wait(ctx))
 		}
 	})
 	b.Run("put-device-parts", func(b *testing.B) {
 		cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
-		must(b, err)
+		require.NoError(b, err)
 		b.SetBytes(n)
 		for i := 0; i < b.N; i++ {
 			r, err := ep.PutNbx(ucp.DeviceBuffer(src.Ptr(), n), rkey.Base(), rkey, &ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA})
-			must(b, err)
+			require.NoError(b, err)
 			f, err := ep.FlushNbx(&ucp.RequestParam{Condition: cond})
-			must(b, err)
-			must(b, s.Synchronize())
-			must(b, r.Wait(ctx))
-			must(b, f.Wait(ctx))
+			require.NoError(b, err)
+			require.NoError(b, s.Synchronize())
+			require.NoError(b, r.Wait(ctx))
+			require.NoError(b, f.Wait(ctx))
 		}
 		b.StopTimer()
-		must(b, cond.Destroy())
+		require.NoError(b, cond.Destroy())
 	})
 }
 
@@ -130,21 +128,21 @@ func BenchmarkGPUStagedPut(b *testing.B) {
 func rmaTarget(t testing.TB, n int) (*ucp.Endpoint, *ucp.MemH, *ucp.Rkey) {
 	t.Helper()
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	must(t, err)
+	require.NoError(t, err)
 	target, err := uctx.NewWorker(ucp.WorkerParams{})
-	must(t, err)
+	require.NoError(t, err)
 	origin, err := uctx.NewWorker(ucp.WorkerParams{})
-	must(t, err)
+	require.NoError(t, err)
 	addr, err := target.Address()
-	must(t, err)
+	require.NoError(t, err)
 	ep, err := origin.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	must(t, err)
+	require.NoError(t, err)
 	region, err := uctx.MemAlloc(n)
-	must(t, err)
+	require.NoError(t, err)
 	packed, err := region.PackRkey()
-	must(t, err)
+	require.NoError(t, err)
 	rkey, err := ep.UnpackRkey(packed)
-	must(t, err)
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = rkey.Close()
 		_ = region.Close()

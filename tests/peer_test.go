@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -12,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -202,9 +204,9 @@ func spawnPeer(t testing.TB, transport string) *peer {
 	p := &peer{t: t, exited: make(chan struct{}), out: &strings.Builder{}, epErr: make(chan error, 1)}
 	var err error
 	p.ctx, err = ucp.NewContext(ucp.ContextParams{Config: contextConfig(transport)})
-	must(t, err)
+	require.NoError(t, err)
 	p.w, err = p.ctx.NewWorker(ucp.WorkerParams{})
-	must(t, err)
+	require.NoError(t, err)
 	epParams := &ucp.EndpointParams{ErrorHandler: func(_ *ucp.Endpoint, err error) { p.epErr <- err }}
 
 	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
@@ -215,14 +217,14 @@ func spawnPeer(t testing.TB, transport string) *peer {
 	var l *ucp.Listener
 	if transport == "tcp" {
 		l, err = p.w.Listen("127.0.0.1:0", nil)
-		must(t, err)
+		require.NoError(t, err)
 		p.cmd.Env = append(p.cmd.Env, envListenAddr+"="+l.Addr())
 	} else {
 		self, err := p.w.Address()
-		must(t, err)
+		require.NoError(t, err)
 		p.cmd.Env = append(p.cmd.Env, envWorkerAddr+"="+hex.EncodeToString(self))
 	}
-	must(t, p.cmd.Start())
+	require.NoError(t, p.cmd.Start())
 	go func() {
 		p.waitErr = p.cmd.Wait()
 		close(p.exited)
@@ -231,16 +233,16 @@ func spawnPeer(t testing.TB, transport string) *peer {
 
 	if transport == "tcp" {
 		p.ep, err = l.Accept(ctx, epParams)
-		must(t, err)
-		must(t, l.Close())
+		require.NoError(t, err)
+		require.NoError(t, l.Close())
 	} else {
 		addr := p.recv(ctx, tagHello, 4096)
 		p.ep, err = p.w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
-		must(t, err)
+		require.NoError(t, err)
 	}
 	packed := p.recv(ctx, tagRkey, 4096)
 	p.rkey, err = p.ep.UnpackRkey(packed)
-	must(t, err)
+	require.NoError(t, err)
 	return p
 }
 
@@ -248,10 +250,8 @@ func (p *peer) recv(ctx context.Context, tag uint64, max int) []byte {
 	p.t.Helper()
 	buf := make([]byte, max)
 	r, err := p.w.TagRecvNbx(buf, tag, ^uint64(0), nil)
-	must(p.t, err)
-	if err := r.Wait(ctx); err != nil {
-		p.t.Fatalf("receive tag %#x: %v\npeer output:\n%s", tag, err, p.out)
-	}
+	require.NoError(p.t, err)
+	require.NoError(p.t, r.Wait(ctx), "receive tag %#x\npeer output:\n%s", tag, p.out)
 	return buf[:r.Length()]
 }
 
@@ -282,7 +282,7 @@ func (p *peer) close() {
 			default:
 				p.w.Progress()
 				if time.Now().After(deadline) {
-					p.t.Errorf("peer did not exit after quit; output:\n%s", p.out)
+					assert.Failf(p.t, "peer did not exit after quit", "output:\n%s", p.out)
 					_ = p.cmd.Process.Kill()
 					<-p.exited
 					break wait
@@ -290,14 +290,7 @@ func (p *peer) close() {
 			}
 		}
 	}
-	must(p.t, p.ctx.Close())
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(p.t, p.ctx.Close())
 }
 
 func pattern(n int, seed byte) []byte {
@@ -323,17 +316,16 @@ func TestTwoProcesses(t *testing.T) {
 				tag := uint64(1000 + i)
 				back := make([]byte, n)
 				rr, err := p.w.TagRecvNbx(back, tag|tagReply, ^uint64(0), &ucp.RequestParam{Peer: p.ep})
-				must(t, err)
-				must(t, send(ctx, p.ep, src, tag))
-				must(t, rr.Wait(ctx))
-				if rr.Length() != n || crc32.ChecksumIEEE(back) != crc32.ChecksumIEEE(src) {
-					t.Fatalf("echo of %d bytes: got %d bytes, checksum mismatch", n, rr.Length())
-				}
+				require.NoError(t, err)
+				require.NoError(t, send(ctx, p.ep, src, tag))
+				require.NoError(t, rr.Wait(ctx))
+				require.Equal(t, n, rr.Length(), "echo of %d bytes: length", n)
+				require.Equal(t, crc32.ChecksumIEEE(src), crc32.ChecksumIEEE(back), "echo of %d bytes: checksum", n)
 			}
 
 			// Active messages, eager and rendezvous, echoed back by the peer's handler.
 			replies := make(chan []byte, 1)
-			must(t, p.w.SetAmHandler(amReply, func(m *ucp.AmMessage) {
+			require.NoError(t, p.w.SetAmHandler(amReply, func(m *ucp.AmMessage) {
 				data := make([]byte, m.Length())
 				r, err := m.RecvData(data, nil)
 				if err != nil {
@@ -353,63 +345,53 @@ func TestTwoProcesses(t *testing.T) {
 			}{{64, ucp.AmEager}, {2 << 20, ucp.AmRendezvous}} {
 				src := pattern(tc.n, 42)
 				sr, err := p.ep.AmSendNbx(amEcho, []byte("hdr"), src, &ucp.RequestParam{AmFlags: tc.flags})
-				must(t, err)
+				require.NoError(t, err)
 				var got []byte
 				for got == nil {
 					select {
 					case got = <-replies:
 					case <-ctx.Done():
-						t.Fatalf("no AM reply for %d bytes; peer output:\n%s", tc.n, p.out)
+						require.FailNowf(t, "no AM reply", "no AM reply for %d bytes; peer output:\n%s", tc.n, p.out)
 					default:
 						p.w.Progress()
 					}
 				}
-				must(t, sr.Wait(ctx))
-				if crc32.ChecksumIEEE(got) != crc32.ChecksumIEEE(src) {
-					t.Fatalf("AM echo of %d bytes: checksum mismatch (%d bytes back)", tc.n, len(got))
-				}
+				require.NoError(t, sr.Wait(ctx))
+				require.Equal(t, crc32.ChecksumIEEE(src), crc32.ChecksumIEEE(got), "AM echo of %d bytes: checksum (%d bytes back)", tc.n, len(got))
 			}
 
 			// RMA: put into the peer's region, have the peer checksum it; get it back.
 			src := pattern(peerRegion, 9)
 			pr, err := p.ep.PutNbx(src, p.rkey.Base(), p.rkey, nil)
-			must(t, err)
-			must(t, pr.Wait(ctx))
+			require.NoError(t, err)
+			require.NoError(t, pr.Wait(ctx))
 			fr, err := p.ep.FlushNbx(nil)
-			must(t, err)
-			must(t, fr.Wait(ctx))
+			require.NoError(t, err)
+			require.NoError(t, fr.Wait(ctx))
 			var sizeMsg [8]byte
 			binary.LittleEndian.PutUint64(sizeMsg[:], peerRegion)
 			sumBuf := make([]byte, 4)
 			sr, err := p.w.TagRecvNbx(sumBuf, tagChecksum|tagReply, ^uint64(0), nil)
-			must(t, err)
-			must(t, send(ctx, p.ep, sizeMsg[:], tagChecksum))
-			must(t, sr.Wait(ctx))
-			if binary.LittleEndian.Uint32(sumBuf) != crc32.ChecksumIEEE(src) {
-				t.Fatal("peer's region checksum differs from what was put")
-			}
+			require.NoError(t, err)
+			require.NoError(t, send(ctx, p.ep, sizeMsg[:], tagChecksum))
+			require.NoError(t, sr.Wait(ctx))
+			require.Equal(t, crc32.ChecksumIEEE(src), binary.LittleEndian.Uint32(sumBuf), "peer's region checksum differs from what was put")
 			back := make([]byte, peerRegion)
 			gr, err := p.ep.GetNbx(back, p.rkey.Base(), p.rkey, nil)
-			must(t, err)
-			must(t, gr.Wait(ctx))
-			if crc32.ChecksumIEEE(back) != crc32.ChecksumIEEE(src) {
-				t.Fatal("get returned different data")
-			}
+			require.NoError(t, err)
+			require.NoError(t, gr.Wait(ctx))
+			require.Equal(t, crc32.ChecksumIEEE(src), crc32.ChecksumIEEE(back), "get returned different data")
 
 			// Atomics on the peer's region.
 			binary.NativeEndian.PutUint64(src[:8], 0)
 			ar, err := p.ep.AtomicNbx(ucp.AtomicParam{Op: ucp.AtomicSwap, Operand: 10}, p.rkey.Base(), p.rkey, nil)
-			must(t, err)
-			must(t, ar.Wait(ctx))
-			if ar.Fetched() != binary.NativeEndian.Uint64(back[:8]) {
-				t.Fatalf("swap fetched %#x, want %#x", ar.Fetched(), binary.NativeEndian.Uint64(back[:8]))
-			}
+			require.NoError(t, err)
+			require.NoError(t, ar.Wait(ctx))
+			require.Equal(t, binary.NativeEndian.Uint64(back[:8]), ar.Fetched(), "swap fetched")
 			ar, err = p.ep.AtomicNbx(ucp.AtomicParam{Op: ucp.AtomicAdd, Operand: 5, Fetch: true}, p.rkey.Base(), p.rkey, nil)
-			must(t, err)
-			must(t, ar.Wait(ctx))
-			if ar.Fetched() != 10 {
-				t.Fatalf("add fetched %d, want 10", ar.Fetched())
-			}
+			require.NoError(t, err)
+			require.NoError(t, ar.Wait(ctx))
+			require.Equal(t, uint64(10), ar.Fetched(), "add fetched")
 		})
 	}
 }
@@ -422,44 +404,33 @@ func TestPeerExitFailsPendingOperations(t *testing.T) {
 
 	// A receive the peer will never answer, tied to the peer.
 	pendingRecv, err := p.w.TagRecvNbx(make([]byte, 64), 0xdead, ^uint64(0), &ucp.RequestParam{Peer: p.ep})
-	must(t, err)
-	must(t, send(ctx, p.ep, nil, tagDie))
+	require.NoError(t, err)
+	require.NoError(t, send(ctx, p.ep, nil, tagDie))
 	// A rendezvous send the dead peer cannot complete.
 	bigSend, err := p.ep.TagSendNbx(pattern(maxMsg, 1), 0xbeef, nil)
 	start := time.Now()
 	if err == nil {
 		err = bigSend.Wait(ctx)
 	}
-	if !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("send to a dead peer: got %v, want an error matching ErrPeerFailed", err)
-	}
+	require.ErrorIs(t, err, ucp.ErrPeerFailed, "send to a dead peer")
 	err = pendingRecv.Wait(ctx)
-	if !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("receive from a dead peer: got %v, want an error matching ErrPeerFailed", err)
-	}
+	require.ErrorIs(t, err, ucp.ErrPeerFailed, "receive from a dead peer")
 	t.Logf("peer failure reported after %v: %v", time.Since(start), err)
 	select {
 	case err := <-p.epErr:
-		if !errors.Is(err, ucp.ErrPeerFailed) {
-			t.Fatalf("error handler got %v", err)
-		}
+		require.ErrorIs(t, err, ucp.ErrPeerFailed, "error handler")
 	case <-time.After(10 * time.Second):
-		t.Fatal("endpoint error handler never ran")
+		require.FailNow(t, "endpoint error handler never ran")
 	}
 	// Operations after the failure fail at once.
 	_, err = p.ep.TagSendNbx([]byte("x"), 1, nil)
-	if !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("send after failure: %v", err)
-	}
+	require.ErrorIs(t, err, ucp.ErrPeerFailed, "send after failure")
 	_, err = p.w.TagRecvNbx(make([]byte, 1), 1, ^uint64(0), &ucp.RequestParam{Peer: p.ep})
-	if !errors.Is(err, ucp.ErrPeerFailed) {
-		t.Fatalf("receive naming a failed peer: %v", err)
-	}
+	require.ErrorIs(t, err, ucp.ErrPeerFailed, "receive naming a failed peer")
 	var exitErr *exec.ExitError
-	if err := p.exit(); !errors.As(err, &exitErr) || exitErr.ExitCode() != 3 {
-		t.Fatalf("peer exit: %v", err)
-	}
-	must(t, p.ep.Close())
+	require.ErrorAs(t, p.exit(), &exitErr, "peer exit")
+	require.Equal(t, 3, exitErr.ExitCode(), "peer exit code")
+	require.NoError(t, p.ep.Close())
 }
 
 // Over shared memory UCX 1.13 has no peer failure detection; waits stay bounded by
@@ -469,16 +440,12 @@ func TestPeerExitOverSharedMemoryIsBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pendingRecv, err := p.w.TagRecvNbx(make([]byte, 64), 0xdead, ^uint64(0), nil)
-	must(t, err)
-	must(t, send(ctx, p.ep, nil, tagDie))
+	require.NoError(t, err)
+	require.NoError(t, send(ctx, p.ep, nil, tagDie))
 	_ = p.exit()
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancelShort()
-	if err := pendingRecv.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("wait: %v", err)
-	}
+	require.ErrorIs(t, pendingRecv.Wait(short), context.DeadlineExceeded, "wait")
 	pendingRecv.Cancel()
-	if err := pendingRecv.Wait(ctx); !errors.Is(err, ucp.ErrCanceled) {
-		t.Fatalf("after cancel: %v", err)
-	}
+	require.ErrorIs(t, pendingRecv.Wait(ctx), ucp.ErrCanceled, "after cancel")
 }

@@ -53,14 +53,9 @@ func NoGPU(err error) bool {
 // the machine has no GPU (NoGPU) and UCPX_REQUIRE_GPU is not 1, and fails otherwise.
 func SkipOrFail(t testing.TB, err error) {
 	t.Helper()
-	switch {
-	case !NoGPU(err):
-		t.Fatalf("CUDA driver present but unusable: %v", err)
-	case GPURequired():
-		t.Fatalf("no GPU, and %s=1 requires one: %v", EnvRequireGPU, err)
-	default:
-		t.Skipf("no GPU: %v", err)
-	}
+	require.Truef(t, NoGPU(err), "CUDA driver present but unusable: %v", err)
+	require.Falsef(t, GPURequired(), "no GPU, and %s=1 requires one: %v", EnvRequireGPU, err)
+	t.Skipf("no GPU: %v", err)
 }
 
 // RequireGPU loads the CUDA driver and returns device 0. It skips the test where the
