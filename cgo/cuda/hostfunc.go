@@ -16,10 +16,10 @@ import (
 // ucpxHostFnTrampoline resolves and runs it on the driver's callback thread.
 //
 // Cost: each callback is a cgo callback from a thread Go did not create. The
-// first on a given driver thread binds an M to it; later ones cost roughly a
-// microsecond on top of the driver's own callback latency (DESIGN.md §6 measures
-// about 1.4 µs to enqueue and 1.75 µs per callback in sequence). A handle is
-// created per LaunchHostFunc (a map insert) and deleted after the callback runs.
+// first on a given driver thread binds an M to it; later ones add about a
+// microsecond to the driver's own callback latency (docs/performance.md has the
+// enqueue and per-callback costs). A handle is created per LaunchHostFunc (a map
+// insert) and deleted after the callback runs.
 //
 // Lifetimes: a stream launch runs once, so its handle is deleted by the
 // trampoline. A graph host node (and a LaunchHostFunc recorded while the stream

@@ -37,7 +37,7 @@ const (
 	WriteDefault WriteFlags = 0x0
 	// WriteNoMemoryBarrier lets the write overtake earlier writes. cuda.h: "This flag
 	// is not supported in the v2 API", which is the only one ucpx loads; the driver
-	// answers CUDA_ERROR_INVALID_VALUE (seen on driver 580), so ucpx refuses it with
+	// answers CUDA_ERROR_INVALID_VALUE (docs/gpu-runs.md), so ucpx refuses it with
 	// ErrNotSupported before the call. Kept so callers get a clear error.
 	WriteNoMemoryBarrier WriteFlags = 0x1
 )

@@ -446,7 +446,8 @@ func hostPingPong(ctx context.Context, h condition.DeviceHandle, n int, step uin
 // modeComparison is one cell of the conditions target, "(c) beats (a) and (b)", taken
 // from one run: Mode (stream, or stream+work) against Against (sync or hostfunc, with
 // the same work) at Size. Ratio is Mode's mean one-way latency over Against's: below 1,
-// (c) is faster. The same run, because cells move by up to 20 % between machines.
+// (c) is faster. Both sides come from the same run, because a cell moves by up to 20 %
+// between fresh machines (docs/performance.md).
 type modeComparison struct {
 	Size    int     `json:"size"`
 	Mode    string  `json:"mode"`
