@@ -72,14 +72,14 @@ type GraphBuilder interface {
 	// AddSignalNodes adds the nodes of one communication operation after deps: with
 	// split false one node [store 1 into trigger, wait until done == 1, store 0 into
 	// done]; with split true a start node (the store) and a wait node (the rest)
-	// depending on it. The graph relaunches safely: the proxy resets trigger to 0 when
+	// depending on it. The graph relaunches safely: the engine resets trigger to 0 when
 	// it takes the trigger, the node resets done.
 	AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error)
 }
 
 // Condition links operations to a point of execution. Each operation enqueued with the
 // condition gets the next sequence number k: the stream (or kernel, or Trigger) stores
-// k into the trigger word when it gets there, the proxy issues every operation up to the
+// k into the trigger word when it gets there, the engine issues every operation up to the
 // trigger in order, and stores into the completion word the highest k up to which all
 // operations have completed. Streams wait on the completion word for stream-ordered
 // completion.
@@ -90,15 +90,15 @@ type Condition struct {
 	words    *stream.WordBlock
 	trigger  *stream.Word
 	done     *stream.Word
-	_        [64]byte // the proxy reads the fields above every round; enqueuers write the ones below
+	_        [64]byte // the engine reads the fields above every round; enqueuers write the ones below
 
 	// mu orders sequence assignment with the stream enqueues, so stream order is
 	// sequence order even with concurrent callers. It is held while a stream enqueue
-	// blocks (a CUDA stream stuck in a wait stops accepting work), so the proxy must
+	// blocks (a CUDA stream stuck in a wait stops accepting work), so the engine must
 	// never need it: Retire uses only retired and errMu.
 	mu          sync.Mutex
 	armed       uint64      // last sequence number handed out
-	destroyed   atomic.Bool // written under mu; read without it by the proxy
+	destroyed   atomic.Bool // written under mu; read without it by the engine
 	drivers     []stream.Driver
 	firstDriver atomic.Pointer[stream.Driver] // drivers[0], read without mu
 	node        any                           // Graph category: the start node
@@ -107,7 +107,7 @@ type Condition struct {
 	group       *group                        // Stream category: the open BeginGroup, if any
 	groupBuf    group                         // what group points to: one group at a time, reused
 
-	// Enqueuers write the fields above on every Arm; the proxy writes retired on every
+	// Enqueuers write the fields above on every Arm; the engine writes retired on every
 	// Retire, from another core: the padding keeps them on different cache lines.
 	_        [64]byte
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
@@ -468,7 +468,7 @@ func (c *Condition) Destroy() error {
 		return fmt.Errorf("destroy: %w", err)
 	}
 	if c.category == Graph {
-		if c.done.Load() == GraphFailed { // the proxy is gone and read its last word
+		if c.done.Load() == GraphFailed { // the engine is gone and read its last word
 			c.destroyed.Store(true)
 			return c.words.Close()
 		}
@@ -479,7 +479,7 @@ func (c *Condition) Destroy() error {
 		if c.armed == 0 {
 			return c.words.Close()
 		}
-		return nil // the proxy drops the operation, then releases the words
+		return nil // the engine drops the operation, then releases the words
 	}
 	if n := c.armed - c.retired.Load(); n > 0 {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)

@@ -7,11 +7,12 @@
 // word D. Every operation enqueued with the condition gets the next sequence number k
 // (Arm). For a Stream condition, Arm enqueues "store k into T" on the stream and, for
 // stream-ordered completion, "wait until D >= k": work enqueued on the stream later (a
-// kernel, a copy, an event record) runs only after the operation completed. The proxy
-// engine of package ucp watches T, issues the operations up to it in order, and stores
-// into D the highest k up to which every operation has completed (Retire). A failed
-// operation still advances D, with the error kept in Err and on its Request, so no
-// stream stays blocked on a dead peer.
+// kernel, a copy, an event record) runs only after the operation completed. The
+// Engine (one per ucp.Worker, the proxy) watches T, issues the operations up to it in
+// order, and stores into D the highest k up to which every operation has completed. A
+// failed operation still advances D, with the error kept in Err (until ClearErr) and
+// on its Request, so no stream stays blocked on a dead peer. Nothing exported stores
+// into T or D but the trigger calls (Trigger, and ucpx_trigger on the device).
 //
 // Operations take a condition through ucp.RequestParam.Condition:
 //
@@ -21,8 +22,13 @@
 //
 // Operations armed between BeginGroup and EndGroup share one trigger and one completion
 // wait (like ncclGroupStart/End). An operation enqueued while its stream is being
-// captured into a CUDA graph becomes a persistent graph operation (Captured). A Graph
-// condition's node may carry several operations; every launch runs them all.
+// captured into a CUDA graph becomes a persistent graph operation. A Graph condition's
+// node may carry several operations; every launch runs them all.
+//
+// The engine's side: a transport (package ucp) implements Operation and Transport and
+// hands each operation over with Engine.Submit; the engine asks package protocol how
+// the operation's buffer travels (staging device memory where the transport cannot
+// move it) and calls Operation.Issue once the trigger reached it.
 //
 // The device-side half of KernelTriggered lives in device/ucpx_signal.cuh; DeviceHandle
 // has the layout of its struct ucpx_device_handle.

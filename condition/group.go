@@ -9,7 +9,7 @@ import (
 // Groups: operations armed on a Stream condition between BeginGroup and EndGroup share
 // one trigger and one completion wait, enqueued by EndGroup, as ncclGroupStart/End
 // batch NCCL calls or MPI_Startall starts several requests. The stream reaches all of
-// them together at EndGroup's point, the proxy issues them in sequence order, and with
+// them together at EndGroup's point, the engine issues them in sequence order, and with
 // any of them stream-ordered the stream waits once, until all completed (the
 // completion word is contiguous). On CUDA an n-operation group costs two memops
 // enqueued in one driver call instead of two per operation.

@@ -13,7 +13,7 @@ import (
 
 // CUDA lets graph conditions add their nodes to a CUDA graph. Each operation has a
 // start node [write T=1] after its dependencies and a completion node [wait D&1, write
-// D=0] after the start node; the proxy resets T when it takes the trigger and sets D
+// D=0] after the start node; the engine resets T when it takes the trigger and sets D
 // once the operation completed, so every launch performs the operation again with no
 // host call. Without Split the completion node is the one node the condition shows
 // (Node and WaitNode): give input dependencies in Param.Deps, and depend on the node
@@ -38,7 +38,7 @@ import (
 // the chaining above, 256 independent one-node operations hung even sender first.
 //
 // Close CUDA graphs that hold a worker's conditions before closing the worker: a launch
-// after that waits for a proxy that is gone (the launch in flight when the worker closes
+// after that waits for an engine that is gone (the launch in flight when the worker closes
 // is released, with the error in the condition).
 type CUDA struct {
 	Graph *cuda.Graph

@@ -42,7 +42,7 @@ type HostNode struct {
 	task func() error
 	// Signal nodes (communication operations): inline tasks only store a word, so the
 	// launching goroutine runs them itself; a node with waitFor completes once the
-	// proxy fires that word, watched by the launch's event loop, not by a goroutine.
+	// engine fires that word, watched by the launch's event loop, not by a goroutine.
 	inline  bool
 	waitFor *stream.Word
 }
@@ -210,7 +210,7 @@ func (x *HostExec) Launch(s stream.Stream) error {
 
 // run executes the DAG once, as an event loop on the launching goroutine: user tasks
 // run on their own goroutines (they may block), signal tasks run inline, and
-// communication nodes wait in the loop, which drives the proxy and parks on the words'
+// communication nodes wait in the loop, which drives the engine and parks on the words'
 // notification, so N communication nodes cost no goroutine each. It returns the first
 // node error; dependents of a failed node do not run.
 func (x *HostExec) run() error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,33 @@ import (
 // The backend holds the primary context until it and every stream, event and
 // word block made from it are closed, so closing the backend early never frees
 // memory a Word still points to.
+//
+// # Calls the engine makes
+//
+// The engine (package condition's proxy) runs its rounds on its own goroutine and on
+// goroutines that wait for an operation. It must never make a driver call that can
+// wait for the application's stream work: the application may be blocked in a call
+// that waits for its stream (a synchronous copy of pageable memory, a synchronize),
+// whose work waits for an operation only the engine can complete. Driver calls that
+// allocate (cuMemHostAlloc, cuMemAlloc), create streams or load modules can wait for
+// such a call in progress on another thread, so the engine makes none of them. What it
+// reaches in this package:
+//
+//   - Word.Load, Word.Store: CPU atomics on host-mapped memory, no driver call.
+//   - WordBlock.Ring: one cuStreamWriteValue64 on the backend's doorbell stream (with
+//     the thread's current-context check that cgo/cuda makes around every call). The
+//     doorbell stream and the word it writes are made when the backend opens, never on
+//     a ring. The stream is non-blocking (no implicit order with the legacy default
+//     stream) and carries nothing but doorbell writes, which wait for nothing, so the
+//     write is never queued behind user work and the call allocates nothing.
+//   - WordBlock.Notify, Drive, Kick: Go only.
+//
+// Everything else that calls the driver runs on the goroutine of the caller that
+// enqueues (WriteThenWait, PollValue, staging copies) or creates (AllocWords, streams,
+// events). The signal kernels of PollValue are loaded when the backend opens as well,
+// so that enqueueing, done while holding a condition's lock, never loads a module.
+// tests/gpu_blocking_test.go runs conditioned operations while the application
+// blocks in such calls.
 
 // openCUDA opens device's primary context. The error wraps cuda.ErrNoDriver where
 // CUDA cannot be used at all (no libcuda, no device), so Open(Auto) falls back.
@@ -59,26 +87,29 @@ func openCUDA(device int) (Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream: cuda backend: %w", err)
 	}
-	return &cudaBackend{ctx: ctx, caps: caps, refs: 1}, nil
+	bell, err := newDoorbell(ctx)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("stream: cuda backend: %w", err), ctx.Close())
+	}
+	b := &cudaBackend{ctx: ctx, caps: caps, refs: 1, bell: bell}
+	b.loadSignalKernels()
+	return b, nil
 }
 
 type cudaBackend struct {
 	ctx  *cuda.Context
 	caps cuda.Caps
 
-	// The signal kernels of PollValue, loaded on first use (pollOnce). pollErr: they
-	// could not be loaded; PollValue then waits with a memop.
-	pollOnce   sync.Once
+	// The signal kernels of PollValue, loaded when the backend opens (see "Calls the
+	// engine makes"). pollErr: they could not be loaded; PollValue then waits with a
+	// memop.
 	pollModule *cuda.Module
 	pollFn     *cuda.Function
 	pollErr    error
 
-	// The doorbell of WordBlock.Ring, made on first use: a stream of its own and a
-	// word it writes (the submission is what matters, not the value).
-	bellOnce   sync.Once
-	bellStream *cuda.Stream
-	bellMem    *cuda.HostMemory
-	bellErr    error
+	// bell is the doorbell of WordBlock.Ring, made when the backend opens; nil on the
+	// backends of WrapCUDAStream, which allocate no words.
+	bell *doorbell
 
 	mu       sync.Mutex
 	closed   bool
@@ -111,10 +142,8 @@ func (b *cudaBackend) release() error {
 	if b.pollModule != nil {
 		err = cudaErr("signal kernels", b.pollModule.Close())
 	}
-	if b.bellStream != nil {
-		// The last rings' writes land before their word is freed.
-		err = errors.Join(err, cudaErr("doorbell", b.bellStream.Synchronize()),
-			cudaErr("doorbell", b.bellStream.Close()), cudaErr("doorbell", b.bellMem.Close()))
+	if b.bell != nil {
+		err = errors.Join(err, b.bell.close())
 	}
 	if !b.borrowed {
 		err = errors.Join(err, b.ctx.Close())
@@ -122,45 +151,71 @@ func (b *cudaBackend) release() error {
 	return err
 }
 
-// pollKernel returns ucpx_signal_wait, loading the signal kernels on first use.
-func (b *cudaBackend) pollKernel() (*cuda.Function, error) {
-	b.pollOnce.Do(func() {
-		m, err := b.ctx.LoadModule(device.SignalKernelsPTX())
-		if err != nil {
-			b.pollErr = err
-			return
-		}
-		f, err := m.Function(device.KernelSignalWait)
-		if err != nil {
-			_ = m.Close()
-			b.pollErr = err
-			return
-		}
-		b.pollModule, b.pollFn = m, f
-	})
-	return b.pollFn, b.pollErr
+// loadSignalKernels loads the signal kernels of PollValue; where that fails,
+// PollValue waits with a memop instead.
+func (b *cudaBackend) loadSignalKernels() {
+	m, err := b.ctx.LoadModule(device.SignalKernelsPTX())
+	if err != nil {
+		b.pollErr = err
+		return
+	}
+	f, err := m.Function(device.KernelSignalWait)
+	if err != nil {
+		_ = m.Close()
+		b.pollErr = err
+		return
+	}
+	b.pollModule, b.pollFn = m, f
 }
 
-// ring submits one memop write on the backend's doorbell stream (WordBlock.Ring).
-func (b *cudaBackend) ring() error {
-	b.bellOnce.Do(func() {
-		m, err := b.ctx.MemHostAlloc(8, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-		if err != nil {
-			b.bellErr = cudaErr("doorbell", err)
-			return
-		}
-		s, err := b.ctx.NewStream(cuda.StreamNonBlocking, 0)
-		if err != nil {
-			_ = m.Close()
-			b.bellErr = cudaErr("doorbell", err)
-			return
-		}
-		b.bellStream, b.bellMem = s, m
-	})
-	if b.bellErr != nil {
-		return b.bellErr
+// pollKernel returns ucpx_signal_wait, or why it could not be loaded.
+func (b *cudaBackend) pollKernel() (*cuda.Function, error) { return b.pollFn, b.pollErr }
+
+// doorbell is what WordBlock.Ring submits work on: a stream of its own and a word it
+// writes (the submission is what matters, not the value).
+type doorbell struct {
+	stream *cuda.Stream
+	mem    *cuda.HostMemory
+	// ringing counts rings in progress and closed refuses new ones, so that close
+	// never destroys the stream under a ring without a ring ever waiting for a lock
+	// (the closing goroutine may sit in the driver, and a ring must not wait for it).
+	ringing atomic.Int64
+	closed  atomic.Bool
+}
+
+func newDoorbell(ctx *cuda.Context) (*doorbell, error) {
+	m, err := ctx.MemHostAlloc(8, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	if err != nil {
+		return nil, cudaErr("doorbell", err)
 	}
-	return cudaErr("doorbell", b.bellStream.WriteValue64(b.bellMem.DevicePtr(), 1, cuda.WriteDefault))
+	s, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
+	if err != nil {
+		return nil, errors.Join(cudaErr("doorbell", err), m.Close())
+	}
+	return &doorbell{stream: s, mem: m}, nil
+}
+
+// ring submits one memop write on the doorbell stream (WordBlock.Ring).
+func (d *doorbell) ring() error {
+	d.ringing.Add(1)
+	defer d.ringing.Add(-1)
+	if d.closed.Load() {
+		return nil
+	}
+	return cudaErr("doorbell", d.stream.WriteValue64(d.mem.DevicePtr(), 1, cuda.WriteDefault))
+}
+
+// close releases the doorbell once the rings in progress have returned. Both sides
+// use sequentially consistent atomics: either a ring sees closed, or close sees it
+// ringing and waits for it.
+func (d *doorbell) close() error {
+	d.closed.Store(true)
+	for d.ringing.Load() != 0 {
+		runtime.Gosched()
+	}
+	// The last rings' writes land before their word is freed.
+	return errors.Join(cudaErr("doorbell", d.stream.Synchronize()),
+		cudaErr("doorbell", d.stream.Close()), cudaErr("doorbell", d.mem.Close()))
 }
 
 func (b *cudaBackend) NewStream() (Stream, error) {
@@ -205,7 +260,9 @@ func (b *cudaBackend) AllocWords(n int) (*WordBlock, error) {
 		return errors.Join(cudaErr("WordBlock.Close", err), b.release())
 	}
 	blk := NewWordBlock(KindCUDA, m.Ptr(), m.DevicePtr(), n, free)
-	blk.doorbell = b.ring
+	if b.bell != nil {
+		blk.doorbell = b.bell.ring
+	}
 	return blk, nil
 }
 
@@ -527,8 +584,10 @@ func WrapCUDAStream(handle uintptr) (Stream, error) {
 	if err != nil {
 		return nil, cudaErr("WrapCUDAStream", err)
 	}
-	// A private backend with a borrowed context: release never closes it.
+	// A private backend with a borrowed context: release never closes it. It
+	// allocates no words, so it needs no doorbell; PollValue needs the signal kernels.
 	b := &cudaBackend{ctx: cs.Context(), caps: caps, refs: 1, closed: true, borrowed: true}
+	b.loadSignalKernels()
 	return &cudaStream{b: b, s: cs}, nil
 }
 

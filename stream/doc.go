@@ -24,7 +24,9 @@
 //     CUDA's stream memops; GEQ is wrap-aware (signed difference), so counters may wrap.
 //     After storing a word a CUDA stream may be waiting on, WordBlock.Ring makes the
 //     GPU look at its pending waits again soon (it otherwise rechecks a memop wait
-//     only about every 13 µs); it is never needed for correctness.
+//     only now and then); it is never needed for correctness. The race detector sees
+//     the ordering the words carry: a load that reads a stored value is ordered after
+//     the storing goroutine's earlier work, as with sync/atomic on Go memory.
 //
 // Objects of one backend may not be handed to another: a CUDA event given to a host
 // stream is refused with ErrWrongBackend, and so is a host word given to a CUDA stream

@@ -12,12 +12,12 @@ import (
 // trade wake-up latency against CPU:
 //
 //   - spin: poll back to back for pollSpinFor — a proxy that answers within
-//     microseconds is seen within a cache-line transfer (~100 ns);
+//     microseconds is seen within a cache-line transfer;
 //   - yield: keep polling until pollYieldFor, but call runtime.Gosched every
 //     pollYieldEvery so that goroutines queued on this executor's P (the proxy
 //     itself, when GOMAXPROCS is small) are delayed by at most that much. Yielding on
 //     every poll instead would cost a scheduler round and a wake-up of an idle
-//     thread (wakep) per poll, which on a 2-core machine slowed a round trip 5x;
+//     thread (wakep) per poll, which slows a round trip on a machine with few cores;
 //   - sleep: time.Sleep, from pollSleepMin doubling to pollSleepMax, so a stream
 //     blocked for long costs next to nothing. Go's timers on Linux round sleeps
 //     below 1 ms up to about 1 ms when the process is otherwise idle (the netpoller
@@ -72,8 +72,7 @@ func (b *backoff) pause() {
 }
 
 // With GOMAXPROCS=1 spinning is pure loss: no goroutine can make the progress the
-// spinner waits for until it yields (measured: a 20 µs round trip instead of well
-// under 1 µs). Waits then yield on every poll instead. runtime.GOMAXPROCS takes the
+// spinner waits for until it yields. Waits then yield on every poll instead. runtime.GOMAXPROCS takes the
 // scheduler lock, so its value is cached and reread at most every procsRecheck (it
 // can change at run time, by the program or by cgroup limits).
 const procsRecheck = 10 * time.Millisecond

@@ -98,10 +98,11 @@ type Stream interface {
 	// call (one batch of two memops) on CUDA instead of two.
 	WriteThenWait(w *Word, value uint64, waitOn *Word, waitValue uint64, cmp Compare) error
 	// PollValue is WaitValue(w, value, GEQ) by an active poll, for waits expected to be
-	// long. On CUDA a one-thread kernel polls the word and notices it within about a
-	// microsecond, where the GPU looks at a memop wait not satisfied at once only about
-	// every 13 µs (docs/performance.md); it costs a kernel launch (3–5 µs of CPU against
-	// 1–2 for a memop) and one GPU thread while it waits. Host streams poll either way.
+	// long. On CUDA a one-thread kernel polls the word and notices the value soon, where
+	// the GPU looks again at a memop wait not satisfied at once only now and then
+	// (docs/performance.md, "Stream signal kernels against memop waits"); it costs a
+	// kernel launch, dearer than a memop, and one GPU thread while it waits. Host
+	// streams poll either way.
 	PollValue(w *Word, value uint64) error
 	// LaunchHostFunc runs fn on a CPU thread in stream order. fn must not enqueue on or
 	// synchronize the stream it was launched on.

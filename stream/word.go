@@ -10,24 +10,44 @@ import (
 // Word is a 64-bit signal word shared between the CPU (proxy thread, host streams) and,
 // on CUDA, the GPU. Its memory is never Go memory: C memory on host backends,
 // host-mapped pinned memory on CUDA, so C, the GPU and Go may all hold its address.
+//
+// Load, Store, Add and CompareAndSwap order memory like sync/atomic, and the race
+// detector sees that ordering too (race.go): a goroutine that loads a value another
+// goroutine stored is ordered after everything the storer did before the store.
 type Word struct {
-	host   *uint64 // CPU address, 8-byte aligned
-	device uintptr // GPU address of the same word (0 on host backends)
+	race   raceSync // first: zero-size without the race detector, no padding
+	host   *uint64  // CPU address, 8-byte aligned
+	device uintptr  // GPU address of the same word (0 on host backends)
 	block  *WordBlock
 }
 
 // Load reads the word with acquire ordering.
-func (w *Word) Load() uint64 { return atomic.LoadUint64(w.host) }
+func (w *Word) Load() uint64 {
+	v := atomic.LoadUint64(w.host)
+	w.raceAcquire()
+	return v
+}
 
 // Store writes the word with release ordering.
-func (w *Word) Store(v uint64) { atomic.StoreUint64(w.host, v) }
+func (w *Word) Store(v uint64) {
+	w.raceRelease()
+	atomic.StoreUint64(w.host, v)
+}
 
 // Add adds delta and returns the new value.
-func (w *Word) Add(delta uint64) uint64 { return atomic.AddUint64(w.host, delta) }
+func (w *Word) Add(delta uint64) uint64 {
+	w.raceRelease()
+	v := atomic.AddUint64(w.host, delta)
+	w.raceAcquire()
+	return v
+}
 
 // CompareAndSwap is an atomic compare-and-swap on the word.
 func (w *Word) CompareAndSwap(old, new uint64) bool {
-	return atomic.CompareAndSwapUint64(w.host, old, new)
+	w.raceRelease()
+	swapped := atomic.CompareAndSwapUint64(w.host, old, new)
+	w.raceAcquire()
+	return swapped
 }
 
 // HostPtr is the CPU address of the word.
@@ -140,12 +160,13 @@ func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, fr
 }
 
 // Ring tells the device that the CPU stored into one of the block's words that a
-// stream may be waiting on. A CUDA memop wait (WaitValue, WriteThenWait) that was not
-// satisfied when the GPU reached it is looked at again only about every 13 µs when the
-// GPU is given nothing else to do; new work submitted to the GPU, on any stream of the
-// context, makes it look again within about 5 µs (run 42 of docs/gpu-runs.md). Ring
-// submits such work: one memop write on a stream of the backend's own. It costs the
-// caller one driver call (1–1.5 µs); on host blocks it does nothing.
+// stream may be waiting on. The GPU looks again at a memop wait (WaitValue,
+// WriteThenWait) that was not satisfied when it reached it only now and then, unless
+// it is handed new work on some stream of the context (docs/performance.md, "Stream
+// signal kernels against memop waits"); Ring hands it such work: one memop write on
+// the backend's own doorbell stream, which is all a ring costs (no allocation, no
+// other driver call: see "Calls the engine makes" in cuda.go). It is never needed for
+// correctness; on host blocks it does nothing.
 func (b *WordBlock) Ring() error {
 	if b.doorbell == nil || b.freed.Load() {
 		return nil

@@ -19,8 +19,7 @@ const KernelWindow = 1024
 // Deeper, a CUDA stream's queue fills and the enqueuing call blocks inside the driver,
 // spinning a core on the GPU's queue state for the rest of the run; a host stream's
 // queue would grow without bound, and with it the heap the garbage collector scans.
-// (Until run 43 only (c) was bounded: (b) queued its whole run at the start, so its
-// host thread sat idle while (c)'s kept enqueuing beside the stream.)
+// Both modes share it so that neither gets an idle host thread the other lacks.
 const StreamWindow = 128
 
 // Throttle keeps a host at most a window of iterations ahead of the completed ones.
