@@ -135,13 +135,29 @@ func RunUnderFakeDriver(t testing.TB, tests []string, env ...string) string {
 	return text
 }
 
-// moduleRoot is the directory of go.mod, found from this file's location.
+// moduleRoot is the directory that holds the fake driver's source: the module root
+// this file was built from, else the nearest directory above the working directory
+// that has it (the GPU bundle runs each test binary in a copy of its package's
+// directory, under a copy of the tree).
 func moduleRoot(t testing.TB) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	require.True(t, ok, "cannot locate the module root")
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	_, err := os.Stat(filepath.Join(root, FakeDriverSource))
-	require.NoError(t, err, "the fake driver's source is not where this build's sources were")
-	return root
+	var candidates []string
+	if _, file, _, ok := runtime.Caller(0); ok {
+		candidates = append(candidates, filepath.Join(filepath.Dir(file), "..", ".."))
+	}
+	if wd, err := os.Getwd(); err == nil {
+		for dir := wd; ; dir = filepath.Dir(dir) {
+			candidates = append(candidates, dir)
+			if dir == filepath.Dir(dir) {
+				break
+			}
+		}
+	}
+	for _, root := range candidates {
+		if _, err := os.Stat(filepath.Join(root, FakeDriverSource)); err == nil {
+			return root
+		}
+	}
+	require.FailNowf(t, "no fake driver source", "%s is neither under the module root this binary was built from nor above the working directory", FakeDriverSource)
+	return ""
 }
