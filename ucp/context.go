@@ -221,7 +221,8 @@ func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH
 }
 
 // MemAlloc allocates and registers length bytes of host memory (the registered
-// buffer a hot path should reuse); Bytes gives access to it.
+// buffer a hot path should reuse); Bytes gives access to exactly length bytes, and the
+// packed rkey grants a peer exactly those.
 func (c *Context) MemAlloc(length int) (*MemH, error) {
 	if length <= 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "allocate length %d", length)
@@ -239,7 +240,9 @@ func (c *Context) mapInto(m *MemH, addr unsafe.Pointer, length int, allocate boo
 		if err := statusErr(st); err != nil {
 			return opErr("mem_map", err, "length %d allocate %v type %s", length, allocate, memType)
 		}
-		m.raw, m.addr, m.length = raw, a, n
+		// UCX rounds an allocation up to whole pages; the region is what was asked
+		// for, so Bytes, Len and the rkey's range are exact.
+		m.raw, m.addr, m.length = raw, a, min(n, length)
 		c.memhs[m] = struct{}{}
 		live.memhs.Add(1)
 		return nil

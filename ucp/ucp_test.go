@@ -538,3 +538,22 @@ func TestDeviceMemoryTypeWithoutTransport(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnsupported)
 	require.Nil(t, DeviceBuffer(0, 8))
 }
+
+// MemAlloc's region is exactly what was asked for, though UCX allocates whole pages:
+// Bytes, Len and the rkey's range agree.
+func TestMemAllocIsExact(t *testing.T) {
+	p := newShmPair(t)
+	defer p.close(t)
+	m, err := p.ctxB.MemAlloc(4)
+	require.NoError(t, err)
+	defer m.Close()
+	require.Len(t, m.Bytes(), 4)
+	require.Equal(t, 4, m.Len())
+	key, err := m.PackRkey()
+	require.NoError(t, err)
+	rk, err := p.epA.UnpackRkey(key)
+	require.NoError(t, err)
+	require.Equal(t, 4, rk.Len())
+	_, err = p.epA.PutNbx(make([]byte, 5), rk.Base(), rk, nil)
+	require.ErrorIs(t, err, ErrOutOfRange)
+}
