@@ -247,7 +247,11 @@ func goTool(t *testing.T) string {
 		}
 	}
 	p, err := exec.LookPath("go")
-	require.NoError(t, err, "no go command to compile the README's examples with")
+	if err != nil {
+		// The GPU machine runs the test binary without a toolchain or the module; the
+		// README is checked where the code is built (make test, CI).
+		t.Skip("no Go toolchain here to compile the README's examples with")
+	}
 	return p
 }
 
@@ -272,6 +276,7 @@ type readmeFailure struct {
 // failure it checks the blocks one by one to say which failed.
 func compileReadmeBlocks(t *testing.T, blocks []readmeBlock, readmePath string) []readmeFailure {
 	t.Helper()
+	goTool(t) // skips where there is no toolchain
 	root := moduleRoot(t)
 	dir := t.TempDir()
 	// The module's own go.mod, renamed, so its requirements (and go.sum) hold as they are.
