@@ -333,6 +333,7 @@ func compileReadmeBlocks(t *testing.T, blocks []readmeBlock, readmePath string) 
 
 // TestReadmeGoBlocksCompile compiles every ```go block of README.md.
 func TestReadmeGoBlocksCompile(t *testing.T) {
+	goTool(t) // skips where there is no toolchain
 	readmePath := filepath.Join(moduleRoot(t), "README.md")
 	text, err := os.ReadFile(readmePath)
 	require.NoError(t, err)
