@@ -53,7 +53,7 @@ type captureBuilder struct{ s stream.Stream }
 
 func (b captureBuilder) Kind() stream.Kind { return b.s.Kind() }
 
-func (b captureBuilder) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error) {
+func (b captureBuilder) AddSignalNodes(deps []Node, trigger, done *stream.Word, split bool) (start, wait Node, err error) {
 	if len(deps) > 0 || split {
 		return nil, nil, fmt.Errorf("captured operation with dependencies or split: %w", ErrInvalidParam)
 	}

@@ -60,13 +60,21 @@ type Param struct {
 	// Graph receives the condition's nodes (Graph category), after Deps.
 	Graph GraphBuilder
 	// Deps are nodes of Graph the operation's node depends on.
-	Deps []any
+	Deps []Node
 	// Split asks for two nodes: Node starts the operation, WaitNode completes it, so
 	// other nodes (compute) can run between them.
 	Split bool
 }
 
-// GraphBuilder is what a graph offers graph conditions (graph.Host; CUDA graphs later).
+// Node is a node of a graph that Graph conditions add their nodes to: *graph.HostNode
+// in a graph.Host, cuda.Node in a graph.CUDA. Conditions' nodes and the graph's own mix
+// in every call of the graph without type assertions.
+type Node interface {
+	// Handle is the raw CUgraphNode of a CUDA graph node, 0 for a host graph node.
+	Handle() uintptr
+}
+
+// GraphBuilder is what a graph offers graph conditions (graph.Host, graph.CUDA).
 type GraphBuilder interface {
 	Kind() stream.Kind
 	// AddSignalNodes adds the nodes of one communication operation after deps: with
@@ -74,7 +82,7 @@ type GraphBuilder interface {
 	// done]; with split true a start node (the store) and a wait node (the rest)
 	// depending on it. The graph relaunches safely: the engine resets trigger to 0 when
 	// it takes the trigger, the node resets done.
-	AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error)
+	AddSignalNodes(deps []Node, trigger, done *stream.Word, split bool) (start, wait Node, err error)
 }
 
 // Condition links operations to a point of execution. Each operation enqueued with the
@@ -101,8 +109,8 @@ type Condition struct {
 	destroyed   atomic.Bool // written under mu; read without it by the engine
 	drivers     []stream.Driver
 	firstDriver atomic.Pointer[stream.Driver] // drivers[0], read without mu
-	node        any                           // Graph category: the start node
-	waitNode    any                           // Graph category: the completion node
+	node        Node                          // Graph category: the start node
+	waitNode    Node                          // Graph category: the completion node
 	captured    []*Condition                  // Stream category: operations enqueued under stream capture
 	group       *group                        // Stream category: the open BeginGroup, if any
 	groupBuf    group                         // what group points to: one group at a time, reused
@@ -163,10 +171,10 @@ func Create(p Param) (*Condition, error) {
 
 // Node is the graph node of a Graph condition (with Split, the node that starts the
 // operation). Add further dependencies with the graph's own calls.
-func (c *Condition) Node() any { return c.node }
+func (c *Condition) Node() Node { return c.node }
 
 // WaitNode is the node that completes the operation (the same as Node without Split).
-func (c *Condition) WaitNode() any { return c.waitNode }
+func (c *Condition) WaitNode() Node { return c.waitNode }
 
 // fire reports one run of a Graph condition's operations finished (err nil on
 // success): it stores 1 into the completion word, releasing the graph's wait node.

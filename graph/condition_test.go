@@ -52,7 +52,7 @@ func newLink(t testing.TB) *link {
 }
 
 // graphCondition adds a communication node for one operation to g.
-func graphCondition(t *testing.T, l *link, g *graph.Host, deps []any, split bool) *condition.Condition {
+func graphCondition(t *testing.T, l *link, g *graph.Host, deps []condition.Node, split bool) *condition.Condition {
 	t.Helper()
 	c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: l.backend, Graph: g, Deps: deps, Split: split})
 	require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestGraphConditionRelaunch(t *testing.T) {
 		}
 		return nil
 	})
-	send := graphCondition(t, l, sg, []any{fill}, false)
+	send := graphCondition(t, l, sg, []condition.Node{fill}, false)
 	_, err := l.ab.TagSendNbx(out, 9, &ucp.RequestParam{Condition: send})
 	require.NoError(t, err)
 
@@ -85,7 +85,7 @@ func TestGraphConditionRelaunch(t *testing.T) {
 	_, err = l.b.TagRecvNbx(in, 9, ^uint64(0), &ucp.RequestParam{Condition: recv})
 	require.NoError(t, err)
 	var checked atomic.Int64
-	_, err = rg.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
+	_, err = rg.AddTask([]condition.Node{recv.Node()}, func() error {
 		n := uint64(checked.Add(1))
 		for i := range in {
 			if in[i] != byte(n+uint64(i)) {
@@ -140,13 +140,13 @@ func TestGraphConditionSplitWithCompute(t *testing.T) {
 	_, err := l.b.TagRecvNbx(in, 3, ^uint64(0), &ucp.RequestParam{Condition: recv})
 	require.NoError(t, err)
 	var computed atomic.Bool
-	compute, err := g.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
+	compute, err := g.AddTask([]condition.Node{recv.Node()}, func() error {
 		computed.Store(true)
 		return nil
 	})
 	require.NoError(t, err)
 	var seen []byte
-	_, err = g.AddTask([]*graph.HostNode{compute, recv.WaitNode().(*graph.HostNode)}, func() error {
+	_, err = g.AddTask([]condition.Node{compute, recv.WaitNode()}, func() error {
 		seen = append([]byte(nil), in...)
 		return nil
 	})
@@ -181,7 +181,7 @@ func TestGraphWith256CommunicationNodes(t *testing.T) {
 	var launch atomic.Uint64
 	outs := make([][]byte, pairs)
 	ins := make([][]byte, pairs)
-	fill, _ := g.AddTask([]*graph.HostNode{root}, func() error {
+	fill, _ := g.AddTask([]condition.Node{root}, func() error {
 		n := launch.Add(1)
 		for i := range outs {
 			binary.LittleEndian.PutUint64(outs[i], n<<16|uint64(i))
@@ -189,17 +189,17 @@ func TestGraphWith256CommunicationNodes(t *testing.T) {
 		return nil
 	})
 	var conds []*condition.Condition
-	var waits []*graph.HostNode
+	var waits []condition.Node
 	for i := 0; i < pairs; i++ {
 		outs[i], ins[i] = make([]byte, 8), make([]byte, 8)
-		rc := graphCondition(t, l, g, []any{root}, false)
+		rc := graphCondition(t, l, g, []condition.Node{root}, false)
 		_, err := l.b.TagRecvNbx(ins[i], uint64(i), ^uint64(0), &ucp.RequestParam{Condition: rc})
 		require.NoError(t, err)
-		sc := graphCondition(t, l, g, []any{fill}, false)
+		sc := graphCondition(t, l, g, []condition.Node{fill}, false)
 		_, err = l.ab.TagSendNbx(outs[i], uint64(i), &ucp.RequestParam{Condition: sc})
 		require.NoError(t, err)
 		conds = append(conds, rc, sc)
-		waits = append(waits, rc.Node().(*graph.HostNode), sc.Node().(*graph.HostNode))
+		waits = append(waits, rc.Node(), sc.Node())
 	}
 	_, err := g.AddTask(waits, func() error {
 		n := launch.Load()
@@ -273,7 +273,7 @@ func TestGraphConditionSeveralOperations(t *testing.T) {
 		}
 		return nil
 	})
-	send := graphCondition(t, l, sg, []any{fill}, false)
+	send := graphCondition(t, l, sg, []condition.Node{fill}, false)
 	rg := graph.NewHost()
 	recv := graphCondition(t, l, rg, nil, false)
 	sendReqs := make([]*ucp.Request, ops)
@@ -285,7 +285,7 @@ func TestGraphConditionSeveralOperations(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var checked atomic.Int64
-	_, err := rg.AddTask([]*graph.HostNode{recv.Node().(*graph.HostNode)}, func() error {
+	_, err := rg.AddTask([]condition.Node{recv.Node()}, func() error {
 		n := uint64(checked.Add(1))
 		for k, in := range ins {
 			for i := range in {

@@ -54,18 +54,29 @@ var lastWait = struct {
 // Kind is stream.KindCUDA.
 func (c CUDA) Kind() stream.Kind { return stream.KindCUDA }
 
-// AddSignalNodes implements condition.GraphBuilder. deps are cuda.Node values.
-func (c CUDA) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error) {
-	if c.Graph == nil {
-		return nil, nil, fmt.Errorf("nil CUDA graph: %w", ErrInvalidParam)
-	}
+// CUDANodes converts condition nodes of a CUDA graph (what Condition.Node and WaitNode
+// return for a graph.CUDA, and cuda.Node values) into the cuda.Node values the raw
+// graph calls of cgo/cuda take.
+func CUDANodes(deps ...condition.Node) ([]cuda.Node, error) {
 	nodes := make([]cuda.Node, 0, len(deps))
 	for _, d := range deps {
 		n, ok := d.(cuda.Node)
-		if !ok {
-			return nil, nil, fmt.Errorf("dependency %T is not a cuda.Node: %w", d, ErrInvalidParam)
+		if !ok || n.Handle() == 0 {
+			return nil, fmt.Errorf("dependency %T is not a CUDA graph node: %w", d, ErrInvalidParam)
 		}
 		nodes = append(nodes, n)
+	}
+	return nodes, nil
+}
+
+// AddSignalNodes implements condition.GraphBuilder. deps are cuda.Node values.
+func (c CUDA) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, split bool) (start, wait condition.Node, err error) {
+	if c.Graph == nil {
+		return nil, nil, fmt.Errorf("nil CUDA graph: %w", ErrInvalidParam)
+	}
+	nodes, err := CUDANodes(deps...)
+	if err != nil {
+		return nil, nil, err
 	}
 	t, d := trigger.DevicePtr(), done.DevicePtr()
 	if t == 0 || d == 0 {

@@ -34,7 +34,8 @@ type Host struct {
 	closed bool
 }
 
-// HostNode is a node of a Host graph.
+// HostNode is a node of a Host graph. It is a condition.Node, so the nodes of graph
+// conditions and the graph's own mix in every call without type assertions.
 type HostNode struct {
 	g    *Host
 	id   int
@@ -47,6 +48,22 @@ type HostNode struct {
 	waitFor *stream.Word
 }
 
+// Handle is 0: a host graph node has no CUDA handle (condition.Node).
+func (n *HostNode) Handle() uintptr { return 0 }
+
+// hostNodes takes the host graph nodes out of deps.
+func hostNodes(op string, deps []condition.Node) ([]*HostNode, error) {
+	hd := make([]*HostNode, 0, len(deps))
+	for _, d := range deps {
+		n, ok := d.(*HostNode)
+		if !ok || n == nil {
+			return nil, fmt.Errorf("%s: dependency %T is not a host graph node: %w", op, d, ErrInvalidParam)
+		}
+		hd = append(hd, n)
+	}
+	return hd, nil
+}
+
 // NewHost creates an empty host graph.
 func NewHost() *Host { return &Host{} }
 
@@ -55,11 +72,15 @@ func (g *Host) Kind() stream.Kind { return stream.KindHost }
 
 // AddTask adds a node running task after deps. A task's error fails the launch; nodes
 // that depend on it do not run.
-func (g *Host) AddTask(deps []*HostNode, task func() error) (*HostNode, error) {
+func (g *Host) AddTask(deps []condition.Node, task func() error) (*HostNode, error) {
 	if task == nil {
 		return nil, fmt.Errorf("add task: nil task: %w", ErrInvalidParam)
 	}
-	return g.add("add task", deps, HostNode{task: task})
+	hd, err := hostNodes("add task", deps)
+	if err != nil {
+		return nil, err
+	}
+	return g.add("add task", hd, HostNode{task: task})
 }
 
 // add appends node n (its task and kind set) after deps, the one place nodes are made.
@@ -80,12 +101,20 @@ func (g *Host) add(op string, deps []*HostNode, n HostNode) (*HostNode, error) {
 }
 
 // AddEmpty adds a node that only joins its dependencies.
-func (g *Host) AddEmpty(deps []*HostNode) (*HostNode, error) {
+func (g *Host) AddEmpty(deps []condition.Node) (*HostNode, error) {
 	return g.AddTask(deps, func() error { return nil })
 }
 
 // AddDependencies makes to depend on from (both of this graph).
-func (g *Host) AddDependencies(from, to *HostNode) error {
+func (g *Host) AddDependencies(from, to condition.Node) error {
+	nodes, err := hostNodes("add dependencies", []condition.Node{from, to})
+	if err != nil {
+		return err
+	}
+	return g.addDependency(nodes[0], nodes[1])
+}
+
+func (g *Host) addDependency(from, to *HostNode) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {

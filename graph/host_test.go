@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
 )
@@ -37,11 +38,11 @@ func TestHostGraphOrderAndRelaunch(t *testing.T) {
 	}
 	a, err := g.AddTask(nil, task("a"))
 	require.NoError(t, err)
-	b, err := g.AddTask([]*graph.HostNode{a}, task("b"))
+	b, err := g.AddTask([]condition.Node{a}, task("b"))
 	require.NoError(t, err)
-	c, err := g.AddTask([]*graph.HostNode{a}, task("c"))
+	c, err := g.AddTask([]condition.Node{a}, task("c"))
 	require.NoError(t, err)
-	d, err := g.AddTask([]*graph.HostNode{b}, task("d"))
+	d, err := g.AddTask([]condition.Node{b}, task("d"))
 	require.NoError(t, err)
 	require.NoError(t, g.AddDependencies(c, d))
 	x, err := g.Instantiate()
@@ -69,7 +70,7 @@ func TestHostGraphFailureStopsDependents(t *testing.T) {
 	boom := errors.New("boom")
 	a, _ := g.AddTask(nil, func() error { return boom })
 	var ran atomic.Bool
-	_, _ = g.AddTask([]*graph.HostNode{a}, func() error { ran.Store(true); return nil })
+	_, _ = g.AddTask([]condition.Node{a}, func() error { ran.Store(true); return nil })
 	x, err := g.Instantiate()
 	require.NoError(t, err)
 	s := hostStream(t)
@@ -82,7 +83,7 @@ func TestHostGraphFailureStopsDependents(t *testing.T) {
 func TestHostGraphCycleAndBadInput(t *testing.T) {
 	g := graph.NewHost()
 	a, _ := g.AddEmpty(nil)
-	b, _ := g.AddEmpty([]*graph.HostNode{a})
+	b, _ := g.AddEmpty([]condition.Node{a})
 	require.NoError(t, g.AddDependencies(b, a))
 	_, err := g.Instantiate()
 	require.ErrorIs(t, err, graph.ErrCycle)
@@ -90,7 +91,7 @@ func TestHostGraphCycleAndBadInput(t *testing.T) {
 	require.ErrorIs(t, err, graph.ErrInvalidParam)
 	other := graph.NewHost()
 	c, _ := other.AddEmpty(nil)
-	_, err = g.AddTask([]*graph.HostNode{c}, func() error { return nil })
+	_, err = g.AddTask([]condition.Node{c}, func() error { return nil })
 	require.ErrorIs(t, err, graph.ErrInvalidParam)
 	require.ErrorIs(t, g.AddDependencies(a, a), graph.ErrInvalidParam)
 	require.NoError(t, g.Close())

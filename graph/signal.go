@@ -14,14 +14,10 @@ var ErrOperationFailed = errs.New("graph: communication operation failed permane
 
 // AddSignalNodes implements condition.GraphBuilder for host graphs: the trigger store
 // and the completion wait of one communication operation, as host tasks.
-func (g *Host) AddSignalNodes(deps []any, trigger, done *stream.Word, split bool) (start, wait any, err error) {
-	hd := make([]*HostNode, 0, len(deps))
-	for _, d := range deps {
-		n, ok := d.(*HostNode)
-		if !ok {
-			return nil, nil, fmt.Errorf("dependency %T is not a host graph node: %w", d, ErrInvalidParam)
-		}
-		hd = append(hd, n)
+func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, split bool) (start, wait condition.Node, err error) {
+	hd, err := hostNodes("add signal nodes", deps)
+	if err != nil {
+		return nil, nil, err
 	}
 	fire := func() error {
 		// Destroy a graph condition only after the graphs using it are closed; a launch

@@ -58,13 +58,13 @@ func TestGPUBroadcastCUDAGraphsThreeProcesses(t *testing.T) {
 type bcastGraph interface {
 	buffer() []byte
 	// produce adds the node writing the launch's payload into buf.
-	produce(buf []byte) (any, error)
+	produce(buf []byte) (condition.Node, error)
 	// clear adds the node that resets buf before a receive (nil where not needed).
-	clear(buf []byte) (any, error)
+	clear(buf []byte) (condition.Node, error)
 	// comm adds a communication node after deps.
-	comm(deps ...any) (*condition.Condition, error)
+	comm(deps ...condition.Node) (*condition.Condition, error)
 	// check adds the node verifying buf after deps.
-	check(buf []byte, deps ...any) error
+	check(buf []byte, deps ...condition.Node) error
 	// run instantiates, launches n times, synchronizes and verifies every check.
 	run(n int) error
 	close()
@@ -288,8 +288,8 @@ func newHostBcast() *hostBcast {
 
 func (h *hostBcast) buffer() []byte { return make([]byte, bcastSize) }
 
-func (h *hostBcast) produce(buf []byte) (any, error) {
-	return h.g.AddTask([]*graph.HostNode{h.start}, func() error {
+func (h *hostBcast) produce(buf []byte) (condition.Node, error) {
+	return h.g.AddTask([]condition.Node{h.start}, func() error {
 		for i := range buf {
 			buf[i] = byte(h.launch*131 + uint64(i))
 		}
@@ -297,20 +297,16 @@ func (h *hostBcast) produce(buf []byte) (any, error) {
 	})
 }
 
-func (h *hostBcast) clear(buf []byte) (any, error) {
-	return h.g.AddTask([]*graph.HostNode{h.start}, func() error { clear(buf); return nil })
+func (h *hostBcast) clear(buf []byte) (condition.Node, error) {
+	return h.g.AddTask([]condition.Node{h.start}, func() error { clear(buf); return nil })
 }
 
-func (h *hostBcast) comm(deps ...any) (*condition.Condition, error) {
+func (h *hostBcast) comm(deps ...condition.Node) (*condition.Condition, error) {
 	return condition.Create(condition.Param{Category: condition.Graph, Backend: h.backend, Graph: h.g, Deps: deps})
 }
 
-func (h *hostBcast) check(buf []byte, deps ...any) error {
-	nodes := make([]*graph.HostNode, len(deps))
-	for i, d := range deps {
-		nodes[i] = d.(*graph.HostNode)
-	}
-	_, err := h.g.AddTask(nodes, func() error {
+func (h *hostBcast) check(buf []byte, deps ...condition.Node) error {
+	_, err := h.g.AddTask(deps, func() error {
 		for i := range buf {
 			if buf[i] != byte(h.launch*131+uint64(i)) {
 				return fmt.Errorf("launch %d: byte %d is %d", h.launch, i, buf[i])
@@ -414,33 +410,38 @@ func (c *cudaBcast) buffer() []byte {
 	return m.Bytes()
 }
 
-func nodes(deps []any) []cuda.Node {
-	out := make([]cuda.Node, 0, len(deps))
+// nodes drops the nil dependencies (a root) and converts the rest for cgo/cuda's calls.
+func nodes(deps []condition.Node) []cuda.Node {
+	var kept []condition.Node
 	for _, d := range deps {
 		if d != nil {
-			out = append(out, d.(cuda.Node))
+			kept = append(kept, d)
 		}
+	}
+	out, err := graph.CUDANodes(kept...)
+	if err != nil {
+		panic(err) // only the test's own nodes reach here
 	}
 	return out
 }
 
-func (c *cudaBcast) produce(buf []byte) (any, error) {
+func (c *cudaBcast) produce(buf []byte) (condition.Node, error) {
 	return c.g.AddKernelNode(nil, c.fill, cuda.Linear(8, 256), c.mapped(buf), uint64(len(buf)), uint32(bcastSeed))
 }
 
-func (c *cudaBcast) clear(buf []byte) (any, error) {
+func (c *cudaBcast) clear(buf []byte) (condition.Node, error) {
 	return c.g.AddMemsetNode(nil, c.mapped(buf), 0, 1, len(buf))
 }
 
-func (c *cudaBcast) comm(deps ...any) (*condition.Condition, error) {
-	var ds []any
+func (c *cudaBcast) comm(deps ...condition.Node) (*condition.Condition, error) {
+	var ds []condition.Node
 	for _, n := range nodes(deps) {
 		ds = append(ds, n)
 	}
 	return condition.Create(condition.Param{Category: condition.Graph, Backend: c.backend, Graph: graph.CUDA{Graph: c.g}, Deps: ds})
 }
 
-func (c *cudaBcast) check(buf []byte, deps ...any) error {
+func (c *cudaBcast) check(buf []byte, deps ...condition.Node) error {
 	sum, err := c.hostMapped(8)
 	if err != nil {
 		return err

@@ -101,7 +101,7 @@ func TestErrorsFromEveryPackage(t *testing.T) {
 	g := graph.NewHost()
 	n1, err := g.AddTask(nil, func() error { return nil })
 	require.NoError(t, err)
-	n2, err := g.AddTask([]*graph.HostNode{n1}, func() error { return nil })
+	n2, err := g.AddTask([]condition.Node{n1}, func() error { return nil })
 	require.NoError(t, err)
 	require.NoError(t, g.AddDependencies(n2, n1))
 	_, err = g.Instantiate()

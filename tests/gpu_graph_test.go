@@ -32,7 +32,7 @@ func TestGPUGraphConditionRelaunch(t *testing.T) {
 	defer sg.Close()
 	fill, err := sg.AddKernelNode(nil, g.fill, cuda.Linear(64, 256), out.DevicePtr(), uint64(n), uint32(seed))
 	require.NoError(t, err)
-	send, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: sg}, Deps: []any{fill}})
+	send, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: sg}, Deps: []condition.Node{fill}})
 	require.NoError(t, err)
 	_, err = toRecv.TagSendNbx(out.Bytes(), 5, &ucp.RequestParam{Condition: send})
 	require.NoError(t, err)
@@ -42,11 +42,11 @@ func TestGPUGraphConditionRelaunch(t *testing.T) {
 	defer rg.Close()
 	clear, err := rg.AddMemsetNode(nil, in.DevicePtr(), 0, 1, n)
 	require.NoError(t, err)
-	recv, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: rg}, Deps: []any{clear}})
+	recv, err := condition.Create(condition.Param{Category: condition.Graph, Backend: g.backend, Graph: graph.CUDA{Graph: rg}, Deps: []condition.Node{clear}})
 	require.NoError(t, err)
 	_, err = recvW.TagRecvNbx(in.Bytes(), 5, ^uint64(0), &ucp.RequestParam{Condition: recv})
 	require.NoError(t, err)
-	_, err = rg.AddKernelNode([]cuda.Node{recv.WaitNode().(cuda.Node)}, g.checksum, cuda.Linear(64, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
+	_, err = rg.AddKernelNode(mustCUDANodes(t, recv.WaitNode()), g.checksum, cuda.Linear(64, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
 	require.NoError(t, err)
 
 	sx, err := sg.Instantiate(0)
@@ -138,7 +138,7 @@ func TestGPUGraphPeerDies(t *testing.T) {
 	require.NoError(t, err)
 	rr, err := p.w.TagRecvNbx(in.Bytes(), tag|tagReply, ^uint64(0), &ucp.RequestParam{Condition: recv, Peer: p.ep})
 	require.NoError(t, err)
-	_, err = cg.AddKernelNode([]cuda.Node{recv.WaitNode().(cuda.Node)}, g.checksum, cuda.Linear(4, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
+	_, err = cg.AddKernelNode(mustCUDANodes(t, recv.WaitNode()), g.checksum, cuda.Linear(4, 256), in.DevicePtr(), uint64(n), acc.DevicePtr())
 	require.NoError(t, err)
 	x, err := cg.Instantiate(0)
 	require.NoError(t, err)
@@ -214,4 +214,11 @@ func launchGraphPair(t *testing.T, ss, rs stream.Stream, sx, rx *cuda.GraphExec,
 func requireAccumulated(t *testing.T, acc *cuda.HostMemory, launches, n int, seed uint32) {
 	t.Helper()
 	require.Equal(t, uint64(launches)*fillSum(n, seed), binary.LittleEndian.Uint64(acc.Bytes()), "accumulated checksum over %d launches", launches)
+}
+
+// mustCUDANodes converts condition nodes of a CUDA graph for cgo/cuda's graph calls.
+func mustCUDANodes(t testing.TB, ns ...condition.Node) []cuda.Node {
+	out, err := graph.CUDANodes(ns...)
+	require.NoError(t, err)
+	return out
 }
