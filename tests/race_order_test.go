@@ -22,19 +22,23 @@ import (
 // The race detector must see every ordering the engine guarantees, or correct
 // programs get race reports under `go test -race`. Each test below is a correct
 // program whose only ordering between two Go accesses to the same memory is one the
-// engine guarantees through a signal word, and checks the data. The tests are built
-// so that nothing else orders those accesses (no channel, lock or enqueue between the
-// two goroutines after the first access), so under -race each one fails if its
-// ordering is invisible to the detector; without -race they check data only.
+// engine guarantees through a signal word, and it checks the data. Under -race each
+// fails if its ordering is invisible to the detector; without -race they check data.
 //
-// Two things they avoid on purpose, since they would order the accesses anyway and
-// hide a missing edge: kicking a parked engine (a channel send), which the sleeps
-// before the triggers keep from happening, and waking a waiter through a word's
-// notification or through a round it drives itself, which the waits placed after the
-// completion keep from happening. And two things the detector needs to see a race at
-// all: the goroutine of the first access is still running at the second (it may not
-// report an access of a goroutine that already ended), and both accesses are copies,
-// not byte-by-byte loops (see fillPattern).
+// What would order the two accesses anyway, and so hide a missing edge, is avoided
+// on purpose:
+//   - kicking a parked engine (a channel send): the sleeps before the triggers let the
+//     engine take the operation and leave its parked state first;
+//   - the waiting side running the engine's round itself (the engine's lock) or being
+//     woken through a word's notification: it reaches its wait after the completion;
+//   - calls into C: the detector takes every cgo call as ordered after every earlier
+//     one, so the waiting side does not wait for a goroutine that called into C
+//     after the engine did;
+//   - waiting on the waiting stream (Synchronize) before it ran: the waiter tells the
+//     stream's executor how far it waits, which orders the two.
+// And what the detector needs to report a race at all: the goroutine of the first
+// access still runs at the second (an access of a goroutine that ended may go
+// unreported), and both accesses are copies, not byte-by-byte loops (see fillPattern).
 
 // raceOrderEnv is what every race-order test uses: two workers of one process over
 // shared memory and a host backend.
@@ -188,12 +192,13 @@ func (f rawFlag) await(d time.Duration) bool {
 }
 
 // Engine completion store -> a stream's WaitValue and the host function after it: the
-// goroutine that submits the operations writes data after it enqueued the waiting
-// stream's work, so only the engine orders that write before the stream's host
-// function: the submission hands the write to the engine, the completion word hands
-// it to the stream. The stream reaches its wait only after the completion (a flag the
-// operation's callback sets), so it does not run the engine's round itself, which
-// would order the write through the engine's lock.
+// test goroutine writes a payload after it enqueued the waiting stream's work (a wait
+// for the first receive, then a host function reading the payload) and before it
+// submits a second receive, so only the engine orders the write before the host
+// function: the second submission hands it to the engine, the first receive's
+// completion word hands it to the stream. The stream reaches its wait only after that
+// completion (a flag the receive's callback sets), so it does not run the engine's
+// round itself, which would order the write through the engine's lock.
 func TestRaceOrderCompletionToStreamWait(t *testing.T) {
 	e := newRaceOrderEnv(t)
 	s := e.stream(t) // the condition's stream: triggers only
@@ -274,9 +279,9 @@ func hostGraphComm(t *testing.T, b stream.Backend, g *graph.Host) (cond *conditi
 // wait node and the nodes after it: the send buffer, written before the operation was
 // submitted, is written again by a task after the wait node. The graph launched and
 // stored its trigger before that first write, so only the engine orders the two.
-// A task between the start and the wait node holds the wait node back until the data
-// arrived (and a little longer), so the launch finds the word fired without waiting on
-// its notification or running the engine's round itself.
+// A task between the start and the wait node holds the wait node back for a while,
+// so the launch finds the word fired without waiting on its notification or running
+// the engine's round itself.
 func TestRaceOrderGraphFireToWaitNode(t *testing.T) {
 	e := newRaceOrderEnv(t)
 	s := e.stream(t)
