@@ -31,30 +31,25 @@ import (
 //
 // # Calls the engine makes
 //
-// The engine (package condition's proxy) runs its rounds on its own goroutine and on
-// goroutines that wait for an operation. It must never make a driver call that can
-// wait for the application's stream work: the application may be blocked in a call
-// that waits for its stream (a synchronous copy of pageable memory, a synchronize),
-// whose work waits for an operation only the engine can complete. Driver calls that
-// allocate (cuMemHostAlloc, cuMemAlloc), create streams or load modules can wait for
-// such a call in progress on another thread, so the engine makes none of them. What it
-// reaches in this package:
+// The engine (condition.Engine) must never make a driver call that can wait for the
+// application's stream work: the application may sit in a call that waits for its
+// stream (a pageable copy, a synchronize) while that stream waits for an operation
+// only the engine can complete. Calls that allocate (cuMemHostAlloc, cuMemAlloc),
+// create streams or load modules can wait for such a call on another thread, so the
+// engine makes none. What it reaches here:
 //
 //   - Word.Load, Word.Store: CPU atomics on host-mapped memory, no driver call.
-//   - WordBlock.Ring: one cuStreamWriteValue64 on the backend's doorbell stream (with
-//     the thread's current-context check that cgo/cuda makes around every call). The
-//     doorbell stream and the word it writes are made when the backend opens, never on
-//     a ring. The stream is non-blocking (no implicit order with the legacy default
-//     stream) and carries nothing but doorbell writes, which wait for nothing, so the
-//     write is never queued behind user work and the call allocates nothing.
+//   - WordBlock.Ring: one cuStreamWriteValue64 on the backend's doorbell stream (plus
+//     the current-context check cgo/cuda makes around every call). The stream and its
+//     word are made when the backend opens, never on a ring; the stream is
+//     non-blocking and carries only doorbell writes, which wait for nothing, so the
+//     write never queues behind user work.
 //   - WordBlock.Notify, Drive, Kick: Go only.
 //
-// Everything else that calls the driver runs on the goroutine of the caller that
-// enqueues (WriteThenWait, PollValue, staging copies) or creates (AllocWords, streams,
-// events). The signal kernels of PollValue are loaded when the backend opens as well,
-// so that enqueueing, done while holding a condition's lock, never loads a module.
-// tests/gpu_blocking_test.go runs conditioned operations while the application
-// blocks in such calls.
+// Every other driver call runs on the goroutine that enqueues (WriteThenWait,
+// PollValue, copies) or creates (AllocWords, streams, events). PollValue's signal
+// kernels are loaded at open too, so an enqueue, made under a condition's lock, never
+// loads a module. tests/gpu_blocking_test.go is the regression test.
 
 // openCUDA opens device's primary context. The error wraps cuda.ErrNoDriver where
 // CUDA cannot be used at all (no libcuda, no device), so Open(Auto) falls back.
