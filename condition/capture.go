@@ -3,7 +3,7 @@ package condition
 import (
 	"fmt"
 
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Stream capture: frameworks build CUDA graphs by capturing a stream. An operation
@@ -27,7 +27,7 @@ func (c *Condition) capture(streamOrdered bool) (*Condition, error) {
 	// Every enqueue asks (one driver call on CUDA, none on host streams); the lock only
 	// when capturing. The capturing thread is the enqueuing one, so the answer holds
 	// until Arm.
-	capturing, err := stream.Capturing(c.stream)
+	capturing, err := c.stream.Capturing()
 	if err != nil || !capturing {
 		return nil, err
 	}
@@ -49,11 +49,11 @@ func (c *Condition) capture(streamOrdered bool) (*Condition, error) {
 
 // captureBuilder adds a graph condition's nodes by enqueuing its signal memops on a
 // capturing stream, which records them as nodes after the capture's current end.
-type captureBuilder struct{ s stream.Stream }
+type captureBuilder struct{ s streamcore.Stream }
 
-func (b captureBuilder) Kind() stream.Kind { return b.s.Kind() }
+func (b captureBuilder) Kind() streamcore.Kind { return b.s.Kind() }
 
-func (b captureBuilder) AddSignalNodes(deps []Node, trigger, done *stream.Word, split bool) (start, wait Node, err error) {
+func (b captureBuilder) AddSignalNodes(deps []Node, trigger, done *streamcore.Word, split bool) (start, wait Node, err error) {
 	if len(deps) > 0 || split {
 		return nil, nil, fmt.Errorf("captured operation with dependencies or split: %w", ErrInvalidParam)
 	}
@@ -61,7 +61,7 @@ func (b captureBuilder) AddSignalNodes(deps []Node, trigger, done *stream.Word, 
 		return nil, nil, err
 	}
 	// AND 1: released by 1 (done) and by GraphFailed (all ones), as graph nodes are.
-	if err := b.s.WaitValue(done, 1, stream.AND); err != nil {
+	if err := b.s.WaitValue(done, 1, streamcore.AND); err != nil {
 		return nil, nil, err
 	}
 	if err := b.s.WriteValue(done, 0); err != nil {

@@ -3,7 +3,7 @@ package condition
 import (
 	"fmt"
 
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // armChunks arms one operation made of len(work) parts with consecutive sequence
@@ -73,7 +73,7 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 		if w.after == nil && i < len(work)-1 {
 			continue
 		}
-		if err := c.stream.WaitValue(c.done, first+uint64(i), stream.GEQ); err != nil {
+		if err := c.stream.WaitValue(c.done, first+uint64(i), streamcore.GEQ); err != nil {
 			return armed, fmt.Errorf("arm part %d: enqueue completion wait: %w", i, err)
 		}
 		if w.after != nil {

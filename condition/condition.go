@@ -8,7 +8,7 @@ import (
 
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/internal/errs"
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Category says what starts a conditioned operation.
@@ -54,9 +54,9 @@ type Param struct {
 	Category Category
 	// Backend allocates the condition's signal words; it must be the backend of Stream
 	// (or of Graph's kind).
-	Backend stream.Backend
+	Backend streamcore.Backend
 	// Stream is the stream operations are enqueued on (Stream category).
-	Stream stream.Stream
+	Stream streamcore.Stream
 	// Graph receives the condition's nodes (Graph category), after Deps.
 	Graph GraphBuilder
 	// Deps are nodes of Graph the operation's node depends on.
@@ -76,13 +76,13 @@ type Node interface {
 
 // GraphBuilder is what a graph offers graph conditions (graph.Host, graph.CUDA).
 type GraphBuilder interface {
-	Kind() stream.Kind
+	Kind() streamcore.Kind
 	// AddSignalNodes adds the nodes of one communication operation after deps: with
 	// split false one node [store 1 into trigger, wait until done == 1, store 0 into
 	// done]; with split true a start node (the store) and a wait node (the rest)
 	// depending on it. The graph relaunches safely: the engine resets trigger to 0 when
 	// it takes the trigger, the node resets done.
-	AddSignalNodes(deps []Node, trigger, done *stream.Word, split bool) (start, wait Node, err error)
+	AddSignalNodes(deps []Node, trigger, done *streamcore.Word, split bool) (start, wait Node, err error)
 }
 
 // Condition links operations to a point of execution. Each operation enqueued with the
@@ -93,11 +93,11 @@ type GraphBuilder interface {
 // completion.
 type Condition struct {
 	category Category
-	backend  stream.Backend
-	stream   stream.Stream
-	words    *stream.WordBlock
-	trigger  *stream.Word
-	done     *stream.Word
+	backend  streamcore.Backend
+	stream   streamcore.Stream
+	words    *streamcore.WordBlock
+	trigger  *streamcore.Word
+	done     *streamcore.Word
 	_        [64]byte // the engine reads the fields above every round; enqueuers write the ones below
 
 	// mu orders sequence assignment with the stream enqueues, so stream order is
@@ -107,13 +107,13 @@ type Condition struct {
 	mu          sync.Mutex
 	armed       uint64      // last sequence number handed out
 	destroyed   atomic.Bool // written under mu; read without it by the engine
-	drivers     []stream.Driver
-	firstDriver atomic.Pointer[stream.Driver] // drivers[0], read without mu
-	node        Node                          // Graph category: the start node
-	waitNode    Node                          // Graph category: the completion node
-	captured    []*Condition                  // Stream category: operations enqueued under stream capture
-	group       *group                        // Stream category: the open BeginGroup, if any
-	groupBuf    group                         // what group points to: one group at a time, reused
+	drivers     []streamcore.Driver
+	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
+	node        Node                              // Graph category: the start node
+	waitNode    Node                              // Graph category: the completion node
+	captured    []*Condition                      // Stream category: operations enqueued under stream capture
+	group       *group                            // Stream category: the open BeginGroup, if any
+	groupBuf    group                             // what group points to: one group at a time, reused
 
 	// Enqueuers write the fields above on every Arm; the engine writes retired on every
 	// Retire, from another core: the padding keeps them on different cache lines.
@@ -207,20 +207,20 @@ func (c *Condition) releaseWords() {
 }
 
 // Backend is the backend of the condition's words (and stream).
-func (c *Condition) Backend() stream.Backend { return c.backend }
+func (c *Condition) Backend() streamcore.Backend { return c.backend }
 
 // Category reports the condition's category.
 func (c *Condition) Category() Category { return c.category }
 
 // Stream is the stream of a Stream condition.
-func (c *Condition) Stream() stream.Stream { return c.stream }
+func (c *Condition) Stream() streamcore.Stream { return c.stream }
 
 // streamWork is work a Stream condition's operation enqueues around its trigger, in
 // the same critical section so no other operation's work interleaves: before runs
 // before the trigger store (a device-to-host staging copy), after after the
 // completion wait (a host-to-device copy of received data).
 type streamWork struct {
-	before, after func(s stream.Stream) error
+	before, after func(s streamcore.Stream) error
 	// poll: the completion is expected to take long (a large transfer), so the stream
 	// waits for it with Stream.PollValue, which notices it sooner than a memop wait at
 	// the cost of a kernel launch.
@@ -252,7 +252,7 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		polled := streamOrdered && work.poll
 		var err error
 		if streamOrdered && !polled {
-			err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, stream.GEQ)
+			err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, streamcore.GEQ)
 		} else {
 			err = c.stream.WriteValue(c.trigger, seq)
 		}
@@ -333,7 +333,7 @@ func (c *Condition) Pending() int {
 
 // waitOnStream enqueues on s a wait until operation seq has completed: the
 // cross-stream form of stream-ordered completion.
-func (c *Condition) waitOnStream(s stream.Stream, seq uint64) error {
+func (c *Condition) waitOnStream(s streamcore.Stream, seq uint64) error {
 	if s == nil {
 		return fmt.Errorf("wait on stream: nil stream: %w", ErrInvalidParam)
 	}
@@ -354,7 +354,7 @@ func (c *Condition) waitOnStream(s stream.Stream, seq uint64) error {
 		// The wait would sit ahead of the group's trigger on the same stream.
 		return fmt.Errorf("wait on the condition's own stream for an operation of an open group: %w", ErrInvalidParam)
 	}
-	return s.WaitValue(c.done, seq, stream.GEQ)
+	return s.WaitValue(c.done, seq, streamcore.GEQ)
 }
 
 // DeviceHandle is what a kernel (or a host goroutine) triggers a KernelTriggered
@@ -366,7 +366,7 @@ type DeviceHandle struct {
 	Completion      uintptr
 	CompletionValue uint64
 
-	hostTrigger, hostDone *stream.Word
+	hostTrigger, hostDone *streamcore.Word
 }
 
 // DeviceHandle returns the handle for the most recently armed operation: triggering it
@@ -383,7 +383,7 @@ func (c *Condition) DeviceHandle() (DeviceHandle, error) {
 		return DeviceHandle{}, fmt.Errorf("device handle of a %v condition: %w", c.category, ErrInvalidParam)
 	}
 	h := DeviceHandle{Value: c.armed, CompletionValue: c.armed, hostTrigger: c.trigger, hostDone: c.done}
-	if c.backend.Kind() == stream.KindCUDA {
+	if c.backend.Kind() == streamcore.KindCUDA {
 		h.Trigger, h.Completion = c.trigger.DevicePtr(), c.done.DevicePtr()
 	} else {
 		h.Trigger, h.Completion = c.trigger.HostPtr(), c.done.HostPtr()
@@ -401,7 +401,7 @@ func Trigger(h DeviceHandle) error {
 	if h.hostTrigger == nil {
 		return fmt.Errorf("trigger: zero handle: %w", ErrInvalidParam)
 	}
-	if h.hostTrigger.Kind() == stream.KindHost && h.hostTrigger.HostPtr() != h.Trigger {
+	if h.hostTrigger.Kind() == streamcore.KindHost && h.hostTrigger.HostPtr() != h.Trigger {
 		return fmt.Errorf("trigger: handle was altered: %w", ErrInvalidParam)
 	}
 	h.hostTrigger.Store(h.Value)
@@ -423,7 +423,7 @@ func Test(h DeviceHandle) bool {
 
 // attachDriver adds d (once) to the drivers of the condition's words: host executors
 // waiting on the completion word run it, and trigger stores kick it.
-func (c *Condition) attachDriver(d stream.Driver) {
+func (c *Condition) attachDriver(d streamcore.Driver) {
 	// The common case, once per operation: the one driver is attached already.
 	if p := c.firstDriver.Load(); p != nil && *p == d {
 		return
@@ -441,12 +441,12 @@ func (c *Condition) attachDriver(d stream.Driver) {
 		c.firstDriver.Store(&first)
 		c.words.SetDriver(d)
 	} else {
-		c.words.SetDriver(drivers(append([]stream.Driver(nil), c.drivers...)))
+		c.words.SetDriver(drivers(append([]streamcore.Driver(nil), c.drivers...)))
 	}
 }
 
 // drivers runs several drivers (a condition used by operations of several workers).
-type drivers []stream.Driver
+type drivers []streamcore.Driver
 
 func (ds drivers) Drive() bool {
 	progressed := false
@@ -493,7 +493,7 @@ func (c *Condition) Destroy() error {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)
 	}
 	c.destroyed.Store(true)
-	if c.stream != nil && c.stream.Kind() == stream.KindHost {
+	if c.stream != nil && c.stream.Kind() == streamcore.KindHost {
 		// The stream may not yet have run the last (already satisfied) completion
 		// wait: free the words in stream order, never blocking on the stream.
 		words := c.words
@@ -504,7 +504,7 @@ func (c *Condition) Destroy() error {
 		// CUDA host functions may not call CUDA (cuMemFreeHost): synchronize instead,
 		// as cudaFree does. Every armed operation has retired, so the waits on the
 		// completion word are satisfied.
-		if err := c.stream.Synchronize(); err != nil && !errors.Is(err, stream.ErrClosed) {
+		if err := c.stream.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) {
 			c.destroyed.Store(false)
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
 		}

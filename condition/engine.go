@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/protocol"
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // The engine (the proxy) executes conditioned operations: one per communication
@@ -192,7 +192,7 @@ func (e *Engine) removeLocked(ch *channel) {
 	e.order = e.order[:len(e.order)-1]
 }
 
-// Kick wakes the engine's goroutine if it is parked (stream.Driver: a host executor
+// Kick wakes the engine's goroutine if it is parked (streamcore.Driver: a host executor
 // stored a trigger).
 func (e *Engine) Kick() {
 	if !e.parked.Load() {
@@ -204,7 +204,7 @@ func (e *Engine) Kick() {
 	}
 }
 
-// Drive runs one round unless another goroutine runs one (stream.Driver): issue the
+// Drive runs one round unless another goroutine runs one (streamcore.Driver): issue the
 // operations whose trigger came, retire completed ones in order, progress the
 // transport if anything is in flight. It reports whether anything progressed.
 func (e *Engine) Drive() bool {
@@ -296,7 +296,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 	defer func() { e.last.changed = progressed }()
 	e.last.completions = e.transport.Completions()
 	inflight := false
-	var bell *stream.WordBlock // rung once this round's completions are stored
+	var bell *streamcore.WordBlock // rung once this round's completions are stored
 	var waitOn Issued
 	e.mu.Lock()
 	e.takeIncomingLocked()

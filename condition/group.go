@@ -3,7 +3,7 @@ package condition
 import (
 	"fmt"
 
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Groups: operations armed on a Stream condition between BeginGroup and EndGroup share
@@ -18,7 +18,7 @@ type group struct {
 	last    uint64 // sequence number armed last before the group began
 	ordered bool   // some operation asked for stream-ordered completion
 	polled  bool   // some stream-ordered operation asked to poll for completion
-	after   []func(s stream.Stream) error
+	after   []func(s streamcore.Stream) error
 }
 
 // BeginGroup opens a group on a Stream condition. Operations armed until EndGroup,
@@ -66,7 +66,7 @@ func (c *Condition) EndGroup() error {
 	}
 	var err error
 	if g.ordered && !g.polled {
-		err = c.stream.WriteThenWait(c.trigger, c.armed, c.done, c.armed, stream.GEQ)
+		err = c.stream.WriteThenWait(c.trigger, c.armed, c.done, c.armed, streamcore.GEQ)
 	} else {
 		err = c.stream.WriteValue(c.trigger, c.armed)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/protocol"
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Submission describes one operation handed to an engine.
@@ -341,11 +341,11 @@ func (o *Op) doneChan() <-chan struct{} {
 
 // WaitOnStream orders s after the operation: work enqueued on s afterwards runs only
 // once it has completed (MPIX Wait_enqueue). s must be of the condition's backend.
-func (o *Op) WaitOnStream(s stream.Stream) error {
+func (o *Op) WaitOnStream(s streamcore.Stream) error {
 	if err := o.cond.waitOnStream(s, o.seq); err != nil {
 		return err
 	}
-	if s.Kind() == stream.KindCUDA && !o.done.Load() {
+	if s.Kind() == streamcore.KindCUDA && !o.done.Load() {
 		// Nothing tells the engine when s reaches its wait: ring on completion,
 		// however soon.
 		last := &o.single

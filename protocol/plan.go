@@ -6,7 +6,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Config holds the tuning values of the transfer protocol. The zero value of a field
@@ -21,7 +21,7 @@ type Config struct {
 	// memop wait, which a GPU looks at again only every few microseconds once it is
 	// not satisfied at once.
 	PollCompletionBytes int
-	// RingAfter: the engine rings the GPU's doorbell (stream.WordBlock.Ring) when a
+	// RingAfter: the engine rings the GPU's doorbell (streamcore.WordBlock.Ring) when a
 	// stream-ordered operation on a CUDA stream completes at least this long after it
 	// was issued: late enough for the GPU to have stopped watching the memop wait.
 	// Earlier completions are not rung (a ring then only slows the stream).
@@ -99,7 +99,7 @@ type Transfer struct {
 
 // Route is how the operation is triggered and completed.
 type Route struct {
-	Backend stream.Backend
+	Backend streamcore.Backend
 	// OnStream: a Stream condition carries the operation (staging copies need a stream).
 	OnStream bool
 	// StreamOrdered: later work on the stream waits for the operation's completion.
@@ -121,7 +121,7 @@ type Part struct {
 	Staged bool
 	// Before is enqueued before the trigger (a device-to-host copy), After after the
 	// completion wait (a host-to-device copy); nil when there is nothing to do.
-	Before, After func(s stream.Stream) error
+	Before, After func(s streamcore.Stream) error
 	// Release returns the staging buffer of an outgoing part once the operation is
 	// done with it (an incoming part's goes back on the stream, after the copy in).
 	Release func()
@@ -150,7 +150,7 @@ type Planner struct {
 	cudaTransport bool // the transport moves device memory itself: no staging
 
 	mu     sync.Mutex
-	pools  map[stream.Backend]*Pool
+	pools  map[streamcore.Backend]*Pool
 	closed bool
 }
 
@@ -170,14 +170,14 @@ func (pl *Planner) Config() Config { return pl.cfg }
 // Prepare makes the staging pool of backend b ready (reserving its buffers) where b
 // may stage, so that no later operation allocates pinned memory on the engine's path.
 // Callers call it where blocking is harmless: on the user's goroutine.
-func (pl *Planner) Prepare(b stream.Backend) error {
+func (pl *Planner) Prepare(b streamcore.Backend) error {
 	_, err := pl.pool(b)
 	return err
 }
 
 // pool returns b's staging pool, made on first use; nil where b never stages.
-func (pl *Planner) pool(b stream.Backend) (*Pool, error) {
-	if b.Kind() != stream.KindCUDA || pl.cudaTransport {
+func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
+	if b.Kind() != streamcore.KindCUDA || pl.cudaTransport {
 		return nil, nil
 	}
 	pl.mu.Lock()
@@ -194,7 +194,7 @@ func (pl *Planner) pool(b stream.Backend) (*Pool, error) {
 		return nil, fmt.Errorf("staging pool: %w", err)
 	}
 	if pl.pools == nil {
-		pl.pools = map[stream.Backend]*Pool{}
+		pl.pools = map[streamcore.Backend]*Pool{}
 	}
 	pl.pools[b] = p
 	return p, nil
@@ -207,10 +207,10 @@ func (pl *Planner) pool(b stream.Backend) (*Pool, error) {
 func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 	*pl2 = Plan{RingAfter: pl.cfg.RingAfter}
 	pl2.Poll = r.StreamOrdered && len(t.Buf) >= pl.cfg.PollCompletionBytes
-	pl2.Ring = r.StreamOrdered && !pl2.Poll && r.Backend.Kind() == stream.KindCUDA
+	pl2.Ring = r.StreamOrdered && !pl2.Poll && r.Backend.Kind() == streamcore.KindCUDA
 	pl2.single[0] = Part{Buf: t.Buf}
 	pl2.Parts = pl2.single[:]
-	if t.DeclaredDevice && r.Backend.Kind() == stream.KindHost {
+	if t.DeclaredDevice && r.Backend.Kind() == streamcore.KindHost {
 		return fmt.Errorf("device memory (RequestParam.MemoryType) with a host-stream backend: host streams run on the CPU and cannot move device memory: %w", ErrInvalidParam)
 	}
 	if t.Dir == NoBuffer || len(t.Buf) == 0 || t.RegisteredHost {
@@ -266,11 +266,11 @@ func stage(pool *Pool, p *Part, dev uintptr, off, n int, dir Direction) error {
 	*p = Part{Offset: off, Buf: buf.Bytes()[:n], Staged: true}
 	p.unused = func() { pool.Put(buf) }
 	if dir == Out {
-		p.Before = func(s stream.Stream) error { return s.Copy(buf.Addr(), dev, n) }
+		p.Before = func(s streamcore.Stream) error { return s.Copy(buf.Addr(), dev, n) }
 		p.Release = p.unused
 		return nil
 	}
-	p.After = func(s stream.Stream) error {
+	p.After = func(s streamcore.Stream) error {
 		if err := s.Copy(dev, buf.Addr(), n); err != nil {
 			return err
 		}

@@ -1,14 +1,12 @@
 package protocol
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
 
-	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/internal/errs"
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Kind is where a buffer lives.
@@ -47,7 +45,7 @@ const minClass = 64 << 10
 // buffer moves through. Its memory is C memory, so UCX and the GPU's copy engine may
 // hold its address.
 type Buffer struct {
-	mem *cuda.HostMemory
+	mem streamcore.Pinned
 }
 
 // Bytes is the whole buffer (its size class: at least what was asked for).
@@ -60,11 +58,13 @@ func (b *Buffer) Addr() uintptr { return b.mem.Addr() }
 func (b *Buffer) Size() int { return b.mem.Size() }
 
 // Pool classifies buffers and lends page-locked host buffers for staging. One serves
-// one stream backend; on host backends every buffer is host memory and nothing is lent.
+// one stream backend, through the backend's streamcore.HostStaging (the CUDA
+// backend's cuPointerGetAttributes and cuMemHostAlloc); on backends without it (host
+// backends) every buffer is host memory and nothing is lent.
 // Buffers are cached by size class and reused: allocating pinned memory costs far more
 // than a message, and may wait for the user's own stream work.
 type Pool struct {
-	ctx       *cuda.Context // nil on host backends
+	staging   streamcore.HostStaging // nil on host backends
 	mu        sync.Mutex
 	free      map[int][]*Buffer
 	freeLater []*Buffer // returned after Close, freed by the next Close
@@ -73,10 +73,10 @@ type Pool struct {
 }
 
 // NewPool makes the staging pool of backend b.
-func NewPool(b stream.Backend) *Pool {
+func NewPool(b streamcore.Backend) *Pool {
 	s := &Pool{free: map[int][]*Buffer{}}
-	if ctx, _, ok := stream.CUDAContext(b); ok {
-		s.ctx = ctx
+	if hs, ok := b.(streamcore.HostStaging); ok {
+		s.staging = hs
 	}
 	return s
 }
@@ -84,20 +84,18 @@ func NewPool(b stream.Backend) *Pool {
 // Classify reports where addr lives. On host backends, and for memory CUDA does not
 // know (ordinary pageable memory), it is host memory.
 func (s *Pool) Classify(addr uintptr) (Kind, error) {
-	if s.ctx == nil || addr == 0 {
+	if s.staging == nil || addr == 0 {
 		return KindHost, nil
 	}
-	a, err := s.ctx.PointerAttributes(addr)
-	if errors.Is(err, cuda.ErrInvalidValue) {
-		return KindHost, nil // an address the driver does not know: pageable host memory
-	}
+	// An address the driver does not know is pageable host memory: neither, no error.
+	device, managed, err := s.staging.Locate(addr)
 	if err != nil {
 		return KindHost, fmt.Errorf("classify %#x: %w", addr, err)
 	}
 	switch {
-	case a.Managed:
+	case managed:
 		return KindManaged, nil
-	case a.Type == cuda.MemoryDevice:
+	case device:
 		return KindDevice, nil
 	}
 	return KindHost, nil
@@ -112,8 +110,8 @@ func class(n int) int {
 
 // Get lends a pinned buffer of at least n bytes.
 func (s *Pool) Get(n int) (*Buffer, error) {
-	if s.ctx == nil {
-		return nil, fmt.Errorf("staging on a host backend: %w", stream.ErrNotSupported)
+	if s.staging == nil {
+		return nil, fmt.Errorf("staging on a host backend: %w", streamcore.ErrNotSupported)
 	}
 	c := class(n)
 	s.mu.Lock()
@@ -130,7 +128,7 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 	}
 	s.lent++
 	s.mu.Unlock()
-	m, err := s.ctx.MemHostAlloc(c, cuda.HostAllocPortable)
+	m, err := s.staging.AllocPinned(c)
 	if err != nil {
 		s.mu.Lock()
 		s.lent--

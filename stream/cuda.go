@@ -11,6 +11,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // The CUDA backend: streams are non-blocking CUstreams of one device's primary
@@ -90,6 +91,9 @@ func openCUDA(device int) (Backend, error) {
 	b.loadSignalKernels()
 	return b, nil
 }
+
+// The CUDA backend classifies and stages device memory for protocol's staging pool.
+var _ HostStaging = (*cudaBackend)(nil)
 
 type cudaBackend struct {
 	ctx  *cuda.Context
@@ -254,11 +258,35 @@ func (b *cudaBackend) AllocWords(n int) (*WordBlock, error) {
 		err := m.Close()
 		return errors.Join(cudaErr("WordBlock.Close", err), b.release())
 	}
-	blk := NewWordBlock(KindCUDA, m.Ptr(), m.DevicePtr(), n, free)
+	var ring func() error
 	if b.bell != nil {
-		blk.doorbell = b.bell.ring
+		ring = b.bell.ring
 	}
-	return blk, nil
+	return streamcore.NewWordBlock(KindCUDA, m.Ptr(), m.DevicePtr(), n, free, ring), nil
+}
+
+// Locate classifies addr for the staging pool (HostStaging) with
+// cuPointerGetAttributes; an address the driver does not know (ErrInvalidValue) is
+// pageable host memory.
+func (b *cudaBackend) Locate(addr uintptr) (device, managed bool, err error) {
+	a, err := b.ctx.PointerAttributes(addr)
+	if errors.Is(err, cuda.ErrInvalidValue) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	return a.Type == cuda.MemoryDevice, a.Managed, nil
+}
+
+// AllocPinned allocates n bytes of page-locked host memory (cuMemHostAlloc PORTABLE)
+// for the staging pool (HostStaging).
+func (b *cudaBackend) AllocPinned(n int) (Pinned, error) {
+	m, err := b.ctx.MemHostAlloc(n, cuda.HostAllocPortable)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Close releases the backend. The device context is released once every stream,
@@ -322,19 +350,20 @@ func (s *cudaStream) wrap(op string, err error) error {
 
 // device returns the GPU address of w, refusing words the GPU cannot reach.
 func (s *cudaStream) device(op string, w *Word) (uintptr, error) {
-	if w == nil || w.host == nil || w.block == nil {
+	if w == nil || w.HostPtr() == 0 || w.Block() == nil {
 		return 0, fmt.Errorf("stream: cuda %s: nil word: %w", op, ErrInvalidArgument)
 	}
-	if w.block.kind != KindCUDA || w.device == 0 {
+	dev := w.DevicePtr()
+	if w.Kind() != KindCUDA || dev == 0 {
 		return 0, fmt.Errorf("stream: cuda %s: %v has no device address: %w", op, w, ErrWrongBackend)
 	}
-	if w.device%8 != 0 {
+	if dev%8 != 0 {
 		return 0, fmt.Errorf("stream: cuda %s: %v not 8-byte aligned: %w", op, w, ErrInvalidArgument)
 	}
-	if w.block.Closed() {
+	if w.Block().Closed() {
 		return 0, fmt.Errorf("stream: cuda %s: %v: word block: %w", op, w, ErrClosed)
 	}
-	return w.device, nil
+	return dev, nil
 }
 
 func (s *cudaStream) WriteValue(w *Word, value uint64) error {
@@ -614,16 +643,12 @@ func CUDAContext(b Backend) (*cuda.Context, cuda.Caps, bool) {
 	return cb.ctx, cb.caps, true
 }
 
-// Capturing reports whether s is recording its work into a graph (CUDA stream
-// capture, begun here or by other code that owns the CUstream) instead of running
-// it. Host streams never capture. A capture that was invalidated is an error: work
+// Capturing reports whether the stream is recording its work into a graph (CUDA
+// stream capture, begun here or by other code that owns the CUstream) instead of
+// running it (cuStreamIsCapturing). A capture that was invalidated is an error: work
 // enqueued now would be lost.
-func Capturing(s Stream) (bool, error) {
-	cs, ok := CUDAStream(s)
-	if !ok {
-		return false, nil
-	}
-	st, err := cs.CaptureStatus()
+func (s *cudaStream) Capturing() (bool, error) {
+	st, err := s.s.CaptureStatus()
 	if err != nil {
 		return false, cudaErr("CaptureStatus", err)
 	}

@@ -4,6 +4,12 @@
 // conditions, graph nodes, the proxy engine — is written against these interfaces
 // and runs unchanged on either backend.
 //
+// The interfaces, the words, Kind, Compare and the error sentinels are defined in
+// package stream/streamcore, which has no backend and imports no CUDA package, so
+// those layers do not link the CUDA backend; this package re-exports them under the
+// same names (stream.Stream is streamcore.Stream) and adds the backends, Open and the
+// CUDA accessors.
+//
 // # Objects
 //
 // A Backend creates the other objects, all of one Kind:

@@ -145,7 +145,7 @@ func quiesceWordAccess() {
 // loadWord reads w for the executor, or reports false if its block was freed.
 func (s *hostStream) loadWord(w *Word) (uint64, bool) {
 	s.wordAccess.Add(1)
-	if w.block.Closed() {
+	if w.Block().Closed() {
 		s.wordAccess.Add(1)
 		return 0, false
 	}
@@ -157,7 +157,7 @@ func (s *hostStream) loadWord(w *Word) (uint64, bool) {
 // storeWord writes w for the executor, or reports false if its block was freed.
 func (s *hostStream) storeWord(w *Word, v uint64) bool {
 	s.wordAccess.Add(1)
-	if w.block.Closed() {
+	if w.Block().Closed() {
 		s.wordAccess.Add(1)
 		return false
 	}

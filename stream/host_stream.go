@@ -113,6 +113,9 @@ func newHostStream(b *hostBackend, cfg hostConfig) *hostStream {
 func (s *hostStream) Kind() Kind      { return KindHost }
 func (s *hostStream) Handle() uintptr { return 0 }
 
+// Capturing is false: host streams run their work, they never record it into a graph.
+func (s *hostStream) Capturing() (bool, error) { return false, nil }
+
 // errClosedStream is what calls on a closed stream return.
 func errClosedStream() error { return fmt.Errorf("stream: host stream: %w", ErrClosed) }
 
@@ -160,13 +163,13 @@ func (s *hostStream) usable() error {
 }
 
 func checkWord(op string, w *Word) error {
-	if w == nil || w.host == nil || w.block == nil {
+	if w == nil || w.HostPtr() == 0 || w.Block() == nil {
 		return fmt.Errorf("stream: host %s: nil word: %w", op, ErrInvalidArgument)
 	}
 	if w.HostPtr()%8 != 0 {
 		return fmt.Errorf("stream: host %s: %v not 8-byte aligned: %w", op, w, ErrInvalidArgument)
 	}
-	if w.block.Closed() {
+	if w.Block().Closed() {
 		return fmt.Errorf("stream: host %s: %v: word block: %w", op, w, ErrClosed)
 	}
 	return nil
@@ -446,7 +449,7 @@ func (s *hostStream) exec(op *hostOp) error {
 		if !s.storeWord(op.word, op.value) {
 			return fmt.Errorf("stream: host WriteValue(%v, %d): word block: %w", op.word, op.value, ErrClosed)
 		}
-		op.word.block.Kick()
+		op.word.Block().Kick()
 	case opWaitValue:
 		return s.execWaitValue(op)
 	case opHostFunc:
@@ -482,7 +485,7 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 		if op.cmp.Holds(v, op.value) {
 			return nil
 		}
-		if op.word.block.Drive() {
+		if op.word.Block().Drive() {
 			b = backoff{} // the driver moved: look again at once
 			continue
 		}

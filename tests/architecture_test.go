@@ -17,13 +17,7 @@ import (
 // docs/ARCHITECTURE.md's layer table names, for every package, the ucpx packages it
 // imports; it must match what the code imports (go list), so the document cannot rot.
 func TestArchitectureImportTable(t *testing.T) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			t.Skip("no Go toolchain here (the GPU machine): the table is checked where the code is built")
-		}
-	}
+	goBin := goToolchain(t)
 	out, err := exec.Command(goBin, "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../...").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	const module = "github.com/ucpx/ucpx/"
@@ -70,5 +64,35 @@ func TestArchitectureImportTable(t *testing.T) {
 	for pkg := range documented {
 		_, ok := actual[pkg]
 		require.True(t, ok, "docs/ARCHITECTURE.md lists %s, which is no package", pkg)
+	}
+}
+
+// goToolchain returns the go command, skipping the test where there is none (the GPU
+// machine runs test binaries only): the layering is checked where the code is built.
+func goToolchain(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goBin); err != nil {
+			t.Skip("no Go toolchain here (the GPU machine): the layering is checked where the code is built")
+		}
+	}
+	return goBin
+}
+
+// ucp, condition and protocol are written against stream/streamcore alone: neither
+// the CUDA layer nor package stream (whose CUDA backend imports it) is among their
+// dependencies, so a program using them without a CUDA backend links no CUDA code.
+func TestNoCUDABelowUCP(t *testing.T) {
+	goBin := goToolchain(t)
+	out, err := exec.Command(goBin, "list", "-deps", "../ucp", "../condition", "../protocol").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	const module = "github.com/ucpx/ucpx/"
+	deps := strings.Fields(string(out))
+	require.Contains(t, deps, module+"stream/streamcore")
+	for _, d := range deps {
+		require.NotContains(t, d, "cgo/cuda", "ucp, condition or protocol depends on the CUDA layer")
+		require.NotEqual(t, module+"stream", d, "ucp, condition or protocol imports package stream (its CUDA backend); use stream/streamcore")
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
-	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // OpFlags are ucp_op_attr_t flags.
@@ -166,7 +166,7 @@ func (r *Request) Wait(ctx context.Context) error {
 // WaitOnStream orders s after a conditioned operation: work enqueued on s afterwards runs
 // only once the operation has completed (MPIX Wait_enqueue). s must be of the
 // condition's backend. A done operation, or one without a condition, needs no wait.
-func (r *Request) WaitOnStream(s stream.Stream) error {
+func (r *Request) WaitOnStream(s streamcore.Stream) error {
 	if s == nil {
 		return opErr("wait_on_stream", ErrInvalidParam, "nil stream")
 	}

@@ -1,6 +1,6 @@
 //go:build !race
 
-package stream
+package streamcore
 
 // Without the race detector the stand-in of a word (see race.go) is empty and its
 // release and acquire compile to nothing.

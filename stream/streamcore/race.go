@@ -1,6 +1,6 @@
 //go:build race
 
-package stream
+package streamcore
 
 import (
 	"runtime"

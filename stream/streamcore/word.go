@@ -1,4 +1,4 @@
-package stream
+package streamcore
 
 import (
 	"fmt"
@@ -77,7 +77,7 @@ type WordBlock struct {
 	changeMu sync.Mutex
 	changed  chan struct{} // closed by Notify; nil until a waiter asks for it
 
-	doorbell func() error // CUDA: see Ring; nil on host blocks
+	doorbell func() error // CUDA: see Ring; nil on host blocks. Set by NewWordBlock only.
 }
 
 // Changed returns a channel closed at the next Notify. Take it before checking the
@@ -104,7 +104,7 @@ func (b *WordBlock) Notify() {
 }
 
 // Driver does the work that the words of a block wait for. The proxy engine of package
-// ucp attaches one to a condition's words, so a host executor blocked on a completion
+// condition attaches one to a condition's words, so a host executor blocked on a completion
 // word advances the operation itself instead of waiting for another thread (no thread
 // hop, fewer spinning threads than cores), and a trigger stored by a host executor
 // wakes the proxy at once instead of at its next poll.
@@ -146,9 +146,11 @@ func (b *WordBlock) Kick() {
 }
 
 // NewWordBlock wraps n words at hostBase (and devBase, 0 if none). Backends call it;
-// free releases the memory once.
-func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, free func() error) *WordBlock {
-	b := &WordBlock{kind: kind, words: make([]Word, n), free: free}
+// free releases the memory once (Close). doorbell is what Ring calls while the block
+// is open (the CUDA backend's doorbell write; nil: Ring does nothing). Both are fixed
+// here: nothing exported can change what a block frees or rings later.
+func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, free, doorbell func() error) *WordBlock {
+	b := &WordBlock{kind: kind, words: make([]Word, n), free: free, doorbell: doorbell}
 	for i := range b.words {
 		b.words[i].host = (*uint64)(unsafe.Add(hostBase, 8*i))
 		if devBase != 0 {
@@ -165,8 +167,8 @@ func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, fr
 // it is handed new work on some stream of the context (docs/performance.md, "Stream
 // signal kernels against memop waits"); Ring hands it such work: one memop write on
 // the backend's own doorbell stream, which is all a ring costs (no allocation, no
-// other driver call: see "Calls the engine makes" in cuda.go). It is never needed for
-// correctness; on host blocks it does nothing.
+// other driver call: see "Calls the engine makes" in stream/cuda.go). It is never
+// needed for correctness; on host blocks it does nothing.
 func (b *WordBlock) Ring() error {
 	if b.doorbell == nil || b.freed.Load() {
 		return nil

@@ -1,4 +1,4 @@
-package stream
+package streamcore
 
 import (
 	"fmt"
@@ -122,6 +122,11 @@ type Stream interface {
 	// Handle is the raw CUstream for CUDA streams (so gorgonia.org/cu or cgo users can
 	// interoperate) and 0 for host streams.
 	Handle() uintptr
+	// Capturing reports whether the stream is recording its work into a graph (CUDA
+	// stream capture, begun by ucpx or by other code that owns the CUstream) instead of
+	// running it. Host streams never capture (false, nil). A capture that was
+	// invalidated is an error: work enqueued now would be lost.
+	Capturing() (bool, error)
 	// Close waits for enqueued work, then releases the stream. Later calls return ErrClosed.
 	Close() error
 }
