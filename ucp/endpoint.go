@@ -36,6 +36,8 @@ type Endpoint struct {
 	err    error // the peer failure, once reported
 	closed bool
 	recvs  map[*Request]struct{} // receives with RequestParam.Peer == this endpoint
+	// failureHooks run once the peer fails (OnFailure).
+	failureHooks []func(*Endpoint, error)
 }
 
 func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
@@ -171,6 +173,27 @@ func (ep *Endpoint) failLocked(st Status) {
 	}
 	if h := ep.params.ErrorHandler; h != nil {
 		ep.w.deferred = append(ep.w.deferred, func() { h(ep, st) })
+	}
+	for _, h := range ep.failureHooks {
+		ep.w.deferred = append(ep.w.deferred, func() { h(ep, st) })
+	}
+	ep.failureHooks = nil
+}
+
+// OnFailure adds fn to what runs once the peer fails (besides
+// EndpointParams.ErrorHandler), on the goroutine that drove progress, without worker
+// locks held: layers above ucp (prepared operations) release what waits on the peer.
+// If the peer failed already, fn runs now.
+func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) {
+	w := ep.w
+	w.mu.Lock()
+	err := ep.err
+	if err == nil {
+		ep.failureHooks = append(ep.failureHooks, fn)
+	}
+	w.mu.Unlock()
+	if err != nil {
+		fn(ep, err)
 	}
 }
 

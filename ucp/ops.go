@@ -224,7 +224,6 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 			return ep.AtomicNbx(a, raddr, rkey, ip)
 		})
 	}
-	fetch := a.Fetch || a.Op == AtomicSwap || a.Op == AtomicCswap
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -234,6 +233,13 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 	if err := rkey.checkLocked(op, ep, raddr, a.Size); err != nil {
 		return nil, err
 	}
+	return ep.atomicLocked(op, a, raddr, rkey, p)
+}
+
+// atomicLocked issues a checked atomic operation. Caller holds w.mu.
+func (ep *Endpoint) atomicLocked(op string, a AtomicParam, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
+	w := ep.w
+	fetch := a.Fetch || a.Op == AtomicSwap || a.Op == AtomicCswap
 	// Operand and reply live in C memory: UCX reads/writes them after the call returns.
 	mem := ucx.Malloc(16)
 	put := func(off uintptr, v uint64) {

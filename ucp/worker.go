@@ -19,6 +19,11 @@ import (
 type WorkerParams struct {
 	// NoWakeup disables the event fd; idle waits then back off with sleeps.
 	NoWakeup bool
+	// ProgressThread gives the worker a goroutine of its own that progresses it: a
+	// process that is only the target of RMA, atomics or active messages, or whose
+	// streams wait on signal words a peer writes, then needs no progress loop. Idle,
+	// it parks on the worker's event fd.
+	ProgressThread bool
 }
 
 // Worker is a ucp_worker_h: a progress engine with its own endpoints, listeners and
@@ -50,6 +55,8 @@ type Worker struct {
 	// rescans its operations only when this, a trigger word or its own operation set
 	// changed.
 	completions atomic.Uint64
+
+	progress *progressThread // WorkerParams.ProgressThread, nil without
 }
 
 // NewWorker creates a worker on the context.
@@ -81,6 +88,9 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		}
 	}
 	live.workers.Add(1)
+	if p.ProgressThread {
+		w.startProgressThread()
+	}
 	return w, nil
 }
 
@@ -267,6 +277,10 @@ func (w *Worker) trackLocked(r *Request, req unsafe.Pointer) {
 // destroys the worker. Pending requests complete with ErrCanceled or a peer error.
 // A second Close returns ErrClosed.
 func (w *Worker) Close() error {
+	if w.closed.Load() {
+		return opErr("worker_destroy", ErrClosed, "")
+	}
+	w.stopProgressThread()
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()

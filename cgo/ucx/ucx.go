@@ -264,6 +264,10 @@ func (w *Worker) Arm() Status { return Status(C.ucp_worker_arm(w.w.worker)) }
 // Signal wakes up a thread blocked on the event fd.
 func (w *Worker) Signal() Status { return Status(C.ucp_worker_signal(w.w.worker)) }
 
+// Fence orders the RMA and atomic operations issued before it before those issued
+// after it, at their targets (ucp_worker_fence).
+func (w *Worker) Fence() Status { return Status(C.ucp_worker_fence(w.w.worker)) }
+
 // Pending is the number of queued events, read without a cgo call.
 func (w *Worker) Pending() int { return int(*w.queue) }
 

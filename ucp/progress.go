@@ -1,0 +1,67 @@
+package ucp
+
+import (
+	"context"
+	"runtime"
+	"sync"
+)
+
+// progressThread is the goroutine of WorkerParams.ProgressThread: it progresses the
+// worker while anything happens and parks on the worker's event fd (ucp_worker_arm)
+// when nothing does, so a process that is only a target of RMA, atomics or active
+// messages, or whose streams wait on words a peer writes, completes with no loop of
+// its own and costs no CPU while idle.
+type progressThread struct {
+	stop     chan struct{}
+	stopOnce sync.Once
+	exited   chan struct{}
+}
+
+func (w *Worker) startProgressThread() {
+	t := &progressThread{stop: make(chan struct{}), exited: make(chan struct{})}
+	w.progress = t
+	go w.runProgressThread(t)
+}
+
+func (w *Worker) runProgressThread(t *progressThread) {
+	defer close(t.exited)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-t.stop
+		cancel()
+	}()
+	idle := 0
+	for {
+		select {
+		case <-t.stop:
+			return
+		default:
+		}
+		if w.Progress() > 0 {
+			idle = 0
+			continue
+		}
+		idle++
+		switch {
+		case idle < 64:
+		case idle < 256:
+			runtime.Gosched()
+		default:
+			// Park until the event fd fires (a message, a remote operation) or stop.
+			// Without wakeup WaitForEvents backs off briefly instead.
+			_ = w.WaitForEvents(ctx, 1<<62)
+			idle = 0
+		}
+	}
+}
+
+// stopProgressThread ends the goroutine and waits for it. Caller does not hold w.mu.
+func (w *Worker) stopProgressThread() {
+	t := w.progress
+	if t == nil {
+		return
+	}
+	t.stopOnce.Do(func() { close(t.stop) })
+	<-t.exited
+}

@@ -1,0 +1,160 @@
+package ucp
+
+import (
+	"fmt"
+
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
+)
+
+// SignalOp says how PutSignalNbx updates the remote signal word.
+type SignalOp int
+
+const (
+	// SignalSet stores Signal.Value into the word.
+	SignalSet SignalOp = iota + 1
+	// SignalAdd adds Signal.Value to the word.
+	SignalAdd
+)
+
+// Signal is the remote 64-bit word a PutSignalNbx updates once its data is in place
+// (NVSHMEM's put-with-signal, MPI's partition arrival).
+type Signal struct {
+	Op    SignalOp
+	Value uint64
+	// Addr is the word's remote address (8-byte aligned), inside the region Rkey
+	// grants: a word of the peer's Signals.
+	Addr uint64
+	Rkey *Rkey
+}
+
+// PutSignalNbx writes buf to raddr in the peer's memory (as PutNbx) and then updates
+// the peer's signal word, so that the update becomes visible only after the data: a
+// peer (or a stream of the peer) waiting on the word may read the data once it sees
+// the value. The Request completes once both happened at the peer; buf may be
+// reused then. With a Condition, both start when it triggers.
+func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
+	const op = "put_signal_nbx"
+	p = param(p)
+	if err := p.check(op, ep.w.ctx); err != nil {
+		return nil, err
+	}
+	if sig.Op != SignalSet && sig.Op != SignalAdd {
+		return nil, opErr(op, ErrInvalidParam, "signal op %d", sig.Op)
+	}
+	if sig.Addr%8 != 0 {
+		return nil, opErr(op, ErrInvalidParam, "signal address %#x not 8-byte aligned", sig.Addr)
+	}
+	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
+		return nil, err
+	}
+	if err := sig.Rkey.checkRange(op, ep, sig.Addr, 8); err != nil {
+		return nil, err
+	}
+	if p.Condition != nil {
+		return ep.w.submit(op, p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
+			return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
+		})
+	}
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, err
+	}
+	if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
+		return nil, err
+	}
+	if err := sig.Rkey.checkLocked(op, ep, sig.Addr, 8); err != nil {
+		return nil, err
+	}
+	if len(buf) > 0 {
+		ptr := w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+		// The put's own Request (if pending) stays tracked by the worker until UCX
+		// completes it; the caller waits on the signal's.
+		if _, err := w.postLocked(op, ptr, p, nil, bufPtr(buf)); err != nil {
+			return nil, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
+		}
+		// The fence orders the signal after the data at the target.
+		if err := statusErr(w.raw.Fence()); err != nil {
+			return nil, opErr(op, err, "fence")
+		}
+	}
+	// A fetching atomic completes only once the target executed it, so its Request
+	// completing means the data (ordered before it) is in place too.
+	a := AtomicParam{Op: AtomicAdd, Operand: sig.Value, Fetch: true}
+	if sig.Op == SignalSet {
+		a = AtomicParam{Op: AtomicSwap, Operand: sig.Value}
+	}
+	a.Size = 8
+	sp := *p
+	sp.MemoryType, sp.MemH = MemoryHost, nil
+	return ep.atomicLocked(op, a, sig.Addr, sig.Rkey, &sp)
+}
+
+// Signals are registered 64-bit signal words that peers update (PutSignalNbx,
+// AtomicNbx, PutNbx) and that streams of one backend wait on
+// (stream.Stream.WaitValue): C memory on host backends, host-mapped pinned memory on
+// CUDA, so both a peer's RMA and the GPU reach them. A host stream waiting on one of
+// them drives the worker's progress itself, so a stream waiting for a peer's write
+// needs no progress loop of the user's.
+type Signals struct {
+	w     *Worker
+	block *streamcore.WordBlock
+	memh  *MemH
+}
+
+// NewSignals allocates n zeroed signal words of backend b and registers them.
+func (w *Worker) NewSignals(b streamcore.Backend, n int) (*Signals, error) {
+	const op = "new_signals"
+	if b == nil || n <= 0 {
+		return nil, opErr(op, ErrInvalidParam, "backend %v, %d words", b, n)
+	}
+	if w.closed.Load() {
+		return nil, opErr(op, ErrClosed, "")
+	}
+	block, err := b.AllocWords(n)
+	if err != nil {
+		return nil, opErr(op, err, "%d words", n)
+	}
+	m, err := w.ctx.MemMapPtr(block.Word(0).HostPtr(), 8*n, MemoryHost)
+	if err != nil {
+		_ = block.Close()
+		return nil, err
+	}
+	block.SetDriver(workerDriver{w})
+	return &Signals{w: w, block: block, memh: m}, nil
+}
+
+// Len is the number of words.
+func (s *Signals) Len() int { return s.block.Len() }
+
+// Word is word i, for streams to wait on and the host to read.
+func (s *Signals) Word(i int) *streamcore.Word { return s.block.Word(i) }
+
+// Addr is the address a peer's RMA gives for word i (Signal.Addr).
+func (s *Signals) Addr(i int) uint64 { return uint64(s.block.Word(i).HostPtr()) }
+
+// PackRkey is the remote key of the words, for UnpackRkey on a peer.
+func (s *Signals) PackRkey() ([]byte, error) { return s.memh.PackRkey() }
+
+// Close deregisters and frees the words; streams must no longer wait on them.
+func (s *Signals) Close() error {
+	err := s.memh.Close()
+	s.block.SetDriver(nil)
+	if cerr := s.block.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("signals: %w", err)
+	}
+	return nil
+}
+
+// workerDriver progresses the worker for a host executor waiting on one of its
+// signal words (stream.Driver).
+type workerDriver struct{ w *Worker }
+
+func (d workerDriver) Drive() bool { return d.w.Progress() > 0 }
+
+func (d workerDriver) Kick() {}
