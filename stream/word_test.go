@@ -1,14 +1,59 @@
 package stream
 
 import (
+	"errors"
+	"math"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
-// Word and WordBlock live in streamcore (its tests cover the block itself); these run
-// them on the words of a backend.
+func TestCompareHolds(t *testing.T) {
+	const top = math.MaxUint64
+	cases := []struct {
+		cmp            Compare
+		current, value uint64
+		want           bool
+	}{
+		{GEQ, 5, 5, true},
+		{GEQ, 6, 5, true},
+		{GEQ, 4, 5, false},
+		{GEQ, 0, top, true}, // 0 is one past top
+		{GEQ, top, 0, false},
+		{GEQ, 1 << 62, 0, true},
+		{GEQ, 1 << 63, 0, false}, // half the range ahead reads as behind
+		{GEQ, 3, top - 3, true},
+		{EQ, 7, 7, true},
+		{EQ, 7, 8, false},
+		{EQ, top, top, true},
+		{AND, 0b1010, 0b0010, true},
+		{AND, 0b1010, 0b0101, false},
+		{AND, 0, top, false},
+		{NOR, 0, 0, true},
+		{NOR, top, 0, false},
+		{NOR, 0xF0, ^uint64(0xF0), false},
+		{NOR, 0x70, ^uint64(0xF0), true},
+		{Compare(9), 1, 1, false},
+	}
+	for _, tc := range cases {
+		require.Equal(t, tc.want, tc.cmp.Holds(tc.current, tc.value), "%v(%#x, %#x)", tc.cmp, tc.current, tc.value)
+	}
+}
+
+func TestEnumStrings(t *testing.T) {
+	require.Equal(t, "GEQ", GEQ.String())
+	require.Equal(t, "EQ", EQ.String())
+	require.Equal(t, "AND", AND.String())
+	require.Equal(t, "NOR", NOR.String())
+	require.Equal(t, "Compare(7)", Compare(7).String())
+	require.Equal(t, "host", KindHost.String())
+	require.Equal(t, "cuda", KindCUDA.String())
+	require.Equal(t, "Kind(0)", Kind(0).String())
+}
 
 func TestWordOperations(t *testing.T) {
 	b := newTestBackend(t)
@@ -38,12 +83,39 @@ func TestWordOperations(t *testing.T) {
 	require.Equal(t, uint64(8020), w.Load())
 }
 
-// Blocks of the host backend have no doorbell: Ring does nothing.
-func TestHostWordBlockRing(t *testing.T) {
+func TestWordBlockCloseOnce(t *testing.T) {
+	var mem [4]uint64
+	frees := 0
+	wb := NewWordBlock(KindCUDA, unsafe.Pointer(&mem[0]), 0x1000, 4, func() error { frees++; return nil })
+	require.Equal(t, 4, wb.Len())
+	require.Equal(t, KindCUDA, wb.Word(3).Kind())
+	require.Equal(t, uintptr(0x1018), wb.Word(3).DevicePtr())
+	require.Equal(t, uintptr(unsafe.Pointer(&mem[3])), wb.Word(3).HostPtr())
+	require.False(t, wb.Closed())
+	require.NoError(t, wb.Close())
+	require.True(t, wb.Closed())
+	require.ErrorIs(t, wb.Close(), ErrClosed)
+	require.Equal(t, 1, frees)
+}
+
+// Ring calls the block's doorbell until the block is freed; blocks without one (host
+// backends) have nothing to ring.
+func TestWordBlockRing(t *testing.T) {
 	host := NewHostBackend()
 	defer host.Close()
 	hb, err := host.AllocWords(1)
 	require.NoError(t, err)
 	defer hb.Close()
 	require.NoError(t, hb.Ring())
+
+	var mem [1]uint64
+	rings := 0
+	bellErr := errors.New("doorbell failed")
+	wb := streamcore.NewWordBlock(KindCUDA, unsafe.Pointer(&mem[0]), 0x1000, 1, func() error { return nil },
+		func() error { rings++; return bellErr })
+	require.ErrorIs(t, wb.Ring(), bellErr)
+	require.Equal(t, 1, rings)
+	require.NoError(t, wb.Close())
+	require.NoError(t, wb.Ring())
+	require.Equal(t, 1, rings, "a freed block rang its doorbell")
 }
