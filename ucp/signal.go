@@ -31,8 +31,9 @@ type Signal struct {
 // PutSignalNbx writes buf to raddr in the peer's memory (as PutNbx) and then updates
 // the peer's signal word, so that the update becomes visible only after the data: a
 // peer (or a stream of the peer) waiting on the word may read the data once it sees
-// the value. The Request completes once both happened at the peer; buf may be
-// reused then. With a Condition, both start when it triggers.
+// the value. The Request completes once buf may be reused (local completion, as MPI's
+// send completion); the data and the signal land at the peer in that order. With a
+// Condition, both start when it triggers.
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
 	p = param(p)
@@ -68,28 +69,37 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	if err := sig.Rkey.checkLocked(op, ep, sig.Addr, 8); err != nil {
 		return nil, err
 	}
+	var data *Request
 	if len(buf) > 0 {
 		ptr := w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
-		// The put's own Request (if pending) stays tracked by the worker until UCX
-		// completes it; the caller waits on the signal's.
-		if _, err := w.postLocked(op, ptr, p, nil, bufPtr(buf)); err != nil {
+		r, err := w.postLocked(op, ptr, p, nil, bufPtr(buf))
+		if err != nil {
 			return nil, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
 		}
+		data = r
 		// The fence orders the signal after the data at the target.
 		if err := statusErr(w.raw.Fence()); err != nil {
 			return nil, opErr(op, err, "fence")
 		}
 	}
-	// A fetching atomic completes only once the target executed it, so its Request
-	// completing means the data (ordered before it) is in place too.
-	a := AtomicParam{Op: AtomicAdd, Operand: sig.Value, Fetch: true}
+	// Add needs no reply: the signal leaves after the data and lands after it, and the
+	// caller waits only for what protects buf. Set is a swap, whose reply UCX needs.
+	a := AtomicParam{Op: AtomicAdd, Operand: sig.Value, Size: 8}
 	if sig.Op == SignalSet {
-		a = AtomicParam{Op: AtomicSwap, Operand: sig.Value}
+		a = AtomicParam{Op: AtomicSwap, Operand: sig.Value, Size: 8}
 	}
-	a.Size = 8
 	sp := *p
 	sp.MemoryType, sp.MemH = MemoryHost, nil
-	return ep.atomicLocked(op, a, sig.Addr, sig.Rkey, &sp)
+	signal, err := ep.atomicLocked(op, a, sig.Addr, sig.Rkey, &sp)
+	if err != nil {
+		return nil, err
+	}
+	// The Request the caller waits on is the data's while it is pending (the signal's
+	// own completes on its own and frees its operand), else the signal's.
+	if data != nil && !data.done.Load() {
+		return data, nil
+	}
+	return signal, nil
 }
 
 // Signals are registered 64-bit signal words that peers update (PutSignalNbx,

@@ -1,0 +1,27 @@
+// Package prepare holds persistent, partitioned operations with a prepare phase, after
+// MPI 4 partitioned communication (MPI_Psend_init, MPI_Precv_init, MPI_Pready,
+// MPI_Parrived).
+//
+// PsendInit and PrecvInit make persistent requests whose buffer is split into equal
+// partitions (the two sides' counts may differ). PrepareAll (or the first Start)
+// matches each request with its peer's by (endpoint, tag, order of init) in one
+// exchange and learns everything later iterations need: the receiver's buffer and
+// arrival counters and the sender's ready flags, as remote keys. After that no
+// iteration matches anything (Stats.TagMatches stays 1):
+//
+//   - the receiver's Start tells the sender, with one RDMA write, that every partition
+//     of this iteration may move (receiver readiness, resolved ahead of the data);
+//   - the sender's Pready(p) moves partition p as one put-with-signal
+//     (ucp.Endpoint.PutSignalNbx) as soon as its ready flag is set, without waiting on
+//     the host: from the host (Pready, PreadyRange, PreadyList), in stream order
+//     (PreadyOnStream) or as a node of a host or CUDA graph (PreadyNode, where every
+//     launch is an iteration with no host call);
+//   - the receiver sees partitions arrive one by one (Parrived, ArrivedOnStream) and
+//     the iteration complete (Wait, Test, WaitOnStream).
+//
+// A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
+// and releases every stream and graph waiting on the request.
+//
+// Not built yet: the device-side Pready/Parrived (ucpx_pready, ucpx_parrived in
+// device/ucpx_signal.cuh) and the CUDA-IPC data path for device buffers on one host.
+package prepare

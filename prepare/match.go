@@ -1,0 +1,290 @@
+package prepare
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The prepare phase: each request sends its peer one active message (on the
+// reserved id HandshakeAM) with what later iterations need — the receiver's buffer
+// and arrival counters, the sender's ready flags, as sealed remote keys — and the
+// peer matches it to its own request by (endpoint, tag, order of init). The sender
+// speaks first; the receiver answers once it knows the sender's partition count
+// (its arrival counters are per sender partition). After this, no iteration matches
+// anything.
+
+// HandshakeAM is the active-message id the prepare phase uses on every worker that
+// has prepared requests; applications must not install a handler for it.
+const HandshakeAM = 0xfffe
+
+type matchKey struct {
+	peer  *ucp.Endpoint
+	tag   uint64
+	role  role
+	index int
+}
+
+// registry matches a worker's requests with their peers' handshakes.
+type registry struct {
+	w     *ucp.Worker
+	mu    sync.Mutex
+	next  map[matchKey]int // by (peer, tag, role) with index 0: the next index
+	reqs  map[matchKey]*Request
+	early map[matchKey]handshake // handshakes that came before their request
+}
+
+var registries sync.Map // *ucp.Worker -> *registry
+
+func registryOf(w *ucp.Worker) (*registry, error) {
+	if r, ok := registries.Load(w); ok {
+		return r.(*registry), nil
+	}
+	reg := &registry{w: w, next: map[matchKey]int{}, reqs: map[matchKey]*Request{}, early: map[matchKey]handshake{}}
+	actual, loaded := registries.LoadOrStore(w, reg)
+	if loaded {
+		return actual.(*registry), nil
+	}
+	if err := w.SetAmHandler(HandshakeAM, reg.deliver); err != nil {
+		registries.Delete(w)
+		return nil, fmt.Errorf("prepare phase handler: %w", err)
+	}
+	return reg, nil
+}
+
+// add gives r its index and hands it a handshake that came before it.
+func (g *registry) add(r *Request) {
+	g.mu.Lock()
+	base := matchKey{peer: r.peer, tag: r.tag, role: r.role}
+	r.index = g.next[base]
+	g.next[base] = r.index + 1
+	k := base
+	k.index = r.index
+	g.reqs[k] = r
+	h, early := g.early[k]
+	delete(g.early, k)
+	g.mu.Unlock()
+	if early {
+		r.onHandshake(h)
+	}
+}
+
+func (g *registry) remove(r *Request) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := matchKey{peer: r.peer, tag: r.tag, role: r.role, index: r.index}
+	if g.reqs[k] == r {
+		delete(g.reqs, k)
+	}
+}
+
+// deliver is the handler of HandshakeAM.
+func (g *registry) deliver(msg *ucp.AmMessage) {
+	peer := msg.ReplyEndpoint()
+	h, err := unmarshalHandshake(msg.Data())
+	if peer == nil || err != nil {
+		return // not ours to answer: a well-formed handshake always names its endpoint
+	}
+	k := matchKey{peer: peer, tag: h.tag, role: sender, index: int(h.index)}
+	if h.role == sender {
+		k.role = receiver
+	}
+	g.mu.Lock()
+	r := g.reqs[k]
+	if r == nil {
+		g.early[k] = h
+	}
+	g.mu.Unlock()
+	if r != nil {
+		r.onHandshake(h)
+	}
+}
+
+// onHandshake takes the peer's handshake.
+func (r *Request) onHandshake(h handshake) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.prepared:
+		return // a duplicate: the first one counts
+	default:
+	}
+	if r.err != nil {
+		return
+	}
+	var err error
+	switch {
+	case h.length != uint64(len(r.buf)):
+		err = fmt.Errorf("prepare: the peer's buffer has %d bytes, this one %d: %w", h.length, len(r.buf), ErrInvalidParam)
+	case h.length%uint64(h.parts) != 0:
+		err = fmt.Errorf("prepare: the peer's %d partitions do not split %d bytes: %w", h.parts, h.length, ErrInvalidParam)
+	}
+	if err == nil {
+		err = r.takeRemoteLocked(h)
+	}
+	if err != nil {
+		r.err = err
+		return
+	}
+	r.peerInfo = h
+	r.stats.TagMatches++
+	if r.role == sender {
+		close(r.prepared)
+	}
+	// A receiver is prepared once its own handshake went out (PrepareAll).
+}
+
+// takeRemoteLocked unpacks the peer's keys.
+func (r *Request) takeRemoteLocked(h handshake) error {
+	r.remote.parts = int(h.parts)
+	wk, err := r.peer.UnpackRkey(h.wordKey)
+	if err != nil {
+		return fmt.Errorf("prepare: the peer's words: %w", err)
+	}
+	r.remote.wordKey, r.remote.wordBase = wk, h.wordBase
+	if r.role == sender {
+		bk, err := r.peer.UnpackRkey(h.bufKey)
+		if err != nil {
+			return fmt.Errorf("prepare: the peer's buffer: %w", err)
+		}
+		r.remote.bufKey, r.remote.bufBase = bk, h.base
+	}
+	return nil
+}
+
+// ownHandshake is what r tells its peer.
+func (r *Request) ownHandshakeLocked() (handshake, error) {
+	h := handshake{role: r.role, tag: r.tag, index: uint32(r.index), parts: uint32(r.parts), length: uint64(len(r.buf))}
+	wk, err := r.words.PackRkey()
+	if err != nil {
+		return h, err
+	}
+	h.wordKey, h.wordBase = wk, r.words.Addr(0)
+	if r.role == receiver {
+		bk, err := r.memh.PackRkey()
+		if err != nil {
+			return h, err
+		}
+		h.bufKey, h.base = bk, uint64(ptrOf(r.buf))
+	}
+	return h, nil
+}
+
+func ptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// receiverWordsLocked makes a receiver's arrival counters (one per sender partition)
+// and the source of its readiness write, once the sender's partition count is known.
+func (r *Request) receiverWordsLocked() error {
+	words, err := r.w.NewSignals(r.backend, r.remote.parts)
+	if err != nil {
+		return err
+	}
+	ones, err := r.w.Context().MemAlloc(8 * r.remote.parts)
+	if err != nil {
+		_ = words.Close()
+		return err
+	}
+	b := ones.Bytes()
+	for i := 0; i < len(b); i += 8 {
+		*(*uint64)(unsafe.Pointer(&b[i])) = 1
+	}
+	r.words, r.ones = words, ones
+	return nil
+}
+
+// PrepareAll runs the prepare phase of every request that has not run it (MPI
+// partitioned communication's matching step, once): each is matched with its peer's
+// request and learns what its iterations need, in one exchange. The peers must call
+// PrepareAll (or Start) too. It is idempotent; it returns when all are prepared, ctx
+// ends, or a peer fails.
+func PrepareAll(ctx context.Context, reqs ...*Request) error {
+	for _, r := range reqs {
+		if r == nil {
+			return fmt.Errorf("prepare all: nil request: %w", ErrInvalidParam)
+		}
+	}
+	for i := 0; ; i++ {
+		done := true
+		for _, r := range reqs {
+			ok, err := r.prepareStep()
+			if err != nil {
+				return err
+			}
+			done = done && ok
+		}
+		if done {
+			return nil
+		}
+		progressed := false
+		seen := map[*ucp.Worker]bool{}
+		for _, r := range reqs {
+			if !seen[r.w] {
+				seen[r.w] = true
+				progressed = r.w.Progress() > 0 || progressed
+			}
+		}
+		if progressed {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("prepare all: %w", err)
+		}
+		if i > 1024 {
+			time.Sleep(20 * time.Microsecond)
+		} else {
+			runtime.Gosched()
+		}
+	}
+}
+
+// prepareStep advances r's prepare phase: send its handshake when it may (a sender at
+// once, a receiver once it knows the sender), and report whether r is prepared.
+func (r *Request) prepareStep() (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.errLocked(); err != nil {
+		return false, err
+	}
+	if r.role == receiver && r.remote.parts == 0 {
+		return false, nil // the sender speaks first
+	}
+	if !r.sent {
+		if r.role == receiver {
+			if err := r.receiverWordsLocked(); err != nil {
+				return false, fmt.Errorf("prepare: %w", err)
+			}
+		}
+		h, err := r.ownHandshakeLocked()
+		if err != nil {
+			return false, fmt.Errorf("prepare: %w", err)
+		}
+		r.hsData = h.marshal()
+		req, err := r.peer.AmSendNbx(HandshakeAM, nil, r.hsData, &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
+		if err != nil {
+			return false, fmt.Errorf("prepare: send handshake: %w", err)
+		}
+		r.hsReq, r.sent = req, true
+	}
+	if !r.hsReq.Done() {
+		return false, nil
+	}
+	if err := r.hsReq.Err(); err != nil {
+		r.err = fmt.Errorf("prepare: send handshake: %w", err)
+		return false, r.err
+	}
+	select {
+	case <-r.prepared:
+		return true, nil
+	default:
+	}
+	if r.role == receiver {
+		close(r.prepared)
+		return true, nil
+	}
+	return false, nil // a sender waits for the receiver's answer
+}

@@ -1,0 +1,748 @@
+package prepare
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// Params describes one persistent, partitioned operation.
+type Params struct {
+	// Peer is the endpoint of the partner (the receiver of a PsendInit, the sender of a
+	// PrecvInit). Requests are matched with the peer's by (Peer, Tag, order of init).
+	Peer *ucp.Endpoint
+	// Tag matches the request with the peer's, as in MPI_Psend_init.
+	Tag uint64
+	// Partitions splits the buffer into that many equal parts. The sender's and the
+	// receiver's counts may differ (the buffer's length must be a multiple of each).
+	Partitions int
+	// MemH, if set, is a registration covering the buffer; otherwise the buffer is
+	// registered by the request (and deregistered by Free).
+	MemH *ucp.MemH
+	// Backend is the backend of the streams and graphs the request is used with
+	// (PreadyOnStream, ArrivedOnStream, PreadyNode); nil means host streams.
+	Backend stream.Backend
+}
+
+// Stats counts what a request did.
+type Stats struct {
+	// Iterations completed (Wait or Test reported them done).
+	Iterations uint64
+	// TagMatches is the number of matching steps the request took: one, in the
+	// prepare phase. It stays constant over iterations: matching is off the
+	// critical path.
+	TagMatches uint64
+	// Puts is the number of partitions moved (sender).
+	Puts uint64
+}
+
+// Errors: the roots every ucpx package shares.
+var (
+	ErrInvalidParam = errs.InvalidParam
+	ErrClosed       = errs.Closed
+	ErrBusy         = errs.Busy
+)
+
+type role uint8
+
+const (
+	sender role = iota + 1
+	receiver
+)
+
+func (r role) String() string {
+	if r == sender {
+		return "send"
+	}
+	return "recv"
+}
+
+// Request is a persistent partitioned operation (MPI_Psend_init / MPI_Precv_init).
+// Its methods are safe for concurrent use.
+type Request struct {
+	role    role
+	w       *ucp.Worker
+	reg     *registry
+	peer    *ucp.Endpoint
+	tag     uint64
+	index   int // order of init among this worker's requests of (peer, tag, role)
+	buf     []byte
+	parts   int
+	memh    *ucp.MemH
+	ownMemh bool
+	backend stream.Backend
+	ownBack bool
+
+	// Words of this side: a sender's ready flags (one per own partition, set to 1 by
+	// the receiver's Start), a receiver's arrival counters (one per sender partition,
+	// incremented by each partition's put).
+	words *ucp.Signals
+	// Receiver: ones, the source of the one RDMA write that sets every ready flag.
+	ones *ucp.MemH
+
+	mu       sync.Mutex
+	prepared chan struct{} // closed once the peer's handshake arrived
+	peerInfo handshake
+	sent     bool         // the own handshake went out
+	hsData   []byte       // its bytes, alive until the send completed
+	hsReq    *ucp.Request // its send
+	remote   remote
+	err      error // the peer failed (or the request was freed)
+	freed    bool
+
+	iter   uint64 // iterations started
+	active bool   // an iteration started and not yet completed
+	// Sender: which partitions were made ready this iteration, which of those are
+	// waiting for the receiver's flag, and the puts in flight.
+	readied  []bool
+	waiting  []int
+	inflight []*ucp.Request
+	// Receiver: the ready write of the current iteration.
+	readyReq *ucp.Request
+
+	streamConds map[stream.Stream]*condition.Condition
+	graphConds  []*condition.Condition
+
+	stats Stats
+}
+
+// remote is what the prepare phase learned of the peer.
+type remote struct {
+	parts int
+	// Sender: the receiver's buffer and arrival counters. Receiver: the sender's
+	// ready flags.
+	bufKey, wordKey   *ucp.Rkey
+	bufBase, wordBase uint64
+}
+
+// PsendInit makes a persistent partitioned send of buf to p.Peer.
+func PsendInit(w *ucp.Worker, buf []byte, p Params) (*Request, error) {
+	return initRequest(sender, w, buf, p)
+}
+
+// PrecvInit makes a persistent partitioned receive into buf from p.Peer.
+func PrecvInit(w *ucp.Worker, buf []byte, p Params) (*Request, error) {
+	return initRequest(receiver, w, buf, p)
+}
+
+func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error) {
+	op := "p" + ro.String() + "_init"
+	switch {
+	case w == nil:
+		return nil, fmt.Errorf("%s: nil worker: %w", op, ErrInvalidParam)
+	case p.Peer == nil || p.Peer.Worker() != w:
+		return nil, fmt.Errorf("%s: Peer must be an endpoint of the worker: %w", op, ErrInvalidParam)
+	case p.Partitions <= 0 || p.Partitions > maxPartitions:
+		return nil, fmt.Errorf("%s: %d partitions (want 1 to %d): %w", op, p.Partitions, maxPartitions, ErrInvalidParam)
+	case len(buf) == 0 || len(buf)%p.Partitions != 0:
+		return nil, fmt.Errorf("%s: %d bytes do not split into %d equal partitions: %w", op, len(buf), p.Partitions, ErrInvalidParam)
+	case p.MemH != nil && (p.MemH.Address() > ptrOf(buf) || ptrOf(buf)+uintptr(len(buf)) > p.MemH.Address()+uintptr(p.MemH.Len())):
+		return nil, fmt.Errorf("%s: MemH does not cover the buffer: %w", op, ErrInvalidParam)
+	}
+	r := &Request{
+		role: ro, w: w, peer: p.Peer, tag: p.Tag, buf: buf, parts: p.Partitions,
+		memh: p.MemH, backend: p.Backend, prepared: make(chan struct{}),
+		streamConds: map[stream.Stream]*condition.Condition{},
+	}
+	if r.backend == nil {
+		b, err := stream.Open(stream.Host)
+		if err != nil {
+			return nil, err
+		}
+		r.backend, r.ownBack = b, true
+	}
+	if err := r.allocate(); err != nil {
+		r.release()
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	reg, err := registryOf(w)
+	if err != nil {
+		r.release()
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	r.reg = reg
+	reg.add(r)
+	p.Peer.OnFailure(func(_ *ucp.Endpoint, err error) { r.fail(err) })
+	return r, nil
+}
+
+const maxPartitions = 1 << 20
+
+// allocate registers the buffer and makes this side's words.
+func (r *Request) allocate() error {
+	if r.memh == nil {
+		m, err := r.w.Context().MemMap(r.buf)
+		if err != nil {
+			return err
+		}
+		r.memh, r.ownMemh = m, true
+	}
+	if r.role == sender {
+		words, err := r.w.NewSignals(r.backend, r.parts)
+		if err != nil {
+			return err
+		}
+		r.words = words
+		r.readied = make([]bool, r.parts)
+	}
+	return nil
+}
+
+// release frees what the request holds.
+func (r *Request) release() {
+	if r.words != nil {
+		_ = r.words.Close()
+	}
+	if r.ones != nil {
+		_ = r.ones.Close()
+	}
+	if r.ownMemh && r.memh != nil {
+		_ = r.memh.Close()
+	}
+	if r.ownBack {
+		_ = r.backend.Close()
+	}
+}
+
+// Worker is the worker the request communicates on.
+func (r *Request) Worker() *ucp.Worker { return r.w }
+
+// Partitions is the request's own number of partitions.
+func (r *Request) Partitions() int { return r.parts }
+
+// Stats reports the request's counters.
+func (r *Request) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
+}
+
+// fail records the peer's failure and releases whatever waits on the request: streams
+// waiting on the receiver's arrival counters or the sender's ready flags, graphs, host
+// waiters.
+func (r *Request) fail(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = fmt.Errorf("prepared %s tag %#x: %w", r.role, r.tag, err)
+	}
+	words := r.words
+	r.mu.Unlock()
+	if words != nil {
+		// All ones: satisfies a receiver stream's GEQ wait and a sender stream's AND 1
+		// wait, so no stream stays blocked on a dead peer.
+		for i := range words.Len() {
+			words.Word(i).Store(failedWord)
+		}
+		words.Word(0).Block().Notify()
+	}
+}
+
+// failedWord is stored into a request's words when its peer failed.
+const failedWord = ^uint64(0)
+
+// errLocked is the request's sticky error. Caller holds r.mu.
+func (r *Request) errLocked() error {
+	if r.freed {
+		return fmt.Errorf("prepared %s: freed: %w", r.role, ErrClosed)
+	}
+	return r.err
+}
+
+// partRange is the byte range of partition p of n over len(buf) bytes.
+func partRange(total, n, p int) (off, size int) {
+	size = total / n
+	return p * size, size
+}
+
+// Start begins an iteration (MPI_Start). The first Start runs the prepare phase if
+// PrepareAll did not. A receiver's Start tells the sender, with one RDMA write, that
+// it may move every partition of this iteration. Start while the previous iteration
+// is incomplete (not yet seen done by Wait or Test) fails with ErrInvalidParam.
+func (r *Request) Start() error {
+	if err := r.ensurePrepared(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.errLocked(); err != nil {
+		return err
+	}
+	if r.active {
+		return fmt.Errorf("start: iteration %d is not complete: %w", r.iter, ErrInvalidParam)
+	}
+	r.iter++
+	r.active = true
+	if r.role == sender {
+		clear(r.readied)
+		r.waiting = r.waiting[:0]
+		r.inflight = r.inflight[:0]
+		return nil
+	}
+	// One write sets every ready flag of the sender.
+	req, err := r.peer.PutNbx(r.ones.Bytes(), r.remote.wordBase, r.remote.wordKey, &ucp.RequestParam{MemH: r.ones})
+	if err != nil {
+		r.active = false
+		r.iter--
+		return fmt.Errorf("start: publish readiness: %w", err)
+	}
+	r.readyReq = req
+	return nil
+}
+
+// StartAll starts each request (MPI_Startall), after one prepare phase for all of
+// them if they were not prepared yet.
+func StartAll(reqs ...*Request) error {
+	if err := PrepareAll(context.Background(), reqs...); err != nil {
+		return err
+	}
+	for _, r := range reqs {
+		if err := r.Start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensurePrepared runs the prepare phase for r alone if it has not run.
+func (r *Request) ensurePrepared() error {
+	select {
+	case <-r.prepared:
+		return nil
+	default:
+	}
+	return PrepareAll(context.Background(), r)
+}
+
+// Pready marks partition p ready (MPI_Pready): it moves as soon as the receiver is
+// ready for this iteration, without the caller waiting. Errors at the call: p out of
+// range, p already ready in this iteration, no iteration started.
+func (r *Request) Pready(p int) error { return r.PreadyList([]int{p}) }
+
+// PreadyRange marks partitions lo through hi (inclusive) ready.
+func (r *Request) PreadyRange(lo, hi int) error {
+	if lo > hi {
+		return fmt.Errorf("pready range [%d, %d]: %w", lo, hi, ErrInvalidParam)
+	}
+	ps := make([]int, 0, hi-lo+1)
+	for p := lo; p <= hi; p++ {
+		ps = append(ps, p)
+	}
+	return r.PreadyList(ps)
+}
+
+// PreadyList marks the listed partitions ready. Nothing is marked if any is invalid.
+func (r *Request) PreadyList(ps []int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkPreadyLocked("pready", ps); err != nil {
+		return err
+	}
+	for _, p := range ps {
+		r.readied[p] = true
+		r.waiting = append(r.waiting, p)
+	}
+	return r.pumpLocked()
+}
+
+// checkPreadyLocked validates partitions for a Pready of the current iteration.
+func (r *Request) checkPreadyLocked(op string, ps []int) error {
+	if r.role != sender {
+		return fmt.Errorf("%s on a receive request: %w", op, ErrInvalidParam)
+	}
+	if err := r.errLocked(); err != nil {
+		return err
+	}
+	if !r.active {
+		return fmt.Errorf("%s before Start: %w", op, ErrInvalidParam)
+	}
+	seen := map[int]bool{}
+	for _, p := range ps {
+		switch {
+		case p < 0 || p >= r.parts:
+			return fmt.Errorf("%s: partition %d of %d: %w", op, p, r.parts, ErrInvalidParam)
+		case r.readied[p] || seen[p]:
+			return fmt.Errorf("%s: partition %d already ready in iteration %d: %w", op, p, r.iter, ErrInvalidParam)
+		}
+		seen[p] = true
+	}
+	return nil
+}
+
+// pumpLocked moves every waiting partition whose ready flag the receiver has set.
+// Caller holds r.mu.
+func (r *Request) pumpLocked() error {
+	kept := r.waiting[:0]
+	var first error
+	for _, p := range r.waiting {
+		flag := r.words.Word(p)
+		if flag.Load() == failedWord || !flag.CompareAndSwap(1, 0) {
+			kept = append(kept, p)
+			continue
+		}
+		req, err := r.putLocked(p, nil)
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		r.inflight = append(r.inflight, req)
+	}
+	r.waiting = kept
+	return first
+}
+
+// putLocked moves partition p (with rp's condition, if any) and counts its arrival at
+// the receiver. Caller holds r.mu (or owns r during setup).
+func (r *Request) putLocked(p int, rp *ucp.RequestParam) (*ucp.Request, error) {
+	off, size := partRange(len(r.buf), r.parts, p)
+	param := ucp.RequestParam{MemH: r.memh}
+	if rp != nil {
+		param.Condition, param.Flags = rp.Condition, rp.Flags
+	}
+	sig := ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: r.remote.wordBase + 8*uint64(p), Rkey: r.remote.wordKey}
+	req, err := r.peer.PutSignalNbx(r.buf[off:off+size], r.remote.bufBase+uint64(off), r.remote.bufKey, sig, &param)
+	if err == nil {
+		r.stats.Puts++
+	}
+	return req, err
+}
+
+// PreadyOnStream marks partition p ready when stream s gets here: the stream waits for
+// the receiver's readiness, then the engine moves the partition; later work on s does
+// not wait for the transfer. s must be of the request's backend.
+func (r *Request) PreadyOnStream(s stream.Stream, p int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkPreadyLocked("pready on stream", []int{p}); err != nil {
+		return err
+	}
+	if s == nil || s.Kind() != r.backend.Kind() {
+		return fmt.Errorf("pready on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
+	}
+	cond := r.streamConds[s]
+	if cond == nil {
+		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: r.backend, Stream: s})
+		if err != nil {
+			return fmt.Errorf("pready on stream: %w", err)
+		}
+		r.streamConds[s], cond = c, c
+	}
+	flag := r.words.Word(p)
+	// Wait for the receiver's flag (or the failure value), take it, then trigger.
+	if err := s.WaitValue(flag, 1, stream.AND); err != nil {
+		return fmt.Errorf("pready on stream: %w", err)
+	}
+	if err := s.WriteValue(flag, 0); err != nil {
+		return fmt.Errorf("pready on stream: %w", err)
+	}
+	req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue})
+	if err != nil {
+		return fmt.Errorf("pready on stream: %w", err)
+	}
+	r.readied[p] = true
+	r.inflight = append(r.inflight, req)
+	return nil
+}
+
+// Parrived reports whether partition p of the current iteration has arrived
+// (MPI_Parrived). It progresses the worker once. A dead peer gives ucp.ErrPeerFailed.
+func (r *Request) Parrived(p int) (bool, error) {
+	r.mu.Lock()
+	if r.role != receiver {
+		r.mu.Unlock()
+		return false, fmt.Errorf("parrived on a send request: %w", ErrInvalidParam)
+	}
+	if p < 0 || p >= r.parts {
+		r.mu.Unlock()
+		return false, fmt.Errorf("parrived: partition %d of %d: %w", p, r.parts, ErrInvalidParam)
+	}
+	if err := r.errLocked(); err != nil {
+		r.mu.Unlock()
+		return false, err
+	}
+	if r.iter == 0 {
+		r.mu.Unlock()
+		return false, fmt.Errorf("parrived before Start: %w", ErrInvalidParam)
+	}
+	r.mu.Unlock()
+	if r.arrived(p) {
+		return true, nil
+	}
+	r.w.Progress()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.errLocked(); err != nil {
+		return false, err
+	}
+	return r.arrived(p), nil
+}
+
+// senderParts is the range of the sender's partitions that cover receive partition q.
+func (r *Request) senderParts(q int) (first, last int) {
+	off, size := partRange(len(r.buf), r.parts, q)
+	ssize := len(r.buf) / r.remote.parts
+	return off / ssize, (off + size - 1) / ssize
+}
+
+// arrived reports whether every sender partition covering q arrived this iteration.
+func (r *Request) arrived(q int) bool {
+	first, last := r.senderParts(q)
+	for sp := first; sp <= last; sp++ {
+		if v := r.words.Word(sp).Load(); v == failedWord || v < r.iter {
+			return false
+		}
+	}
+	return true
+}
+
+// ArrivedOnStream holds back later work on s until partition p of the current
+// iteration has arrived (or the peer failed).
+func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.role != receiver:
+		return fmt.Errorf("arrived on stream on a send request: %w", ErrInvalidParam)
+	case p < 0 || p >= r.parts:
+		return fmt.Errorf("arrived on stream: partition %d of %d: %w", p, r.parts, ErrInvalidParam)
+	case !r.active:
+		return fmt.Errorf("arrived on stream before Start: %w", ErrInvalidParam)
+	case s == nil || s.Kind() != r.backend.Kind():
+		return fmt.Errorf("arrived on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
+	}
+	if err := r.errLocked(); err != nil {
+		return err
+	}
+	first, last := r.senderParts(p)
+	for sp := first; sp <= last; sp++ {
+		if err := s.WaitValue(r.words.Word(sp), r.iter, stream.GEQ); err != nil {
+			return fmt.Errorf("arrived on stream: %w", err)
+		}
+	}
+	return nil
+}
+
+// Test reports whether the current iteration completed: on a sender every partition
+// was made ready and moved (the buffer may be reused), on a receiver every partition
+// arrived. It progresses the worker once.
+func (r *Request) Test() (bool, error) {
+	r.w.Progress()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.testLocked()
+}
+
+func (r *Request) testLocked() (bool, error) {
+	if err := r.errLocked(); err != nil {
+		r.active = false
+		return true, err
+	}
+	if !r.active {
+		return true, nil
+	}
+	if r.role == sender {
+		if err := r.pumpLocked(); err != nil {
+			return false, err
+		}
+		if len(r.waiting) > 0 {
+			return false, nil
+		}
+		for _, ready := range r.readied {
+			if !ready {
+				return false, nil
+			}
+		}
+		for _, req := range r.inflight {
+			if !req.Done() {
+				return false, nil
+			}
+		}
+		var first error
+		for _, req := range r.inflight {
+			if err := req.Err(); err != nil && first == nil {
+				first = err
+			}
+		}
+		r.active = false
+		r.stats.Iterations++
+		return true, first
+	}
+	if r.readyReq != nil && !r.readyReq.Done() {
+		return false, nil
+	}
+	for sp := range r.remote.parts {
+		if v := r.words.Word(sp).Load(); v == failedWord || v < r.iter {
+			return false, nil
+		}
+	}
+	var err error
+	if r.readyReq != nil {
+		err = r.readyReq.Err()
+	}
+	r.active = false
+	r.stats.Iterations++
+	return true, err
+}
+
+// Wait waits until the current iteration completed (see Test) or ctx ends. It drives
+// the worker's progress itself.
+func (r *Request) Wait(ctx context.Context) error {
+	for i := 0; ; i++ {
+		done, err := r.Test()
+		if done {
+			return err
+		}
+		if i&63 == 63 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if i > 4096 {
+				_ = r.w.WaitForEvents(ctx, 100*time.Microsecond)
+			} else {
+				runtime.Gosched()
+			}
+		}
+	}
+}
+
+// WaitOnStream holds back later work on s until the current iteration completed: on a
+// receiver, until every partition arrived; on a sender, until the operations it moves
+// in stream order have completed.
+func (r *Request) WaitOnStream(s stream.Stream) error {
+	if r.role == receiver {
+		r.mu.Lock()
+		parts := r.parts
+		r.mu.Unlock()
+		for p := range parts {
+			if err := r.ArrivedOnStream(s, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	r.mu.Lock()
+	reqs := append([]*ucp.Request(nil), r.inflight...)
+	r.mu.Unlock()
+	for _, req := range reqs {
+		if err := req.WaitOnStream(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Free releases the request (MPI_Request_free). With an iteration in flight it fails
+// with ErrBusy and changes nothing.
+func (r *Request) Free() error {
+	r.mu.Lock()
+	if r.freed {
+		r.mu.Unlock()
+		return fmt.Errorf("free: %w", ErrClosed)
+	}
+	if r.active && r.err == nil {
+		r.mu.Unlock()
+		return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
+	}
+	r.freed = true
+	conds := r.graphConds
+	for _, c := range r.streamConds {
+		conds = append(conds, c)
+	}
+	r.mu.Unlock()
+	var first error
+	for _, c := range conds {
+		if err := c.Destroy(); err != nil && !errors.Is(err, condition.ErrDestroyed) && first == nil {
+			first = err
+		}
+	}
+	r.reg.remove(r)
+	if r.remote.bufKey != nil {
+		_ = r.remote.bufKey.Close()
+	}
+	if r.remote.wordKey != nil {
+		_ = r.remote.wordKey.Close()
+	}
+	r.release()
+	return first
+}
+
+// handshake is what each side sends its peer in the prepare phase.
+type handshake struct {
+	role     role
+	tag      uint64
+	index    uint32
+	parts    uint32
+	length   uint64
+	base     uint64 // receiver: buffer address
+	wordBase uint64 // sender: ready flags; receiver: arrival counters
+	bufKey   []byte // receiver: buffer key
+	wordKey  []byte
+}
+
+const handshakeMagic = 0x75637078_70726570 // "ucpxprep"
+
+func (h *handshake) marshal() []byte {
+	b := binary.LittleEndian.AppendUint64(nil, handshakeMagic)
+	b = append(b, byte(h.role))
+	b = binary.LittleEndian.AppendUint64(b, h.tag)
+	b = binary.LittleEndian.AppendUint32(b, h.index)
+	b = binary.LittleEndian.AppendUint32(b, h.parts)
+	b = binary.LittleEndian.AppendUint64(b, h.length)
+	b = binary.LittleEndian.AppendUint64(b, h.base)
+	b = binary.LittleEndian.AppendUint64(b, h.wordBase)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.bufKey)))
+	b = append(b, h.bufKey...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.wordKey)))
+	return append(b, h.wordKey...)
+}
+
+// unmarshalHandshake decodes a peer's bytes; anything malformed is refused.
+func unmarshalHandshake(b []byte) (handshake, error) {
+	var h handshake
+	bad := fmt.Errorf("malformed prepare handshake (%d bytes): %w", len(b), ErrInvalidParam)
+	const fixed = 8 + 1 + 8 + 4 + 4 + 8 + 8 + 8
+	if len(b) < fixed+4 || binary.LittleEndian.Uint64(b) != handshakeMagic {
+		return h, bad
+	}
+	h.role = role(b[8])
+	h.tag = binary.LittleEndian.Uint64(b[9:])
+	h.index = binary.LittleEndian.Uint32(b[17:])
+	h.parts = binary.LittleEndian.Uint32(b[21:])
+	h.length = binary.LittleEndian.Uint64(b[25:])
+	h.base = binary.LittleEndian.Uint64(b[33:])
+	h.wordBase = binary.LittleEndian.Uint64(b[41:])
+	rest := b[fixed:]
+	key := func() ([]byte, bool) {
+		if len(rest) < 4 {
+			return nil, false
+		}
+		n := binary.LittleEndian.Uint32(rest)
+		if uint64(n) > uint64(len(rest)-4) {
+			return nil, false
+		}
+		k := append([]byte(nil), rest[4:4+n]...)
+		rest = rest[4+n:]
+		return k, true
+	}
+	var ok bool
+	if h.bufKey, ok = key(); !ok {
+		return h, bad
+	}
+	if h.wordKey, ok = key(); !ok || len(rest) != 0 {
+		return h, bad
+	}
+	if (h.role != sender && h.role != receiver) || h.parts == 0 || h.parts > maxPartitions {
+		return h, bad
+	}
+	return h, nil
+}

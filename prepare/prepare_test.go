@@ -1,0 +1,453 @@
+package prepare_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/prepare"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+type link struct {
+	ctxS, ctxR *ucp.Context
+	s, r       *ucp.Worker
+	toR, toS   *ucp.Endpoint // the sender's endpoint to the receiver, and back
+}
+
+// shmLink connects two workers by worker address (shared memory).
+func shmLink(t testing.TB) *link {
+	t.Helper()
+	l := &link{}
+	var err error
+	l.ctxS, err = ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	l.ctxR, err = ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	l.r, err = l.ctxR.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	as, err := l.s.Address()
+	require.NoError(t, err)
+	ar, err := l.r.Address()
+	require.NoError(t, err)
+	l.toR, err = l.s.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	l.toS, err = l.r.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = l.ctxS.Close()
+		_ = l.ctxR.Close()
+	})
+	return l
+}
+
+// tcpLink connects two workers through a listener (tcp, peer error handling).
+func tcpLink(t testing.TB) *link {
+	t.Helper()
+	l := &link{}
+	var err error
+	cfg := map[string]string{"TLS": "tcp"}
+	l.ctxS, err = ucp.NewContext(ucp.ContextParams{Config: cfg})
+	require.NoError(t, err)
+	l.ctxR, err = ucp.NewContext(ucp.ContextParams{Config: cfg})
+	require.NoError(t, err)
+	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	l.r, err = l.ctxR.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	lis, err := l.r.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	connected := make(chan struct{})
+	go func() {
+		var err error
+		l.toS, err = lis.Accept(ctx, nil)
+		accepted <- err
+		for {
+			select {
+			case <-connected:
+				return
+			default:
+				l.r.Progress()
+			}
+		}
+	}()
+	l.toR, err = l.s.Connect(ctx, lis.Addr(), nil)
+	close(connected)
+	require.NoError(t, err)
+	require.NoError(t, <-accepted)
+	require.NoError(t, lis.Close())
+	t.Cleanup(func() {
+		_ = l.ctxS.Close()
+		_ = l.ctxR.Close()
+	})
+	return l
+}
+
+func links(t *testing.T, f func(t *testing.T, l *link)) {
+	t.Run("shm", func(t *testing.T) { f(t, shmLink(t)) })
+	t.Run("tcp", func(t *testing.T) { f(t, tcpLink(t)) })
+}
+
+func fill(buf []byte, iter int) {
+	for i := range buf {
+		buf[i] = byte(iter*31 + i*7)
+	}
+}
+
+func checkFilled(buf []byte, iter int) error {
+	for i := range buf {
+		if want := byte(iter*31 + i*7); buf[i] != want {
+			return fmt.Errorf("iteration %d: byte %d is %d, want %d", iter, i, buf[i], want)
+		}
+	}
+	return nil
+}
+
+// pair makes a send and a receive request over l and prepares them together.
+func pair(t testing.TB, l *link, n, sparts, rparts int, tag uint64) (send, recv *prepare.Request, sbuf, rbuf []byte) {
+	t.Helper()
+	sbuf, rbuf = make([]byte, n), make([]byte, n)
+	var err error
+	send, err = prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: tag, Partitions: sparts})
+	require.NoError(t, err)
+	recv, err = prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: tag, Partitions: rparts})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- prepare.PrepareAll(ctx, send) }()
+	go func() { errs <- prepare.PrepareAll(ctx, recv) }()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	t.Cleanup(func() {
+		_ = send.Free()
+		_ = recv.Free()
+	})
+	return send, recv, sbuf, rbuf
+}
+
+// iterate runs iterations with the sender making partitions ready in order (from
+// order(iter)), the receiver checking every byte after Wait.
+func iterate(t testing.TB, send, recv *prepare.Request, sbuf, rbuf []byte, iters int, order func(iter int) []int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	recvErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 1; i <= iters; i++ {
+			if err := recv.Start(); err != nil {
+				recvErr <- err
+				return
+			}
+			if err := recv.Wait(ctx); err != nil {
+				recvErr <- err
+				return
+			}
+			if err := checkFilled(rbuf, i); err != nil {
+				recvErr <- err
+				return
+			}
+		}
+		recvErr <- nil
+	}()
+	for i := 1; i <= iters; i++ {
+		require.NoError(t, send.Start())
+		fill(sbuf, i)
+		for _, p := range order(i) {
+			require.NoError(t, send.Pready(p))
+		}
+		require.NoError(t, send.Wait(ctx))
+	}
+	wg.Wait()
+	require.NoError(t, <-recvErr)
+}
+
+func inOrder(n int) func(int) []int {
+	return func(int) []int {
+		ps := make([]int, n)
+		for i := range ps {
+			ps[i] = i
+		}
+		return ps
+	}
+}
+
+func TestPartitionedPready(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		for _, tc := range []struct {
+			name      string
+			n, sp, rp int
+			order     func(n int) func(int) []int
+			iters     int
+		}{
+			{"1", 64, 1, 1, inOrder, 20},
+			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 20},
+			{"64 reverse", 64 * 128, 64, 64, func(n int) func(int) []int {
+				return func(int) []int {
+					ps := make([]int, n)
+					for i := range ps {
+						ps[i] = n - 1 - i
+					}
+					return ps
+				}
+			}, 10},
+			{"1024 random", 1024 * 16, 1024, 1024, func(n int) func(int) []int {
+				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 1)).Perm(n) }
+			}, 5},
+			{"send 8 recv 4", 8 * 512, 8, 4, inOrder, 10},
+			{"send 4 recv 8", 8 * 512, 4, 8, inOrder, 10},
+			{"send 3 recv 6", 6 * 100, 3, 6, inOrder, 10},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				send, recv, sbuf, rbuf := pair(t, l, tc.n, tc.sp, tc.rp, 7)
+				require.Equal(t, uint64(1), send.Stats().TagMatches)
+				require.Equal(t, uint64(1), recv.Stats().TagMatches)
+				iterate(t, send, recv, sbuf, rbuf, tc.iters, tc.order(tc.sp))
+				// Matching stayed off the critical path: still one match each.
+				require.Equal(t, uint64(1), send.Stats().TagMatches)
+				require.Equal(t, uint64(1), recv.Stats().TagMatches)
+				require.Equal(t, uint64(tc.iters), send.Stats().Iterations)
+				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
+				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
+			})
+		}
+	})
+}
+
+// Many iterations: every partition of every iteration checksummed.
+func TestPartitionedManyIterations(t *testing.T) {
+	l := shmLink(t)
+	send, recv, sbuf, rbuf := pair(t, l, 8*64, 8, 8, 1)
+	iters := 10000
+	if testing.Short() {
+		iters = 1000
+	}
+	iterate(t, send, recv, sbuf, rbuf, iters, inOrder(8))
+}
+
+// Requests of the same peer and tag match in the order of their init.
+func TestPartitionedMatchByInitOrder(t *testing.T) {
+	l := shmLink(t)
+	s1, r1, sb1, rb1 := pair(t, l, 256, 4, 4, 3)
+	s2, r2, sb2, rb2 := pair(t, l, 512, 2, 8, 3)
+	iterate(t, s1, r1, sb1, rb1, 3, inOrder(4))
+	iterate(t, s2, r2, sb2, rb2, 3, inOrder(2))
+}
+
+// Early bird: with one partition held back, every other partition is reported
+// arrived before it, and Wait does not complete until it comes.
+func TestPartitionedEarlyBird(t *testing.T) {
+	l := shmLink(t)
+	const parts = 16
+	send, recv, sbuf, rbuf := pair(t, l, parts*256, parts, parts, 9)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, recv.Start())
+	require.NoError(t, send.Start())
+	fill(sbuf, 1)
+	const held = 5
+	for p := range parts {
+		if p != held {
+			require.NoError(t, send.Pready(p))
+		}
+	}
+	for p := range parts {
+		if p == held {
+			continue
+		}
+		require.Eventually(t, func() bool {
+			_, _ = send.Test()
+			ok, err := recv.Parrived(p)
+			require.NoError(t, err)
+			return ok
+		}, 10*time.Second, 10*time.Microsecond, "partition %d", p)
+		off := p * 256
+		require.Equal(t, sbuf[off:off+256], rbuf[off:off+256], "partition %d", p)
+	}
+	ok, err := recv.Parrived(held)
+	require.NoError(t, err)
+	require.False(t, ok, "the held partition arrived")
+	done, err := recv.Test()
+	require.NoError(t, err)
+	require.False(t, done)
+	require.NoError(t, send.Pready(held))
+	go func() { _ = send.Wait(ctx) }()
+	require.NoError(t, recv.Wait(ctx))
+	require.NoError(t, checkFilled(rbuf, 1))
+}
+
+func TestPartitionedBadInput(t *testing.T) {
+	l := shmLink(t)
+	_, err := prepare.PsendInit(l.s, make([]byte, 10), prepare.Params{Peer: l.toR, Partitions: 3})
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "unequal partitions")
+	_, err = prepare.PsendInit(l.s, make([]byte, 8), prepare.Params{Peer: l.toR, Partitions: 0})
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "no partitions")
+	_, err = prepare.PsendInit(l.s, make([]byte, 8), prepare.Params{Peer: l.toS, Partitions: 1})
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "peer of another worker")
+
+	send, recv, sbuf, _ := pair(t, l, 4*64, 4, 4, 11)
+	require.ErrorIs(t, send.Pready(0), ucp.ErrInvalidParam, "before Start")
+	_, err = recv.Parrived(0)
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "parrived before Start")
+	require.NoError(t, send.Start())
+	require.NoError(t, recv.Start())
+	require.ErrorIs(t, send.Pready(4), ucp.ErrInvalidParam, "out of range")
+	require.ErrorIs(t, send.Pready(-1), ucp.ErrInvalidParam, "negative")
+	require.ErrorIs(t, send.PreadyList([]int{1, 1}), ucp.ErrInvalidParam, "twice in one list")
+	fill(sbuf, 1)
+	require.NoError(t, send.Pready(1))
+	require.ErrorIs(t, send.Pready(1), ucp.ErrInvalidParam, "twice")
+	require.ErrorIs(t, send.Start(), ucp.ErrInvalidParam, "start while incomplete")
+	require.ErrorIs(t, recv.Start(), ucp.ErrInvalidParam, "start while incomplete")
+	_, err = recv.Parrived(4)
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "parrived out of range")
+	require.ErrorIs(t, recv.Pready(0), ucp.ErrInvalidParam, "pready on a receive")
+	_, err = send.Parrived(0)
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "parrived on a send")
+	require.ErrorIs(t, send.Free(), ucp.ErrBusy, "free in flight")
+	require.NoError(t, send.PreadyRange(2, 3))
+	require.NoError(t, send.Pready(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go func() { _ = send.Wait(ctx) }()
+	require.NoError(t, recv.Wait(ctx))
+}
+
+// Pready in stream order: a host stream makes each partition ready after it filled it;
+// the receiver's stream waits for each partition before reading it.
+func TestPartitionedOnStreams(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		b, err := stream.Open(stream.Host)
+		require.NoError(t, err)
+		defer b.Close()
+		const parts, size, iters = 8, 1024, 20
+		sbuf, rbuf := make([]byte, parts*size), make([]byte, parts*size)
+		send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 5, Partitions: parts, Backend: b})
+		require.NoError(t, err)
+		defer send.Free()
+		recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 5, Partitions: parts, Backend: b})
+		require.NoError(t, err)
+		defer recv.Free()
+		ss, err := b.NewStream()
+		require.NoError(t, err)
+		defer ss.Close()
+		rs, err := b.NewStream()
+		require.NoError(t, err)
+		defer rs.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		errs := make(chan error, 2)
+		go func() { errs <- prepare.PrepareAll(ctx, send) }()
+		go func() { errs <- prepare.PrepareAll(ctx, recv) }()
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+		for i := 1; i <= iters; i++ {
+			require.NoError(t, recv.Start())
+			require.NoError(t, send.Start())
+			bad := make(chan error, parts)
+			for p := parts - 1; p >= 0; p-- {
+				part := sbuf[p*size : (p+1)*size]
+				require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
+				require.NoError(t, send.PreadyOnStream(ss, p))
+				require.NoError(t, recv.ArrivedOnStream(rs, p))
+				got := rbuf[p*size : (p+1)*size]
+				require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
+			}
+			require.NoError(t, rs.Synchronize())
+			for range parts {
+				require.NoError(t, <-bad)
+			}
+			require.NoError(t, recv.Wait(ctx))
+			require.NoError(t, send.Wait(ctx))
+		}
+		require.Equal(t, uint64(iters), recv.Stats().Iterations)
+	})
+}
+
+// PreadyNode in a host graph: each launch is an iteration of the graph's partitions,
+// with no host call per launch on the sending side.
+func TestPartitionedHostGraph(t *testing.T) {
+	l := shmLink(t)
+	b, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	defer b.Close()
+	const parts, size = 4, 512
+	launches := 1000
+	if testing.Short() {
+		launches = 100
+	}
+	sbuf, rbuf := make([]byte, parts*size), make([]byte, parts*size)
+	send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 8, Partitions: parts, Backend: b})
+	require.NoError(t, err)
+	recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 8, Partitions: parts, Backend: b})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- prepare.PrepareAll(ctx, send) }()
+	go func() { errs <- prepare.PrepareAll(ctx, recv) }()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+
+	g := graph.NewHost()
+	launch := 0
+	for p := range parts {
+		part := sbuf[p*size : (p+1)*size]
+		produce, err := g.AddTask(nil, func() error { fill(part, launch+p); return nil })
+		require.NoError(t, err)
+		_, err = send.PreadyNode(g, []condition.Node{produce}, p)
+		require.NoError(t, err)
+	}
+	exec, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+
+	recvDone := make(chan error, 1)
+	go func() {
+		for i := 1; i <= launches; i++ {
+			if err := recv.Start(); err != nil {
+				recvDone <- err
+				return
+			}
+			if err := recv.Wait(ctx); err != nil {
+				recvDone <- err
+				return
+			}
+			for p := range parts {
+				if err := checkFilled(rbuf[p*size:(p+1)*size], i+p); err != nil {
+					recvDone <- err
+					return
+				}
+			}
+		}
+		recvDone <- nil
+	}()
+	for i := 1; i <= launches; i++ {
+		require.NoError(t, s.LaunchHostFunc(func() { launch = i }))
+		require.NoError(t, exec.Launch(s))
+	}
+	require.NoError(t, <-recvDone)
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, exec.Close())
+	require.NoError(t, send.Free())
+	require.NoError(t, recv.Free())
+	require.Equal(t, uint64(1), send.Stats().TagMatches)
+}
