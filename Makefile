@@ -35,4 +35,4 @@ gpu-bundle: deps
 	bash scripts/gpu-bundle.sh
 
 clean:
-	rm -rf bin gpu-bundle
+	rm -rf bin gpu-bundle gpu-bundle.tar.xz
