@@ -25,6 +25,19 @@ const (
 	KernelTriggered
 )
 
+// conditionName names a condition of the category in messages, without allocating.
+func (c Category) conditionName() string {
+	switch c {
+	case Stream:
+		return "stream condition"
+	case Graph:
+		return "graph condition"
+	case KernelTriggered:
+		return "kernel-triggered condition"
+	}
+	return "condition"
+}
+
 func (c Category) String() string {
 	switch c {
 	case Stream:

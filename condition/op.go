@@ -94,8 +94,10 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 		Backend:       c.backend,
 		OnStream:      c.category == Stream,
 		StreamOrdered: streamOrdered,
-		Grouped:       c.inGroup(),
-		What:          c.category.String() + " condition",
+		// Only a split transfer cares, and only a Stream condition has groups: the
+		// condition's lock is not taken on every operation.
+		Grouped: s.Transfer.Splittable && c.category == Stream && c.inGroup(),
+		What:    c.category.conditionName(),
 	}
 	if err := e.planner.Plan(s.Transfer, route, &o.plan); err != nil {
 		return err

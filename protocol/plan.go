@@ -3,6 +3,7 @@ package protocol
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -152,6 +153,13 @@ type Planner struct {
 	mu     sync.Mutex
 	pools  map[streamcore.Backend]*Pool
 	closed bool
+	// last is the pool used last: the common case of one backend costs no lock.
+	last atomic.Pointer[lastPool]
+}
+
+type lastPool struct {
+	b    streamcore.Backend
+	pool *Pool
 }
 
 // NewPlanner makes a planner with cfg (resolved: see Config.Resolve). cudaTransport
@@ -180,12 +188,16 @@ func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
 	if b.Kind() != streamcore.KindCUDA || pl.cudaTransport {
 		return nil, nil
 	}
+	if last := pl.last.Load(); last != nil && last.b == b {
+		return last.pool, nil // a closed pool refuses Get itself
+	}
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	if pl.closed {
 		return nil, fmt.Errorf("staging pool: %w", ErrClosed)
 	}
 	if p := pl.pools[b]; p != nil {
+		pl.last.Store(&lastPool{b, p})
 		return p, nil
 	}
 	p := NewPool(b)
@@ -197,6 +209,7 @@ func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
 		pl.pools = map[streamcore.Backend]*Pool{}
 	}
 	pl.pools[b] = p
+	pl.last.Store(&lastPool{b, p})
 	return p, nil
 }
 
@@ -298,6 +311,7 @@ func (pl *Planner) Close() error {
 	pl.mu.Lock()
 	pools := pl.pools
 	pl.pools, pl.closed = nil, true
+	pl.last.Store(nil)
 	pl.mu.Unlock()
 	var first error
 	for _, p := range pools {

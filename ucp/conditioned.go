@@ -20,16 +20,18 @@ const ucpxOnlyFlags = NonBlockingEnqueue
 
 // conditioned is the condition.Operation of one nbx call.
 type conditioned struct {
-	param  RequestParam // what the nbx call gets: no condition, no callback
-	staged RequestParam // the same for a staged part: host memory, no registration
-	issue  func(off int, buf []byte, p *RequestParam) (*Request, error)
+	param RequestParam // what the nbx call gets: no condition, no callback
+	issue func(off int, buf []byte, p *RequestParam) (*Request, error)
 }
 
 // Issue runs the nbx call on one part of the plan.
 func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 	ip := &c.param
 	if p.Staged {
-		ip = &c.staged
+		// A staging buffer is host memory under no registration of the caller's.
+		staged := c.param
+		staged.MemoryType, staged.MemH = MemoryHost, nil
+		ip = &staged
 	}
 	r, err := c.issue(p.Offset, p.Buf, ip)
 	if err != nil {
@@ -97,8 +99,6 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 	c.operation.param = *p
 	c.operation.param.Condition, c.operation.param.Callback = nil, nil
 	c.operation.param.Flags &^= ucpxOnlyFlags
-	c.operation.staged = c.operation.param
-	c.operation.staged.MemoryType, c.operation.staged.MemH = MemoryHost, nil
 	sub := condition.Submission{
 		What: op,
 		Transfer: protocol.Transfer{
