@@ -237,7 +237,7 @@ func (r *Request) fail(err error) {
 	words := r.words
 	r.mu.Unlock()
 	if words != nil {
-		// All ones: satisfies a receiver stream's GEQ wait and a sender stream's AND 1
+		// failedWord satisfies a receiver stream's GEQ wait and a sender stream's AND 1
 		// wait, so no stream stays blocked on a dead peer.
 		for i := range words.Len() {
 			words.Word(i).Store(failedWord)
@@ -246,8 +246,10 @@ func (r *Request) fail(err error) {
 	}
 }
 
-// failedWord is stored into a request's words when its peer failed.
-const failedWord = ^uint64(0)
+// failedWord is stored into a request's words when its peer failed: far above any
+// iteration (a GEQ wait, which compares wrap-aware, holds) and odd (an AND 1 wait
+// holds).
+const failedWord = 1<<62 | 1
 
 // errLocked is the request's sticky error. Caller holds r.mu.
 func (r *Request) errLocked() error {
