@@ -145,21 +145,15 @@ func (m *AmMessage) RecvData(buf []byte, p *RequestParam) (*Request, error) {
 	if len(buf) < m.length {
 		return nil, opErr(op, ErrMessageTruncated, "buffer %d < message %d", len(buf), m.length)
 	}
+	n := m.length
 	if !m.IsRendezvous() {
 		copy(buf, unsafe.Slice((*byte)(m.data), m.length))
 		m.releaseLocked()
-		r := &Request{w: w, op: op, length: m.length}
-		r.done.Store(true)
-		return r, nil
+		return w.postLocked(op, nil, p, func(r *Request) { r.length = n })
 	}
 	m.consumed = true
-	ptr := w.raw.AmRecvData(m.data, bufPtr(buf), m.length, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
-	n := m.length
-	return w.postLocked(op, ptr, p, func() *Request {
-		r := &Request{w: w, op: op, length: n}
-		r.done.Store(true)
-		return r
-	}, bufPtr(buf))
+	ptr := w.raw.AmRecvData(m.data, bufPtr(buf), m.length, p.flags(), p.memType(), p.MemH.rawOrNil())
+	return w.postLocked(op, ptr, p, func(r *Request) { r.length = n }, bufPtr(buf))
 }
 
 // Release drops the message's data. Releasing twice does nothing.
@@ -207,6 +201,6 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 	if err := ep.usableLocked(op); err != nil {
 		return nil, err
 	}
-	ptr := w.raw.AmSend(ep.raw, id, bufPtr(header), len(header), bufPtr(buf), len(buf), uint32(p.Flags), uint32(p.AmFlags), p.memType(), p.MemH.rawOrNil())
+	ptr := w.raw.AmSend(ep.raw, id, bufPtr(header), len(header), bufPtr(buf), len(buf), p.flags(), uint32(p.AmFlags), p.memType(), p.MemH.rawOrNil())
 	return w.postLocked(op, ptr, p, nil, bufPtr(header), bufPtr(buf))
 }

@@ -35,6 +35,11 @@ func (p *RequestParam) memType() int {
 }
 
 func (p *RequestParam) check(op string, c *Context) error {
+	if p.Request != nil {
+		if err := p.checkReuse(op); err != nil {
+			return err
+		}
+	}
 	if p.MemH != nil && p.MemH.closed {
 		return opErr(op, ErrClosed, "RequestParam.MemH")
 	}
@@ -74,7 +79,7 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 	if err := ep.usableLocked("tag_send_nbx"); err != nil {
 		return nil, err
 	}
-	ptr := w.raw.TagSend(ep.raw, bufPtr(buf), len(buf), tag, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+	ptr := w.raw.TagSend(ep.raw, bufPtr(buf), len(buf), tag, p.flags(), p.memType(), p.MemH.rawOrNil(), 0)
 	return w.postLocked("tag_send_nbx", ptr, p, nil, bufPtr(buf))
 }
 
@@ -104,12 +109,9 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 			return nil, err
 		}
 	}
-	ptr := w.raw.TagRecv(bufPtr(buf), len(buf), tag, mask, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
-	r, err := w.postLocked("tag_recv_nbx", ptr, p, func() *Request {
-		r := &Request{w: w, op: "tag_recv_nbx"}
+	ptr := w.raw.TagRecv(bufPtr(buf), len(buf), tag, mask, p.flags(), p.memType(), p.MemH.rawOrNil(), 0)
+	r, err := w.postLocked("tag_recv_nbx", ptr, p, func(r *Request) {
 		r.tag, r.length = w.raw.RecvInfo()
-		r.done.Store(true)
-		return r
 	}, bufPtr(buf))
 	if err == nil && p.Peer != nil && !r.done.Load() {
 		r.peer = p.Peer
@@ -162,12 +164,15 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 	}
 	var ptr unsafe.Pointer
 	if put {
-		ptr = w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+		ptr = w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, p.flags(), p.memType(), p.MemH.rawOrNil())
 	} else {
-		ptr = w.raw.Get(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
+		ptr = w.raw.Get(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, p.flags(), p.memType(), p.MemH.rawOrNil())
 	}
 	r, err := w.postLocked(op, ptr, p, nil, bufPtr(buf))
-	return r, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
+	if err != nil {
+		return nil, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
+	}
+	return r, nil
 }
 
 // AtomicOp is a ucp_atomic_op_t.
@@ -268,13 +273,8 @@ func (ep *Endpoint) atomicLocked(op string, a AtomicParam, raddr uint64, rkey *R
 		}
 		ucx.Free(mem)
 	}
-	ptr := w.raw.Atomic(ep.raw, int(a.Op), mem, a.Size, reply, raddr, rkey.raw, uint32(p.Flags))
-	r, err := w.postLocked(op, ptr, p, func() *Request {
-		r := &Request{w: w, op: op}
-		read(r)
-		r.done.Store(true)
-		return r
-	})
+	ptr := w.raw.Atomic(ep.raw, int(a.Op), mem, a.Size, reply, raddr, rkey.raw, p.flags())
+	r, err := w.postLocked(op, ptr, p, read)
 	switch {
 	case err != nil:
 		ucx.Free(mem)
@@ -313,7 +313,7 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 	if err := ep.usableLocked("ep_flush_nbx"); err != nil {
 		return nil, err
 	}
-	return w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw), p, nil)
+	return w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw, p.flags()), p, nil)
 }
 
 // FlushNbx completes all operations issued on every endpoint of the worker
@@ -333,7 +333,7 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 	if w.closed.Load() {
 		return nil, opErr("worker_flush_nbx", ErrClosed, "")
 	}
-	return w.postLocked("worker_flush_nbx", w.raw.Flush(), p, nil)
+	return w.postLocked("worker_flush_nbx", w.raw.Flush(p.flags()), p, nil)
 }
 
 func unwrapOp(err error) error {

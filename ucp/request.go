@@ -53,6 +53,13 @@ type RequestParam struct {
 	// which also runs Callback. With a Stream condition, later work on the stream waits
 	// for the completion unless Flags has NonBlockingEnqueue.
 	Condition *condition.Condition
+	// Request, if set, is a Request the caller owns and reuses across operations (a
+	// loop's request): the call tracks the operation in it and returns it, so the call
+	// allocates nothing. Any Request the caller holds that is done may be reused (a zero
+	// Request too); one still pending gives ErrInvalidParam, and so does a Condition or
+	// a call that issues several operations (PutSignalNbx). Its previous results are
+	// gone once it is reused. One goroutine at a time may reuse it.
+	Request *Request
 }
 
 var defaultParam RequestParam
@@ -74,6 +81,15 @@ type Request struct {
 	peer    *Endpoint
 	pin     runtime.Pinner
 	pinned  bool
+	// notify: the completion comes through the event queue (cb is set), not the done
+	// list, so a wait must not take it itself.
+	notify bool
+	// pooled: one of the worker's own requests (fused calls), never the caller's.
+	pooled bool
+	slot   int32 // index in w.pending while pending
+	// parked counts goroutines parked on the event fd for this request: its completion
+	// by another goroutine must wake them.
+	parked atomic.Int32
 	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
 	finish func(r *Request)
 
@@ -144,7 +160,7 @@ func (r *Request) Test() (bool, error) {
 	if r.done.Load() {
 		return true, r.err
 	}
-	r.w.Progress()
+	r.w.progressFor(r, 1)
 	if r.done.Load() {
 		return true, r.err
 	}
@@ -193,7 +209,8 @@ func (r *Request) Cancel() {
 	w.mu.Lock()
 	if r.req != nil && !w.closed.Load() {
 		w.raw.Cancel(r.req)
-		w.drainLocked()
+		w.raw.Reap()
+		w.afterLocked()
 	}
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
@@ -231,25 +248,82 @@ func (r *Request) completeLocked(err error, length int, tag uint64) {
 	}
 	r.done.Store(true)
 	r.w.completions.Add(1)
+	if r.parked.Load() > 0 {
+		r.w.wakeParked = true
+	}
 	if r.cb != nil {
 		cb := r.cb
 		r.w.deferred = append(r.w.deferred, func() { cb(r) })
 	}
 }
 
+// reset makes r track a new operation (a caller-owned or pooled request).
+func (r *Request) reset(w *Worker, op string, cb func(*Request)) {
+	r.w, r.op, r.req = w, op, nil
+	r.err, r.length, r.tag, r.fetched = nil, 0, 0, 0
+	r.cb, r.peer, r.finish = cb, nil, nil
+	r.notify = cb != nil
+	r.done.Store(false)
+}
+
+// checkReuse validates RequestParam.Request for op.
+func (p *RequestParam) checkReuse(op string) error {
+	r := p.Request
+	switch {
+	case r == nil:
+		return nil
+	case p.Condition != nil:
+		return opErr(op, ErrInvalidParam, "RequestParam.Request cannot track an operation with a Condition (the engine's Request does)")
+	case op == "put_signal_nbx":
+		return opErr(op, ErrInvalidParam, "RequestParam.Request: put_signal_nbx issues two operations")
+	case r == completedRequest || r.cop != nil || r.pooled:
+		return opErr(op, ErrInvalidParam, "RequestParam.Request is not the caller's to reuse (%s)", r.op)
+	case r.w != nil && !r.done.Load():
+		return opErr(op, ErrInvalidParam, "RequestParam.Request is still pending (%s): wait for it or use another", r.op)
+	}
+	return nil
+}
+
+// flags are the operation's flags for the glue: the user's UCX flags, and Notify when
+// a callback waits for the completion.
+func (p *RequestParam) flags() uint32 {
+	f := uint32(p.Flags&^ucpxOnlyFlags) &^ ucx.Notify
+	if p.Callback != nil {
+		f |= ucx.Notify
+	}
+	return f
+}
+
 // post finishes an nbx call: ptr is UCX's status pointer. pins are the Go buffers UCX
 // may keep while the operation is pending (pinned only then: Go's heap does not move
-// objects, and the caller's slice keeps them alive across the call).
-func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, immediate func() *Request, pins ...unsafe.Pointer) (*Request, error) {
+// objects, and the caller's slice keeps them alive across the call). immediate fills
+// the results of an operation that completed in place; without it such a send returns
+// the shared completed Request (or the caller's, RequestParam.Request).
+func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, immediate func(*Request), pins ...unsafe.Pointer) (*Request, error) {
 	req, st := ucx.PtrStatus(ptr)
 	switch st {
 	case ucx.OK:
-		if immediate != nil {
-			return immediate(), nil
+		r := p.Request
+		if r == nil {
+			if immediate == nil {
+				return completedRequest, nil
+			}
+			r = &Request{w: w, op: op}
+		} else {
+			r.reset(w, op, nil)
 		}
-		return completedRequest, nil
+		if immediate != nil {
+			immediate(r)
+		}
+		r.done.Store(true)
+		return r, nil
 	case ucx.InProgress:
-		r := &Request{w: w, op: op, cb: p.Callback}
+		r := p.Request
+		if r == nil {
+			r = &Request{w: w, op: op, cb: p.Callback, notify: p.Callback != nil}
+		} else {
+			r.reset(w, op, p.Callback)
+		}
 		if p.MemH == nil { // a registration keeps its memory in place already
 			for _, b := range pins {
 				if b != nil {

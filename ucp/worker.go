@@ -2,14 +2,11 @@ package ucp
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
@@ -17,8 +14,13 @@ import (
 
 // WorkerParams configures NewWorker.
 type WorkerParams struct {
-	// NoWakeup disables the event fd; idle waits then back off with sleeps.
+	// NoWakeup disables the event fd: waits then poll for as long as they wait (they
+	// never sleep), which is the lowest latency and costs a core per waiting goroutine.
 	NoWakeup bool
+	// SpinTime is how long Request.Wait and the blocking calls (TagSend, TagRecv,
+	// TagSendRecv) busy-poll the worker before parking on its event fd (0:
+	// DefaultSpinTime; negative: park at once). Without wakeup they poll throughout.
+	SpinTime time.Duration
 	// ProgressThread gives the worker a goroutine of its own that progresses it: a
 	// process that is only the target of RMA, atomics or active messages, or whose
 	// streams wait on signal words a peer writes, then needs no progress loop. Idle,
@@ -46,8 +48,14 @@ type Worker struct {
 	events    []ucx.Event
 	deferred  []func() // user callbacks to run after mu is released
 
-	efd int               // -1 without wakeup
-	eng *condition.Engine // the engine of conditioned operations, started on first use (under mu)
+	efd      int           // -1 without wakeup
+	spinTime time.Duration // WorkerParams.SpinTime, resolved
+	// park is where waiters sleep on the event fd (Go's netpoller); wakeParked asks the
+	// goroutine that completed a request somebody is parked on to wake them (under mu).
+	park       parker
+	wakeParked bool
+	reqPool    []*Request        // the worker's own requests for fused calls (under mu)
+	eng        *condition.Engine // the engine of conditioned operations, started on first use (under mu)
 	// engReady is eng once started: enqueuers read it without mu, which the engine
 	// holds while it progresses.
 	engReady atomic.Pointer[condition.Engine]
@@ -68,6 +76,10 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		am:        map[uint64]*amHandler{},
 		rkeys:     map[*Rkey]struct{}{},
 		efd:       -1,
+		spinTime:  p.SpinTime,
+	}
+	if w.spinTime == 0 {
+		w.spinTime = DefaultSpinTime
 	}
 	wakeup := !p.NoWakeup && c.features&FeatureWakeup != 0
 	err := c.register(func() error {
@@ -124,36 +136,79 @@ func (w *Worker) progressFor(r *Request, spins uint) int {
 		w.mu.Unlock()
 		return 0
 	}
-	var req unsafe.Pointer
-	if r != nil && !r.done.Load() {
-		req = r.req
-	}
-	if req == nil {
-		spins = 1
-	}
-	n := w.progressLocked(req, spins)
+	n := w.progressLocked(r, spins)
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
 	runDeferred(cbs)
 	return n
 }
 
-// progressLocked progresses (until req completes or spins rounds pass, or once for a
-// nil req) and handles the events, with one cgo call when a batch holds them all.
-func (w *Worker) progressLocked(req unsafe.Pointer, spins uint) int {
-	w.events = w.raw.ProgressDrain(req, spins, w.events[:0])
-	n := len(w.events)
-	for i := range w.events {
-		w.handleEventLocked(&w.events[i])
+// progressLocked progresses (until r completes or spins rounds pass, or once for a nil
+// or completed r), completes what completed and handles the events, with one cgo call
+// when nothing was queued. It returns the number of completions and events handled.
+func (w *Worker) progressLocked(r *Request, spins uint) int {
+	var req unsafe.Pointer
+	own := false
+	if r != nil && !r.done.Load() && r.req != nil {
+		req, own = r.req, !r.notify
+	}
+	if req == nil {
+		spins = 1
+	}
+	n := 0
+	if w.raw.Wait(req, spins, own) {
+		st, tag, length := w.raw.Own()
+		w.completeTrackedLocked(r, st, length, tag)
+		n++
+	}
+	return n + w.afterLocked()
+}
+
+// afterLocked completes the requests the last call reaped, reaps the rest, handles
+// the queued events and wakes the goroutines parked on a request that completed. It
+// returns the number of completions and events handled.
+func (w *Worker) afterLocked() int {
+	n := 0
+	for {
+		res := w.raw.TakeReaped()
+		for i := range res {
+			d := &res[i]
+			slot := int(d.Slot)
+			if slot < 0 || slot >= len(w.pending) || w.pending[slot] == nil {
+				continue // cannot happen: every pending request has a slot
+			}
+			w.completeTrackedLocked(w.pending[slot], ucx.Status(d.Status), int(d.Length), d.Tag)
+		}
+		n += len(res)
+		if w.raw.Unreaped() == 0 {
+			break
+		}
+		w.raw.Reap()
 	}
 	if w.raw.Pending() > 0 {
 		n += w.drainLocked()
 	}
+	if w.wakeParked {
+		w.wakeParked = false
+		w.wakeParkedLocked()
+	}
 	return n
 }
 
-// WaitForEvents blocks until the worker may have work (its event fd fired), ctx ends,
-// or at most timeout passes. Call Progress afterwards. It returns ctx's error if ctx ended.
+// completeTrackedLocked completes a tracked request with its result and frees its slot.
+func (w *Worker) completeTrackedLocked(r *Request, st ucx.Status, length int, tag uint64) {
+	w.pending[r.slot] = nil
+	w.freeSlots = append(w.freeSlots, int(r.slot))
+	r.req = nil
+	r.completeLocked(statusErr(st), length, tag)
+}
+
+// WaitForEvents blocks until the worker may have work (its event fd fired or Signal
+// was called), ctx ends, or timeout passes; call Progress afterwards. The goroutine
+// sleeps in Go's netpoller on the event fd. It returns at once when events are pending
+// already, and without wakeup (WorkerParams.NoWakeup) after yielding the processor:
+// there is nothing to sleep on, so the caller keeps polling. It returns ctx's error if
+// ctx ended.
 func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -161,37 +216,28 @@ func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error
 	if w.closed.Load() {
 		return opErr("worker_wait", ErrClosed, "")
 	}
-	w.mu.Lock()
-	st := ucx.ErrBusy
-	if w.efd >= 0 && !w.closed.Load() {
-		st = w.raw.Arm()
-	}
-	w.mu.Unlock()
-	if st != ucx.OK {
-		// Busy: events are pending. Without wakeup, back off briefly instead.
-		if w.efd < 0 {
-			time.Sleep(min(timeout, 50*time.Microsecond))
-		}
+	if w.efd < 0 {
+		runtime.Gosched()
 		return ctx.Err()
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		slice := min(time.Until(deadline), 10*time.Millisecond)
-		if slice <= 0 {
-			return ctx.Err()
-		}
-		fds := []unix.PollFd{{Fd: int32(w.efd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, int(slice/time.Millisecond)+1)
-		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
-			return ctx.Err()
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if w.closed.Load() {
-			return opErr("worker_wait", ErrClosed, "")
-		}
+	var deadline time.Time
+	if timeout < 100*365*24*time.Hour {
+		deadline = time.Now().Add(timeout)
 	}
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return opErr("worker_wait", ErrClosed, "")
+	}
+	if w.raw.Arm() != ucx.OK {
+		w.mu.Unlock() // busy: events are pending
+		return ctx.Err()
+	}
+	w.sleepUnlock(ctx, nil, deadline)
+	if w.closed.Load() {
+		return opErr("worker_wait", ErrClosed, "")
+	}
+	return ctx.Err()
 }
 
 // Signal wakes a goroutine blocked in WaitForEvents.
@@ -202,6 +248,35 @@ func (w *Worker) Signal() error {
 		return opErr("worker_signal", ErrClosed, "")
 	}
 	return opErr("worker_signal", statusErr(w.raw.Signal()), "")
+}
+
+// EventFD returns the worker's event file descriptor (ucp_worker_get_efd), for a
+// program that multiplexes it with its own descriptors: call Arm, wait until the fd is
+// readable, then Progress. It stays owned by the worker (do not close it). Without
+// wakeup it fails with ErrUnsupported.
+func (w *Worker) EventFD() (int, error) {
+	if w.closed.Load() {
+		return -1, opErr("worker_get_efd", ErrClosed, "")
+	}
+	if w.efd < 0 {
+		return -1, opErr("worker_get_efd", ErrUnsupported, "worker without wakeup (WorkerParams.NoWakeup or no FeatureWakeup)")
+	}
+	return w.efd, nil
+}
+
+// Arm arms the event fd (ucp_worker_arm): it becomes readable on the next event. It
+// fails with an error matching ErrBusy when events are pending already (Progress
+// first), and with ErrUnsupported without wakeup.
+func (w *Worker) Arm() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return opErr("worker_arm", ErrClosed, "")
+	}
+	if w.efd < 0 {
+		return opErr("worker_arm", ErrUnsupported, "worker without wakeup")
+	}
+	return opErr("worker_arm", statusErr(w.raw.Arm()), "")
 }
 
 // drainLocked delivers queued events. Completion work that touches only ucpx state
@@ -225,11 +300,7 @@ func (w *Worker) handleEventLocked(ev *ucx.Event) {
 		if slot < 0 || slot >= len(w.pending) || w.pending[slot] == nil {
 			return // cannot happen: every pending request has a slot
 		}
-		r := w.pending[slot]
-		w.pending[slot] = nil
-		w.freeSlots = append(w.freeSlots, slot)
-		r.req = nil
-		r.completeLocked(statusErr(ev.Status), ev.Length, ev.Tag)
+		w.completeTrackedLocked(w.pending[slot], ev.Status, ev.Length, ev.Tag)
 	case ucx.EvEPError:
 		if ep := w.eps[ev.Ptr]; ep != nil {
 			ep.failLocked(Status(ev.Status))
@@ -270,6 +341,7 @@ func (w *Worker) trackLocked(r *Request, req unsafe.Pointer) {
 	}
 	w.pending[slot] = r
 	r.req = req
+	r.slot = int32(slot)
 	ucx.SetSlot(req, uint64(slot))
 }
 
@@ -287,6 +359,7 @@ func (w *Worker) Close() error {
 		return opErr("worker_destroy", ErrClosed, "")
 	}
 	w.closed.Store(true)
+	w.park.shutdown() // parked waiters wake, and find the worker closed
 	for _, l := range w.listeners {
 		l.destroyLocked()
 	}
@@ -302,10 +375,10 @@ func (w *Worker) Close() error {
 	// transport cannot hang Close.
 	deadline := time.Now().Add(2 * time.Second)
 	for w.pendingCountLocked() > 0 && time.Now().Before(deadline) {
-		w.raw.Progress(nil, 1)
-		w.drainLocked()
+		w.progressLocked(nil, 1)
 	}
-	w.drainLocked()
+	w.raw.Reap()
+	w.afterLocked()
 	for _, r := range w.pending {
 		if r != nil { // UCX never completed it: fail it ourselves
 			r.req = nil
@@ -324,6 +397,7 @@ func (w *Worker) Close() error {
 	w.raw.Destroy()
 	eng := w.eng
 	w.mu.Unlock()
+	w.park.close()
 	if eng != nil {
 		_ = eng.Close()
 	}
@@ -344,45 +418,4 @@ func (w *Worker) pendingCountLocked() int {
 		}
 	}
 	return n
-}
-
-// waitRequest drives progress until r completes or ctx ends. It spins first (the
-// latency path), then parks on the event fd so an idle wait costs no CPU.
-func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
-	const spinRounds = 64 // progress calls per cgo call
-	start := time.Time{}
-	for iter := 0; ; iter++ {
-		w.mu.Lock()
-		if !r.done.Load() {
-			if w.closed.Load() {
-				w.mu.Unlock()
-				return r.errOr(opErr(r.op, ErrClosed, "worker closed"))
-			}
-			w.progressLocked(r.req, spinRounds)
-		}
-		cbs := w.takeDeferredLocked()
-		w.mu.Unlock()
-		runDeferred(cbs)
-		if r.done.Load() {
-			return r.err
-		}
-		if iter&63 == 63 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			default:
-			}
-			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > 200*time.Microsecond {
-				// Idle: park until the event fd fires, bounded so other goroutines'
-				// progress and ctx are noticed.
-				if err := w.WaitForEvents(ctx, time.Millisecond); err != nil && ctx.Err() != nil {
-					return ctx.Err()
-				}
-			} else {
-				runtime.Gosched()
-			}
-		}
-	}
 }

@@ -37,8 +37,46 @@ static void push(ucpxu_worker_t *w, const ucpxu_event_t *ev)
 
 static void req_init(void *request) { memset(request, 0, sizeof(ucpxu_req_t)); }
 
-static void req_complete(void *request, ucs_status_t status, uint64_t tag, size_t length,
-                         void *user_data)
+#define W(x)   ((ucpxu_worker_t*)(x))
+#define PTR(x) ((void*)(x))
+
+/* release hands a request back to UCX; its memory is reused without request_init. */
+static inline void release(ucpxu_req_t *r)
+{
+    r->done = 0;
+    r->next = NULL;
+    ucp_request_free(r);
+}
+
+static inline void fill_result(ucpxu_result_t *out, const ucpxu_req_t *r)
+{
+    out->slot = r->slot;
+    out->tag = r->sender_tag;
+    out->length = r->length;
+    out->status = r->status;
+}
+
+/* complete: a request without a Go callback. It goes on the done list, which the
+ * call waiting for it or the next progressing call reaps. */
+static void complete(void *request, ucs_status_t status, uint64_t tag, size_t length,
+                     void *user_data)
+{
+    ucpxu_req_t *r = request;
+    ucpxu_worker_t *w = user_data;
+    r->status = status;
+    r->sender_tag = tag;
+    r->length = length;
+    q_lock(w);
+    r->next = w->done;
+    w->done = r;
+    w->ndone++;
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    q_unlock(w);
+}
+
+/* complete_event: a request a Go callback waits for, through the event queue. */
+static void complete_event(void *request, ucs_status_t status, uint64_t tag, size_t length,
+                           void *user_data)
 {
     ucpxu_req_t *r = request;
     ucpxu_event_t ev = {0};
@@ -53,20 +91,90 @@ static void req_complete(void *request, ucs_status_t status, uint64_t tag, size_
 
 static void send_cb(void *request, ucs_status_t status, void *user_data)
 {
-    req_complete(request, status, 0, 0, user_data);
+    complete(request, status, 0, 0, user_data);
+}
+
+static void send_cb_ev(void *request, ucs_status_t status, void *user_data)
+{
+    complete_event(request, status, 0, 0, user_data);
 }
 
 static void tag_recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                         void *user_data)
 {
-    req_complete(request, status, info ? info->sender_tag : 0, info ? info->length : 0,
-                 user_data);
+    complete(request, status, info ? info->sender_tag : 0, info ? info->length : 0, user_data);
+}
+
+static void tag_recv_cb_ev(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                           void *user_data)
+{
+    complete_event(request, status, info ? info->sender_tag : 0, info ? info->length : 0,
+                   user_data);
 }
 
 static void am_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
-    req_complete(request, status, 0, length, user_data);
+    complete(request, status, 0, length, user_data);
 }
+
+static void am_data_cb_ev(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    complete_event(request, status, 0, length, user_data);
+}
+
+/* unlink_done takes r off the done list (it is almost always the head: the newest
+ * completion). Caller holds no lock. */
+static int unlink_done(ucpxu_worker_t *w, ucpxu_req_t *r)
+{
+    ucpxu_req_t **pp;
+    int found = 0;
+    q_lock(w);
+    for (pp = &w->done; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == r) {
+            *pp = r->next;
+            w->ndone--;
+            found = 1;
+            break;
+        }
+    }
+    q_unlock(w);
+    return found;
+}
+
+/* take_own moves a completed request without a Go callback to *out and frees it. One
+ * that is not on the done list completes through the event queue: it is left alone. */
+static int take_own(ucpxu_worker_t *w, ucpxu_req_t *r, ucpxu_result_t *out)
+{
+    if (!unlink_done(w, r)) {
+        return 0;
+    }
+    fill_result(out, r);
+    release(r);
+    return 1;
+}
+
+static size_t reap(ucpxu_worker_t *w)
+{
+    ucpxu_req_t *r;
+    size_t n = 0;
+    if (__atomic_load_n(&w->ndone, __ATOMIC_RELAXED) == 0) {
+        w->nreaped = 0;
+        return 0;
+    }
+    q_lock(w);
+    while (w->done != NULL && n < UCPXU_REAP_MAX) {
+        r = w->done;
+        w->done = r->next;
+        w->ndone--;
+        fill_result(&w->reaped[n++], r);
+        release(r);
+    }
+    q_unlock(w);
+    w->nreaped = n;
+    return n;
+}
+
+size_t ucpxu_reap(uintptr_t w) { return reap(W(w)); }
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -221,6 +329,11 @@ void ucpxu_worker_destroy(ucpxu_worker_t *w)
             /* the listener is gone already; UCX frees pending requests with it */
         }
     }
+    while (w->done != NULL) {
+        ucpxu_req_t *r = w->done;
+        w->done = r->next;
+        release(r);
+    }
     ucp_worker_destroy(w->worker);
     free(w->events);
     free(w);
@@ -239,36 +352,42 @@ void ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr)
     ucp_worker_release_address(w->worker, addr);
 }
 
-size_t ucpxu_progress(ucpxu_worker_t *w, void *req, unsigned max_spins)
+/* spin progresses until r is done or spins rounds pass (r NULL: once). */
+static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
 {
     unsigned i;
-    if (req == NULL) {
+    if (r == NULL) {
         ucp_worker_progress(w->worker);
-        return w->nevents;
+        return;
     }
-    for (i = 0; i < max_spins; i++) {
-        if (__atomic_load_n(&((ucpxu_req_t*)req)->done, __ATOMIC_ACQUIRE)) {
-            break;
+    for (i = 0; i < spins; i++) {
+        if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+            return;
         }
         ucp_worker_progress(w->worker);
     }
-    return w->nevents;
 }
 
-size_t ucpxu_progress_drain(ucpxu_worker_t *w, void *req, unsigned max_spins, ucpxu_event_t *out,
-                           size_t max)
+int ucpxu_wait(uintptr_t wp, uintptr_t req, unsigned spins, int own)
 {
-    if (ucpxu_progress(w, req, max_spins) == 0) {
-        return 0;
+    ucpxu_worker_t *w = W(wp);
+    ucpxu_req_t *r = PTR(req);
+    int got = 0;
+    spin(w, r, spins);
+    if (own && r != NULL && __atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+        got = take_own(w, r, &w->own);
     }
-    return ucpxu_drain(w, out, max);
+    reap(w);
+    return got;
 }
 
-size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max)
+size_t ucpxu_drain(uintptr_t wp)
 {
+    ucpxu_worker_t *w = W(wp);
+    ucpxu_event_t *out = w->out;
     size_t n, i;
     q_lock(w);
-    n = w->nevents < max ? w->nevents : max;
+    n = w->nevents < UCPXU_EVENT_BATCH ? w->nevents : UCPXU_EVENT_BATCH;
     memcpy(out, w->events, n * sizeof(*out));
     memmove(w->events, w->events + n, (w->nevents - n) * sizeof(*out));
     w->nevents -= n;
@@ -280,8 +399,7 @@ size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max)
             out[i].tag = r->sender_tag;
             out[i].length = r->length;
             out[i].id = r->slot;
-            r->done = 0; /* the request memory is recycled by UCX */
-            ucp_request_free(r);
+            release(r);
             out[i].ptr = NULL;
         }
     }
@@ -357,17 +475,17 @@ ucs_status_t ucpxu_ep_create_conn(ucpxu_worker_t *w, ucp_conn_request_h req, int
     return ucp_ep_create(w->worker, &p, ep_p);
 }
 
-void *ucpxu_ep_close(ucpxu_worker_t *w, ucp_ep_h ep, int force)
+void *ucpxu_ep_close(uintptr_t w, uintptr_t ep, int force, uint32_t flags)
 {
     ucp_request_param_t p = {0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = send_cb;
-    p.user_data = w;
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    p.user_data = W(w);
     if (force) {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     }
-    return ucp_ep_close_nbx(ep, &p);
+    return ucp_ep_close_nbx((ucp_ep_h)ep, &p);
 }
 
 ucs_status_t ucpxu_listener_create(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
@@ -443,136 +561,238 @@ ucs_status_t ucpxu_listener_reject(ucp_listener_h l, ucp_conn_request_h r)
 
 /* fill sets the fields every data operation shares. */
 static inline void fill(ucp_request_param_t *p, ucpxu_worker_t *w, uint32_t flags, int mem_type,
-                        ucp_mem_h memh)
+                        uintptr_t memh)
 {
-    p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | flags;
+    p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      (flags & ~UCPXU_NOTIFY);
     p->user_data = w;
     if (mem_type >= 0) {
         p->op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
         p->memory_type = (ucs_memory_type_t)mem_type;
     }
-    if (memh != NULL) {
+    if (memh != 0) {
         p->op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p->memh = memh;
+        p->memh = (ucp_mem_h)memh;
     }
 }
 
-void *ucpxu_tag_send(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint64_t tag,
-                    uint32_t flags, int mem_type, ucp_mem_h memh)
+static inline int is_req(void *ret) { return ret != NULL && !UCS_PTR_IS_ERR(ret); }
+
+/* settle waits (spins rounds at most) for the request an operation returned and reaps;
+ * once it completed, its result is in *out and the status pointer is returned. */
+static void *settle(ucpxu_worker_t *w, void *ret, unsigned spins, ucpxu_result_t *out)
+{
+    ucpxu_req_t *r = ret;
+    if (spins == 0) {
+        return ret;
+    }
+    if (is_req(ret)) {
+        spin(w, r, spins);
+        if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+            ucs_status_t st = r->status;
+            take_own(w, r, out);
+            ret = UCS_STATUS_PTR(st);
+        }
+    }
+    reap(w);
+    return ret;
+}
+
+static inline void *tag_send(ucpxu_worker_t *w, uintptr_t ep, uintptr_t buf, size_t len,
+                             uint64_t tag, uint32_t flags, int mem_type, uintptr_t memh)
 {
     ucp_request_param_t p;
     fill(&p, w, flags, mem_type, memh);
-    p.cb.send = send_cb;
-    return ucp_tag_send_nbx(ep, buf, len, tag, &p);
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    return ucp_tag_send_nbx((ucp_ep_h)ep, PTR(buf), len, tag, &p);
 }
 
-void *ucpxu_tag_recv(ucpxu_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
-                    uint32_t flags, int mem_type, ucp_mem_h memh, ucp_tag_recv_info_t *info)
+void *ucpxu_tag_send(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t tag,
+                    uint32_t flags, int mem_type, uintptr_t memh, unsigned spins)
+{
+    void *ret = tag_send(W(w), ep, buf, len, tag, flags, mem_type, memh);
+    return settle(W(w), ret, spins, &W(w)->own);
+}
+
+/* tag_recv posts a receive. UCX 1.13 does not fill recv_info when a receive completes
+ * in place (an unexpected eager message), so it asks for the callback instead and turns
+ * a completion inside the call back into an immediate one, with the result in w->own. */
+static void *tag_recv(ucpxu_worker_t *w, uintptr_t buf, size_t len, uint64_t tag, uint64_t mask,
+                      uint32_t flags, int mem_type, uintptr_t memh)
 {
     ucp_request_param_t p;
     ucpxu_req_t *r;
     ucs_status_t st;
     void *ret;
 
-    /* UCX 1.13 does not fill recv_info when a receive completes in place (an
-     * unexpected eager message), so ask for the callback instead and turn an
-     * in-call completion back into an immediate one here. */
     fill(&p, w, flags | UCP_OP_ATTR_FLAG_NO_IMM_CMPL, mem_type, memh);
-    p.cb.recv = tag_recv_cb;
-    ret = ucp_tag_recv_nbx(w->worker, buf, len, tag, mask, &p);
-    if (UCS_PTR_IS_ERR(ret) || ret == NULL || (flags & UCP_OP_ATTR_FLAG_NO_IMM_CMPL)) {
+    p.cb.recv = (flags & UCPXU_NOTIFY) ? tag_recv_cb_ev : tag_recv_cb;
+    ret = ucp_tag_recv_nbx(w->worker, PTR(buf), len, tag, mask, &p);
+    if (!is_req(ret) || (flags & UCP_OP_ATTR_FLAG_NO_IMM_CMPL)) {
         return ret;
     }
     r = ret;
-    if (!r->done) {
+    if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
         return ret;
     }
-    /* Completed inside the call: its event is the last one queued (progress did
-     * not run in between). Take it back and complete in place. */
-    q_lock(w);
-    if (w->nevents > 0 && w->events[w->nevents - 1].ptr == ret) {
-        w->nevents--;
+    /* Completed inside the call. */
+    if (flags & UCPXU_NOTIFY) {
+        /* Its event is the last one queued (progress did not run in between): take it
+         * back, as UCX runs no callback for an immediate completion. */
+        q_lock(w);
+        if (w->nevents > 0 && w->events[w->nevents - 1].ptr == ret) {
+            w->nevents--;
+            q_unlock(w);
+        } else {
+            q_unlock(w);
+            return ret; /* not found (cannot happen): let the event complete it */
+        }
+        fill_result(&w->own, r);
+        st = r->status;
+        release(r);
+        return UCS_STATUS_PTR(st);
     }
-    q_unlock(w);
-    info->sender_tag = r->sender_tag;
-    info->length = r->length;
     st = r->status;
-    r->done = 0;
-    ucp_request_free(ret);
+    take_own(w, r, &w->own);
     return UCS_STATUS_PTR(st);
 }
 
-void *ucpxu_am_send(ucpxu_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,
-                   size_t header_len, const void *buf, size_t len, uint32_t flags,
-                   uint32_t am_flags, int mem_type, ucp_mem_h memh)
+void *ucpxu_tag_recv(uintptr_t w, uintptr_t buf, size_t len, uint64_t tag, uint64_t mask,
+                    uint32_t flags, int mem_type, uintptr_t memh, unsigned spins)
+{
+    void *ret = tag_recv(W(w), buf, len, tag, mask, flags, mem_type, memh);
+    return settle(W(w), ret, spins, &W(w)->own);
+}
+
+void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t slen, uint64_t stag,
+                         uintptr_t rbuf, size_t rlen, uint64_t rtag, uint64_t rmask,
+                         uint32_t flags, unsigned spins)
+{
+    ucpxu_worker_t *w = W(wp);
+    void *sret, *rret;
+    ucpxu_req_t *sr, *rr;
+    unsigned i;
+
+    flags &= ~UCPXU_NOTIFY;
+    sret = tag_send(w, ep, sbuf, slen, stag, flags, UCS_MEMORY_TYPE_HOST, 0);
+    w->send_req = sret;
+    if (UCS_PTR_IS_ERR(sret)) {
+        return NULL;
+    }
+    rret = tag_recv(w, rbuf, rlen, rtag, rmask, flags, UCS_MEMORY_TYPE_HOST, 0);
+    sr = is_req(sret) ? sret : NULL;
+    rr = is_req(rret) ? rret : NULL;
+    /* Check before each progress call and after the last: a request left behind must
+     * not be done, or reap would find it on the done list before Go tracks it. */
+    for (i = 0; spins > 0; i++) {
+        if (rr != NULL && __atomic_load_n(&rr->done, __ATOMIC_ACQUIRE)) {
+            rret = UCS_STATUS_PTR(rr->status);
+            take_own(w, rr, &w->own);
+            rr = NULL;
+        }
+        if (sr != NULL && __atomic_load_n(&sr->done, __ATOMIC_ACQUIRE)) {
+            sret = UCS_STATUS_PTR(sr->status);
+            take_own(w, sr, &w->own2);
+            sr = NULL;
+        }
+        if ((rr == NULL && sr == NULL) || i == spins) {
+            break;
+        }
+        ucp_worker_progress(w->worker);
+    }
+    if (spins > 0) {
+        reap(w);
+    }
+    w->send_req = sret;
+    return rret;
+}
+
+void *ucpxu_am_send(uintptr_t w, uintptr_t ep, unsigned id, uintptr_t header, size_t header_len,
+                   uintptr_t buf, size_t len, uint32_t flags, uint32_t am_flags, int mem_type,
+                   uintptr_t memh)
 {
     ucp_request_param_t p;
-    fill(&p, w, flags, mem_type, memh);
+    fill(&p, W(w), flags, mem_type, memh);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = am_flags;
-    p.cb.send = send_cb;
-    return ucp_am_send_nbx(ep, id, header, header_len, buf, len, &p);
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    return ucp_am_send_nbx((ucp_ep_h)ep, id, PTR(header), header_len, PTR(buf), len, &p);
 }
 
-void *ucpxu_am_recv_data(ucpxu_worker_t *w, void *desc, void *buf, size_t len, uint32_t flags,
-                        int mem_type, ucp_mem_h memh, size_t *len_p)
+void *ucpxu_am_recv_data(uintptr_t w, uintptr_t desc, uintptr_t buf, size_t len, uint32_t flags,
+                        int mem_type, uintptr_t memh)
 {
     ucp_request_param_t p;
-    fill(&p, w, flags, mem_type, memh);
+    void *ret;
+    size_t length = len;
+    fill(&p, W(w), flags, mem_type, memh);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
-    p.cb.recv_am = am_data_cb;
-    p.recv_info.length = len_p;
-    return ucp_am_recv_data_nbx(w->worker, desc, buf, len, &p);
+    p.cb.recv_am = (flags & UCPXU_NOTIFY) ? am_data_cb_ev : am_data_cb;
+    p.recv_info.length = &length;
+    ret = ucp_am_recv_data_nbx(W(w)->worker, PTR(desc), PTR(buf), len, &p);
+    if (ret == NULL) {
+        W(w)->own.length = length;
+    }
+    return ret;
 }
 
-void *ucpxu_put(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr,
-               ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh)
+void *ucpxu_put(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t raddr,
+               uintptr_t rkey, uint32_t flags, int mem_type, uintptr_t memh)
 {
     ucp_request_param_t p;
-    fill(&p, w, flags, mem_type, memh);
-    p.cb.send = send_cb;
-    return ucp_put_nbx(ep, buf, len, raddr, rkey, &p);
+    fill(&p, W(w), flags, mem_type, memh);
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    return ucp_put_nbx((ucp_ep_h)ep, PTR(buf), len, raddr, (ucp_rkey_h)rkey, &p);
 }
 
-void *ucpxu_get(ucpxu_worker_t *w, ucp_ep_h ep, void *buf, size_t len, uint64_t raddr,
-               ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh)
+void *ucpxu_get(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t raddr,
+               uintptr_t rkey, uint32_t flags, int mem_type, uintptr_t memh)
 {
     ucp_request_param_t p;
-    fill(&p, w, flags, mem_type, memh);
-    p.cb.send = send_cb;
-    return ucp_get_nbx(ep, buf, len, raddr, rkey, &p);
+    fill(&p, W(w), flags, mem_type, memh);
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    return ucp_get_nbx((ucp_ep_h)ep, PTR(buf), len, raddr, (ucp_rkey_h)rkey, &p);
 }
 
-void *ucpxu_atomic(ucpxu_worker_t *w, ucp_ep_h ep, int op, const void *operand, size_t size,
-                  void *reply, uint64_t raddr, ucp_rkey_h rkey, uint32_t flags)
+void *ucpxu_atomic(uintptr_t w, uintptr_t ep, int op, uintptr_t operand, size_t size,
+                  uintptr_t reply, uint64_t raddr, uintptr_t rkey, uint32_t flags)
 {
     ucp_request_param_t p;
-    fill(&p, w, flags, -1, NULL);
+    fill(&p, W(w), flags, -1, 0);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_contig(size);
-    p.cb.send = send_cb;
-    if (reply != NULL) {
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    if (reply != 0) {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
-        p.reply_buffer = reply;
+        p.reply_buffer = PTR(reply);
     }
-    return ucp_atomic_op_nbx(ep, (ucp_atomic_op_t)op, operand, 1, raddr, rkey, &p);
+    return ucp_atomic_op_nbx((ucp_ep_h)ep, (ucp_atomic_op_t)op, PTR(operand), 1, raddr,
+                             (ucp_rkey_h)rkey, &p);
 }
 
-void *ucpxu_ep_flush(ucpxu_worker_t *w, ucp_ep_h ep)
+void *ucpxu_ep_flush(uintptr_t w, uintptr_t ep, uint32_t flags)
 {
     ucp_request_param_t p;
-    fill(&p, w, 0, -1, NULL);
-    p.cb.send = send_cb;
-    return ucp_ep_flush_nbx(ep, &p);
+    fill(&p, W(w), flags, -1, 0);
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    return ucp_ep_flush_nbx((ucp_ep_h)ep, &p);
 }
 
-void *ucpxu_worker_flush(ucpxu_worker_t *w)
+void *ucpxu_worker_flush(uintptr_t w, uint32_t flags)
 {
     ucp_request_param_t p;
-    fill(&p, w, 0, -1, NULL);
-    p.cb.send = send_cb;
-    return ucp_worker_flush_nbx(w->worker, &p);
+    fill(&p, W(w), flags, -1, 0);
+    p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
+    return ucp_worker_flush_nbx(W(w)->worker, &p);
 }
+
+void ucpxu_cancel(uintptr_t w, uintptr_t req) { ucp_request_cancel(W(w)->worker, PTR(req)); }
+
+ucs_status_t ucpxu_arm(uintptr_t w) { return ucp_worker_arm(W(w)->worker); }
+
+ucs_status_t ucpxu_signal(uintptr_t w) { return ucp_worker_signal(W(w)->worker); }
+
+ucs_status_t ucpxu_fence(uintptr_t w) { return ucp_worker_fence(W(w)->worker); }
 
 ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t *arg, int enable)
 {

@@ -1,8 +1,14 @@
 /* C glue between Go and UCX 1.13 (libucp). Thin and boring on purpose:
  * - fills ucp_*_param_t structs and unions that cgo cannot build conveniently;
- * - C callbacks never call into Go: they record what happened in the worker's
- *   event queue, which Go drains after each progress call. No Go code therefore
- *   runs inside ucp_worker_progress, and no C->Go transition is paid per op. */
+ * - C callbacks never call into Go. A completion of an operation nobody registered a
+ *   Go callback for only fills its request (ucpxu_req_t) and links it on the worker's
+ *   done list; the call that waits for it (ucpxu_wait, the fused calls) reads and frees
+ *   it, and every progressing call reaps the rest of the list into a result array Go
+ *   reads without a call. Completions with a Go callback, endpoint errors, connection
+ *   requests and active messages go to the worker's event queue, which Go drains
+ *   after the call. No Go code therefore runs inside ucp_worker_progress.
+ * - handles and buffers cross as uintptr_t: cgo checks every pointer argument of a
+ *   call (~14 ns each); Go keeps what they point to alive and in place itself. */
 #ifndef UCPX_GLUE_H
 #define UCPX_GLUE_H
 
@@ -11,19 +17,26 @@
 #include <ucp/api/ucp.h>
 
 enum {
-    UCPX_EV_REQ_DONE = 1, /* a non-immediate request completed */
+    UCPX_EV_REQ_DONE = 1, /* a request with a Go callback completed */
     UCPX_EV_EP_ERROR = 2, /* an endpoint failed (peer error handling) */
     UCPX_EV_CONN_REQ = 3, /* a listener got a connection request */
     UCPX_EV_AM_RECV  = 4  /* an active message arrived */
 };
 
-/* Our part of every UCX request (UCP_PARAM_FIELD_REQUEST_SIZE). */
-typedef struct {
-    volatile int done;
-    int          status;
-    uint64_t     sender_tag;
-    size_t       length;
-    uint64_t     slot; /* index of the Go Request waiting on it */
+/* UCPXU_NOTIFY in an operation's flags: its completion goes to the event queue (a Go
+ * callback waits for it) instead of the done list. Never passed to UCX. */
+#define UCPXU_NOTIFY (1u << 30)
+
+/* Our part of every UCX request (UCP_PARAM_FIELD_REQUEST_SIZE). UCX calls
+ * request_init once per request memory, not per use: whoever frees a request resets
+ * done and next first. */
+typedef struct ucpxu_req {
+    volatile int      done;
+    int               status;
+    uint64_t          sender_tag;
+    size_t            length;
+    uint64_t          slot; /* index of the Go Request waiting on it */
+    struct ucpxu_req *next; /* done list */
 } ucpxu_req_t;
 
 /* One queued event. Which fields are meaningful depends on type. */
@@ -42,6 +55,17 @@ typedef struct {
 
 #define UCPX_AM_COPIED (1ull << 40) /* AM eager data was copied into malloc'd memory */
 
+/* The result of one completed request, as the calls leave it for Go. */
+typedef struct {
+    uint64_t slot;
+    uint64_t tag;
+    uint64_t length;
+    int64_t  status;
+} ucpxu_result_t;
+
+#define UCPXU_REAP_MAX    64 /* results reaped per call */
+#define UCPXU_EVENT_BATCH 64 /* events drained per call */
+
 typedef struct ucpxu_worker ucpxu_worker_t;
 
 /* Per-callback argument blocks (listener, AM handler): identify the source. */
@@ -52,13 +76,22 @@ typedef struct {
 
 struct ucpxu_worker {
     ucp_worker_h  worker;
-    /* event queue: only touched under the Go worker lock, except from UCX
-     * callbacks, which run inside progress on the same thread; the spin lock
+    /* Event queue and done list: only touched under the Go worker lock, except from
+     * UCX callbacks, which run inside progress on the same thread; the spin lock
      * covers callbacks UCX may run from its async thread. */
     volatile int  lock;
     ucpxu_event_t *events;
     size_t        nevents;
     size_t        cap;
+    ucpxu_req_t   *done; /* completed requests without a Go callback, newest first */
+    size_t        ndone;
+    /* What the calls leave for Go, which reads it without a call. */
+    ucpxu_result_t own;  /* the request a call posted or waited on, once complete */
+    ucpxu_result_t own2; /* ucpxu_tag_send_recv: the send */
+    void          *send_req; /* ucpxu_tag_send_recv: the send's status pointer */
+    size_t        nreaped;
+    ucpxu_result_t reaped[UCPXU_REAP_MAX];
+    ucpxu_event_t out[UCPXU_EVENT_BATCH];
 };
 
 ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,
@@ -71,14 +104,16 @@ void         ucpxu_worker_destroy(ucpxu_worker_t *w);
 ucs_status_t ucpxu_worker_address(ucpxu_worker_t *w, void **addr_p, size_t *len_p);
 void         ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr);
 
-/* Progress until the request is done, the queue has events, or max_spins rounds
- * pass. Returns the number of events queued. Passing req == NULL progresses once. */
-size_t ucpxu_progress(ucpxu_worker_t *w, void *req, unsigned max_spins);
-/* Progress as ucpxu_progress, then drain into out: one C call per completion. */
-size_t ucpxu_progress_drain(ucpxu_worker_t *w, void *req, unsigned max_spins, ucpxu_event_t *out,
-                           size_t max);
-/* Copy up to max events out; REQ_DONE requests are read and freed here. */
-size_t ucpxu_drain(ucpxu_worker_t *w, ucpxu_event_t *out, size_t max);
+/* Progress until req (0: none) is done or spins rounds pass (req 0: once). If req is
+ * done and own is set, its result goes to w->own and it is freed (req must complete
+ * without UCPXU_NOTIFY). Then up to UCPXU_REAP_MAX other completed requests are
+ * reaped into w->reaped (w->nreaped). Returns 1 when w->own holds req's result. */
+int    ucpxu_wait(uintptr_t w, uintptr_t req, unsigned spins, int own);
+/* Reap without progress (after a cancel); returns w->nreaped. */
+size_t ucpxu_reap(uintptr_t w);
+/* Copy up to UCPXU_EVENT_BATCH events into w->out; REQ_DONE requests are read and
+ * freed here. */
+size_t ucpxu_drain(uintptr_t w);
 
 /* Endpoints. ip: 4 or 16 bytes (IPv4/IPv6); worker_addr: a UCX worker address. */
 ucs_status_t ucpxu_ep_create_sockaddr(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
@@ -87,7 +122,7 @@ ucs_status_t ucpxu_ep_create_worker(ucpxu_worker_t *w, const void *worker_addr,
                                    int err_mode_peer, ucp_ep_h *ep_p);
 ucs_status_t ucpxu_ep_create_conn(ucpxu_worker_t *w, ucp_conn_request_h req,
                                  int err_mode_peer, ucp_ep_h *ep_p);
-void        *ucpxu_ep_close(ucpxu_worker_t *w, ucp_ep_h ep, int force);
+void        *ucpxu_ep_close(uintptr_t w, uintptr_t ep, int force, uint32_t flags);
 
 /* Listener: connection requests become UCPX_EV_CONN_REQ events with arg->id. */
 ucs_status_t ucpxu_listener_create(ucpxu_worker_t *w, const uint8_t *ip, int ip_len, int port,
@@ -96,24 +131,38 @@ ucs_status_t ucpxu_listener_port(ucp_listener_h l, int *port_p);
 ucs_status_t ucpxu_conn_request_addr(ucp_conn_request_h r, uint8_t *ip16, int *ip_len, int *port);
 ucs_status_t ucpxu_listener_reject(ucp_listener_h l, ucp_conn_request_h r);
 
-/* Operations. Each returns a ucs_status_ptr_t: NULL (done), an error, or a request. */
-void *ucpxu_tag_send(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len,
-                    uint64_t tag, uint32_t flags, int mem_type, ucp_mem_h memh);
-void *ucpxu_tag_recv(ucpxu_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
-                    uint32_t flags, int mem_type, ucp_mem_h memh, ucp_tag_recv_info_t *info);
-void *ucpxu_am_send(ucpxu_worker_t *w, ucp_ep_h ep, unsigned id, const void *header,
-                   size_t header_len, const void *buf, size_t len, uint32_t flags,
-                   uint32_t am_flags, int mem_type, ucp_mem_h memh);
-void *ucpxu_am_recv_data(ucpxu_worker_t *w, void *desc, void *buf, size_t len,
-                        uint32_t flags, int mem_type, ucp_mem_h memh, size_t *len_p);
-void *ucpxu_put(ucpxu_worker_t *w, ucp_ep_h ep, const void *buf, size_t len,
-               uint64_t raddr, ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh);
-void *ucpxu_get(ucpxu_worker_t *w, ucp_ep_h ep, void *buf, size_t len,
-               uint64_t raddr, ucp_rkey_h rkey, uint32_t flags, int mem_type, ucp_mem_h memh);
-void *ucpxu_atomic(ucpxu_worker_t *w, ucp_ep_h ep, int op, const void *operand, size_t size,
-                  void *reply, uint64_t raddr, ucp_rkey_h rkey, uint32_t flags);
-void *ucpxu_ep_flush(ucpxu_worker_t *w, ucp_ep_h ep);
-void *ucpxu_worker_flush(ucpxu_worker_t *w);
+/* Operations. Each returns a ucs_status_ptr_t: NULL (done), an error, or a request.
+ * The calls with spins progress the worker until the operation completes or spins
+ * rounds pass, reap (as ucpxu_wait) and return NULL or an error once it completed;
+ * spins 0 only posts. A receive that completed leaves its result in w->own. */
+void *ucpxu_tag_send(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t tag,
+                    uint32_t flags, int mem_type, uintptr_t memh, unsigned spins);
+void *ucpxu_tag_recv(uintptr_t w, uintptr_t buf, size_t len, uint64_t tag, uint64_t mask,
+                    uint32_t flags, int mem_type, uintptr_t memh, unsigned spins);
+/* Send, then receive the reply (host memory): returns the receive's status pointer
+ * (result in w->own once done); the send's is w->send_req (result in w->own2 once
+ * done). A send that fails at once posts no receive: send_req is its error. */
+void *ucpxu_tag_send_recv(uintptr_t w, uintptr_t ep, uintptr_t sbuf, size_t slen, uint64_t stag,
+                         uintptr_t rbuf, size_t rlen, uint64_t rtag, uint64_t rmask,
+                         uint32_t flags, unsigned spins);
+void *ucpxu_am_send(uintptr_t w, uintptr_t ep, unsigned id, uintptr_t header, size_t header_len,
+                   uintptr_t buf, size_t len, uint32_t flags, uint32_t am_flags, int mem_type,
+                   uintptr_t memh);
+void *ucpxu_am_recv_data(uintptr_t w, uintptr_t desc, uintptr_t buf, size_t len, uint32_t flags,
+                        int mem_type, uintptr_t memh);
+void *ucpxu_put(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t raddr,
+               uintptr_t rkey, uint32_t flags, int mem_type, uintptr_t memh);
+void *ucpxu_get(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t raddr,
+               uintptr_t rkey, uint32_t flags, int mem_type, uintptr_t memh);
+void *ucpxu_atomic(uintptr_t w, uintptr_t ep, int op, uintptr_t operand, size_t size,
+                  uintptr_t reply, uint64_t raddr, uintptr_t rkey, uint32_t flags);
+void *ucpxu_ep_flush(uintptr_t w, uintptr_t ep, uint32_t flags);
+void *ucpxu_worker_flush(uintptr_t w, uint32_t flags);
+
+void         ucpxu_cancel(uintptr_t w, uintptr_t req);
+ucs_status_t ucpxu_arm(uintptr_t w);
+ucs_status_t ucpxu_signal(uintptr_t w);
+ucs_status_t ucpxu_fence(uintptr_t w);
 
 ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t *arg, int enable);
 

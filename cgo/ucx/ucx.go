@@ -2,8 +2,12 @@
 // per C helper in glue.c, handles as small Go structs holding C pointers, statuses as
 // Status. It holds no policy: locking, lifetimes, pinning and errors belong to package ucp.
 //
-// Callbacks from UCX never enter Go. They append to a per-worker event queue that
-// Drain copies out; see glue.h.
+// Callbacks from UCX never enter Go. A completion without a Go callback only fills
+// its request, which the waiting call reads and frees or a later progressing call
+// reaps (Reaped); the rest goes to a per-worker event queue that Drain copies out; see
+// glue.h. Handles and buffers cross into C as uintptr_t (no cgo pointer check per
+// argument): the callers keep the Go memory behind them alive (runtime.KeepAlive here)
+// and in place (the Go heap does not move objects; pending buffers are pinned).
 package ucx
 
 /*
@@ -15,6 +19,7 @@ package ucx
 import "C"
 
 import (
+	"runtime"
 	"unsafe"
 )
 
@@ -120,8 +125,14 @@ const (
 	EvEPError  = C.UCPX_EV_EP_ERROR
 	EvConnReq  = C.UCPX_EV_CONN_REQ
 	EvAmRecv   = C.UCPX_EV_AM_RECV
-	EventBatch = 64
+	EventBatch = C.UCPXU_EVENT_BATCH
+	// ReapBatch is the most results one call reaps.
+	ReapBatch = C.UCPXU_REAP_MAX
 )
+
+// Notify, in an operation's flags, sends its completion through the event queue (a Go
+// callback waits for it) instead of the done list. UCX never sees it.
+const Notify uint32 = C.UCPXU_NOTIFY
 
 // Version returns the UCX library version.
 func Version() (major, minor, release uint) {
@@ -204,15 +215,20 @@ func (c *Context) RkeyPack(m *MemH) ([]byte, Status) {
 	return out, OK
 }
 
-// Worker is a ucpxu_worker_t: a ucp_worker_h plus its event queue and scratch
-// memory for immediate-completion results (C memory, so UCX may write it).
+// Worker is a ucpxu_worker_t: a ucp_worker_h plus its event queue, its done list and
+// the results its calls leave in C memory, which Go reads without a call.
 type Worker struct {
-	w       *C.ucpxu_worker_t
-	info    *C.ucp_tag_recv_info_t
-	length  *C.size_t
-	events  *C.ucpxu_event_t
-	queue   *C.size_t
-	evSlice []C.ucpxu_event_t
+	w   *C.ucpxu_worker_t
+	h   C.uintptr_t // w, as the calls take it
+	res *[ReapBatch]Result
+}
+
+// Result is the result of one completed request (ucpxu_result_t).
+type Result struct {
+	Slot   uint64
+	Tag    uint64
+	Length uint64
+	Status int64
 }
 
 // NewWorker creates a worker in serialized thread mode.
@@ -222,21 +238,13 @@ func (c *Context) NewWorker(wakeup bool) (*Worker, Status) {
 	if st != C.UCS_OK {
 		return nil, Status(st)
 	}
-	w.info = (*C.ucp_tag_recv_info_t)(C.calloc(1, C.sizeof_ucp_tag_recv_info_t))
-	w.length = (*C.size_t)(C.calloc(1, C.sizeof_size_t))
-	w.events = (*C.ucpxu_event_t)(C.calloc(EventBatch, C.sizeof_ucpxu_event_t))
-	w.evSlice = unsafe.Slice(w.events, EventBatch)
-	w.queue = &w.w.nevents
+	w.h = C.uintptr_t(uintptr(unsafe.Pointer(w.w)))
+	w.res = (*[ReapBatch]Result)(unsafe.Pointer(&w.w.reaped[0]))
 	return w, OK
 }
 
-// Destroy destroys the worker; undrained events are released.
-func (w *Worker) Destroy() {
-	C.ucpxu_worker_destroy(w.w)
-	C.free(unsafe.Pointer(w.info))
-	C.free(unsafe.Pointer(w.length))
-	C.free(unsafe.Pointer(w.events))
-}
+// Destroy destroys the worker; undrained events and unreaped requests are released.
+func (w *Worker) Destroy() { C.ucpxu_worker_destroy(w.w) }
 
 // Address returns the worker address bytes.
 func (w *Worker) Address() ([]byte, Status) {
@@ -259,23 +267,59 @@ func (w *Worker) EventFD() (int, Status) {
 }
 
 // Arm arms the event fd; ErrBusy means events are pending and progress is needed.
-func (w *Worker) Arm() Status { return Status(C.ucp_worker_arm(w.w.worker)) }
+func (w *Worker) Arm() Status { return Status(C.ucpxu_arm(w.h)) }
 
-// Signal wakes up a thread blocked on the event fd.
-func (w *Worker) Signal() Status { return Status(C.ucp_worker_signal(w.w.worker)) }
+// Signal wakes up a thread blocked on the event fd. UCX allows it from any thread.
+func (w *Worker) Signal() Status { return Status(C.ucpxu_signal(w.h)) }
 
 // Fence orders the RMA and atomic operations issued before it before those issued
 // after it, at their targets (ucp_worker_fence).
-func (w *Worker) Fence() Status { return Status(C.ucp_worker_fence(w.w.worker)) }
+func (w *Worker) Fence() Status { return Status(C.ucpxu_fence(w.h)) }
 
 // Pending is the number of queued events, read without a cgo call.
-func (w *Worker) Pending() int { return int(*w.queue) }
+func (w *Worker) Pending() int { return int(w.w.nevents) }
 
-// Progress progresses until req completes or maxSpins rounds pass (req nil: once).
-// It returns the number of queued events.
-func (w *Worker) Progress(req unsafe.Pointer, maxSpins uint) int {
-	return int(C.ucpxu_progress(w.w, req, C.uint(maxSpins)))
+// Unreaped is the number of completed requests on the done list, read without a call.
+func (w *Worker) Unreaped() int { return int(w.w.ndone) }
+
+// Wait progresses until req (nil: none) completes or maxSpins rounds pass (nil: once).
+// With own, a completed req's result is taken into Own and req is freed; it reports
+// whether that happened. Other completed requests are reaped into Reaped.
+func (w *Worker) Wait(req unsafe.Pointer, maxSpins uint, own bool) bool {
+	return C.ucpxu_wait(w.h, C.uintptr_t(uintptr(req)), C.uint(maxSpins), cbool(own)) != 0
 }
+
+// Progress progresses once and reaps.
+func (w *Worker) Progress() { C.ucpxu_wait(w.h, 0, 1, 0) }
+
+// Reap moves completed requests into Reaped without progressing.
+func (w *Worker) Reap() { C.ucpxu_reap(w.h) }
+
+// TakeReaped returns the results the last progressing call reaped, once: a later
+// call returns them no more. They stay valid until the next call into C.
+func (w *Worker) TakeReaped() []Result {
+	n := int(w.w.nreaped)
+	if n == 0 {
+		return nil
+	}
+	w.w.nreaped = 0
+	return w.res[:n:n]
+}
+
+// Result must have ucpxu_result_t's layout.
+var _ = [1]struct{}{}[unsafe.Sizeof(Result{})-C.sizeof_ucpxu_result_t]
+
+// Own is the result of the request the last call waited on or posted, once completed.
+func (w *Worker) Own() (st Status, tag uint64, length int) {
+	o := &w.w.own
+	return Status(o.status), uint64(o.tag), int(o.length)
+}
+
+// OwnSend is the send's result of the last TagSendRecv, once completed.
+func (w *Worker) OwnSend() Status { return Status(w.w.own2.status) }
+
+// SendReq is the send's status pointer of the last TagSendRecv.
+func (w *Worker) SendReq() unsafe.Pointer { return w.w.send_req }
 
 // Event is one drained event; see ucpxu_event_t.
 type Event struct {
@@ -293,17 +337,9 @@ type Event struct {
 
 // Drain moves up to EventBatch events into out and returns them.
 func (w *Worker) Drain(out []Event) []Event {
-	return w.copyEvents(out, int(C.ucpxu_drain(w.w, w.events, EventBatch)))
-}
-
-// ProgressDrain is Progress followed by Drain in one cgo call (the latency path).
-func (w *Worker) ProgressDrain(req unsafe.Pointer, maxSpins uint, out []Event) []Event {
-	return w.copyEvents(out, int(C.ucpxu_progress_drain(w.w, req, C.uint(maxSpins), w.events, EventBatch)))
-}
-
-func (w *Worker) copyEvents(out []Event, n int) []Event {
+	n := int(C.ucpxu_drain(w.h))
 	for i := 0; i < n; i++ {
-		e := &w.evSlice[i]
+		e := &w.w.out[i]
 		out = append(out, Event{
 			Type: int(e._type), Status: Status(e.status), Ptr: e.ptr, ID: uint64(e.id),
 			Tag: uint64(e.tag), Length: int(e.length), Header: e.header,
@@ -384,9 +420,10 @@ func (r *ConnRequest) RemoteAddr() ([]byte, int, Status) {
 	return append([]byte(nil), ip[:n]...), int(port), OK
 }
 
-// Close starts closing the endpoint; the result is a status pointer.
+// Close starts closing the endpoint; the result is a status pointer. Its completion
+// goes to the done list.
 func (w *Worker) Close(e *EP, force bool) unsafe.Pointer {
-	return C.ucpxu_ep_close(w.w, e.h, cbool(force))
+	return C.ucpxu_ep_close(w.h, e.u(), cbool(force), 0)
 }
 
 // Listener is a ucp_listener_h.
@@ -427,37 +464,68 @@ func (e *EP) RkeyUnpack(packed []byte) (*Rkey, Status) {
 // Destroy releases the rkey.
 func (r *Rkey) Destroy() { C.ucp_rkey_destroy(r.h) }
 
-func memh(m *MemH) C.ucp_mem_h {
+func memh(m *MemH) C.uintptr_t {
 	if m == nil {
-		return nil
+		return 0
 	}
-	return m.h
+	return C.uintptr_t(uintptr(unsafe.Pointer(m.h)))
 }
 
-// TagSend posts ucp_tag_send_nbx.
-func (w *Worker) TagSend(e *EP, buf unsafe.Pointer, n int, tag uint64, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpxu_tag_send(w.w, e.h, buf, C.size_t(n), C.uint64_t(tag), C.uint32_t(flags), C.int(memType), memh(m))
+func (e *EP) u() C.uintptr_t         { return C.uintptr_t(uintptr(unsafe.Pointer(e.h))) }
+func (r *Rkey) u() C.uintptr_t       { return C.uintptr_t(uintptr(unsafe.Pointer(r.h))) }
+func u(p unsafe.Pointer) C.uintptr_t { return C.uintptr_t(uintptr(p)) }
+
+// The operations take Go buffers as unsafe.Pointer and hand them to C as integers:
+// runtime.KeepAlive keeps them alive for the call (the caller pins what stays pending).
+
+// TagSend posts ucp_tag_send_nbx; with spins it also waits up to spins progress rounds
+// for the send to complete (then the result is OK or an error, never a request).
+func (w *Worker) TagSend(e *EP, buf unsafe.Pointer, n int, tag uint64, flags uint32, memType int, m *MemH, spins uint) unsafe.Pointer {
+	r := C.ucpxu_tag_send(w.h, e.u(), u(buf), C.size_t(n), C.uint64_t(tag), C.uint32_t(flags), C.int(memType), memh(m), C.uint(spins))
+	runtime.KeepAlive(buf)
+	return r
 }
 
-// TagRecv posts ucp_tag_recv_nbx. On immediate completion RecvInfo holds the result.
-func (w *Worker) TagRecv(buf unsafe.Pointer, n int, tag, mask uint64, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpxu_tag_recv(w.w, buf, C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.uint32_t(flags), C.int(memType), memh(m), w.info)
+// TagRecv posts ucp_tag_recv_nbx (with spins, as TagSend). On completion in the call
+// Own holds the result.
+func (w *Worker) TagRecv(buf unsafe.Pointer, n int, tag, mask uint64, flags uint32, memType int, m *MemH, spins uint) unsafe.Pointer {
+	r := C.ucpxu_tag_recv(w.h, u(buf), C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.uint32_t(flags), C.int(memType), memh(m), C.uint(spins))
+	runtime.KeepAlive(buf)
+	return r
 }
 
-// RecvInfo is the sender tag and length of the last immediately completed TagRecv.
-func (w *Worker) RecvInfo() (uint64, int) { return uint64(w.info.sender_tag), int(w.info.length) }
+// TagSendRecv sends sbuf, posts the receive of the reply into rbuf and waits up to
+// spins progress rounds for both. It returns the receive's status pointer (Own once
+// complete); SendReq is the send's (OwnSend once complete).
+func (w *Worker) TagSendRecv(e *EP, sbuf unsafe.Pointer, sn int, stag uint64, rbuf unsafe.Pointer, rn int, rtag, rmask uint64, flags uint32, spins uint) unsafe.Pointer {
+	r := C.ucpxu_tag_send_recv(w.h, e.u(), u(sbuf), C.size_t(sn), C.uint64_t(stag), u(rbuf), C.size_t(rn), C.uint64_t(rtag), C.uint64_t(rmask), C.uint32_t(flags), C.uint(spins))
+	runtime.KeepAlive(sbuf)
+	runtime.KeepAlive(rbuf)
+	return r
+}
 
-// RecvLength is the length of the last immediately completed AmRecvData.
-func (w *Worker) RecvLength() int { return int(*w.length) }
+// RecvInfo is the sender tag and length of the last TagRecv that completed in the call.
+func (w *Worker) RecvInfo() (uint64, int) {
+	_, tag, n := w.Own()
+	return tag, n
+}
+
+// RecvLength is the length of the last AmRecvData that completed in the call.
+func (w *Worker) RecvLength() int { return int(w.w.own.length) }
 
 // AmSend posts ucp_am_send_nbx.
 func (w *Worker) AmSend(e *EP, id uint, header unsafe.Pointer, headerLen int, buf unsafe.Pointer, n int, flags, amFlags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpxu_am_send(w.w, e.h, C.uint(id), header, C.size_t(headerLen), buf, C.size_t(n), C.uint32_t(flags), C.uint32_t(amFlags), C.int(memType), memh(m))
+	r := C.ucpxu_am_send(w.h, e.u(), C.uint(id), u(header), C.size_t(headerLen), u(buf), C.size_t(n), C.uint32_t(flags), C.uint32_t(amFlags), C.int(memType), memh(m))
+	runtime.KeepAlive(header)
+	runtime.KeepAlive(buf)
+	return r
 }
 
 // AmRecvData posts ucp_am_recv_data_nbx for a rendezvous descriptor.
 func (w *Worker) AmRecvData(desc, buf unsafe.Pointer, n int, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpxu_am_recv_data(w.w, desc, buf, C.size_t(n), C.uint32_t(flags), C.int(memType), memh(m), w.length)
+	r := C.ucpxu_am_recv_data(w.h, u(desc), u(buf), C.size_t(n), C.uint32_t(flags), C.int(memType), memh(m))
+	runtime.KeepAlive(buf)
+	return r
 }
 
 // AmDataRelease releases a kept AM data descriptor.
@@ -474,27 +542,36 @@ func (w *Worker) SetAmHandler(id uint, arg *CallbackArg, enable bool) Status {
 
 // Put posts ucp_put_nbx.
 func (w *Worker) Put(e *EP, buf unsafe.Pointer, n int, raddr uint64, r *Rkey, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpxu_put(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
+	p := C.ucpxu_put(w.h, e.u(), u(buf), C.size_t(n), C.uint64_t(raddr), r.u(), C.uint32_t(flags), C.int(memType), memh(m))
+	runtime.KeepAlive(buf)
+	return p
 }
 
 // Get posts ucp_get_nbx.
 func (w *Worker) Get(e *EP, buf unsafe.Pointer, n int, raddr uint64, r *Rkey, flags uint32, memType int, m *MemH) unsafe.Pointer {
-	return C.ucpxu_get(w.w, e.h, buf, C.size_t(n), C.uint64_t(raddr), r.h, C.uint32_t(flags), C.int(memType), memh(m))
+	p := C.ucpxu_get(w.h, e.u(), u(buf), C.size_t(n), C.uint64_t(raddr), r.u(), C.uint32_t(flags), C.int(memType), memh(m))
+	runtime.KeepAlive(buf)
+	return p
 }
 
-// Atomic posts ucp_atomic_op_nbx on one element of size 4 or 8 bytes.
+// Atomic posts ucp_atomic_op_nbx on one element of size 4 or 8 bytes; operand and
+// reply are C memory.
 func (w *Worker) Atomic(e *EP, op int, operand unsafe.Pointer, size int, reply unsafe.Pointer, raddr uint64, r *Rkey, flags uint32) unsafe.Pointer {
-	return C.ucpxu_atomic(w.w, e.h, C.int(op), operand, C.size_t(size), reply, C.uint64_t(raddr), r.h, C.uint32_t(flags))
+	return C.ucpxu_atomic(w.h, e.u(), C.int(op), u(operand), C.size_t(size), u(reply), C.uint64_t(raddr), r.u(), C.uint32_t(flags))
 }
 
 // FlushEP posts ucp_ep_flush_nbx.
-func (w *Worker) FlushEP(e *EP) unsafe.Pointer { return C.ucpxu_ep_flush(w.w, e.h) }
+func (w *Worker) FlushEP(e *EP, flags uint32) unsafe.Pointer {
+	return C.ucpxu_ep_flush(w.h, e.u(), C.uint32_t(flags))
+}
 
 // Flush posts ucp_worker_flush_nbx.
-func (w *Worker) Flush() unsafe.Pointer { return C.ucpxu_worker_flush(w.w) }
+func (w *Worker) Flush(flags uint32) unsafe.Pointer {
+	return C.ucpxu_worker_flush(w.h, C.uint32_t(flags))
+}
 
 // Cancel cancels a pending request.
-func (w *Worker) Cancel(req unsafe.Pointer) { C.ucp_request_cancel(w.w.worker, req) }
+func (w *Worker) Cancel(req unsafe.Pointer) { C.ucpxu_cancel(w.h, u(req)) }
 
 // PtrStatus decodes a ucs_status_ptr_t: (nil, OK) done, (nil, err) failed, (req, InProgress) pending.
 func PtrStatus(p unsafe.Pointer) (unsafe.Pointer, Status) {

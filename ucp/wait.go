@@ -1,0 +1,307 @@
+package ucp
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// The wait policy of Request.Wait and the blocking calls:
+//
+//  1. spin: progress the worker (64 rounds per cgo call) without yielding, for
+//     WorkerParams.SpinTime (DefaultSpinTime);
+//  2. then, on a worker with wakeup, arm the event fd (ucp_worker_arm) and park until
+//     it fires, the request completes on another goroutine, ctx ends or the worker
+//     closes: no timed slices, no sleeps. The first goroutine to park sleeps in Go's
+//     netpoller on the event fd; others park on a channel it closes when it wakes. No
+//     OS thread blocks;
+//  3. without wakeup, keep polling, yielding the processor between rounds.
+//
+// After a wakeup a waiter spins again: an event usually comes with more.
+
+// DefaultSpinTime is how long a wait busy-polls before parking (WorkerParams.SpinTime).
+const DefaultSpinTime = 100 * time.Microsecond
+
+// spinRounds is the number of progress calls of one cgo call while spinning.
+const spinRounds = 64
+
+// parkTries bounds the arm attempts of one park: each busy arm progresses once more.
+const parkTries = 4
+
+// waitRequest drives progress until r completes or ctx ends.
+func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
+	done := ctx.Done()
+	var start time.Time
+	for i := 0; ; i++ {
+		w.mu.Lock()
+		if !r.done.Load() {
+			if w.closed.Load() {
+				w.mu.Unlock()
+				return r.errOr(opErr(r.op, ErrClosed, "worker closed"))
+			}
+			w.progressLocked(r, spinRounds)
+		}
+		cbs := w.takeDeferredLocked()
+		w.mu.Unlock()
+		if cbs != nil {
+			runDeferred(cbs)
+		}
+		if r.done.Load() {
+			return r.err
+		}
+		if done != nil {
+			select {
+			case <-done:
+				return ctx.Err()
+			default:
+			}
+		}
+		switch {
+		case i == 0:
+			start = time.Now()
+		case time.Since(start) < w.spinTime:
+		case w.efd < 0:
+			runtime.Gosched() // nothing to sleep on: keep polling
+		default:
+			if finished, err := w.parkOn(ctx, r); finished {
+				return err
+			}
+			start = time.Now()
+		}
+	}
+}
+
+// parkOn arms the worker and sleeps until something may have completed r. It reports
+// whether the wait is over (r done, ctx ended, worker closed) and with what.
+func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
+	w.mu.Lock()
+	for try := 0; ; try++ {
+		if r.done.Load() || w.closed.Load() {
+			cbs := w.takeDeferredLocked()
+			w.mu.Unlock()
+			runDeferred(cbs)
+			return true, r.errOr(opErr(r.op, ErrClosed, "worker closed"))
+		}
+		if w.raw.Arm() == ucx.OK {
+			break
+		}
+		// Busy: events are pending.
+		w.progressLocked(r, 1)
+		if try == parkTries-1 {
+			cbs := w.takeDeferredLocked()
+			w.mu.Unlock()
+			runDeferred(cbs)
+			return r.done.Load(), r.errOr(nil)
+		}
+	}
+	r.parked.Add(1)
+	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Time{})
+	r.parked.Add(-1)
+	if r.done.Load() {
+		return true, r.err
+	}
+	if err := ctx.Err(); err != nil {
+		return true, err
+	}
+	return false, nil
+}
+
+// sleepUnlock parks the calling goroutine on the armed worker: caller holds w.mu, which
+// is released (then cbs run). It returns when the event fd fires, a request a parked
+// goroutine waits on completes (wakeParkedLocked), ctx ends, deadline passes (zero:
+// none) or the worker closes.
+func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Time) {
+	ch, lead := w.park.enter(w.efd)
+	w.mu.Unlock()
+	runDeferred(cbs)
+	if lead {
+		w.park.poll(ctx, deadline)
+		w.park.resign()
+		return
+	}
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	case <-timeout:
+	}
+}
+
+// wakeParkedLocked wakes every parked goroutine: followers through their channel, the
+// one in the netpoller through the event fd (ucp_worker_signal). Caller holds w.mu.
+func (w *Worker) wakeParkedLocked() {
+	if w.park.wake() && !w.closed.Load() {
+		_ = w.raw.Signal()
+	}
+}
+
+// parker is where the waiters of a worker with wakeup sleep. One of them, the leader,
+// waits in Go's netpoller for the worker's event fd (a duplicate of it, non-blocking,
+// behind an os.File); the others wait for the leader, or for whoever completes their
+// request, to close gen. A leader leaving (event, ctx, deadline) closes gen too, so a
+// follower takes over.
+type parker struct {
+	mu      sync.Mutex
+	gen     chan struct{} // closed to wake the followers parked now
+	leading bool
+	opened  bool
+	file    *os.File        // set once, when the first goroutine parks
+	rc      syscall.RawConn // file's
+	closed  bool
+}
+
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// aLongTimeAgo is a read deadline in the past: it wakes the netpoller's waiter.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// enter registers a goroutine about to park: it leads (waits on the event fd) if
+// nobody does, else it gets the channel to wait on. A closed parker, or one whose fd
+// cannot go into the netpoller, returns a closed channel: the caller polls on.
+func (pk *parker) enter(efd int) (<-chan struct{}, bool) {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	if pk.closed {
+		return closedChan, false
+	}
+	if !pk.opened {
+		pk.opened = true
+		pk.file, pk.rc = openEventFile(efd)
+	}
+	if pk.file == nil {
+		return closedChan, false
+	}
+	if !pk.leading {
+		pk.leading = true
+		return nil, true
+	}
+	if pk.gen == nil {
+		pk.gen = make(chan struct{})
+	}
+	return pk.gen, false
+}
+
+// poll is the leader's sleep: in the netpoller until the event fd is readable, ctx
+// ends, deadline passes or the file closes.
+func (pk *parker) poll(ctx context.Context, deadline time.Time) {
+	pk.mu.Lock()
+	f, rc := pk.file, pk.rc
+	pk.mu.Unlock()
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	if f.SetReadDeadline(deadline) != nil {
+		return // closed
+	}
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(aLongTimeAgo) })
+	}
+	first := true
+	_ = rc.Read(func(fd uintptr) bool {
+		if first {
+			// Readiness that came before the netpoller was asked counts too (it
+			// reports edges only); the check does not consume it.
+			first = false
+			return readable(fd)
+		}
+		return true
+	})
+	if stop != nil {
+		stop()
+	}
+}
+
+// resign ends the leader's turn and wakes the followers: one of them leads next.
+func (pk *parker) resign() {
+	pk.mu.Lock()
+	pk.leading = false
+	pk.wakeFollowersLocked()
+	pk.mu.Unlock()
+}
+
+func (pk *parker) wakeFollowersLocked() {
+	if pk.gen != nil {
+		close(pk.gen)
+		pk.gen = nil
+	}
+}
+
+// wake wakes the followers and reports whether a leader sleeps on the event fd (the
+// caller signals the worker to wake it).
+func (pk *parker) wake() bool {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	pk.wakeFollowersLocked()
+	return pk.leading
+}
+
+// shutdown wakes everyone for good (worker closing; caller holds w.mu).
+func (pk *parker) shutdown() {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	pk.closed = true
+	pk.wakeFollowersLocked()
+	if pk.file != nil {
+		_ = pk.file.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// close releases the event fd's duplicate, after shutdown (waking a leader still in
+// the netpoller). Caller does not hold w.mu.
+func (pk *parker) close() {
+	pk.mu.Lock()
+	f := pk.file
+	pk.mu.Unlock()
+	if f != nil {
+		_ = f.Close()
+	}
+}
+
+// openEventFile puts a duplicate of the worker's event fd (an epoll fd: readable when
+// one of UCX's descriptors is) into Go's netpoller. The duplicate shares the open file,
+// so the fd becomes non-blocking for UCX too, which changes nothing for an epoll fd.
+// nil when that fails: waiters then poll.
+func openEventFile(efd int) (*os.File, syscall.RawConn) {
+	fd, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = unix.Close(fd)
+		return nil, nil
+	}
+	f := os.NewFile(uintptr(fd), "ucp-worker-efd")
+	rc, err := f.SyscallConn()
+	if err == nil {
+		err = f.SetReadDeadline(time.Time{}) // fails if the fd is not in the netpoller
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, nil
+	}
+	return f, rc
+}
+
+// readable polls fd without waiting.
+func readable(fd uintptr) bool {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds[:], 0)
+	return err == nil && n > 0
+}
