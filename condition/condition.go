@@ -105,6 +105,7 @@ type GraphBuilder interface {
 // operations have completed. Streams wait on the completion word for stream-ordered
 // completion.
 type Condition struct {
+	id       uint64 // its track in traces
 	category Category
 	backend  streamcore.Backend
 	stream   streamcore.Stream
@@ -136,6 +137,9 @@ type Condition struct {
 	firstErr error
 }
 
+// nextID numbers conditions (their trace tracks).
+var nextID atomic.Uint64
+
 // Create makes a condition.
 func Create(p Param) (*Condition, error) {
 	switch p.Category {
@@ -165,6 +169,7 @@ func Create(p Param) (*Condition, error) {
 		return nil, fmt.Errorf("condition words: %w", err)
 	}
 	c := &Condition{
+		id:       nextID.Add(1),
 		category: p.Category,
 		backend:  p.Backend,
 		stream:   p.Stream,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // The engine (the proxy) executes conditioned operations: one per communication
@@ -81,7 +82,14 @@ type Engine struct {
 	last   roundState
 	scan   []*channel
 	waitOn Issued // the oldest operation in flight then
+
+	// trace, when set, receives every operation's timeline (SetTrace).
+	trace atomic.Pointer[trace.Recorder]
 }
+
+// SetTrace makes the engine record the timeline of every operation it retires from
+// now on into r (nil stops).
+func (e *Engine) SetTrace(r *trace.Recorder) { e.trace.Store(r) }
 
 // closedIncoming marks Engine.incoming of an engine that closed.
 var closedIncoming = &part{}
@@ -294,6 +302,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		return false, true
 	}
 	defer func() { e.last.changed = progressed }()
+	tr := e.trace.Load()
 	e.last.completions = e.transport.Completions()
 	inflight := false
 	var bell *streamcore.WordBlock // rung once this round's completions are stored
@@ -327,6 +336,9 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 			if int64(trigger-p.seq) < 0 {
 				break // later operations wait for a later trigger
 			}
+			if p.tl != nil && tr != nil {
+				p.tl.Trigger = tr.Now()
+			}
 			if p.canceled {
 				p.err = errCanceledBeforeTrigger(p.op.what)
 			} else {
@@ -334,6 +346,9 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 					p.issuedAt = time.Now()
 				}
 				p.inner, p.err = p.op.operation.Issue(p.plan)
+			}
+			if p.tl != nil && tr != nil {
+				p.tl.Issue = tr.Now()
 			}
 			p.issued = true
 			progressed = true
@@ -347,6 +362,12 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 			ch.ops = ch.ops[1:]
 			if p.ring && time.Since(p.issuedAt) >= p.op.plan.RingAfter {
 				bell = cond.done.Block()
+				if tr != nil {
+					tr.Mark(cond.id, "ring")
+				}
+			}
+			if p.tl != nil && tr != nil {
+				p.tl.Done = tr.Now()
 			}
 			e.retired = append(e.retired, p)
 		}
@@ -367,6 +388,11 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		// Outside e.mu: retiring takes the condition's error lock and runs callbacks.
 		for i, p := range e.retired {
 			p.retire(nil)
+			if p.tl != nil && tr != nil {
+				p.tl.Store = tr.Now()
+				p.tl.Failed = p.err != nil || (p.inner != nil && p.inner.Err() != nil)
+				tr.Record(*p.tl)
+			}
 			e.retired[i] = nil
 		}
 		e.retired = e.retired[:0]
@@ -432,6 +458,16 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 		}
 		ch.running = 0
 		cond.fire(err)
+		if tr := e.trace.Load(); tr != nil {
+			now := tr.Now()
+			for _, p := range ch.ops {
+				if p.tl != nil {
+					p.tl.Done, p.tl.Store, p.tl.Failed = now, now, err != nil
+					tr.Record(*p.tl)
+					p.tl = nil
+				}
+			}
+		}
 		return true
 	}
 	if cond.destroyed.Load() {
@@ -443,9 +479,18 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 		return false
 	}
 	cond.trigger.Store(0)
+	tr := e.trace.Load()
 	for _, p := range ch.ops {
+		if tr != nil {
+			now := tr.Now()
+			p.tl = p.op.timeline(tr, now)
+			p.tl.Seq, p.tl.Trigger = p.seq, now
+		}
 		p.inner, p.err = p.op.operation.Issue(p.plan)
 		p.issued, p.running = true, true
+		if p.tl != nil {
+			p.tl.Issue = tr.Now()
+		}
 	}
 	ch.running = len(ch.ops)
 	return true
@@ -470,6 +515,7 @@ func (e *Engine) Close() error {
 		e.removeLocked(ch)
 	}
 	e.mu.Unlock()
+	defer func() { _ = e.trace.Load().Flush() }()
 	for _, p := range left {
 		switch {
 		case p.op.cond.category == Graph:

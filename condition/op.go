@@ -11,6 +11,7 @@ import (
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // Submission describes one operation handed to an engine.
@@ -63,7 +64,22 @@ type part struct {
 	// again late unless rung; issuedAt tells whether it completed late enough for that.
 	ring     bool
 	issuedAt time.Time
-	nextIn   *part // the next older part while it waits in Engine.incoming
+	nextIn   *part     // the next older part while it waits in Engine.incoming
+	tl       *trace.Op // its timeline while the engine traces
+}
+
+// timeline starts the trace of one of o's parts, enqueued at now.
+func (o *Op) timeline(tr *trace.Recorder, now int64) *trace.Op {
+	c := o.cond
+	tr.Name(c.id, fmt.Sprintf("condition %d (%s)", c.id, c.category))
+	plan := "as is"
+	switch {
+	case len(o.plan.Parts) > 1:
+		plan = "staged in parts"
+	case o.plan.Staged():
+		plan = "staged"
+	}
+	return &trace.Op{Track: c.id, What: o.what, Bytes: len(o.plan.Parts[0].Buf) * len(o.plan.Parts), Plan: plan, Enqueue: now}
 }
 
 // Submit arms c for op: it plans how the operation's buffer travels (staging device
@@ -107,10 +123,16 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	}
 	p := &o.single
 	*p = part{op: o, plan: &o.plan.Parts[0], ring: o.plan.Ring}
+	if tr := e.trace.Load(); tr != nil && c.category != Graph {
+		p.tl = o.timeline(tr, tr.Now())
+	}
 	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
 	var addErr error
 	_, err = c.arm(streamOrdered, work, func(seq uint64) {
 		p.seq, o.seq = seq, seq
+		if p.tl != nil {
+			p.tl.Seq = seq
+		}
 		addErr = e.add(p)
 	})
 	if addErr == nil && err == nil {

@@ -3,6 +3,7 @@ package ucp
 import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // NonBlockingEnqueue, on an operation with a Stream condition, enqueues only the trigger:
@@ -63,6 +64,7 @@ func (w *Worker) engine() (*condition.Engine, error) {
 		if err != nil {
 			return nil, err
 		}
+		e.SetTrace(trace.FromEnv()) // UCPX_TRACE
 		w.eng = e
 		w.engReady.Store(e)
 	}
@@ -122,4 +124,17 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 		return nil, opErr(op, err, "condition")
 	}
 	return r, nil
+}
+
+// Trace makes the worker's engine record the timeline of every conditioned operation
+// into r from now on (nil stops): enqueue, the trigger the engine saw, the UCX issue,
+// the completion and the completion store, as trace.Recorder writes them (Chrome trace
+// JSON). UCPX_TRACE=file traces every worker of the process into file instead.
+func (w *Worker) Trace(r *trace.Recorder) error {
+	e, err := w.engine()
+	if err != nil {
+		return opErr("trace", err, "")
+	}
+	e.SetTrace(r)
+	return nil
 }

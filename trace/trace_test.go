@@ -1,0 +1,63 @@
+package trace
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// UCPX_TRACE names the file the process's recorder writes when flushed.
+func TestFromEnvWritesTheNamedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.json")
+	t.Setenv(EnvFile, path)
+	r := FromEnv()
+	require.NotNil(t, r)
+	require.Same(t, r, FromEnv())
+	r.Name(7, "condition 7 (stream)")
+	r.Record(Op{Track: 7, What: "put_nbx", Seq: 1, Bytes: 8, Plan: "as is", Enqueue: 1000, Trigger: 2000, Issue: 2500, Done: 4000, Store: 4100})
+	r.Mark(7, "ring")
+	require.NoError(t, r.Flush())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var f File
+	require.NoError(t, json.Unmarshal(b, &f))
+	require.Len(t, f.TraceEvents, 1+4+1) // the name, four phases, the ring
+	require.Equal(t, "thread_name", f.TraceEvents[0].Name)
+	spans := f.TraceEvents[1:5]
+	want := []struct {
+		name    string
+		ts, dur float64
+	}{{PhaseWaitTrigger, 1, 1}, {PhaseIssue, 2, 0.5}, {PhaseInFlight, 2.5, 1.5}, {PhaseStore, 4, 0.1}}
+	for i, w := range want {
+		require.Equal(t, w.name, spans[i].Name)
+		require.InDelta(t, w.ts, spans[i].Ts, 1e-9)
+		require.InDelta(t, w.dur, spans[i].Dur, 1e-9)
+		require.Equal(t, uint64(7), spans[i].Tid)
+	}
+	require.Equal(t, "i", f.TraceEvents[5].Ph)
+	// A recorder not made by FromEnv has no file: Flush does nothing.
+	require.NoError(t, NewRecorder().Flush())
+	var nilRec *Recorder
+	require.NoError(t, nilRec.Flush())
+}
+
+func TestSummarize(t *testing.T) {
+	r := NewRecorder()
+	for i := range 100 {
+		base := int64(i) * 10000
+		r.Record(Op{Track: 1, What: "tag_send_nbx", Seq: uint64(i + 1), Enqueue: base, Trigger: base + 1000, Issue: base + 1500, Done: base + 1500 + int64(i)*100, Store: base + 1500 + int64(i)*100 + 50})
+	}
+	f := File{TraceEvents: r.Events()}
+	s := Summarize(f)
+	require.Equal(t, 100, s.Ops)
+	require.Len(t, s.Phases, 4)
+	inFlight := s.Phases[2]
+	require.Equal(t, PhaseInFlight, inFlight.Phase)
+	require.InDelta(t, 5.0, inFlight.P50, 1e-9) // 50 * 100 ns
+	require.InDelta(t, 9.9, inFlight.Max, 1e-9)
+	require.InDelta(t, 1.0, s.Phases[0].P99, 1e-9)
+	require.Contains(t, s.String(), "in flight")
+}

@@ -1,0 +1,96 @@
+package ucp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/trace"
+)
+
+// A conditioned exchange traced: the JSON is valid Chrome trace event JSON (a
+// traceEvents array whose events carry name, ph, ts, pid, tid), every operation has
+// its four phases on its condition's track, and per operation enqueue <= trigger seen
+// <= issue <= completion seen <= store.
+func TestTraceOfConditionedExchange(t *testing.T) {
+	p := newShmPair(t)
+	b := hostBackend(t)
+	s, c := streamCondition(t, b)
+	rec := trace.NewRecorder()
+	require.NoError(t, p.a.Trace(rec))
+	stop := background(p.b)
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const rounds = 20
+	for i := range rounds {
+		r, err := p.b.TagRecvNbx(make([]byte, 64), uint64(i), ^uint64(0), nil)
+		require.NoError(t, err)
+		sr, err := p.epA.TagSendNbx(make([]byte, 64), uint64(i), &RequestParam{Condition: c})
+		require.NoError(t, err)
+		require.NoError(t, sr.Wait(ctx))
+		require.NoError(t, r.Wait(ctx))
+	}
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, p.a.Trace(nil))
+	require.Len(t, rec.Ops(), rounds)
+
+	var buf bytes.Buffer
+	require.NoError(t, rec.WriteJSON(&buf))
+	var doc struct {
+		TraceEvents []map[string]any `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &doc))
+	require.NotEmpty(t, doc.TraceEvents)
+	type phases map[string][2]float64 // name -> ts, ts+dur
+	ops := map[float64]phases{}       // by seq
+	named := false
+	for _, ev := range doc.TraceEvents {
+		for _, k := range []string{"name", "ph", "pid", "tid"} {
+			require.Contains(t, ev, k, "event %v", ev)
+		}
+		if ev["ph"] == "M" {
+			named = named || ev["name"] == "thread_name"
+			continue
+		}
+		require.Contains(t, ev, "ts")
+		require.Equal(t, "X", ev["ph"])
+		args := ev["args"].(map[string]any)
+		require.Equal(t, "tag_send_nbx", args["op"])
+		require.Equal(t, float64(64), args["bytes"])
+		require.Equal(t, "as is", args["protocol"])
+		seq := args["seq"].(float64)
+		if ops[seq] == nil {
+			ops[seq] = phases{}
+		}
+		ts, dur := ev["ts"].(float64), 0.0
+		if d, ok := ev["dur"].(float64); ok {
+			dur = d
+		}
+		ops[seq][ev["name"].(string)] = [2]float64{ts, ts + dur}
+	}
+	require.True(t, named, "the condition's track is named")
+	require.Len(t, ops, rounds)
+	for seq, ph := range ops {
+		order := []string{trace.PhaseWaitTrigger, trace.PhaseIssue, trace.PhaseInFlight, trace.PhaseStore}
+		for i, name := range order {
+			span, ok := ph[name]
+			require.True(t, ok, "operation %v has no %q span", seq, name)
+			require.LessOrEqual(t, span[0], span[1], "operation %v %s", seq, name)
+			if i > 0 {
+				// enqueue <= trigger <= issue <= complete <= store: each phase starts
+				// where the previous one ended.
+				require.InDelta(t, ph[order[i-1]][1], span[0], 0.002, "operation %v: %s follows %s", seq, name, order[i-1])
+			}
+		}
+	}
+	// Timelines themselves, in nanoseconds.
+	for _, op := range rec.Ops() {
+		require.True(t, op.Enqueue <= op.Trigger && op.Trigger <= op.Issue && op.Issue <= op.Done && op.Done <= op.Store, "%+v", op)
+		require.False(t, op.Failed)
+	}
+}
