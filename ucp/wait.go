@@ -116,15 +116,18 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 // sleepUnlock parks the calling goroutine on the armed worker: caller holds w.mu, which
 // is released (then cbs run). It returns when the event fd fires, a request a parked
 // goroutine waits on completes (wakeParkedLocked), ctx ends, deadline passes (zero:
-// none) or the worker closes.
+// none) or the worker closes. In steady state it allocates nothing (without deadline).
 func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Time) {
-	ch, lead := w.park.enter(w.efd)
+	f, lead := w.park.enter(w.efd)
 	w.mu.Unlock()
 	runDeferred(cbs)
 	if lead {
 		w.park.poll(ctx, deadline)
 		w.park.resign()
 		return
+	}
+	if f == nil {
+		return // closed, or the fd is not in the netpoller: the caller polls on
 	}
 	var timeout <-chan time.Time
 	if !deadline.IsZero() {
@@ -133,10 +136,11 @@ func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Ti
 		timeout = t.C
 	}
 	select {
-	case <-ch:
+	case <-f.ch:
 	case <-ctx.Done():
 	case <-timeout:
 	}
+	w.park.leave(f)
 }
 
 // wakeParkedLocked wakes every parked goroutine: followers through their channel, the
@@ -149,82 +153,146 @@ func (w *Worker) wakeParkedLocked() {
 
 // parker is where the waiters of a worker with wakeup sleep. One of them, the leader,
 // waits in Go's netpoller for the worker's event fd (a duplicate of it, non-blocking,
-// behind an os.File); the others wait for the leader, or for whoever completes their
-// request, to close gen. A leader leaving (event, ctx, deadline) closes gen too, so a
-// follower takes over.
+// behind an os.File); the others, followers, wait on a channel of their own until the
+// leader wakes, or whoever completes their request wakes them. A leader leaving (event,
+// ctx, deadline) wakes the followers too, so one of them takes over. A watcher
+// goroutine ends the leader's sleep when its ctx ends. Followers' channels are reused:
+// parking allocates nothing in steady state.
 type parker struct {
-	mu      sync.Mutex
-	gen     chan struct{} // closed to wake the followers parked now
-	leading bool
-	opened  bool
-	file    *os.File        // set once, when the first goroutine parks
-	rc      syscall.RawConn // file's
-	closed  bool
+	mu        sync.Mutex
+	followers []*follower // parked now
+	free      []*follower
+	leading   bool
+	opened    bool
+	closed    bool
+	// Set once, when the first goroutine parks.
+	file   *os.File        // the event fd's duplicate
+	rc     syscall.RawConn // file's
+	readFn func(uintptr) bool
+	first  bool // readFn's state, the leader's only
+	// The watcher: the leader hands it its ctx's Done channel before sleeping and
+	// says when it woke (both unbuffered, one unwatch per watch).
+	watch   chan (<-chan struct{})
+	unwatch chan struct{}
+	quit    chan struct{}
 }
 
-var closedChan = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
+// follower is one parked goroutine that is not the leader.
+type follower struct{ ch chan struct{} } // buffered: one wake-up
 
 // aLongTimeAgo is a read deadline in the past: it wakes the netpoller's waiter.
 var aLongTimeAgo = time.Unix(1, 0)
 
 // enter registers a goroutine about to park: it leads (waits on the event fd) if
-// nobody does, else it gets the channel to wait on. A closed parker, or one whose fd
-// cannot go into the netpoller, returns a closed channel: the caller polls on.
-func (pk *parker) enter(efd int) (<-chan struct{}, bool) {
+// nobody does, else it gets its follower slot. A closed parker, or one whose fd cannot
+// go into the netpoller, returns neither: the caller polls on.
+func (pk *parker) enter(efd int) (*follower, bool) {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
 	if pk.closed {
-		return closedChan, false
+		return nil, false
 	}
 	if !pk.opened {
 		pk.opened = true
 		pk.file, pk.rc = openEventFile(efd)
+		if pk.file != nil {
+			pk.readFn = pk.readReady
+			pk.watch, pk.unwatch, pk.quit = make(chan (<-chan struct{})), make(chan struct{}), make(chan struct{})
+			go pk.watchLoop(pk.file)
+		}
 	}
 	if pk.file == nil {
-		return closedChan, false
+		return nil, false
 	}
 	if !pk.leading {
 		pk.leading = true
 		return nil, true
 	}
-	if pk.gen == nil {
-		pk.gen = make(chan struct{})
+	var f *follower
+	if n := len(pk.free); n > 0 {
+		f = pk.free[n-1]
+		pk.free = pk.free[:n-1]
+		select {
+		case <-f.ch: // a wake-up that came after it left last time
+		default:
+		}
+	} else {
+		f = &follower{ch: make(chan struct{}, 1)}
 	}
-	return pk.gen, false
+	pk.followers = append(pk.followers, f)
+	return f, false
+}
+
+// leave returns a follower's slot once it woke.
+func (pk *parker) leave(f *follower) {
+	pk.mu.Lock()
+	for i, g := range pk.followers { // still registered if it woke for ctx or deadline
+		if g == f {
+			last := len(pk.followers) - 1
+			pk.followers[i] = pk.followers[last]
+			pk.followers[last] = nil
+			pk.followers = pk.followers[:last]
+			break
+		}
+	}
+	pk.free = append(pk.free, f)
+	pk.mu.Unlock()
 }
 
 // poll is the leader's sleep: in the netpoller until the event fd is readable, ctx
 // ends, deadline passes or the file closes.
 func (pk *parker) poll(ctx context.Context, deadline time.Time) {
 	pk.mu.Lock()
-	f, rc := pk.file, pk.rc
+	file, rc, readFn := pk.file, pk.rc, pk.readFn
 	pk.mu.Unlock()
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
-	if f.SetReadDeadline(deadline) != nil {
+	if file.SetReadDeadline(deadline) != nil {
 		return // closed
 	}
-	var stop func() bool
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(aLongTimeAgo) })
-	}
-	first := true
-	_ = rc.Read(func(fd uintptr) bool {
-		if first {
-			// Readiness that came before the netpoller was asked counts too (it
-			// reports edges only); the check does not consume it.
-			first = false
-			return readable(fd)
+	watched := false
+	if done := ctx.Done(); done != nil {
+		select {
+		case pk.watch <- done:
+			watched = true
+		case <-pk.quit: // closing
+			return
 		}
-		return true
-	})
-	if stop != nil {
-		stop()
+	}
+	pk.first = true
+	_ = rc.Read(readFn)
+	if watched {
+		pk.unwatch <- struct{}{}
+	}
+}
+
+// readReady is the leader's RawConn.Read callback. The first call checks the fd
+// without consuming anything: readiness that came before the netpoller was asked
+// counts too (it reports edges only). A later call follows a wake-up: done.
+func (pk *parker) readReady(fd uintptr) bool {
+	if pk.first {
+		pk.first = false
+		return readable(fd)
+	}
+	return true
+}
+
+// watchLoop ends the leader's sleep when the ctx it handed over ends.
+func (pk *parker) watchLoop(file *os.File) {
+	for {
+		var done <-chan struct{}
+		select {
+		case done = <-pk.watch:
+		case <-pk.quit:
+			return
+		}
+		select {
+		case <-done:
+			_ = file.SetReadDeadline(aLongTimeAgo)
+			<-pk.unwatch
+		case <-pk.unwatch:
+		}
 	}
 }
 
@@ -237,10 +305,14 @@ func (pk *parker) resign() {
 }
 
 func (pk *parker) wakeFollowersLocked() {
-	if pk.gen != nil {
-		close(pk.gen)
-		pk.gen = nil
+	for i, f := range pk.followers {
+		select {
+		case f.ch <- struct{}{}:
+		default:
+		}
+		pk.followers[i] = nil
 	}
+	pk.followers = pk.followers[:0]
 }
 
 // wake wakes the followers and reports whether a leader sleeps on the event fd (the
@@ -263,14 +335,15 @@ func (pk *parker) shutdown() {
 	}
 }
 
-// close releases the event fd's duplicate, after shutdown (waking a leader still in
-// the netpoller). Caller does not hold w.mu.
+// close stops the watcher and releases the event fd's duplicate, after shutdown
+// (waking a leader still in the netpoller). Caller does not hold w.mu.
 func (pk *parker) close() {
 	pk.mu.Lock()
-	f := pk.file
+	file := pk.file
 	pk.mu.Unlock()
-	if f != nil {
-		_ = f.Close()
+	if file != nil {
+		close(pk.quit)
+		_ = file.Close()
 	}
 }
 

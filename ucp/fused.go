@@ -1,0 +1,181 @@
+package ucp
+
+import (
+	"context"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// The blocking calls fuse an operation with its wait: one cgo call posts the operation
+// and spins on it (a ping-pong's round trip usually completes inside it); only an
+// operation still pending afterwards gets a Request, one of the worker's own, reused,
+// which then waits as Request.Wait does. In steady state they allocate nothing.
+// Buffers are host memory; they may be reused once the call returns with a nil error.
+
+// fusedSpins is the number of progress rounds the cgo call of a blocking call spins.
+const fusedSpins = spinRounds
+
+// TagSend sends buf with tag (ucp_tag_send_nbx) and waits until buf may be reused.
+// When ctx ends first it returns ctx's error; the send may still be in flight then, so
+// buf must stay untouched until the endpoint is flushed or closed.
+func (ep *Endpoint) TagSend(ctx context.Context, buf []byte, tag uint64) error {
+	const op = "tag_send"
+	if ctx == nil {
+		return opErr(op, ErrInvalidParam, "nil context")
+	}
+	w := ep.w
+	w.mu.Lock()
+	if err := ep.usableLocked(op); err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	ptr := w.raw.TagSend(ep.raw, bufPtr(buf), len(buf), tag, 0, int(MemoryHost), nil, fusedSpins)
+	req, st := ucx.PtrStatus(ptr)
+	var r *Request
+	if st == ucx.InProgress {
+		r = w.trackPooledLocked(op, req, bufPtr(buf))
+	}
+	w.afterCallUnlock()
+	switch st {
+	case ucx.OK:
+		return nil
+	case ucx.InProgress:
+		_, _, err := w.finishPooled(ctx, r)
+		return err
+	}
+	return opErr(op, Status(st), "len %d tag %#x", len(buf), tag)
+}
+
+// TagRecv receives a message whose tag matches tag under mask into buf
+// (ucp_tag_recv_nbx) and waits for it. It returns the received length and the
+// sender's tag; a longer message fails with ErrMessageTruncated. When ctx ends first it
+// cancels the receive and returns ctx's error.
+func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n int, senderTag uint64, err error) {
+	const op = "tag_recv"
+	if ctx == nil {
+		return 0, 0, opErr(op, ErrInvalidParam, "nil context")
+	}
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return 0, 0, opErr(op, ErrClosed, "")
+	}
+	ptr := w.raw.TagRecv(bufPtr(buf), len(buf), tag, mask, 0, int(MemoryHost), nil, fusedSpins)
+	req, st := ucx.PtrStatus(ptr)
+	var r *Request
+	if st == ucx.InProgress {
+		r = w.trackPooledLocked(op, req, bufPtr(buf))
+	} else {
+		senderTag, n = w.raw.RecvInfo()
+	}
+	w.afterCallUnlock()
+	switch st {
+	case ucx.OK:
+		return n, senderTag, nil
+	case ucx.InProgress:
+		return w.finishPooled(ctx, r)
+	}
+	return 0, 0, opErr(op, Status(st), "len %d tag %#x mask %#x", len(buf), tag, mask)
+}
+
+// TagSendRecv sends sbuf with stag, then receives the reply, a message whose tag
+// matches rtag under rmask, into rbuf, and waits for both: a ping-pong's round trip in
+// one call (usually one cgo call). It returns what TagRecv returns. When ctx ends first
+// it cancels the receive and returns ctx's error.
+func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, rbuf []byte, rtag, rmask uint64) (n int, senderTag uint64, err error) {
+	const op = "tag_send_recv"
+	if ctx == nil {
+		return 0, 0, opErr(op, ErrInvalidParam, "nil context")
+	}
+	w := ep.w
+	w.mu.Lock()
+	if err := ep.usableLocked(op); err != nil {
+		w.mu.Unlock()
+		return 0, 0, err
+	}
+	rptr := w.raw.TagSendRecv(ep.raw, bufPtr(sbuf), len(sbuf), stag, bufPtr(rbuf), len(rbuf), rtag, rmask, 0, fusedSpins)
+	sreq, sst := ucx.PtrStatus(w.raw.SendReq())
+	if sst != ucx.OK && sst != ucx.InProgress {
+		w.afterCallUnlock()
+		return 0, 0, opErr(op, Status(sst), "send: len %d tag %#x", len(sbuf), stag)
+	}
+	rreq, rst := ucx.PtrStatus(rptr)
+	var sr, rr *Request
+	if sst == ucx.InProgress {
+		sr = w.trackPooledLocked(op, sreq, bufPtr(sbuf))
+	}
+	if rst == ucx.InProgress {
+		rr = w.trackPooledLocked(op, rreq, bufPtr(rbuf))
+	} else {
+		senderTag, n = w.raw.RecvInfo()
+	}
+	w.afterCallUnlock()
+	if rst != ucx.OK && rst != ucx.InProgress {
+		err = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x", len(rbuf), rtag, rmask)
+	}
+	if rr != nil {
+		n, senderTag, err = w.finishPooled(ctx, rr)
+	}
+	if sr != nil {
+		if _, _, serr := w.finishPooled(ctx, sr); err == nil {
+			err = serr
+		}
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return n, senderTag, nil
+}
+
+// afterCallUnlock handles what a fused call reaped and queued, releases w.mu and runs
+// the callbacks that became due.
+func (w *Worker) afterCallUnlock() {
+	w.afterLocked()
+	cbs := w.takeDeferredLocked()
+	w.mu.Unlock()
+	if cbs != nil {
+		runDeferred(cbs)
+	}
+}
+
+// trackPooledLocked tracks a pending operation of a fused call in one of the worker's
+// own requests, pinning buf (a Go buffer UCX keeps while the operation is pending).
+func (w *Worker) trackPooledLocked(op string, req, buf unsafe.Pointer) *Request {
+	var r *Request
+	if n := len(w.reqPool); n > 0 {
+		r = w.reqPool[n-1]
+		w.reqPool[n-1] = nil
+		w.reqPool = w.reqPool[:n-1]
+	} else {
+		r = &Request{pooled: true}
+	}
+	r.reset(w, op, nil)
+	if buf != nil {
+		r.pin.Pin(buf)
+		r.pinned = true
+	}
+	w.trackLocked(r, req)
+	return r
+}
+
+// finishPooled waits for a fused call's request and returns it to the pool once done.
+// When ctx ends first the operation is canceled (a receive stops; a send may go on); a
+// request that is still pending then is left to complete on its own.
+func (w *Worker) finishPooled(ctx context.Context, r *Request) (n int, tag uint64, err error) {
+	err = w.waitRequest(ctx, r)
+	if !r.done.Load() {
+		r.Cancel()
+		if !r.done.Load() {
+			return 0, 0, err
+		}
+		if r.err == nil {
+			err = nil // it completed after all
+		}
+	}
+	n, tag = r.length, r.tag
+	w.mu.Lock()
+	w.reqPool = append(w.reqPool, r)
+	w.mu.Unlock()
+	return n, tag, err
+}
