@@ -10,7 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -71,18 +71,24 @@ type perfReport struct {
 // perfResult follows ucx_perftest's columns: latency typical (median), average and
 // minimum one-way latency (half a round trip for ping-pong tests) in microseconds;
 // bandwidth in MB/s with MB = 2^20 bytes; message rate in messages per second.
+// LatTypicalUs is the median of all iterations; LatLast2048Us is ucx_perftest's own
+// "typical", the median of the last 2048 iterations (its timing queue), the one to
+// compare with it; p50 and p99 are over all iterations.
 type perfResult struct {
-	Test         string  `json:"test"`
-	Mode         string  `json:"mode,omitempty"` // tag_lat: how a stream drives it (plain: no stream)
-	Size         int     `json:"size"`
-	Iters        int     `json:"iters"`
-	Warmup       int     `json:"warmup"`
-	LatTypicalUs float64 `json:"lat_typical_us"`
-	LatAvgUs     float64 `json:"lat_avg_us"`
-	LatMinUs     float64 `json:"lat_min_us"`
-	BandwidthMBs float64 `json:"bandwidth_mbs"`
-	MsgRate      float64 `json:"msg_rate"`
-	ElapsedS     float64 `json:"elapsed_s"`
+	Test          string  `json:"test"`
+	Mode          string  `json:"mode,omitempty"` // tag_lat: how a stream drives it (plain: no stream)
+	Size          int     `json:"size"`
+	Iters         int     `json:"iters"`
+	Warmup        int     `json:"warmup"`
+	LatTypicalUs  float64 `json:"lat_typical_us"`
+	LatLast2048Us float64 `json:"lat_last2048_us"`
+	LatP50Us      float64 `json:"lat_p50_us"`
+	LatP99Us      float64 `json:"lat_p99_us"`
+	LatAvgUs      float64 `json:"lat_avg_us"`
+	LatMinUs      float64 `json:"lat_min_us"`
+	BandwidthMBs  float64 `json:"bandwidth_mbs"`
+	MsgRate       float64 `json:"msg_rate"`
+	ElapsedS      float64 `json:"elapsed_s"`
 }
 
 func runPerf(args []string, stdout, stderr io.Writer) int {
@@ -552,12 +558,21 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, s
 	return res, nil
 }
 
+// timingQueue is the number of last iterations whose median ucx_perftest reports as
+// its typical latency (TIMING_QUEUE_SIZE in libperf).
+const timingQueue = 2048
+
 // fillLatency: one-way latency is half the round trip, as ucx_perftest reports for
-// ping-pong tests; typical is the median.
+// ping-pong tests; typical is the median, of all iterations and of the last 2048.
 func fillLatency(res *perfResult, rtts []time.Duration, total time.Duration) {
-	sort.Slice(rtts, func(i, j int) bool { return rtts[i] < rtts[j] })
 	half := func(d time.Duration) float64 { return float64(d) / 2 / float64(time.Microsecond) }
+	last := append([]time.Duration(nil), rtts[max(0, len(rtts)-timingQueue):]...)
+	slices.Sort(last)
+	res.LatLast2048Us = half(last[len(last)/2])
+	slices.Sort(rtts)
 	res.LatTypicalUs = half(rtts[len(rtts)/2])
+	res.LatP50Us = res.LatTypicalUs
+	res.LatP99Us = half(rtts[min(len(rtts)-1, len(rtts)*99/100)])
 	res.LatMinUs = half(rtts[0])
 	res.LatAvgUs = half(total) / float64(len(rtts))
 	res.ElapsedS = total.Seconds()
@@ -583,19 +598,19 @@ func printPerf(w io.Writer, rep *perfReport) {
 	fmt.Fprintf(w, "ucpx perf  %s  UCX %s  transport %s  UCX_TLS=%s (peer: %s)  peer error handling %v  window %d  wait %s  cpus %d\n",
 		rep.Date, rep.UCXVersion, rep.Transport, rep.TLS, rep.PeerTLS, rep.PeerErrorHandling, rep.Window, rep.Wait, rep.CPUs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "test\tsize\titers\tlat typical us\tlat avg us\tlat min us\tMB/s\tmsg/s\t")
+	fmt.Fprintln(tw, "test\tsize\titers\tlat typical us\tlast-2048 us\tp99 us\tlat avg us\tlat min us\tMB/s\tmsg/s\t")
 	for _, r := range rep.Results {
 		if r.Mode != "" && r.Mode != modePlain {
 			r.Test += "/" + r.Mode
 		}
-		lat := fmt.Sprintf("%.3f\t%.3f\t%.3f", r.LatTypicalUs, r.LatAvgUs, r.LatMinUs)
+		lat := fmt.Sprintf("%.3f\t%.3f\t%.3f\t%.3f\t%.3f", r.LatTypicalUs, r.LatLast2048Us, r.LatP99Us, r.LatAvgUs, r.LatMinUs)
 		if r.Test != testTagLat {
-			lat = fmt.Sprintf("-\t%.3f\t-", r.LatAvgUs)
+			lat = fmt.Sprintf("-\t-\t-\t%.3f\t-", r.LatAvgUs)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.2f\t%.0f\t\n", r.Test, fmtSize(r.Size), r.Iters, lat, r.BandwidthMBs, r.MsgRate)
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, "latency: one way (half a round trip), typical = median; MB = 2^20 bytes (as ucx_perftest); bw tests: lat avg = time per message")
+	fmt.Fprintln(w, "latency: one way (half a round trip), typical = median of all iterations, last-2048 = median of the last 2048 (ucx_perftest's typical), p99 of all; MB = 2^20 bytes (as ucx_perftest); bw tests: lat avg = time per message")
 	printComparisons(w, rep.Comparisons)
 }
 

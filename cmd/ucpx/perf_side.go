@@ -8,7 +8,6 @@ import (
 	"math/rand"
 	"os"
 	"time"
-	_ "unsafe" // go:linkname
 
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -27,13 +26,14 @@ const (
 // has started (tests).
 const perfPeerCrashEnv = "UCPX_PERF_PEER_CRASH_IN"
 
-// nanotime is the runtime's monotonic clock: one vDSO read, where time.Now makes two
-// (wall and monotonic), whose cost would otherwise be a visible part of an 8-byte
-// round trip (docs/performance.md compares the two). ucx_perftest likewise reads a
-// cheap clock (the TSC) once per iteration.
-//
-//go:linkname nanotime runtime.nanotime
-func nanotime() int64
+// clockBase anchors nanotime.
+var clockBase = time.Now()
+
+// nanotime reads the monotonic clock once: time.Since of a time with a monotonic
+// reading is one vDSO read, where time.Now makes two (wall and monotonic), whose cost
+// would otherwise be a visible part of an 8-byte round trip. ucx_perftest likewise
+// reads a cheap clock (the TSC) once per iteration. No go:linkname into the runtime.
+func nanotime() int64 { return int64(time.Since(clockBase)) }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
