@@ -60,19 +60,39 @@ func NewRecorder() *Recorder {
 }
 
 var env struct {
-	once sync.Once
+	mu   sync.Mutex
+	read bool
 	r    *Recorder
 }
 
-// FromEnv is the process's recorder when UCPX_TRACE names a file, nil otherwise. Every
-// worker's engine records into it; Flush writes the file.
+// FromEnv is the process's recorder when UCPX_TRACE names a file (or UseFile was
+// called), nil otherwise. Every worker's engine started afterwards records into it;
+// Flush writes the file.
 func FromEnv() *Recorder {
-	env.once.Do(func() {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if !env.read {
+		env.read = true
 		if path := os.Getenv(EnvFile); path != "" {
 			env.r = NewRecorder()
 			env.r.path = path
 		}
-	})
+	}
+	return env.r
+}
+
+// UseFile does what UCPX_TRACE=path does, from now on: engines started afterwards
+// record into a new recorder that writes path (the commands' --trace flags). An empty
+// path stops it.
+func UseFile(path string) *Recorder {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	env.read = true
+	env.r = nil
+	if path != "" {
+		env.r = NewRecorder()
+		env.r.path = path
+	}
 	return env.r
 }
 

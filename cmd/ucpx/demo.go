@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/trace"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -146,12 +147,17 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	stepTimeout := fs.Duration("step-timeout", 15*time.Second, "bound on each step")
 	tls := fs.String("tls", "", "UCX_TLS for both processes (default: UCX's own choice)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	tracePath := fs.String("trace", "", "write a trace of the conditioned operations to `file` (Chrome trace JSON; as UCPX_TRACE)")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
 	if *timeout <= 0 || *stepTimeout <= 0 {
 		fmt.Fprintln(stderr, "ucpx demo: --timeout and --step-timeout must be positive")
 		return 2
+	}
+	if *tracePath != "" {
+		trace.UseFile(*tracePath)
+		defer trace.UseFile("")
 	}
 	progress := stdout
 	if *asJSON {

@@ -4,6 +4,7 @@
 //	ucpx info [--json]           UCX version, transports, memory types, CUDA driver
 //	ucpx perf [flags]            ping-pong / streaming benchmarks between two processes
 //	ucpx demo [flags]            tag, active-message and RMA exchange with a peer process
+//	ucpx trace summarize FILE    per-phase percentiles of a trace (UCPX_TRACE=FILE)
 //	ucpx help [command]          usage
 //
 // perf and demo start their peer by re-executing this binary with a hidden
@@ -38,6 +39,7 @@ func init() {
 		{name: "info", summary: "print the UCX version, transports and devices, memory types and CUDA driver status", run: runInfo},
 		{name: "perf", summary: "measure tag latency, tag bandwidth and put bandwidth between two processes", run: runPerf},
 		{name: "demo", summary: "exchange tagged messages, active messages and an RMA put with a peer process, verified", run: runDemo},
+		{name: "trace", summary: "summarize a trace of conditioned operations: ucpx trace summarize FILE (UCPX_TRACE=FILE writes one)", run: runTrace},
 		{name: "perf-peer", hidden: true, run: runPerfPeer},
 		{name: "demo-peer", hidden: true, run: runDemoPeer},
 	}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/ucpx/ucpx/trace"
+)
+
+// runTrace is `ucpx trace summarize FILE`: per-phase latency percentiles of a trace
+// written with UCPX_TRACE or ucp.Worker.Trace, so a trace answers "where did the time
+// go" without a browser.
+func runTrace(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 2 || args[0] != "summarize" {
+		fmt.Fprintf(stderr, "usage: ucpx trace summarize FILE\n\nFILE is Chrome trace JSON written with UCPX_TRACE=FILE (or ucp.Worker.Trace);\nopen it in ui.perfetto.dev or chrome://tracing for the timeline.\n")
+		return 2
+	}
+	f, err := os.Open(args[1])
+	if err != nil {
+		fmt.Fprintf(stderr, "ucpx trace: %v\n", err)
+		return 1
+	}
+	defer f.Close()
+	doc, err := trace.ReadFile(f)
+	if err != nil {
+		fmt.Fprintf(stderr, "ucpx trace: %s: %v\n", args[1], err)
+		return 1
+	}
+	s := trace.Summarize(doc)
+	if s.Ops == 0 {
+		fmt.Fprintf(stderr, "ucpx trace: %s holds no operation timelines\n", args[1])
+		return 1
+	}
+	fmt.Fprint(stdout, s)
+	return 0
+}
