@@ -794,6 +794,79 @@ ucs_status_t ucpxu_signal(uintptr_t w) { return ucp_worker_signal(W(w)->worker);
 
 ucs_status_t ucpxu_fence(uintptr_t w) { return ucp_worker_fence(W(w)->worker); }
 
+static void ref_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucpxu_req_t *r = request;
+    r->status = status;
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+}
+
+static void ref_recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                        void *user_data)
+{
+    ref_send_cb(request, status, user_data);
+}
+
+/* ref_wait progresses until the operation ret completes and frees it. */
+static ucs_status_t ref_wait(ucp_worker_h worker, void *ret)
+{
+    ucpxu_req_t *r = ret;
+    ucs_status_t st;
+    if (ret == NULL) {
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(ret)) {
+        return UCS_PTR_STATUS(ret);
+    }
+    while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+        ucp_worker_progress(worker);
+    }
+    st = r->status;
+    r->done = 0;
+    ucp_request_free(r);
+    return st;
+}
+
+ucs_status_t ucpxu_ref_pingpong(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, uintptr_t rbuf,
+                                size_t len, uint64_t n, int initiator)
+{
+    ucp_worker_h worker = W(wp)->worker;
+    ucp_request_param_t sp = {0}, rp = {0};
+    ucp_tag_recv_info_t info;
+    uint64_t stag = initiator ? 1 : 2, rtag = initiator ? 2 : 1, i;
+    ucs_status_t st;
+
+    sp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    sp.cb.send = ref_send_cb;
+    sp.memory_type = UCS_MEMORY_TYPE_HOST;
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_MEMORY_TYPE |
+                      UCP_OP_ATTR_FIELD_RECV_INFO;
+    rp.cb.recv = ref_recv_cb;
+    rp.memory_type = UCS_MEMORY_TYPE_HOST;
+    rp.recv_info.tag_info = &info;
+    for (i = 0; i < n; i++) {
+        void *rr;
+        if (initiator) {
+            st = ref_wait(worker, ucp_tag_send_nbx((ucp_ep_h)ep, PTR(sbuf), len, stag, &sp));
+            if (st != UCS_OK) {
+                return st;
+            }
+        }
+        rr = ucp_tag_recv_nbx(worker, PTR(rbuf), len, rtag, (uint64_t)-1, &rp);
+        st = ref_wait(worker, rr);
+        if (st != UCS_OK) {
+            return st;
+        }
+        if (!initiator) {
+            st = ref_wait(worker, ucp_tag_send_nbx((ucp_ep_h)ep, PTR(sbuf), len, stag, &sp));
+            if (st != UCS_OK) {
+                return st;
+            }
+        }
+    }
+    return UCS_OK;
+}
+
 ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t *arg, int enable)
 {
     ucp_am_handler_param_t p = {0};

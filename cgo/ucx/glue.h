@@ -164,6 +164,13 @@ ucs_status_t ucpxu_arm(uintptr_t w);
 ucs_status_t ucpxu_signal(uintptr_t w);
 ucs_status_t ucpxu_fence(uintptr_t w);
 
+/* A ping-pong in C alone, the reference ucpx's benchmarks measure against: n round
+ * trips of len bytes (the initiator sends tag 1 and receives tag 2, the responder the
+ * reverse), each operation completed by progressing the worker, as ucx_perftest's
+ * tag_lat does. Returns UCS_OK or the first error. */
+ucs_status_t ucpxu_ref_pingpong(uintptr_t w, uintptr_t ep, uintptr_t sbuf, uintptr_t rbuf,
+                                size_t len, uint64_t n, int initiator);
+
 ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t *arg, int enable);
 
 ucs_status_t ucpxu_mem_map(ucp_context_h ctx, void *addr, size_t len, int allocate,

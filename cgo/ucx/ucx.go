@@ -570,6 +570,16 @@ func (w *Worker) Flush(flags uint32) unsafe.Pointer {
 	return C.ucpxu_worker_flush(w.h, C.uint32_t(flags))
 }
 
+// RefPingPong runs n round trips of a tag ping-pong of size bytes in C alone (see
+// ucpxu_ref_pingpong), in one call: the reference the benchmarks compare ucpx with.
+// The caller serialises the worker and keeps the buffers in place during the call.
+func (w *Worker) RefPingPong(e *EP, sbuf, rbuf unsafe.Pointer, size int, n uint64, initiator bool) Status {
+	st := C.ucpxu_ref_pingpong(w.h, e.u(), u(sbuf), u(rbuf), C.size_t(size), C.uint64_t(n), cbool(initiator))
+	runtime.KeepAlive(sbuf)
+	runtime.KeepAlive(rbuf)
+	return Status(st)
+}
+
 // Cancel cancels a pending request.
 func (w *Worker) Cancel(req unsafe.Pointer) { C.ucpxu_cancel(w.h, u(req)) }
 
