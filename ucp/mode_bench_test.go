@@ -36,6 +36,10 @@ func BenchmarkConditionModes(b *testing.B) {
 func benchSetup(b *testing.B) (*pair, stream.Backend, stream.Stream) {
 	t := &testing.T{}
 	p := newShmPair(t)
+	if benchTrace != nil {
+		_ = p.a.Trace(benchTrace)
+		_ = p.b.Trace(benchTrace)
+	}
 	backend := stream.NewHostBackend()
 	s, err := backend.NewStream()
 	if err != nil {

@@ -94,3 +94,18 @@ func TestTraceOfConditionedExchange(t *testing.T) {
 		require.False(t, op.Failed)
 	}
 }
+
+// benchTrace, when set, is attached to the workers of the host-stream benchmarks.
+var benchTrace *trace.Recorder
+
+// BenchmarkTraceOverhead is the stream mode's 8 B ping-pong with tracing off and on,
+// in one run: compare the two half-rt-ns figures (benchstat, or by eye).
+func BenchmarkTraceOverhead(b *testing.B) {
+	b.Run("off", func(b *testing.B) { benchMode(b, "stream", 8) })
+	b.Run("on", func(b *testing.B) {
+		benchTrace = trace.NewRecorder()
+		defer func() { benchTrace = nil }()
+		b.ReportAllocs()
+		benchMode(b, "stream", 8)
+	})
+}
