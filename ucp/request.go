@@ -68,10 +68,20 @@ var defaultParam RequestParam
 // (the operation completed in place) or pending; Wait, Test and Callback observe the
 // completion. Fields are read-only to the user.
 type Request struct {
-	w      *Worker
-	op     string
-	req    unsafe.Pointer // UCX request while pending (under w.mu)
-	done   atomic.Bool
+	w    *Worker
+	op   string
+	req  unsafe.Pointer // UCX request while pending (under w.mu)
+	done atomic.Bool
+	// parked counts goroutines parked on the event fd for this request: its completion
+	// by another goroutine must wake them.
+	parked atomic.Int32
+	slot   int32 // index in w.pending while pending
+	pinned bool
+	// notify: the completion comes through the event queue (cb is set), not the done
+	// list, so a wait must not take it itself.
+	notify bool
+	// pooled: one of the worker's own requests (fused calls), never the caller's.
+	pooled bool
 	err    error
 	length int
 	tag    uint64
@@ -80,16 +90,6 @@ type Request struct {
 	cb      func(*Request)
 	peer    *Endpoint
 	pin     runtime.Pinner
-	pinned  bool
-	// notify: the completion comes through the event queue (cb is set), not the done
-	// list, so a wait must not take it itself.
-	notify bool
-	// pooled: one of the worker's own requests (fused calls), never the caller's.
-	pooled bool
-	slot   int32 // index in w.pending while pending
-	// parked counts goroutines parked on the event fd for this request: its completion
-	// by another goroutine must wake them.
-	parked atomic.Int32
 	// finish runs once on completion under w.mu (atomic fetch results, C memory release).
 	finish func(r *Request)
 

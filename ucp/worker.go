@@ -180,19 +180,21 @@ func (w *Worker) afterLocked() int {
 			w.completeTrackedLocked(w.pending[slot], ucx.Status(d.Status), int(d.Length), d.Tag)
 		}
 		n += len(res)
-		if w.raw.Unreaped() == 0 {
-			break
+		switch {
+		case w.raw.Unreaped() > 0:
+			w.raw.Reap()
+		case w.raw.Pending() > 0:
+			// Handling an event may complete more (a failed peer's receives are
+			// canceled): loop until both are empty.
+			n += w.drainLocked()
+		default:
+			if w.wakeParked {
+				w.wakeParked = false
+				w.wakeParkedLocked()
+			}
+			return n
 		}
-		w.raw.Reap()
 	}
-	if w.raw.Pending() > 0 {
-		n += w.drainLocked()
-	}
-	if w.wakeParked {
-		w.wakeParked = false
-		w.wakeParkedLocked()
-	}
-	return n
 }
 
 // completeTrackedLocked completes a tracked request with its result and frees its slot.
