@@ -16,11 +16,14 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
 
-// EnvFile names the file UCPX_TRACE asks every worker of the process to trace into.
+// EnvFile names the file UCPX_TRACE asks every worker of the process to trace into;
+// "{pid}" in it stands for the process id.
 const EnvFile = "UCPX_TRACE"
 
 // Op is one operation's timeline, in nanoseconds since the Recorder started.
@@ -75,7 +78,7 @@ func FromEnv() *Recorder {
 		env.read = true
 		if path := os.Getenv(EnvFile); path != "" {
 			env.r = NewRecorder()
-			env.r.path = path
+			env.r.path = expandPID(path)
 		}
 	}
 	return env.r
@@ -91,9 +94,15 @@ func UseFile(path string) *Recorder {
 	env.r = nil
 	if path != "" {
 		env.r = NewRecorder()
-		env.r.path = path
+		env.r.path = expandPID(path)
 	}
 	return env.r
+}
+
+// expandPID replaces "{pid}" in path with the process id, so that processes sharing
+// the environment (a command and the peer it starts) write files of their own.
+func expandPID(path string) string {
+	return strings.ReplaceAll(path, "{pid}", strconv.Itoa(os.Getpid()))
 }
 
 // Flush writes everything recorded so far to the file of a FromEnv recorder (the
