@@ -1,5 +1,6 @@
 // Package device holds ucpx's GPU-side code: ucpx_signal.cuh, the header
-// kernels include to trigger, test and wait on signal words; the PTX of the
+// kernels include to trigger, test and wait on signal words and to make prepared
+// partitions ready and see them arrive (ucpx_pready, ucpx_parrived); the PTX of the
 // stream signal kernels (signal_kernels.cu), which CUDA streams use for
 // conditions; and the PTX of the test kernels (test_kernels.cu). scripts/ptx.sh
 // generates the PTX, embedded here so nothing needs more than the driver
@@ -24,6 +25,13 @@ const (
 	KernelPingPong = "ucpx_test_pingpong" // (h Handle, n, step u64, result *u64)
 	KernelChecksum = "ucpx_test_checksum" // (buf *u8, n u64, out *u64)
 	KernelFill     = "ucpx_test_fill"     // (buf *u8, n u64, seed u32)
+	// Prepared partitions: a producer block per partition (fill, ucpx_pready_block) and
+	// a consumer block per partition (ucpx_parrived_wait_block, checksum).
+	KernelPready   = "ucpx_test_pready"   // (h PartitionHandle, buf *u8, seed, reverse u32, failures *u64)
+	KernelParrived = "ucpx_test_parrived" // (h PartitionHandle, buf *u8, sums *u64, status *u64)
+	// The launch counter and the partition fill of the PreadyNode graph test.
+	KernelTick   = "ucpx_test_tick"    // (w *u64)
+	KernelFillAt = "ucpx_test_fill_at" // (buf *u8, n, offset u64, seedWord *u64)
 )
 
 // Names of the kernels in signal_kernels.cu.
@@ -65,6 +73,28 @@ type Handle struct {
 	Completion      uint64 // device address of the completion word, 0 if none
 	CompletionValue uint64 // ucpx_test/ucpx_wait succeed once *Completion reaches it
 }
+
+// PartitionHandle mirrors struct ucpx_partition_handle, the handle a kernel makes
+// partitions of a prepared request ready (ucpx_pready) or checks their arrival
+// (ucpx_pstatus, ucpx_parrived) with: 64 bytes, eight 8-byte fields, no padding. Get it
+// from prepare.Request.DeviceHandle().Kernel() after every Start and pass it by value.
+type PartitionHandle struct {
+	Words         uint64 // sender: ready flags, one per own partition; receiver: arrival counters, one per sender partition
+	Triggers      uint64 // sender: address of a table of the partitions' trigger word addresses; receiver: 0
+	TriggerValue  uint64 // sender: what ucpx_pready stores into a partition's trigger word this iteration
+	Iteration     uint64 // the iteration the handle belongs to
+	Failed        uint64 // the value the words hold once the peer failed
+	Partitions    uint64 // this side's partitions
+	PartBytes     uint64 // this side's partition size in bytes
+	PeerPartBytes uint64 // the peer's partition size in bytes
+}
+
+// Partition status values of ucpx_pstatus (UCPX_PART_*).
+const (
+	PartPending int64 = 0
+	PartDone    int64 = 1
+	PartFailed  int64 = -1
+)
 
 // Pattern is the byte ucpx_test_fill writes at index i for seed.
 func Pattern(i uint64, seed uint32) byte { return byte((i*2654435761 + uint64(seed)) >> 7) }

@@ -1,6 +1,9 @@
 package device
 
 import (
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -14,7 +17,7 @@ func TestEmbeddedPTX(t *testing.T) {
 		ptx     []byte
 		kernels []string
 	}{
-		{"test_kernels", TestKernelsPTX(), []string{KernelEcho, KernelHandle, KernelPingPong, KernelChecksum, KernelFill}},
+		{"test_kernels", TestKernelsPTX(), []string{KernelEcho, KernelHandle, KernelPingPong, KernelChecksum, KernelFill, KernelPready, KernelParrived, KernelTick, KernelFillAt}},
 		{"signal_kernels", SignalKernelsPTX(), []string{KernelSignalWriteWait, KernelSignalWait}},
 	} {
 		if !assert.False(t, IsPlaceholder(c.ptx), "%s.ptx holds no kernel: regenerate it with scripts/ptx.sh", c.name) {
@@ -30,7 +33,9 @@ func TestEmbeddedPTX(t *testing.T) {
 
 func TestSignalHeader(t *testing.T) {
 	h := string(SignalHeader())
-	for _, fn := range []string{"ucpx_trigger(", "ucpx_test(", "ucpx_wait(", "typedef struct ucpx_device_handle"} {
+	for _, fn := range []string{"ucpx_trigger(", "ucpx_test(", "ucpx_wait(", "typedef struct ucpx_device_handle",
+		"typedef struct ucpx_partition_handle", "ucpx_pready(", "ucpx_pready_block(", "ucpx_pstatus(", "ucpx_parrived(",
+		"ucpx_parrived_wait(", "ucpx_parrived_wait_block("} {
 		assert.Contains(t, h, fn, "ucpx_signal.cuh lacks %s", fn)
 	}
 }
@@ -41,6 +46,44 @@ func TestHandleLayout(t *testing.T) {
 	require.EqualValues(t, 32, unsafe.Sizeof(h), mirror)
 	require.EqualValues(t, 16, unsafe.Offsetof(h.Completion), mirror)
 	require.EqualValues(t, 24, unsafe.Offsetof(h.CompletionValue), mirror)
+}
+
+// The Go mirror and the C struct list the same fields in the same order, and the
+// status constants agree with the header's.
+func TestPartitionHandleLayout(t *testing.T) {
+	var h PartitionHandle
+	const mirror = "device.PartitionHandle no longer mirrors struct ucpx_partition_handle"
+	require.EqualValues(t, 64, unsafe.Sizeof(h), mirror)
+	hdr := string(SignalHeader())
+	start := strings.Index(hdr, "typedef struct ucpx_partition_handle {")
+	require.GreaterOrEqual(t, start, 0)
+	end := strings.Index(hdr[start:], "} ucpx_partition_handle;")
+	require.Greater(t, end, 0)
+	var cFields []string
+	for _, line := range strings.Split(hdr[start:start+end], "\n")[1:] {
+		line = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(line), ";"))
+		if line == "" {
+			continue
+		}
+		f := strings.Fields(line)
+		cFields = append(cFields, strings.TrimLeft(f[len(f)-1], "*"))
+	}
+	ty := reflect.TypeOf(h)
+	require.Equal(t, ty.NumField(), len(cFields), mirror)
+	for i, c := range cFields {
+		f := ty.Field(i)
+		require.Equal(t, strings.ReplaceAll(c, "_", ""), strings.ToLower(f.Name), mirror)
+		require.EqualValues(t, 8*i, f.Offset, mirror)
+		require.EqualValues(t, 8, f.Type.Size(), mirror)
+	}
+	// The compiled kernels take the struct by value with the mirror's size.
+	ptx := string(TestKernelsPTX())
+	for _, k := range []string{KernelPready, KernelParrived} {
+		require.Contains(t, ptx, k+"_param_0[64]", "%s's handle parameter is not 64 bytes", k)
+	}
+	for name, v := range map[string]int64{"UCPX_PART_PENDING": PartPending, "UCPX_PART_DONE": PartDone, "UCPX_PART_FAILED": PartFailed} {
+		require.Contains(t, hdr, fmt.Sprintf("#define %s %d ", name, v), "%s differs from the Go constant", name)
+	}
 }
 
 func TestPattern(t *testing.T) {

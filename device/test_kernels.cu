@@ -97,3 +97,93 @@ extern "C" __global__ void ucpx_test_fill(uint8_t *buf, uint64_t n, uint32_t see
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
 		buf[i] = (uint8_t)((i * 2654435761ull + seed) >> 7);
 }
+
+/* The byte ucpx_test_fill writes at index i for seed. */
+static __device__ __forceinline__ uint8_t ucpx_test_pattern(uint64_t i, uint32_t seed)
+{
+	return (uint8_t)((i * 2654435761ull + seed) >> 7);
+}
+
+/*
+ * Producer of a prepared partitioned send (prepare.Request.DeviceHandle): block
+ * b handles partition p = b, or p = gridDim.x-1-b with reverse set. The block
+ * writes the ucpx_test_fill pattern for seed into the partition's bytes of buf
+ * (indices counted from the start of buf), then makes the partition ready with
+ * ucpx_pready_block. *failures counts the partitions ucpx_pready reported
+ * failed (the peer died). Launch h.partitions blocks of any width.
+ */
+extern "C" __global__ void ucpx_test_pready(ucpx_partition_handle h, uint8_t *buf, uint32_t seed, uint32_t reverse, unsigned long long *failures)
+{
+	uint64_t p = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+	if (p >= h.partitions)
+		return;
+	uint64_t base = p * h.part_bytes;
+	for (uint64_t i = threadIdx.x; i < h.part_bytes; i += blockDim.x)
+		buf[base + i] = ucpx_test_pattern(base + i, seed);
+	bool ok = ucpx_pready_block(h, p);
+	if (!ok && threadIdx.x == 0) {
+		atomicAdd(failures, 1ull);
+		__threadfence_system();
+	}
+}
+
+/*
+ * Consumer of a prepared partitioned receive: block q records ucpx_pstatus of
+ * partition q before waiting (status[2q], as an int64: UCPX_PART_PENDING while
+ * the sender has not moved it), waits with ucpx_parrived_wait_block, then sums
+ * the partition's bytes of buf into sums[q] and stores status[2q+1] = 1 (or 2
+ * if the peer failed, sums[q] then 0). Launch h.partitions blocks of any
+ * width (at most 1024 threads).
+ */
+extern "C" __global__ void ucpx_test_parrived(ucpx_partition_handle h, const uint8_t *buf, unsigned long long *sums, uint64_t *status)
+{
+	__shared__ unsigned long long block_sum;
+	uint64_t q = blockIdx.x;
+	if (q >= h.partitions)
+		return;
+	bool leader = threadIdx.x == 0;
+	if (leader) {
+		block_sum = 0;
+		status[2 * q] = (uint64_t)(int64_t)ucpx_pstatus(h, q);
+	}
+	if (!ucpx_parrived_wait_block(h, q)) {
+		if (leader) {
+			sums[q] = 0;
+			status[2 * q + 1] = 2;
+			__threadfence_system();
+		}
+		return;
+	}
+	uint64_t base = q * h.part_bytes;
+	unsigned long long s = 0;
+	for (uint64_t i = threadIdx.x; i < h.part_bytes; i += blockDim.x)
+		s += buf[base + i];
+	atomicAdd(&block_sum, s);
+	__syncthreads();
+	if (leader) {
+		sums[q] = block_sum;
+		status[2 * q + 1] = 1;
+		__threadfence_system();
+	}
+}
+
+/* (*w)++, one thread: counts the launches of a graph (ucpx_test_fill_at reads it). */
+extern "C" __global__ void ucpx_test_tick(uint64_t *w)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	volatile uint64_t *v = w;
+	*v = *v + 1;
+	__threadfence_system();
+}
+
+/* buf[i] = the ucpx_test_fill pattern at index offset+i for seed *seed_word
+ * (truncated to 32 bits), for i < n: one partition of a buffer whose seed a
+ * ucpx_test_tick node earlier in the graph advanced. Any geometry. */
+extern "C" __global__ void ucpx_test_fill_at(uint8_t *buf, uint64_t n, uint64_t offset, const uint64_t *seed_word)
+{
+	uint32_t seed = (uint32_t)*(const volatile uint64_t *)seed_word;
+	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+		buf[i] = ucpx_test_pattern(offset + i, seed);
+}

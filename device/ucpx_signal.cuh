@@ -12,7 +12,8 @@
  * targets fall back to volatile accesses with system fences.
  *
  * Call the functions from ONE thread (for example threadIdx.x == 0 of one
- * block). If other threads produced the data being sent, make their writes
+ * block), except the *_block functions of prepared partitions (below), which
+ * every thread of a block calls. If other threads produced the data being sent, make their writes
  * visible to that thread first (__syncthreads() within a block, a grid-wide
  * barrier across blocks): the fence in ucpx_trigger orders only the calling
  * thread's own writes.
@@ -109,6 +110,157 @@ static __device__ __forceinline__ void ucpx_wait(ucpx_device_handle h)
 	if (h.completion == 0)
 		return;
 	ucpx_word_wait_geq(h.completion, h.completion_value);
+}
+
+/*
+ * Prepared, partitioned operations (package prepare): the device side of
+ * MPI_Pready and MPI_Parrived.
+ *
+ * ucpx_partition_handle is the POD a kernel receives (by value) from
+ * prepare.Request.DeviceHandle().Kernel(). Fetch it after every Start: it
+ * names the current iteration. Eight 8-byte members, no padding: 64 bytes,
+ * 8-byte aligned. The Go mirror is device.PartitionHandle.
+ *
+ *   words            sender: the ready flags, one per own partition (the
+ *                    receiver's Start stores 1 into each); receiver: the
+ *                    arrival counters, one per SENDER partition (each
+ *                    partition's put adds 1 to its counter after its data)
+ *   triggers         sender: the address of each partition's trigger word
+ *                    (triggers[p]); receiver: NULL
+ *   trigger_value    sender: what ucpx_pready stores into triggers[p] in this
+ *                    iteration; receiver: 0
+ *   iteration        the iteration the handle belongs to (1, 2, ...)
+ *   failed           the value every word holds once the peer failed
+ *   partitions       this side's number of partitions
+ *   part_bytes       this side's partition size in bytes
+ *   peer_part_bytes  the peer's partition size in bytes (the two sides'
+ *                    partition counts may differ)
+ *
+ * Expected use: one thread block per partition. The block writes its
+ * partition, then calls ucpx_pready_block (all threads), or __syncthreads()
+ * and ucpx_pready from one thread. On the receiver a block waits with
+ * ucpx_parrived_wait_block (or one thread with ucpx_parrived_wait, then
+ * __syncthreads()) before reading its partition. The functions wait on words
+ * the host and the network write, so the kernels of the two sides may run
+ * concurrently on one GPU only if every block of both fits at once.
+ */
+typedef struct ucpx_partition_handle {
+	uint64_t *words;
+	uint64_t *const *triggers;
+	uint64_t trigger_value;
+	uint64_t iteration;
+	uint64_t failed;
+	uint64_t partitions;
+	uint64_t part_bytes;
+	uint64_t peer_part_bytes;
+} ucpx_partition_handle;
+
+/* ucpx_pstatus results. */
+#define UCPX_PART_PENDING 0 /* not yet (receiver: not arrived) */
+#define UCPX_PART_DONE 1    /* arrived */
+#define UCPX_PART_FAILED -1 /* the peer failed, or p is not a partition of h */
+
+/*
+ * Make sender partition p ready (MPI_Pready) from ONE thread: wait until the
+ * receiver is ready for this iteration (its Start set ready flag p), take the
+ * flag (store 0), make this thread's earlier writes visible system-wide and
+ * store h.trigger_value into partition p's trigger word. ucpx then moves the
+ * partition with one put-with-signal. Other threads of the block must have
+ * made their writes visible to the calling thread first (__syncthreads()), as
+ * for ucpx_trigger; ucpx_pready_block does all of it for a whole block.
+ *
+ * Returns true once the partition was handed over, false if the peer failed
+ * (the flag holds h.failed: nothing is moved, the host reports the error) or
+ * h is not a sender's handle or p is out of range. Call it once per partition
+ * per iteration: a second call waits for a flag that is not set again before
+ * the next iteration.
+ */
+static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint64_t p)
+{
+	if (h.triggers == 0 || p >= h.partitions)
+		return false;
+	uint64_t *trigger = h.triggers[p]; /* written before the launch; overlaps the first poll */
+	uint64_t *flag = h.words + p;
+	uint64_t v;
+	while ((v = ucpx_word_load_acquire(flag)) == 0) {
+	}
+	if (v != 1)
+		return false; /* h.failed: the peer failed */
+	/* The flag is ours: clear it before the trigger, so the receiver's next
+	 * Start (which needs this partition) finds it 0 and sets it again. */
+	ucpx_word_store_release(flag, 0);
+	__threadfence_system();
+	ucpx_word_store_release(trigger, h.trigger_value);
+	return true;
+}
+
+/*
+ * ucpx_pready for a whole thread block: every thread of the block calls it
+ * after writing its share of partition p. A barrier orders the block's writes
+ * before thread (0,0,0), which calls ucpx_pready; every thread gets its
+ * result.
+ */
+static __device__ __forceinline__ bool ucpx_pready_block(ucpx_partition_handle h, uint64_t p)
+{
+	bool leader = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+	__syncthreads();
+	int ok = 0;
+	if (leader)
+		ok = ucpx_pready(h, p);
+	return __syncthreads_or(ok) != 0;
+}
+
+/*
+ * State of receive partition q in the handle's iteration: UCPX_PART_DONE once
+ * every sender partition overlapping it has arrived (its counter has reached
+ * h.iteration), UCPX_PART_PENDING before, UCPX_PART_FAILED if the peer failed
+ * (every counter holds h.failed) or q is out of range. Non-blocking; acquire
+ * loads, so after UCPX_PART_DONE this thread sees the partition's data.
+ */
+static __device__ __forceinline__ int ucpx_pstatus(ucpx_partition_handle h, uint64_t q)
+{
+	if (h.triggers != 0 || q >= h.partitions || h.peer_part_bytes == 0)
+		return UCPX_PART_FAILED;
+	uint64_t off = q * h.part_bytes;
+	uint64_t first = off / h.peer_part_bytes, last = (off + h.part_bytes - 1) / h.peer_part_bytes;
+	int st = UCPX_PART_DONE;
+	for (uint64_t sp = first; sp <= last; sp++) {
+		uint64_t v = ucpx_word_load_acquire(h.words + sp);
+		if (v == h.failed)
+			return UCPX_PART_FAILED;
+		if (!ucpx_word_reached(v, h.iteration))
+			st = UCPX_PART_PENDING;
+	}
+	return st;
+}
+
+/* Has receive partition q of this iteration arrived (MPI_Parrived)? False
+ * while it has not and when the peer failed: tell them apart with
+ * ucpx_pstatus. */
+static __device__ __forceinline__ bool ucpx_parrived(ucpx_partition_handle h, uint64_t q)
+{
+	return ucpx_pstatus(h, q) == UCPX_PART_DONE;
+}
+
+/* Wait (one thread) until receive partition q has arrived: true, with the
+ * data visible to this thread; false if the peer failed. */
+static __device__ __forceinline__ bool ucpx_parrived_wait(ucpx_partition_handle h, uint64_t q)
+{
+	int st;
+	while ((st = ucpx_pstatus(h, q)) == UCPX_PART_PENDING) {
+	}
+	return st == UCPX_PART_DONE;
+}
+
+/* ucpx_parrived_wait for a whole thread block: thread (0,0,0) waits, a
+ * barrier passes the data's visibility and the result to every thread. */
+static __device__ __forceinline__ bool ucpx_parrived_wait_block(ucpx_partition_handle h, uint64_t q)
+{
+	bool leader = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+	int ok = 0;
+	if (leader)
+		ok = ucpx_parrived_wait(h, q);
+	return __syncthreads_or(ok) != 0;
 }
 
 #endif /* UCPX_SIGNAL_CUH */

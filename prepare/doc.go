@@ -19,9 +19,15 @@
 //   - the receiver sees partitions arrive one by one (Parrived, ArrivedOnStream) and
 //     the iteration complete (Wait, Test, WaitOnStream).
 //
-// A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
-// and releases every stream and graph waiting on the request.
+// Kernels take part through Request.DeviceHandle (fetched after every Start), passed
+// as struct ucpx_partition_handle: ucpx_pready(h, p) in device/ucpx_signal.cuh makes a
+// sender partition ready (the CPU's engine then moves it, as a kernel-triggered
+// operation), ucpx_parrived(h, q) and ucpx_pstatus(h, q) see receive partitions
+// arrive. PreadyHandle and ParrivedHandle do the same from host goroutines.
 //
-// Not built yet: the device-side Pready/Parrived (ucpx_pready, ucpx_parrived in
-// device/ucpx_signal.cuh) and the CUDA-IPC data path for device buffers on one host.
+// A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
+// and releases every stream, graph and kernel waiting on the request.
+//
+// Not built yet: the CUDA-IPC data path for device buffers on one host (a kernel's
+// partitions are host-mapped pinned memory until then).
 package prepare

@@ -111,6 +111,7 @@ type Request struct {
 
 	streamConds map[stream.Stream]*condition.Condition
 	graphConds  []*condition.Condition
+	dev         *deviceState // sender: DeviceHandle's conditions (device.go); nil until used
 
 	stats Stats
 }
@@ -244,6 +245,7 @@ func (r *Request) fail(err error) {
 		}
 		words.Word(0).Block().Notify()
 	}
+	r.failDevice()
 }
 
 // failedWord is stored into a request's words when its peer failed: far above any
@@ -660,12 +662,16 @@ func (r *Request) Free() error {
 	for _, c := range r.streamConds {
 		conds = append(conds, c)
 	}
+	dev := r.dev
 	r.mu.Unlock()
 	var first error
 	for _, c := range conds {
 		if err := c.Destroy(); err != nil && !errors.Is(err, condition.ErrDestroyed) && first == nil {
 			first = err
 		}
+	}
+	if err := dev.close(); err != nil && first == nil {
+		first = err
 	}
 	r.reg.remove(r)
 	if r.remote.bufKey != nil {

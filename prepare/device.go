@@ -1,0 +1,406 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The device side of prepared partitions: kernels make partitions ready (ucpx_pready)
+// and check their arrival (ucpx_pstatus, ucpx_parrived) in device/ucpx_signal.cuh,
+// through a DeviceHandle; PreadyHandle and ParrivedHandle do the same from host
+// goroutines (host backends, and the tests of the protocol on host streams).
+//
+// A sender's partition p has a KernelTriggered condition. DeviceHandle arms the
+// iteration's put-with-signal of every partition on its condition (one sequence number
+// per iteration), so the put is issued by the engine, on the CPU, once the trigger
+// word reaches it. ucpx_pready(h, p) waits until the receiver's Start set ready flag
+// p (or the peer failed), takes it (stores 0) and stores the iteration's sequence
+// number into p's trigger word, as ucpx_trigger does. The kernel finds the trigger
+// words through a table of their addresses (one word per partition, host-mapped on
+// CUDA), since each condition has words of its own.
+
+// deviceState is a sender's device-side state, made by the first DeviceHandle.
+type deviceState struct {
+	conds []*condition.Condition // one KernelTriggered condition per partition
+	table *stream.WordBlock      // table[p]: the address of conds[p]'s trigger word
+	// Of the iteration armed last: the conditions' handles (Value: what ucpx_pready
+	// stores), the puts, and the iteration in which each flag was taken through
+	// PreadyHandle.
+	armed   uint64
+	value   uint64
+	handles []condition.DeviceHandle
+	reqs    []*ucp.Request
+	taken   []uint64
+}
+
+// DeviceHandle is what a kernel (through Kernel, as struct ucpx_partition_handle) or a
+// host goroutine (PreadyHandle, ParrivedHandle) uses to make the partitions of the
+// current iteration ready (sender) or to see them arrive (receiver). Addresses are
+// device addresses on CUDA backends and host addresses on host backends.
+type DeviceHandle struct {
+	// Words are the sender's ready flags (one per own partition) or the receiver's
+	// arrival counters (one per sender partition).
+	Words uintptr
+	// Triggers (sender) is the address of a table holding the address of each
+	// partition's trigger word; 0 on a receiver's handle.
+	Triggers uintptr
+	// TriggerValue (sender) is what making a partition ready stores into its trigger
+	// word in this iteration.
+	TriggerValue uint64
+	// Iteration is the iteration the handle belongs to (the request's count of Starts).
+	Iteration uint64
+	// Failed is the value every word holds once the peer failed.
+	Failed uint64
+	// Partitions, PartBytes: this side's partition count and size; PeerPartBytes: the
+	// peer's partition size (the two sides' counts may differ).
+	Partitions, PartBytes, PeerPartBytes int
+
+	r *Request
+}
+
+// Kernel is the handle as the kernel argument struct ucpx_partition_handle (64 bytes).
+func (h DeviceHandle) Kernel() device.PartitionHandle {
+	return device.PartitionHandle{
+		Words: uint64(h.Words), Triggers: uint64(h.Triggers), TriggerValue: h.TriggerValue,
+		Iteration: h.Iteration, Failed: h.Failed, Partitions: uint64(h.Partitions),
+		PartBytes: uint64(h.PartBytes), PeerPartBytes: uint64(h.PeerPartBytes),
+	}
+}
+
+// DeviceHandle returns the handle of the current iteration, for kernels (Kernel) or
+// host goroutines (PreadyHandle, ParrivedHandle). Fetch it after every Start, before
+// launching the kernel that uses it: it names the iteration, and a handle of an
+// earlier iteration does nothing useful (on the device ucpx_pready then hands over
+// nothing and the iteration never completes; the host twins report it).
+//
+// On a sender the first call makes one KernelTriggered condition per partition (on
+// CUDA backends each holds its own page of pinned memory) and a table of their
+// trigger words; each iteration's first call arms every partition's put-with-signal
+// on its condition, to be issued once the partition was made ready (ucpx_pready or
+// PreadyHandle), so the partitions of that iteration can no longer be made ready from
+// the host (Pready), and DeviceHandle is refused in an iteration where some already
+// were. Wait and Test cover the armed puts as they cover Pready's: the iteration is
+// complete once every partition was moved. The receiver's handle needs nothing armed.
+//
+// The receiver's readiness reaches the sender's flags through UCX, which may need the
+// sender's worker to progress (tcp, and RMA emulated over active messages): the host
+// thread that launched the kernel calls Wait (or Test), which does, or the worker has
+// ucp.WorkerParams.ProgressThread. Likewise the receiver's Wait progresses the arrival
+// of the data. The partitioned buffer is host memory; for a kernel to write or read it,
+// host-mapped pinned memory (device buffers under KernelTriggered conditions are
+// refused with ErrUnsupported until the transport moves device memory itself).
+//
+// A dead peer stores DeviceHandle.Failed into the request's words: a kernel waiting
+// in ucpx_pready or ucpx_parrived_wait returns false, ucpx_pstatus reports
+// UCPX_PART_FAILED, the twins return an error matching ucp.ErrPeerFailed, and the
+// armed puts end canceled (Wait reports the peer's error).
+func (r *Request) DeviceHandle() (DeviceHandle, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.errLocked(); err != nil {
+		return DeviceHandle{}, fmt.Errorf("device handle: %w", err)
+	}
+	if r.iter == 0 {
+		return DeviceHandle{}, fmt.Errorf("device handle before Start: %w", ErrInvalidParam)
+	}
+	h := DeviceHandle{
+		Words: r.wordAddr(r.words, 0), Iteration: r.iter, Failed: failedWord,
+		Partitions: r.parts, PartBytes: len(r.buf) / r.parts, PeerPartBytes: len(r.buf) / r.remote.parts,
+		r: r,
+	}
+	if r.role == receiver {
+		return h, nil
+	}
+	if err := r.armDeviceLocked(); err != nil {
+		return DeviceHandle{}, fmt.Errorf("device handle: %w", err)
+	}
+	h.Triggers = r.wordAddr(r.dev.table, 0)
+	h.TriggerValue = r.dev.value
+	return h, nil
+}
+
+// wordAddr is the address kernels use for word i of b: its device address on CUDA,
+// its host address on host backends.
+func (r *Request) wordAddr(b interface{ Word(int) *stream.Word }, i int) uintptr {
+	w := b.Word(i)
+	if r.backend.Kind() == stream.KindCUDA {
+		return w.DevicePtr()
+	}
+	return w.HostPtr()
+}
+
+// armDeviceLocked arms the current iteration's puts on the partitions' conditions,
+// once per iteration. Caller holds r.mu.
+func (r *Request) armDeviceLocked() error {
+	d := r.dev
+	if d != nil && d.armed == r.iter {
+		return nil
+	}
+	if !r.active {
+		return fmt.Errorf("iteration %d is complete: Start the next one first: %w", r.iter, ErrInvalidParam)
+	}
+	for p, ready := range r.readied {
+		if ready {
+			return fmt.Errorf("partition %d was made ready from the host in iteration %d: %w", p, r.iter, ErrInvalidParam)
+		}
+	}
+	if d == nil {
+		var err error
+		if d, err = r.newDeviceState(); err != nil {
+			return err
+		}
+		r.dev = d
+	}
+	for p, cond := range d.conds {
+		req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond})
+		if err != nil {
+			// The puts armed already would wait for triggers no kernel stores: cancel
+			// them and trigger, so they end without moving anything. The request can
+			// run no more iterations.
+			for q := range p {
+				d.reqs[q].Cancel()
+				if hd, herr := d.conds[q].DeviceHandle(); herr == nil {
+					_ = condition.Trigger(hd)
+				}
+			}
+			r.err = fmt.Errorf("prepared %s tag %#x: arm partition %d: %w", r.role, r.tag, p, err)
+			r.active = false
+			return r.err
+		}
+		d.reqs[p] = req
+		r.readied[p] = true
+		r.inflight = append(r.inflight, req)
+	}
+	for p, cond := range d.conds {
+		hd, err := cond.DeviceHandle()
+		if err != nil {
+			return err
+		}
+		d.handles[p] = hd
+	}
+	// Every condition was armed once per device iteration: one trigger value.
+	d.value = d.handles[0].Value
+	for p, hd := range d.handles {
+		if hd.Value != d.value {
+			return fmt.Errorf("partition %d's condition is at operation %d, partition 0's at %d", p, hd.Value, d.value)
+		}
+	}
+	d.armed = r.iter
+	return nil
+}
+
+// newDeviceState makes a sender's conditions and trigger table. Caller holds r.mu.
+func (r *Request) newDeviceState() (*deviceState, error) {
+	d := &deviceState{
+		conds:   make([]*condition.Condition, r.parts),
+		handles: make([]condition.DeviceHandle, r.parts),
+		reqs:    make([]*ucp.Request, r.parts),
+		taken:   make([]uint64, r.parts),
+	}
+	table, err := r.backend.AllocWords(r.parts)
+	if err != nil {
+		return nil, fmt.Errorf("trigger table: %w", err)
+	}
+	d.table = table
+	for p := range d.conds {
+		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: r.backend})
+		if err != nil {
+			_ = d.close()
+			return nil, fmt.Errorf("partition %d's condition: %w", p, err)
+		}
+		d.conds[p] = c
+		hd, err := c.DeviceHandle()
+		if err != nil {
+			_ = d.close()
+			return nil, err
+		}
+		table.Word(p).Store(uint64(hd.Trigger))
+	}
+	return d, nil
+}
+
+// failDevice ends the puts a dead peer left armed: each is canceled, then triggered
+// from the host, so the engine retires it without moving anything (a kernel stores
+// the same trigger value, or none: it sees the failed flag). Called by fail.
+func (r *Request) failDevice() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.dev
+	if d == nil || r.freed || d.armed != r.iter {
+		return
+	}
+	for p, req := range d.reqs {
+		if req != nil && !req.Done() {
+			req.Cancel()
+			_ = condition.Trigger(d.handles[p])
+		}
+	}
+}
+
+// close destroys the conditions (waiting briefly for puts a failure canceled to
+// retire) and frees the table. nil-safe.
+func (d *deviceState) close() error {
+	if d == nil {
+		return nil
+	}
+	var first error
+	for _, c := range d.conds {
+		if c == nil {
+			continue
+		}
+		err := c.Destroy()
+		for deadline := time.Now().Add(5 * time.Second); errors.Is(err, condition.ErrBusy) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Microsecond)
+			err = c.Destroy()
+		}
+		if err != nil && !errors.Is(err, condition.ErrDestroyed) && first == nil {
+			first = err
+		}
+	}
+	if err := d.table.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// checkLocked validates a twin's handle and partition. Caller holds r.mu.
+func (h DeviceHandle) checkLocked(op string, ro role, p int) error {
+	r := h.r
+	if err := r.errLocked(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	switch {
+	case r.role != ro:
+		return fmt.Errorf("%s with a %s request's handle: %w", op, r.role, ErrInvalidParam)
+	case p < 0 || p >= r.parts:
+		return fmt.Errorf("%s: partition %d of %d: %w", op, p, r.parts, ErrInvalidParam)
+	case h.Iteration != r.iter:
+		return fmt.Errorf("%s: handle of iteration %d in iteration %d (fetch it after every Start): %w", op, h.Iteration, r.iter, ErrInvalidParam)
+	case ro == sender && (r.dev == nil || r.dev.armed != r.iter):
+		return fmt.Errorf("%s: iteration %d was not armed by DeviceHandle: %w", op, r.iter, ErrInvalidParam)
+	}
+	return nil
+}
+
+// peerFailedLocked is the error of a word that holds the failed value. Caller holds
+// r.mu.
+func (r *Request) peerFailedLocked(op string, p int) error {
+	if err := r.errLocked(); err != nil {
+		return fmt.Errorf("%s: partition %d: %w", op, p, err)
+	}
+	return fmt.Errorf("%s: partition %d: %w", op, p, ucp.ErrPeerFailed)
+}
+
+// PreadyHandle is the host twin of ucpx_pready(h, p): it waits until the receiver is
+// ready for the iteration (ready flag p is 1), takes the flag (stores 0) and stores
+// h.TriggerValue into partition p's trigger word, upon which the engine moves the
+// partition. Writes the caller made to the partition before the call are what moves.
+// While it waits it progresses the worker, as a host stream waiting on the flag
+// does. A dead peer (the flag holds h.Failed) gives an error matching
+// ucp.ErrPeerFailed. It also reports what a kernel cannot: a handle of another
+// iteration or request role, p out of range, p made ready twice in one iteration
+// (ErrInvalidParam), a freed request (ErrClosed).
+func PreadyHandle(h DeviceHandle, p int) error {
+	const op = "pready handle"
+	r := h.r
+	if r == nil {
+		return fmt.Errorf("%s: zero handle: %w", op, ErrInvalidParam)
+	}
+	r.mu.Lock()
+	if err := h.checkLocked(op, sender, p); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	d := r.dev
+	if d.taken[p] == h.Iteration {
+		r.mu.Unlock()
+		return fmt.Errorf("%s: partition %d already ready in iteration %d: %w", op, p, h.Iteration, ErrInvalidParam)
+	}
+	d.taken[p] = h.Iteration
+	r.mu.Unlock()
+	for i := 0; ; i++ {
+		r.mu.Lock()
+		// Checked again each time: the words are freed with the request.
+		if err := h.checkLocked(op, sender, p); err != nil {
+			r.mu.Unlock()
+			return err
+		}
+		flag := r.words.Word(p)
+		switch v := flag.Load(); {
+		case v == 1 && flag.CompareAndSwap(1, 0):
+			err := condition.Trigger(d.handles[p])
+			r.mu.Unlock()
+			return err
+		case v != 0 && v != 1:
+			err := r.peerFailedLocked(op, p)
+			r.mu.Unlock()
+			return err
+		}
+		r.mu.Unlock()
+		// The receiver's write may need this worker's progress (tcp).
+		if !flag.Block().Drive() {
+			backoff(i)
+		}
+	}
+}
+
+// ParrivedHandle is the host twin of ucpx_parrived(h, q) (and ucpx_pstatus): it
+// reports whether receive partition q of the handle's iteration has arrived, that is
+// every sender partition overlapping it has (its arrival counter reached
+// h.Iteration), progressing the worker once if not. A dead peer (the counters hold
+// h.Failed) gives an error matching ucp.ErrPeerFailed. It also reports a handle of
+// another iteration or request role and q out of range (ErrInvalidParam), and a freed
+// request (ErrClosed).
+func ParrivedHandle(h DeviceHandle, q int) (bool, error) {
+	const op = "parrived handle"
+	r := h.r
+	if r == nil {
+		return false, fmt.Errorf("%s: zero handle: %w", op, ErrInvalidParam)
+	}
+	ok, err := h.parrived(op, q)
+	if ok || err != nil {
+		return ok, err
+	}
+	r.words.Word(0).Block().Drive()
+	return h.parrived(op, q)
+}
+
+// parrived is one look at the counters covering q, as ucpx_pstatus takes.
+func (h DeviceHandle) parrived(op string, q int) (bool, error) {
+	r := h.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := h.checkLocked(op, receiver, q); err != nil {
+		return false, err
+	}
+	first, last := r.senderParts(q)
+	arrived := true
+	for sp := first; sp <= last; sp++ {
+		v := r.words.Word(sp).Load()
+		if v == h.Failed {
+			return false, r.peerFailedLocked(op, q)
+		}
+		if int64(v-h.Iteration) < 0 {
+			arrived = false
+		}
+	}
+	return arrived, nil
+}
+
+// backoff paces a host wait: spin, then yield, then sleep briefly.
+func backoff(i int) {
+	switch {
+	case i < 64:
+	case i < 1024:
+		runtime.Gosched()
+	default:
+		time.Sleep(10 * time.Microsecond)
+	}
+}
