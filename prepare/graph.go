@@ -17,7 +17,9 @@ import (
 // condition. Every launch is an iteration of p, with no host call per launch; the
 // receiver starts each iteration as usual. It returns the node that completes when
 // the partition has moved. g is a *graph.Host (host backends) or a graph.CUDA (CUDA
-// backends).
+// backends). In a CUDA graph nothing of the host runs per launch, so the sender's
+// worker must be progressed by someone else while the graph runs: give it
+// ucp.WorkerParams.ProgressThread.
 func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
 	if err := r.ensurePrepared(); err != nil {
 		return nil, err

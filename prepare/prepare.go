@@ -232,19 +232,23 @@ func (r *Request) Stats() Stats {
 // waiters.
 func (r *Request) fail(err error) {
 	r.mu.Lock()
+	if r.freed {
+		r.mu.Unlock() // its words are gone; nothing waits on a freed request
+		return
+	}
 	if r.err == nil {
 		r.err = fmt.Errorf("prepared %s tag %#x: %w", r.role, r.tag, err)
 	}
-	words := r.words
-	r.mu.Unlock()
-	if words != nil {
-		// failedWord satisfies a receiver stream's GEQ wait and a sender stream's AND 1
-		// wait, so no stream stays blocked on a dead peer.
+	// Under r.mu, so Free cannot release the words meanwhile. failedWord satisfies a
+	// receiver stream's GEQ wait and a sender stream's AND 1 wait, so no stream stays
+	// blocked on a dead peer.
+	if words := r.words; words != nil {
 		for i := range words.Len() {
 			words.Word(i).Store(failedWord)
 		}
 		words.Word(0).Block().Notify()
 	}
+	r.mu.Unlock()
 	r.failDevice()
 }
 

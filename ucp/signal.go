@@ -32,8 +32,9 @@ type Signal struct {
 // the peer's signal word, so that the update becomes visible only after the data: a
 // peer (or a stream of the peer) waiting on the word may read the data once it sees
 // the value. The Request completes once buf may be reused (local completion, as MPI's
-// send completion); the data and the signal land at the peer in that order. With a
-// Condition, both start when it triggers.
+// send completion) and the signal has left, so a caller that stops progressing
+// afterwards leaves nothing behind; the data and the signal land at the peer in that
+// order. With a Condition, both start when it triggers.
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
 	p = param(p)
@@ -94,12 +95,14 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	if err != nil {
 		return nil, err
 	}
-	// The Request the caller waits on is the data's while it is pending (the signal's
-	// own completes on its own and frees its operand), else the signal's.
-	if data != nil && !data.done.Load() {
-		return data, nil
+	// The Request the caller waits on is the signal's while it is pending: the signal
+	// must leave before the caller may stop progressing (a peer waits for it), and on
+	// one endpoint it leaves after the data (the fence), so the data left too. Else
+	// the data's while that is pending, else done.
+	if !signal.done.Load() || data == nil || data.done.Load() {
+		return signal, nil
 	}
-	return signal, nil
+	return data, nil
 }
 
 // Signals are registered 64-bit signal words that peers update (PutSignalNbx,
