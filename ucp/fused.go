@@ -132,10 +132,14 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 // the callbacks that became due.
 func (w *Worker) afterCallUnlock() {
 	w.afterLocked()
+	tick := w.tickLocked()
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
 	if cbs != nil {
 		runDeferred(cbs)
+	}
+	if tick {
+		w.reschedule()
 	}
 }
 

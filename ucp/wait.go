@@ -22,10 +22,11 @@ import (
 //     closes: no timed slices, no sleeps. The first goroutine to park sleeps in Go's
 //     netpoller on the event fd; others park on a channel it closes when it wakes. No
 //     OS thread blocks;
-//  3. without wakeup, keep polling, yielding the processor (sched_yield, then to other
-//     goroutines) between rounds: on an oversubscribed machine the peer's thread gets
+//  3. without wakeup, keep polling, yielding the processor to other threads
+//     (sched_yield) between rounds: on an oversubscribed machine the peer's thread gets
 //     to run (measured: 4 MiB tag_bw over shm with a third busy process on 2 cores,
-//     3.2 GB/s polling without yielding, 8.0 GB/s with).
+//     3.2 GB/s polling without yielding, 8.0 GB/s with). Other goroutines of the
+//     processor run when the Go scheduler preempts the poller.
 //
 // After a wakeup a waiter spins again: an event usually comes with more.
 
@@ -51,10 +52,14 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 			}
 			w.progressLocked(r, spinRounds)
 		}
+		tick := w.tickLocked()
 		cbs := w.takeDeferredLocked()
 		w.mu.Unlock()
 		if cbs != nil {
 			runDeferred(cbs)
+		}
+		if tick {
+			w.reschedule()
 		}
 		if r.done.Load() {
 			return r.err
@@ -72,9 +77,10 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 		case time.Since(start) < w.spinTime:
 		case w.efd < 0:
 			// Nothing to sleep on: keep polling, letting other threads of the machine
-			// (the peer, on an oversubscribed one) and other goroutines run.
+			// (the peer, on an oversubscribed one) run. Not runtime.Gosched: with no
+			// other goroutine to run it wakes an idle thread of the runtime, which finds
+			// nothing and sleeps again, two context switches per call (measured).
 			osYield()
-			runtime.Gosched()
 		default:
 			if finished, err := w.parkOn(ctx, r); finished {
 				return err
@@ -83,6 +89,37 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 		}
 	}
 }
+
+// reschedEvery is how often a goroutine that keeps the worker busy goes through the
+// Go scheduler (see reschedule).
+const reschedEvery = 2 * time.Millisecond
+
+// tickLocked counts the worker's progressing calls and says when to consider a
+// reschedule (every 1024: about 1 ms of 8-byte round trips). Caller holds w.mu.
+func (w *Worker) tickLocked() bool {
+	w.ticks++
+	return w.ticks&1023 == 0
+}
+
+// reschedule passes through the Go scheduler if the last pass is reschedEvery old. A
+// goroutine that spins on a worker without ever blocking keeps its scheduling tick:
+// after 10 ms the runtime's monitor (sysmon) preempts it, takes its processor away
+// while it is in a cgo call, and then wakes every 20 µs for a while, each wake-up
+// taking a core from a spinning thread (measured, 8 B tag_lat over shm: ~9000 context
+// switches/s and the p99 several times the median). A Gosched every few
+// milliseconds costs two context switches of the runtime's, a few hundred times a
+// second.
+func (w *Worker) reschedule() {
+	now := time.Since(clockBase)
+	if last := time.Duration(w.lastResched.Load()); now-last < reschedEvery {
+		return
+	}
+	w.lastResched.Store(int64(now))
+	runtime.Gosched()
+}
+
+// clockBase anchors the monotonic readings of reschedule.
+var clockBase = time.Now()
 
 // parkOn arms the worker and sleeps until something may have completed r. It reports
 // whether the wait is over (r done, ctx ended, worker closed) and with what.

@@ -54,8 +54,11 @@ type Worker struct {
 	// goroutine that completed a request somebody is parked on to wake them (under mu).
 	park       parker
 	wakeParked bool
-	reqPool    []*Request        // the worker's own requests for fused calls (under mu)
-	eng        *condition.Engine // the engine of conditioned operations, started on first use (under mu)
+	ticks      uint32 // progressing calls of waits (under mu)
+	// lastResched is when a wait last went through the Go scheduler (since clockBase).
+	lastResched atomic.Int64
+	reqPool     []*Request        // the worker's own requests for fused calls (under mu)
+	eng         *condition.Engine // the engine of conditioned operations, started on first use (under mu)
 	// engReady is eng once started: enqueuers read it without mu, which the engine
 	// holds while it progresses.
 	engReady atomic.Pointer[condition.Engine]
@@ -137,9 +140,13 @@ func (w *Worker) progressFor(r *Request, spins uint) int {
 		return 0
 	}
 	n := w.progressLocked(r, spins)
+	tick := w.tickLocked()
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
 	runDeferred(cbs)
+	if tick {
+		w.reschedule()
+	}
 	return n
 }
 
