@@ -33,8 +33,10 @@ import (
 // DefaultSpinTime is how long a wait busy-polls before parking (WorkerParams.SpinTime).
 const DefaultSpinTime = 100 * time.Microsecond
 
-// spinRounds is the number of progress calls of one cgo call while spinning.
-const spinRounds = 64
+// spinRounds is the number of progress calls of one cgo call while spinning (its C loop
+// returns as soon as the request completes): enough that an 8-byte round trip over
+// shared memory usually completes within the first call.
+const spinRounds = 256
 
 // parkTries bounds the arm attempts of one park: each busy arm progresses once more.
 const parkTries = 4
@@ -42,7 +44,8 @@ const parkTries = 4
 // waitRequest drives progress until r completes or ctx ends.
 func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 	done := ctx.Done()
-	var start time.Time
+	var start time.Duration
+	started, spun := false, w.spinTime < 0
 	for i := 0; ; i++ {
 		w.mu.Lock()
 		if !r.done.Load() {
@@ -71,22 +74,35 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 			default:
 			}
 		}
-		switch {
-		case i == 0:
-			start = time.Now()
-		case time.Since(start) < w.spinTime:
-		case w.efd < 0:
+		if !spun {
+			// The clock is read from the third round on, every other round: a wait
+			// that ends within a few rounds reads none.
+			if i < 2 || i&1 != 0 {
+				continue
+			}
+			now := monotonic()
+			if !started {
+				start, started = now, true
+				continue
+			}
+			if now-start < w.spinTime {
+				continue
+			}
+			spun = true
+		}
+		if w.efd < 0 {
 			// Nothing to sleep on: keep polling, letting other threads of the machine
 			// (the peer, on an oversubscribed one) run. Not runtime.Gosched: with no
 			// other goroutine to run it wakes an idle thread of the runtime, which finds
 			// nothing and sleeps again, two context switches per call (measured).
 			osYield()
-		default:
-			if finished, err := w.parkOn(ctx, r); finished {
-				return err
-			}
-			start = time.Now()
+			continue
 		}
+		if finished, err := w.parkOn(ctx, r); finished {
+			return err
+		}
+		// After a wake-up, spin again.
+		started, spun, i = false, w.spinTime < 0, 0
 	}
 }
 
@@ -110,7 +126,7 @@ func (w *Worker) tickLocked() bool {
 // milliseconds costs two context switches of the runtime's, a few hundred times a
 // second.
 func (w *Worker) reschedule() {
-	now := time.Since(clockBase)
+	now := monotonic()
 	if last := time.Duration(w.lastResched.Load()); now-last < reschedEvery {
 		return
 	}
@@ -118,8 +134,11 @@ func (w *Worker) reschedule() {
 	runtime.Gosched()
 }
 
-// clockBase anchors the monotonic readings of reschedule.
+// clockBase anchors monotonic.
 var clockBase = time.Now()
+
+// monotonic reads the monotonic clock once (time.Now reads it and the wall clock).
+func monotonic() time.Duration { return time.Since(clockBase) }
 
 // parkOn arms the worker and sleeps until something may have completed r. It reports
 // whether the wait is over (r done, ctx ended, worker closed) and with what.
