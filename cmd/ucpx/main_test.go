@@ -149,7 +149,12 @@ func TestPerf(t *testing.T) {
 				assert.Positive(t, r.ElapsedS, "implausible result %+v", r)
 				assert.Positive(t, r.BandwidthMBs, "implausible result %+v", r)
 				assert.Positive(t, r.MsgRate, "implausible result %+v", r)
-				if r.Test == testTagLat {
+				if isPartTest(r.Test) {
+					assert.Equal(t, defaultPartitions, r.Partitions, "partitions of %+v", r)
+				} else {
+					assert.Zero(t, r.Partitions, "partitions of %+v", r)
+				}
+				if r.Test == testTagLat || r.Test == testPartLat {
 					assert.Positive(t, r.LatMinUs, "implausible latency %+v", r)
 					assert.LessOrEqual(t, r.LatMinUs, r.LatTypicalUs, "implausible latency %+v", r)
 					assert.Positive(t, r.LatTypicalUs, "implausible latency %+v", r)
@@ -158,6 +163,70 @@ func TestPerf(t *testing.T) {
 			}
 		})
 	}
+}
+
+// part_lat and part_bw run prepared partitioned iterations between the two processes
+// (each receiver checks the bytes it got) and report plausible rows.
+func TestPerfPartitioned(t *testing.T) {
+	for _, tr := range []string{"shm", "tcp"} {
+		t.Run(tr, func(t *testing.T) {
+			st, out, errs := run(t, "perf", "--json", "--tests", "part_lat,part_bw", "--transport", tr,
+				"--sizes", "64,4k,64k", "--partitions", "16", "--iters", "300", "--warmup", "30", "--timeout", "60s")
+			require.Zero(t, st, "perf: status\nstderr:\n%s", errs)
+			var rep perfReport
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), "perf --json output does not parse:\n%s", out)
+			require.Len(t, rep.Results, 2*3, "results")
+			seen := map[string]int{}
+			for _, r := range rep.Results {
+				seen[r.Test]++
+				assert.Equal(t, 16, r.Partitions, "partitions of %+v", r)
+				assert.Equal(t, 300, r.Iters, "implausible result %+v", r)
+				assert.Equal(t, 30, r.Warmup, "implausible result %+v", r)
+				assert.Positive(t, r.ElapsedS, "implausible result %+v", r)
+				assert.Positive(t, r.BandwidthMBs, "implausible result %+v", r)
+				assert.Positive(t, r.MsgRate, "implausible result %+v", r)
+				assert.Positive(t, r.LatAvgUs, "implausible result %+v", r)
+				if r.Test == testPartLat {
+					assert.Positive(t, r.LatMinUs, "implausible latency %+v", r)
+					assert.LessOrEqual(t, r.LatMinUs, r.LatTypicalUs, "implausible latency %+v", r)
+					// The mean comes from the total time: two one-way trips per iteration.
+					assert.InEpsilon(t, r.ElapsedS, r.LatAvgUs*2*float64(r.Iters)/1e6, 0.01, "implausible latency %+v", r)
+				} else {
+					// Bytes per second: the whole buffer once per iteration.
+					assert.InEpsilon(t, float64(r.Size)*float64(r.Iters)/r.ElapsedS/mb, r.BandwidthMBs, 0.01, "implausible bandwidth %+v", r)
+				}
+			}
+			assert.Equal(t, map[string]int{testPartLat: 3, testPartBw: 3}, seen, "rows per test")
+		})
+	}
+	st, out, _ := run(t, "perf", "--tests", "part_lat", "--sizes", "4k", "--partitions", "4", "--iters", "50", "--warmup", "5", "--timeout", "60s")
+	require.Zero(t, st, "perf table: status")
+	assert.Contains(t, out, "part_lat x4", "table")
+	assert.Contains(t, out, "xN: size is the whole buffer", "table footer")
+}
+
+// Bad --partitions fail before anything starts, saying why.
+func TestPerfPartitionsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tests", "part_lat", "--sizes", "8,100", "--partitions", "3"}, "--partitions 3 does not divide --sizes 8"},
+		{[]string{"--tests", "tag_lat,part_bw", "--sizes", "4k,6", "--partitions", "4"}, "--partitions 4 does not divide --sizes 6"},
+		{[]string{"--tests", "part_bw", "--sizes", "8", "--partitions", "16"}, "--partitions 16 does not divide --sizes 8"},
+		{[]string{"--tests", "part_lat", "--partitions", "0"}, "--partitions 0: want 1 to"},
+		{[]string{"--tests", "part_lat", "--partitions", "-2"}, "--partitions -2: want 1 to"},
+		{[]string{"--tests", "part_lat", "--partitions", "x"}, "invalid value"},
+	} {
+		st, _, errs := run(t, append([]string{"perf", "--timeout", "5s"}, tc.args...)...)
+		assert.Equal(t, 2, st, "perf %v: status", tc.args)
+		assert.Contains(t, errs, tc.want, "perf %v", tc.args)
+	}
+	// Only the partitioned tests split their sizes: the others take any.
+	o := perfOptions{tests: []string{testTagLat}, sizes: []int{7}, partitions: 8}
+	assert.NoError(t, o.checkPartitions())
+	o.tests = append(o.tests, testPartBw)
+	assert.ErrorContains(t, o.checkPartitions(), "split into 8 equal partitions")
 }
 
 // Every stream mode of tag_lat runs on host streams between two processes, without

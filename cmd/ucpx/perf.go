@@ -26,7 +26,7 @@ const (
 	testPutBw  = "put_bw"
 )
 
-var allTests = []string{testTagLat, testTagBw, testPutBw}
+var allTests = []string{testTagLat, testTagBw, testPutBw, testPartLat, testPartBw}
 
 // defaultSizes: 8 B to 4 MiB, powers of 8 plus 1 MiB and 4 MiB.
 var defaultSizes = []int{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20}
@@ -35,19 +35,20 @@ var defaultSizes = []int{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 <<
 const mb = 1 << 20
 
 type perfOptions struct {
-	tests     []string
-	sizes     []int
-	iters     int // 0: automatic per size
-	warmup    int // -1: automatic
-	transport string
-	tls       string
-	peerErr   bool
-	window    int
-	spin      bool
-	timeout   time.Duration
-	asJSON    bool
-	modes     []string // tag_lat only: plain and the stream modes
-	backend   string   // stream backend of the stream modes: auto, host, cuda
+	tests      []string
+	sizes      []int
+	iters      int // 0: automatic per size
+	warmup     int // -1: automatic
+	transport  string
+	tls        string
+	peerErr    bool
+	window     int
+	spin       bool
+	timeout    time.Duration
+	asJSON     bool
+	modes      []string // tag_lat only: plain and the stream modes
+	backend    string   // stream backend of the stream modes: auto, host, cuda
+	partitions int      // part_lat, part_bw: partitions of each message
 }
 
 // perfReport is the output of `ucpx perf --json`.
@@ -78,6 +79,7 @@ type perfResult struct {
 	Test          string  `json:"test"`
 	Mode          string  `json:"mode,omitempty"` // tag_lat: how a stream drives it (plain: no stream)
 	Size          int     `json:"size"`
+	Partitions    int     `json:"partitions,omitempty"` // part_lat, part_bw: Size is split into this many`
 	Iters         int     `json:"iters"`
 	Warmup        int     `json:"warmup"`
 	LatTypicalUs  float64 `json:"lat_typical_us"`
@@ -107,11 +109,12 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	modes := fs.String("modes", modePlain, "tag_lat only, how it is driven: "+strings.Join(allModes, ",")+" (stream modes: see docs/performance.md)")
 	backend := fs.String("backend", "auto", "stream backend of the stream modes: auto (CUDA where there is a GPU), host, cuda")
 	work := fs.String("work", "none", "tag_lat stream modes: none, or kernel to also run sync, hostfunc and stream as mode+work, with a producer kernel writing the send buffer on the stream before each iteration (a host function on host streams)")
+	partitions := fs.Int("partitions", defaultPartitions, "part_lat, part_bw: partitions of each message (each size is the whole buffer, split into this many equal partitions; it must divide every size)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (not the peer's) to `file`")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
-	o := perfOptions{iters: *iters, warmup: *warmup, transport: *transport, window: *window, timeout: *timeout, asJSON: *asJSON}
+	o := perfOptions{iters: *iters, warmup: *warmup, transport: *transport, window: *window, timeout: *timeout, asJSON: *asJSON, partitions: *partitions}
 	var err error
 	switch *waitMode {
 	case "wait":
@@ -132,6 +135,9 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	}
 	if err == nil {
 		o.tls, o.peerErr, err = resolveTransport(*transport, *tls, *peerErr)
+	}
+	if err == nil {
+		err = o.checkPartitions()
 	}
 	switch {
 	case err != nil:
@@ -207,7 +213,7 @@ func parseTests(s string) ([]string, error) {
 		switch t {
 		case "":
 			continue
-		case testTagLat, testTagBw, testPutBw:
+		case testTagLat, testTagBw, testPutBw, testPartLat, testPartBw:
 			out = append(out, t)
 		default:
 			return nil, fmt.Errorf("--tests: unknown test %q (want %s)", t, strings.Join(allTests, ", "))
@@ -273,7 +279,7 @@ func fmtSize(n int) string {
 // bytes for a stable bandwidth for large ones.
 func autoIters(test string, size int) int {
 	budget := 512 << 20 // bytes moved per size
-	if test == testTagLat {
+	if test == testTagLat || test == testPartLat {
 		budget = 256 << 20
 	}
 	return min(100000, max(100, budget/size))
@@ -319,6 +325,7 @@ type perfMsg struct {
 	Test  string `json:"test,omitempty"`
 	Size  int    `json:"size,omitempty"`
 	Count int    `json:"count,omitempty"`
+	Parts int    `json:"parts,omitempty"` // part_lat, part_bw: partitions
 	Err   string `json:"err,omitempty"`
 }
 
@@ -355,6 +362,7 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		"--max-size", strconv.Itoa(size),
 		"--window", strconv.Itoa(o.window),
 		"--rma=" + strconv.FormatBool(o.needsRMA()),
+		"--part=" + strconv.FormatBool(o.needsPart()),
 		"--spin=" + strconv.FormatBool(o.spin),
 		"--timeout", o.timeout.String(),
 	}, logw, "[perf-peer] ")
@@ -381,7 +389,7 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 	ctl := newCtlConn(conn)
 	defer ctl.close()
 
-	s, err := newPerfSide(o.tls, o.peerErr, o.needsRMA(), o.spin, size, o.window)
+	s, err := newPerfSide(o.tls, o.peerErr, o.needsRMA(), o.needsPart(), o.spin, size, o.window)
 	if err != nil {
 		return nil, err
 	}
@@ -424,11 +432,11 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 			for _, sz := range o.sizes {
 				iters, warmup := o.itersFor(test, sz)
 				if warmup > 0 {
-					if _, err := s.phase(ctx, ctl, test, mode, sz, warmup); err != nil {
+					if _, err := s.phase(ctx, ctl, test, mode, sz, warmup, o.partitions); err != nil {
 						return nil, peerFailure(peer, fmt.Errorf("%s %s %s warm-up: %w", test, mode, fmtSize(sz), orCause(ctx, err)))
 					}
 				}
-				res, err := s.phase(ctx, ctl, test, mode, sz, iters)
+				res, err := s.phase(ctx, ctl, test, mode, sz, iters, o.partitions)
 				if err != nil {
 					return nil, peerFailure(peer, fmt.Errorf("%s %s %s: %w", test, mode, fmtSize(sz), orCause(ctx, err)))
 				}
@@ -438,11 +446,14 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		}
 	}
 	rep.Comparisons = compareModes(rep.Results)
+	if err := s.freePart(ctx); err != nil {
+		return nil, peerFailure(peer, err)
+	}
 	if err := ctl.send(perfMsg{Op: "bye"}, ctlTimeout); err != nil {
 		return nil, err
 	}
 	var bye perfMsg
-	if err := ctl.recv(ctx, &bye, ctlTimeout); err != nil || bye.Op != "bye" {
+	if err := s.ctlRecv(ctx, ctl, &bye, ctlTimeout); err != nil || bye.Op != "bye" {
 		return nil, peerFailure(peer, fmt.Errorf("peer did not confirm the end: %v", orErr(err, bye.Err)))
 	}
 	if err := peer.wait(10 * time.Second); err != nil {
@@ -504,17 +515,30 @@ func orErr(err error, msg string) string {
 	return "status 0"
 }
 
-// phase runs count iterations of test at size with the peer and measures them.
-func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, size, count int) (perfResult, error) {
+// phase runs count iterations of test at size with the peer and measures them; parts
+// is the partition count of the partitioned tests.
+func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, size, count, parts int) (perfResult, error) {
 	res := perfResult{Test: test, Size: size, Iters: count}
 	if test == testTagLat {
 		res.Mode = mode
 	}
-	if err := ctl.send(perfMsg{Op: "phase", Test: test, Size: size, Count: count}, ctlTimeout); err != nil {
+	msg := perfMsg{Op: "phase", Test: test, Size: size, Count: count}
+	if isPartTest(test) {
+		res.Partitions, msg.Parts = parts, parts
+	}
+	if err := ctl.send(msg, ctlTimeout); err != nil {
 		return res, err
 	}
+	var ps *partSet
+	if isPartTest(test) {
+		// The peer prepares its requests before it says ready: prepare ours meanwhile.
+		var err error
+		if ps, err = s.partPhaseSetup(ctx, test, size, parts); err != nil {
+			return res, err
+		}
+	}
 	var m perfMsg
-	if err := ctl.recv(ctx, &m, ctlTimeout); err != nil {
+	if err := s.ctlRecv(ctx, ctl, &m, ctlTimeout); err != nil {
 		return res, err
 	}
 	if m.Op != "ready" {
@@ -545,11 +569,21 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, s
 		var total time.Duration
 		total, err = s.putBwSender(ctx, size, count)
 		fillBandwidth(&res, total)
+	case testPartLat:
+		var rtts []time.Duration
+		var total time.Duration
+		if rtts, total, err = s.partLatInitiator(ctx, ps, count); err == nil {
+			fillLatency(&res, rtts, total)
+		}
+	case testPartBw:
+		var total time.Duration
+		total, err = s.partBwSender(ctx, ps, count)
+		fillBandwidth(&res, total)
 	}
 	if err != nil {
 		return res, err
 	}
-	if err := ctl.recv(ctx, &m, ctlTimeout); err != nil {
+	if err := s.ctlRecv(ctx, ctl, &m, ctlTimeout); err != nil {
 		return res, err
 	}
 	if m.Op != "done" {
@@ -599,18 +633,27 @@ func printPerf(w io.Writer, rep *perfReport) {
 		rep.Date, rep.UCXVersion, rep.Transport, rep.TLS, rep.PeerTLS, rep.PeerErrorHandling, rep.Window, rep.Wait, rep.CPUs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "test\tsize\titers\tlat typical us\tlast-2048 us\tp99 us\tlat avg us\tlat min us\tMB/s\tmsg/s\t")
+	parts := false
 	for _, r := range rep.Results {
+		pingPong := r.Test == testTagLat || r.Test == testPartLat
 		if r.Mode != "" && r.Mode != modePlain {
 			r.Test += "/" + r.Mode
 		}
+		if r.Partitions > 0 {
+			r.Test += fmt.Sprintf(" x%d", r.Partitions)
+			parts = true
+		}
 		lat := fmt.Sprintf("%.3f\t%.3f\t%.3f\t%.3f\t%.3f", r.LatTypicalUs, r.LatLast2048Us, r.LatP99Us, r.LatAvgUs, r.LatMinUs)
-		if r.Test != testTagLat {
+		if !pingPong {
 			lat = fmt.Sprintf("-\t-\t-\t%.3f\t-", r.LatAvgUs)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.2f\t%.0f\t\n", r.Test, fmtSize(r.Size), r.Iters, lat, r.BandwidthMBs, r.MsgRate)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w, "latency: one way (half a round trip), typical = median of all iterations, last-2048 = median of the last 2048 (ucx_perftest's typical), p99 of all; MB = 2^20 bytes (as ucx_perftest); bw tests: lat avg = time per message")
+	if parts {
+		fmt.Fprintln(w, "part_lat, part_bw xN: size is the whole buffer of an iteration, in N partitions (prepared once; each iteration Start, N Pready, Wait)")
+	}
 	printComparisons(w, rep.Comparisons)
 }
 
@@ -623,6 +666,7 @@ func runPerfPeer(args []string, stdout, stderr io.Writer) int {
 	size := fs.Int("max-size", 4<<20, "largest message size")
 	window := fs.Int("window", 32, "outstanding receives in tag_bw")
 	rma := fs.Bool("rma", true, "create the context with the RMA feature (put_bw)")
+	part := fs.Bool("part", false, "create the context with what prepared requests use (part_lat, part_bw)")
 	spin := fs.Bool("spin", false, "busy-poll instead of Request.Wait")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	if st, ok := parseFlags(fs, args); !ok {
@@ -631,14 +675,14 @@ func runPerfPeer(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv(reexecEnv) != "" {
 		watchParent("ucpx perf-peer")
 	}
-	if err := perfPeerMain(*ctlAddr, *tls, *peerErr, *rma, *spin, *size, *window, *timeout); err != nil {
+	if err := perfPeerMain(*ctlAddr, *tls, *peerErr, *rma, *part, *spin, *size, *window, *timeout); err != nil {
 		fmt.Fprintf(stderr, "ucpx perf-peer: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func perfPeerMain(ctlAddr, tls string, peerErr, rma, spin bool, size, window int, timeout time.Duration) error {
+func perfPeerMain(ctlAddr, tls string, peerErr, rma, part, spin bool, size, window int, timeout time.Duration) error {
 	if ctlAddr == "" {
 		return errors.New("--ctl is required")
 	}
@@ -654,7 +698,7 @@ func perfPeerMain(ctlAddr, tls string, peerErr, rma, spin bool, size, window int
 	ctl := newCtlConn(conn)
 	defer ctl.close()
 
-	s, err := newPerfSide(tls, peerErr, rma, spin, size, window)
+	s, err := newPerfSide(tls, peerErr, rma, part, spin, size, window)
 	if err != nil {
 		_ = ctl.send(perfMsg{Op: "error", Err: err.Error()}, ctlTimeout)
 		return err
@@ -685,14 +729,18 @@ func perfPeerMain(ctlAddr, tls string, peerErr, rma, spin bool, size, window int
 	}
 	for {
 		// The parent may think for a while between phases (sorting samples, printing).
-		if err := ctl.recv(ctx, &m, timeout); err != nil {
+		if err := s.ctlRecv(ctx, ctl, &m, timeout); err != nil {
 			return err
 		}
 		switch m.Op {
 		case "bye":
+			if err := s.freePart(ctx); err != nil {
+				_ = ctl.send(perfMsg{Op: "error", Err: err.Error()}, ctlTimeout)
+				return err
+			}
 			return ctl.send(perfMsg{Op: "bye"}, ctlTimeout)
 		case "phase":
-			if err := s.respond(ctx, ctl, m.Test, m.Size, m.Count); err != nil {
+			if err := s.respond(ctx, ctl, m.Test, m.Size, m.Count, m.Parts); err != nil {
 				_ = ctl.send(perfMsg{Op: "error", Err: err.Error()}, ctlTimeout)
 				return fmt.Errorf("%s %s: %w", m.Test, fmtSize(m.Size), err)
 			}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -53,12 +54,22 @@ type perfSide struct {
 	ring    []*ucp.Request
 	small   []byte   // acks and put-completion notices
 	rig     *modeRig // the stream machinery of --modes (initiator only)
+	// part_lat, part_bw: the prepared requests of the current test and size, and the
+	// host backend of their signal words.
+	part        *partSet
+	partBackend stream.Backend
+	// progressCtl: progress the worker while waiting for a control message (see
+	// ctlRecv); set once this side made its first prepared request.
+	progressCtl bool
 }
 
-func newPerfSide(tls string, peerErr, rma, spin bool, size, window int) (*perfSide, error) {
+func newPerfSide(tls string, peerErr, rma, part, spin bool, size, window int) (*perfSide, error) {
 	features := ucp.FeatureTag
 	if rma {
 		features |= ucp.FeatureRMA
+	}
+	if part {
+		features |= partFeatures
 	}
 	c, err := ucp.NewContext(ucp.ContextParams{
 		Features: features,
@@ -103,6 +114,9 @@ func (s *perfSide) connect(addr, rkey []byte) error {
 func (s *perfSide) close() {
 	if s.ctx != nil {
 		_ = s.ctx.Close() // closes the rkey, endpoint, worker and registrations
+	}
+	if s.partBackend != nil {
+		_ = s.partBackend.Close()
 	}
 }
 
@@ -374,8 +388,8 @@ func (s *perfSide) putBwResponder(ctx context.Context, ready func() error, size 
 	return nil
 }
 
-// respond runs the peer's side of one phase.
-func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size, count int) error {
+// respond runs the peer's side of one phase (parts: partitions of part_lat, part_bw).
+func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size, count, parts int) error {
 	if size > s.rmem.Len() || count <= 0 {
 		return fmt.Errorf("bad phase: size %d (buffer %d), count %d", size, s.rmem.Len(), count)
 	}
@@ -396,6 +410,8 @@ func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size,
 		err = s.tagBwReceiver(ctx, ready, size, count)
 	case testPutBw:
 		err = s.putBwResponder(ctx, ready, size)
+	case testPartLat, testPartBw:
+		err = s.respondPart(ctx, ready, test, size, parts, count)
 	default:
 		err = fmt.Errorf("unknown test %q", test)
 	}
