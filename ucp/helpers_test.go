@@ -62,26 +62,7 @@ func newPair(t *testing.T, cfg map[string]string) *pair {
 // which is how UCX 1.13 selects shared-memory transports.
 func newShmPair(t *testing.T) *pair {
 	t.Helper()
-	p := &pair{}
-	var err error
-	p.ctxA, err = NewContext(ContextParams{})
-	require.NoError(t, err)
-	p.ctxB, err = NewContext(ContextParams{})
-	require.NoError(t, err)
-	p.a, err = p.ctxA.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	p.b, err = p.ctxB.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	addrA, err := p.a.Address()
-	require.NoError(t, err)
-	addrB, err := p.b.Address()
-	require.NoError(t, err)
-	p.epA, err = p.a.ConnectAddress(addrB, &EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	p.epB, err = p.b.ConnectAddress(addrA, &EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { p.close(t) })
-	return p
+	return shmPairWith(t, WorkerParams{})
 }
 
 // pairs runs f over tcp (listener, peer error handling) and shared memory.
