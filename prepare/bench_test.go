@@ -471,3 +471,104 @@ func TestBenchVariants(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSignalParts takes a put-with-signal apart: per iteration, 8 partitions of
+// 4 KiB as 8 PutSignalNbx (put, fence, add), as 8 puts and 8 adds without the fence,
+// as the 8 puts alone (then a flush: remote completion) and as the 8 adds alone; one
+// goroutine progressing both workers, each iteration waited for at the receiver.
+// What a prepared partition costs beyond its data (docs/performance.md, "Prepared
+// partitions").
+func BenchmarkSignalParts(b *testing.B) {
+	const parts, size = 8, 4 << 10
+	for _, ln := range benchLinks {
+		for _, kind := range []string{"putsignal", "put+add", "put", "add"} {
+			b.Run(ln.name+"/"+kind, func(b *testing.B) {
+				l := ln.make(b)
+				defer flushLink(b, l)
+				backend, err := stream.Open(stream.Host)
+				require.NoError(b, err)
+				defer backend.Close()
+				smem, sbuf := registered(b, l.ctxS, parts*size)
+				rmem, _ := registered(b, l.ctxR, parts*size)
+				words, err := l.r.NewSignals(backend, parts)
+				require.NoError(b, err)
+				defer words.Close()
+				packed, err := rmem.PackRkey()
+				require.NoError(b, err)
+				bufKey, err := l.toR.UnpackRkey(packed)
+				require.NoError(b, err)
+				defer bufKey.Close()
+				packed, err = words.PackRkey()
+				require.NoError(b, err)
+				wordKey, err := l.toR.UnpackRkey(packed)
+				require.NoError(b, err)
+				defer wordKey.Close()
+				param := &ucp.RequestParam{MemH: smem}
+				base := uint64(rmem.Address())
+				add := ucp.AtomicParam{Op: ucp.AtomicAdd, Operand: 1}
+				both := func() { l.s.Progress(); l.r.Progress() }
+				ctx := context.Background()
+				reqs := make([]*ucp.Request, 0, 2*parts)
+				signals := 0
+				iteration := func() error {
+					reqs = reqs[:0]
+					for p := range parts {
+						buf, raddr := sbuf[p*size:(p+1)*size], base+uint64(p*size)
+						var r1, r2 *ucp.Request
+						var err error
+						switch kind {
+						case "putsignal":
+							sig := ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: words.Addr(p), Rkey: wordKey}
+							r1, err = l.toR.PutSignalNbx(buf, raddr, bufKey, sig, param)
+						case "put+add":
+							if r1, err = l.toR.PutNbx(buf, raddr, bufKey, param); err == nil {
+								r2, err = l.toR.AtomicNbx(add, words.Addr(p), wordKey, nil)
+							}
+						case "put":
+							r1, err = l.toR.PutNbx(buf, raddr, bufKey, param)
+						case "add":
+							r1, err = l.toR.AtomicNbx(add, words.Addr(p), wordKey, nil)
+						}
+						if err != nil {
+							return err
+						}
+						for _, r := range []*ucp.Request{r1, r2} {
+							if r != nil {
+								reqs = append(reqs, r)
+							}
+						}
+					}
+					for _, r := range reqs {
+						if err := waitPoll(ctx, r.Wait, r.Test, both); err != nil {
+							return err
+						}
+					}
+					if kind == "put" {
+						f, err := l.toR.FlushNbx(nil)
+						if err != nil {
+							return err
+						}
+						return waitPoll(ctx, f.Wait, f.Test, both)
+					}
+					signals++
+					for p := range parts {
+						for words.Word(p).Load() < uint64(signals) {
+							both()
+						}
+					}
+					return nil
+				}
+				for range benchWarmup {
+					require.NoError(b, iteration())
+				}
+				b.SetBytes(parts * size)
+				b.ResetTimer()
+				for range b.N {
+					if err := iteration(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
