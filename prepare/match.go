@@ -114,6 +114,9 @@ func (r *Request) onHandshake(h handshake) {
 		return // a duplicate: the first one counts
 	default:
 	}
+	if r.peerInfo.parts != 0 {
+		return // a resent handshake that came again before this side finished
+	}
 	if r.err != nil {
 		return
 	}
@@ -242,6 +245,24 @@ func PrepareAll(ctx context.Context, reqs ...*Request) error {
 	}
 }
 
+// resendAfter: a sender whose handshake was not answered sends it again after this
+// long. A peer's worker drops an active message that comes before the peer made its
+// first prepared request (no handler yet), so the first one may be lost.
+const resendAfter = 20 * time.Millisecond
+
+// resendDueLocked reports whether a sender should send its handshake again.
+func (r *Request) resendDueLocked() bool {
+	if r.role != sender || !r.sent || !r.hsReq.Done() || time.Since(r.sentAt) < resendAfter {
+		return false
+	}
+	select {
+	case <-r.prepared:
+		return false
+	default:
+		return true
+	}
+}
+
 // prepareStep advances r's prepare phase: send its handshake when it may (a sender at
 // once, a receiver once it knows the sender), and report whether r is prepared.
 func (r *Request) prepareStep() (bool, error) {
@@ -253,7 +274,7 @@ func (r *Request) prepareStep() (bool, error) {
 	if r.role == receiver && r.remote.parts == 0 {
 		return false, nil // the sender speaks first
 	}
-	if !r.sent {
+	if !r.sent || r.resendDueLocked() {
 		if r.role == receiver {
 			if err := r.receiverWordsLocked(); err != nil {
 				return false, fmt.Errorf("prepare: %w", err)
@@ -268,7 +289,7 @@ func (r *Request) prepareStep() (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("prepare: send handshake: %w", err)
 		}
-		r.hsReq, r.sent = req, true
+		r.hsReq, r.sent, r.sentAt = req, true, time.Now()
 	}
 	if !r.hsReq.Done() {
 		return false, nil

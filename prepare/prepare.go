@@ -95,6 +95,7 @@ type Request struct {
 	sent     bool         // the own handshake went out
 	hsData   []byte       // its bytes, alive until the send completed
 	hsReq    *ucp.Request // its send
+	sentAt   time.Time    // when it was (last) sent
 	remote   remote
 	err      error // the peer failed (or the request was freed)
 	freed    bool

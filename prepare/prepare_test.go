@@ -451,3 +451,28 @@ func TestPartitionedHostGraph(t *testing.T) {
 	require.NoError(t, recv.Free())
 	require.Equal(t, uint64(1), send.Stats().TagMatches)
 }
+
+// A handshake that reaches the peer before the peer made any prepared request (its
+// worker drops active messages it has no handler for) is sent again: the prepare
+// phase still completes.
+func TestPrepareHandshakeBeforePeerInit(t *testing.T) {
+	l := shmLink(t)
+	sbuf, rbuf := make([]byte, 256), make([]byte, 256)
+	send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 4, Partitions: 2})
+	require.NoError(t, err)
+	defer send.Free()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() { sent <- prepare.PrepareAll(ctx, send) }()
+	for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); {
+		l.r.Progress() // the first handshake arrives here before any receive request exists
+	}
+	recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 4, Partitions: 2})
+	require.NoError(t, err)
+	defer recv.Free()
+	require.NoError(t, prepare.PrepareAll(ctx, recv))
+	require.NoError(t, <-sent)
+	require.Equal(t, uint64(1), recv.Stats().TagMatches)
+	iterate(t, send, recv, sbuf, rbuf, 3, inOrder(2))
+}
