@@ -15,8 +15,9 @@ import (
 
 // The wait policy of Request.Wait and the blocking calls:
 //
-//  1. spin: progress the worker (64 rounds per cgo call) without yielding, for
-//     WorkerParams.SpinTime (DefaultSpinTime);
+//  1. spin: progress the worker (256 rounds per cgo call), without Gosched, for
+//     WorkerParams.SpinTime (DefaultSpinTime); past yieldAfter, each round also yields
+//     the processor to other threads (sched_yield), so a peer that needs the core runs;
 //  2. then, on a worker with wakeup, arm the event fd (ucp_worker_arm) and park until
 //     it fires, the request completes on another goroutine, ctx ends or the worker
 //     closes: no timed slices, no sleeps. The first goroutine to park sleeps in Go's
@@ -26,7 +27,7 @@ import (
 //     (sched_yield) between rounds: on an oversubscribed machine the peer's thread gets
 //     to run (measured: 4 MiB tag_bw over shm with a third busy process on 2 cores,
 //     3.2 GB/s polling without yielding, 8.0 GB/s with). Other goroutines of the
-//     processor run when the Go scheduler preempts the poller.
+//     processor run when the Go scheduler preempts the poller, or at reschedule.
 //
 // After a wakeup a waiter spins again: an event usually comes with more.
 
@@ -38,6 +39,13 @@ const DefaultSpinTime = 100 * time.Microsecond
 // shared memory usually completes within the first call.
 const spinRounds = 256
 
+// yieldAfter is how long a wait spins before it also yields the processor to other
+// threads between rounds (sched_yield, which returns at once when none is runnable).
+// Measured, 8 B tag_lat over shm with both processes on one core (taskset): a hop
+// costs about this long plus a round; without yielding it costs a scheduler time
+// slice (ucx_perftest: 4 ms one way).
+const yieldAfter = 10 * time.Microsecond
+
 // parkTries bounds the arm attempts of one park: each busy arm progresses once more.
 const parkTries = 4
 
@@ -45,7 +53,7 @@ const parkTries = 4
 func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 	done := ctx.Done()
 	var start time.Duration
-	started, spun := false, w.spinTime < 0
+	started := false
 	for i := 0; ; i++ {
 		w.mu.Lock()
 		if !r.done.Load() {
@@ -74,47 +82,42 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 			default:
 			}
 		}
-		if !spun {
-			// The clock is read from the third round on, every other round: a wait
-			// that ends within a few rounds reads none.
-			if i < 2 || i&1 != 0 {
-				continue
-			}
-			now := monotonic()
-			if !started {
-				start, started = now, true
-				continue
-			}
-			if now-start < w.spinTime {
-				continue
-			}
-			spun = true
+		if i == 0 {
+			continue // a wait that ends within its first round reads no clock
 		}
-		if w.efd < 0 {
-			// Nothing to sleep on: keep polling, letting other threads of the machine
-			// (the peer, on an oversubscribed one) run. Not runtime.Gosched: with no
-			// other goroutine to run it wakes an idle thread of the runtime, which finds
-			// nothing and sleeps again, two context switches per call (measured).
-			osYield()
+		now := monotonic()
+		if !started {
+			start, started = now, true
 			continue
+		}
+		if now-start >= yieldAfter {
+			// The peer may be waiting for this core (an oversubscribed machine, or
+			// both processes on one core): let it run. Not runtime.Gosched: with no
+			// other goroutine to run it wakes an idle thread of the runtime, which
+			// finds nothing and sleeps again, two context switches per call.
+			osYield()
+		}
+		if now-start < w.spinTime || w.efd < 0 {
+			continue // spin; without wakeup, keep polling
 		}
 		if finished, err := w.parkOn(ctx, r); finished {
 			return err
 		}
 		// After a wake-up, spin again.
-		started, spun, i = false, w.spinTime < 0, 0
+		started, i = false, 0
 	}
 }
 
 // reschedEvery is how often a goroutine that keeps the worker busy goes through the
 // Go scheduler (see reschedule).
-const reschedEvery = 2 * time.Millisecond
+const reschedEvery = 5 * time.Millisecond
 
 // tickLocked counts the worker's progressing calls and says when to consider a
-// reschedule (every 1024: about 1 ms of 8-byte round trips). Caller holds w.mu.
+// reschedule (every 256: a quarter of a millisecond of 8-byte round trips, about a
+// millisecond of spinning rounds). Caller holds w.mu.
 func (w *Worker) tickLocked() bool {
 	w.ticks++
-	return w.ticks&1023 == 0
+	return w.ticks&255 == 0
 }
 
 // reschedule passes through the Go scheduler if the last pass is reschedEvery old. A
