@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"time"
 )
 
 // progressThread is the goroutine of WorkerParams.ProgressThread: it progresses the
@@ -51,6 +52,15 @@ func (w *Worker) runProgressThread(t *progressThread) {
 			// Park until the event fd fires (a message, a remote operation) or stop.
 			// Without wakeup WaitForEvents backs off briefly instead.
 			_ = w.WaitForEvents(ctx, 1<<62)
+			if w.efd < 0 {
+				// No event fd: WaitForEvents returns at once; back off instead of
+				// polling a core at 100 %.
+				select {
+				case <-t.stop:
+					return
+				case <-time.After(50 * time.Microsecond):
+				}
+			}
 			idle = 0
 		}
 	}
