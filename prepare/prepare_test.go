@@ -127,11 +127,8 @@ func pair(t testing.TB, l *link, n, sparts, rparts int, tag uint64) (send, recv 
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	errs := make(chan error, 2)
-	go func() { errs <- prepare.PrepareAll(ctx, send) }()
-	go func() { errs <- prepare.PrepareAll(ctx, recv) }()
-	require.NoError(t, <-errs)
-	require.NoError(t, <-errs)
+	// One call progresses both workers.
+	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
 	t.Cleanup(func() {
 		_ = send.Free()
 		_ = recv.Free()
@@ -352,11 +349,8 @@ func TestPartitionedOnStreams(t *testing.T) {
 		defer rs.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		errs := make(chan error, 2)
-		go func() { errs <- prepare.PrepareAll(ctx, send) }()
-		go func() { errs <- prepare.PrepareAll(ctx, recv) }()
-		require.NoError(t, <-errs)
-		require.NoError(t, <-errs)
+		// One call progresses both workers.
+		require.NoError(t, prepare.PrepareAll(ctx, send, recv))
 		for i := 1; i <= iters; i++ {
 			require.NoError(t, recv.Start())
 			require.NoError(t, send.Start())
@@ -399,11 +393,8 @@ func TestPartitionedHostGraph(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	errs := make(chan error, 2)
-	go func() { errs <- prepare.PrepareAll(ctx, send) }()
-	go func() { errs <- prepare.PrepareAll(ctx, recv) }()
-	require.NoError(t, <-errs)
-	require.NoError(t, <-errs)
+	// One call progresses both workers.
+	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
 
 	g := graph.NewHost()
 	launch := 0
