@@ -121,7 +121,9 @@ func cudaEnv(t *testing.T) (stream.Backend, *cuda.Context, *cuda.Stream) {
 	return b, ctx, foreign
 }
 
-// Item 1 on a GPU: a receive into device memory on the condition's stream, a raw
+// Item 1 on a GPU: a receive into device memory on the condition's stream (stream
+// ordered: where UCX cannot move device memory it is staged, and the staged copy-in is
+// stream work after the completion, as on torch's stream in the PyTorch script), a raw
 // CUevent created through the driver and adopted, and a foreign CUstream that only
 // waits on that event before copying the buffer to the host. The event must not be
 // ready while the sender is 200 ms late; the copy must see the message.
@@ -150,7 +152,7 @@ func TestGPURecordEventForeignStream(t *testing.T) {
 		require.NoError(t, err)
 		clear(host.Bytes())
 		rr, err := recvW.TagRecvNbx(ucp.DeviceBuffer(dev.Ptr(), n), uint64(i), ^uint64(0),
-			&ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA, Flags: ucp.NonBlockingEnqueue})
+			&ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA})
 		require.NoError(t, err)
 		if i%2 == 0 {
 			require.NoError(t, rr.RecordEvent(ev))
