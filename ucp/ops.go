@@ -35,6 +35,9 @@ func (p *RequestParam) memType() int {
 }
 
 func (p *RequestParam) check(op string, c *Context) error {
+	if p.Chain != nil && op != "tag_send_nbx" && op != "tag_recv_nbx" {
+		return opErr(op, ErrUnsupported, "RequestParam.Chain: chains hold tag sends and receives")
+	}
 	if p.Request != nil {
 		if err := p.checkReuse(op); err != nil {
 			return err
@@ -68,6 +71,9 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 	if err := p.check("tag_send_nbx", ep.w.ctx); err != nil {
 		return nil, err
 	}
+	if p.Chain != nil {
+		return nil, ep.w.chainAdd("tag_send_nbx", p, ucx.ChainSend, ep, buf, tag, ^uint64(0))
+	}
 	if p.Condition != nil {
 		return ep.w.submit("tag_send_nbx", p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.TagSendNbx(b, tag, ip)
@@ -93,6 +99,9 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 	}
 	if err := p.Peer.sameWorker("tag_recv_nbx", w); err != nil {
 		return nil, err
+	}
+	if p.Chain != nil {
+		return nil, w.chainAdd("tag_recv_nbx", p, ucx.ChainRecv, nil, buf, tag, mask)
 	}
 	if p.Condition != nil {
 		return w.submit("tag_recv_nbx", p, buf, protocol.In, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {

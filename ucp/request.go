@@ -53,6 +53,13 @@ type RequestParam struct {
 	// which also runs Callback. With a Stream condition, later work on the stream waits
 	// for the completion unless Flags has NonBlockingEnqueue.
 	Condition *condition.Condition
+	// Chain enqueues the operation into a completion chain instead of posting it: it
+	// starts when the chain's step before its own completed, posted from the UCX
+	// completion callback in C (see condition.Chain; tag sends and receives only). The
+	// call then returns a nil Request and nil error: the chain reports completion
+	// (Chain.Wait, Chain.Err). Buffers stay pinned until the chain is destroyed.
+	// Callback, Condition, Request and Peer cannot go with it.
+	Chain *condition.Chain
 	// Request, if set, is a Request the caller owns and reuses across operations (a
 	// loop's request): the call tracks the operation in it and returns it, so the call
 	// allocates nothing. Any Request the caller holds that is done may be reused (a zero

@@ -313,6 +313,7 @@ ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t *
 void ucpxu_worker_destroy(ucpxu_worker_t *w)
 {
     size_t i;
+    ucpxu_chains_shutdown(w);
     /* Events not drained by Go still own memory. */
     for (i = 0; i < w->nevents; i++) {
         ucpxu_event_t *ev = &w->events[i];

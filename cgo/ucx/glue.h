@@ -92,6 +92,7 @@ struct ucpxu_worker {
     size_t        nreaped;
     ucpxu_result_t reaped[UCPXU_REAP_MAX];
     ucpxu_event_t out[UCPXU_EVENT_BATCH];
+    struct ucpxu_chain *chains; /* completion chains built on this worker (chain.c) */
 };
 
 ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,
@@ -175,6 +176,64 @@ ucs_status_t ucpxu_set_am_handler(ucpxu_worker_t *w, unsigned id, ucpxu_cb_arg_t
 
 ucs_status_t ucpxu_mem_map(ucp_context_h ctx, void *addr, size_t len, int allocate,
                           int mem_type, ucp_mem_h *memh_p, void **addr_p, size_t *len_p);
+
+/* Completion-chained operations (chain.c): a chain is a list of steps, each a set of
+ * tag operations described in C memory. Start posts step 0; the completion callback
+ * that completes a step's last operation posts the next step, from inside
+ * ucp_worker_progress, with no Go on the way; after the last step an iteration is
+ * counted and step 0 is posted again until repeat iterations ran. An operation that
+ * completes in place counts at once. The first error stops the chain (after the
+ * step's other operations completed). Built and run under the Go worker lock. */
+enum { UCPXU_CHAIN_SEND = 1, UCPXU_CHAIN_RECV = 2 };
+
+#define UCPXU_CHAIN_TIMES 2048 /* iteration end times kept (the last 2048) */
+
+typedef struct ucpxu_chain ucpxu_chain_t;
+
+typedef struct {
+    ucpxu_chain_t *chain;
+    int            kind;
+    int            mem_type; /* -1: let UCX detect */
+    uintptr_t      ep, buf, memh;
+    size_t         len;
+    uint64_t       tag, mask;
+    void          *req;       /* pending request, or NULL */
+    int            cb_done;   /* completed in a callback while its step was being posted */
+    int            cb_status;
+    uint64_t       recv_tag;  /* RECV: the last message's sender tag and length */
+    size_t         recv_len;
+} ucpxu_chain_op_t;
+
+struct ucpxu_chain {
+    ucpxu_worker_t   *w;       /* NULL once the worker is destroyed */
+    ucpxu_chain_t    *next;    /* the worker's list */
+    ucpxu_chain_op_t *ops;     /* in step order */
+    int               nops, cap;
+    int              *first;   /* first op of each step, nsteps + 1 entries */
+    int               nsteps;
+    uint64_t          repeat, iters;
+    int               step, outstanding;
+    int               status;
+    int               posting, stopping, parked;
+    volatile int      running;
+    uint64_t          tsc0, tsc1, ns0, ns1; /* start and end: clock ticks and ns */
+    uint64_t          times[UCPXU_CHAIN_TIMES]; /* tick count at the end of iteration i */
+};
+
+ucpxu_chain_t *ucpxu_chain_new(uintptr_t w);
+/* Appends an operation to step (the last step or a new one after it). */
+ucs_status_t ucpxu_chain_add(uintptr_t c, int step, int kind, uintptr_t ep, uintptr_t buf,
+                             size_t len, uint64_t tag, uint64_t mask, int mem_type, uintptr_t memh);
+ucs_status_t ucpxu_chain_start(uintptr_t c, uint64_t repeat);
+/* Progresses until the chain stopped or spins rounds passed, then reaps as ucpxu_wait;
+ * returns 1 while it runs. */
+int          ucpxu_chain_wait(uintptr_t c, unsigned spins);
+/* Cancels a running chain's pending operations and progresses until they completed
+ * (bounded by rounds); returns the number still pending. */
+int          ucpxu_chain_stop(uintptr_t c, unsigned rounds);
+void         ucpxu_chain_free(uintptr_t c);
+void         ucpxu_chains_shutdown(ucpxu_worker_t *w);
+uint64_t     ucpxu_ticks(void);
 
 /* ucpxu_addr turns an integer address (device or C memory) into a pointer. */
 static inline void *ucpxu_addr(uintptr_t a) { return (void*)a; }

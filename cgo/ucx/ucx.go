@@ -605,3 +605,87 @@ func cbool(b bool) C.int {
 	}
 	return 0
 }
+
+// Chain kinds of operation (ucpxu_chain_add).
+const (
+	ChainSend = C.UCPXU_CHAIN_SEND
+	ChainRecv = C.UCPXU_CHAIN_RECV
+	// ChainTimes is how many iteration end times a chain keeps (the last ones).
+	ChainTimes = C.UCPXU_CHAIN_TIMES
+)
+
+// Chain is a ucpxu_chain_t: operations in steps, each step posted from the completion
+// callback of the step before it (see glue.h). Every call needs the worker's lock.
+type Chain struct {
+	c *C.ucpxu_chain_t
+	h C.uintptr_t
+}
+
+// NewChain makes an empty chain on w; nil if out of memory.
+func (w *Worker) NewChain() *Chain {
+	c := C.ucpxu_chain_new(w.h)
+	if c == nil {
+		return nil
+	}
+	return &Chain{c: c, h: C.uintptr_t(uintptr(unsafe.Pointer(c)))}
+}
+
+// Add appends an operation (ChainSend on e, ChainRecv) to step (the last or a new one).
+// buf must stay alive and in place while the chain exists.
+func (c *Chain) Add(step, kind int, e *EP, buf unsafe.Pointer, n int, tag, mask uint64, memType int, m *MemH) Status {
+	var ep C.uintptr_t
+	if e != nil {
+		ep = e.u()
+	}
+	return Status(C.ucpxu_chain_add(c.h, C.int(step), C.int(kind), ep, u(buf), C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.int(memType), memh(m)))
+}
+
+// Start posts step 0 of the first of repeat iterations.
+func (c *Chain) Start(repeat uint64) Status { return Status(C.ucpxu_chain_start(c.h, C.uint64_t(repeat))) }
+
+// Wait progresses until the chain stops or spins rounds pass, then reaps; it reports
+// whether the chain still runs.
+func (c *Chain) Wait(spins uint) bool { return C.ucpxu_chain_wait(c.h, C.uint(spins)) != 0 }
+
+// Running reports whether the chain runs, read without a call.
+func (c *Chain) Running() bool { return c.c.running != 0 }
+
+// SetParked tells the chain a waiter sleeps on the event fd: its end signals the worker.
+func (c *Chain) SetParked(p bool) { c.c.parked = cbool(p) }
+
+// Stop cancels the pending operations and progresses up to rounds; it returns how many
+// are still pending.
+func (c *Chain) Stop(rounds uint) int { return int(C.ucpxu_chain_stop(c.h, C.uint(rounds))) }
+
+// Free releases the chain (not running).
+func (c *Chain) Free() { C.ucpxu_chain_free(c.h) }
+
+// Detached reports whether the chain's worker was destroyed.
+func (c *Chain) Detached() bool { return c.c.w == nil }
+
+// Result is the chain's state: iterations completed and the first error.
+func (c *Chain) Result() (iters uint64, st Status) {
+	return uint64(c.c.iters), Status(c.c.status)
+}
+
+// RecvInfo is the sender tag and length of the last message operation i received.
+func (c *Chain) RecvInfo(i int) (uint64, int) {
+	op := (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i]
+	return uint64(op.recv_tag), int(op.recv_len)
+}
+
+// Times returns the end tick counts of the last min(iters, ChainTimes) iterations in
+// order, and the ticks per nanosecond over the run (start to end).
+func (c *Chain) Times() ([]uint64, float64) {
+	n := uint64(c.c.iters)
+	k := min(n, ChainTimes)
+	out := make([]uint64, 0, k)
+	for i := n - k; i < n; i++ {
+		out = append(out, uint64(c.c.times[i%ChainTimes]))
+	}
+	perNs := 1.0
+	if dns := float64(c.c.ns1 - c.c.ns0); dns > 0 && c.c.tsc1 > c.c.tsc0 {
+		perNs = float64(c.c.tsc1-c.c.tsc0) / dns
+	}
+	return out, perNs
+}

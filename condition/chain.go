@@ -1,0 +1,221 @@
+package condition
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Chain is the completion condition: the trigger of an operation is the completion of
+// other operations (receive completes -> send starts; the "triggered operations" of
+// Portals and libfabric). Operations take it through ucp.RequestParam.Chain and form
+// steps: every operation enqueued before Then is in the current step, Then opens the
+// next. Start posts step 0; each later step is posted when every operation of the
+// step before it completed, by the transport from its completion path (package ucp:
+// from the UCX completion callback, in C, with no Go code on the way). After the last
+// step an iteration ends and step 0 is posted again, Repeat iterations in all.
+//
+// A ping-pong is two chains: the initiator's steps [send] [receive], the responder's
+// [receive] [send]; a ring's member forwards what it receives with [receive] [send].
+// Unlike a Condition's operations, a chain's operations are described once and run
+// every iteration with the same buffers, tags and peers; the chain has no per-operation
+// Request. Errors stop the chain after the step's other operations completed (Err).
+//
+// A Chain is bound to the transport (the ucp.Worker) of its first operation; all its
+// operations must be on it. Methods are safe for concurrent use.
+type Chain struct {
+	mu        sync.Mutex
+	repeat    uint64
+	step      int // the step the next operation joins
+	stepOps   int // operations in that step
+	ops       int
+	owner     any
+	runner    ChainRunner
+	destroyed bool
+}
+
+// ChainParam configures NewChain.
+type ChainParam struct {
+	// Repeat is the number of iterations one Start runs (0: 1).
+	Repeat uint64
+}
+
+// ChainRunner is a transport's side of a chain: it holds the chain's operations and
+// posts each step from the completion of the one before. Package ucp implements it;
+// users call Chain's methods.
+type ChainRunner interface {
+	// Start posts step 0 of the first of repeat iterations.
+	Start(repeat uint64) error
+	// Wait waits until the run ended (every iteration done, or an error), driving the
+	// transport; ctx ending returns ctx's error and leaves the run going.
+	Wait(ctx context.Context) error
+	// Test drives the transport once and reports whether the run ended, with its error.
+	Test() (bool, error)
+	// Iterations is the number of iterations the current or last run completed.
+	Iterations() uint64
+	// Err is the first error of the last run, nil while it runs.
+	Err() error
+	// Running reports whether a run is under way.
+	Running() bool
+	// IterationTimes are the durations of the last iterations (up to 2048), oldest first.
+	IterationTimes() []time.Duration
+	// Destroy stops a run (its pending operations canceled) and releases the chain.
+	Destroy() error
+}
+
+// NewChain makes an empty chain.
+func NewChain(p ChainParam) (*Chain, error) {
+	r := p.Repeat
+	if r == 0 {
+		r = 1
+	}
+	return &Chain{repeat: r}, nil
+}
+
+// Enqueue adds an operation of a transport to the chain's current step; transports
+// call it (ucp's nbx calls with RequestParam.Chain). owner identifies the transport:
+// the first operation binds the chain to it, with the runner newRunner makes; add
+// appends the operation to the runner's step.
+func (c *Chain) Enqueue(owner any, newRunner func() (ChainRunner, error), add func(r ChainRunner, step int) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.destroyed:
+		return fmt.Errorf("chain: %w", ErrDestroyed)
+	case c.owner != nil && c.owner != owner:
+		return fmt.Errorf("chain: its operations are on another worker: %w", ErrInvalidParam)
+	case c.runner != nil && c.runner.Running():
+		return fmt.Errorf("chain: running (wait for it before adding operations): %w", ErrBusy)
+	}
+	if c.runner == nil {
+		r, err := newRunner()
+		if err != nil {
+			return err
+		}
+		c.owner, c.runner = owner, r
+	}
+	if err := add(c.runner, c.step); err != nil {
+		return err
+	}
+	c.ops++
+	c.stepOps++
+	return nil
+}
+
+// Then ends the current step: operations enqueued from now on start when all of it
+// completed. A step needs an operation.
+func (c *Chain) Then() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return fmt.Errorf("chain then: %w", ErrDestroyed)
+	}
+	if c.stepOps == 0 {
+		return fmt.Errorf("chain then: step %d has no operation: %w", c.step, ErrInvalidParam)
+	}
+	c.step++
+	c.stepOps = 0
+	return nil
+}
+
+// Steps is the number of steps holding operations.
+func (c *Chain) Steps() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stepOps == 0 {
+		return c.step
+	}
+	return c.step + 1
+}
+
+// usable returns the runner, or why the chain cannot run.
+func (c *Chain) usable(op string) (ChainRunner, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.destroyed:
+		return nil, fmt.Errorf("chain %s: %w", op, ErrDestroyed)
+	case c.runner == nil:
+		return nil, fmt.Errorf("chain %s: no operation enqueued: %w", op, ErrInvalidParam)
+	}
+	return c.runner, nil
+}
+
+// Start runs the chain: Repeat iterations of its steps. A chain that runs already
+// gives ErrBusy; one that ended may start again (the counters restart).
+func (c *Chain) Start() error {
+	r, err := c.usable("start")
+	if err != nil {
+		return err
+	}
+	if r.Running() {
+		return fmt.Errorf("chain start: running: %w", ErrBusy)
+	}
+	return r.Start(c.repeat)
+}
+
+// Wait waits until the run ended and returns its error: the first operation error, or
+// ctx's error if ctx ended first (the run goes on; Destroy stops it).
+func (c *Chain) Wait(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("chain wait: nil context: %w", ErrInvalidParam)
+	}
+	r, err := c.usable("wait")
+	if err != nil {
+		return err
+	}
+	return r.Wait(ctx)
+}
+
+// Test drives the transport once and reports whether the run ended, with its error.
+func (c *Chain) Test() (bool, error) {
+	r, err := c.usable("test")
+	if err != nil {
+		return false, err
+	}
+	return r.Test()
+}
+
+// Iterations is the number of iterations the current or last run completed.
+func (c *Chain) Iterations() uint64 {
+	r, err := c.usable("iterations")
+	if err != nil {
+		return 0
+	}
+	return r.Iterations()
+}
+
+// Err is the first error of the last run (nil while running or after success).
+func (c *Chain) Err() error {
+	r, err := c.usable("err")
+	if err != nil {
+		return nil
+	}
+	return r.Err()
+}
+
+// IterationTimes are the durations of the last iterations of the run (up to 2048),
+// oldest first: the transport stamps each iteration's end in its completion path.
+func (c *Chain) IterationTimes() []time.Duration {
+	r, err := c.usable("iteration times")
+	if err != nil {
+		return nil
+	}
+	return r.IterationTimes()
+}
+
+// Destroy stops a run (its pending operations are canceled) and releases the chain.
+// A second Destroy returns ErrDestroyed.
+func (c *Chain) Destroy() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return fmt.Errorf("chain destroy: %w", ErrDestroyed)
+	}
+	c.destroyed = true
+	if c.runner != nil {
+		return c.runner.Destroy()
+	}
+	return nil
+}

@@ -1,0 +1,270 @@
+package ucp
+
+import (
+	"context"
+	"runtime"
+	"time"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/condition"
+)
+
+// Completion chains (condition.Chain) run in C: each operation is described once in C
+// memory (ucpxu_chain_t), and the UCX completion callback that completes a step posts
+// the next one, inside ucp_worker_progress. Go only starts a run and waits for its end,
+// with the wait policy of Request.Wait (spin, then park on the event fd; the chain's
+// end signals the worker when a waiter is parked and another goroutine's progress
+// ended it). A ping-pong of chains costs what the same loop costs in C.
+
+// chainRunner is the worker's side of one chain (condition.ChainRunner).
+type chainRunner struct {
+	w   *Worker
+	raw *ucx.Chain
+	// Under w.mu.
+	pin       runtime.Pinner
+	pinned    bool
+	parked    int
+	destroyed bool
+}
+
+// chainAdd enqueues a tag send (ep set) or receive into p.Chain.
+func (w *Worker) chainAdd(op string, p *RequestParam, kind int, ep *Endpoint, buf []byte, tag, mask uint64) error {
+	switch {
+	case p.Callback != nil, p.Condition != nil, p.Request != nil, p.Peer != nil:
+		return opErr(op, ErrInvalidParam, "RequestParam.Chain cannot go with Callback, Condition, Request or Peer")
+	case p.Flags != 0:
+		return opErr(op, ErrInvalidParam, "RequestParam.Chain: chained operations take no flags")
+	}
+	newRunner := func() (condition.ChainRunner, error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.closed.Load() {
+			return nil, opErr(op, ErrClosed, "")
+		}
+		raw := w.raw.NewChain()
+		if raw == nil {
+			return nil, opErr(op, ErrNoMemory, "chain")
+		}
+		return &chainRunner{w: w, raw: raw}, nil
+	}
+	add := func(cr condition.ChainRunner, step int) error {
+		r := cr.(*chainRunner)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if r.destroyed || r.raw.Detached() || w.closed.Load() {
+			return opErr(op, ErrClosed, "chain's worker")
+		}
+		var rawEP *ucx.EP
+		if ep != nil {
+			if err := ep.usableLocked(op); err != nil {
+				return err
+			}
+			rawEP = ep.raw
+		}
+		if err := statusErr(r.raw.Add(step, kind, rawEP, bufPtr(buf), len(buf), tag, mask, p.memType(), p.MemH.rawOrNil())); err != nil {
+			return opErr(op, err, "chain step %d", step)
+		}
+		if b := bufPtr(buf); b != nil && p.MemH == nil {
+			r.pin.Pin(b) // C keeps the address for the chain's life
+			r.pinned = true
+		}
+		return nil
+	}
+	if err := p.Chain.Enqueue(w, newRunner, add); err != nil {
+		return opErr(op, err, "chain")
+	}
+	return nil
+}
+
+// Start posts the first step (condition.ChainRunner).
+func (r *chainRunner) Start(repeat uint64) error {
+	w := r.w
+	w.mu.Lock()
+	if err := r.usableLocked("chain_start"); err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	st := r.raw.Start(repeat)
+	w.afterCallUnlock()
+	return opErr("chain_start", statusErr(st), "")
+}
+
+func (r *chainRunner) usableLocked(op string) error {
+	switch {
+	case r.destroyed:
+		return opErr(op, ErrClosed, "chain destroyed")
+	case r.w.closed.Load() || r.raw.Detached():
+		return opErr(op, ErrClosed, "worker closed")
+	}
+	return nil
+}
+
+// Running reports whether a run is under way.
+func (r *chainRunner) Running() bool { return r.raw.Running() }
+
+// Iterations completed by the current or last run.
+func (r *chainRunner) Iterations() uint64 {
+	n, _ := r.raw.Result()
+	return n
+}
+
+// Err is the first error of the last run.
+func (r *chainRunner) Err() error {
+	if r.raw.Running() {
+		return nil
+	}
+	_, st := r.raw.Result()
+	return opErr("chain", statusErr(st), "")
+}
+
+// Test progresses once and reports whether the run ended.
+func (r *chainRunner) Test() (bool, error) {
+	w := r.w
+	w.mu.Lock()
+	if err := r.usableLocked("chain_test"); err != nil {
+		w.mu.Unlock()
+		return true, err
+	}
+	running := r.raw.Wait(1)
+	w.afterCallUnlock()
+	if running {
+		return false, nil
+	}
+	return true, r.Err()
+}
+
+// Wait drives progress until the run ends, with the wait policy of Request.Wait.
+func (r *chainRunner) Wait(ctx context.Context) error {
+	w := r.w
+	done := ctx.Done()
+	var start time.Duration
+	started := false
+	for i := 0; ; i++ {
+		w.mu.Lock()
+		if err := r.usableLocked("chain_wait"); err != nil {
+			w.mu.Unlock()
+			return err
+		}
+		running := r.raw.Wait(spinRounds)
+		w.afterCallUnlock()
+		if !running {
+			return r.Err()
+		}
+		if done != nil {
+			select {
+			case <-done:
+				return ctx.Err()
+			default:
+			}
+		}
+		if i == 0 {
+			continue
+		}
+		now := monotonic()
+		if !started {
+			start, started = now, true
+			continue
+		}
+		if now-start >= yieldAfter {
+			osYield()
+		}
+		if now-start < w.spinTime || w.efd < 0 {
+			continue
+		}
+		if ended, err := r.park(ctx); ended {
+			return err
+		}
+		started, i = false, 0
+	}
+}
+
+// park arms the worker and sleeps until the event fd fires (the chain's end signals it
+// when another goroutine's progress ended the run), ctx ends or the worker closes. It
+// reports whether the wait is over.
+func (r *chainRunner) park(ctx context.Context) (bool, error) {
+	w := r.w
+	w.mu.Lock()
+	for try := 0; ; try++ {
+		if err := r.usableLocked("chain_wait"); err != nil {
+			w.mu.Unlock()
+			return true, err
+		}
+		if !r.raw.Running() {
+			w.mu.Unlock()
+			return true, r.Err()
+		}
+		if w.raw.Arm() == ucx.OK {
+			break
+		}
+		r.raw.Wait(1)
+		w.afterLocked()
+		if try == parkTries-1 {
+			w.afterCallUnlock()
+			return false, nil
+		}
+	}
+	r.parked++
+	r.raw.SetParked(true)
+	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Time{})
+	w.mu.Lock()
+	r.parked--
+	if !w.closed.Load() && !r.raw.Detached() {
+		r.raw.SetParked(r.parked > 0)
+	}
+	w.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return true, err
+	}
+	return false, nil
+}
+
+// IterationTimes converts the C side's iteration end stamps into durations.
+func (r *chainRunner) IterationTimes() []time.Duration {
+	w := r.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.destroyed {
+		return nil
+	}
+	ticks, perNs := r.raw.Times()
+	if len(ticks) < 2 {
+		return nil
+	}
+	out := make([]time.Duration, len(ticks)-1)
+	for i := 1; i < len(ticks); i++ {
+		out[i-1] = time.Duration(float64(ticks[i]-ticks[i-1]) / perNs)
+	}
+	return out
+}
+
+// chainStopFor bounds how long Destroy progresses a canceled run.
+const chainStopFor = 2 * time.Second
+
+// Destroy cancels a run's pending operations, waits (bounded) for UCX to complete them,
+// and frees the chain.
+func (r *chainRunner) Destroy() error {
+	w := r.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.destroyed {
+		return opErr("chain_destroy", ErrClosed, "")
+	}
+	if !w.closed.Load() && !r.raw.Detached() && r.raw.Running() {
+		deadline := time.Now().Add(chainStopFor)
+		for r.raw.Stop(4096) > 0 {
+			if time.Now().After(deadline) {
+				w.afterLocked()
+				// UCX still holds operations pointing at the chain: keep its memory.
+				return opErr("chain_destroy", ErrBusy, "operations did not complete after cancel")
+			}
+		}
+		w.afterLocked()
+	}
+	r.destroyed = true
+	r.raw.Free()
+	if r.pinned {
+		r.pin.Unpin()
+		r.pinned = false
+	}
+	return nil
+}
