@@ -2,21 +2,23 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
+	"syscall"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // The perf tests, named like ucx_perftest's (-t tag_lat, -t tag_bw, -t ucp_put_bw).
@@ -46,27 +48,39 @@ type perfOptions struct {
 	spin       bool
 	timeout    time.Duration
 	asJSON     bool
+	asCSV      bool
 	modes      []string // tag_lat only: plain and the stream modes
 	backend    string   // stream backend of the stream modes: auto, host, cuda
 	partitions int      // part_lat, part_bw: partitions of each message
+	check      bool     // validate every received byte, count the wrong ones
+	tracePath  string   // --trace: Chrome trace JSON of the conditioned operations
+	plotPath   string   // --plot: SVG of latency and bandwidth against size
+	refPath    string   // --reference: an earlier --json report drawn beside this run
 }
 
 // perfReport is the output of `ucpx perf --json`.
 type perfReport struct {
-	Date              string       `json:"date"`
-	UCXVersion        string       `json:"ucx_version"`
-	Transport         string       `json:"transport"`
-	TLS               string       `json:"tls"`      // UCX_TLS this process used
-	PeerTLS           string       `json:"peer_tls"` // UCX_TLS the peer process used
-	PeerErrorHandling bool         `json:"peer_error_handling"`
-	Window            int          `json:"window"`
-	Wait              string       `json:"wait"` // wait or spin
-	CPUs              int          `json:"cpus"`
-	Backend           string       `json:"backend,omitempty"` // stream backend of the stream modes
-	Results           []perfResult `json:"results"`
-	// Comparisons: (c) against (a) and (b) at each size, from Results (tag_lat with
-	// --modes including stream and sync or hostfunc).
+	Date              string `json:"date"`
+	UCXVersion        string `json:"ucx_version"`
+	Transport         string `json:"transport"`
+	TLS               string `json:"tls"`      // UCX_TLS this process used
+	PeerTLS           string `json:"peer_tls"` // UCX_TLS the peer process used
+	PeerErrorHandling bool   `json:"peer_error_handling"`
+	Window            int    `json:"window"`
+	Wait              string `json:"wait"` // wait or spin
+	CPUs              int    `json:"cpus"`
+	Backend           string `json:"backend,omitempty"` // stream backend of the stream modes
+	Check             bool   `json:"check,omitempty"`   // --check: rows carry wrong byte counts
+	// Label names the run where it is drawn as another run's reference (--reference);
+	// empty: the transport and date.
+	Label   string       `json:"label,omitempty"`
+	Results []perfResult `json:"results"`
+	// Comparisons: stream against sync and hostfunc at each size, from Results (tag_lat
+	// with --modes including stream and sync or hostfunc).
 	Comparisons []modeComparison `json:"comparisons,omitempty"`
+	// Stopped says why the run ended before its last row (--timeout, Ctrl-C, a
+	// failure); Results holds the rows completed until then.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // perfResult follows ucx_perftest's columns: latency typical (median), average and
@@ -74,7 +88,9 @@ type perfReport struct {
 // bandwidth in MB/s with MB = 2^20 bytes; message rate in messages per second.
 // LatTypicalUs is the median of all iterations; LatLast2048Us is ucx_perftest's own
 // "typical", the median of the last 2048 iterations (its timing queue), the one to
-// compare with it; p50 and p99 are over all iterations.
+// compare with it; p50, p90, p99 and max are over all iterations. The stream modes
+// know only their total time (the stream runs ahead of the host): MeanOnly, with the
+// mean in every latency field but the percentiles, which are zero.
 type perfResult struct {
 	Test          string  `json:"test"`
 	Mode          string  `json:"mode,omitempty"` // tag_lat: how a stream drives it (plain: no stream)
@@ -85,17 +101,23 @@ type perfResult struct {
 	LatTypicalUs  float64 `json:"lat_typical_us"`
 	LatLast2048Us float64 `json:"lat_last2048_us"`
 	LatP50Us      float64 `json:"lat_p50_us"`
+	LatP90Us      float64 `json:"lat_p90_us"`
 	LatP99Us      float64 `json:"lat_p99_us"`
+	LatMaxUs      float64 `json:"lat_max_us"`
 	LatAvgUs      float64 `json:"lat_avg_us"`
 	LatMinUs      float64 `json:"lat_min_us"`
+	MeanOnly      bool    `json:"mean_only,omitempty"`
 	BandwidthMBs  float64 `json:"bandwidth_mbs"`
 	MsgRate       float64 `json:"msg_rate"`
 	ElapsedS      float64 `json:"elapsed_s"`
+	// Wrong counts the received bytes, warm-up included, that differ from what was
+	// sent (--check; nil without it), as nccl-tests' #wrong.
+	Wrong *int64 `json:"wrong,omitempty"`
 }
 
 func runPerf(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("perf", "[flags]", stderr)
-	tests := fs.String("tests", strings.Join(allTests, ","), "tests to run: "+strings.Join(allTests, ","))
+	tests := fs.String("tests", strings.Join(allTests, ","), "tests to run: "+strings.Join(allTests, ",")+" (with stream --modes: tag_lat)")
 	sizes := fs.String("sizes", joinSizes(defaultSizes), "message sizes in bytes (suffixes k, m: 4k = 4096)")
 	iters := fs.Int("iters", 0, "measured iterations per size (0: automatic, fewer for large sizes)")
 	warmup := fs.Int("warmup", -1, "warm-up iterations per size (-1: automatic, iters/10 but at least 10)")
@@ -104,17 +126,26 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	peerErr := fs.String("peer-err", "auto", "peer error handling on endpoints: on, off, auto (off for shm, on for tcp; UCX 1.13 uses only tcp when on)")
 	window := fs.Int("window", 32, "outstanding operations in the bandwidth tests (ucx_perftest's default for tag_bw and ucp_put_bw)")
 	waitMode := fs.String("wait", "wait", "how both processes wait for operations: wait (Request.Wait: spin, then park on the worker) or spin (busy-poll with Request.Test)")
-	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
-	asJSON := fs.Bool("json", false, "print machine-readable JSON instead of a table")
+	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run; the rows completed by then are printed")
+	asJSON := fs.Bool("json", false, "print machine-readable JSON instead of a table (at the end, or when stopped)")
+	asCSV := fs.Bool("csv", false, "print CSV instead of a table, a row as each size completes")
+	check := fs.Bool("check", false, "validate every received byte and count the wrong ones (a wrong column; slower: off for speed runs)")
 	modes := fs.String("modes", modePlain, "tag_lat only, how it is driven: "+strings.Join(allModes, ",")+" (stream modes: see docs/performance.md)")
 	backend := fs.String("backend", "auto", "stream backend of the stream modes: auto (CUDA where there is a GPU), host, cuda")
 	work := fs.String("work", "none", "tag_lat stream modes: none, or kernel to also run sync, hostfunc and stream as mode+work, with a producer kernel writing the send buffer on the stream before each iteration (a host function on host streams)")
 	partitions := fs.Int("partitions", defaultPartitions, "part_lat, part_bw: partitions of each message (each size is the whole buffer, split into this many equal partitions; it must divide every size)")
+	tracePath := fs.String("trace", "", "write a trace of this process's conditioned operations (the stream modes) to `file` (Chrome trace JSON; ucpx trace summarize reads it)")
+	plotPath := fs.String("plot", "", "draw latency and bandwidth against size, a line per test and mode, into `file` (SVG)")
+	refPath := fs.String("reference", "", "with --plot: an earlier `ucpx perf --json` report (another transport, another machine) drawn dashed on the same axes")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (not the peer's) to `file`")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
-	o := perfOptions{iters: *iters, warmup: *warmup, transport: *transport, window: *window, timeout: *timeout, asJSON: *asJSON, partitions: *partitions}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o := perfOptions{iters: *iters, warmup: *warmup, transport: *transport, window: *window, timeout: *timeout,
+		asJSON: *asJSON, asCSV: *asCSV, partitions: *partitions, check: *check,
+		tracePath: *tracePath, plotPath: *plotPath, refPath: *refPath}
 	var err error
 	switch *waitMode {
 	case "wait":
@@ -131,6 +162,9 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		o.backend = *backend
 	}
 	if err == nil {
+		err = o.fitModes(set["tests"], set["backend"])
+	}
+	if err == nil {
 		o.sizes, err = parseSizes(*sizes)
 	}
 	if err == nil {
@@ -139,6 +173,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		err = o.checkPartitions()
 	}
+	var ref *perfReport
 	switch {
 	case err != nil:
 	case o.iters < 0:
@@ -149,6 +184,12 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		err = fmt.Errorf("--window %d: must be >= 1", o.window)
 	case o.timeout <= 0:
 		err = fmt.Errorf("--timeout %v: must be positive", o.timeout)
+	case o.asJSON && o.asCSV:
+		err = errors.New("--json and --csv: choose one output format")
+	case o.refPath != "" && o.plotPath == "":
+		err = errors.New("--reference is drawn by --plot: give --plot too")
+	case o.refPath != "":
+		ref, err = readPerfReport(o.refPath)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
@@ -162,19 +203,67 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stop()
 	}
-	rep, err := perfMain(o, stderr)
+	var rec *trace.Recorder
+	if o.tracePath != "" {
+		// The engines this run starts record into it (as UCPX_TRACE would).
+		rec = trace.UseFile(o.tracePath)
+		defer trace.UseFile("")
+	}
+
+	// Ctrl-C and SIGTERM stop the run like --timeout: the rows completed so far are printed.
+	ctx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case sig := <-sigs:
+			stop(fmt.Errorf("interrupted (%v)", sig))
+		case <-ctx.Done():
+		}
+	}()
+
+	var sink perfSink = &textSink{w: stdout}
+	switch {
+	case o.asJSON:
+		sink = &jsonSink{w: stdout}
+	case o.asCSV:
+		sink = &csvSink{w: stdout}
+	}
+	rep, err := perfMain(ctx, o, sink, stderr)
+	status := 0
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
-		return 1
+		status = 1
 	}
-	if o.asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-	} else {
-		printPerf(stdout, rep)
+	if rep == nil {
+		return status
 	}
-	return 0
+	if err != nil {
+		rep.Stopped = err.Error()
+	}
+	rep.Comparisons = compareModes(rep.Results)
+	sink.end(rep)
+	if rec != nil {
+		if ferr := rec.Flush(); ferr != nil {
+			fmt.Fprintf(stderr, "ucpx perf: --trace: %v\n", ferr)
+			status = 1
+		} else if len(rec.Ops()) == 0 {
+			fmt.Fprintf(stderr, "ucpx perf: --trace %s: no conditioned operation ran (only the stream modes of --modes make them)\n", o.tracePath)
+		}
+	}
+	if o.plotPath != "" && len(rep.Results) > 0 {
+		if perr := writePlot(o.plotPath, rep, ref); perr != nil {
+			fmt.Fprintf(stderr, "ucpx perf: --plot: %v\n", perr)
+			status = 1
+		}
+	}
+	if n := rep.wrong(); n > 0 {
+		fmt.Fprintf(stderr, "ucpx perf: --check: %d received bytes differed from what was sent\n", n)
+		status = 1
+	}
+	return status
 }
 
 func resolveTransport(transport, tls, peerErr string) (string, bool, error) {
@@ -326,14 +415,20 @@ type perfMsg struct {
 	Size  int    `json:"size,omitempty"`
 	Count int    `json:"count,omitempty"`
 	Parts int    `json:"parts,omitempty"` // part_lat, part_bw: partitions
+	Mode  string `json:"mode,omitempty"`  // tag_lat: how the initiator drives it (what its pings hold)
+	Wrong int64  `json:"wrong,omitempty"` // done: wrong bytes the peer received (--check)
 	Err   string `json:"err,omitempty"`
 }
 
 const ctlTimeout = 30 * time.Second
 
-func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+// perfMain runs the tests with a peer process, handing each row to sink as its size
+// completes. On a failure, --timeout or ctx's end it returns the report of the rows
+// completed so far with the error; the report is nil only when nothing could start.
+func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer) (*perfReport, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, o.timeout, fmt.Errorf("--timeout %v reached", o.timeout))
 	defer cancel()
+	logw = &syncWriter{w: logw} // the peer's output and the progress line share it
 	maj, mnr, rel := ucx.Version()
 	rep := &perfReport{
 		Date:              time.Now().UTC().Format(time.RFC3339),
@@ -344,14 +439,32 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		Window:            o.window,
 		Wait:              map[bool]string{false: "wait", true: "spin"}[o.spin],
 		CPUs:              runtime.NumCPU(),
+		Check:             o.check,
 		Results:           []perfResult{},
 	}
 	if o.transport == "shm" && o.peerErr {
 		fmt.Fprintln(logw, "ucpx perf: warning: with peer error handling UCX 1.13 selects only tcp, not shared memory")
 	}
+	// The stream backend first: a missing GPU is reported before any peer starts.
+	var rig *modeRig
+	for _, m := range o.modes {
+		if m != modePlain && rig == nil {
+			var err error
+			if rig, err = openModeRig(o.backend); err != nil {
+				return nil, fmt.Errorf("--modes %s: stream backend %s: %w", m, o.backend, err)
+			}
+			rep.Backend = rig.backend.Kind().String()
+		}
+	}
+	closeRig := func() {
+		if rig != nil {
+			rig.close()
+		}
+	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		closeRig()
 		return nil, fmt.Errorf("control listener: %w", err)
 	}
 	defer ln.Close()
@@ -364,9 +477,11 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		"--rma=" + strconv.FormatBool(o.needsRMA()),
 		"--part=" + strconv.FormatBool(o.needsPart()),
 		"--spin=" + strconv.FormatBool(o.spin),
+		"--check=" + strconv.FormatBool(o.check),
 		"--timeout", o.timeout.String(),
 	}, logw, "[perf-peer] ")
 	if err != nil {
+		closeRig()
 		return nil, err
 	}
 	defer peer.kill() // no-op after a successful wait
@@ -384,45 +499,41 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 
 	conn, err := acceptCtl(ln, peer, ctlTimeout)
 	if err != nil {
-		return nil, err
+		closeRig()
+		return rep, err
 	}
 	ctl := newCtlConn(conn)
 	defer ctl.close()
 
 	s, err := newPerfSide(o.tls, o.peerErr, o.needsRMA(), o.needsPart(), o.spin, size, o.window)
 	if err != nil {
-		return nil, err
+		closeRig()
+		return rep, err
 	}
-	defer s.close()
+	s.rig, s.check = rig, o.check
+	defer s.close() // closes the rig before UCX
 
 	var hello perfMsg
 	if err := ctl.recv(ctx, &hello, ctlTimeout); err != nil {
-		return nil, peerFailure(peer, err)
+		return rep, peerFailure(peer, orCause(ctx, err))
 	}
 	if hello.Op != "hello" {
-		return nil, fmt.Errorf("peer: %s", orMsg(hello.Err, "unexpected "+hello.Op))
+		return rep, fmt.Errorf("peer: %s", orMsg(hello.Err, "unexpected "+hello.Op))
 	}
 	rep.PeerTLS = hello.TLS
 	addr, err := s.w.Address()
 	if err != nil {
-		return nil, err
+		return rep, err
 	}
 	if err := ctl.send(perfMsg{Op: "hello", Addr: addr, TLS: o.tls}, ctlTimeout); err != nil {
-		return nil, err
+		return rep, err
 	}
 	if err := s.connect(hello.Addr, hello.Rkey); err != nil {
-		return nil, err
+		return rep, err
 	}
 
-	for _, m := range o.modes {
-		if m != modePlain && s.rig == nil {
-			if s.rig, err = openModeRig(o.backend); err != nil {
-				return nil, fmt.Errorf("--modes %s: stream backend %s: %w", m, o.backend, err)
-			}
-			defer s.rig.close()
-			rep.Backend = s.rig.backend.Kind().String()
-		}
-	}
+	sink.begin(rep)
+	prog := newProgress(logw)
 	for _, test := range o.tests {
 		modes := []string{modePlain}
 		if test == testTagLat {
@@ -431,33 +542,50 @@ func perfMain(o perfOptions, logw io.Writer) (*perfReport, error) {
 		for _, mode := range modes {
 			for _, sz := range o.sizes {
 				iters, warmup := o.itersFor(test, sz)
+				label := test
+				if mode != modePlain {
+					label += "/" + mode
+				}
+				label += " " + fmtSize(sz)
+				var warmWrong int64
 				if warmup > 0 {
-					if _, err := s.phase(ctx, ctl, test, mode, sz, warmup, o.partitions); err != nil {
-						return nil, peerFailure(peer, fmt.Errorf("%s %s %s warm-up: %w", test, mode, fmtSize(sz), orCause(ctx, err)))
+					done := prog.start(label+" warm-up", warmup, &s.progress)
+					w, err := s.phase(ctx, ctl, test, mode, sz, warmup, o.partitions)
+					done()
+					if err != nil {
+						return rep, peerFailure(peer, fmt.Errorf("%s warm-up: %w", label, orCause(ctx, err)))
+					}
+					if w.Wrong != nil {
+						warmWrong = *w.Wrong
 					}
 				}
+				done := prog.start(label, iters, &s.progress)
 				res, err := s.phase(ctx, ctl, test, mode, sz, iters, o.partitions)
+				done()
 				if err != nil {
-					return nil, peerFailure(peer, fmt.Errorf("%s %s %s: %w", test, mode, fmtSize(sz), orCause(ctx, err)))
+					return rep, peerFailure(peer, fmt.Errorf("%s: %w", label, orCause(ctx, err)))
 				}
 				res.Warmup = warmup
+				if res.Wrong != nil {
+					*res.Wrong += warmWrong
+				}
 				rep.Results = append(rep.Results, res)
+				sink.row(rep, res)
 			}
 		}
 	}
-	rep.Comparisons = compareModes(rep.Results)
 	if err := s.freePart(ctx); err != nil {
-		return nil, peerFailure(peer, err)
+		return rep, peerFailure(peer, orCause(ctx, err))
 	}
 	if err := ctl.send(perfMsg{Op: "bye"}, ctlTimeout); err != nil {
-		return nil, err
+		return rep, err
 	}
 	var bye perfMsg
 	if err := s.ctlRecv(ctx, ctl, &bye, ctlTimeout); err != nil || bye.Op != "bye" {
-		return nil, peerFailure(peer, fmt.Errorf("peer did not confirm the end: %v", orErr(err, bye.Err)))
+		return rep, peerFailure(peer, fmt.Errorf("peer did not confirm the end: %v", orErr(orCause(ctx, err), bye.Err)))
 	}
 	if err := peer.wait(10 * time.Second); err != nil {
-		return nil, fmt.Errorf("peer exit: %w", err)
+		return rep, fmt.Errorf("peer exit: %w", err)
 	}
 	return rep, nil
 }
@@ -522,7 +650,9 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, s
 	if test == testTagLat {
 		res.Mode = mode
 	}
-	msg := perfMsg{Op: "phase", Test: test, Size: size, Count: count}
+	msg := perfMsg{Op: "phase", Test: test, Size: size, Count: count, Mode: res.Mode}
+	s.progress.Store(0)
+	s.wrong.Store(0)
 	if isPartTest(test) {
 		res.Partitions, msg.Parts = parts, parts
 	}
@@ -551,15 +681,12 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, s
 		var total time.Duration
 		if mode == modePlain {
 			rtts, total, err = s.tagLatInitiator(ctx, size, count)
+			if err == nil {
+				fillLatency(&res, rtts, total)
+			}
 		} else if total, err = s.tagLatMode(ctx, s.rig, mode, size, count); err == nil {
 			// The stream runs ahead of the host: only the mean round trip is known.
-			rtts = make([]time.Duration, count)
-			for i := range rtts {
-				rtts[i] = total / time.Duration(count)
-			}
-		}
-		if err == nil {
-			fillLatency(&res, rtts, total)
+			fillMean(&res, total)
 		}
 	case testTagBw:
 		var total time.Duration
@@ -589,6 +716,10 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, s
 	if m.Op != "done" {
 		return res, fmt.Errorf("peer: %s", orMsg(m.Err, "unexpected "+m.Op))
 	}
+	if s.check {
+		wrong := s.wrong.Load() + m.Wrong
+		res.Wrong = &wrong
+	}
 	return res, nil
 }
 
@@ -606,11 +737,24 @@ func fillLatency(res *perfResult, rtts []time.Duration, total time.Duration) {
 	slices.Sort(rtts)
 	res.LatTypicalUs = half(rtts[len(rtts)/2])
 	res.LatP50Us = res.LatTypicalUs
+	res.LatP90Us = half(rtts[min(len(rtts)-1, len(rtts)*90/100)])
 	res.LatP99Us = half(rtts[min(len(rtts)-1, len(rtts)*99/100)])
+	res.LatMaxUs = half(rtts[len(rtts)-1])
 	res.LatMinUs = half(rtts[0])
 	res.LatAvgUs = half(total) / float64(len(rtts))
 	res.ElapsedS = total.Seconds()
 	oneWay := total.Seconds() / 2 / float64(len(rtts))
+	res.BandwidthMBs = float64(res.Size) / oneWay / mb
+	res.MsgRate = 1 / oneWay
+}
+
+// fillMean: a ping-pong of which only the total time is known (the stream modes).
+func fillMean(res *perfResult, total time.Duration) {
+	res.MeanOnly = true
+	res.ElapsedS = total.Seconds()
+	oneWay := total.Seconds() / 2 / float64(res.Iters)
+	res.LatAvgUs = oneWay * 1e6
+	res.LatTypicalUs, res.LatLast2048Us, res.LatMinUs = res.LatAvgUs, res.LatAvgUs, res.LatAvgUs
 	res.BandwidthMBs = float64(res.Size) / oneWay / mb
 	res.MsgRate = 1 / oneWay
 }
@@ -628,35 +772,6 @@ func fillBandwidth(res *perfResult, total time.Duration) {
 	res.LatMinUs = res.LatAvgUs
 }
 
-func printPerf(w io.Writer, rep *perfReport) {
-	fmt.Fprintf(w, "ucpx perf  %s  UCX %s  transport %s  UCX_TLS=%s (peer: %s)  peer error handling %v  window %d  wait %s  cpus %d\n",
-		rep.Date, rep.UCXVersion, rep.Transport, rep.TLS, rep.PeerTLS, rep.PeerErrorHandling, rep.Window, rep.Wait, rep.CPUs)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "test\tsize\titers\tlat typical us\tlast-2048 us\tp99 us\tlat avg us\tlat min us\tMB/s\tmsg/s\t")
-	parts := false
-	for _, r := range rep.Results {
-		pingPong := r.Test == testTagLat || r.Test == testPartLat
-		if r.Mode != "" && r.Mode != modePlain {
-			r.Test += "/" + r.Mode
-		}
-		if r.Partitions > 0 {
-			r.Test += fmt.Sprintf(" x%d", r.Partitions)
-			parts = true
-		}
-		lat := fmt.Sprintf("%.3f\t%.3f\t%.3f\t%.3f\t%.3f", r.LatTypicalUs, r.LatLast2048Us, r.LatP99Us, r.LatAvgUs, r.LatMinUs)
-		if !pingPong {
-			lat = fmt.Sprintf("-\t-\t-\t%.3f\t-", r.LatAvgUs)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.2f\t%.0f\t\n", r.Test, fmtSize(r.Size), r.Iters, lat, r.BandwidthMBs, r.MsgRate)
-	}
-	_ = tw.Flush()
-	fmt.Fprintln(w, "latency: one way (half a round trip), typical = median of all iterations, last-2048 = median of the last 2048 (ucx_perftest's typical), p99 of all; MB = 2^20 bytes (as ucx_perftest); bw tests: lat avg = time per message")
-	if parts {
-		fmt.Fprintln(w, "part_lat, part_bw xN: size is the whole buffer of an iteration, in N partitions (prepared once; each iteration Start, N Pready, Wait)")
-	}
-	printComparisons(w, rep.Comparisons)
-}
-
 // runPerfPeer is the hidden `ucpx perf-peer`: the responder of every test.
 func runPerfPeer(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("perf-peer", "--ctl host:port [flags]", stderr)
@@ -668,21 +783,25 @@ func runPerfPeer(args []string, stdout, stderr io.Writer) int {
 	rma := fs.Bool("rma", true, "create the context with the RMA feature (put_bw)")
 	part := fs.Bool("part", false, "create the context with what prepared requests use (part_lat, part_bw)")
 	spin := fs.Bool("spin", false, "busy-poll instead of Request.Wait")
+	check := fs.Bool("check", false, "count the received bytes that differ from what was sent")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
 	if os.Getenv(reexecEnv) != "" {
 		watchParent("ucpx perf-peer")
+		// Ctrl-C reaches the whole process group: the parent ends this peer once it
+		// has printed its rows, and a peer dying first would hide the reason.
+		signal.Ignore(os.Interrupt)
 	}
-	if err := perfPeerMain(*ctlAddr, *tls, *peerErr, *rma, *part, *spin, *size, *window, *timeout); err != nil {
+	if err := perfPeerMain(*ctlAddr, *tls, *peerErr, *rma, *part, *spin, *check, *size, *window, *timeout); err != nil {
 		fmt.Fprintf(stderr, "ucpx perf-peer: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func perfPeerMain(ctlAddr, tls string, peerErr, rma, part, spin bool, size, window int, timeout time.Duration) error {
+func perfPeerMain(ctlAddr, tls string, peerErr, rma, part, spin, check bool, size, window int, timeout time.Duration) error {
 	if ctlAddr == "" {
 		return errors.New("--ctl is required")
 	}
@@ -704,6 +823,7 @@ func perfPeerMain(ctlAddr, tls string, peerErr, rma, part, spin bool, size, wind
 		return err
 	}
 	defer s.close()
+	s.check = check
 	addr, err := s.w.Address()
 	if err != nil {
 		return err
@@ -740,7 +860,7 @@ func perfPeerMain(ctlAddr, tls string, peerErr, rma, part, spin bool, size, wind
 			}
 			return ctl.send(perfMsg{Op: "bye"}, ctlTimeout)
 		case "phase":
-			if err := s.respond(ctx, ctl, m.Test, m.Size, m.Count, m.Parts); err != nil {
+			if err := s.respond(ctx, ctl, m); err != nil {
 				_ = ctl.send(perfMsg{Op: "error", Err: err.Error()}, ctlTimeout)
 				return fmt.Errorf("%s %s: %w", m.Test, fmtSize(m.Size), err)
 			}

@@ -96,6 +96,51 @@ func parseModes(s, work string) ([]string, error) {
 	return out, nil
 }
 
+// checkPongs (--check) makes rp's completion callback count the wrong bytes of each
+// pong, as the proxy retires its receive. The buffer is not cleared: the next
+// iteration's receive may already be posted into it, and every pong holds the same
+// bytes.
+func (s *perfSide) checkPongs(rp *ucp.RequestParam, rbuf []byte) {
+	if !s.check {
+		return
+	}
+	want, retire := s.smem.Bytes()[:len(rbuf)], rp.Callback
+	rp.Callback = func(r *ucp.Request) {
+		if r.Err() == nil {
+			s.checkRecv(rbuf, want, false)
+		}
+		retire(r)
+	}
+}
+
+// fitModes applies --modes to the tests it fits, tag_lat: with a stream mode and no
+// --tests, only tag_lat runs; --tests naming another test with a stream mode, or a
+// --backend without one, is refused rather than ignored.
+func (o *perfOptions) fitModes(testsSet, backendSet bool) error {
+	var stream []string
+	for _, m := range o.modes {
+		if m != modePlain {
+			stream = append(stream, m)
+		}
+	}
+	if len(stream) == 0 {
+		if backendSet {
+			return fmt.Errorf("--backend %s: only the stream modes use a stream backend (--modes %s)", o.backend, strings.Join(allModes[1:], ","))
+		}
+		return nil
+	}
+	if !testsSet {
+		o.tests = []string{testTagLat}
+		return nil
+	}
+	for _, t := range o.tests {
+		if t != testTagLat {
+			return fmt.Errorf("--modes %s: the stream modes drive tag_lat only, not %s (run %s with --modes plain, in a run of its own)", strings.Join(stream, ","), t, t)
+		}
+	}
+	return nil
+}
+
 // modeRig holds the stream machinery of the stream modes, opened once per run, and
 // their registered buffers: on CUDA, pinned host memory the device can write (the
 // +work producer), registered with UCX.
@@ -228,6 +273,11 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		produce = func(i int) error { return r.produce(size, i) }
 	}
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
+	want := s.smem.Bytes()[:size] // the peer's pongs hold its send buffer, alike
+	if s.check && !work {
+		// What the peer expects: a +work mode before may have left its pattern here.
+		copy(r.smem.Bytes(), s.smem.Bytes())
+	}
 	roundTrip := func() error {
 		sr, err := s.ep.TagSendNbx(sbuf, tagPing, &ucp.RequestParam{MemH: r.smem})
 		if err != nil {
@@ -243,6 +293,9 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		if err := s.wait(ctx, sr); err != nil {
 			return err
 		}
+		if s.check {
+			s.checkRecv(rbuf, want, true)
+		}
 		return checkLen(rr, size)
 	}
 	var elapsed time.Duration
@@ -251,6 +304,9 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 	switch base {
 	case modeSync:
 		for i := 0; i < count && err == nil; i++ {
+			if i%progressEvery == 0 {
+				s.progress.Store(int64(i))
+			}
 			err = produce(i)
 			if err == nil {
 				err = r.s.Synchronize()
@@ -266,6 +322,9 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		// the stream in both.
 		ahead := runahead.New(runahead.StreamWindow)
 		for i := 0; i < count && err == nil; i++ {
+			if i%progressEvery == 0 {
+				s.progress.Store(int64(i))
+			}
 			err = ahead.Ahead(ctx, i, count)
 			if err == nil {
 				err = produce(i)
@@ -318,8 +377,12 @@ func (s *perfSide) streamMode(ctx context.Context, r *modeRig, size, count int, 
 	chk := pingpong.NewCheck(size, runahead.StreamWindow)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
+	s.checkPongs(rp, rbuf)
 	start := time.Now()
 	for i := 0; i < count; i++ {
+		if i%progressEvery == 0 {
+			s.progress.Store(int64(i))
+		}
 		if err := chk.Ahead(ctx, i, count); err != nil {
 			return 0, err
 		}
@@ -361,6 +424,7 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	chk := pingpong.NewCheck(size, runahead.KernelWindow)
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
+	s.checkPongs(rp, rbuf)
 	arm := func() error { // one iteration: two sequence numbers, the send first
 		if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
 			return err
@@ -509,7 +573,7 @@ func printComparisons(w io.Writer, cells []modeComparison) {
 			sizes = append(sizes, c.Size)
 		}
 	}
-	fmt.Fprintln(w, "(c) against (a) and (b), this run: mean one-way latency ratio, below 1 = (c) faster")
+	fmt.Fprintln(w, "stream against sync and hostfunc (with the same work), this run: column A/B is mode A's mean one-way latency over mode B's; below 1, A is faster")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "size\t%s\t\n", strings.Join(pairs, "\t"))
 	for _, size := range sizes {

@@ -246,11 +246,26 @@ func preadyAll(r *prepare.Request) error {
 
 // checkPartData: the receive buffer holds what the peer sent (both fill their send
 // buffers with the same pattern).
+// Under --check every iteration was checked (and the buffer cleared) already.
 func (s *perfSide) checkPartData(size int) error {
+	if s.check {
+		return nil
+	}
 	if !bytes.Equal(s.rmem.Bytes()[:size], s.smem.Bytes()[:size]) {
 		return fmt.Errorf("received %d bytes differ from what the peer sent", size)
 	}
 	return nil
+}
+
+// checkPart (--check) counts iteration i's wrong bytes once its receive completed,
+// before the next one starts, and publishes the progress.
+func (s *perfSide) checkPart(size, i int) {
+	if i%progressEvery == 0 {
+		s.progress.Store(int64(i))
+	}
+	if s.check {
+		s.checkRecv(s.rmem.Bytes()[:size], s.smem.Bytes()[:size], true)
+	}
 }
 
 // partLatInitiator: count partitioned round trips, one clock read per iteration (as
@@ -275,6 +290,7 @@ func (s *perfSide) partLatInitiator(ctx context.Context, ps *partSet, count int)
 		if err := s.waitPart(ctx, ps.recv); err != nil {
 			return nil, 0, err
 		}
+		s.checkPart(ps.size, i)
 	}
 	stamps[count] = nanotime()
 	if err := s.checkPartData(ps.size); err != nil {
@@ -301,6 +317,7 @@ func (s *perfSide) partLatResponder(ctx context.Context, ready func() error, ps 
 		if err := s.waitPart(ctx, ps.recv); err != nil {
 			return err
 		}
+		s.checkPart(ps.size, i)
 		if err := ps.send.Start(); err != nil {
 			return err
 		}
@@ -330,7 +347,10 @@ func (s *perfSide) partBwSender(ctx context.Context, ps *partSet, count int) (ti
 		return 0, err
 	}
 	start := time.Now()
-	for range count {
+	for i := range count {
+		if i%progressEvery == 0 {
+			s.progress.Store(int64(i))
+		}
 		if err := ps.send.Start(); err != nil {
 			return 0, err
 		}
@@ -360,6 +380,7 @@ func (s *perfSide) partBwReceiver(ctx context.Context, ready func() error, ps *p
 		if err := s.waitPart(ctx, ps.recv); err != nil {
 			return err
 		}
+		s.checkPart(ps.size, i)
 		if i < count-1 {
 			if err := ps.recv.Start(); err != nil {
 				return err

@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"math/rand"
 	"os"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ucpx/ucpx/stream"
@@ -23,9 +25,15 @@ const (
 	fullMask        = ^uint64(0)
 )
 
-// perfPeerCrashEnv names a test in which perf-peer exits abruptly once the phase
-// has started (tests).
-const perfPeerCrashEnv = "UCPX_PERF_PEER_CRASH_IN"
+// Fault injection for tests, read by perf-peer: perfPeerCrashEnv names a test in which
+// it exits abruptly once the phase has started; perfPeerStallEnv a test/size
+// ("tag_lat/4096") whose phase it never gets ready for; perfPeerCorruptEnv a test
+// (tag_lat) in one of whose phases' answers it flips one byte.
+const (
+	perfPeerCrashEnv   = "UCPX_PERF_PEER_CRASH_IN"
+	perfPeerStallEnv   = "UCPX_PERF_PEER_STALL_AT"
+	perfPeerCorruptEnv = "UCPX_PERF_PEER_CORRUPT"
+)
 
 // clockBase anchors nanotime.
 var clockBase = time.Now()
@@ -61,7 +69,18 @@ type perfSide struct {
 	// progressCtl: progress the worker while waiting for a control message (see
 	// ctlRecv); set once this side made its first prepared request.
 	progressCtl bool
+	// check: count received bytes that differ from what was sent into wrong (--check).
+	check bool
+	wrong atomic.Int64
+	// progress: iterations of the current phase done, updated every progressEvery
+	// (the progress line reads it from another goroutine).
+	progress atomic.Int64
+	expect   []byte // the peer's expected ping of a +work mode (--check)
 }
+
+// progressEvery: loops publish their iteration count every this many iterations (an
+// atomic store each iteration would be a visible part of an 8-byte round trip).
+const progressEvery = 64
 
 func newPerfSide(tls string, peerErr, rma, part, spin bool, size, window int) (*perfSide, error) {
 	features := ucp.FeatureTag
@@ -112,6 +131,9 @@ func (s *perfSide) connect(addr, rkey []byte) error {
 }
 
 func (s *perfSide) close() {
+	if s.rig != nil {
+		s.rig.close() // its registrations go before the UCX context
+	}
 	if s.ctx != nil {
 		_ = s.ctx.Close() // closes the rkey, endpoint, worker and registrations
 	}
@@ -187,6 +209,9 @@ func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time
 	stamps := make([]int64, count+1)
 	for i := 0; i < count; i++ {
 		stamps[i] = nanotime()
+		if i%progressEvery == 0 {
+			s.progress.Store(int64(i))
+		}
 		sr, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
 		if err != nil {
 			return nil, 0, err
@@ -204,6 +229,9 @@ func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time
 		if rr.Length() != size {
 			return nil, 0, checkLen(rr, size)
 		}
+		if s.check {
+			s.checkRecv(rbuf, sbuf, true) // the peer's pong holds what our ping held
+		}
 	}
 	stamps[count] = nanotime()
 	rtts := make([]time.Duration, count)
@@ -215,8 +243,12 @@ func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time
 
 // tagLatResponder answers every ping with a pong. The receive for the next ping is
 // posted right after the pong is sent, long before that ping can arrive.
-func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, size, count int) error {
+func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, mode string, size, count int) error {
 	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	corruptAt := -1
+	if os.Getenv(perfPeerCorruptEnv) == testTagLat {
+		corruptAt = count / 2 // fault injection for tests: one wrong byte in one pong
+	}
 	sp := &ucp.RequestParam{MemH: s.smem}
 	rp := &ucp.RequestParam{MemH: s.rmem}
 	rr, err := s.w.TagRecvNbx(rbuf, tagPing, fullMask, rp)
@@ -238,11 +270,21 @@ func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, size
 		if err := checkLen(rr, size); err != nil {
 			return err
 		}
+		if s.check {
+			s.checkRecv(rbuf, s.expectedPing(mode, size, i), true)
+		}
+		if i == corruptAt {
+			sbuf[size/2] ^= 0x5a
+		}
 		sr, err := s.ep.TagSendNbx(sbuf, tagPong, sp)
 		if err != nil {
 			return err
 		}
-		if err := s.wait(ctx, sr); err != nil {
+		err = s.wait(ctx, sr)
+		if i == corruptAt {
+			sbuf[size/2] ^= 0x5a
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -260,6 +302,9 @@ func (s *perfSide) tagBwSender(ctx context.Context, size, count int) (time.Durat
 	}
 	start := time.Now()
 	for i := 0; i < count; i++ {
+		if i%progressEvery == 0 {
+			s.progress.Store(int64(i))
+		}
 		slot := i % len(s.ring)
 		if r := s.ring[slot]; r != nil {
 			if err := s.wait(ctx, r); err != nil {
@@ -304,6 +349,10 @@ func (s *perfSide) tagBwReceiver(ctx context.Context, ready func() error, size, 
 		if err := checkLen(r, size); err != nil {
 			return err
 		}
+		if s.check {
+			// Not cleared: the other receives of the window land in the same buffer.
+			s.checkRecv(rbuf, s.smem.Bytes()[:size], false)
+		}
 		if posted < count {
 			if s.ring[slot], err = s.w.TagRecvNbx(rbuf, tagData, fullMask, rp); err != nil {
 				return err
@@ -332,6 +381,9 @@ func (s *perfSide) putBwSender(ctx context.Context, size, count int) (time.Durat
 	var err error
 	start := time.Now()
 	for i := 0; i < count; i++ {
+		if i%progressEvery == 0 {
+			s.progress.Store(int64(i))
+		}
 		slot := i % len(s.ring)
 		if r := s.ring[slot]; r != nil {
 			if err := s.wait(ctx, r); err != nil {
@@ -372,6 +424,9 @@ func (s *perfSide) putBwResponder(ctx context.Context, ready func() error, size 
 	if err != nil {
 		return err
 	}
+	if s.check {
+		clear(s.rmem.Bytes()[:size]) // what the puts did not write shows as wrong
+	}
 	if err := ready(); err != nil {
 		return err
 	}
@@ -382,16 +437,30 @@ func (s *perfSide) putBwResponder(ctx context.Context, ready func() error, size 
 	if n != size {
 		return fmt.Errorf("completion notice for %d bytes, want %d", n, size)
 	}
+	if s.check {
+		// Every byte the puts wrote; counted instead of failing on the checksum.
+		s.checkRecv(s.rmem.Bytes()[:size], s.smem.Bytes()[:size], false)
+		return nil
+	}
 	if got := crc32.Checksum(s.rmem.Bytes()[:size], castagnoli); got != want {
 		return fmt.Errorf("put data checksum %08x, initiator sent %08x", got, want)
 	}
 	return nil
 }
 
-// respond runs the peer's side of one phase (parts: partitions of part_lat, part_bw).
-func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size, count, parts int) error {
+// respond runs the peer's side of one phase (m.Parts: partitions of part_lat,
+// part_bw; m.Mode: how the initiator drives tag_lat) and says done, with the wrong
+// bytes it received under --check.
+func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, m perfMsg) error {
+	test, size, count, parts := m.Test, m.Size, m.Count, m.Parts
 	if size > s.rmem.Len() || count <= 0 {
 		return fmt.Errorf("bad phase: size %d (buffer %d), count %d", size, s.rmem.Len(), count)
+	}
+	s.wrong.Store(0)
+	if os.Getenv(perfPeerStallEnv) == test+"/"+strconv.Itoa(size) {
+		// Fault injection for tests: never get ready, as a hung peer would not.
+		<-ctx.Done()
+		return context.Cause(ctx)
 	}
 	ready := func() error {
 		err := ctl.send(perfMsg{Op: "ready"}, ctlTimeout)
@@ -405,7 +474,7 @@ func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size,
 	var err error
 	switch test {
 	case testTagLat:
-		err = s.tagLatResponder(ctx, ready, size, count)
+		err = s.tagLatResponder(ctx, ready, m.Mode, size, count)
 	case testTagBw:
 		err = s.tagBwReceiver(ctx, ready, size, count)
 	case testPutBw:
@@ -418,5 +487,5 @@ func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, test string, size,
 	if err != nil {
 		return err
 	}
-	return ctl.send(perfMsg{Op: "done"}, ctlTimeout)
+	return ctl.send(perfMsg{Op: "done", Wrong: s.wrong.Load()}, ctlTimeout)
 }
