@@ -1,0 +1,290 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// freeAddr returns a loopback address nobody listens on now.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// startJob runs New for every rank on its own goroutine and returns the jobs by rank.
+func startJob(t *testing.T, size int, opts func(rank int) *Options) []*Job {
+	t.Helper()
+	addr := freeAddr(t)
+	jobs := make([]*Job, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for r := 0; r < size; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o *Options
+			if opts != nil {
+				o = opts(r)
+			}
+			jobs[r], errs[r] = New(ctx, Config{Rank: r, Size: size, Rendezvous: addr}, o)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	return jobs
+}
+
+func closeAll(t *testing.T, jobs []*Job) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Add(1)
+		go func() { defer wg.Done(); assert.NoError(t, j.Close()) }()
+	}
+	wg.Wait()
+}
+
+// Four ranks pass a checksummed token around a ring over lazily created endpoints;
+// each rank opens exactly the one endpoint it sends on.
+func TestRingOverLazyEndpoints(t *testing.T) {
+	const size = 4
+	key := NewKey()
+	jobs := startJob(t, size, func(int) *Options { return &Options{Key: key} })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	sums := make([]uint64, size)
+	for r, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			right, err := j.Endpoint((r + 1) % size)
+			require.NoError(t, err)
+			buf := make([]byte, 8)
+			var sum uint64
+			for round := 0; round < 10; round++ {
+				recv, err := j.Worker().TagRecvNbx(buf, uint64(round), ^uint64(0), nil)
+				require.NoError(t, err)
+				out := binary.LittleEndian.AppendUint64(nil, uint64(round*100+r))
+				send, err := right.TagSendNbx(out, uint64(round), nil)
+				require.NoError(t, err)
+				require.NoError(t, send.Wait(ctx))
+				require.NoError(t, recv.Wait(ctx))
+				got := binary.LittleEndian.Uint64(buf)
+				require.Equal(t, uint64(round*100+(r+size-1)%size), got, "rank %d round %d", r, round)
+				sum += got
+			}
+			sums[r] = sum
+			require.NoError(t, j.Barrier(ctx))
+		}()
+	}
+	wg.Wait()
+	for r, j := range jobs {
+		assert.Equal(t, uint64(4500+10*((r+size-1)%size)), sums[r])
+		j.mu.Lock()
+		assert.Len(t, j.eps, 1, "rank %d opened endpoints to %v", r, j.eps)
+		j.mu.Unlock()
+	}
+	closeAll(t, jobs)
+}
+
+func TestStoreSetGetWait(t *testing.T) {
+	jobs := startJob(t, 2, nil)
+	defer closeAll(t, jobs)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := jobs[0].Store().Get(ctx, "k")
+	require.ErrorIs(t, err, ErrNotFound)
+	got := make(chan []byte)
+	go func() {
+		v, err := jobs[1].Store().Wait(ctx, "k")
+		assert.NoError(t, err)
+		got <- v
+	}()
+	require.NoError(t, jobs[0].Store().Set(ctx, "k", []byte("value")))
+	require.Equal(t, []byte("value"), <-got)
+	v, err := jobs[1].Store().Get(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, []byte("value"), v)
+
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = jobs[1].Store().Wait(short, "never")
+	cancelShort()
+	require.ErrorIs(t, err, ErrTimedOut)
+
+	require.ErrorIs(t, jobs[0].Store().Set(ctx, "", nil), ErrInvalidParam)
+	require.ErrorIs(t, jobs[0].Store().Set(ctx, string(make([]byte, MaxKey+1)), nil), ErrInvalidParam)
+	require.ErrorIs(t, jobs[0].Store().Set(ctx, "big", make([]byte, MaxValue+1)), ErrInvalidParam)
+	require.NoError(t, jobs[0].Store().Set(ctx, "max", make([]byte, MaxValue)))
+	v, err = jobs[1].Store().Get(ctx, "max")
+	require.NoError(t, err)
+	require.Len(t, v, MaxValue)
+	_, err = jobs[0].Endpoint(2)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = jobs[0].Endpoint(-1)
+	require.ErrorIs(t, err, ErrInvalidParam)
+}
+
+func TestConfigChecks(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []Config{
+		{Rank: 0, Size: 0, Rendezvous: "127.0.0.1:1"},
+		{Rank: 2, Size: 2, Rendezvous: "127.0.0.1:1"},
+		{Rank: -1, Size: 2, Rendezvous: "127.0.0.1:1"},
+		{Rank: 0, Size: MaxRanks + 1, Rendezvous: "127.0.0.1:1"},
+		{Rank: 0, Size: 1, Rendezvous: "no-port"},
+	} {
+		_, err := New(ctx, c, nil)
+		require.ErrorIs(t, err, ErrInvalidParam, "%+v", c)
+	}
+	t.Setenv(EnvRank, "x")
+	t.Setenv(EnvSize, "2")
+	_, err := FromEnv(ctx, nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	t.Setenv(EnvAuthKeyFile, "/nonexistent/key")
+	t.Setenv(EnvRank, "0")
+	t.Setenv(EnvRendezvous, "127.0.0.1:1")
+	_, err = FromEnv(ctx, nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	// Without a key, rank 0 refuses to serve on a non-loopback address.
+	_, err = Serve("0.0.0.0:0", 2, nil, false)
+	require.ErrorIs(t, err, ErrAuth)
+	_, err = Serve("127.0.0.1:0", 2, []byte("short"), false)
+	require.ErrorIs(t, err, ErrInvalidParam)
+}
+
+// A process without the key, or with another one, cannot join; nor can a keyed
+// process join a rendezvous that cannot prove it holds the key.
+func TestAuthentication(t *testing.T) {
+	key := NewKey()
+	srv, err := Serve("127.0.0.1:0", 2, key, false)
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = dial(ctx, srv.Addr(), nil, 1, 2, nil)
+	require.ErrorIs(t, err, ErrAuth)
+	_, err = dial(ctx, srv.Addr(), NewKey(), 1, 2, nil)
+	require.ErrorIs(t, err, ErrAuth)
+	open, err := Serve("127.0.0.1:0", 2, nil, false)
+	require.NoError(t, err)
+	defer open.Close()
+	_, err = dial(ctx, open.Addr(), key, 1, 2, nil)
+	require.ErrorIs(t, err, ErrAuth)
+	s, err := dial(ctx, srv.Addr(), key, 1, 2, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Set(ctx, "a", []byte("b")))
+	// The same rank twice, or a rank of another job size, is refused.
+	_, err = dial(ctx, srv.Addr(), key, 1, 2, nil)
+	require.ErrorIs(t, err, ErrRankTaken)
+	_, err = dial(ctx, srv.Addr(), key, 0, 3, nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.NoError(t, s.close())
+}
+
+// Garbage on the rendezvous port (before and after the handshake) closes that
+// connection only; the server keeps serving the job.
+func TestGarbageDoesNotDisturbTheJob(t *testing.T) {
+	srv, err := Serve("127.0.0.1:0", 1, nil, false)
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw := func(b []byte, handshake bool) {
+		c, err := net.Dial("tcp", srv.Addr())
+		require.NoError(t, err)
+		defer c.Close()
+		if handshake {
+			require.NoError(t, clientHandshake(c, nil))
+		}
+		_, _ = c.Write(b)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				var ne net.Error
+				require.False(t, errors.As(err, &ne) && ne.Timeout(), "server kept a garbage connection open")
+				return
+			}
+		}
+	}
+	raw([]byte("GET / HTTP/1.0\r\n\r\n"+string(make([]byte, 100))), false)
+	raw([]byte{0xff, 0xff, 0xff, 0xff, 1}, true)                                 // length over MaxFrame
+	raw([]byte{0, 0, 0, 9, byte(opSet), 0, 0, 0, 1, 0xff, 0xff, 0, 0}, true)      // key length past the frame
+	raw((&frame{op: opSet, id: 1, key: "k", value: []byte("v")}).encode(nil), true) // before hello
+	raw((&frame{op: opHello, id: 1, rank: 0, size: 1}).encode((&frame{op: opOK, id: 2}).encode(nil)), true)
+	s, err := dial(ctx, srv.Addr(), nil, 0, 1, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Set(ctx, "still", []byte("serving")))
+	require.NoError(t, s.close())
+}
+
+// A rank that goes without leaving fails the others' barrier with a RankError naming
+// it, and every rank hears of it.
+func TestRankFailureReachesBarrierAndOnFailure(t *testing.T) {
+	var mu sync.Mutex
+	heard := map[int][]int{}
+	jobs := startJob(t, 3, func(rank int) *Options {
+		return &Options{OnFailure: func(r int, err error) {
+			mu.Lock()
+			heard[rank] = append(heard[rank], r)
+			mu.Unlock()
+			assert.ErrorIs(t, err, ErrRankFailed)
+		}}
+	})
+	// Rank 2 vanishes: its connection closes with no goodbye.
+	require.NoError(t, jobs[2].store.c.Close())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := jobs[1].Barrier(ctx)
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 2, re.Rank)
+	require.ErrorIs(t, err, ErrRankFailed)
+	require.Eventually(t, func() bool { return fmt.Sprint(jobs[0].Failed()) == "[2]" }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, []int{2}, jobs[1].Failed())
+	mu.Lock()
+	require.Equal(t, map[int][]int{0: {2}, 1: {2}}, heard)
+	mu.Unlock()
+	closeAll(t, jobs[:2])
+	_ = jobs[2].Close()
+}
+
+// A job can use a worker the caller made; Close leaves it open.
+func TestCallersWorker(t *testing.T) {
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	jobs := startJob(t, 1, func(int) *Options { return &Options{Worker: w} })
+	require.Same(t, w, jobs[0].Worker())
+	ep, err := jobs[0].Endpoint(0)
+	require.NoError(t, err)
+	r, ok := jobs[0].RankOf(ep)
+	require.True(t, ok)
+	require.Equal(t, 0, r)
+	require.NoError(t, jobs[0].Close())
+	require.ErrorIs(t, jobs[0].Close(), ErrClosed)
+	_, err = w.Address()
+	require.NoError(t, err, "the caller's worker stays open")
+}

@@ -1,0 +1,358 @@
+package bootstrap
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The environment of a rank, with the meaning of torchrun's RANK, WORLD_SIZE and
+// MASTER_ADDR:MASTER_PORT.
+const (
+	EnvRank       = "UCPX_RANK"
+	EnvSize       = "UCPX_SIZE"
+	EnvRendezvous = "UCPX_RENDEZVOUS"
+	// EnvInsecure=1 lets rank 0 serve the rendezvous on a non-loopback address
+	// without a key (Options.Insecure).
+	EnvInsecure = "UCPX_RENDEZVOUS_INSECURE"
+)
+
+// DefaultTimeout bounds New when its context has no deadline, and each lazy Endpoint.
+const DefaultTimeout = 2 * time.Minute
+
+// Options configures a job; the zero value is usable.
+type Options struct {
+	// Worker communicates for the job; nil makes a Context (ContextParams) and a
+	// Worker (WorkerParams) that Close closes.
+	Worker         *ucp.Worker
+	ContextParams  ucp.ContextParams
+	WorkerParams   ucp.WorkerParams
+	// EndpointParams are used for every Endpoint; the job chains its own
+	// ErrorHandler after the given one. NoPeerErrorHandling lets UCX 1.13 use shared
+	// memory between ranks of one host, at the cost of failure detection.
+	EndpointParams ucp.EndpointParams
+	// Key authenticates the rendezvous (mutual HMAC-SHA256 challenge-response); nil
+	// reads UCPX_AUTH_KEY_FILE. The store carries worker addresses, so only holders
+	// of the key learn them.
+	Key []byte
+	// Insecure lets rank 0 serve a non-loopback rendezvous without a key.
+	Insecure bool
+	// Listen is where rank 0 serves (default: the rendezvous address).
+	Listen string
+	// OnFailure runs once per failed rank, whether UCX reported its endpoint failed
+	// or the rendezvous saw it go without leaving; on a goroutine of the job's, so it
+	// must not block for long.
+	OnFailure func(rank int, err error)
+	// Timeout bounds a lazy Endpoint's wait for the peer's address (DefaultTimeout).
+	Timeout time.Duration
+}
+
+// Config is what FromEnv reads from the environment.
+type Config struct {
+	Rank, Size int
+	Rendezvous string // host:port of rank 0's rendezvous
+}
+
+// ConfigFromEnv reads UCPX_RANK, UCPX_SIZE and UCPX_RENDEZVOUS.
+func ConfigFromEnv() (Config, error) {
+	var c Config
+	var err error
+	for _, v := range []struct {
+		name string
+		dst  *int
+	}{{EnvRank, &c.Rank}, {EnvSize, &c.Size}} {
+		s := os.Getenv(v.name)
+		if *v.dst, err = strconv.Atoi(s); err != nil {
+			return c, fmt.Errorf("bootstrap: %s=%q is not a number (ucpx launch sets it): %w", v.name, s, ErrInvalidParam)
+		}
+	}
+	c.Rendezvous = os.Getenv(EnvRendezvous)
+	return c, c.check()
+}
+
+func (c Config) check() error {
+	if c.Size < 1 || c.Size > MaxRanks || c.Rank < 0 || c.Rank >= c.Size {
+		return fmt.Errorf("bootstrap: rank %d of %d (want 0 <= rank < size <= %d): %w", c.Rank, c.Size, MaxRanks, ErrInvalidParam)
+	}
+	if _, _, err := net.SplitHostPort(c.Rendezvous); err != nil {
+		return fmt.Errorf("bootstrap: rendezvous %q is not host:port: %v: %w", c.Rendezvous, err, ErrInvalidParam)
+	}
+	return nil
+}
+
+// Job is this process's place in a job of Size ranks: the worker, the store, the
+// barrier and endpoints to the other ranks, created on first use.
+type Job struct {
+	Rank, Size int
+
+	opts   Options
+	ctx    *ucp.Context // owned, nil when Options.Worker was given
+	worker *ucp.Worker
+	store  *Store
+	server *Server // rank 0 only
+
+	mu      sync.Mutex
+	eps     map[int]*ucp.Endpoint
+	dialing map[int]chan struct{}
+	byEP    map[*ucp.Endpoint]int
+	failed  map[int]error
+	barrier uint64
+	closed  bool
+}
+
+// FromEnv joins the job that UCPX_RANK, UCPX_SIZE and UCPX_RENDEZVOUS describe (as
+// `ucpx launch` or a scheduler sets them); see New.
+func FromEnv(ctx context.Context, opts *Options) (*Job, error) {
+	c, err := ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return New(ctx, c, opts)
+}
+
+// New joins a job: rank 0 serves the rendezvous, every rank authenticates, publishes
+// its worker address and waits until all Size ranks have joined (ctx bounds the wait;
+// DefaultTimeout without a deadline). No endpoint is created here: Endpoint(r) makes
+// the one to rank r when first asked.
+func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	j := &Job{Rank: c.Rank, Size: c.Size, eps: map[int]*ucp.Endpoint{}, dialing: map[int]chan struct{}{},
+		byEP: map[*ucp.Endpoint]int{}, failed: map[int]error{}}
+	if opts != nil {
+		j.opts = *opts
+	}
+	if j.opts.Timeout <= 0 {
+		j.opts.Timeout = DefaultTimeout
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	key := j.opts.Key
+	if key == nil {
+		var err error
+		if key, err = LoadKey(); err != nil {
+			return nil, err
+		}
+	}
+	insecure := j.opts.Insecure || os.Getenv(EnvInsecure) == "1"
+	ok := false
+	defer func() {
+		if !ok {
+			_ = j.Close()
+		}
+	}()
+	if j.Rank == 0 {
+		listen := j.opts.Listen
+		if listen == "" {
+			listen = c.Rendezvous
+		}
+		var err error
+		if j.server, err = Serve(listen, c.Size, key, insecure); err != nil {
+			return nil, err
+		}
+	}
+	if j.worker = j.opts.Worker; j.worker == nil {
+		var err error
+		if j.ctx, err = ucp.NewContext(j.opts.ContextParams); err != nil {
+			return nil, err
+		}
+		if j.worker, err = j.ctx.NewWorker(j.opts.WorkerParams); err != nil {
+			return nil, err
+		}
+	}
+	addr, err := j.worker.Address()
+	if err != nil {
+		return nil, err
+	}
+	if j.store, err = dial(ctx, c.Rendezvous, key, c.Rank, c.Size, func(r int) {
+		j.markFailed(r, &RankError{Rank: r, Err: fmt.Errorf("bootstrap: the rendezvous lost rank %d: %w", r, ErrRankFailed)})
+	}); err != nil {
+		return nil, err
+	}
+	if err := j.store.Set(ctx, addrKey(c.Rank), addr); err != nil {
+		return nil, err
+	}
+	if err := j.Barrier(ctx); err != nil {
+		return nil, fmt.Errorf("bootstrap: waiting for %d ranks to join: %w", c.Size, err)
+	}
+	ok = true
+	return j, nil
+}
+
+func addrKey(rank int) string { return "ucpx/addr/" + strconv.Itoa(rank) }
+
+// Worker is the job's worker.
+func (j *Job) Worker() *ucp.Worker { return j.worker }
+
+// Store is the job's key-value store.
+func (j *Job) Store() *Store { return j.store }
+
+// Barrier returns once every rank has called it as often as this one; it fails with
+// a RankError (ErrRankFailed) if a rank failed before all arrived.
+func (j *Job) Barrier(ctx context.Context) error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return fmt.Errorf("bootstrap: barrier: %w", ErrClosed)
+	}
+	j.barrier++
+	gen := j.barrier
+	j.mu.Unlock()
+	_, err := j.store.call(ctx, &frame{op: opBarrier, gen: gen})
+	return err
+}
+
+// Endpoint returns the endpoint to rank, creating it on first use from the address
+// the rank published (waiting up to Options.Timeout for it). A rank's failure fails
+// its endpoint's operations with errors matching ucp.ErrPeerFailed; RankOf names it.
+func (j *Job) Endpoint(rank int) (*ucp.Endpoint, error) {
+	if rank < 0 || rank >= j.Size {
+		return nil, fmt.Errorf("bootstrap: rank %d of a job of %d: %w", rank, j.Size, ErrInvalidParam)
+	}
+	for {
+		j.mu.Lock()
+		if j.closed {
+			j.mu.Unlock()
+			return nil, fmt.Errorf("bootstrap: endpoint: %w", ErrClosed)
+		}
+		if ep := j.eps[rank]; ep != nil {
+			j.mu.Unlock()
+			return ep, nil
+		}
+		wait, busy := j.dialing[rank]
+		if !busy {
+			wait = make(chan struct{})
+			j.dialing[rank] = wait
+			j.mu.Unlock()
+			ep, err := j.connect(rank)
+			j.mu.Lock()
+			delete(j.dialing, rank)
+			close(wait)
+			if err == nil {
+				j.eps[rank], j.byEP[ep] = ep, rank
+			}
+			j.mu.Unlock()
+			return ep, err
+		}
+		j.mu.Unlock()
+		<-wait
+	}
+}
+
+func (j *Job) connect(rank int) (*ucp.Endpoint, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), j.opts.Timeout)
+	defer cancel()
+	addr, err := j.store.Wait(ctx, addrKey(rank))
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: address of rank %d: %w", rank, err)
+	}
+	p := j.opts.EndpointParams
+	user := p.ErrorHandler
+	p.ErrorHandler = func(ep *ucp.Endpoint, err error) {
+		if user != nil {
+			user(ep, err)
+		}
+		j.markFailed(rank, &RankError{Rank: rank, Err: err})
+	}
+	ep, err := j.worker.ConnectAddress(addr, &p)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: endpoint to rank %d: %w", rank, err)
+	}
+	return ep, nil
+}
+
+// RankOf names the rank an endpoint of Endpoint leads to.
+func (j *Job) RankOf(ep *ucp.Endpoint) (int, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r, ok := j.byEP[ep]
+	return r, ok
+}
+
+// Failed lists the ranks known to have failed, in order, as the endpoints and the
+// rendezvous reported them.
+func (j *Job) Failed() []int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make([]int, 0, len(j.failed))
+	for r := range j.failed {
+		out = append(out, r)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// FailedErr returns the error a failed rank was reported with, nil if it has not failed.
+func (j *Job) FailedErr(rank int) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failed[rank]
+}
+
+func (j *Job) markFailed(rank int, err error) {
+	j.mu.Lock()
+	_, had := j.failed[rank]
+	if !had {
+		j.failed[rank] = err
+	}
+	fn := j.opts.OnFailure
+	j.mu.Unlock()
+	if !had && fn != nil {
+		fn(rank, err)
+	}
+}
+
+// Close leaves the job: it tells the rendezvous it leaves on purpose, closes the
+// endpoints and, if it made them, the worker and context. Rank 0 keeps serving the
+// rendezvous until every rank has left or failed (at most DefaultTimeout). Call
+// Barrier first when others may still use this rank's endpoints.
+func (j *Job) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return fmt.Errorf("bootstrap: job: %w", ErrClosed)
+	}
+	j.closed = true
+	eps := j.eps
+	j.eps = map[int]*ucp.Endpoint{}
+	j.mu.Unlock()
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if j.store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = j.store.bye(ctx)
+		cancel()
+		keep(j.store.close())
+	}
+	if j.ctx == nil { // the caller's worker: close what the job opened on it
+		for _, ep := range eps {
+			_ = ep.Close()
+		}
+	}
+	if j.ctx != nil { // closing the worker force-closes its endpoints
+		keep(j.ctx.Close())
+	}
+	if j.server != nil {
+		select {
+		case <-j.server.Done():
+		case <-time.After(DefaultTimeout):
+		}
+		_ = j.server.Close()
+	}
+	return first
+}
