@@ -228,8 +228,8 @@ func TestGarbageDoesNotDisturbTheJob(t *testing.T) {
 		}
 	}
 	raw([]byte("GET / HTTP/1.0\r\n\r\n"+string(make([]byte, 100))), false)
-	raw([]byte{0xff, 0xff, 0xff, 0xff, 1}, true)                                 // length over MaxFrame
-	raw([]byte{0, 0, 0, 9, byte(opSet), 0, 0, 0, 1, 0xff, 0xff, 0, 0}, true)      // key length past the frame
+	raw([]byte{0xff, 0xff, 0xff, 0xff, 1}, true)                                    // length over MaxFrame
+	raw([]byte{0, 0, 0, 9, byte(opSet), 0, 0, 0, 1, 0xff, 0xff, 0, 0}, true)        // key length past the frame
 	raw((&frame{op: opSet, id: 1, key: "k", value: []byte("v")}).encode(nil), true) // before hello
 	raw((&frame{op: opHello, id: 1, rank: 0, size: 1}).encode((&frame{op: opOK, id: 2}).encode(nil)), true)
 	s, err := dial(ctx, srv.Addr(), nil, 0, 1, nil)

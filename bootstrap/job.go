@@ -31,9 +31,9 @@ const DefaultTimeout = 2 * time.Minute
 type Options struct {
 	// Worker communicates for the job; nil makes a Context (ContextParams) and a
 	// Worker (WorkerParams) that Close closes.
-	Worker         *ucp.Worker
-	ContextParams  ucp.ContextParams
-	WorkerParams   ucp.WorkerParams
+	Worker        *ucp.Worker
+	ContextParams ucp.ContextParams
+	WorkerParams  ucp.WorkerParams
 	// EndpointParams are used for every Endpoint; the job chains its own
 	// ErrorHandler after the given one. NoPeerErrorHandling lets UCX 1.13 use shared
 	// memory between ranks of one host, at the cost of failure detection.
