@@ -31,6 +31,17 @@ type Config struct {
 	// backend's pool allocates when first used, so that small staged messages never
 	// allocate pinned memory on their way.
 	ReserveBuffers int
+	// Staging is the workspace policy of every operation that does not set its own
+	// (Transfer.Staging); the zero value is StageWhenNeeded.
+	Staging Staging
+	// Workspace, if set, is the staging memory of every staged operation on its
+	// backend (see Workspace): bounded, with back-pressure. Operations on other
+	// backends, and all without it, stage through the planner's pool. The caller
+	// closes it after the planners (contexts) using it.
+	Workspace *Workspace
+	// Stats, if set, counts what the planner staged (package ucp sets it per worker
+	// for Worker.StagingStats).
+	Stats *Stats
 }
 
 // Defaults of Config.
@@ -55,6 +66,9 @@ func DefaultConfig() Config {
 func (c Config) Resolve() (Config, error) {
 	if c.StagingPart < 0 || c.PollCompletionBytes < 0 || c.RingAfter < 0 || c.ReserveBuffers < 0 {
 		return c, fmt.Errorf("protocol config %+v: negative value: %w", c, ErrInvalidParam)
+	}
+	if !c.Staging.valid() {
+		return c, fmt.Errorf("protocol config: unknown staging policy %v: %w", c.Staging, ErrInvalidParam)
 	}
 	d := DefaultConfig()
 	if c.StagingPart == 0 {
@@ -96,6 +110,8 @@ type Transfer struct {
 	RegisteredHost bool
 	// DeclaredDevice: the caller said the buffer is device memory (RequestParam.MemoryType).
 	DeclaredDevice bool
+	// Staging is the operation's workspace policy; StageDefault takes Config.Staging.
+	Staging Staging
 }
 
 // Route is how the operation is triggered and completed.
@@ -183,11 +199,9 @@ func (pl *Planner) Prepare(b streamcore.Backend) error {
 	return err
 }
 
-// pool returns b's staging pool, made on first use; nil where b never stages.
+// pool returns b's staging pool, made on first use (pinned buffers on CUDA, reserved
+// at once where device memory needs staging; mapped host memory on host backends).
 func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
-	if b.Kind() != streamcore.KindCUDA || pl.cudaTransport {
-		return nil, nil
-	}
 	if last := pl.last.Load(); last != nil && last.b == b {
 		return last.pool, nil // a closed pool refuses Get itself
 	}
@@ -201,9 +215,11 @@ func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
 		return p, nil
 	}
 	p := NewPool(b)
-	if err := p.Reserve(minClass, pl.cfg.ReserveBuffers); err != nil {
-		_ = p.Close()
-		return nil, fmt.Errorf("staging pool: %w", err)
+	if b.Kind() == streamcore.KindCUDA && !pl.cudaTransport {
+		if err := p.Reserve(minClass, pl.cfg.ReserveBuffers); err != nil {
+			_ = p.Close()
+			return nil, fmt.Errorf("staging pool: %w", err)
+		}
 	}
 	if pl.pools == nil {
 		pl.pools = map[streamcore.Backend]*Pool{}
@@ -216,7 +232,8 @@ func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
 // Plan decides how t travels on route r, into pl2 (which the caller may keep inside a
 // larger object: a one-part plan allocates nothing). It fails at the call, with the
 // reason, for what cannot travel at all (device memory without a stream to stage on,
-// device memory on a host backend).
+// device memory on a host backend, device memory with no direct path under
+// StageNever).
 func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 	*pl2 = Plan{RingAfter: pl.cfg.RingAfter}
 	pl2.Poll = r.StreamOrdered && len(t.Buf) >= pl.cfg.PollCompletionBytes
@@ -226,26 +243,56 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 	if t.DeclaredDevice && r.Backend.Kind() == streamcore.KindHost {
 		return fmt.Errorf("device memory (RequestParam.MemoryType) with a host-stream backend: host streams run on the CPU and cannot move device memory: %w", ErrInvalidParam)
 	}
-	if t.Dir == NoBuffer || len(t.Buf) == 0 || t.RegisteredHost {
+	if !t.Staging.valid() {
+		return fmt.Errorf("unknown staging policy %v: %w", t.Staging, ErrInvalidParam)
+	}
+	if t.Dir == NoBuffer || len(t.Buf) == 0 {
 		return nil
 	}
+	policy := t.Staging.Or(pl.cfg.Staging)
+	always := policy == StageAlways
+	if t.RegisteredHost && !always {
+		return nil
+	}
+	cuda := r.Backend.Kind() == streamcore.KindCUDA
+	if !always && (!cuda || pl.cudaTransport) {
+		return nil // a direct path for every buffer: no look-up
+	}
 	pool, err := pl.pool(r.Backend)
-	if pool == nil || err != nil {
+	if err != nil {
 		return err
 	}
 	addr := uintptr(unsafe.Pointer(&t.Buf[0]))
-	kind, err := pool.Classify(addr)
-	if err != nil {
-		return fmt.Errorf("buffer %#x: %w", addr, err)
+	kind := KindHost
+	if cuda && !t.RegisteredHost {
+		if kind, err = pool.Classify(addr); err != nil {
+			return fmt.Errorf("buffer %#x: %w", addr, err)
+		}
 	}
-	if kind != KindDevice {
-		return nil
-	}
+	device := kind == KindDevice
+	noDirect := device && cuda && !pl.cudaTransport
 	switch {
+	case policy == StageNever && noDirect:
+		return fmt.Errorf("device buffer with StageNever: the transport here has no CUDA support and no IPC path reaches the peer, and staging is refused: %w", ErrUnsupported)
+	case !always && !noDirect:
+		return nil
 	case !r.OnStream:
+		if !device {
+			return nil // StageAlways, but nothing to copy on: a host buffer moves as is
+		}
 		return fmt.Errorf("device buffer with a %s: the transport here has no CUDA support, and staging needs a stream: %w", r.What, ErrUnsupported)
 	case t.Dir == In && !r.StreamOrdered:
+		if !device {
+			return nil
+		}
 		return fmt.Errorf("device receive buffer with a non-blocking enqueue: staged data is copied in on the stream after completion: %w", ErrUnsupported)
+	}
+	if ws := pl.cfg.Workspace; ws != nil && ws.backend == r.Backend {
+		if err := pl.planWorkspace(ws, pool, t, r, pl2, addr); err != nil {
+			pl2.Unused(0)
+			return err
+		}
+		return nil
 	}
 	n := len(t.Buf)
 	count := 1
@@ -261,7 +308,7 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 		} else {
 			off, size = 0, n
 		}
-		if err := stage(pool, &pl2.Parts[i], addr+uintptr(off), off, size, t.Dir); err != nil {
+		if err := stage(pool, pl.cfg.Stats, &pl2.Parts[i], addr+uintptr(off), off, size, t.Dir); err != nil {
 			pl2.Unused(0)
 			return fmt.Errorf("staging part %d of %d bytes: %w", i, size, err)
 		}
@@ -269,15 +316,168 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 	return nil
 }
 
+// planWorkspace stages t through ws: an RMA in parts of one slot each, a message in
+// consecutive slots (or memory of its own from pool when larger than a half).
+func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route, pl2 *Plan, dev uintptr) error {
+	st := pl.cfg.Stats
+	n := len(t.Buf)
+	if !(t.Splittable && !r.Grouped) {
+		k := ws.slotsFor(n)
+		if k == 0 {
+			if st != nil {
+				st.oversize.Add(1)
+			}
+			if err := stage(pool, st, &pl2.Parts[0], dev, 0, n, t.Dir); err != nil {
+				return fmt.Errorf("staging a message of %d bytes (larger than the workspace's half): %w", n, err)
+			}
+			return nil
+		}
+		ws.mu.Lock()
+		l, err := ws.takeLocked(n, k, t.Dir, st)
+		var prev []uint64
+		var busy bool
+		if err == nil {
+			prev, busy = l.pendingPrevLocked()
+		}
+		ws.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if busy {
+			st.waited()
+		}
+		st.staged(n)
+		stageLease(&pl2.Parts[0], l, prev, busy, dev, 0, t.Dir)
+		return nil
+	}
+	count := (n + ws.slot - 1) / ws.slot
+	if count > 1 {
+		pl2.Parts = make([]Part, count)
+	}
+	leases := make([]*lease, count)
+	prevs := make([][]uint64, count)
+	busys := make([]bool, count)
+	ws.mu.Lock() // one operation's slots in one run of the ring
+	for i := range count {
+		size := min(ws.slot, n-i*ws.slot)
+		l, err := ws.takeLocked(size, 1, t.Dir, st)
+		if err != nil {
+			ws.mu.Unlock()
+			for _, l := range leases[:i] {
+				l.free()
+			}
+			return err
+		}
+		leases[i] = l
+		if i < ws.nslot {
+			prevs[i], busys[i] = l.pendingPrevLocked()
+		} else {
+			busys[i] = true // part i-nslot's slot
+		}
+	}
+	ws.mu.Unlock()
+	for i, l := range leases {
+		if busys[i] {
+			st.waited()
+		}
+		st.staged(l.n)
+		off := i * ws.slot
+		p := &pl2.Parts[i]
+		if i < ws.nslot {
+			stageLease(p, l, prevs[i], busys[i], dev+uintptr(off), off, t.Dir)
+		} else {
+			stageReuse(p, leases[i-ws.nslot], l, dev, off, t.Dir)
+		}
+		if t.Dir == In && i+ws.nslot < count {
+			// A later part of this operation copies this one out (stageReuse).
+			p.After = nil
+			if i < ws.nslot {
+				p.Release = l.land
+			}
+		}
+	}
+	return nil
+}
+
+// stageLease fills p so that n bytes at dev move through l's slots, waiting on the
+// stream first for the slots' previous uses when busy.
+func stageLease(p *Part, l *lease, prev []uint64, busy bool, dev uintptr, off int, dir Direction) {
+	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
+	p.unused = l.free
+	wait := func(s streamcore.Stream) error {
+		if busy {
+			return l.waitFree(s, prev)
+		}
+		return nil
+	}
+	if dir == Out {
+		p.Before = func(s streamcore.Stream) error {
+			if err := wait(s); err != nil {
+				return err
+			}
+			return s.Copy(l.addr(), dev, l.n)
+		}
+		p.Release = l.free
+		return
+	}
+	if busy {
+		p.Before = wait
+	}
+	p.After = func(s streamcore.Stream) error {
+		if err := s.Copy(dev, l.addr(), l.n); err != nil {
+			return err
+		}
+		return s.LaunchHostFunc(l.free)
+	}
+}
+
+// stageReuse fills p, a part of one operation reusing the slot of an earlier part of
+// it (prev): the stream waits until prev is done with the slot first. An outgoing prev
+// is done once it completed (its Release frees the slot); an incoming one once its data
+// landed and this part's Before copied it out to the device (dev plus prev's offset).
+func stageReuse(p *Part, prev, l *lease, dev uintptr, off int, dir Direction) {
+	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
+	if dir == Out {
+		p.Before = func(s streamcore.Stream) error {
+			if err := l.waitFree(s, []uint64{l.uses[0] - 1}); err != nil {
+				return err
+			}
+			return s.Copy(l.addr(), dev+uintptr(off), l.n)
+		}
+		p.Release, p.unused = l.free, l.free
+		return
+	}
+	prevOff := off - prev.ws.nslot*prev.ws.slot
+	p.Before = func(s streamcore.Stream) error {
+		if err := s.WaitValue(prev.ws.landedWord(prev.h, prev.first), prev.uses[0], streamcore.GEQ); err != nil {
+			return err
+		}
+		return s.Copy(dev+uintptr(prevOff), prev.addr(), prev.n)
+	}
+	// prev's copy-out ran before this part's trigger, so this part done means prev's
+	// slot use is over.
+	p.Release = func() { prev.free(); l.land() }
+	p.unused = func() { prev.free(); l.free() }
+	p.After = func(s streamcore.Stream) error {
+		if err := s.Copy(dev+uintptr(off), l.addr(), l.n); err != nil {
+			return err
+		}
+		return s.LaunchHostFunc(l.free)
+	}
+}
+
 // stage fills p so that n bytes of device memory at dev move through a buffer of pool:
 // copied out before the trigger (Out) or in after the completion (In).
-func stage(pool *Pool, p *Part, dev uintptr, off, n int, dir Direction) error {
+func stage(pool *Pool, st *Stats, p *Part, dev uintptr, off, n int, dir Direction) error {
 	buf, err := pool.Get(n)
 	if err != nil {
 		return err
 	}
+	st.staged(n)
+	st.lend(buf.Size())
+	put := func() { st.giveBack(buf.Size()); pool.Put(buf) }
 	*p = Part{Offset: off, Buf: buf.Bytes()[:n], Staged: true}
-	p.unused = func() { pool.Put(buf) }
+	p.unused = put
 	if dir == Out {
 		p.Before = func(s streamcore.Stream) error { return s.Copy(buf.Addr(), dev, n) }
 		p.Release = p.unused
@@ -287,7 +487,7 @@ func stage(pool *Pool, p *Part, dev uintptr, off, n int, dir Direction) error {
 		if err := s.Copy(dev, buf.Addr(), n); err != nil {
 			return err
 		}
-		return s.LaunchHostFunc(func() { pool.Put(buf) })
+		return s.LaunchHostFunc(put)
 	}
 	return nil
 }

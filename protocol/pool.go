@@ -60,7 +60,8 @@ func (b *Buffer) Size() int { return b.mem.Size() }
 // Pool classifies buffers and lends page-locked host buffers for staging. One serves
 // one stream backend, through the backend's streamcore.HostStaging (the CUDA
 // backend's cuPointerGetAttributes and cuMemHostAlloc); on backends without it (host
-// backends) every buffer is host memory and nothing is lent.
+// backends) every buffer is host memory, and what it lends (for StageAlways) is
+// mapped host memory.
 // Buffers are cached by size class and reused: allocating pinned memory costs far more
 // than a message, and may wait for the user's own stream work.
 type Pool struct {
@@ -110,9 +111,6 @@ func class(n int) int {
 
 // Get lends a pinned buffer of at least n bytes.
 func (s *Pool) Get(n int) (*Buffer, error) {
-	if s.staging == nil {
-		return nil, fmt.Errorf("staging on a host backend: %w", streamcore.ErrNotSupported)
-	}
 	c := class(n)
 	s.mu.Lock()
 	if s.closed {
@@ -128,7 +126,13 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 	}
 	s.lent++
 	s.mu.Unlock()
-	m, err := s.staging.AllocPinned(c)
+	var m streamcore.Pinned
+	var err error
+	if s.staging != nil {
+		m, err = s.staging.AllocPinned(c)
+	} else {
+		m, err = allocHost(c) // host backends stage only under StageAlways
+	}
 	if err != nil {
 		s.mu.Lock()
 		s.lent--

@@ -1,0 +1,227 @@
+package protocol
+
+import (
+	"bytes"
+	"hash/crc32"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
+)
+
+func TestStagingPolicyResolve(t *testing.T) {
+	require.Equal(t, StageWhenNeeded, StageDefault.Or(StageDefault))
+	require.Equal(t, StageAlways, StageDefault.Or(StageAlways))
+	require.Equal(t, StageNever, StageNever.Or(StageAlways))
+	require.Equal(t, "PreferPull", PreferPull.String())
+	_, err := Config{Staging: PreferPull + 1}.Resolve()
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = NewWorkspace(nil, MinWorkspace-1)
+	require.ErrorIs(t, err, ErrInvalidParam)
+}
+
+// A CPU lender finding its slots in use waits (running idle) until they are given
+// back, and the stats count the wait and the high-water mark.
+func TestWorkspaceLendHostBackPressure(t *testing.T) {
+	ws, err := NewWorkspace(nil, MinWorkspace)
+	require.NoError(t, err)
+	defer ws.Close()
+	var st Stats
+	slot := ws.SlotSize()
+	var rel []func()
+	for range WorkspaceSlots {
+		mem, release, err := LendHost(ws, nil, slot, Out, &st, func() error { t.Fatal("no wait expected"); return nil })
+		require.NoError(t, err)
+		require.Len(t, mem, slot)
+		rel = append(rel, release)
+	}
+	// The incoming half is separate: no wait.
+	_, releaseIn, err := LendHost(ws, nil, 10, In, &st, func() error { t.Fatal("no wait expected"); return nil })
+	require.NoError(t, err)
+	idles := 0
+	mem, release, err := LendHost(ws, nil, 100, Out, &st, func() error {
+		idles++
+		if idles == 3 {
+			rel[0]()
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, idles)
+	require.Len(t, mem, 100)
+	s := st.Snapshot()
+	require.EqualValues(t, 1, s.Waits)
+	require.EqualValues(t, WorkspaceSlots+2, s.Parts)
+	require.EqualValues(t, (WorkspaceSlots+1)*slot, s.HighWater, "slots busy at once, the waiting one not counted twice")
+	release()
+	release() // once
+	releaseIn()
+	for _, r := range rel[1:] {
+		r()
+	}
+	// A message larger than a half gets memory of its own from the pool.
+	pool := NewPool(nil)
+	defer pool.Close()
+	big, releaseBig, err := LendHost(ws, pool, WorkspaceSlots*slot+1, In, &st, nil)
+	require.NoError(t, err)
+	require.Len(t, big, WorkspaceSlots*slot+1)
+	releaseBig()
+	require.EqualValues(t, 1, st.Snapshot().Oversize)
+	require.Zero(t, pool.Lent())
+}
+
+// fakeCUDA is a host backend that claims to be CUDA and that every buffer is device
+// memory: the planner's decisions for device buffers, without a GPU.
+type fakeCUDA struct{ streamcore.Backend }
+
+func (fakeCUDA) Kind() streamcore.Kind { return streamcore.KindCUDA }
+func (fakeCUDA) Locate(uintptr) (bool, bool, error) {
+	return true, false, nil
+}
+func (fakeCUDA) AllocPinned(n int) (streamcore.Pinned, error) { return allocHost(n) }
+
+func TestStageNeverRefusesAtTheCall(t *testing.T) {
+	hb := stream.NewHostBackend()
+	defer hb.Close()
+	b := fakeCUDA{hb}
+	route := Route{Backend: b, OnStream: true, StreamOrdered: true, What: "stream condition"}
+	pl, err := NewPlanner(Config{Staging: StageNever, ReserveBuffers: 1}, false)
+	require.NoError(t, err)
+	defer pl.Close()
+	var plan Plan
+	err = pl.Plan(Transfer{Buf: make([]byte, 64), Dir: Out}, route, &plan)
+	require.ErrorIs(t, err, ErrUnsupported)
+	require.Contains(t, err.Error(), "StageNever")
+	// Per operation, the policy wins over the context's: staged.
+	require.NoError(t, pl.Plan(Transfer{Buf: make([]byte, 64), Dir: Out, Staging: StageWhenNeeded}, route, &plan))
+	require.True(t, plan.Staged())
+	plan.Unused(0)
+	// A transport with CUDA support is a direct path: StageNever moves it as is.
+	direct, err := NewPlanner(Config{Staging: StageNever}, true)
+	require.NoError(t, err)
+	defer direct.Close()
+	require.NoError(t, direct.Plan(Transfer{Buf: make([]byte, 64), Dir: Out}, route, &plan))
+	require.False(t, plan.Staged())
+	// ... and StageAlways stages it all the same.
+	require.NoError(t, direct.Plan(Transfer{Buf: make([]byte, 64), Dir: Out, Staging: StageAlways}, route, &plan))
+	require.True(t, plan.Staged())
+	plan.Unused(0)
+}
+
+// runPlan plays the engine for a staged plan (Out: the "transport" copies each part's
+// staging buffer into peer at its offset; In: it fills the staging buffer from peer),
+// on a host stream, one part at a time as triggers come, then the work after.
+func runPlan(t *testing.T, s streamcore.Stream, plan *Plan, dir Direction, peer []byte) {
+	t.Helper()
+	for i := range plan.Parts {
+		p := &plan.Parts[i]
+		require.True(t, p.Staged)
+		if p.Before != nil {
+			require.NoError(t, p.Before(s))
+		}
+		require.NoError(t, s.Synchronize()) // the trigger
+		if dir == Out {
+			copy(peer[p.Offset:], p.Buf)
+		} else {
+			copy(p.Buf, peer[p.Offset:p.Offset+len(p.Buf)])
+		}
+		if p.Release != nil {
+			p.Release()
+		}
+	}
+	for i := range plan.Parts {
+		if a := plan.Parts[i].After; a != nil {
+			require.NoError(t, a(s))
+		}
+	}
+	require.NoError(t, s.Synchronize())
+}
+
+// StageAlways on a host stream through a small workspace: an RMA larger than the
+// workspace streams through it in slot-sized parts, reusing slots (the stream waits),
+// in both directions, with the bytes intact; a message that fits takes consecutive
+// slots; the workspace is whole again afterwards.
+func TestStageAlwaysThroughWorkspaceOnHostStream(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	ws, err := NewWorkspace(b, MinWorkspace)
+	require.NoError(t, err)
+	defer ws.Close()
+	var st Stats
+	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws, Stats: &st}, false)
+	require.NoError(t, err)
+	defer pl.Close()
+	route := Route{Backend: b, OnStream: true, StreamOrdered: true}
+	slot := ws.SlotSize()
+	for _, tc := range []struct {
+		n          int
+		splittable bool
+		parts      int
+	}{
+		{100, false, 1},
+		{3*slot + 5, false, 1},
+		{3*slot + 5, true, 4},
+		{11*slot + 7, true, 12}, // three times round the ring
+	} {
+		for _, dir := range []Direction{Out, In} {
+			src := make([]byte, tc.n)
+			for i := range src {
+				src[i] = byte(rand.Uint32())
+			}
+			dst := make([]byte, tc.n)
+			user, peer := src, dst // Out: the user's buffer is read
+			if dir == In {
+				user, peer = dst, src
+			}
+			var plan Plan
+			require.NoError(t, pl.Plan(Transfer{Buf: user, Dir: dir, Splittable: tc.splittable}, route, &plan))
+			require.Len(t, plan.Parts, tc.parts, "n=%d", tc.n)
+			runPlan(t, s, &plan, dir, peer)
+			if dir == Out {
+				require.Equal(t, crc32.ChecksumIEEE(src), crc32.ChecksumIEEE(dst), "n=%d out", tc.n)
+			} else {
+				require.True(t, bytes.Equal(src, dst), "n=%d in", tc.n)
+			}
+		}
+	}
+	snap := st.Snapshot()
+	require.EqualValues(t, 2*(1+1+4+12), snap.Parts)
+	require.EqualValues(t, 2*(100+2*(3*slot+5)+11*slot+7), snap.Bytes)
+	require.GreaterOrEqual(t, snap.Waits, uint64(2*8), "the 12-part RMA reuses 8 slots in each direction")
+	require.LessOrEqual(t, snap.HighWater, uint64(ws.Size()))
+	require.Zero(t, st.inUse.Load(), "every slot given back")
+	for h := range 2 {
+		for i := range WorkspaceSlots {
+			sl := ws.rings[h].slots[i]
+			require.Equal(t, sl.uses, sl.freed, "half %d slot %d", h, i)
+		}
+	}
+}
+
+// Parts that never run give their slots back, so later operations do not wait forever.
+func TestWorkspaceUnusedPartsFreeSlots(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	ws, err := NewWorkspace(b, MinWorkspace)
+	require.NoError(t, err)
+	defer ws.Close()
+	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws}, false)
+	require.NoError(t, err)
+	defer pl.Close()
+	route := Route{Backend: b, OnStream: true, StreamOrdered: true}
+	for _, dir := range []Direction{Out, In} {
+		var plan Plan
+		require.NoError(t, pl.Plan(Transfer{Buf: make([]byte, 9*ws.SlotSize()), Dir: dir, Splittable: true}, route, &plan))
+		plan.Unused(0)
+		mem, release, err := LendHost(ws, nil, ws.SlotSize(), dir, nil, func() error { t.Fatal("a slot is still held"); return nil })
+		require.NoError(t, err)
+		require.Len(t, mem, ws.SlotSize())
+		release()
+	}
+}
