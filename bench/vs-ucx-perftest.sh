@@ -12,13 +12,18 @@
 # ucpx perf's lat_last2048_us, the same estimator over the same iterations; ucpx's
 # median and p99 over all iterations are reported beside it (p99/p50: the tail).
 #
+# The chained ping-pong (bench/chainpp: each side's loop is a condition.Chain, every
+# operation posted from the UCX completion callback of the one before, in C) runs in
+# the same repetitions as tag_lat and is compared with the same ucx_perftest values
+# (row chain_lat, target CHAIN_TARGET), with the same estimator.
+#
 # Environment knobs (defaults in brackets):
 #   REPS [7]            repetitions of each measurement
 #   TRANSPORTS ["shm tcp"]
 #   LAT_ITERS [50000] LAT_WARMUP [2000]   BW_ITERS [500] BW_WARMUP [20]
 #   LAT_ITERS_TCP [10000] BW_ITERS_TCP [100]  iterations over tcp (slower: keeps the run short)
 #   UCPX [bin/ucpx]     PERFTEST [ucx_perftest]   PORT_BASE [random]
-#   LAT_TARGET [1.10]   BW_TARGET [0.95]
+#   LAT_TARGET [1.10]   BW_TARGET [0.95]   CHAIN_TARGET [1.05]   CHAINPP [bin/chainpp]   CHAIN [1]
 #   STRICT [0]          1: exit 1 when a target is missed
 #
 # Transport sets: shm -> UCX_TLS=shm, endpoints without peer error handling (UCX 1.13
@@ -43,6 +48,9 @@ PORT_BASE=${PORT_BASE:-$((20000 + RANDOM % 20000))}
 STRICT=${STRICT:-0}
 LAT_TARGET=${LAT_TARGET:-1.10}
 BW_TARGET=${BW_TARGET:-0.95}
+CHAIN_TARGET=${CHAIN_TARGET:-1.05}
+CHAINPP=${CHAINPP:-bin/chainpp}
+CHAIN=${CHAIN:-1}
 LAT_SIZE=8
 BW_SIZE=$((4 << 20))
 
@@ -52,6 +60,10 @@ command -v "$PERFTEST" >/dev/null || die "$PERFTEST not found (Debian: apt-get i
 if [ ! -x "$UCPX" ]; then
 	echo "building $UCPX"
 	go build -o "$UCPX" ./cmd/ucpx || die "go build failed"
+fi
+
+if [ "$CHAIN" = 1 ] && [ "$CHAINPP" = bin/chainpp ]; then
+	go build -o "$CHAINPP" ./bench/chainpp || die "go build of bench/chainpp failed"
 fi
 
 TMP=$(mktemp -d)
@@ -120,6 +132,33 @@ ucpx() {
 	echo "$out" | grep -m1 '"peer_tls"' | sed -E 's/.*: *"(.*)",?/\1/' >"$TMP/peer_tls"
 }
 
+# chainpp TLS PEERERR SIZE ITERS WARMUP -> prints the chained ping-pong's median
+# one-way latency of the last 2048 iterations (us) and appends "p50 p99" to
+# $TMP/chain_pctl.
+chainpp() {
+	local tls=$1 peererr=$2 size=$3 iters=$4 warmup=$5 extra=() out try
+	[ "$peererr" = 1 ] && extra+=(-e)
+	for try in 1 2 3; do
+		next_port
+		UCX_TLS=$tls timeout 120 "$CHAINPP" -p "$port" -s "$size" -n "$iters" -w "$warmup" "${extra[@]}" >"$TMP/server.out" 2>&1 &
+		SERVER_PID=$!
+		if out=$(UCX_TLS=$tls timeout 120 "$CHAINPP" -p "$port" -s "$size" -n "$iters" -w "$warmup" "${extra[@]}" 127.0.0.1 2>&1); then
+			wait "$SERVER_PID" || true
+			SERVER_PID=""
+			break
+		fi
+		kill "$SERVER_PID" 2>/dev/null || true
+		wait "$SERVER_PID" 2>/dev/null || true
+		SERVER_PID=""
+		[ "$try" = 3 ] && { echo "$out" >&2; cat "$TMP/server.out" >&2; die "chainpp failed"; }
+	done
+	# chain_lat_last2048_us X p50_us X p99_us X avg_us X iters N
+	read -r _ v _ p50 _ p99 _ <<<"$(echo "$out" | grep -m1 '^chain_lat_last2048_us')"
+	[ -n "$v" ] || { echo "$out" >&2; die "cannot parse chainpp output"; }
+	echo "$p50 $p99" >>"$TMP/chain_pctl"
+	printf '%.3f\n' "$v"
+}
+
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else printf "%.6g\n", (v[NR/2]+v[NR/2+1])/2}'; }
 # best: the lowest latency or the highest bandwidth of the repetitions.
 best() { tr ' ' '\n' | grep -v '^$' | sort -g | if [ "$1" = lat ]; then head -1; else tail -1; fi; }
@@ -145,12 +184,16 @@ for tr in $TRANSPORTS; do
 		"tag_bw tag_bw $BW_SIZE $bw_iters $BW_WARMUP" \
 		"put_bw ucp_put_bw $BW_SIZE $bw_iters $BW_WARMUP"; do
 		read -r test pttest size iters warmup <<<"$spec"
-		pv="" uv=""
+		pv="" uv="" cv=""
 		: >"$TMP/pctl"
+		: >"$TMP/chain_pctl"
 		for ((r = 1; r <= REPS; r++)); do
 			echo "  [$tr] $test $size B: rep $r/$REPS" >&2
 			pv+="$(perftest "$tls" "$peererr" "$pttest" "$size" "$iters" "$warmup") "
 			uv+="$(ucpx "$tr" "$tls" "$test" "$size" "$iters" "$warmup") "
+			if [ "$test" = tag_lat ] && [ "$CHAIN" = 1 ]; then
+				cv+="$(chainpp "$tls" "$peererr" "$size" "$iters" "$warmup") "
+			fi
 		done
 		pm=$(echo "$pv" | median)
 		um=$(echo "$uv" | median)
@@ -174,6 +217,16 @@ for tr in $TRANSPORTS; do
 		[ "$peer_tls" = "$tls" ] || shown="$tls/$peer_tls"
 		rows+=("$test $size $tr $shown $unit $row")
 		raw+=("$test $size $tr: ucx_perftest [${pv% }] ucpx [${uv% }]")
+		if [ -n "$cv" ]; then
+			cm=$(echo "$cv" | median)
+			cb=$(echo "$cv" | best lat)
+			row=$(awk -v p="$pm" -v u="$cm" -v pb="$pb" -v ub="$cb" -v t="$CHAIN_TARGET" 'BEGIN {r = u / p; printf "%.3f %.3f %.2f <=%s %s %.3f %.3f %.2f", p, u, r, t, (r <= t ? "PASS" : "MISS"), pb, ub, ub / pb}')
+			rows+=("chain_lat $size $tr $shown us $row")
+			raw+=("chain_lat $size $tr: ucx_perftest [${pv% }] chained [${cv% }]")
+			p50=$(cut -d' ' -f1 "$TMP/chain_pctl" | tr '\n' ' ' | median)
+			p99=$(cut -d' ' -f2 "$TMP/chain_pctl" | tr '\n' ' ' | median)
+			tails+=("$(awk -v tr="$tr chain" -v a="$p50" -v b="$p99" 'BEGIN {printf "%-9s %10.3f %10.3f %8.2f", tr, a, b, b / a}')")
+		fi
 	done
 done
 
@@ -191,6 +244,9 @@ echo "highest bandwidth of the repetitions, the least disturbed by other load on
 echo "latency: one-way us, both tools' typical = median of the last 2048 iterations of each run (ucx_perftest's"
 echo "estimator; ucpx perf's lat_last2048_us); bandwidth: MB/s, MB = 2^20 B"
 echo "UCX_TLS: the same value for both tools (ucpx's peer process reports its own; shown as a/b if it differed)"
+echo "chain_lat: bench/chainpp, the same ping-pong as two condition.Chains (each operation posted from the UCX"
+echo "callback that completed the one before, in C); compared with the same ucx_perftest values; its p50/p99 are"
+echo "over the last 2048 iterations (the chain keeps their end times), tag_lat's over all"
 echo "peer error handling: shm off (both tools), tcp on (ucx_perftest -e, ucpx default); memory handles passed (ucx_perftest -z)"
 if [ ${#tails[@]} -gt 0 ]; then
 	echo

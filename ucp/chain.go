@@ -139,6 +139,9 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 	done := ctx.Done()
 	var start time.Duration
 	started := false
+	// The spin and yield clock restarts whenever the run moved: a chain waits for its
+	// whole run, and only a run that stalls should yield the processor or park.
+	last, _ := r.raw.Result()
 	for i := 0; ; i++ {
 		w.mu.Lock()
 		if err := r.usableLocked("chain_wait"); err != nil {
@@ -156,6 +159,9 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 				return ctx.Err()
 			default:
 			}
+		}
+		if iters, _ := r.raw.Result(); iters != last {
+			last, started, i = iters, false, 0
 		}
 		if i == 0 {
 			continue
