@@ -5,6 +5,8 @@
 //	ucpx perf [flags]            ping-pong / streaming benchmarks between two processes
 //	ucpx demo [flags]            tag, active-message and RMA exchange with a peer process
 //	ucpx trace summarize FILE    per-phase percentiles of a trace (UCPX_TRACE=FILE)
+//	ucpx launch -n N -- cmd      start N local ranks of a job (UCPX_RANK, UCPX_SIZE, UCPX_RENDEZVOUS)
+//	ucpx demo-ring [flags]       one rank of a checksummed ring allgather (under launch)
 //	ucpx help [command]          usage
 //
 // perf and demo start their peer by re-executing this binary with a hidden
@@ -40,6 +42,8 @@ func init() {
 		{name: "perf", summary: "measure tag latency, tag bandwidth and put bandwidth between two processes", run: runPerf},
 		{name: "demo", summary: "exchange tagged messages, active messages and an RMA put with a peer process, verified", run: runDemo},
 		{name: "trace", summary: "summarize a trace of conditioned operations: ucpx trace summarize FILE (UCPX_TRACE=FILE writes one)", run: runTrace},
+		{name: "launch", summary: "start N local ranks of a command with UCPX_RANK/UCPX_SIZE/UCPX_RENDEZVOUS set: ucpx launch -n N -- cmd", run: runLaunch},
+		{name: "demo-ring", summary: "one rank of a checksummed ring allgather (run it under ucpx launch)", run: runDemoRing},
 		{name: "perf-peer", hidden: true, run: runPerfPeer},
 		{name: "demo-peer", hidden: true, run: runDemoPeer},
 	}

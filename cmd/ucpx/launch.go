@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ucpx/ucpx/bootstrap"
+)
+
+const launchSynopsis = `-n N [flags] -- command [args...]
+
+Starts N ranks of command on this host, each with UCPX_RANK, UCPX_SIZE,
+UCPX_RENDEZVOUS (rank 0 serves it), UCPX_LOCAL_RANK and, unless already set,
+UCPX_AUTH_KEY_FILE (a fresh key for the job, removed afterwards). Output lines are
+prefixed with the rank. When a rank fails the others are stopped (after --grace);
+the status is the first failing rank's. Across hosts, let the scheduler start one
+process per rank with the same variables (see README: slurm, ssh).`
+
+// runLaunch is `ucpx launch`.
+func runLaunch(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("launch", launchSynopsis, stderr)
+	n := fs.Int("n", 0, "number of ranks (1..4096)")
+	rdv := fs.String("rendezvous", "", "host:port rank 0 serves the rendezvous on (default: a free loopback port)")
+	grace := fs.Duration("grace", 5*time.Second, "how long the other ranks may run on after one failed")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	cmdline := fs.Args()
+	if *n < 1 || *n > 4096 || len(cmdline) == 0 {
+		fmt.Fprintf(stderr, "ucpx launch: need -n between 1 and 4096 and a command after --\n")
+		fs.Usage()
+		return 2
+	}
+	if *rdv == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintf(stderr, "ucpx launch: pick a rendezvous port: %v\n", err)
+			return 1
+		}
+		*rdv = ln.Addr().String()
+		_ = ln.Close()
+	}
+	env := append(os.Environ(), bootstrap.EnvSize+"="+strconv.Itoa(*n), bootstrap.EnvRendezvous+"="+*rdv,
+		"UCPX_LOCAL_SIZE="+strconv.Itoa(*n))
+	if os.Getenv(bootstrap.EnvAuthKeyFile) == "" {
+		dir, err := os.MkdirTemp("", "ucpx-launch-")
+		if err != nil {
+			fmt.Fprintf(stderr, "ucpx launch: %v\n", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		keyFile := filepath.Join(dir, "key")
+		if err := os.WriteFile(keyFile, bootstrap.NewKey(), 0o600); err != nil {
+			fmt.Fprintf(stderr, "ucpx launch: %v\n", err)
+			return 1
+		}
+		env = append(env, bootstrap.EnvAuthKeyFile+"="+keyFile)
+	}
+
+	type rank struct {
+		cmd  *exec.Cmd
+		out  *prefixWriter
+		err  error
+		done chan struct{}
+	}
+	ranks := make([]*rank, *n)
+	failed := make(chan int, *n)
+	var outMu sync.Mutex
+	lockedOut := writerFunc(func(b []byte) (int, error) { outMu.Lock(); defer outMu.Unlock(); return stdout.Write(b) })
+	for r := range ranks {
+		cmd := exec.Command(cmdline[0], cmdline[1:]...)
+		cmd.Env = append(env, bootstrap.EnvRank+"="+strconv.Itoa(r), "UCPX_LOCAL_RANK="+strconv.Itoa(r))
+		pw := &prefixWriter{w: lockedOut, prefix: fmt.Sprintf("[%d] ", r)}
+		cmd.Stdout, cmd.Stderr = pw, pw
+		cmd.WaitDelay = 2 * time.Second
+		// A rank dies with the launcher instead of spinning on alone.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		rk := &rank{cmd: cmd, out: pw, done: make(chan struct{})}
+		ranks[r] = rk
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintf(stderr, "ucpx launch: start rank %d: %v\n", r, err)
+			for _, o := range ranks[:r] {
+				_ = o.cmd.Process.Kill()
+				<-o.done
+			}
+			return 1
+		}
+		go func() {
+			rk.err = cmd.Wait()
+			pw.flush()
+			close(rk.done)
+			if rk.err != nil {
+				failed <- r
+			}
+		}()
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	all := make(chan struct{})
+	go func() {
+		for _, rk := range ranks {
+			<-rk.done
+		}
+		close(all)
+	}()
+	first := -1
+	stop := func(sig os.Signal) {
+		for _, rk := range ranks {
+			select {
+			case <-rk.done:
+			default:
+				_ = rk.cmd.Process.Signal(sig)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for waiting := true; waiting; {
+		select {
+		case <-all:
+			waiting = false
+		case r := <-failed:
+			if first < 0 {
+				first = r
+				fmt.Fprintf(stderr, "ucpx launch: rank %d failed (%v); stopping the others in %v\n", r, ranks[r].err, *grace)
+				go func() {
+					select {
+					case <-time.After(*grace):
+						stop(syscall.SIGKILL)
+					case <-ctx.Done():
+					}
+				}()
+			}
+		case s := <-sigs:
+			stop(s)
+		}
+	}
+	if first < 0 {
+		for r, rk := range ranks {
+			if rk.err != nil {
+				first = r
+				break
+			}
+		}
+	}
+	if first < 0 {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(ranks[first].err, &ee) && ee.ExitCode() > 0 {
+		return ee.ExitCode()
+	}
+	return 1
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
