@@ -1,0 +1,142 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCAPI builds libucpx.so (-buildmode=c-shared, as make libucpx does) and the C
+// test program capi/c/exchange.c with the system compiler, then checks the C ABI:
+//
+//   - exchange: two processes of the C program wire up by worker address strings and
+//     exchange tag messages (handles and the blocking calls, from several threads),
+//     RMA put and get with packed remote keys, prepared partitioned iterations, and
+//     error codes (capi/c/exchange.c says what exactly);
+//   - header: every function include/ucpx.h declares is a symbol libucpx.so exports,
+//     and every //export of capi/libucpx is declared there (the parameter lists are
+//     checked by the compiler: the package's preamble includes the header).
+//
+// One build serves both (a c-shared build of the whole library takes a while on a
+// small machine). It skips where there is no Go toolchain (the GPU machine) or no C
+// compiler.
+func TestCAPI(t *testing.T) {
+	goBin := goToolchain(t)
+	cc := cCompiler(t)
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libucpx.so")
+	build := exec.Command(goBin, "build", "-buildmode=c-shared", "-o", lib, "../capi/libucpx")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "building libucpx.so:\n%s", out)
+	exe := filepath.Join(dir, "exchange")
+	out, err = exec.Command(cc, "-Wall", "-Wextra", "-Werror", "-O1", "-I../include", "-o", exe,
+		"../capi/c/exchange.c", "-L"+dir, "-lucpx", "-lpthread", "-Wl,-rpath,"+dir).CombinedOutput()
+	require.NoError(t, err, "building capi/c/exchange.c:\n%s", out)
+
+	t.Run("exchange", func(t *testing.T) {
+		wire := t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		type result struct {
+			out []byte
+			err error
+		}
+		results := make(chan result, 2)
+		var outs [2][]byte
+		for rank := range 2 {
+			cmd := exec.CommandContext(ctx, exe, []string{"0", "1"}[rank], wire)
+			go func() {
+				o, err := cmd.CombinedOutput()
+				results <- result{append([]byte(rankPrefix(rank)), o...), err}
+			}()
+		}
+		for i := range 2 {
+			r := <-results
+			outs[i] = r.out
+			require.NoError(t, r.err, "a C process failed:\n%s", r.out)
+		}
+		all := string(outs[0]) + string(outs[1])
+		assert.Contains(t, all, "OK rank 0")
+		assert.Contains(t, all, "OK rank 1")
+	})
+
+	t.Run("header", func(t *testing.T) {
+		declared := headerFunctions(t, "../include/ucpx.h")
+		require.NotEmpty(t, declared)
+		f, err := elf.Open(lib)
+		require.NoError(t, err)
+		defer f.Close()
+		syms, err := f.DynamicSymbols()
+		require.NoError(t, err)
+		exported := map[string]bool{}
+		for _, s := range syms {
+			if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF {
+				exported[s.Name] = true
+			}
+		}
+		for name := range declared {
+			assert.True(t, exported[name], "include/ucpx.h declares %s, which libucpx.so does not export", name)
+		}
+		files, err := filepath.Glob("../capi/libucpx/*.go")
+		require.NoError(t, err)
+		export := regexp.MustCompile(`^//export (\w+)$`)
+		n := 0
+		for _, file := range files {
+			src, err := os.ReadFile(file)
+			require.NoError(t, err)
+			for _, line := range strings.Split(string(src), "\n") {
+				if m := export.FindStringSubmatch(line); m != nil {
+					n++
+					assert.True(t, declared[m[1]], "%s exports %s, which include/ucpx.h does not declare", filepath.Base(file), m[1])
+				}
+			}
+		}
+		assert.Equal(t, len(declared)-1, n, "every declared function but ucpx_strerror (C) is a Go export")
+	})
+}
+
+func rankPrefix(rank int) string { return "--- rank " + string(rune('0'+rank)) + ":\n" }
+
+// headerFunctions returns the functions a C header declares: the names at the start of
+// a declaration's parameter list, on lines that begin with a return type.
+func headerFunctions(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	decl := regexp.MustCompile(`^(?:const\s+)?(?:int|size_t|char|void)\s*\*?\s*(ucpx_\w+)\(`)
+	names := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if m := decl.FindStringSubmatch(sc.Text()); m != nil {
+			names[m[1]] = true
+		}
+	}
+	require.NoError(t, sc.Err())
+	return names
+}
+
+// cCompiler returns the system C compiler ($CC, cc, gcc), skipping the test without one.
+func cCompiler(t *testing.T) string {
+	t.Helper()
+	for _, c := range []string{os.Getenv("CC"), "cc", "gcc"} {
+		if c == "" {
+			continue
+		}
+		if p, err := exec.LookPath(c); err == nil {
+			return p
+		}
+	}
+	t.Skip("no C compiler")
+	return ""
+}
