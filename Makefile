@@ -2,7 +2,7 @@
 GO ?= go
 export CGO_ENABLED = 1
 
-.PHONY: all deps build demo test vet race bench ptx gpu-bundle clean
+.PHONY: all deps build demo test vet race bench ptx gpu-bundle clean libucpx
 
 all: build
 
@@ -23,8 +23,15 @@ vet: deps
 test: deps vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-bench: build
+bench: build libucpx
 	bash bench/vs-ucx-perftest.sh
+	bash bench/capi-pingpong.sh
+
+# libucpx builds the C ABI, bin/libucpx.so, declared by include/ucpx.h (python/ucpx.py
+# loads it). cgo's own generated header is dropped: include/ucpx.h is the documented one.
+libucpx: deps
+	$(GO) build -buildmode=c-shared -o bin/libucpx.so ./capi/libucpx
+	rm -f bin/libucpx.h
 
 # ptx regenerates the committed PTX from device/*.cu (needs nvcc; running needs only the driver).
 ptx:

@@ -23,6 +23,8 @@ import (
 //     exchange tag messages (handles and the blocking calls, from several threads),
 //     RMA put and get with packed remote keys, prepared partitioned iterations, and
 //     error codes (capi/c/exchange.c says what exactly);
+//   - python: python/test_ucpx_host.py, the ctypes module's host-memory check (where
+//     python3 exists);
 //   - header: every function include/ucpx.h declares is a symbol libucpx.so exports,
 //     and every //export of capi/libucpx is declared there (the parameter lists are
 //     checked by the compiler: the package's preamble includes the header).
@@ -68,6 +70,18 @@ func TestCAPI(t *testing.T) {
 		all := string(outs[0]) + string(outs[1])
 		assert.Contains(t, all, "OK rank 0")
 		assert.Contains(t, all, "OK rank 1")
+	})
+
+	t.Run("python", func(t *testing.T) {
+		py, err := exec.LookPath("python3")
+		if err != nil {
+			t.Skip("no python3")
+		}
+		cmd := exec.Command(py, "../python/test_ucpx_host.py")
+		cmd.Env = append(os.Environ(), "UCPX_LIB="+lib)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "python/test_ucpx_host.py:\n%s", out)
+		require.Contains(t, string(out), "OK python")
 	})
 
 	t.Run("header", func(t *testing.T) {

@@ -1,0 +1,71 @@
+"""Host-memory check of python/ucpx.py (no GPU, no PyTorch): two workers of one
+process exchange tag messages and do RMA through libucpx.so. tests/capi_test.go runs
+it where python3 exists (UCPX_LIB names the library); prints "OK python".
+"""
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ucpx  # noqa: E402
+
+
+def addr(buf):
+    return ctypes.addressof(buf)
+
+
+def main():
+    with ucpx.Context() as ctx:
+        a, b = ctx.worker(), ctx.worker()
+        ab, ba = a.connect(b.address()), b.connect(a.address())
+        for n in (1, 8, 4096, 1 << 20):
+            src = (ctypes.c_ubyte * n)(*[(i * 7 + n) & 0xFF for i in range(n)])
+            dst = (ctypes.c_ubyte * n)()
+            r = b.tag_recv(addr(dst), n, tag=n)
+            s = ab.tag_send(addr(src), n, tag=n)
+            # One thread drives both workers (a large message needs both to progress).
+            while not (s.test() & r.test()):
+                pass
+            s.close()
+            assert r.info() == (n, n), r.info()
+            assert bytes(dst) == bytes(src), f"size {n}: payload differs"
+            r.close()
+        # RMA: b exposes a region, a puts into it and gets it back.
+        n = 65536
+        region = (ctypes.c_ubyte * n)()
+        mem = ctx.mem_map(addr(region), n)
+        rkey = ab.unpack_rkey(mem.pack_rkey())
+        base, length = rkey.region()
+        assert (base, length) == (addr(region), n), (base, length)
+        src = (ctypes.c_ubyte * 1024)(*[(i * 3) & 0xFF for i in range(1024)])
+        ab.put(addr(src), 1024, base + 512, rkey).wait(30)
+        flush = ab.flush()
+        while not flush.test():
+            b.progress()
+        assert bytes(region[512:1536]) == bytes(src), "put payload differs"
+        back = (ctypes.c_ubyte * 1024)()
+        g = ab.get(addr(back), 1024, base + 512, rkey)
+        while not g.test():
+            b.progress()
+        assert bytes(back) == bytes(src), "get payload differs"
+        try:
+            ab.put(addr(src), 1024, base + n - 8, rkey)
+            raise AssertionError("a put past the region was accepted")
+        except ucpx.Error as e:
+            assert e.code == ucpx.ERR_OUT_OF_RANGE, e
+        try:
+            a.connect("zz")
+            raise AssertionError("a bad address was accepted")
+        except ucpx.Error as e:
+            assert e.code == ucpx.ERR_INVALID_ADDR and "address" in str(e), e
+        rkey.close()
+        mem.close()
+        ab.close()
+        ba.close()
+        a.close()
+        b.close()
+    print("OK python")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""ucpx from Python: a ctypes module over libucpx.so (the C ABI, include/ucpx.h).
+
+No build step: copy this file next to your program (or put python/ on sys.path) and
+point UCPX_LIB at libucpx.so (`make libucpx` builds bin/libucpx.so; without UCPX_LIB
+the module looks in ../bin/ next to this file, next to this file, then the loader's
+path).
+
+Buffers are raw addresses, so a PyTorch program passes tensor.data_ptr() and
+tensor.nbytes, and its stream as torch.cuda.current_stream().cuda_stream:
+
+    import torch, ucpx
+    ctx = ucpx.Context(); w = ctx.worker()
+    ep = w.connect(peer_address)              # the peer's w.address(), exchanged somehow
+    cond = ucpx.CudaCondition(torch.cuda.current_stream().cuda_stream)
+    t = torch.empty(n, dtype=torch.uint8, device="cuda")
+    req = w.tag_recv(t.data_ptr(), t.nbytes, tag=7, mem_type=ucpx.MEMORY_CUDA, condition=cond)
+    ev = torch.cuda.Event(); ev.record()      # torch creates its CUevent on first record
+    req.record_event(ev.cuda_event)           # ready only once t holds the message
+    other_stream.wait_event(ev)               # any stream may wait on it
+
+Errors raise ucpx.Error, whose .code is the ucpx_status value and whose message is
+ucpx_last_error's. Every call is safe from any thread.
+"""
+
+import ctypes
+import os
+
+OK = 0
+ERR_INVALID_PARAM = -1
+ERR_INVALID_HANDLE = -2
+ERR_UNSUPPORTED = -3
+ERR_CLOSED = -4
+ERR_TIMEOUT = -5
+ERR_PEER_FAILED = -6
+ERR_CANCELED = -7
+ERR_TRUNCATED = -8
+ERR_OUT_OF_RANGE = -9
+ERR_INVALID_ADDR = -10
+ERR_BUSY = -11
+ERR_BUFFER_TOO_SMALL = -12
+ERR_NO_DEVICE = -13
+ERR_OTHER = -100
+
+MEMORY_UNKNOWN = -1
+MEMORY_HOST = 0
+MEMORY_CUDA = 1
+MEMORY_CUDA_MANAGED = 2
+
+WORKER_PROGRESS_THREAD = 1
+OP_NONBLOCKING_ENQUEUE = 1
+
+FULL_MASK = (1 << 64) - 1
+
+
+class Error(Exception):
+    """A failed ucpx call: code is the ucpx_status, the message ucpx_last_error's."""
+
+    def __init__(self, code, call, message):
+        super().__init__(f"{call}: {_name(code)}: {message}")
+        self.code = code
+        self.call = call
+
+
+def _find_library():
+    env = os.environ.get("UCPX_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "..", "bin", "libucpx.so"), os.path.join(here, "libucpx.so")):
+        if os.path.exists(cand):
+            return cand
+    return "libucpx.so"
+
+
+_lib = ctypes.CDLL(_find_library())
+
+_H = ctypes.c_uint64
+_PH = ctypes.POINTER(_H)
+_SZ = ctypes.c_size_t
+_U64 = ctypes.c_uint64
+_VP = ctypes.c_void_p
+_I = ctypes.c_int
+_UP = ctypes.c_size_t  # uintptr_t
+_CP = ctypes.c_char_p
+
+# The declarations of include/ucpx.h: (name, argument types).
+_SIGS = {
+    "ucpx_context_create": [_PH],
+    "ucpx_context_destroy": [_H],
+    "ucpx_worker_create": [_H, _I, _PH],
+    "ucpx_worker_destroy": [_H],
+    "ucpx_worker_address": [_H, _CP, _SZ, ctypes.POINTER(_SZ)],
+    "ucpx_worker_progress": [_H, ctypes.POINTER(_I)],
+    "ucpx_ep_create": [_H, _CP, _I, _PH],
+    "ucpx_ep_destroy": [_H],
+    "ucpx_mem_map": [_H, _VP, _SZ, _I, _PH],
+    "ucpx_mem_unmap": [_H],
+    "ucpx_rkey_pack": [_H, _CP, _SZ, ctypes.POINTER(_SZ)],
+    "ucpx_rkey_unpack": [_H, _CP, _PH],
+    "ucpx_rkey_region": [_H, ctypes.POINTER(_U64), ctypes.POINTER(_SZ)],
+    "ucpx_rkey_destroy": [_H],
+    "ucpx_cuda_condition_create": [_UP, _PH],
+    "ucpx_condition_record_event": [_H, _UP],
+    "ucpx_condition_destroy": [_H],
+    "ucpx_tag_send": [_H, _VP, _SZ, _U64, _I, _H, _I, _PH],
+    "ucpx_tag_recv": [_H, _VP, _SZ, _U64, _U64, _I, _H, _I, _PH],
+    "ucpx_put": [_H, _VP, _SZ, _U64, _H, _I, _H, _I, _PH],
+    "ucpx_get": [_H, _VP, _SZ, _U64, _H, _I, _H, _I, _PH],
+    "ucpx_ep_flush": [_H, _PH],
+    "ucpx_tag_send_wait": [_H, _VP, _SZ, _U64, _I],
+    "ucpx_tag_recv_wait": [_H, _VP, _SZ, _U64, _U64, _I, ctypes.POINTER(_SZ), ctypes.POINTER(_U64)],
+    "ucpx_tag_sendrecv": [_H, _VP, _SZ, _U64, _VP, _SZ, _U64, _U64, _I, ctypes.POINTER(_SZ), ctypes.POINTER(_U64)],
+    "ucpx_request_test": [_H, ctypes.POINTER(_I)],
+    "ucpx_request_wait": [_H, _I],
+    "ucpx_request_info": [_H, ctypes.POINTER(_SZ), ctypes.POINTER(_U64)],
+    "ucpx_request_record_event": [_H, _UP],
+    "ucpx_request_cancel": [_H],
+    "ucpx_request_free": [_H],
+    "ucpx_psend_init": [_H, _H, _VP, _SZ, _I, _U64, _PH],
+    "ucpx_precv_init": [_H, _H, _VP, _SZ, _I, _U64, _PH],
+    "ucpx_prepare_all": [_PH, _SZ, _I],
+    "ucpx_pstart": [_H],
+    "ucpx_pready": [_H, _I],
+    "ucpx_parrived": [_H, _I, ctypes.POINTER(_I)],
+    "ucpx_pwait": [_H, _I],
+    "ucpx_pfree": [_H],
+}
+for _name_, _args in _SIGS.items():
+    _f = getattr(_lib, _name_)
+    _f.argtypes = _args
+    _f.restype = _I
+_lib.ucpx_strerror.argtypes = [_I]
+_lib.ucpx_strerror.restype = _CP
+_lib.ucpx_last_error.argtypes = [_CP, _SZ]
+_lib.ucpx_last_error.restype = _SZ
+
+
+def _name(code):
+    return _lib.ucpx_strerror(code).decode()
+
+
+def last_error():
+    """The message of the last failed call on this thread."""
+    n = _lib.ucpx_last_error(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    _lib.ucpx_last_error(buf, n + 1)
+    return buf.value.decode(errors="replace")
+
+
+def _call(name, *args):
+    rc = getattr(_lib, name)(*args)
+    if rc != OK:
+        raise Error(rc, name, last_error())
+    return rc
+
+
+def _new(name, *args):
+    h = _H(0)
+    _call(name, *args, ctypes.byref(h))
+    return h.value
+
+
+def _string(name, handle):
+    need = _SZ(0)
+    rc = getattr(_lib, name)(handle, None, 0, ctypes.byref(need))
+    if rc != ERR_BUFFER_TOO_SMALL:
+        raise Error(rc, name, last_error())
+    buf = ctypes.create_string_buffer(need.value)
+    _call(name, handle, buf, need.value, None)
+    return buf.value.decode()
+
+
+def _ms(timeout):
+    return -1 if timeout is None else int(timeout * 1000)
+
+
+class _Handle:
+    _destroy = None
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def close(self):
+        if self.handle:
+            h, self.handle = self.handle, 0
+            _call(self._destroy, h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Context(_Handle):
+    """A UCX context (UCX_* environment variables configure it)."""
+
+    _destroy = "ucpx_context_destroy"
+
+    def __init__(self):
+        super().__init__(_new("ucpx_context_create"))
+
+    def worker(self, progress_thread=False):
+        return Worker(_new("ucpx_worker_create", self.handle, WORKER_PROGRESS_THREAD if progress_thread else 0))
+
+    def mem_map(self, addr, nbytes, mem_type=MEMORY_HOST):
+        """Registers nbytes at addr (host or device) for RMA; returns a Memory."""
+        return Memory(_new("ucpx_mem_map", self.handle, addr, nbytes, mem_type))
+
+
+def _cond(condition):
+    return condition.handle if condition is not None else 0
+
+
+class Worker(_Handle):
+    _destroy = "ucpx_worker_destroy"
+
+    def address(self):
+        """This worker's address string, for the peer's connect."""
+        return _string("ucpx_worker_address", self.handle)
+
+    def progress(self):
+        n = _I(0)
+        _call("ucpx_worker_progress", self.handle, ctypes.byref(n))
+        return n.value
+
+    def connect(self, address, peer_error_handling=False):
+        return Endpoint(_new("ucpx_ep_create", self.handle, address.encode(), 1 if peer_error_handling else 0))
+
+    def tag_recv(self, addr, nbytes, tag, mask=FULL_MASK, mem_type=MEMORY_HOST, condition=None, flags=0):
+        """Receives into nbytes at addr (tensor.data_ptr()); returns a Request."""
+        return Request(_new("ucpx_tag_recv", self.handle, addr, nbytes, tag, mask, mem_type, _cond(condition), flags))
+
+    def tag_recv_wait(self, addr, nbytes, tag, mask=FULL_MASK, timeout=None):
+        """Blocking receive into host memory; returns (length, sender_tag)."""
+        n, t = _SZ(0), _U64(0)
+        _call("ucpx_tag_recv_wait", self.handle, addr, nbytes, tag, mask, _ms(timeout), ctypes.byref(n), ctypes.byref(t))
+        return n.value, t.value
+
+
+class Endpoint(_Handle):
+    _destroy = "ucpx_ep_destroy"
+
+    def tag_send(self, addr, nbytes, tag, mem_type=MEMORY_HOST, condition=None, flags=0):
+        return Request(_new("ucpx_tag_send", self.handle, addr, nbytes, tag, mem_type, _cond(condition), flags))
+
+    def tag_send_wait(self, addr, nbytes, tag, timeout=None):
+        _call("ucpx_tag_send_wait", self.handle, addr, nbytes, tag, _ms(timeout))
+
+    def unpack_rkey(self, packed):
+        return Rkey(_new("ucpx_rkey_unpack", self.handle, packed.encode()))
+
+    def put(self, addr, nbytes, raddr, rkey, mem_type=MEMORY_HOST, condition=None, flags=0):
+        return Request(_new("ucpx_put", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags))
+
+    def get(self, addr, nbytes, raddr, rkey, mem_type=MEMORY_HOST, condition=None, flags=0):
+        return Request(_new("ucpx_get", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags))
+
+    def flush(self):
+        return Request(_new("ucpx_ep_flush", self.handle))
+
+
+class Memory(_Handle):
+    _destroy = "ucpx_mem_unmap"
+
+    def pack_rkey(self):
+        """The remote key string (carries the region's base and length)."""
+        return _string("ucpx_rkey_pack", self.handle)
+
+
+class Rkey(_Handle):
+    _destroy = "ucpx_rkey_destroy"
+
+    def region(self):
+        base, n = _U64(0), _SZ(0)
+        _call("ucpx_rkey_region", self.handle, ctypes.byref(base), ctypes.byref(n))
+        return base.value, n.value
+
+
+class CudaCondition(_Handle):
+    """A stream condition on a raw CUDA stream of device 0's primary context
+    (torch.cuda.current_stream().cuda_stream): operations given it start in stream order,
+    and later work on the stream waits for them (unless OP_NONBLOCKING_ENQUEUE)."""
+
+    _destroy = "ucpx_condition_destroy"
+
+    def __init__(self, cuda_stream):
+        super().__init__(_new("ucpx_cuda_condition_create", cuda_stream))
+
+    def record_event(self, cuda_event):
+        """Records the raw CUevent once every operation armed so far has completed."""
+        _call("ucpx_condition_record_event", self.handle, cuda_event)
+
+
+class Request(_Handle):
+    _destroy = "ucpx_request_free"
+
+    def test(self):
+        done = _I(0)
+        _call("ucpx_request_test", self.handle, ctypes.byref(done))
+        return bool(done.value)
+
+    def wait(self, timeout=None):
+        """Waits for completion (seconds, None: forever); raises Error on failure."""
+        _call("ucpx_request_wait", self.handle, _ms(timeout))
+
+    def info(self):
+        """(received length, sender tag) of a completed receive."""
+        n, t = _SZ(0), _U64(0)
+        _call("ucpx_request_info", self.handle, ctypes.byref(n), ctypes.byref(t))
+        return n.value, t.value
+
+    def record_event(self, cuda_event):
+        """Records the raw CUevent (torch.cuda.Event().cuda_event, after a first record)
+        on the condition's stream, ready only once this operation completed."""
+        _call("ucpx_request_record_event", self.handle, cuda_event)
+
+    def cancel(self):
+        _call("ucpx_request_cancel", self.handle)
+
+
+class Partitioned(_Handle):
+    """A prepared partitioned send or receive (host memory)."""
+
+    _destroy = "ucpx_pfree"
+
+    def __init__(self, send, worker, ep, addr, nbytes, partitions, tag):
+        name = "ucpx_psend_init" if send else "ucpx_precv_init"
+        super().__init__(_new(name, worker.handle, ep.handle, addr, nbytes, partitions, tag))
+
+    def start(self):
+        _call("ucpx_pstart", self.handle)
+
+    def pready(self, p):
+        _call("ucpx_pready", self.handle, p)
+
+    def parrived(self, p):
+        a = _I(0)
+        _call("ucpx_parrived", self.handle, p, ctypes.byref(a))
+        return bool(a.value)
+
+    def wait(self, timeout=None):
+        _call("ucpx_pwait", self.handle, _ms(timeout))
+
+
+def prepare_all(reqs, timeout=None):
+    arr = (_H * len(reqs))(*[r.handle for r in reqs])
+    _call("ucpx_prepare_all", arr, len(reqs), _ms(timeout))
