@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The C ABI's cost on the latency path: an 8 B tag ping-pong over libucpx.so
+# (capi/c/pingpong.c, one ucpx_tag_sendrecv call per iteration on each side) against
+# `ucpx perf` tag_lat, the Go API, at the same size over shared memory. Runs are
+# interleaved REPS times and the medians of the per-run values are compared (the
+# estimator of both: the median of the last 2048 one-way latencies).
+#
+# Target: C / Go <= TARGET (1.05: the C ABI adds at most 5 %).
+#
+# Environment knobs [defaults]: REPS [5] ITERS [50000] WARMUP [2000] SIZE [8]
+#   TLS [shm] UCPX [bin/ucpx] LIB [bin/libucpx.so] TARGET [1.05] STRICT [0] (1: exit 1 on a miss)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=${REPS:-5}
+ITERS=${ITERS:-50000}
+WARMUP=${WARMUP:-2000}
+SIZE=${SIZE:-8}
+TLS=${TLS:-shm}
+UCPX=${UCPX:-bin/ucpx}
+LIB=${LIB:-bin/libucpx.so}
+TARGET=${TARGET:-1.05}
+STRICT=${STRICT:-0}
+die() { echo "capi-pingpong: $*" >&2; exit 1; }
+
+[ -x "$UCPX" ] || go build -o "$UCPX" ./cmd/ucpx || die "go build ./cmd/ucpx failed"
+if [ ! -e "$LIB" ]; then
+	go build -buildmode=c-shared -o "$LIB" ./capi/libucpx || die "building $LIB failed"
+	rm -f "${LIB%.so}.h"
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+libdir=$(cd "$(dirname "$LIB")" && pwd)
+cc -O2 -Wall -Iinclude -o "$TMP/pingpong" capi/c/pingpong.c -L"$libdir" -l"$(basename "$LIB" .so | sed 's/^lib//')" \
+	-Wl,-rpath,"$libdir" || die "building capi/c/pingpong.c failed"
+
+median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else printf "%.4f\n", (v[NR/2]+v[NR/2+1])/2}'; }
+
+go_vals=() c_vals=()
+for rep in $(seq "$REPS"); do
+	out=$("$UCPX" perf --json --transport shm --tls "$TLS" --tests tag_lat --sizes "$SIZE" \
+		--iters "$ITERS" --warmup "$WARMUP" --timeout 2m 2>"$TMP/ucpx.err") || { cat "$TMP/ucpx.err" >&2; die "ucpx perf failed"; }
+	g=$(echo "$out" | grep -m1 '"lat_last2048_us"' | sed -E 's/.*: *([0-9.eE+-]+),?/\1/')
+	wire=$TMP/wire.$rep
+	mkdir -p "$wire"
+	UCX_TLS=$TLS timeout 120 "$TMP/pingpong" 1 "$wire" "$ITERS" "$WARMUP" "$SIZE" >"$TMP/peer.out" 2>&1 &
+	peer=$!
+	c_out=$(UCX_TLS=$TLS timeout 120 "$TMP/pingpong" 0 "$wire" "$ITERS" "$WARMUP" "$SIZE") || { cat "$TMP/peer.out" >&2; die "C ping-pong failed"; }
+	wait "$peer" || { cat "$TMP/peer.out" >&2; die "C ping-pong peer failed"; }
+	c=$(echo "$c_out" | awk '/^lat_last2048_us/ {print $2}')
+	printf 'run %d: go %.3f us  c %.3f us\n' "$rep" "$g" "$c"
+	go_vals+=("$g")
+	c_vals+=("$c")
+done
+gm=$(printf '%s\n' "${go_vals[@]}" | median)
+cm=$(printf '%s\n' "${c_vals[@]}" | median)
+ratio=$(awk -v c="$cm" -v g="$gm" 'BEGIN {printf "%.3f", c / g}')
+verdict=$(awk -v r="$ratio" -v t="$TARGET" 'BEGIN {print (r <= t) ? "PASS" : "MISS"}')
+echo
+echo "=== C ABI vs Go API, $SIZE B tag ping-pong over $TLS (one-way, median of the last 2048; median of $REPS runs) ==="
+printf '%-28s %8s\n' "ucpx perf (Go API)" "$gm us"
+printf '%-28s %8s\n' "C over libucpx.so" "$cm us"
+printf '%-28s %8s   target <= %s: %s\n' "C / Go" "$ratio" "$TARGET" "$verdict"
+[ "$STRICT" = 1 ] && [ "$verdict" = MISS ] && exit 1
+exit 0
