@@ -9,6 +9,8 @@
 #   gpu-bundle/lib/            shared libraries the binaries need beyond glibc (UCX and its deps)
 #   gpu-bundle/lib/ucx/        UCX transport modules (UCX_MODULE_DIR)
 #   gpu-bundle/run.sh          runs the binaries and prints a summary (see its header)
+#   gpu-bundle/lib/libucpx.so, include/, python/, run-torch.sh: the C ABI, its header and
+#                              Python module, and the script running the PyTorch check
 #   gpu-bundle.tar.xz          all of it compressed, what the device tool carries
 #
 # libcuda is never bundled: the binaries dlopen the device's driver at run time.
@@ -53,6 +55,18 @@ if [ -d cmd/ucpx ]; then
 	fi
 fi
 
+# The C ABI (issue 19): libucpx.so with its header and the Python module, for C programs
+# and python/test_torch_ucpx.py (PyTorch is on the device; run-torch.sh runs it).
+if $GO build -buildmode=c-shared -ldflags='-s -w' -o "$bundle/lib/libucpx.so" ./capi/libucpx; then
+	rm -f "$bundle/lib/libucpx.h" # cgo's; include/ucpx.h is the documented header
+	mkdir -p "$bundle/include" "$bundle/python"
+	cp include/ucpx.h "$bundle/include/"
+	cp python/*.py "$bundle/python/"
+	echo "built libucpx.so"
+else
+	echo "warning: capi/libucpx does not build; skipped" >&2
+fi
+
 # Shared libraries: what ldd resolves for the binaries and the UCX modules, minus
 # glibc's own libraries and the toolchain runtime, which the device's newer
 # Ubuntu has (bundling an older glibc would break the binaries there).
@@ -75,8 +89,8 @@ copy_deps() {
 	done
 	return 0
 }
-for f in "$bundle"/bin/*; do
-	copy_deps "$f"
+for f in "$bundle"/bin/* "$bundle"/lib/libucpx.so; do
+	if [ -e "$f" ]; then copy_deps "$f"; fi
 done
 if [ -d "$ucxmods" ]; then
 	for m in "$ucxmods"/*.so.0; do
@@ -170,6 +184,25 @@ cat "$logs"/*.log 2>/dev/null | grep -E '^Benchmark' >"$logs/benchmarks.txt" || 
 exit $status
 RUN
 chmod +x "$bundle/run.sh"
+
+cat >"$bundle/run-torch.sh" <<'TORCH'
+#!/usr/bin/env bash
+# Runs the C ABI's Python checks on the device machine: python/test_ucpx_host.py (host
+# memory, no PyTorch) and python/test_torch_ucpx.py (two PyTorch processes exchanging
+# CUDA tensors through libucpx.so). UCPX_REQUIRE_GPU=1 (the default here) makes a
+# missing PyTorch or GPU a failure. Exit status 0 when both pass.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+export UCX_MODULE_DIR="$here/lib/ucx"
+export UCPX_LIB="$here/lib/libucpx.so"
+export UCPX_REQUIRE_GPU=${UCPX_REQUIRE_GPU:-1}
+status=0
+python3 "$here/python/test_ucpx_host.py" || status=1
+python3 "$here/python/test_torch_ucpx.py" || status=1
+exit $status
+TORCH
+chmod +x "$bundle/run-torch.sh"
 
 echo
 du -sh "$bundle" "$bundle"/bin "$bundle"/lib
