@@ -73,7 +73,7 @@ type StagingStats struct {
 	// Parts: staged pieces (one per staged message, one per staged RMA part).
 	Parts uint64
 	// HighWater: the most staging memory in use at once, in bytes: the pool's
-	// buffers lent (size classes), or the workspace's busy slots (of the whole
+	// buffers lent (size classes) plus the workspace's busy slots (of the whole
 	// workspace, when workers share one).
 	HighWater uint64
 	// Waits: parts that found their workspace slots still in use and waited (on the
@@ -87,7 +87,8 @@ type StagingStats struct {
 // Stats collects StagingStats; safe for concurrent use. A nil *Stats counts nothing.
 type Stats struct {
 	bytes, parts, waits, oversize atomic.Uint64
-	inUse, high                   atomic.Int64
+	// inUse: pool memory lent; wsBusy: the workspace's busy slots as last seen (bytes).
+	inUse, wsBusy, high atomic.Int64
 }
 
 // Snapshot reads the counters.
@@ -118,35 +119,32 @@ func (s *Stats) waited() {
 	}
 }
 
-// lend counts n bytes of staging memory lent, raising the high-water mark.
+// lend counts n bytes of pool memory lent, raising the high-water mark.
 func (s *Stats) lend(n int) {
-	if s == nil {
-		return
-	}
-	v := s.inUse.Add(int64(n))
-	for {
-		h := s.high.Load()
-		if v <= h || s.high.CompareAndSwap(h, v) {
-			return
-		}
-	}
-}
-
-// observe raises the high-water mark to n bytes in use.
-func (s *Stats) observe(n int) {
-	if s == nil {
-		return
-	}
-	for {
-		h := s.high.Load()
-		if int64(n) <= h || s.high.CompareAndSwap(h, int64(n)) {
-			return
-		}
+	if s != nil {
+		s.raise(s.inUse.Add(int64(n)) + s.wsBusy.Load())
 	}
 }
 
 func (s *Stats) giveBack(n int) {
 	if s != nil {
 		s.inUse.Add(-int64(n))
+	}
+}
+
+// workspace records the workspace's busy bytes, raising the high-water mark.
+func (s *Stats) workspace(busy int) {
+	if s != nil {
+		s.wsBusy.Store(int64(busy))
+		s.raise(int64(busy) + s.inUse.Load())
+	}
+}
+
+func (s *Stats) raise(v int64) {
+	for {
+		h := s.high.Load()
+		if v <= h || s.high.CompareAndSwap(h, v) {
+			return
+		}
 	}
 }

@@ -135,6 +135,7 @@ type lease struct {
 	n     int      // bytes used
 	uses  []uint64 // the use number of each slot
 	done  bool     // given back (under ws.mu)
+	stats *Stats
 }
 
 // slots a message of n bytes needs; 0 when it cannot fit a half.
@@ -157,7 +158,7 @@ func (ws *Workspace) takeLocked(n, k int, dir Direction, st *Stats) (*lease, err
 	if start+k > ws.nslot {
 		start = 0 // a run never wraps
 	}
-	l := &lease{ws: ws, h: h, first: start, k: k, n: n, uses: make([]uint64, k)}
+	l := &lease{ws: ws, h: h, first: start, k: k, n: n, uses: make([]uint64, k), stats: st}
 	for i := range k {
 		s := &r.slots[start+i]
 		if s.uses == s.freed {
@@ -167,7 +168,7 @@ func (ws *Workspace) takeLocked(n, k int, dir Direction, st *Stats) (*lease, err
 		l.uses[i] = s.uses
 	}
 	r.next = (start + k) % ws.nslot
-	st.observe(ws.busy * ws.slot)
+	st.workspace(ws.busy * ws.slot)
 	return l, nil
 }
 
@@ -262,6 +263,7 @@ func (l *lease) free() {
 			stored = true
 		}
 	}
+	l.stats.workspace(ws.busy * ws.slot)
 	ws.mu.Unlock()
 	if stored {
 		ws.words.Notify() // a host stream may be parked on a slot

@@ -51,6 +51,13 @@ func (w *Worker) SetAmHandler(id uint, fn AmHandler) error {
 	if id > 0xffff {
 		return opErr("set_am_recv_handler", ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
+	if id == RevokeAM {
+		return opErr("set_am_recv_handler", ErrInvalidParam, "id %#x is reserved by ucpx (RevokeAM)", id)
+	}
+	return w.setAmHandler(id, fn)
+}
+
+func (w *Worker) setAmHandler(id uint, fn AmHandler) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
@@ -190,8 +197,20 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 	if id > 0xffff {
 		return nil, opErr(op, ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
+	if id == RevokeAM {
+		return nil, opErr(op, ErrInvalidParam, "id %#x is reserved by ucpx (RevokeAM)", id)
+	}
+	if m := ep.w.maxAmHeader; m > 0 && len(header) > m {
+		// UCX aborts the process on a header its transports cannot carry.
+		return nil, opErr(op, ErrInvalidParam, "header of %d bytes exceeds the worker's max_am_header (%d)", len(header), m)
+	}
 	if p.Condition != nil {
 		return ep.w.submit(op, p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
+			return ep.AmSendNbx(id, header, b, ip)
+		})
+	}
+	if ep.w.stagesPlain(p) {
+		return ep.w.stagedPlain(op, p, buf, protocol.Out, func(b []byte, ip *RequestParam) (*Request, error) {
 			return ep.AmSendNbx(id, header, b, ip)
 		})
 	}

@@ -60,7 +60,9 @@ func (w *Worker) engine() (*condition.Engine, error) {
 		return nil, ErrClosed
 	}
 	if w.eng == nil {
-		e, err := condition.NewEngine(workerTransport{w}, w.ctx.protocol, w.ctx.SupportsMemoryType(MemoryCUDA))
+		cfg := w.ctx.protocol
+		cfg.Stats = &w.staging // Worker.StagingStats
+		e, err := condition.NewEngine(workerTransport{w}, cfg, w.ctx.SupportsMemoryType(MemoryCUDA))
 		if err != nil {
 			return nil, err
 		}
@@ -101,6 +103,7 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 	c.operation.param = *p
 	c.operation.param.Condition, c.operation.param.Callback = nil, nil
 	c.operation.param.Flags &^= ucpxOnlyFlags
+	c.operation.param.Staging = protocol.StageWhenNeeded // the plan applied the policy
 	sub := condition.Submission{
 		What: op,
 		Transfer: protocol.Transfer{
@@ -109,6 +112,7 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 			Splittable:     splittable,
 			RegisteredHost: p.MemH != nil && p.MemH.MemoryType() == MemoryHost,
 			DeclaredDevice: p.MemoryType == MemoryCUDA || p.MemoryType == MemoryCUDAManaged,
+			Staging:        p.Staging,
 		},
 		NonBlocking: p.Flags&NonBlockingEnqueue != 0,
 	}

@@ -43,6 +43,9 @@ func (p *RequestParam) check(op string, c *Context) error {
 			return err
 		}
 	}
+	if p.Staging > protocol.PreferPull {
+		return opErr(op, ErrInvalidParam, "unknown RequestParam.Staging %v", p.Staging)
+	}
 	if p.MemH != nil && p.MemH.closed {
 		return opErr(op, ErrClosed, "RequestParam.MemH")
 	}
@@ -79,6 +82,11 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 			return ep.TagSendNbx(b, tag, ip)
 		})
 	}
+	if ep.w.stagesPlain(p) {
+		return ep.w.stagedPlain("tag_send_nbx", p, buf, protocol.Out, func(b []byte, ip *RequestParam) (*Request, error) {
+			return ep.TagSendNbx(b, tag, ip)
+		})
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -105,6 +113,11 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 	}
 	if p.Condition != nil {
 		return w.submit("tag_recv_nbx", p, buf, protocol.In, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
+			return w.TagRecvNbx(b, tag, mask, ip)
+		})
+	}
+	if w.stagesPlain(p) {
+		return w.stagedPlain("tag_recv_nbx", p, buf, protocol.In, func(b []byte, ip *RequestParam) (*Request, error) {
 			return w.TagRecvNbx(b, tag, mask, ip)
 		})
 	}
@@ -160,6 +173,15 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 		}
 		return ep.w.submit(op, p, buf, dir, true, func(off int, b []byte, ip *RequestParam) (*Request, error) {
 			return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
+		})
+	}
+	if ep.w.stagesPlain(p) {
+		dir := protocol.In
+		if put {
+			dir = protocol.Out
+		}
+		return ep.w.stagedPlain(op, p, buf, dir, func(b []byte, ip *RequestParam) (*Request, error) {
+			return ep.rma(op, b, raddr, rkey, ip, put)
 		})
 	}
 	w := ep.w
@@ -366,30 +388,18 @@ type Rkey struct {
 	base   uint64
 	length uint64
 	closed bool // under ep.w.mu
+	// exporter and keyID name the region for revocation (revoke.go); revoked: its
+	// owner revoked it (under ep.w.mu).
+	exporter [idLen]byte
+	keyID    uint64
+	revoked  bool
 }
 
 // UnpackRkey unpacks a remote key produced by the peer's MemH.PackRkey. Bytes that are
-// not such a key give ErrInvalidParam, never a crash inside UCX.
-func (ep *Endpoint) UnpackRkey(packed []byte) (*Rkey, error) {
-	base, length, payload, ok := decodeEnvelope(rkeyMagic, packed)
-	if !ok {
-		return nil, opErr("ep_rkey_unpack", ErrInvalidParam, "%d bytes are not a packed ucpx rkey", len(packed))
-	}
-	w := ep.w
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err := ep.usableLocked("ep_rkey_unpack"); err != nil {
-		return nil, err
-	}
-	raw, st := ep.raw.RkeyUnpack(payload)
-	if err := statusErr(st); err != nil {
-		return nil, opErr("ep_rkey_unpack", err, "")
-	}
-	live.rkeys.Add(1)
-	rk := &Rkey{ep: ep, raw: raw, base: base, length: length}
-	w.rkeys[rk] = struct{}{}
-	return rk, nil
-}
+// not such a key give ErrInvalidParam, and a key that fails its MAC (forged, altered,
+// sealed under another auth key) or that another peer than ep's packed gives ErrAuth:
+// nothing unsealed reaches UCX, never a crash inside it.
+func (ep *Endpoint) UnpackRkey(packed []byte) (*Rkey, error) { return ep.unpackRkey(packed) }
 
 // Base and Len describe the remote region the key grants access to.
 func (r *Rkey) Base() uint64 { return r.base }
@@ -400,6 +410,9 @@ func (r *Rkey) Len() int { return int(r.length) }
 func (r *Rkey) checkLocked(op string, ep *Endpoint, raddr uint64, n int) error {
 	if r != nil && r.closed {
 		return opErr(op, ErrClosed, "rkey")
+	}
+	if r != nil && r.revoked {
+		return opErr(op, ErrRevoked, "rkey of [%#x, +%d)", r.base, r.length)
 	}
 	return r.checkRange(op, ep, raddr, n)
 }
@@ -426,6 +439,7 @@ func (r *Rkey) Close() error {
 		return opErr("rkey_destroy", ErrClosed, "")
 	}
 	r.destroyLocked()
+	r.releasedLocked()
 	return nil
 }
 

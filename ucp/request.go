@@ -9,6 +9,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
@@ -67,6 +68,13 @@ type RequestParam struct {
 	// a call that issues several operations (PutSignalNbx). Its previous results are
 	// gone once it is reused. One goroutine at a time may reuse it.
 	Request *Request
+	// Staging is the operation's workspace policy (protocol.StageAlways,
+	// StageNever, ...); the zero value takes the context's (ContextParams.Protocol).
+	Staging protocol.Staging
+
+	// staged runs once on completion of an operation moved through staging memory
+	// with CPU copies (no condition): it copies a receive out and gives the memory back.
+	staged func(r *Request)
 }
 
 var defaultParam RequestParam
@@ -330,6 +338,9 @@ func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, imme
 			r = &Request{w: w, op: op, cb: p.Callback, notify: p.Callback != nil}
 		} else {
 			r.reset(w, op, p.Callback)
+		}
+		if p.staged != nil {
+			r.finish = p.staged
 		}
 		if p.MemH == nil { // a registration keeps its memory in place already
 			for _, b := range pins {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // WorkerParams configures NewWorker.
@@ -68,6 +69,13 @@ type Worker struct {
 	completions atomic.Uint64
 
 	progress *progressThread // WorkerParams.ProgressThread, nil without
+	// maxAmHeader is UCX's limit on an active message's header (0: unknown).
+	maxAmHeader int
+
+	// staging counts what this worker's operations staged (StagingStats); plain is
+	// its staging memory for operations without a condition (ucp/staging.go).
+	staging protocol.Stats
+	plain   plainStaging
 }
 
 // NewWorker creates a worker on the context.
@@ -91,6 +99,7 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 			return opErr("worker_create", err, "")
 		}
 		w.raw = raw
+		w.maxAmHeader = raw.MaxAmHeader()
 		c.workers[w] = struct{}{}
 		return nil
 	})
@@ -103,6 +112,13 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		}
 	}
 	live.workers.Add(1)
+	// Revocation messages (revoke.go) come on a reserved active-message id.
+	if c.features&FeatureAM != 0 {
+		if err := w.setAmHandler(RevokeAM, w.onControl); err != nil {
+			_ = w.Close()
+			return nil, err
+		}
+	}
 	if p.ProgressThread {
 		w.startProgressThread()
 	}
@@ -112,7 +128,9 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 // Context returns the context the worker belongs to.
 func (w *Worker) Context() *Context { return w.ctx }
 
-// Address returns the worker's address in ucpx's wire form, for ConnectAddress on a peer.
+// Address returns the worker's address in ucpx's wire form, for ConnectAddress on a
+// peer: sealed under the context's auth key (README, "Trust model"), with this
+// process's pid for same-host peer watching.
 func (w *Worker) Address() ([]byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -123,7 +141,8 @@ func (w *Worker) Address() ([]byte, error) {
 	if err := statusErr(st); err != nil {
 		return nil, opErr("worker_get_address", err, "")
 	}
-	return encodeEnvelope(addressMagic, 0, 0, a), nil
+	t := w.ctx.trust
+	return sealAddress(t.seal, &peerInfo{id: t.id, pid: t.pid, boot: t.boot, addr: a}), nil
 }
 
 // Progress runs one round of UCX progress, completes the requests and delivers the
@@ -314,10 +333,6 @@ func (w *Worker) handleEventLocked(ev *ucx.Event) {
 		if ep := w.eps[ev.Ptr]; ep != nil {
 			ep.failLocked(Status(ev.Status))
 		}
-	case ucx.EvConnReq:
-		if l := w.listeners[ev.ID]; l != nil {
-			l.deliverLocked(ucx.ConnRequestFromEvent(ev.Ptr))
-		}
 	case ucx.EvAmRecv:
 		w.deliverAmLocked(ev)
 	}
@@ -397,6 +412,7 @@ func (w *Worker) Close() error {
 	w.pending = nil
 	for rk := range w.rkeys {
 		rk.destroyLocked()
+		rk.releasedLocked()
 	}
 	for id, h := range w.am {
 		h.arg.Free()
@@ -410,6 +426,7 @@ func (w *Worker) Close() error {
 	if eng != nil {
 		_ = eng.Close()
 	}
+	w.plain.close()
 
 	w.ctx.mu.Lock()
 	delete(w.ctx.workers, w)
