@@ -53,6 +53,19 @@ type Transport interface {
 	Completions() uint64
 }
 
+// TransportWaiter is a Transport that can sleep until it may have work (package ucp:
+// the worker's event fd in Go's netpoller). The engine's goroutine sleeps there, rather
+// than on a timer the runtime rounds up to a millisecond, when its rounds find nothing
+// to do and no condition's trigger is written by a GPU (which notifies nobody).
+type TransportWaiter interface {
+	// WaitProgress returns when the transport may have progressed (an event), Wake was
+	// called since the last WaitProgress returned, or done closes. It returns false at
+	// once when the transport cannot sleep (no event fd): the engine then polls.
+	WaitProgress(done <-chan struct{}) bool
+	// Wake ends a WaitProgress, or makes the next one return at once.
+	Wake()
+}
+
 // Engine executes the conditioned operations of one transport (a ucp.Worker).
 type Engine struct {
 	transport Transport
@@ -76,6 +89,9 @@ type Engine struct {
 	// parked: the engine's goroutine waits on wake. Kicks wake it only then: while it
 	// backs off, a goroutine waiting on a completion word drives rounds itself.
 	parked atomic.Bool
+	// inTransport: the engine's goroutine sleeps in TransportWaiter.WaitProgress; Kick
+	// wakes it there.
+	inTransport atomic.Bool
 
 	// What the last full round saw, so rounds in between can tell that nothing changed
 	// without taking mu (which enqueuers need). Under drive.
@@ -203,6 +219,10 @@ func (e *Engine) removeLocked(ch *channel) {
 // Kick wakes the engine's goroutine if it is parked (streamcore.Driver: a host executor
 // stored a trigger).
 func (e *Engine) Kick() {
+	if e.inTransport.Load() {
+		e.transport.(TransportWaiter).Wake()
+		return
+	}
 	if !e.parked.Load() {
 		return
 	}
@@ -266,6 +286,22 @@ func (e *Engine) run() {
 			// cannot sleep that briefly.
 			runtime.Gosched()
 		default:
+			if tw, ok := e.transport.(TransportWaiter); ok && !e.devicePending() {
+				// Every trigger is host-written (kicked): sleep until kicked or the
+				// transport has an event, not on a timer. A goroutine that drives
+				// rounds kicks the engine before it sleeps itself. The round after
+				// announcing catches a kick that came before.
+				e.inTransport.Store(true)
+				slept := true
+				if progressed, _, _ := e.round(); !progressed {
+					slept = tw.WaitProgress(e.stop)
+				}
+				e.inTransport.Store(false)
+				if slept {
+					idle = 0
+					continue
+				}
+			}
 			// Waiting long for a trigger or a peer, or another goroutine drives: sleep
 			// until kicked, or briefly (GPU-written triggers are not kicked).
 			timer.Reset(50 * time.Microsecond)
@@ -280,6 +316,19 @@ func (e *Engine) run() {
 			timer.Stop()
 		}
 	}
+}
+
+// devicePending reports whether a condition with pending operations has its words on
+// a device backend: a GPU writes its trigger without telling anyone, so it is polled.
+func (e *Engine) devicePending() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ch := range e.order {
+		if ch.cond.backend.Kind() != streamcore.KindHost {
+			return true
+		}
+	}
+	return false
 }
 
 // round is one pass of the engine unless another goroutine runs one (busy). active
@@ -388,6 +437,10 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		// Outside e.mu: retiring takes the condition's error lock and runs callbacks.
 		for i, p := range e.retired {
 			p.retire(nil)
+			if c := p.op.cond; c.backend.Kind() == streamcore.KindHost && (i+1 == len(e.retired) || e.retired[i+1].op.cond != c) {
+				// Host executors waiting on the completion word park on its block.
+				c.words.Notify()
+			}
 			if p.tl != nil && tr != nil {
 				p.tl.Store = tr.Now()
 				p.tl.Failed = p.err != nil || (p.inner != nil && p.inner.Err() != nil)
@@ -505,6 +558,7 @@ func (e *Engine) Close() error {
 		return ErrClosed
 	}
 	close(e.stop)
+	e.Kick()
 	<-e.exited
 	e.mu.Lock()
 	e.channelLocked(pending)

@@ -1,7 +1,13 @@
 package graph_test
 
 import (
+	"context"
+	"encoding/hex"
 	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,4 +223,284 @@ func benchGraphs(b *testing.B, backend stream.Backend, ss, rs stream.Stream) (sg
 		_ = gr.Close()
 	}
 	return graph.CUDA{Graph: gs}, graph.CUDA{Graph: gr}, launch, closeAll
+}
+
+// The broadcast of tests/broadcast_test.go across three processes, 8 bytes, as host
+// graphs and as the same messages driven from a host loop, in one run:
+//
+//	A (root, the benchmark):  send(to B);  recv(echo from B)
+//	B (child process):        recv(from A) -> send1(to C), send2(to A)
+//	C (child process):        recv(from B)
+//
+// Every process does warm-up iterations, then b.N of the loop, then warm-up launches
+// and b.N launches of its graph (queued on a host stream, synchronized at the end).
+// Reported: ns/op is a graph launch at A (send to B until B's echo is back),
+// loop-ns/round the loop's round, x-loop the ratio (issue 18's target: <= 1.2).
+const (
+	envBcastRole  = "UCPX_GRAPH_BENCH_ROLE"
+	envBcastRoot  = "UCPX_GRAPH_BENCH_ROOT"
+	envBcastIters = "UCPX_GRAPH_BENCH_ITERS"
+	bcastWarmup   = 100
+	bcastMsg      = 8
+	tagAB         = 0xB0
+	tagBC         = 0xB1
+	tagBA         = 0xB2
+	tagHelloB     = 0xB3
+	tagHelloC     = 0xB4
+	tagAddrC      = 0xB5
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envBcastRole); role != "" {
+		if err := bcastPeer(role); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", role, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+var noPeerErr = &ucp.EndpointParams{NoPeerErrorHandling: true}
+
+// bcastWaiter returns the function that waits for an nbx call's request under ctx.
+func bcastWaiter(ctx context.Context) func(*ucp.Request, error) error {
+	return func(r *ucp.Request, err error) error {
+		if err != nil {
+			return err
+		}
+		return r.Wait(ctx)
+	}
+}
+
+// bcastGraphRun instantiates g and launches it n times on a host stream of backend.
+func bcastGraphRun(g *graph.Host, backend stream.Backend, n int) error {
+	x, err := g.Instantiate()
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	s, err := backend.NewStream()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for i := 0; i < n; i++ {
+		if err := x.Launch(s); err != nil {
+			return err
+		}
+	}
+	return s.Synchronize()
+}
+
+// bcastComm adds a communication node after deps.
+func bcastComm(g *graph.Host, backend stream.Backend, deps ...condition.Node) (*condition.Condition, error) {
+	return condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: g, Deps: deps})
+}
+
+// bcastPeer is process B or C.
+func bcastPeer(role string) error {
+	n, err := strconv.Atoi(os.Getenv(envBcastIters))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	wait := bcastWaiter(ctx)
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	if err != nil {
+		return err
+	}
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	if err != nil {
+		return err
+	}
+	root, err := hex.DecodeString(os.Getenv(envBcastRoot))
+	if err != nil {
+		return err
+	}
+	toA, err := w.ConnectAddress(root, noPeerErr)
+	if err != nil {
+		return err
+	}
+	self, err := w.Address()
+	if err != nil {
+		return err
+	}
+	hello := uint64(tagHelloB)
+	if role == "c" {
+		hello = tagHelloC
+	}
+	if err := wait(toA.TagSendNbx(self, hello, nil)); err != nil {
+		return err
+	}
+	buf := make([]byte, bcastMsg)
+	var toC *ucp.Endpoint
+	if role == "b" {
+		addr := make([]byte, 4096)
+		r, err := w.TagRecvNbx(addr, tagAddrC, ^uint64(0), nil)
+		if err := wait(r, err); err != nil {
+			return err
+		}
+		if toC, err = w.ConnectAddress(addr[:r.Length()], noPeerErr); err != nil {
+			return err
+		}
+	}
+	// The loop.
+	for i := 0; i < bcastWarmup+n; i++ {
+		if role == "c" {
+			if err := wait(w.TagRecvNbx(buf, tagBC, ^uint64(0), nil)); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := wait(w.TagRecvNbx(buf, tagAB, ^uint64(0), nil)); err != nil {
+			return err
+		}
+		s1, err := toC.TagSendNbx(buf, tagBC, nil)
+		if err != nil {
+			return err
+		}
+		if err := wait(toA.TagSendNbx(buf, tagBA, nil)); err != nil {
+			return err
+		}
+		if err := s1.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	// The graph.
+	backend := stream.NewHostBackend()
+	defer backend.Close()
+	g := graph.NewHost()
+	recvTag := uint64(tagAB)
+	if role == "c" {
+		recvTag = tagBC
+	}
+	recv, err := bcastComm(g, backend)
+	if err != nil {
+		return err
+	}
+	if _, err := w.TagRecvNbx(buf, recvTag, ^uint64(0), &ucp.RequestParam{Condition: recv}); err != nil {
+		return err
+	}
+	conds := []*condition.Condition{recv}
+	if role == "b" {
+		for _, to := range []struct {
+			ep  *ucp.Endpoint
+			tag uint64
+		}{{toC, tagBC}, {toA, tagBA}} {
+			c, err := bcastComm(g, backend, recv.WaitNode())
+			if err != nil {
+				return err
+			}
+			if _, err := to.ep.TagSendNbx(buf, to.tag, &ucp.RequestParam{Condition: c}); err != nil {
+				return err
+			}
+			conds = append(conds, c)
+		}
+	}
+	if err := bcastGraphRun(g, backend, bcastWarmup+n); err != nil {
+		return err
+	}
+	for _, c := range conds {
+		if err := c.Err(); err != nil {
+			return err
+		}
+		_ = c.Destroy()
+	}
+	f, err := w.FlushNbx(nil)
+	return wait(f, err)
+}
+
+func BenchmarkBroadcast3(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	wait := bcastWaiter(ctx)
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(b, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(b, err)
+	self, err := w.Address()
+	require.NoError(b, err)
+	var outs [2]strings.Builder
+	exits := make([]chan error, 2)
+	for i, role := range []string{"b", "c"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+		cmd.Env = append(os.Environ(), envBcastRole+"="+role, envBcastRoot+"="+hex.EncodeToString(self), envBcastIters+"="+strconv.Itoa(b.N))
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		require.NoError(b, cmd.Start())
+		defer func() { _ = cmd.Process.Kill() }()
+		exits[i] = make(chan error, 1)
+		go func(i int) { exits[i] <- cmd.Wait() }(i)
+	}
+	recvAddr := func(tag uint64) []byte {
+		buf := make([]byte, 4096)
+		r, err := w.TagRecvNbx(buf, tag, ^uint64(0), nil)
+		require.NoError(b, wait(r, err), "B: %s\nC: %s", &outs[0], &outs[1])
+		return buf[:r.Length()]
+	}
+	toB, err := w.ConnectAddress(recvAddr(tagHelloB), noPeerErr)
+	require.NoError(b, err)
+	require.NoError(b, wait(toB.TagSendNbx(recvAddr(tagHelloC), tagAddrC, nil)))
+	out, echo := []byte("8 bytes!"), make([]byte, bcastMsg)
+
+	b.ResetTimer()
+	b.StopTimer()
+	var loop time.Duration
+	for i := 0; i < bcastWarmup+b.N; i++ {
+		if i == bcastWarmup {
+			b.StartTimer()
+			loop = -time.Duration(time.Now().UnixNano())
+		}
+		s, err := toB.TagSendNbx(out, tagAB, nil)
+		if err == nil {
+			err = wait(w.TagRecvNbx(echo, tagBA, ^uint64(0), nil))
+		}
+		if err == nil {
+			err = s.Wait(ctx)
+		}
+		if err != nil {
+			require.NoError(b, err)
+		}
+	}
+	loop += time.Duration(time.Now().UnixNano())
+	b.StopTimer()
+	require.Equal(b, out, echo)
+	clear(echo)
+
+	backend := stream.NewHostBackend()
+	defer backend.Close()
+	g := graph.NewHost()
+	send, err := bcastComm(g, backend)
+	require.NoError(b, err)
+	_, err = toB.TagSendNbx(out, tagAB, &ucp.RequestParam{Condition: send})
+	require.NoError(b, err)
+	recv, err := bcastComm(g, backend)
+	require.NoError(b, err)
+	_, err = w.TagRecvNbx(echo, tagBA, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(b, err)
+	require.NoError(b, bcastGraphRun(g, backend, bcastWarmup))
+	b.StartTimer()
+	t0 := time.Now()
+	require.NoError(b, bcastGraphRun(g, backend, b.N))
+	launches := time.Since(t0)
+	b.StopTimer()
+	require.Equal(b, out, echo)
+	require.NoError(b, send.Err())
+	require.NoError(b, recv.Err())
+	_ = send.Destroy()
+	_ = recv.Destroy()
+	for i, ch := range exits {
+		select {
+		case err := <-ch:
+			require.NoError(b, err, "process %c: %s", 'B'+i, &outs[i])
+		case <-ctx.Done():
+			require.FailNowf(b, "peer did not finish", "process %c: %s", 'B'+i, &outs[i])
+		}
+	}
+	b.ReportMetric(float64(launches.Nanoseconds())/float64(b.N), "ns/op")
+	b.ReportMetric(float64(loop.Nanoseconds())/float64(b.N), "loop-ns/round")
+	b.ReportMetric(float64(launches)/float64(loop), "x-loop")
 }

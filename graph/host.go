@@ -5,6 +5,7 @@ package graph
 
 import (
 	"fmt"
+	"reflect"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -251,15 +252,12 @@ func (x *HostExec) run() error {
 	for i := range x.deps {
 		left[i] = len(x.deps[i])
 	}
-	type finished struct {
-		node int
-		err  error
-	}
 	results := make(chan finished, n)
 	ready := append([]int(nil), x.roots...)
 	var waits []int
 	running, done := 0, 0
 	var firstErr error
+	var sleep parking
 	complete := func(i int) {
 		done++
 		for _, c := range x.children[i] {
@@ -335,7 +333,6 @@ func (x *HostExec) run() error {
 				afterTask(waits[0], fmt.Errorf("completion word freed: %w", ErrClosed))
 				continue
 			}
-			changed := block.Changed()
 			if block.Drive() {
 				spins = 0
 				continue
@@ -344,17 +341,74 @@ func (x *HostExec) run() error {
 				runtime.Gosched()
 				continue
 			}
-			// Park until a word is fired or a task finishes; bounded, since words of
-			// other blocks (and the round, if nobody else drives) are not notified.
-			select {
-			case <-changed:
-			case r := <-results:
-				collect(r)
-			case <-time.After(200 * time.Microsecond):
-			}
+			x.park(waits, results, collect, &sleep)
 			continue
 		}
 		collect(<-results) // only user tasks left
+	}
+}
+
+// finished is a user task's end, as its goroutine reports it to the launch.
+type finished struct {
+	node int
+	err  error
+}
+
+// parking is the state of a launch's sleeps.
+type parking struct {
+	cases []reflect.SelectCase
+	timer *time.Timer
+}
+
+// parkSafety bounds a sleep, in case a word's writer does not notify (the engine fires
+// every graph completion word with a notification, so this is only a safety net, not
+// the wait: a launch is woken by the fire itself, not by a timer's tick).
+const parkSafety = 5 * time.Millisecond
+
+// park sleeps until a waited word's block is notified (the engine fired it), a task
+// finishes, or the safety bound passes. Before sleeping it kicks the engines of the
+// waited words: the launch stops driving their rounds, so they drive on their own
+// (they sleep on their transport's event, not on a timer).
+func (x *HostExec) park(waits []int, results chan finished, collect func(finished), p *parking) {
+	if p.timer == nil {
+		p.timer = time.NewTimer(parkSafety)
+	} else {
+		p.timer.Reset(parkSafety)
+	}
+	defer p.timer.Stop()
+	if len(waits) == 1 {
+		block := x.waitFor[waits[0]].Block()
+		changed := block.Changed()
+		if x.waitFor[waits[0]].Load() != 0 {
+			return // fired between the last look and Changed
+		}
+		block.Kick()
+		select {
+		case <-changed:
+		case r := <-results:
+			collect(r)
+		case <-p.timer.C:
+		}
+		return
+	}
+	// Several words, usually of several blocks: select on all of them.
+	p.cases = append(p.cases[:0],
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(results)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.timer.C)})
+	for _, i := range waits {
+		block := x.waitFor[i].Block()
+		p.cases = append(p.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(block.Changed())})
+	}
+	for _, i := range waits {
+		if x.waitFor[i].Load() != 0 {
+			return
+		}
+	}
+	for _, i := range waits {
+		x.waitFor[i].Block().Kick()
+	}
+	if chosen, v, ok := reflect.Select(p.cases); chosen == 0 && ok {
+		collect(v.Interface().(finished))
 	}
 }
 

@@ -18,11 +18,13 @@ import (
 //     itself, when GOMAXPROCS is small) are delayed by at most that much. Yielding on
 //     every poll instead would cost a scheduler round and a wake-up of an idle
 //     thread (wakep) per poll, which slows a round trip on a machine with few cores;
-//   - sleep: time.Sleep, from pollSleepMin doubling to pollSleepMax, so a stream
-//     blocked for long costs next to nothing. Go's timers on Linux round sleeps
-//     below 1 ms up to about 1 ms when the process is otherwise idle (the netpoller
-//     waits in whole milliseconds), so the real interval is pollSleepMax in a busy
-//     process and up to ~1 ms in an idle one.
+//   - sleep: from pollSleepMin doubling to pollSleepMax, so a stream blocked for
+//     long costs next to nothing. Go's timers on Linux round sleeps below 1 ms up to
+//     about 1 ms when the process is otherwise idle (the netpoller waits in whole
+//     milliseconds), so a wait on a word nobody notifies (a GPU's, a peer's put)
+//     sees it up to ~1 ms late. A word whose writer notifies its block (the engine,
+//     storing a completion word) is waited for on the block's Changed channel
+//     instead: the store wakes the executor, and the timer is only a fallback.
 const (
 	pollSpinFor    = 20 * time.Microsecond
 	pollYieldFor   = 200 * time.Microsecond
@@ -42,6 +44,30 @@ type backoff struct {
 	single    bool          // GOMAXPROCS is 1: never spin, yield on every poll
 	lastYield time.Duration // elapsed time at the last Gosched
 	sleep     time.Duration // current sleep; nonzero once in the sleep phase
+	timer     *time.Timer   // the sleeps on a wake channel (made on first use)
+}
+
+// sleeping reports whether the next pause sleeps: take the wake channel now, before
+// looking at the word again.
+func (b *backoff) sleeping() bool { return b.sleep != 0 }
+
+// pauseOn is pause, but a sleep ends early when wake closes (nil: a plain pause).
+func (b *backoff) pauseOn(wake <-chan struct{}) {
+	if wake == nil || b.sleep == 0 {
+		b.pause()
+		return
+	}
+	if b.timer == nil {
+		b.timer = time.NewTimer(b.sleep)
+	} else {
+		b.timer.Reset(b.sleep)
+	}
+	select {
+	case <-wake:
+	case <-b.timer.C:
+	}
+	b.timer.Stop()
+	b.sleep = min(2*b.sleep, pollSleepMax)
 }
 
 // pause waits before the next poll, longer the longer the wait has lasted.
@@ -66,9 +92,12 @@ func (b *backoff) pause() {
 			}
 			return
 		}
+		// Entering the sleep phase: look once more, with the wake channel taken.
+		b.sleep = pollSleepMin
+		return
 	}
-	b.sleep = min(max(2*b.sleep, pollSleepMin), pollSleepMax)
 	time.Sleep(b.sleep)
+	b.sleep = min(2*b.sleep, pollSleepMax)
 }
 
 // With GOMAXPROCS=1 spinning is pure loss: no goroutine can make the progress the

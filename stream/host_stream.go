@@ -478,6 +478,11 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 	var b backoff
 	var deadline time.Time
 	for {
+		var wake <-chan struct{}
+		if b.sleeping() {
+			// Taken before the look, so a notification in between is not lost.
+			wake = op.word.Block().Changed()
+		}
 		v, ok := s.loadWord(op.word)
 		if !ok {
 			return fmt.Errorf("stream: host WaitValue(%v %v %d): word block: %w", op.word, op.cmp, op.value, ErrClosed)
@@ -498,7 +503,7 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 				return s.abandoned(fmt.Sprintf("WaitValue(%v %v %d), word is %d,", op.word, op.cmp, op.value, v))
 			}
 		}
-		b.pause()
+		b.pauseOn(wake)
 	}
 }
 

@@ -19,9 +19,22 @@
 //
 // UCX makes progress only when ucp_worker_progress is called. In ucpx:
 //
-//   - Request.Wait drives the worker's progress itself: it spins (the low-latency path:
-//     up to 64 progress calls per cgo call), then parks on the worker's event fd
-//     (ucp_worker_arm + poll), so an idle wait costs no CPU. Request.Test runs one round.
+//   - Request.Wait drives the worker's progress itself, with one wait policy (wait.go):
+//     it spins (256 progress calls per cgo call, no Gosched) for WorkerParams.SpinTime,
+//     yielding the processor to other threads (sched_yield) past 10 µs; then, on a
+//     worker with wakeup, it arms the event fd (ucp_worker_arm) and parks in Go's
+//     netpoller on it until it fires, the request completes on another goroutine, ctx
+//     ends or the worker closes: no timed slices, no sleeps, no OS thread blocked
+//     per waiter (one waiter sleeps on the fd, the others on channels it wakes).
+//     Without wakeup (WorkerParams.NoWakeup) it keeps polling, as ucx_perftest does.
+//     Request.Test runs one round.
+//   - The blocking calls Endpoint.TagSend, Worker.TagRecv and Endpoint.TagSendRecv
+//     post and spin in one cgo call and allocate nothing; RequestParam.Request reuses a
+//     caller-owned Request in loops of nbx calls.
+//   - A condition.Chain (RequestParam.Chain) runs without Go between its operations:
+//     the UCX callback that completes one step posts the next, in C; Chain.Wait
+//     drives progress with the same policy.
+//   - Worker.EventFD and Worker.Arm expose the fd for a program's own event loop.
 //   - Worker.Progress runs one round; Worker.WaitForEvents blocks on the event fd. A
 //     server that only answers (flushes, one-sided operations emulated over tcp, AM
 //     handlers, listener connection requests) must call them, typically from a loop on
@@ -34,12 +47,15 @@
 // its own; calls may come from any OS thread). Contexts are created with
 // mt_workers_shared so registrations may happen concurrently with worker calls.
 //
-// UCX callbacks never call into Go. The C glue records each completion, endpoint error,
-// connection request and active message in a per-worker queue, which the goroutine that
-// drove progress drains after the call. Request callbacks, endpoint error handlers,
-// connection handlers and AM handlers therefore run on that goroutine, after the worker
-// lock is released, so they may call any ucpx method (but must not block waiting for
-// progress that only they would drive).
+// UCX callbacks never call into Go. A completion of an operation without a Callback
+// only fills its request in C: the call waiting on it (Request.Wait, the blocking calls)
+// reads and frees it in the same cgo call, and every progressing call reaps the others
+// into an array Go reads without a further call. Operations with a Callback, endpoint
+// errors, connection requests and active messages go through a per-worker event queue,
+// which the goroutine that drove progress drains after the call. Request callbacks,
+// endpoint error handlers, connection handlers and AM handlers therefore run on that
+// goroutine, after the worker lock is released, so they may call any ucpx method (but
+// must not block waiting for progress that only they would drive).
 //
 // # Immediate completion
 //

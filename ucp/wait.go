@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -240,6 +241,8 @@ type parker struct {
 	watch   chan (<-chan struct{})
 	unwatch chan struct{}
 	quit    chan struct{}
+	// engineWake: the engine was kicked (workerTransport.Wake) since its last park.
+	engineWake atomic.Bool
 }
 
 // follower is one parked goroutine that is not the leader.
@@ -448,3 +451,64 @@ func readable(fd uintptr) bool {
 // returns at once otherwise (sched_yield): a waiter that polls past its spin time then
 // leaves the CPU to the peer it waits for when the machine is oversubscribed.
 func osYield() { _, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
+// WaitProgress parks the engine's goroutine on the worker's event fd until an event,
+// Wake, or done (condition.TransportWaiter): the engine then sleeps without a timer.
+// Without wakeup it returns false and the engine polls.
+func (t workerTransport) WaitProgress(done <-chan struct{}) bool {
+	w := t.w
+	if w.efd < 0 {
+		return false
+	}
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return false
+	}
+	if w.park.engineWake.Swap(false) || w.raw.Arm() != ucx.OK {
+		w.mu.Unlock() // kicked, or events pending: the engine runs a round
+		return true
+	}
+	w.sleepUnlock(doneCtx{done}, nil, time.Time{})
+	w.park.engineWake.Store(false)
+	return true
+}
+
+// Wake ends the engine's WaitProgress (condition.TransportWaiter): it wakes the parked
+// goroutines, signalling the worker if one sleeps on the event fd.
+func (t workerTransport) Wake() {
+	w := t.w
+	w.park.engineWake.Store(true)
+	w.park.signal(w.raw.Signal)
+}
+
+// doneCtx is a context that ends when done closes (the engine's stop channel).
+type doneCtx struct{ done <-chan struct{} }
+
+func (c doneCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c doneCtx) Done() <-chan struct{}       { return c.done }
+func (c doneCtx) Value(any) any               { return nil }
+func (c doneCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// signal wakes the followers and, if a leader sleeps on the event fd, calls sig (the
+// worker's ucp_worker_signal) to wake it; not after shutdown, which precedes the
+// worker's destruction under the same lock, so sig never runs on a destroyed worker.
+// Callers need not hold w.mu.
+func (pk *parker) signal(sig func() ucx.Status) {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	if pk.closed {
+		return
+	}
+	pk.wakeFollowersLocked()
+	if pk.leading {
+		_ = sig()
+	}
+}
