@@ -135,7 +135,7 @@ func TestDemoPeerCrash(t *testing.T) {
 func TestPerf(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp"} {
 		t.Run(tr, func(t *testing.T) {
-			st, out, errs := run(t, "perf", "--json", "--transport", tr, "--sizes", "8,64k", "--iters", "200", "--warmup", "20", "--timeout", "60s")
+			st, out, errs := run(t, "perf", "--json", "--check", "--transport", tr, "--sizes", "8,64k", "--iters", "200", "--warmup", "20", "--timeout", "60s")
 			require.Zero(t, st, "perf: status\nstderr:\n%s", errs)
 			var rep perfReport
 			require.NoError(t, json.Unmarshal([]byte(out), &rep), "perf --json output does not parse:\n%s", out)
@@ -154,11 +154,18 @@ func TestPerf(t *testing.T) {
 				} else {
 					assert.Zero(t, r.Partitions, "partitions of %+v", r)
 				}
+				if assert.NotNil(t, r.Wrong, "--check: wrong of %+v", r) {
+					assert.Zero(t, *r.Wrong, "wrong bytes in %+v", r)
+				}
 				if r.Test == testTagLat || r.Test == testPartLat {
 					assert.Positive(t, r.LatMinUs, "implausible latency %+v", r)
 					assert.LessOrEqual(t, r.LatMinUs, r.LatTypicalUs, "implausible latency %+v", r)
 					assert.Positive(t, r.LatTypicalUs, "implausible latency %+v", r)
 					assert.Positive(t, r.LatAvgUs, "implausible latency %+v", r)
+					assert.Equal(t, r.LatTypicalUs, r.LatP50Us, "p50 is the median %+v", r)
+					assert.LessOrEqual(t, r.LatP50Us, r.LatP90Us, "percentiles %+v", r)
+					assert.LessOrEqual(t, r.LatP90Us, r.LatP99Us, "percentiles %+v", r)
+					assert.LessOrEqual(t, r.LatP99Us, r.LatMaxUs, "percentiles %+v", r)
 				}
 			}
 		})
@@ -170,7 +177,7 @@ func TestPerf(t *testing.T) {
 func TestPerfPartitioned(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp"} {
 		t.Run(tr, func(t *testing.T) {
-			st, out, errs := run(t, "perf", "--json", "--tests", "part_lat,part_bw", "--transport", tr,
+			st, out, errs := run(t, "perf", "--json", "--check", "--tests", "part_lat,part_bw", "--transport", tr,
 				"--sizes", "64,4k,64k", "--partitions", "16", "--iters", "300", "--warmup", "30", "--timeout", "60s")
 			require.Zero(t, st, "perf: status\nstderr:\n%s", errs)
 			var rep perfReport
@@ -186,6 +193,9 @@ func TestPerfPartitioned(t *testing.T) {
 				assert.Positive(t, r.BandwidthMBs, "implausible result %+v", r)
 				assert.Positive(t, r.MsgRate, "implausible result %+v", r)
 				assert.Positive(t, r.LatAvgUs, "implausible result %+v", r)
+				if assert.NotNil(t, r.Wrong, "--check: wrong of %+v", r) {
+					assert.Zero(t, *r.Wrong, "wrong bytes in %+v", r)
+				}
 				if r.Test == testPartLat {
 					assert.Positive(t, r.LatMinUs, "implausible latency %+v", r)
 					assert.LessOrEqual(t, r.LatMinUs, r.LatTypicalUs, "implausible latency %+v", r)
@@ -238,7 +248,7 @@ func TestPerfModes(t *testing.T) {
 		t.Run("work="+work, func(t *testing.T) {
 			// More iterations than runahead.KernelWindow: kernel mode arms ahead in several bursts.
 			iters := 2*runahead.KernelWindow + 100
-			st, out, errs := run(t, "perf", "--json", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","), "--work", work,
+			st, out, errs := run(t, "perf", "--json", "--check", "--tests", "tag_lat", "--modes", strings.Join(allModes, ","), "--work", work,
 				"--backend", "host", "--sizes", "8,4k", "--iters", strconv.Itoa(iters), "--warmup", "20", "--timeout", "60s")
 			require.Zero(t, st, "perf --modes: status\nstderr:\n%s", errs)
 			var rep perfReport
@@ -259,6 +269,10 @@ func TestPerfModes(t *testing.T) {
 				assert.Equal(t, 20, r.Warmup, "implausible result %+v", r)
 				assert.Positive(t, r.LatAvgUs, "implausible result %+v", r)
 				assert.Positive(t, r.ElapsedS, "implausible result %+v", r)
+				assert.Equal(t, r.Mode != modePlain, r.MeanOnly, "only the mean is known of the stream modes: %+v", r)
+				if assert.NotNil(t, r.Wrong, "--check: wrong of %+v", r) {
+					assert.Zero(t, *r.Wrong, "wrong bytes in %s/%d", r.Mode, r.Size)
+				}
 				// The total time is what the mean latency comes from: two one-way trips per iteration.
 				assert.InEpsilonf(t, r.ElapsedS, r.LatAvgUs*2*float64(r.Iters)/1e6, 0.01,
 					"%s/%d: mean latency %.3f us does not match %d iterations in %.6f s", r.Mode, r.Size, r.LatAvgUs, r.Iters, r.ElapsedS)

@@ -504,6 +504,25 @@ func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer)
 	}
 	ctl := newCtlConn(conn)
 	defer ctl.close()
+	// A control read waits on its socket, not on ctx: once ctx ends (Ctrl-C), keep
+	// its deadline in the past so that every read returns, and the run with it.
+	ran := make(chan struct{})
+	defer close(ran)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-ran:
+			return
+		}
+		for {
+			_ = conn.SetReadDeadline(time.Unix(1, 0))
+			select {
+			case <-ran:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
 
 	s, err := newPerfSide(o.tls, o.peerErr, o.needsRMA(), o.needsPart(), o.spin, size, o.window)
 	if err != nil {
@@ -515,7 +534,7 @@ func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer)
 
 	var hello perfMsg
 	if err := ctl.recv(ctx, &hello, ctlTimeout); err != nil {
-		return rep, peerFailure(peer, orCause(ctx, err))
+		return rep, peerFailure(peer, stopCause(ctx, err))
 	}
 	if hello.Op != "hello" {
 		return rep, fmt.Errorf("peer: %s", orMsg(hello.Err, "unexpected "+hello.Op))
@@ -553,7 +572,7 @@ func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer)
 					w, err := s.phase(ctx, ctl, test, mode, sz, warmup, o.partitions)
 					done()
 					if err != nil {
-						return rep, peerFailure(peer, fmt.Errorf("%s warm-up: %w", label, orCause(ctx, err)))
+						return rep, peerFailure(peer, fmt.Errorf("%s warm-up: %w", label, stopCause(ctx, err)))
 					}
 					if w.Wrong != nil {
 						warmWrong = *w.Wrong
@@ -563,7 +582,7 @@ func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer)
 				res, err := s.phase(ctx, ctl, test, mode, sz, iters, o.partitions)
 				done()
 				if err != nil {
-					return rep, peerFailure(peer, fmt.Errorf("%s: %w", label, orCause(ctx, err)))
+					return rep, peerFailure(peer, fmt.Errorf("%s: %w", label, stopCause(ctx, err)))
 				}
 				res.Warmup = warmup
 				if res.Wrong != nil {
@@ -575,19 +594,32 @@ func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer)
 		}
 	}
 	if err := s.freePart(ctx); err != nil {
-		return rep, peerFailure(peer, orCause(ctx, err))
+		return rep, peerFailure(peer, stopCause(ctx, err))
 	}
 	if err := ctl.send(perfMsg{Op: "bye"}, ctlTimeout); err != nil {
 		return rep, err
 	}
 	var bye perfMsg
 	if err := s.ctlRecv(ctx, ctl, &bye, ctlTimeout); err != nil || bye.Op != "bye" {
-		return rep, peerFailure(peer, fmt.Errorf("peer did not confirm the end: %v", orErr(orCause(ctx, err), bye.Err)))
+		return rep, peerFailure(peer, fmt.Errorf("peer did not confirm the end: %v", orErr(stopCause(ctx, err), bye.Err)))
 	}
 	if err := peer.wait(10 * time.Second); err != nil {
 		return rep, fmt.Errorf("peer exit: %w", err)
 	}
 	return rep, nil
+}
+
+// stopCause is why ctx ended (--timeout, Ctrl-C, the peer's exit) when it has, else
+// err. A wait bounded by ctx's deadline (a control-channel read) can return just
+// before ctx's own timer fires: past the deadline, it waits for that.
+func stopCause(ctx context.Context, err error) error {
+	if d, ok := ctx.Deadline(); ok && ctx.Err() == nil && !time.Now().Before(d) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return orCause(ctx, err)
 }
 
 // acceptCtl accepts the peer's control connection, giving up if the peer exits first.
