@@ -162,9 +162,16 @@ func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 			return nil, err
 		}
 	}
+	var err error
+	if j.store, err = dial(ctx, c.Rendezvous, key, c.Rank, c.Size, func(r int) {
+		j.markFailed(r, &RankError{Rank: r, Err: fmt.Errorf("bootstrap: the rendezvous lost rank %d: %w", r, ErrRankFailed)})
+	}); err != nil {
+		return nil, err
+	}
+	// The worker is made once the rendezvous answered: a host whose network is not
+	// up yet (a link coming back) would otherwise get a worker without its interfaces.
 	if j.worker = j.opts.Worker; j.worker == nil {
-		var err error
-		if j.ctx, err = ucp.NewContext(j.opts.ContextParams); err != nil {
+		if j.ctx, err = ucp.NewContext(withFailureDetection(j.opts.ContextParams)); err != nil {
 			return nil, err
 		}
 		if j.worker, err = j.ctx.NewWorker(j.opts.WorkerParams); err != nil {
@@ -175,11 +182,6 @@ func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	if j.store, err = dial(ctx, c.Rendezvous, key, c.Rank, c.Size, func(r int) {
-		j.markFailed(r, &RankError{Rank: r, Err: fmt.Errorf("bootstrap: the rendezvous lost rank %d: %w", r, ErrRankFailed)})
-	}); err != nil {
-		return nil, err
-	}
 	if err := j.store.Set(ctx, addrKey(c.Rank), addr); err != nil {
 		return nil, err
 	}
@@ -188,6 +190,35 @@ func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 	}
 	ok = true
 	return j, nil
+}
+
+// FailureDetection is the UCX configuration a job's own context gets unless the
+// UCX_* environment or ContextParams.Config sets the same names: tcp keepalive after
+// 1 s idle, probed every second, 3 probes, and UCP's keepalive every second, so a
+// silent peer (a host whose link went down) fails its endpoints within about 4 s
+// once nothing is in flight (UCX's defaults: 10 s idle, 20 s). Unacknowledged data in
+// flight is bounded by the kernel's net.ipv4.tcp_retries2 instead (docs/scaling.md).
+var FailureDetection = map[string]string{
+	"TCP_KEEPIDLE":       "1s",
+	"TCP_KEEPINTVL":      "1s",
+	"TCP_KEEPCNT":        "3",
+	"KEEPALIVE_INTERVAL": "1s",
+}
+
+func withFailureDetection(p ucp.ContextParams) ucp.ContextParams {
+	cfg := make(map[string]string, len(p.Config)+len(FailureDetection))
+	for k, v := range p.Config {
+		cfg[k] = v
+	}
+	for k, v := range FailureDetection {
+		_, set := cfg[k]
+		_, setUCX := cfg["UCX_"+k]
+		if _, env := os.LookupEnv("UCX_" + k); !set && !setUCX && !env {
+			cfg[k] = v
+		}
+	}
+	p.Config = cfg
+	return p
 }
 
 func addrKey(rank int) string { return "ucpx/addr/" + strconv.Itoa(rank) }

@@ -255,8 +255,10 @@ type Stats struct {
 }
 
 // Stats reads the host's counters (/proc/PID/net/dev shows PID's network namespace).
-func (h *Host) Stats() (Stats, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", h.pid))
+func (h *Host) Stats() (Stats, error) { return readStats(fmt.Sprintf("/proc/%d/net/dev", h.pid)) }
+
+func readStats(path string) (Stats, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return Stats{}, err
 	}
@@ -282,3 +284,7 @@ func (h *Host) Stats() (Stats, error) {
 	}
 	return st, nil
 }
+
+// SelfStats reads the counters of the calling process's own network namespace: what
+// a process started with Host.Command sees of its host.
+func SelfStats() (Stats, error) { return readStats("/proc/self/net/dev") }
