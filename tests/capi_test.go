@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/internal/testenv"
 )
 
 // TestCAPI builds libucpx.so (-buildmode=c-shared, as make libucpx does) and the C
@@ -23,6 +26,9 @@ import (
 //     exchange tag messages (handles and the blocking calls, from several threads),
 //     RMA put and get with packed remote keys, prepared partitioned iterations, and
 //     error codes (capi/c/exchange.c says what exactly);
+//   - cuda-fake-driver: capi/c/cuda_exchange.c, the CUDA path (a condition on the C
+//     program's own CUstream, its raw CUevent recorded after the enqueue and waited on by
+//     another of its streams, the peer 200 ms late) against the fake driver;
 //   - python: python/test_ucpx_host.py, the ctypes module's host-memory check (where
 //     python3 exists);
 //   - header: every function include/ucpx.h declares is a symbol libucpx.so exports,
@@ -46,30 +52,16 @@ func TestCAPI(t *testing.T) {
 	require.NoError(t, err, "building capi/c/exchange.c:\n%s", out)
 
 	t.Run("exchange", func(t *testing.T) {
-		wire := t.TempDir()
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		type result struct {
-			out []byte
-			err error
-		}
-		results := make(chan result, 2)
-		var outs [2][]byte
-		for rank := range 2 {
-			cmd := exec.CommandContext(ctx, exe, []string{"0", "1"}[rank], wire)
-			go func() {
-				o, err := cmd.CombinedOutput()
-				results <- result{append([]byte(rankPrefix(rank)), o...), err}
-			}()
-		}
-		for i := range 2 {
-			r := <-results
-			outs[i] = r.out
-			require.NoError(t, r.err, "a C process failed:\n%s", r.out)
-		}
-		all := string(outs[0]) + string(outs[1])
-		assert.Contains(t, all, "OK rank 0")
-		assert.Contains(t, all, "OK rank 1")
+		runRanks(t, exe, nil, "OK rank")
+	})
+
+	t.Run("cuda-fake-driver", func(t *testing.T) {
+		fake := testenv.BuildFakeDriver(t, t.TempDir())
+		cexe := filepath.Join(dir, "cuda_exchange")
+		out, err := exec.Command(cc, "-Wall", "-Wextra", "-Werror", "-O1", "-I../include", "-o", cexe,
+			"../capi/c/cuda_exchange.c", "-L"+dir, "-lucpx", "-L"+fake, "-l:libcuda.so.1", "-Wl,-rpath,"+dir).CombinedOutput()
+		require.NoError(t, err, "building capi/c/cuda_exchange.c:\n%s", out)
+		runRanks(t, cexe, []string{"LD_LIBRARY_PATH=" + fake + ":" + os.Getenv("LD_LIBRARY_PATH")}, "OK cuda rank")
 	})
 
 	t.Run("python", func(t *testing.T) {
@@ -119,7 +111,33 @@ func TestCAPI(t *testing.T) {
 	})
 }
 
-func rankPrefix(rank int) string { return "--- rank " + string(rune('0'+rank)) + ":\n" }
+// runRanks runs ranks 0 and 1 of a C test program (argv: RANK DIR, DIR shared for the
+// wire-up files) with env added, and requires both to exit 0 printing "<ok> N".
+func runRanks(t *testing.T, exe string, env []string, ok string) {
+	t.Helper()
+	wire := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	type result struct {
+		rank int
+		out  []byte
+		err  error
+	}
+	results := make(chan result, 2)
+	for rank := range 2 {
+		cmd := exec.CommandContext(ctx, exe, []string{"0", "1"}[rank], wire)
+		cmd.Env = append(os.Environ(), env...)
+		go func() {
+			o, err := cmd.CombinedOutput()
+			results <- result{rank, o, err}
+		}()
+	}
+	for range 2 {
+		r := <-results
+		require.NoError(t, r.err, "rank %d of %s failed:\n%s", r.rank, filepath.Base(exe), r.out)
+		assert.Contains(t, string(r.out), fmt.Sprintf("%s %d", ok, r.rank))
+	}
+}
 
 // headerFunctions returns the functions a C header declares: the names at the start of
 // a declaration's parameter list, on lines that begin with a return type.
