@@ -1,0 +1,452 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/ucpx/ucpx/internal/errs"
+)
+
+// CUDA-IPC handle cache: the part of the same-host device path (issue 14) that
+// names device allocations across processes. The exporter sends a handle once per
+// allocation and peer, with the first operation that needs it; the importer opens it
+// once and keeps the mapping. Neither side ever waits for the other: a miss on one side
+// is resolved from the message the operation carries, never by a collective step.
+//
+// Allocations are told apart by (base, size, buffer id): CUDA gives every allocation a
+// buffer id unique in the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID), so a
+// buffer freed and reallocated at the same address, even with the same size, is a new
+// key; the exporter exports it again, and the importer, seeing a new buffer id at a base
+// it has mapped, closes the stale mapping before opening the new one.
+//
+// Only legacy-IPC memory can be exported with cuIpcGetMemHandle: cuMemAlloc memory
+// (and cuMemAllocAsync from pools without an IPC handle type set). Virtual memory
+// management allocations (cuMemCreate/cuMemMap) are not legacy-IPC capable
+// (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE is 0): exporting them fails with
+// ErrUnsupported, and the operation takes the staging path instead (StageNever then
+// fails). Such memory would travel as a POSIX file descriptor
+// (cuMemExportToShareableHandle with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, passed
+// over a Unix socket), which is not built.
+
+// IPCHandleSize is the size of a CUDA IPC memory handle (CU_IPC_HANDLE_SIZE).
+const IPCHandleSize = 64
+
+// IPCHandle is a CUipcMemHandle: it names a device allocation for another process.
+type IPCHandle [IPCHandleSize]byte
+
+// IPCAllocation is the device allocation containing an address, as the driver sees it.
+type IPCAllocation struct {
+	Base     uint64 // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+	Size     uint64 // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+	BufferID uint64 // CU_POINTER_ATTRIBUTE_BUFFER_ID
+	// LegacyIPC: CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (false for VMM memory).
+	LegacyIPC bool
+}
+
+// IPCDriver is what the handle cache needs of a CUDA driver: package cgo/cuda
+// through the CUDA stream backend in production, a fake in tests. Its calls are made on
+// the goroutine of the operation's call (the user's), never from the engine's rounds:
+// cuIpcOpenMemHandle and cuIpcCloseMemHandle may wait for the device.
+type IPCDriver interface {
+	// IPCAllocation describes the allocation containing ptr (cuPointerGetAttributes).
+	IPCAllocation(ptr uintptr) (IPCAllocation, error)
+	// IPCGetMemHandle exports the allocation at base (cuIpcGetMemHandle).
+	IPCGetMemHandle(base uintptr) (IPCHandle, error)
+	// IPCOpenMemHandle maps another process's allocation (cuIpcOpenMemHandle_v2 with
+	// CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) and returns its address here.
+	IPCOpenMemHandle(h IPCHandle) (uintptr, error)
+	// IPCCloseMemHandle unmaps what IPCOpenMemHandle mapped (cuIpcCloseMemHandle).
+	IPCCloseMemHandle(mapped uintptr) error
+}
+
+// IPCPeer names a peer process for the cache (package ucp gives each endpoint's
+// authenticated peer one).
+type IPCPeer uint64
+
+// ---- the wire ----
+
+// IPC message kinds.
+const (
+	// IPCExport carries an allocation's handle: the importer opens it (once).
+	IPCExport uint8 = 1
+	// IPCInvalidate tells the importer the allocation is gone (freed, MemH closed):
+	// it unmaps it.
+	IPCInvalidate uint8 = 2
+)
+
+const (
+	ipcVersion       = 1
+	ipcInvalidateLen = 2 + 3*8
+	ipcExportLen     = ipcInvalidateLen + IPCHandleSize
+)
+
+// IPCMessage is what an exporter sends an importer about one allocation. It travels
+// inside ucpx's sealed envelopes (the peer is authenticated); its decoder still treats
+// the bytes as hostile.
+type IPCMessage struct {
+	Kind  uint8
+	Alloc IPCAllocation // LegacyIPC is not sent (only capable memory is exported)
+	// Handle: IPCExport only.
+	Handle IPCHandle
+}
+
+// AppendBinary appends the message's encoding: version, kind, then base, size and
+// buffer id (little-endian), then the handle for IPCExport.
+func (m IPCMessage) AppendBinary(b []byte) ([]byte, error) {
+	if err := m.Alloc.check(); err != nil {
+		return b, err
+	}
+	switch m.Kind {
+	case IPCExport, IPCInvalidate:
+	default:
+		return b, fmt.Errorf("IPC message kind %d: %w", m.Kind, ErrInvalidParam)
+	}
+	b = append(b, ipcVersion, m.Kind)
+	b = binary.LittleEndian.AppendUint64(b, m.Alloc.Base)
+	b = binary.LittleEndian.AppendUint64(b, m.Alloc.Size)
+	b = binary.LittleEndian.AppendUint64(b, m.Alloc.BufferID)
+	if m.Kind == IPCExport {
+		b = append(b, m.Handle[:]...)
+	}
+	return b, nil
+}
+
+func (a IPCAllocation) check() error {
+	switch {
+	case a.Base == 0 || a.Size == 0:
+		return fmt.Errorf("IPC allocation at %#x of %d bytes: empty: %w", a.Base, a.Size, ErrInvalidParam)
+	case a.Base+a.Size < a.Base:
+		return fmt.Errorf("IPC allocation at %#x of %d bytes wraps the address space: %w", a.Base, a.Size, ErrInvalidParam)
+	}
+	return nil
+}
+
+// ErrBadIPCMessage: bytes that are not an IPC message of this version.
+var ErrBadIPCMessage = errs.New("bad IPC message", errs.InvalidParam)
+
+// DecodeIPCMessage decodes exactly one message from b. It reads only len(b) bytes,
+// allocates nothing, and fails with ErrBadIPCMessage (matching ErrInvalidParam) for
+// anything that is not a well-formed message of a known version and kind.
+func DecodeIPCMessage(b []byte) (IPCMessage, error) {
+	var m IPCMessage
+	if len(b) < 2 {
+		return m, fmt.Errorf("%d bytes: %w", len(b), ErrBadIPCMessage)
+	}
+	if b[0] != ipcVersion {
+		return m, fmt.Errorf("version %d: %w", b[0], ErrBadIPCMessage)
+	}
+	m.Kind = b[1]
+	want := 0
+	switch m.Kind {
+	case IPCExport:
+		want = ipcExportLen
+	case IPCInvalidate:
+		want = ipcInvalidateLen
+	default:
+		return IPCMessage{}, fmt.Errorf("kind %d: %w", m.Kind, ErrBadIPCMessage)
+	}
+	if len(b) != want {
+		return IPCMessage{}, fmt.Errorf("kind %d in %d bytes, want %d: %w", m.Kind, len(b), want, ErrBadIPCMessage)
+	}
+	m.Alloc.Base = binary.LittleEndian.Uint64(b[2:])
+	m.Alloc.Size = binary.LittleEndian.Uint64(b[10:])
+	m.Alloc.BufferID = binary.LittleEndian.Uint64(b[18:])
+	if err := m.Alloc.check(); err != nil {
+		return IPCMessage{}, fmt.Errorf("%v: %w", err, ErrBadIPCMessage)
+	}
+	if m.Kind == IPCExport {
+		copy(m.Handle[:], b[ipcInvalidateLen:])
+	}
+	return m, nil
+}
+
+// ---- export side ----
+
+// IPCExporter exports this process's device allocations, each once, and remembers
+// which peers have its handle.
+type IPCExporter struct {
+	drv IPCDriver
+	mu  sync.Mutex
+	// byBase: the allocation exported at each base; a new buffer id there replaces it.
+	byBase map[uint64]*ipcExport
+}
+
+type ipcExport struct {
+	alloc  IPCAllocation
+	handle IPCHandle
+	sent   map[IPCPeer]struct{}
+}
+
+// NewIPCExporter makes the export side of the cache over drv.
+func NewIPCExporter(drv IPCDriver) *IPCExporter {
+	return &IPCExporter{drv: drv, byBase: map[uint64]*ipcExport{}}
+}
+
+// IPCRef names a device address for a peer: the allocation and the offset in it.
+type IPCRef struct {
+	Alloc  IPCAllocation
+	Offset uint64
+}
+
+// Export prepares an operation on n bytes of device memory at ptr for peer: the
+// reference the operation carries, and, when peer does not have this allocation's
+// handle yet, the IPCExport message to send with it (then counted as sent). The
+// handle is made once per allocation (cuIpcGetMemHandle); memory that is not
+// legacy-IPC capable (VMM) fails with ErrUnsupported, a range running past its
+// allocation with ErrInvalidParam.
+func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMessage, error) {
+	if ptr == 0 || n <= 0 {
+		return IPCRef{}, nil, fmt.Errorf("IPC export of %d bytes at %#x: %w", n, ptr, ErrInvalidParam)
+	}
+	a, err := e.drv.IPCAllocation(ptr)
+	if err != nil {
+		return IPCRef{}, nil, fmt.Errorf("IPC export of %#x: %w", ptr, err)
+	}
+	if !a.LegacyIPC {
+		return IPCRef{}, nil, fmt.Errorf("IPC export of %#x: the allocation is not legacy-IPC capable (VMM memory from cuMemCreate?): %w", ptr, ErrUnsupported)
+	}
+	if err := a.check(); err != nil {
+		return IPCRef{}, nil, err
+	}
+	off := uint64(ptr) - a.Base
+	if uint64(ptr) < a.Base || off+uint64(n) > a.Size {
+		return IPCRef{}, nil, fmt.Errorf("IPC export of %d bytes at %#x: outside its allocation [%#x,+%d): %w", n, ptr, a.Base, a.Size, ErrInvalidParam)
+	}
+	ref := IPCRef{Alloc: a, Offset: off}
+	e.mu.Lock()
+	x := e.byBase[a.Base]
+	if x != nil && x.alloc != a {
+		x = nil // freed and reallocated here: a new allocation
+	}
+	if x == nil {
+		e.mu.Unlock()
+		// Outside the lock: a driver call. A racing Export of the same allocation
+		// makes a handle too; the first stored wins (both name the same memory).
+		h, err := e.drv.IPCGetMemHandle(uintptr(a.Base))
+		if err != nil {
+			return IPCRef{}, nil, fmt.Errorf("IPC export of %#x: %w", ptr, err)
+		}
+		e.mu.Lock()
+		if x = e.byBase[a.Base]; x == nil || x.alloc != a {
+			x = &ipcExport{alloc: a, handle: h, sent: map[IPCPeer]struct{}{}}
+			e.byBase[a.Base] = x
+		}
+	}
+	defer e.mu.Unlock()
+	if _, ok := x.sent[peer]; ok {
+		return ref, nil, nil
+	}
+	x.sent[peer] = struct{}{}
+	return ref, &IPCMessage{Kind: IPCExport, Alloc: a, Handle: x.handle}, nil
+}
+
+// Forget drops the export of the allocation containing base (its MemH closed, or it
+// is about to be freed) and returns the peers that had its handle, with the
+// IPCInvalidate message to send them. Forgetting what was never exported returns no
+// peers.
+func (e *IPCExporter) Forget(base uint64) ([]IPCPeer, IPCMessage) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	x := e.byBase[base]
+	if x == nil {
+		return nil, IPCMessage{}
+	}
+	delete(e.byBase, base)
+	peers := make([]IPCPeer, 0, len(x.sent))
+	for p := range x.sent {
+		peers = append(peers, p)
+	}
+	return peers, IPCMessage{Kind: IPCInvalidate, Alloc: x.alloc}
+}
+
+// PeerLost forgets that peer has any handle (a reconnected peer is a new one).
+func (e *IPCExporter) PeerLost(peer IPCPeer) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, x := range e.byBase {
+		delete(x.sent, peer)
+	}
+}
+
+// Exported is the number of allocations exported and not forgotten.
+func (e *IPCExporter) Exported() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.byBase)
+}
+
+// ---- import side ----
+
+// IPCImporter maps peers' allocations, each once, keyed by (peer, base, size, buffer
+// id).
+type IPCImporter struct {
+	drv IPCDriver
+	mu  sync.Mutex
+	// maps: every mapping; current: the key mapped at each (peer, base), so a new
+	// buffer id there closes the stale one.
+	maps    map[ipcKey]uintptr
+	current map[ipcBase]ipcKey
+	closed  bool
+}
+
+type ipcKey struct {
+	peer IPCPeer
+	IPCAllocation
+}
+
+type ipcBase struct {
+	peer IPCPeer
+	base uint64
+}
+
+// NewIPCImporter makes the import side of the cache over drv.
+func NewIPCImporter(drv IPCDriver) *IPCImporter {
+	return &IPCImporter{drv: drv, maps: map[ipcKey]uintptr{}, current: map[ipcBase]ipcKey{}}
+}
+
+func keyOf(peer IPCPeer, a IPCAllocation) ipcKey {
+	a.LegacyIPC = false // not on the wire
+	return ipcKey{peer, a}
+}
+
+// Handle applies a message from peer: IPCExport opens the handle unless that exact
+// allocation is mapped already (closing a stale mapping at the same base first);
+// IPCInvalidate closes the mapping if it is the one named.
+func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
+	if err := m.Alloc.check(); err != nil {
+		return err
+	}
+	k := keyOf(peer, m.Alloc)
+	kb := ipcBase{peer, m.Alloc.Base}
+	switch m.Kind {
+	case IPCInvalidate:
+		im.mu.Lock()
+		p, ok := im.maps[k]
+		if ok {
+			delete(im.maps, k)
+			if im.current[kb] == k {
+				delete(im.current, kb)
+			}
+		}
+		im.mu.Unlock()
+		if ok {
+			return im.unmap(p)
+		}
+		return nil
+	case IPCExport:
+	default:
+		return fmt.Errorf("IPC message kind %d: %w", m.Kind, ErrInvalidParam)
+	}
+	im.mu.Lock()
+	if im.closed {
+		im.mu.Unlock()
+		return fmt.Errorf("IPC import: %w", ErrClosed)
+	}
+	if _, ok := im.maps[k]; ok {
+		im.mu.Unlock()
+		return nil // the same allocation again (a peer that re-sent it): one mapping
+	}
+	var stale uintptr
+	if old, ok := im.current[kb]; ok {
+		stale = im.maps[old]
+		delete(im.maps, old)
+		delete(im.current, kb)
+	}
+	im.mu.Unlock()
+	var staleErr error
+	if stale != 0 {
+		staleErr = im.unmap(stale)
+	}
+	p, err := im.drv.IPCOpenMemHandle(m.Handle)
+	if err != nil {
+		return fmt.Errorf("IPC import of %#x (buffer %d) from peer %d: %w", m.Alloc.Base, m.Alloc.BufferID, peer, err)
+	}
+	im.mu.Lock()
+	if im.closed {
+		im.mu.Unlock()
+		return errsJoin(im.unmap(p), fmt.Errorf("IPC import: %w", ErrClosed))
+	}
+	if _, ok := im.maps[k]; ok {
+		// A racing Handle mapped it first: CUDA counts opens, so close ours.
+		im.mu.Unlock()
+		return im.unmap(p)
+	}
+	im.maps[k] = p
+	im.current[kb] = k
+	im.mu.Unlock()
+	return staleErr
+}
+
+// Resolve is the local address of n bytes at ref in peer's memory: the mapping must
+// be there (the IPCExport message comes with, or before, the first operation naming an
+// allocation), else ErrInvalidParam.
+func (im *IPCImporter) Resolve(peer IPCPeer, ref IPCRef, n int) (uintptr, error) {
+	if n <= 0 || ref.Offset+uint64(n) > ref.Alloc.Size || ref.Offset+uint64(n) < ref.Offset {
+		return 0, fmt.Errorf("IPC reference of %d bytes at offset %d of a %d-byte allocation: %w", n, ref.Offset, ref.Alloc.Size, ErrInvalidParam)
+	}
+	im.mu.Lock()
+	p, ok := im.maps[keyOf(peer, ref.Alloc)]
+	im.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("IPC reference to %#x (buffer %d) of peer %d: not mapped: %w", ref.Alloc.Base, ref.Alloc.BufferID, peer, ErrInvalidParam)
+	}
+	return p + uintptr(ref.Offset), nil
+}
+
+// PeerLost unmaps everything of peer.
+func (im *IPCImporter) PeerLost(peer IPCPeer) error {
+	return im.drop(func(k ipcKey) bool { return k.peer == peer })
+}
+
+// Mapped is the number of mappings held.
+func (im *IPCImporter) Mapped() int {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return len(im.maps)
+}
+
+// Close unmaps everything; later exports fail with ErrClosed.
+func (im *IPCImporter) Close() error {
+	im.mu.Lock()
+	im.closed = true
+	im.mu.Unlock()
+	return im.drop(func(ipcKey) bool { return true })
+}
+
+func (im *IPCImporter) drop(match func(ipcKey) bool) error {
+	im.mu.Lock()
+	var ps []uintptr
+	for k, p := range im.maps {
+		if match(k) {
+			ps = append(ps, p)
+			delete(im.maps, k)
+			kb := ipcBase{k.peer, k.Base}
+			if im.current[kb] == k {
+				delete(im.current, kb)
+			}
+		}
+	}
+	im.mu.Unlock()
+	var first error
+	for _, p := range ps {
+		if err := im.unmap(p); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (im *IPCImporter) unmap(p uintptr) error {
+	if err := im.drv.IPCCloseMemHandle(p); err != nil {
+		return fmt.Errorf("IPC unmap of %#x: %w", p, err)
+	}
+	return nil
+}
+
+func errsJoin(a, b error) error {
+	if a == nil {
+		return b
+	}
+	return fmt.Errorf("%w; %w", a, b)
+}
