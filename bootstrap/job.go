@@ -193,15 +193,13 @@ func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 }
 
 // FailureDetection is the UCX configuration a job's own context gets unless the
-// UCX_* environment or ContextParams.Config sets the same names: tcp keepalive after
-// 1 s idle, probed every second, 3 probes, and UCP's keepalive every second, so a
-// silent peer (a host whose link went down) fails its endpoints within about 4 s
-// once nothing is in flight (UCX's defaults: 10 s idle, 20 s). Unacknowledged data in
-// flight is bounded by the kernel's net.ipv4.tcp_retries2 instead (docs/scaling.md).
+// UCX_* environment or ContextParams.Config sets the same names: UCP's keepalive
+// probes every endpoint each second (UCX's default: 20 s), so a peer that went silent
+// (a host whose link is down) leaves unacknowledged data on every connection to it
+// and the kernel fails them after net.ipv4.tcp_retries2 retransmissions: about 6 s at
+// 4, about 15 minutes at Linux's default 15 (docs/scaling.md). A peer whose process
+// died is noticed at once (the kernel resets its connections).
 var FailureDetection = map[string]string{
-	"TCP_KEEPIDLE":       "1s",
-	"TCP_KEEPINTVL":      "1s",
-	"TCP_KEEPCNT":        "3",
 	"KEEPALIVE_INTERVAL": "1s",
 }
 

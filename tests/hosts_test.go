@@ -137,6 +137,11 @@ func waitAll(t *testing.T, ranks []*hostRank) {
 			t.Fatalf("rank %d on %s still running:\n%s", hr.rank, hr.host.Name, hr.output())
 		}
 		require.NoError(t, hr.err, "rank %d on %s:\n%s", hr.rank, hr.host.Name, hr.output())
+		for _, l := range strings.Split(hr.output(), "\n") {
+			if strings.Contains(l, "UCX  WARN") || strings.Contains(l, "UCX  ERROR") {
+				t.Logf("rank %d: %s", hr.rank, l)
+			}
+		}
 		require.Contains(t, hr.output(), "PASS", "rank %d did not run its scenario:\n%s", hr.rank, hr.output())
 	}
 }
