@@ -136,6 +136,7 @@ func TestGoConstantsAgainstHeader(t *testing.T) {
 		{"CU_POINTER_ATTRIBUTE_RANGE_START_ADDR", int64(cuda.PointerAttrRangeStart)},
 		{"CU_POINTER_ATTRIBUTE_RANGE_SIZE", int64(cuda.PointerAttrRangeSize)},
 		{"CU_POINTER_ATTRIBUTE_MAPPED", int64(cuda.PointerAttrMapped)},
+		{"CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", int64(cuda.PointerAttrLegacyIPCCapable)},
 		{"CU_GRAPH_NODE_TYPE_KERNEL", int64(cuda.NodeKernel)},
 		{"CU_GRAPH_NODE_TYPE_MEMCPY", int64(cuda.NodeMemcpy)},
 		{"CU_GRAPH_NODE_TYPE_MEMSET", int64(cuda.NodeMemset)},

@@ -34,6 +34,7 @@
 	X(cuDeviceTotalMem, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
 	X(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, (char *pciBusId, int len, CUdevice dev)) \
 	X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev)) \
+	X(cuDeviceGetUuid, cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev)) \
 	/* contexts */ \
 	X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
 	X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) \

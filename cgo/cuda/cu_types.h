@@ -52,6 +52,10 @@ typedef struct CUipcEventHandle_st {
 	char reserved[UCPX_CU_IPC_HANDLE_SIZE];
 } CUipcEventHandle;
 
+typedef struct CUuuid_st {
+	char bytes[16];
+} CUuuid;
+
 /* CUstreamBatchMemOpParams (the _v1 union that cuStreamBatchMemOp_v2 takes):
  * 48 bytes; operation at 0, address at 8, value at 16, flags at 24. */
 typedef union CUstreamBatchMemOpParams_union {
@@ -185,9 +189,11 @@ typedef struct CUgraphEdgeData_st {
 
 #define UCPX_CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define UCPX_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define UCPX_CU_POINTER_ATTRIBUTE_BUFFER_ID 7
 #define UCPX_CU_POINTER_ATTRIBUTE_IS_MANAGED 8
 #define UCPX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define UCPX_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
 #define UCPX_CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define UCPX_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 18
 
 #endif

@@ -67,6 +67,15 @@ func (d Device) PCIBusID() (string, error) {
 	return strings.ToLower(C.GoString(&buf[0])), nil
 }
 
+// UUID returns the device's 16-byte UUID (cuDeviceGetUuid_v2: in MIG mode the MIG
+// instance's). Two processes see the same UUID for the same device whatever their
+// CUDA_VISIBLE_DEVICES numbering, which is how a peer tells that it shares a GPU.
+func (d Device) UUID() ([16]byte, error) {
+	var u [16]byte
+	err := check("cuDeviceGetUuid", C.ucpx_device_uuid((*C.uchar)(&u[0]), d.h))
+	return u, err
+}
+
 // DeviceAttribute is a CUdevice_attribute.
 type DeviceAttribute int32
 

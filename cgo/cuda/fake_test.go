@@ -16,7 +16,8 @@ import (
 var fakeDriverTests = []string{"TestDeviceInfo", "TestPrimaryContext", "TestContextPerCall", "TestStreamLifecycle",
 	"TestMemops64", "TestMemops32", "TestBatchMemOp", "TestStreamWaitEvent", "TestEvents", "TestMemory",
 	"TestLaunchHostFunc", "TestGraphMemops1000", "TestGraphNodeKinds", "TestGraphExecUpdate", "TestStreamCapture",
-	"TestModuleKernels", "TestModuleBadImage", "TestKernelEcho", "TestKernelDeviceHandle", "TestGraphKernelNode"}
+	"TestModuleKernels", "TestModuleBadImage", "TestKernelEcho", "TestKernelDeviceHandle", "TestGraphKernelNode",
+	"TestAllocationOf"}
 
 // TestFakeDriver runs the GPU tests in a child process whose libcuda.so.1 is a
 // CPU emulation of the driver. It exercises the loader, the C helpers, the

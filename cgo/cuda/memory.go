@@ -458,7 +458,48 @@ const (
 	PointerAttrRangeStart    PointerAttribute = 11
 	PointerAttrRangeSize     PointerAttribute = 12
 	PointerAttrMapped        PointerAttribute = 13
+	// PointerAttrLegacyIPCCapable: the memory can be exported with cuIpcGetMemHandle
+	// (cuMemAlloc memory; not VMM memory from cuMemCreate).
+	PointerAttrLegacyIPCCapable PointerAttribute = 18
 )
+
+// Allocation is the device allocation containing an address, as CUDA IPC needs it.
+type Allocation struct {
+	Base     uintptr // start of the allocation (CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+	Size     uint64  // its size (CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+	BufferID uint64  // unique in the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID)
+	// LegacyIPC: IPCMemHandle can export it (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE).
+	LegacyIPC bool
+}
+
+// AllocationOf describes the allocation containing device address addr in one
+// cuPointerGetAttributes call. A buffer freed and allocated again at the same address
+// has a new BufferID, which is how IPC caches tell them apart. Addresses the driver
+// does not know fail with ErrInvalidValue.
+func (c *Context) AllocationOf(addr uintptr) (Allocation, error) {
+	const op = "cuPointerGetAttributes"
+	if addr == 0 {
+		return Allocation{}, invalid(op, "nil device address")
+	}
+	h, err := c.raw(op)
+	if err != nil {
+		return Allocation{}, err
+	}
+	var a C.ucpx_alloc_attrs
+	if err := check(op, C.ucpx_pointer_get_allocation(h, &a, C.CUdeviceptr(addr))); err != nil {
+		return Allocation{}, err
+	}
+	if a.range_start == 0 || a.buffer_id == 0 {
+		// cuPointerGetAttributes reports unknown memory as zeros rather than failing.
+		return Allocation{}, invalid(op, "%#x is not device memory this process allocated", addr)
+	}
+	return Allocation{
+		Base:      uintptr(a.range_start),
+		Size:      uint64(a.range_size),
+		BufferID:  uint64(a.buffer_id),
+		LegacyIPC: a.legacy_ipc&0xff != 0,
+	}, nil
+}
 
 // PointerGetAttribute returns one attribute of addr as an integer
 // (cuPointerGetAttribute). Unknown addresses fail with ErrInvalidValue.

@@ -155,6 +155,10 @@ CUresult ucpx_device_name(char *buf, int len, CUdevice d) { UCPX_CALL(NULL, cuDe
 CUresult ucpx_device_attribute(int *v, CUdevice_attribute a, CUdevice d) { UCPX_CALL(NULL, cuDeviceGetAttribute, v, a, d); }
 CUresult ucpx_device_total_mem(size_t *bytes, CUdevice d) { UCPX_CALL(NULL, cuDeviceTotalMem, bytes, d); }
 CUresult ucpx_device_pci_bus_id(char *buf, int len, CUdevice d) { UCPX_CALL(NULL, cuDeviceGetPCIBusId, buf, len, d); }
+CUresult ucpx_device_uuid(unsigned char out[16], CUdevice d) {
+	/* CUuuid is 16 chars: the caller's buffer has that layout. */
+	UCPX_CALL(NULL, cuDeviceGetUuid, (CUuuid *)(void *)out, d);
+}
 CUresult ucpx_device_can_access_peer(int *can, CUdevice d, CUdevice peer) { UCPX_CALL(NULL, cuDeviceCanAccessPeer, can, d, peer); }
 
 /* ---- contexts ---- */
@@ -320,6 +324,19 @@ CUresult ucpx_pointer_get_attributes(CUcontext ctx, ucpx_ptr_attrs *out, CUdevic
 		&out->range_start, &out->range_size,
 	};
 	UCPX_CALL(ctx, cuPointerGetAttributes, 6, attrs, data, p);
+}
+
+CUresult ucpx_pointer_get_allocation(CUcontext ctx, ucpx_alloc_attrs *out, CUdeviceptr p) {
+	/* Zeroed slots: the legacy-IPC flag is a bool, the rest 8 bytes. */
+	memset(out, 0, sizeof *out);
+	CUpointer_attribute attrs[4] = {
+		UCPX_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+		UCPX_CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+		UCPX_CU_POINTER_ATTRIBUTE_BUFFER_ID,
+		UCPX_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+	};
+	void *data[4] = { &out->range_start, &out->range_size, &out->buffer_id, &out->legacy_ipc };
+	UCPX_CALL(ctx, cuPointerGetAttributes, 4, attrs, data, p);
 }
 
 /* ---- graphs ---- */

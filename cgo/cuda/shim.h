@@ -53,6 +53,7 @@ CUresult ucpx_device_name(char *buf, int len, CUdevice d);
 CUresult ucpx_device_attribute(int *v, CUdevice_attribute a, CUdevice d);
 CUresult ucpx_device_total_mem(size_t *bytes, CUdevice d);
 CUresult ucpx_device_pci_bus_id(char *buf, int len, CUdevice d);
+CUresult ucpx_device_uuid(unsigned char out[16], CUdevice d);
 CUresult ucpx_device_can_access_peer(int *can, CUdevice d, CUdevice peer);
 
 /* Contexts. */
@@ -126,6 +127,15 @@ typedef struct ucpx_ptr_attrs {
 	uint64_t range_size;
 } ucpx_ptr_attrs;
 CUresult ucpx_pointer_get_attributes(CUcontext ctx, ucpx_ptr_attrs *out, CUdeviceptr p);
+
+/* The allocation containing a device address, for CUDA IPC (one call). */
+typedef struct ucpx_alloc_attrs {
+	uint64_t range_start;
+	uint64_t range_size;
+	uint64_t buffer_id;
+	uint64_t legacy_ipc;
+} ucpx_alloc_attrs;
+CUresult ucpx_pointer_get_allocation(CUcontext ctx, ucpx_alloc_attrs *out, CUdeviceptr p);
 
 /* Graphs. deps is an array of ndeps node handles (may be NULL when 0). */
 CUresult ucpx_graph_create(CUcontext ctx, CUgraph *g, unsigned int flags);

@@ -52,12 +52,14 @@ static uint32_t load32(uint64_t a) { return __atomic_load_n((uint32_t *)a, __ATO
 
 /* ---- allocations, for pointer attributes ---- */
 enum { MEM_HOST = 1, MEM_DEVICE = 2 };
-typedef struct alloc { uintptr_t base; size_t size; int type, managed, registered; struct alloc *next; } alloc;
+typedef struct alloc { uintptr_t base; size_t size; int type, managed, registered; unsigned long long id; struct alloc *next; } alloc;
 static alloc *allocs;
+static unsigned long long next_buffer_id;
 static void track(uintptr_t base, size_t size, int type, int managed, int registered) {
 	alloc *a = calloc(1, sizeof *a);
 	a->base = base, a->size = size, a->type = type, a->managed = managed, a->registered = registered;
 	pthread_mutex_lock(&big);
+	a->id = ++next_buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused */
 	a->next = allocs, allocs = a;
 	pthread_mutex_unlock(&big);
 }
@@ -340,6 +342,7 @@ CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { *b = 1ull << 34; return d ? E_INVALID_DEVICE : OK; }
 CUresult cuDeviceGetPCIBusId(char *b, int n, CUdevice d) { snprintf(b, n, "0000:FA:KE.0"); return d ? E_INVALID_DEVICE : OK; }
 CUresult cuDeviceCanAccessPeer(int *c, CUdevice d, CUdevice p) { *c = 0; return OK; }
+CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { memcpy(u->bytes, "ucpx-fake-gpu-00", 16); return d ? E_INVALID_DEVICE : OK; }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { NEED_INIT; the_ctx.refs++; *c = &the_ctx; return d ? E_INVALID_DEVICE : OK; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { the_ctx.refs--; return OK; }
 CUresult cuCtxGetDevice(CUdevice *d) { if (!current) return E_INVALID_CONTEXT; *d = 0; return OK; }
@@ -534,6 +537,10 @@ static CUresult attr(void *data, CUpointer_attribute at, CUdeviceptr p, int leni
 	case UCPX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = 0; break;
 	case UCPX_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->base; break;
 	case UCPX_CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
+	case UCPX_CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a->id; break;
+	case UCPX_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+		*(unsigned char *)data = a->type == UCPX_CU_MEMORYTYPE_DEVICE && !a->managed && !a->registered;
+		break;
 	default: return E_INVALID_VALUE;
 	}
 	return OK;
