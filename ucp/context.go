@@ -1,10 +1,14 @@
 package ucp
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -68,6 +72,16 @@ type ContextParams struct {
 	// Protocol tunes how buffers travel under conditions (staging parts, completion
 	// polling, doorbell); the zero value means protocol.DefaultConfig.
 	Protocol protocol.Config
+	// AuthKey is the secret every peer must prove it holds (at least MinAuthKeyLen
+	// bytes, GenerateAuthKey makes one): Listen and Connect run a mutual
+	// challenge-response before any worker address or rkey crosses, and worker
+	// addresses and rkeys are sealed with it. Empty: the key file named by
+	// UCPX_AUTH_KEY_FILE (`ucpx keygen` writes one), if set; else no key, and Listen
+	// only on loopback (README, "Trust model").
+	AuthKey []byte
+	// RevokeTimeout bounds how long MemH.Close waits for the peers that imported the
+	// region's key to acknowledge its revocation (0: DefaultRevokeTimeout).
+	RevokeTimeout time.Duration
 }
 
 // Context is a ucp_context_h: the UCX configuration and the memory registrations.
@@ -80,7 +94,11 @@ type Context struct {
 	protocol protocol.Config
 	workers  map[*Worker]struct{}
 	memhs    map[*MemH]struct{}
+	exports  map[uint64]*MemH // by key id, once packed
 	closed   bool
+	trust    *trust
+	// revokeTimeout is ContextParams.RevokeTimeout, resolved.
+	revokeTimeout time.Duration
 }
 
 // NewContext creates a UCX context; UCX reads its UCX_* environment variables here.
@@ -90,6 +108,20 @@ func NewContext(p ContextParams) (*Context, error) {
 	}
 	if p.EstimatedEndpoints < 0 {
 		return nil, opErr("init", ErrInvalidParam, "EstimatedEndpoints %d", p.EstimatedEndpoints)
+	}
+	if p.RevokeTimeout < 0 {
+		return nil, opErr("init", ErrInvalidParam, "RevokeTimeout %v", p.RevokeTimeout)
+	}
+	if p.RevokeTimeout == 0 {
+		p.RevokeTimeout = DefaultRevokeTimeout
+	}
+	key, err := loadAuthKey(p.AuthKey)
+	if err != nil {
+		return nil, opErr("init", err, "auth key")
+	}
+	tr, err := newTrust(key)
+	if err != nil {
+		return nil, opErr("init", err, "auth key")
 	}
 	proto, err := p.Protocol.Resolve()
 	if err != nil {
@@ -104,14 +136,19 @@ func NewContext(p ContextParams) (*Context, error) {
 		return nil, opErr("init", err, "features %#x config %v", uint64(p.Features), p.Config)
 	}
 	live.contexts.Add(1)
-	return &Context{
-		raw:      raw,
-		features: p.Features,
-		memTypes: raw.MemoryTypes(),
-		protocol: proto,
-		workers:  map[*Worker]struct{}{},
-		memhs:    map[*MemH]struct{}{},
-	}, nil
+	c := &Context{
+		raw:           raw,
+		features:      p.Features,
+		memTypes:      raw.MemoryTypes(),
+		protocol:      proto,
+		workers:       map[*Worker]struct{}{},
+		memhs:         map[*MemH]struct{}{},
+		exports:       map[uint64]*MemH{},
+		trust:         tr,
+		revokeTimeout: p.RevokeTimeout,
+	}
+	contexts.Store(tr.id, c)
+	return c, nil
 }
 
 // Features reports the features the context was created with.
@@ -151,6 +188,7 @@ func (c *Context) Close() error {
 		return opErr("cleanup", ErrClosed, "")
 	}
 	c.closed = true
+	contexts.Delete(c.trust.id)
 	workers := make([]*Worker, 0, len(c.workers))
 	for w := range c.workers {
 		workers = append(workers, w)
@@ -160,11 +198,16 @@ func (c *Context) Close() error {
 		memhs = append(memhs, m)
 	}
 	c.mu.Unlock()
+	// Importers are told their keys are revoked (best effort, nobody waits): once the
+	// workers are gone nothing of ours answers their puts any more.
+	for _, m := range memhs {
+		m.notifyRevoked()
+	}
 	for _, w := range workers {
 		_ = w.Close()
 	}
 	for _, m := range memhs {
-		_ = m.Close()
+		_ = m.release()
 	}
 	c.raw.Cleanup()
 	live.contexts.Add(-1)
@@ -190,6 +233,12 @@ type MemH struct {
 	memType MemoryType
 	pin     runtime.Pinner
 	closed  bool // under ctx.mu
+	// keyID names the region in its packed rkeys; importers are the peers that
+	// unpacked them (under ctx.mu). revoked: Close began, no new keys.
+	keyID     uint64
+	importers map[[idLen]byte]*importer
+	revoked   bool
+	dead      atomic.Bool // unmapped: Bytes is nil
 }
 
 // MemMap registers buf for RMA and zero-copy. buf stays pinned until Close: UCX keeps
@@ -243,6 +292,8 @@ func (c *Context) mapInto(m *MemH, addr unsafe.Pointer, length int, allocate boo
 		// UCX rounds an allocation up to whole pages; the region is what was asked
 		// for, so Bytes, Len and the rkey's range are exact.
 		m.raw, m.addr, m.length = raw, a, min(n, length)
+		m.keyID = newKeyID()
+		m.importers = map[[idLen]byte]*importer{}
 		c.memhs[m] = struct{}{}
 		live.memhs.Add(1)
 		return nil
@@ -258,33 +309,46 @@ func (m *MemH) Len() int { return m.length }
 // MemoryType is the type of the registered memory.
 func (m *MemH) MemoryType() MemoryType { return m.memType }
 
-// Bytes is the registered host memory as a slice (nil for device memory). The slice
-// is valid until Close.
+// Bytes is the registered host memory as a slice (nil for device memory, and once
+// Close released it). The slice is valid until Close.
 func (m *MemH) Bytes() []byte {
-	if m.memType != MemoryHost || m.addr == nil {
+	if m.memType != MemoryHost || m.addr == nil || m.dead.Load() {
 		return nil
 	}
 	return unsafe.Slice((*byte)(m.addr), m.length)
 }
 
-// PackRkey returns the remote key of the region in ucpx's wire form: the region's
-// address and length, UCX's packed rkey, and a checksum, so that a peer's UnpackRkey
-// rejects garbage instead of handing it to UCX.
+// PackRkey returns the remote key of the region in ucpx's wire form, sealed (README,
+// "Trust model"): the region's bounds and UCX's packed rkey, encrypted and
+// authenticated under the context's auth key and bound to this context's identity, so
+// a peer's UnpackRkey refuses what was forged, altered or replayed by another peer
+// instead of handing it to UCX. MemH.Close revokes it.
 func (m *MemH) PackRkey() ([]byte, error) {
 	m.ctx.mu.Lock()
 	defer m.ctx.mu.Unlock()
 	if m.closed || m.ctx.closed {
 		return nil, opErr("rkey_pack", ErrClosed, "")
 	}
+	if m.revoked {
+		return nil, opErr("rkey_pack", ErrRevoked, "Close is revoking the region")
+	}
 	packed, st := m.ctx.raw.RkeyPack(m.raw)
 	if err := statusErr(st); err != nil {
 		return nil, opErr("rkey_pack", err, "")
 	}
-	return encodeEnvelope(rkeyMagic, uint64(uintptr(m.addr)), uint64(m.length), packed), nil
+	m.ctx.exports[m.keyID] = m
+	t := m.ctx.trust
+	return sealRkey(t.seal, t.id, m.keyID, uint64(uintptr(m.addr)), uint64(m.length), packed), nil
 }
 
-// Close deregisters the memory (and frees it if UCX allocated it). Operations using
-// it must have completed. A second Close returns ErrClosed.
+// Close revokes the region's key and deregisters the memory (frees it if UCX
+// allocated it). Peers that unpacked the key are told; their later operations with it
+// fail with ErrRevoked, and the memory is released only once each acknowledged (after
+// flushing what it had in flight) or failed. A peer that does neither within
+// ContextParams.RevokeTimeout makes Close fail with an error matching ErrTimedOut that
+// names it: the memory then stays registered (Close again to retry; Context.Close
+// releases it regardless). Local operations using the memory must have completed. A
+// second Close after success returns ErrClosed.
 func (m *MemH) Close() error {
 	c := m.ctx
 	c.mu.Lock()
@@ -292,11 +356,63 @@ func (m *MemH) Close() error {
 		c.mu.Unlock()
 		return opErr("mem_unmap", ErrClosed, "")
 	}
+	m.revoked = true
+	c.mu.Unlock()
+	if left := m.revoke(c.revokeTimeout); len(left) > 0 {
+		names := make([]string, len(left))
+		for i, imp := range left {
+			names[i] = imp.String()
+		}
+		return opErr("mem_unmap", ErrTimedOut, "revoking the region's key: %s neither acknowledged nor failed within %v; the memory stays registered (Close again to retry)", strings.Join(names, ", "), c.revokeTimeout)
+	}
+	return m.release()
+}
+
+// notifyRevoked tells the region's importers that its key is revoked, without waiting.
+func (m *MemH) notifyRevoked() {
+	c := m.ctx
+	c.mu.Lock()
+	m.revoked = true
+	var peers [][idLen]byte
+	for p, imp := range m.importers {
+		if imp.local == nil {
+			peers = append(peers, p)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range peers {
+		if ep := c.anyEndpointTo(p); ep != nil {
+			ep.w.mu.Lock()
+			ep.sendControlLocked(ctlRevoke, m.keyID)
+			ep.w.mu.Unlock()
+		}
+	}
+}
+
+// release deregisters the memory.
+func (m *MemH) release() error {
+	c := m.ctx
+	c.mu.Lock()
+	if m.closed {
+		c.mu.Unlock()
+		return opErr("mem_unmap", ErrClosed, "")
+	}
 	m.closed = true
+	m.revoked = true
+	m.dead.Store(true)
 	delete(c.memhs, m)
+	delete(c.exports, m.keyID)
 	st := c.raw.MemUnmap(m.raw)
 	c.mu.Unlock()
 	m.pin.Unpin()
 	live.memhs.Add(-1)
 	return opErr("mem_unmap", statusErr(st), "")
+}
+
+func newKeyID() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return binary.LittleEndian.Uint64(b[:])
 }

@@ -38,6 +38,13 @@ type Endpoint struct {
 	recvs  map[*Request]struct{} // receives with RequestParam.Peer == this endpoint
 	// failureHooks run once the peer fails (OnFailure).
 	failureHooks []func(*Endpoint, error)
+	// peer is who the endpoint reaches, as authenticated by the handshake or the
+	// sealed worker address (peerKnown); UnpackRkey accepts only its keys.
+	peer      peerInfo
+	peerKnown bool
+	// rawClosed: the UCX endpoint was closed already (a watched peer died).
+	rawClosed bool
+	watch     *pidWatch // same-host peer watching, nil if none
 }
 
 func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
@@ -52,10 +59,14 @@ func (ep *Endpoint) Err() error {
 	return ep.err
 }
 
-func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string) *Endpoint {
+func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string, peer *peerInfo) *Endpoint {
 	ep := &Endpoint{w: w, raw: raw, name: name, owned: true, recvs: map[*Request]struct{}{}}
 	if p != nil {
 		ep.params = *p
+	}
+	if peer != nil {
+		ep.peer, ep.peerKnown = *peer, true
+		ep.peer.addr = nil
 	}
 	w.eps[raw.Ptr()] = ep
 	live.endpoints.Add(1)
@@ -85,9 +96,13 @@ func resolveTCP(addr string) ([]byte, int, error) {
 }
 
 // Connect creates a client endpoint to a listener at addr ("host:port") and waits
-// until the connection is established or fails (ctx bounds the wait). A port nobody
-// listens on gives an error that matches ErrPeerFailed (usually ErrConnectionReset or
-// ErrUnreachable). The peer's worker must be progressed meanwhile.
+// until the connection is established or fails (ctx bounds the wait). It first runs
+// the authenticated handshake over TCP (README, "Trust model"): a server that does not
+// hold this context's auth key, or requires one this context lacks, gives an error
+// matching ErrAuth, and nothing else was exchanged. Then the endpoint is created from
+// the server's worker address and wired up. A port nobody listens on gives an error
+// that matches ErrPeerFailed (usually ErrConnectionReset or ErrUnreachable). The
+// peer's worker must be progressed meanwhile.
 func (w *Worker) Connect(ctx context.Context, addr string, p *EndpointParams) (*Endpoint, error) {
 	ip, port, err := resolveTCP(addr)
 	if err != nil {
@@ -96,17 +111,34 @@ func (w *Worker) Connect(ctx context.Context, addr string, p *EndpointParams) (*
 	if port == 0 {
 		return nil, opErr("ep_create", ErrInvalidAddr, "connect %s: port 0", addr)
 	}
+	self, err := w.selfInfo()
+	if err != nil {
+		return nil, opErr("ep_create", err, "connect %s", addr)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(net.IP(ip).String(), strconv.Itoa(port)))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, opErr("ep_create", ctx.Err(), "connect %s", addr)
+		}
+		return nil, opErr("ep_create", fmt.Errorf("%v: %w", err, ErrConnectionReset), "connect %s", addr)
+	}
+	peer, err := w.clientHandshake(ctx, conn, &self)
+	_ = conn.Close()
+	if err != nil {
+		return nil, opErr("ep_create", err, "connect %s", addr)
+	}
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()
 		return nil, opErr("ep_create", ErrClosed, "connect %s", addr)
 	}
-	raw, st := w.raw.ConnectSockaddr(ip, port, p == nil || !p.NoPeerErrorHandling)
+	raw, st := w.raw.ConnectAddress(peer.addr, p == nil || !p.NoPeerErrorHandling)
 	if err := statusErr(st); err != nil {
 		w.mu.Unlock()
 		return nil, opErr("ep_create", err, "connect %s", addr)
 	}
-	ep := w.addEndpointLocked(raw, p, addr)
+	ep := w.addEndpointLocked(raw, p, addr, &peer)
 	w.mu.Unlock()
 
 	// A flush completes once wire-up has finished, or fails if the peer is not there.
@@ -118,26 +150,68 @@ func (w *Worker) Connect(ctx context.Context, addr string, p *EndpointParams) (*
 		_ = ep.closeWith(true, time.Second)
 		return nil, opErr("ep_create", err, "connect %s", addr)
 	}
+	ep.startWatch()
 	return ep, nil
 }
 
-// ConnectAddress creates an endpoint to a worker address obtained from the peer's
-// Worker.Address. Bytes that are not such an address give ErrInvalidAddr.
-func (w *Worker) ConnectAddress(addr []byte, p *EndpointParams) (*Endpoint, error) {
-	_, _, payload, ok := decodeEnvelope(addressMagic, addr)
+// clientHandshake runs the client's side of the handshake on conn within ctx.
+func (w *Worker) clientHandshake(ctx context.Context, conn net.Conn, self *peerInfo) (peerInfo, error) {
+	deadline, ok := ctx.Deadline()
 	if !ok {
-		return nil, opErr("ep_create", ErrInvalidAddr, "worker address of %d bytes is not a ucpx worker address", len(addr))
+		deadline = time.Now().Add(handshakeTimeout)
 	}
+	_ = conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	h := &handshake{t: w.ctx.trust, rw: conn}
+	peer, err := h.client(self)
+	if err == nil {
+		err = h.readDecision()
+	}
+	if err != nil && ctx.Err() != nil {
+		return peerInfo{}, fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return peer, err
+}
+
+// selfInfo is what the handshake and Address tell peers about this worker.
+func (w *Worker) selfInfo() (peerInfo, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
+		return peerInfo{}, ErrClosed
+	}
+	a, st := w.raw.Address()
+	if err := statusErr(st); err != nil {
+		return peerInfo{}, err
+	}
+	t := w.ctx.trust
+	return peerInfo{id: t.id, pid: t.pid, boot: t.boot, addr: a}, nil
+}
+
+// ConnectAddress creates an endpoint to a worker address obtained from the peer's
+// Worker.Address. Bytes that are not such an address give ErrInvalidAddr; an address
+// sealed under another auth key (or forged, or altered) also matches ErrAuth. Nothing
+// unsealed reaches UCX.
+func (w *Worker) ConnectAddress(addr []byte, p *EndpointParams) (*Endpoint, error) {
+	peer, err := openAddress(w.ctx.trust.seal, addr)
+	if err != nil {
+		return nil, opErr("ep_create", fmt.Errorf("%w: %w", ErrInvalidAddr, err), "worker address of %d bytes", len(addr))
+	}
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
 		return nil, opErr("ep_create", ErrClosed, "")
 	}
-	raw, st := w.raw.ConnectAddress(payload, p == nil || !p.NoPeerErrorHandling)
+	raw, st := w.raw.ConnectAddress(peer.addr, p == nil || !p.NoPeerErrorHandling)
 	if err := statusErr(st); err != nil {
+		w.mu.Unlock()
 		return nil, opErr("ep_create", err, "worker address")
 	}
-	return w.addEndpointLocked(raw, p, "worker-address"), nil
+	ep := w.addEndpointLocked(raw, p, "worker-address", &peer)
+	w.mu.Unlock()
+	ep.startWatch()
+	return ep, nil
 }
 
 // usableLocked returns the error an operation on ep must fail with, if any.
@@ -207,18 +281,33 @@ func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
 	if ep.closed || w.closed.Load() {
 		return nil, opErr("ep_close_nbx", ErrClosed, "%s", ep)
 	}
-	if ep.err != nil {
+	if force && ep.owned && ep.params.NoPeerErrorHandling && ep.err == nil {
+		// UCX refuses force mode without peer error handling (and would leave the
+		// endpoint open): refuse it here, before anything changes.
+		return nil, opErr("ep_close_nbx", ErrInvalidParam, "%s: force close needs peer error handling (EndpointParams.NoPeerErrorHandling is set); close in flush mode", ep)
+	}
+	if ep.err != nil && !ep.params.NoPeerErrorHandling {
 		force = true // UCX requires force mode on a failed endpoint
 	}
 	ep.markClosedLocked()
-	if !ep.owned {
+	if !ep.owned || ep.rawClosed {
 		return completedRequest, nil
 	}
+	if ep.err != nil && ep.params.NoPeerErrorHandling {
+		// A watched peer died: nothing answers a flush, and UCX refuses force mode
+		// here. The worker's destruction releases the UCX endpoint.
+		ep.rawClosed = true
+		return completedRequest, nil
+	}
+	ep.rawClosed = true
 	return w.postLocked("ep_close_nbx", w.raw.Close(ep.raw, force), &defaultParam, nil)
 }
 
 func (ep *Endpoint) markClosedLocked() {
 	ep.closed = true
+	if ep.watch != nil {
+		ep.watch.stop()
+	}
 	delete(ep.w.eps, ep.raw.Ptr())
 	if ep.owned {
 		live.endpoints.Add(-1)
@@ -257,8 +346,13 @@ func (ep *Endpoint) forceCloseLocked() {
 		return
 	}
 	ep.markClosedLocked()
-	if ep.owned {
-		_, _ = ep.w.postLocked("ep_close_nbx", ep.w.raw.Close(ep.raw, true), &defaultParam, nil)
+	if ep.owned && !ep.rawClosed {
+		ep.rawClosed = true
+		// Without peer error handling UCX refuses force mode; the worker's destruction,
+		// which follows, releases such an endpoint.
+		if !ep.params.NoPeerErrorHandling {
+			_, _ = ep.w.postLocked("ep_close_nbx", ep.w.raw.Close(ep.raw, true), &defaultParam, nil)
+		}
 	}
 }
 

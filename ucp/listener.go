@@ -2,71 +2,128 @@ package ucp
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
-
-	"github.com/ucpx/ucpx/cgo/ucx"
 )
+
+// The listener is a Go TCP listener, not UCX's sockaddr listener: a connecting peer
+// first proves it holds the context's auth key (the handshake in auth.go), and only
+// then are worker addresses exchanged and endpoints created from them. A peer without
+// the key never reaches UCX with a byte it chose.
 
 // ListenerParams configures Listen.
 type ListenerParams struct {
-	// ConnHandler, if set, receives each connection request on the goroutine that drove
-	// progress (without worker locks held); it must Accept or Reject it. Without a
-	// handler, requests queue for Listener.Accept.
+	// ConnHandler, if set, receives each authenticated connection request on a
+	// goroutine of the listener (without worker locks held); it must Accept or Reject
+	// it. Without a handler, requests queue for Listener.Accept.
 	ConnHandler func(*ConnRequest)
+	// AllowUnauthenticated lets a context without an auth key listen on an address
+	// that is not loopback: then anyone who can reach the port can connect, and use
+	// every rkey this process hands out. Without it such a Listen fails.
+	AllowUnauthenticated bool
 }
 
-// Listener is a ucp_listener_h accepting client-server connections on a socket address.
+const (
+	// handshakeTimeout bounds a server-side handshake (and a client's without a ctx
+	// deadline): a peer that stalls is dropped.
+	handshakeTimeout = 10 * time.Second
+	// maxHandshakes bounds the handshakes in progress per listener, and maxBacklog the
+	// authenticated requests waiting for Accept; connections beyond are closed.
+	maxHandshakes = 64
+	maxBacklog    = 128
+)
+
+// Listener accepts authenticated client-server connections on a TCP address.
 type Listener struct {
 	w       *Worker
-	raw     *ucx.Listener
-	arg     *ucx.CallbackArg
+	ln      net.Listener
 	id      uint64
 	port    int
 	handler func(*ConnRequest)
+	slots   chan struct{} // handshakes in progress
+	// conns are the connections in a handshake (under cmu), closed by Close.
+	cmu   sync.Mutex
+	conns map[net.Conn]struct{}
+	// nref counts connections dropped before their peer proved the key.
+	nref counter
+	wg   sync.WaitGroup
 	// Under w.mu.
 	backlog []*ConnRequest
 	closed  bool
 }
 
-// ConnRequest is a pending connection from a client (ucp_conn_request_h).
+type counter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *counter) add() {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+}
+
+func (c *counter) get() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// ConnRequest is a pending, authenticated connection from a client.
 type ConnRequest struct {
 	l    *Listener
-	raw  *ucx.ConnRequest
+	conn net.Conn
+	h    *handshake
+	peer peerInfo
 	done bool // under l.w.mu
 }
 
-// Listen creates a listener on addr ("host:port"; port 0 picks a free port).
+// Listen creates a listener on addr ("host:port"; port 0 picks a free port). Without
+// an auth key (ContextParams.AuthKey, UCPX_AUTH_KEY_FILE) only loopback addresses are
+// allowed, unless p.AllowUnauthenticated.
 func (w *Worker) Listen(addr string, p *ListenerParams) (*Listener, error) {
 	ip, port, err := resolveTCP(addr)
 	if err != nil {
 		return nil, opErr("listener_create", err, "listen %s", addr)
 	}
+	if p == nil {
+		p = &ListenerParams{}
+	}
+	if !w.ctx.trust.keyed && !net.IP(ip).IsLoopback() && !p.AllowUnauthenticated {
+		return nil, opErr("listener_create", ErrInvalidParam,
+			"listen %s: without an auth key anyone who reaches this address could connect and use this process's memory; "+
+				"set ContextParams.AuthKey or %s (`ucpx keygen` writes a key file), listen on 127.0.0.1, "+
+				"or set ListenerParams.AllowUnauthenticated to accept that", addr, AuthKeyFileEnv)
+	}
+	w.mu.Lock()
+	if w.closed.Load() {
+		w.mu.Unlock()
+		return nil, opErr("listener_create", ErrClosed, "listen %s", addr)
+	}
+	w.mu.Unlock()
+	ln, err := net.Listen("tcp", net.JoinHostPort(net.IP(ip).String(), strconv.Itoa(port)))
+	if err != nil {
+		return nil, opErr("listener_create", fmt.Errorf("%v: %w", err, ErrIO), "listen %s", addr)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
+		_ = ln.Close()
 		return nil, opErr("listener_create", ErrClosed, "listen %s", addr)
 	}
 	w.nextID++
-	l := &Listener{w: w, id: w.nextID}
-	if p != nil {
-		l.handler = p.ConnHandler
-	}
-	l.arg = w.raw.NewCallbackArg(l.id)
-	raw, st := w.raw.Listen(ip, port, l.arg)
-	if err := statusErr(st); err != nil {
-		l.arg.Free()
-		return nil, opErr("listener_create", err, "listen %s", addr)
-	}
-	l.raw = raw
-	if l.port, st = raw.Port(); st != ucx.OK {
-		raw.Destroy()
-		l.arg.Free()
-		return nil, opErr("listener_query", statusErr(st), "listen %s", addr)
+	l := &Listener{
+		w: w, ln: ln, id: w.nextID, port: ln.Addr().(*net.TCPAddr).Port, handler: p.ConnHandler,
+		slots: make(chan struct{}, maxHandshakes), conns: map[net.Conn]struct{}{},
 	}
 	w.listeners[l.id] = l
 	live.listeners.Add(1)
+	l.wg.Add(1)
+	go l.serve()
 	return l, nil
 }
 
@@ -76,18 +133,91 @@ func (l *Listener) Port() int { return l.port }
 // Addr is "host:port" for clients on this machine to connect to.
 func (l *Listener) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(l.port)) }
 
-func (l *Listener) deliverLocked(raw *ucx.ConnRequest) {
-	r := &ConnRequest{l: l, raw: raw}
-	if l.handler != nil {
-		h := l.handler
-		l.w.deferred = append(l.w.deferred, func() { h(r) })
-		return
+// Refused is how many connections were dropped before their peer proved it holds the
+// auth key (or because too many handshakes were in progress).
+func (l *Listener) Refused() int { return l.nref.get() }
+
+func (l *Listener) serve() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // closed
+		}
+		select {
+		case l.slots <- struct{}{}:
+		default:
+			l.nref.add()
+			_ = c.Close()
+			continue
+		}
+		l.cmu.Lock()
+		l.conns[c] = struct{}{}
+		l.cmu.Unlock()
+		l.wg.Add(1)
+		go func() {
+			r := l.handshake(c)
+			l.wg.Done() // before the handler: it may close the listener
+			if r != nil {
+				l.handler(r)
+			}
+		}()
 	}
-	l.backlog = append(l.backlog, r)
 }
 
-// Accept drives the worker's progress until a connection request arrives (when the
-// listener has no ConnHandler), then accepts it.
+func (l *Listener) forget(c net.Conn) {
+	l.cmu.Lock()
+	delete(l.conns, c)
+	l.cmu.Unlock()
+}
+
+// handshake authenticates one connection and queues its request, or returns it for
+// the listener's handler.
+func (l *Listener) handshake(c net.Conn) *ConnRequest {
+	defer func() { <-l.slots }()
+	self, err := l.w.selfInfo()
+	if err != nil {
+		l.forget(c)
+		_ = c.Close()
+		return nil
+	}
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	h := &handshake{t: l.w.ctx.trust, rw: c}
+	peer, err := h.server(&self)
+	if err != nil {
+		if errors.Is(err, ErrAuth) {
+			l.nref.add()
+		}
+		l.forget(c)
+		_ = c.Close()
+		return nil
+	}
+	// The client waits for the decision as long as its own deadline allows.
+	_ = c.SetDeadline(time.Time{})
+	r := &ConnRequest{l: l, conn: c, h: h, peer: peer}
+	w := l.w
+	w.mu.Lock()
+	if l.closed || w.closed.Load() || l.handler == nil && len(l.backlog) >= maxBacklog {
+		w.mu.Unlock()
+		_ = r.finish(false)
+		return nil
+	}
+	if l.handler != nil {
+		w.mu.Unlock()
+		return r
+	}
+	l.backlog = append(l.backlog, r)
+	w.mu.Unlock()
+	_ = w.Signal() // wake an Accept parked on the event fd
+	return nil
+}
+
+// Accept drives the worker's progress until an authenticated connection request
+// arrives (when the listener has no ConnHandler), then accepts it.
 func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, error) {
 	w := l.w
 	for {
@@ -121,66 +251,93 @@ func (r *ConnRequest) RemoteAddr() (string, error) {
 	if r.done {
 		return "", opErr("conn_request_query", ErrClosed, "")
 	}
-	ip, port, st := r.raw.RemoteAddr()
-	if err := statusErr(st); err != nil {
-		return "", opErr("conn_request_query", err, "")
-	}
-	return net.JoinHostPort(net.IP(ip).String(), strconv.Itoa(port)), nil
+	return r.conn.RemoteAddr().String(), nil
 }
 
-// Accept creates the server-side endpoint for the request.
+// finish tells the client the decision and drops the connection.
+func (r *ConnRequest) finish(accept bool) error {
+	_ = r.conn.SetDeadline(time.Now().Add(handshakeTimeout))
+	err := r.h.writeDecision(accept)
+	r.l.forget(r.conn)
+	_ = r.conn.Close()
+	return err
+}
+
+// Accept creates the server-side endpoint for the request (from the client's
+// authenticated worker address) and tells the client.
 func (r *ConnRequest) Accept(p *EndpointParams) (*Endpoint, error) {
 	w := r.l.w
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if r.done || w.closed.Load() {
+		w.mu.Unlock()
 		return nil, opErr("ep_create", ErrClosed, "conn request already handled")
 	}
 	r.done = true
-	raw, st := w.raw.Accept(r.raw, p == nil || !p.NoPeerErrorHandling)
+	raw, st := w.raw.ConnectAddress(r.peer.addr, p == nil || !p.NoPeerErrorHandling)
 	if err := statusErr(st); err != nil {
+		w.mu.Unlock()
+		_ = r.finish(false)
 		return nil, opErr("ep_create", err, "accept")
 	}
-	return w.addEndpointLocked(raw, p, "accepted"), nil
+	ep := w.addEndpointLocked(raw, p, "accepted "+r.conn.RemoteAddr().String(), &r.peer)
+	w.mu.Unlock()
+	if err := r.finish(true); err != nil {
+		_ = ep.closeWith(true, time.Second)
+		return nil, opErr("ep_create", err, "accept: the client left")
+	}
+	ep.startWatch()
+	return ep, nil
 }
 
-// Reject refuses the request; the client's Connect fails.
+// Reject refuses the request; the client's Connect fails with ErrRejected.
 func (r *ConnRequest) Reject() error {
 	w := r.l.w
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if r.done || r.l.closed || w.closed.Load() {
+		w.mu.Unlock()
 		return opErr("listener_reject", ErrClosed, "")
 	}
 	r.done = true
-	return opErr("listener_reject", statusErr(r.l.raw.Reject(r.raw)), "")
+	w.mu.Unlock()
+	_ = r.finish(false)
+	return nil
 }
 
+// destroyLocked stops listening and drops queued requests and handshakes in progress;
+// the goroutines end on their own.
 func (l *Listener) destroyLocked() {
 	if l.closed {
 		return
 	}
 	l.closed = true
+	_ = l.ln.Close()
 	for _, r := range l.backlog {
 		if !r.done {
 			r.done = true
-			l.raw.Reject(r.raw)
+			l.forget(r.conn)
+			_ = r.conn.Close()
 		}
 	}
 	l.backlog = nil
-	l.raw.Destroy()
-	l.arg.Free()
+	l.cmu.Lock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.cmu.Unlock()
 	delete(l.w.listeners, l.id)
 	live.listeners.Add(-1)
 }
 
-// Close stops listening; queued requests are rejected. A second Close returns ErrClosed.
+// Close stops listening; queued requests are dropped (their clients' Connect fails).
+// A second Close returns ErrClosed.
 func (l *Listener) Close() error {
 	l.w.mu.Lock()
-	defer l.w.mu.Unlock()
 	if l.closed || l.w.closed.Load() {
+		l.w.mu.Unlock()
 		return opErr("listener_destroy", ErrClosed, "")
 	}
 	l.destroyLocked()
+	l.w.mu.Unlock()
+	l.wg.Wait()
 	return nil
 }

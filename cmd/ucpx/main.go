@@ -7,6 +7,7 @@
 //	ucpx trace summarize FILE    per-phase percentiles of a trace (UCPX_TRACE=FILE)
 //	ucpx launch -n N -- cmd      start N local ranks of a job (UCPX_RANK, UCPX_SIZE, UCPX_RENDEZVOUS)
 //	ucpx demo-ring [flags]       one rank of a checksummed ring allgather (under launch)
+//	ucpx keygen [-o FILE]        write an auth key file for UCPX_AUTH_KEY_FILE
 //	ucpx help [command]          usage
 //
 // perf and demo start their peer by re-executing this binary with a hidden
@@ -44,6 +45,7 @@ func init() {
 		{name: "trace", summary: "summarize a trace of conditioned operations: ucpx trace summarize FILE (UCPX_TRACE=FILE writes one)", run: runTrace},
 		{name: "launch", summary: "start N local ranks of a command with UCPX_RANK/UCPX_SIZE/UCPX_RENDEZVOUS set: ucpx launch -n N -- cmd", run: runLaunch},
 		{name: "demo-ring", summary: "one rank of a checksummed ring allgather (run it under ucpx launch)", run: runDemoRing},
+		{name: "keygen", summary: "write a new auth key file (ucpx keygen -o FILE); processes read it through UCPX_AUTH_KEY_FILE", run: runKeygen},
 		{name: "perf-peer", hidden: true, run: runPerfPeer},
 		{name: "demo-peer", hidden: true, run: runDemoPeer},
 	}

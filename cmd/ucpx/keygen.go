@@ -1,0 +1,29 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// runKeygen writes a new auth key file (hex, mode 0600) for UCPX_AUTH_KEY_FILE.
+func runKeygen(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("keygen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("o", "ucpx.key", "key file to create (refuses to overwrite)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	key, err := ucp.GenerateAuthKey()
+	if err == nil {
+		err = ucp.WriteAuthKeyFile(*out, key)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "ucpx keygen:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s (%d-byte key); every process of the job: export %s=%s\n", *out, len(key), ucp.AuthKeyFileEnv, *out)
+	return 0
+}

@@ -1,0 +1,405 @@
+package ucp
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Revocation. Each exported region has a random key id sealed into its packed rkeys.
+// An importer tells the exporter when it unpacks a key (and when it closes it); the
+// exporter's MemH.Close revokes: every importer marks its Rkeys revoked (later use
+// fails at the call with ErrRevoked), flushes the endpoint the key was used on (so no
+// put is still on its way) and acknowledges. The memory is unmapped only after every
+// importer acknowledged or died; a peer that does neither within RevokeTimeout keeps
+// the memory registered, and Close says which peer it was.
+//
+// The messages are active messages on RevokeAM, sealed like rkeys. Importers in this
+// process are handled directly, without messages.
+
+// RevokeAM is the active-message id ucpx reserves for revocation; SetAmHandler refuses it.
+const RevokeAM = 0xfffd
+
+// DefaultRevokeTimeout bounds how long MemH.Close waits for importers of its key.
+const DefaultRevokeTimeout = 2 * time.Second
+
+const (
+	ctlImport  = 1 // importer -> exporter: a key was unpacked
+	ctlRelease = 2 // importer -> exporter: the key's last Rkey was closed
+	ctlRevoke  = 3 // exporter -> importer: the key is revoked
+	ctlAck     = 4 // importer -> exporter: revoked keys are unusable and flushed
+	ctlLen     = 1 + 8
+)
+
+// contexts is every open context of this process by identity: importers here are
+// revoked directly.
+var contexts sync.Map // [idLen]byte -> *Context
+
+// importer is one peer (context) that holds unpacked rkeys of a MemH.
+type importer struct {
+	peer  [idLen]byte
+	local *Context // the importer's context, if in this process
+	w     *Worker  // the exporter's worker the notice came through
+	count int      // Rkeys unpacked and not closed (as far as we know)
+	acked bool
+}
+
+func (i *importer) String() string { return "peer " + hex.EncodeToString(i.peer[:8]) }
+
+func encodeControl(typ byte, keyID uint64) []byte {
+	b := make([]byte, ctlLen)
+	b[0] = typ
+	binary.LittleEndian.PutUint64(b[1:], keyID)
+	return b
+}
+
+// decodeControl opens a revocation message; anything else is ErrInvalidParam/ErrAuth.
+func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, keyID uint64, err error) {
+	sender, plain, err := s.open(controlMagic, header)
+	if err != nil {
+		return sender, 0, 0, err
+	}
+	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlAck {
+		return sender, 0, 0, fmt.Errorf("control message of %d bytes: %w", len(plain), ErrInvalidParam)
+	}
+	return sender, plain[0], binary.LittleEndian.Uint64(plain[1:]), nil
+}
+
+// sendControlLocked posts a revocation message on ep without waiting for it.
+func (ep *Endpoint) sendControlLocked(typ byte, keyID uint64) {
+	if ep.usableLocked("am_send_nbx") != nil || ep.w.ctx.features&FeatureAM == 0 {
+		return // without active messages, peers in other processes are not told
+	}
+	w := ep.w
+	h := w.ctx.trust.seal.seal(controlMagic, w.ctx.trust.id, encodeControl(typ, keyID))
+	ptr := w.raw.AmSend(ep.raw, RevokeAM, bufPtr(h), len(h), nil, 0, 0, 0, -1, nil)
+	_, _ = w.postLocked("am_send_nbx", ptr, &defaultParam, nil, bufPtr(h))
+}
+
+// onControl handles a revocation message (the internal handler of RevokeAM).
+func (w *Worker) onControl(msg *AmMessage) {
+	sender, typ, keyID, err := decodeControl(w.ctx.trust.seal, msg.Header)
+	if err != nil {
+		return // not from a key holder: dropped
+	}
+	switch typ {
+	case ctlImport:
+		w.ctx.noteImport(w, sender, nil, keyID)
+	case ctlRelease:
+		w.ctx.noteRelease(sender, keyID)
+	case ctlAck:
+		w.ctx.noteAck(sender, keyID)
+	case ctlRevoke:
+		w.revokeImported(sender, keyID, nil)
+	}
+}
+
+// noteImport records that peer unpacked the key keyID; a key already revoked is
+// revoked again at once.
+func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID uint64) {
+	c.mu.Lock()
+	m := c.exports[keyID]
+	if m == nil {
+		c.mu.Unlock()
+		if local == nil {
+			if ep := w.endpointTo(peer); ep != nil {
+				w.mu.Lock()
+				ep.sendControlLocked(ctlRevoke, keyID)
+				w.mu.Unlock()
+			}
+		}
+		return
+	}
+	imp := m.importers[peer]
+	if imp == nil {
+		imp = &importer{peer: peer, local: local, w: w}
+		m.importers[peer] = imp
+	}
+	imp.count++
+	c.mu.Unlock()
+}
+
+func (c *Context) noteRelease(peer [idLen]byte, keyID uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := c.exports[keyID]; m != nil {
+		if imp := m.importers[peer]; imp != nil {
+			if imp.count--; imp.count <= 0 {
+				delete(m.importers, peer)
+			}
+		}
+	}
+}
+
+func (c *Context) noteAck(peer [idLen]byte, keyID uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := c.exports[keyID]; m != nil {
+		if imp := m.importers[peer]; imp != nil {
+			imp.acked = true
+		}
+	}
+}
+
+// endpointTo finds an open endpoint of w whose authenticated peer is peer.
+func (w *Worker) endpointTo(peer [idLen]byte) *Endpoint {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ep := range w.eps {
+		if ep.peerKnown && ep.peer.id == peer && ep.usableLocked("") == nil {
+			return ep
+		}
+	}
+	return nil
+}
+
+// peerDead reports whether every endpoint of c to peer failed (or was watched dying).
+func (c *Context) peerDead(peer [idLen]byte) bool {
+	c.mu.Lock()
+	workers := make([]*Worker, 0, len(c.workers))
+	for w := range c.workers {
+		workers = append(workers, w)
+	}
+	c.mu.Unlock()
+	seen, dead := false, true
+	for _, w := range workers {
+		w.mu.Lock()
+		for _, ep := range w.eps {
+			if ep.peerKnown && ep.peer.id == peer {
+				seen = true
+				if ep.err == nil {
+					dead = false
+				}
+			}
+		}
+		w.mu.Unlock()
+	}
+	return seen && dead
+}
+
+// revokeImported makes this worker's Rkeys of (exporter, keyID) unusable, flushes the
+// endpoints they were used on, then acknowledges: through ack for an exporter in this
+// process, else with a message on the Rkey's endpoint.
+func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) {
+	w.mu.Lock()
+	var eps []*Endpoint
+	for rk := range w.rkeys {
+		if rk.exporter == exporter && rk.keyID == keyID && !rk.revoked {
+			rk.revoked = true
+			eps = append(eps, rk.ep)
+		}
+	}
+	w.mu.Unlock()
+	if len(eps) == 0 && ack == nil {
+		// Nothing here (closed already): still acknowledge, so the exporter does not
+		// wait for us.
+		if ep := w.endpointTo(exporter); ep != nil {
+			w.mu.Lock()
+			ep.sendControlLocked(ctlAck, keyID)
+			w.mu.Unlock()
+		}
+		return
+	}
+	var mu sync.Mutex
+	left := len(eps)
+	done := func(ep *Endpoint) {
+		mu.Lock()
+		left--
+		last := left <= 0
+		mu.Unlock()
+		if !last {
+			return
+		}
+		if ack != nil {
+			ack()
+			return
+		}
+		w.mu.Lock()
+		ep.sendControlLocked(ctlAck, keyID)
+		w.mu.Unlock()
+	}
+	if len(eps) == 0 {
+		ack()
+		return
+	}
+	for _, ep := range eps {
+		ep := ep
+		r, err := ep.FlushNbx(&RequestParam{Callback: func(*Request) { done(ep) }})
+		if err != nil || r.Done() {
+			done(ep) // failed or closed endpoint: nothing can be in flight on it
+		}
+	}
+}
+
+// revoke tells every importer of m that its key is revoked and waits (progressing
+// this context's workers, and importers' in this process) until each acknowledged or
+// died, or timeout passed; it returns the importers that did neither.
+func (m *MemH) revoke(timeout time.Duration) []*importer {
+	c := m.ctx
+	c.mu.Lock()
+	imps := make([]*importer, 0, len(m.importers))
+	for _, imp := range m.importers {
+		if !imp.acked {
+			imps = append(imps, imp)
+		}
+	}
+	c.mu.Unlock()
+	if len(imps) == 0 {
+		return nil
+	}
+	var workers []*Worker
+	for _, imp := range imps {
+		imp := imp
+		if imp.local != nil {
+			imp.local.mu.Lock()
+			var ws []*Worker
+			for w := range imp.local.workers {
+				ws = append(ws, w)
+			}
+			imp.local.mu.Unlock()
+			workers = append(workers, ws...)
+			var mu sync.Mutex
+			left := len(ws)
+			ack := func() {
+				mu.Lock()
+				left--
+				last := left == 0
+				mu.Unlock()
+				if last {
+					c.noteAck(imp.peer, m.keyID)
+				}
+			}
+			if len(ws) == 0 {
+				c.noteAck(imp.peer, m.keyID)
+			}
+			for _, w := range ws {
+				w.revokeImported(c.trust.id, m.keyID, ack)
+			}
+			continue
+		}
+		ep := imp.w.endpointTo(imp.peer)
+		if ep == nil {
+			ep = c.anyEndpointTo(imp.peer)
+		}
+		if ep != nil {
+			ep.w.mu.Lock()
+			ep.sendControlLocked(ctlRevoke, m.keyID)
+			ep.w.mu.Unlock()
+		}
+	}
+	c.mu.Lock()
+	for w := range c.workers {
+		workers = append(workers, w)
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		var left []*importer
+		c.mu.Lock()
+		for _, imp := range imps {
+			if !imp.acked && m.importers[imp.peer] == imp {
+				left = append(left, imp)
+			}
+		}
+		c.mu.Unlock()
+		var alive []*importer
+		for _, imp := range left {
+			if imp.local != nil && imp.local.isClosed() || imp.local == nil && c.peerDead(imp.peer) {
+				continue
+			}
+			alive = append(alive, imp)
+		}
+		if len(alive) == 0 || ctx.Err() != nil {
+			return alive
+		}
+		n := 0
+		for _, w := range workers {
+			n += w.Progress()
+		}
+		if n == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+func (c *Context) anyEndpointTo(peer [idLen]byte) *Endpoint {
+	c.mu.Lock()
+	workers := make([]*Worker, 0, len(c.workers))
+	for w := range c.workers {
+		workers = append(workers, w)
+	}
+	c.mu.Unlock()
+	for _, w := range workers {
+		if ep := w.endpointTo(peer); ep != nil {
+			return ep
+		}
+	}
+	return nil
+}
+
+func (c *Context) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// unpackRkey is UnpackRkey: open the sealed key, check it was packed by ep's peer,
+// unpack it in UCX, and tell the exporter who holds it.
+func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
+	const op = "ep_rkey_unpack"
+	w := ep.w
+	k, err := openRkey(w.ctx.trust.seal, packed)
+	if err != nil {
+		return nil, opErr(op, err, "%d bytes", len(packed))
+	}
+	w.mu.Lock()
+	if err := ep.usableLocked(op); err != nil {
+		w.mu.Unlock()
+		return nil, err
+	}
+	if !ep.peerKnown {
+		w.mu.Unlock()
+		return nil, opErr(op, ErrAuth, "%s has no authenticated peer (a reply endpoint): unpack on an endpoint made by Connect, Accept or ConnectAddress", ep)
+	}
+	if k.sender != ep.peer.id {
+		w.mu.Unlock()
+		return nil, opErr(op, ErrAuth, "the key was packed by %x, not by %s's peer %x", k.sender[:8], ep, ep.peer.id[:8])
+	}
+	raw, st := ep.raw.RkeyUnpack(k.payload)
+	if err := statusErr(st); err != nil {
+		w.mu.Unlock()
+		return nil, opErr(op, err, "")
+	}
+	live.rkeys.Add(1)
+	rk := &Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}
+	w.rkeys[rk] = struct{}{}
+	local, _ := contexts.Load(k.sender)
+	if local == nil {
+		ep.sendControlLocked(ctlImport, k.keyID)
+	}
+	w.mu.Unlock()
+	if local != nil {
+		local.(*Context).noteImport(w, w.ctx.trust.id, w.ctx, k.keyID)
+	}
+	return rk, nil
+}
+
+// releasedLocked tells the exporter that an Rkey of its key was closed.
+func (r *Rkey) releasedLocked() {
+	w := r.ep.w
+	if r.revoked {
+		return
+	}
+	if local, ok := contexts.Load(r.exporter); ok {
+		c := local.(*Context)
+		me := w.ctx.trust.id
+		// Not under w.mu: the exporter takes its own locks.
+		w.deferred = append(w.deferred, func() { c.noteRelease(me, r.keyID) })
+		return
+	}
+	r.ep.sendControlLocked(ctlRelease, r.keyID)
+}
