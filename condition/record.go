@@ -74,6 +74,14 @@ func (c *Condition) recordableLocked(ev streamcore.Event) error {
 		// its WaitNode); a kernel-triggered one has no stream of the library's.
 		return fmt.Errorf("record event on a %v condition (only stream conditions have a stream): %w", c.category, ErrInvalidParam)
 	}
+	// Under stream capture the wait would name a sequence number a relaunched graph
+	// never sees again; captured operations complete inside their graph.
+	if capturing, err := c.stream.Capturing(); err != nil || capturing {
+		if err != nil {
+			return fmt.Errorf("record event: %w", err)
+		}
+		return fmt.Errorf("record event while the stream captures a graph (record it in the graph after the operation): %w", ErrInvalidParam)
+	}
 	return nil
 }
 

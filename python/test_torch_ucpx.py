@@ -95,10 +95,11 @@ def event_handle(ev):
 
 
 def rank_main(rank, wire):
-    import torch
-
+    # libucpx.so first: a Go shared library needs a little static TLS, which a process
+    # that has loaded PyTorch's many libraries may have used up for late dlopens.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import ucpx
+    import torch
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
