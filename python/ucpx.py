@@ -18,6 +18,10 @@ tensor.nbytes, and its stream as torch.cuda.current_stream().cuda_stream:
     req.record_event(ev.cuda_event)           # ready only once t holds the message
     other_stream.wait_event(ev)               # any stream may wait on it
 
+Import ucpx before torch where you can: libucpx.so is a Go shared library, which needs
+a little static TLS that a process with PyTorch's many libraries loaded may have used up
+(dlopen then fails with "cannot allocate memory in static TLS block").
+
 Errors raise ucpx.Error, whose .code is the ucpx_status value and whose message is
 ucpx_last_error's. Every call is safe from any thread.
 """

@@ -178,6 +178,13 @@ func TestGPURecordEventForeignStream(t *testing.T) {
 		require.NoError(t, host.Close())
 	}
 	require.NoError(t, cond.Err())
+	// Under capture the wait would name a sequence number a relaunched graph never sees.
+	cs, _ := stream.CUDAStream(s)
+	require.NoError(t, cs.BeginCapture(cuda.CaptureRelaxed))
+	require.ErrorIs(t, cond.RecordEvent(ev), ucp.ErrInvalidParam)
+	captured, err := cs.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, captured.Close())
 	hs, err := streamenv.HostBackend(t).NewStream()
 	require.NoError(t, err)
 	defer hs.Close()
