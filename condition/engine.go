@@ -56,7 +56,8 @@ type Transport interface {
 // TransportWaiter is a Transport that can sleep until it may have work (package ucp:
 // the worker's event fd in Go's netpoller). The engine's goroutine sleeps there, rather
 // than on a timer the runtime rounds up to a millisecond, when its rounds find nothing
-// to do and no condition's trigger is written by a GPU (which notifies nobody).
+// to do and every pending condition's trigger comes with a kick (not GPU-written, not
+// KernelTriggered).
 type TransportWaiter interface {
 	// WaitProgress returns when the transport may have progressed (an event), Wake was
 	// called since the last WaitProgress returned, or done closes. It returns false at
@@ -286,15 +287,15 @@ func (e *Engine) run() {
 			// cannot sleep that briefly.
 			runtime.Gosched()
 		default:
-			if tw, ok := e.transport.(TransportWaiter); ok && !e.devicePending() {
-				// Every trigger is host-written (kicked): sleep until kicked or the
+			if tw, ok := e.transport.(TransportWaiter); ok {
+				// When every trigger comes with a kick, sleep until kicked or the
 				// transport has an event, not on a timer. A goroutine that drives
 				// rounds kicks the engine before it sleeps itself. The round after
-				// announcing catches a kick that came before.
+				// announcing catches a kick (and takes parts) that came before.
 				e.inTransport.Store(true)
 				slept := true
 				if progressed, _, _ := e.round(); !progressed {
-					slept = tw.WaitProgress(e.stop)
+					slept = !e.pollPending() && tw.WaitProgress(e.stop)
 				}
 				e.inTransport.Store(false)
 				if slept {
@@ -318,13 +319,15 @@ func (e *Engine) run() {
 	}
 }
 
-// devicePending reports whether a condition with pending operations has its words on
-// a device backend: a GPU writes its trigger without telling anyone, so it is polled.
-func (e *Engine) devicePending() bool {
+// pollPending reports whether a condition with pending operations has a trigger that
+// is stored without a kick, so the engine must poll it: words on a device backend (a
+// GPU writes them), and KernelTriggered conditions (a kernel, or Trigger on the host,
+// stores the trigger and tells nobody).
+func (e *Engine) pollPending() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, ch := range e.order {
-		if ch.cond.backend.Kind() != streamcore.KindHost {
+		if ch.cond.category == KernelTriggered || ch.cond.backend.Kind() != streamcore.KindHost {
 			return true
 		}
 	}
