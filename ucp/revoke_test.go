@@ -1,0 +1,121 @@
+package ucp
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// revokeModes runs f with importers revoked directly (same process) and through the
+// message protocol (as between processes).
+func revokeModes(t *testing.T, f func(t *testing.T, p *pair)) {
+	for _, direct := range []bool{true, false} {
+		name := "messages"
+		if direct {
+			name = "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			old := revokeInProcess
+			revokeInProcess = direct
+			defer func() { revokeInProcess = old }()
+			pairs(t, f)
+		})
+	}
+}
+
+func TestRevokedKeyFailsAndLaterMemoryStaysIntact(t *testing.T) {
+	revokeModes(t, func(t *testing.T, p *pair) {
+		m, err := p.ctxB.MemAlloc(4096)
+		require.NoError(t, err)
+		packed, err := m.PackRkey()
+		require.NoError(t, err)
+		rk, err := p.epA.UnpackRkey(packed)
+		require.NoError(t, err)
+		data := pattern(512, 5)
+		r, err := p.epA.PutNbx(data, rk.Base(), rk, nil)
+		require.NoError(t, err)
+		p.wait(t, r)
+		require.Equal(t, data, m.Bytes()[:512])
+
+		stop := background(p.a) // the importer acknowledges from its own progress
+		require.NoError(t, m.Close())
+		stop()
+		require.Nil(t, m.Bytes(), "Bytes after Close")
+
+		_, err = p.epA.PutNbx(data, rk.Base(), rk, nil)
+		require.ErrorIs(t, err, ErrRevoked)
+		_, err = p.epA.GetNbx(make([]byte, 8), rk.Base(), rk, nil)
+		require.ErrorIs(t, err, ErrRevoked)
+		_, err = p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1}, rk.Base(), rk, nil)
+		require.ErrorIs(t, err, ErrRevoked)
+
+		// Allocations made afterwards (the allocator may hand out the same pages) are
+		// never written by the stale key.
+		var later []*MemH
+		var sums []uint32
+		for i := 0; i < 64; i++ {
+			n := 4096
+			if i%16 == 15 {
+				n = 8 << 20
+			}
+			lm, err := p.ctxB.MemAlloc(n)
+			require.NoError(t, err)
+			copy(lm.Bytes(), pattern(n, int64(i)))
+			later = append(later, lm)
+			sums = append(sums, checksum(lm.Bytes()))
+		}
+		for off := uint64(0); off < 4096; off += 512 {
+			_, err = p.epA.PutNbx(make([]byte, 512), rk.Base()+off, rk, nil)
+			require.ErrorIs(t, err, ErrRevoked)
+		}
+		for i := 0; i < 100; i++ {
+			p.a.Progress()
+			p.b.Progress()
+		}
+		for i, lm := range later {
+			require.Equal(t, sums[i], checksum(lm.Bytes()), "allocation %d changed", i)
+			require.NoError(t, lm.Close())
+		}
+		require.NoError(t, rk.Close())
+		require.ErrorIs(t, m.Close(), ErrClosed)
+	})
+}
+
+// An importer that neither acknowledges nor fails keeps the memory registered; Close
+// names it, and succeeds once it answers.
+func TestRevokeWaitsForSilentImporter(t *testing.T) {
+	old := revokeInProcess
+	revokeInProcess = false
+	defer func() { revokeInProcess = old }()
+	p := newShmPair(t)
+	m, err := p.ctxB.MemAlloc(64)
+	require.NoError(t, err)
+	p.ctxB.revokeTimeout = 200 * time.Millisecond
+	packed, err := m.PackRkey()
+	require.NoError(t, err)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	err = m.Close() // A does not progress
+	require.ErrorIs(t, err, ErrTimedOut)
+	require.Contains(t, err.Error(), "peer ")
+	require.NotNil(t, m.Bytes(), "released while a peer still held the key")
+	_, err = m.PackRkey()
+	require.ErrorIs(t, err, ErrRevoked)
+	stop := background(p.a)
+	require.NoError(t, m.Close())
+	stop()
+	_, err = p.epA.PutNbx([]byte{1}, rk.Base(), rk, nil)
+	require.ErrorIs(t, err, ErrRevoked)
+	require.NoError(t, rk.Close())
+
+	// An importer that closed its key first is not waited for.
+	m2, err := p.ctxB.MemAlloc(64)
+	require.NoError(t, err)
+	packed, err = m2.PackRkey()
+	require.NoError(t, err)
+	rk, err = p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	require.NoError(t, rk.Close())
+	require.NoError(t, m2.Close())
+}
