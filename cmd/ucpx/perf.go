@@ -56,6 +56,7 @@ type perfOptions struct {
 	tracePath  string   // --trace: Chrome trace JSON of the conditioned operations
 	plotPath   string   // --plot: SVG of latency and bandwidth against size
 	refPath    string   // --reference: an earlier --json report drawn beside this run
+	label      string   // --label: names this run (perfReport.Label)
 }
 
 // perfReport is the output of `ucpx perf --json`.
@@ -137,15 +138,20 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	tracePath := fs.String("trace", "", "write a trace of this process's conditioned operations (the stream modes) to `file` (Chrome trace JSON; ucpx trace summarize reads it)")
 	plotPath := fs.String("plot", "", "draw latency and bandwidth against size, a line per test and mode, into `file` (SVG)")
 	refPath := fs.String("reference", "", "with --plot: an earlier `ucpx perf --json` report (another transport, another machine) drawn dashed on the same axes")
+	from := fs.String("from", "", "with --plot: draw the `report` of an earlier `ucpx perf --json` run instead of running (figures of a run made elsewhere)")
+	label := fs.String("label", "", "name of this run in its JSON report, where --reference draws it (default: transport and date)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (not the peer's) to `file`")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
+	}
+	if *from != "" {
+		return replot(*from, *plotPath, *refPath, stderr)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := perfOptions{iters: *iters, warmup: *warmup, transport: *transport, window: *window, timeout: *timeout,
 		asJSON: *asJSON, asCSV: *asCSV, partitions: *partitions, check: *check,
-		tracePath: *tracePath, plotPath: *plotPath, refPath: *refPath}
+		tracePath: *tracePath, plotPath: *plotPath, refPath: *refPath, label: *label}
 	var err error
 	switch *waitMode {
 	case "wait":
@@ -186,10 +192,14 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		err = fmt.Errorf("--timeout %v: must be positive", o.timeout)
 	case o.asJSON && o.asCSV:
 		err = errors.New("--json and --csv: choose one output format")
+	case o.plotPath != "" && !plotFormat(o.plotPath):
+		err = fmt.Errorf("--plot %s: want a .svg or .png file", o.plotPath)
 	case o.refPath != "" && o.plotPath == "":
 		err = errors.New("--reference is drawn by --plot: give --plot too")
 	case o.refPath != "":
-		ref, err = readPerfReport(o.refPath)
+		if ref, err = readPerfReport(o.refPath); err != nil {
+			err = fmt.Errorf("--reference: %w", err)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
@@ -264,6 +274,32 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		status = 1
 	}
 	return status
+}
+
+// replot is `ucpx perf --from REPORT --plot FILE [--reference REF]`: a figure of a
+// run made earlier, elsewhere (a GPU machine), without running.
+func replot(from, plotPath, refPath string, stderr io.Writer) int {
+	fail := func(st int, err error) int {
+		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
+		return st
+	}
+	if plotPath == "" || !plotFormat(plotPath) {
+		return fail(2, fmt.Errorf("--from %s: give --plot FILE.svg (or .png) to draw it", from))
+	}
+	rep, err := readPerfReport(from)
+	if err != nil {
+		return fail(2, err)
+	}
+	var ref *perfReport
+	if refPath != "" {
+		if ref, err = readPerfReport(refPath); err != nil {
+			return fail(2, err)
+		}
+	}
+	if err := writePlot(plotPath, rep, ref); err != nil {
+		return fail(1, fmt.Errorf("--plot: %w", err))
+	}
+	return 0
 }
 
 func resolveTransport(transport, tls, peerErr string) (string, bool, error) {
@@ -440,6 +476,7 @@ func perfMain(ctx context.Context, o perfOptions, sink perfSink, logw io.Writer)
 		Wait:              map[bool]string{false: "wait", true: "spin"}[o.spin],
 		CPUs:              runtime.NumCPU(),
 		Check:             o.check,
+		Label:             o.label,
 		Results:           []perfResult{},
 	}
 	if o.transport == "shm" && o.peerErr {

@@ -146,18 +146,18 @@ func (j *jsonSink) end(rep *perfReport) {
 	_ = enc.Encode(rep)
 }
 
-// readPerfReport reads a `ucpx perf --json` report (--reference).
+// readPerfReport reads a `ucpx perf --json` report (--reference, --from).
 func readPerfReport(path string) (*perfReport, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--reference: %w", err)
+		return nil, err
 	}
 	var rep perfReport
 	if err := json.Unmarshal(b, &rep); err != nil {
-		return nil, fmt.Errorf("--reference %s: not a ucpx perf --json report: %w", path, err)
+		return nil, fmt.Errorf("%s: not a ucpx perf --json report: %w", path, err)
 	}
 	if len(rep.Results) == 0 {
-		return nil, fmt.Errorf("--reference %s: no results", path)
+		return nil, fmt.Errorf("%s: no results", path)
 	}
 	return &rep, nil
 }

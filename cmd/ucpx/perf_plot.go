@@ -3,15 +3,19 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
@@ -73,6 +77,12 @@ func refName(ref *perfReport) string {
 	return fmt.Sprintf("%s %s", ref.Transport, ref.Date)
 }
 
+// plotFormat: --plot writes SVG or PNG, by the file's extension.
+func plotFormat(path string) bool {
+	ext := strings.ToLower(filepath.Ext(path))
+	return ext == ".svg" || ext == ".png"
+}
+
 // writePlot draws rep (and ref, dashed, on the same axes) as an SVG of two panels:
 // latency against size above, bandwidth against size below, log-log, a line per test
 // and mode.
@@ -86,9 +96,15 @@ func writePlot(path string, rep, ref *perfReport) error {
 	if rep.Backend != "" {
 		title += "  stream backend " + rep.Backend
 	}
-	lat := newLogPlot(plotLatTitle, plotLatAxis)
+	var sizes []int
+	for _, r := range rep.Results {
+		if !slices.Contains(sizes, r.Size) {
+			sizes = append(sizes, r.Size)
+		}
+	}
+	lat := newLogPlot(plotLatTitle, plotLatAxis, sizes)
 	lat.Title.Text = title + "\n" + plotLatTitle
-	bw := newLogPlot(plotBwTitle, plotBwAxis)
+	bw := newLogPlot(plotBwTitle, plotBwAxis, sizes)
 	pinged := false
 	for _, s := range series {
 		if s.pinged {
@@ -101,12 +117,23 @@ func writePlot(path string, rep, ref *perfReport) error {
 			return err
 		}
 	}
-	const w, h = 22 * vg.Centimeter, 15 * vg.Centimeter
-	c := vgsvg.New(w, 2*h)
 	plots := [][]*plot.Plot{{lat}, {bw}}
 	if !pinged { // bandwidth tests only
 		plots = plots[1:]
 		bw.Title.Text = title + "\n" + plotBwTitle
+	}
+	const w, h = 22 * vg.Centimeter, 15 * vg.Centimeter
+	var c interface {
+		vg.CanvasSizer
+		io.WriterTo
+	}
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".svg":
+		c = vgsvg.New(w, h*vg.Length(len(plots)))
+	case ".png":
+		c = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(w, h*vg.Length(len(plots))), vgimg.UseDPI(110))}
+	default:
+		return fmt.Errorf("%s: want a .svg or .png file", path)
 	}
 	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadX: vg.Millimeter * 2, PadY: vg.Millimeter * 4}
 	canvases := plot.Align(plots, tiles, draw.New(c))
@@ -124,13 +151,13 @@ func writePlot(path string, rep, ref *perfReport) error {
 	return f.Close()
 }
 
-func newLogPlot(title, yLabel string) *plot.Plot {
+func newLogPlot(title, yLabel string, sizes []int) *plot.Plot {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = plotSizeAxis
 	p.Y.Label.Text = yLabel
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	p.X.Tick.Marker = plot.TickerFunc(sizeTicks)
+	p.X.Tick.Marker = sizeTicks(sizes)
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.ThumbnailWidth = vg.Centimeter
@@ -167,24 +194,36 @@ var plotColors = []color.Color{
 	color.RGBA{0x17, 0xbe, 0xcf, 0xff},
 }
 
-// sizeTicks marks powers of two between lo and hi, labelling a few of them in
-// ucpx's size notation (8, 4K, 1M).
-func sizeTicks(lo, hi float64) []plot.Tick {
-	var pows []float64
-	for e := math.Floor(math.Log2(lo)); e <= math.Ceil(math.Log2(hi)); e++ {
-		pows = append(pows, math.Exp2(e))
-	}
-	step := max(1, (len(pows)+9)/10) // at most about ten labels
-	var ticks []plot.Tick
-	for i, v := range pows {
-		t := plot.Tick{Value: v}
-		if (len(pows)-1-i)%step == 0 {
-			t.Label = fmtSize(int(v))
+// sizeTicks marks powers of two between lo and hi, labelling the measured sizes in
+// ucpx's notation (8, 4K, 1M), or about ten powers where more sizes were measured.
+func sizeTicks(sizes []int) plot.TickerFunc {
+	return func(lo, hi float64) []plot.Tick {
+		label := map[float64]bool{}
+		if len(sizes) <= 12 {
+			for _, s := range sizes {
+				label[float64(s)] = true
+			}
 		}
-		ticks = append(ticks, t)
+		var ticks []plot.Tick
+		for e := math.Floor(math.Log2(lo)); e <= math.Ceil(math.Log2(hi)); e++ {
+			ticks = append(ticks, plot.Tick{Value: math.Exp2(e)})
+		}
+		if len(label) == 0 {
+			step := max(1, (len(ticks)+9)/10)
+			for i := range ticks {
+				label[ticks[i].Value] = (len(ticks)-1-i)%step == 0
+			}
+		}
+		for v := range label { // measured sizes between powers of two get a tick too
+			if label[v] && !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == v }) {
+				ticks = append(ticks, plot.Tick{Value: v})
+			}
+		}
+		for i := range ticks {
+			if label[ticks[i].Value] {
+				ticks[i].Label = fmtSize(int(ticks[i].Value))
+			}
+		}
+		return ticks
 	}
-	if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Label != "" }) && len(ticks) > 0 {
-		ticks[0].Label = fmtSize(int(ticks[0].Value))
-	}
-	return ticks
 }

@@ -272,6 +272,14 @@ func TestPerfPlot(t *testing.T) {
 	assert.Positive(t, solid, "tag_lat's line in %s", tagLatColor)
 	assert.Positive(t, dashed, "the reference's dashed line in tag_lat's colour")
 
+	// --from draws an earlier report without running; PNG by the extension.
+	pngPath := filepath.Join(dir, "ref.png")
+	st, _, errs = run(t, "perf", "--from", refPath, "--plot", pngPath)
+	require.Zero(t, st, "--from: stderr:\n%s", errs)
+	png, err := os.ReadFile(pngPath)
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(png, []byte("\x89PNG")), "--plot %s is no PNG", pngPath)
+
 	// Bad uses are refused before anything runs.
 	for _, tc := range []struct {
 		args []string
@@ -280,6 +288,8 @@ func TestPerfPlot(t *testing.T) {
 		{[]string{"--reference", refPath}, "give --plot too"},
 		{[]string{"--plot", svgPath, "--reference", filepath.Join(dir, "missing.json")}, "--reference"},
 		{[]string{"--json", "--csv"}, "choose one output format"},
+		{[]string{"--plot", filepath.Join(dir, "x.pdf")}, "want a .svg or .png file"},
+		{[]string{"--from", refPath}, "give --plot"},
 	} {
 		st, _, errs := run(t, append([]string{"perf", "--timeout", "5s"}, tc.args...)...)
 		assert.Equal(t, 2, st, "perf %v: status", tc.args)
