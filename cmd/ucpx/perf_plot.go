@@ -32,7 +32,8 @@ const (
 type plotSeries struct {
 	name   string
 	ref    bool // from --reference: dashed
-	color  int  // shared by a series and its reference
+	work   bool // a mode+work: dotted, in its mode's colour
+	color  int  // shared by a series, its +work twin and its reference
 	lat    plotter.XYs
 	bw     plotter.XYs
 	pinged bool // a ping-pong test: it has a latency line
@@ -47,10 +48,11 @@ func seriesOf(rep *perfReport, ref bool, suffix string, colors map[string]int) [
 		name := rowName(r)
 		s := byName[name]
 		if s == nil {
-			if _, ok := colors[name]; !ok {
-				colors[name] = len(colors)
+			key := strings.TrimSuffix(name, workSuffix)
+			if _, ok := colors[key]; !ok {
+				colors[key] = len(colors)
 			}
-			s = &plotSeries{name: name + suffix, ref: ref, color: colors[name]}
+			s = &plotSeries{name: name + suffix, ref: ref, work: key != name, color: colors[key]}
 			byName[name] = s
 			out = append(out, s)
 		}
@@ -92,9 +94,11 @@ func writePlot(path string, rep, ref *perfReport) error {
 	if ref != nil {
 		series = append(series, seriesOf(ref, true, " ["+refName(ref)+"]", colors)...)
 	}
-	title := fmt.Sprintf("ucpx perf  %s (UCX_TLS=%s)  UCX %s  %s", rep.Transport, rep.TLS, rep.UCXVersion, rep.Date)
-	if rep.Backend != "" {
-		title += "  stream backend " + rep.Backend
+	title := "ucpx perf"
+	for _, f := range [][2]string{{"", rep.Label}, {"", rep.Transport}, {"UCX_TLS=", rep.TLS}, {"UCX ", rep.UCXVersion}, {"", rep.Date}, {"stream backend ", rep.Backend}} {
+		if f[1] != "" {
+			title += "  " + f[0] + f[1]
+		}
 	}
 	var sizes []int
 	for _, r := range rep.Results {
@@ -177,8 +181,15 @@ func addLine(p *plot.Plot, s *plotSeries, xys plotter.XYs) error {
 	line.Width = vg.Points(1.5)
 	points.Color = line.Color
 	points.Shape = plotutil.Shape(s.color)
-	if s.ref {
+	switch {
+	case s.ref && s.work:
+		line.Dashes = []vg.Length{vg.Points(6), vg.Points(2), vg.Points(1.5), vg.Points(2)}
+	case s.ref:
 		line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+	case s.work:
+		line.Dashes = []vg.Length{vg.Points(1.5), vg.Points(2)}
+	}
+	if s.ref {
 		line.Width = vg.Points(1)
 	}
 	p.Add(line, points)
