@@ -30,8 +30,9 @@ func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed
 	var d net.Dialer
 	var c net.Conn
 	var err error
-	// Rank 0 may not serve yet: retry until ctx ends, as torchrun's agents do.
-	for {
+	// Rank 0 may not serve yet: retry until ctx ends, as torchrun's agents do, soon
+	// at first (ranks start together) and at most every 200 ms.
+	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		c, err = d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			break
@@ -39,7 +40,7 @@ func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("bootstrap: rendezvous %s: %v: %w", addr, err, ErrTimedOut)
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(wait):
 		}
 	}
 	setKeepAlive(c)

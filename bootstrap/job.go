@@ -342,8 +342,9 @@ func (j *Job) markFailed(rank int, err error) {
 	}
 }
 
-// Close leaves the job: it tells the rendezvous it leaves on purpose, closes the
-// endpoints and, if it made them, the worker and context. Rank 0 keeps serving the
+// Close leaves the job: it tells the rendezvous it leaves on purpose, force-closes the
+// endpoints (ranks still using them see them fail) and, if it made them, the worker
+// and context. Rank 0 keeps serving the
 // rendezvous until every rank has left or failed (at most DefaultTimeout). Call
 // Barrier first when others may still use this rank's endpoints.
 func (j *Job) Close() error {
@@ -368,10 +369,17 @@ func (j *Job) Close() error {
 		cancel()
 		keep(j.store.close())
 	}
-	if j.ctx == nil { // the caller's worker: close what the job opened on it
+	if j.ctx == nil {
+		// The caller's worker: force-close what the job opened on it, as closing a
+		// worker does. A graceful close needs the peer's worker progressed, which a
+		// peer that has closed its job no longer does.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		for _, ep := range eps {
-			_ = ep.Close()
+			if req, err := ep.CloseNbx(true); err == nil {
+				_ = req.Wait(ctx)
+			}
 		}
+		cancel()
 	}
 	if j.ctx != nil { // closing the worker force-closes its endpoints
 		keep(j.ctx.Close())

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ucpx/ucpx/bootstrap"
+	"github.com/ucpx/ucpx/ucp"
 )
 
 const demoRingSynopsis = `[flags]
@@ -25,6 +29,7 @@ func runDemoRing(args []string, stdout, stderr io.Writer) int {
 	iters := fs.Int("iters", 100, "allgather iterations")
 	block := fs.Int("bytes", 4096, "bytes each rank contributes per iteration (8..16 MiB)")
 	timeout := fs.Duration("timeout", 60*time.Second, "bound on the whole run")
+	measure := fs.Bool("measure", false, "also connect to every rank and print wire-up times and resident memory (docs/scaling.md)")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
@@ -34,6 +39,7 @@ func runDemoRing(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
+	rssStart := residentKB()
 	start := time.Now()
 	job, err := bootstrap.FromEnv(ctx, nil)
 	if err != nil {
@@ -45,6 +51,13 @@ func runDemoRing(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ucpx demo-ring: rank %d: %v (failed ranks: %v)\n", job.Rank, err, job.Failed())
 		_ = job.Close()
 		return 1
+	}
+	if *measure {
+		if err := measureWireup(ctx, job, wireup, rssStart, stdout); err != nil {
+			fmt.Fprintf(stderr, "ucpx demo-ring: rank %d: measure: %v\n", job.Rank, err)
+			_ = job.Close()
+			return 1
+		}
 	}
 	if job.Rank == 0 {
 		fmt.Fprintf(stdout, "ring of %d ranks: %d allgather iterations of %d B per rank, every checksum matched; job formed in %v\n",
@@ -123,4 +136,74 @@ func ringAllgather(ctx context.Context, job *bootstrap.Job, iters, block int, st
 	}
 	fmt.Fprintf(stdout, "rank %d of %d: %d iterations, last checksum %08x ok\n", r, n, iters, last)
 	return nil
+}
+
+// measureWireup prints one line per rank: the time to join the job, the resident
+// memory after joining (the ring's two endpoints are open by now) and after an
+// endpoint to every other rank carried one message each way.
+func measureWireup(ctx context.Context, job *bootstrap.Job, join time.Duration, rssStart int64, stdout io.Writer) error {
+	rssRing := residentKB()
+	addr, err := job.Worker().Address()
+	if err != nil {
+		return err
+	}
+	if err := job.Barrier(ctx); err != nil {
+		return err
+	}
+	start := time.Now()
+	w := job.Worker()
+	const tag = 1 << 62
+	var reqs []*ucp.Request
+	in := make([]byte, 8*job.Size)
+	for r := 0; r < job.Size; r++ {
+		if r == job.Rank {
+			continue
+		}
+		rr, err := w.TagRecvNbx(in[8*r:8*r+8], tag|uint64(r), ^uint64(0), nil)
+		if err != nil {
+			return err
+		}
+		ep, err := job.Endpoint(r)
+		if err != nil {
+			return err
+		}
+		sr, err := ep.TagSendNbx(binary.LittleEndian.AppendUint64(nil, uint64(job.Rank)), tag|uint64(job.Rank), nil)
+		if err != nil {
+			return err
+		}
+		reqs = append(reqs, rr, sr)
+	}
+	for _, r := range reqs {
+		if err := r.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	for r := 0; r < job.Size; r++ {
+		if r != job.Rank && binary.LittleEndian.Uint64(in[8*r:]) != uint64(r) {
+			return fmt.Errorf("all-to-all: rank %d's word is %d", r, binary.LittleEndian.Uint64(in[8*r:]))
+		}
+	}
+	a2a := time.Since(start)
+	rssAll := residentKB()
+	if err := job.Barrier(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "measure rank=%d size=%d addr_bytes=%d join_ms=%.1f all_to_all_ms=%.1f rss_start_kb=%d rss_ring_kb=%d rss_all_to_all_kb=%d\n",
+		job.Rank, job.Size, len(addr), float64(join.Microseconds())/1000, float64(a2a.Microseconds())/1000, rssStart, rssRing, rssAll)
+	return nil
+}
+
+// residentKB is the process's resident set (VmRSS), 0 where /proc is missing.
+func residentKB() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
