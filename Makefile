@@ -2,7 +2,7 @@
 GO ?= go
 export CGO_ENABLED = 1
 
-.PHONY: all deps build demo test vet race bench ptx gpu-bundle clean libucpx
+.PHONY: all deps build demo test vet race bench ptx gpu-bundle clean fuzz soak libucpx
 
 all: build
 
@@ -22,6 +22,21 @@ vet: deps
 
 test: deps vet
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) fuzz
+
+# fuzz runs each fuzz target (decoders of a peer's bytes) for FUZZTIME; the corpus is
+# committed under */testdata/fuzz.
+FUZZTIME ?= 3s
+FUZZ_TARGETS = FuzzOpenRkey FuzzOpenAddress FuzzControl FuzzHandshakeServer FuzzHandshakeClient
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./ucp || exit 1; \
+	done
+
+# soak sends a million checksummed messages over each transport (CI runs a short form
+# inside make test).
+soak:
+	UCPX_SOAK_MESSAGES=1000000 $(GO) test -count=1 -timeout 60m -run 'TestSoak' -v ./tests
 
 bench: build libucpx
 	bash bench/vs-ucx-perftest.sh
