@@ -347,7 +347,7 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 			st.waited()
 		}
 		st.staged(n)
-		stageLease(&pl2.Parts[0], l, prev, busy, dev, 0, t.Dir)
+		stageLease(&pl2.Parts[0], l, prev, busy, false, pool, st, dev, 0, t.Dir)
 		return nil
 	}
 	count := (n + ws.slot - 1) / ws.slot
@@ -376,6 +376,7 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 		}
 	}
 	ws.mu.Unlock()
+	mems := make([]*leaseMem, count)
 	for i, l := range leases {
 		if busys[i] {
 			st.waited()
@@ -383,87 +384,145 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 		st.staged(l.n)
 		off := i * ws.slot
 		p := &pl2.Parts[i]
+		reused := t.Dir == In && i+ws.nslot < count
 		if i < ws.nslot {
-			stageLease(p, l, prevs[i], busys[i], dev+uintptr(off), off, t.Dir)
+			mems[i] = stageLease(p, l, prevs[i], busys[i], reused, pool, st, dev+uintptr(off), off, t.Dir)
 		} else {
-			stageReuse(p, leases[i-ws.nslot], l, dev, off, t.Dir)
-		}
-		if t.Dir == In && i+ws.nslot < count {
-			// A later part of this operation copies this one out (stageReuse).
-			p.After = nil
-			if i < ws.nslot {
-				p.Release = l.land
-			}
+			mems[i] = stageReuse(p, mems[i-ws.nslot], l, reused, pool, st, dev, off, t.Dir)
 		}
 	}
 	return nil
 }
 
-// stageLease fills p so that n bytes at dev move through l's slots, waiting on the
-// stream first for the slots' previous uses when busy.
-func stageLease(p *Part, l *lease, prev []uint64, busy bool, dev uintptr, off int, dir Direction) {
-	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
-	p.unused = l.free
-	wait := func(s streamcore.Stream) error {
-		if busy {
-			return l.waitFree(s, prev)
-		}
-		return nil
+// leaseMem is the memory of a part staged through the workspace: the lease's slots, or
+// pool memory of its own once waiting for the slots proved unsafe (stageLease).
+type leaseMem struct {
+	l    *lease
+	own  *Buffer
+	pool *Pool
+	st   *Stats
+}
+
+func (m *leaseMem) addr() uintptr {
+	if m.own != nil {
+		return m.own.Addr()
 	}
-	if dir == Out {
-		p.Before = func(s streamcore.Stream) error {
-			if err := wait(s); err != nil {
-				return err
-			}
-			return s.Copy(l.addr(), dev, l.n)
-		}
-		p.Release = l.free
+	return m.l.addr()
+}
+
+// free gives the memory back; release also rings (not from CUDA host functions).
+func (m *leaseMem) free()    { m.giveBack(m.l.free) }
+func (m *leaseMem) release() { m.giveBack(m.l.release) }
+
+func (m *leaseMem) giveBack(freeLease func()) {
+	if b := m.own; b != nil {
+		m.own = nil
+		m.st.giveBack(b.Size())
+		m.pool.Put(b)
 		return
 	}
-	if busy {
-		p.Before = wait
+	freeLease()
+}
+
+// stageLease fills p so that n bytes at dev move through l's slots. When busy, the
+// slots' previous uses were not done at plan time: the stream waits for them before
+// the part, where that is safe (lease.armOn); where it is not, the part moves through
+// pool memory of its own instead (counted as oversize), so that no wait can deadlock.
+// reused: a later part of the same operation copies this incoming part out and gives
+// its memory back (stageReuse); its Release only says that it landed.
+func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool, st *Stats, dev uintptr, off int, dir Direction) *leaseMem {
+	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
+	m := &leaseMem{l: l, pool: pool, st: st}
+	n := l.n
+	// prepare runs first in Before: it records the stream and picks the memory.
+	prepare := func(s streamcore.Stream) error {
+		if l.armOn(s) {
+			if busy {
+				return l.waitFree(s, prev)
+			}
+			return nil
+		}
+		b, err := pool.Get(n)
+		if err != nil {
+			return fmt.Errorf("staging %d bytes aside from a busy workspace: %w", n, err)
+		}
+		l.release() // never used: later uses of the slots do not wait for it
+		if st != nil {
+			st.oversize.Add(1)
+		}
+		st.lend(b.Size())
+		m.own = b
+		p.Buf = b.Bytes()[:n] // read by the engine's issue, after the trigger
+		return nil
+	}
+	p.unused = m.release
+	if dir == Out {
+		p.Before = func(s streamcore.Stream) error {
+			if err := prepare(s); err != nil {
+				return err
+			}
+			return s.Copy(m.addr(), dev, n)
+		}
+		p.Release = m.release
+		return m
+	}
+	p.Before = prepare
+	if reused {
+		p.Release = l.land
+		return m
 	}
 	p.After = func(s streamcore.Stream) error {
-		if err := s.Copy(dev, l.addr(), l.n); err != nil {
+		if err := s.Copy(dev, m.addr(), n); err != nil {
 			return err
 		}
-		return s.LaunchHostFunc(l.free)
+		return s.LaunchHostFunc(m.free)
 	}
+	return m
 }
 
 // stageReuse fills p, a part of one operation reusing the slot of an earlier part of
 // it (prev): the stream waits until prev is done with the slot first. An outgoing prev
 // is done once it completed (its Release frees the slot); an incoming one once its data
 // landed and this part's Before copied it out to the device (dev plus prev's offset).
-func stageReuse(p *Part, prev, l *lease, dev uintptr, off int, dir Direction) {
+// reused: as for stageLease.
+func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *Stats, dev uintptr, off int, dir Direction) *leaseMem {
 	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
+	m := &leaseMem{l: l, pool: pool, st: st}
 	if dir == Out {
 		p.Before = func(s streamcore.Stream) error {
+			l.armOn(s) // its previous use is prev, of this operation: safe to wait for
 			if err := l.waitFree(s, []uint64{l.uses[0] - 1}); err != nil {
 				return err
 			}
 			return s.Copy(l.addr(), dev+uintptr(off), l.n)
 		}
-		p.Release, p.unused = l.free, l.free
-		return
+		p.Release, p.unused = m.release, m.release
+		return m
 	}
-	prevOff := off - prev.ws.nslot*prev.ws.slot
+	pl := prev.l
+	prevOff := off - pl.ws.nslot*pl.ws.slot
 	p.Before = func(s streamcore.Stream) error {
-		if err := s.WaitValue(prev.ws.landedWord(prev.h, prev.first), prev.uses[0], streamcore.GEQ); err != nil {
+		l.armOn(s)
+		if err := s.WaitValue(pl.ws.landedWord(pl.h, pl.first), pl.uses[0], streamcore.GEQ); err != nil {
 			return err
 		}
-		return s.Copy(dev+uintptr(prevOff), prev.addr(), prev.n)
+		return s.Copy(dev+uintptr(prevOff), prev.addr(), pl.n)
 	}
 	// prev's copy-out ran before this part's trigger, so this part done means prev's
-	// slot use is over.
-	p.Release = func() { prev.free(); l.land() }
-	p.unused = func() { prev.free(); l.free() }
+	// memory is free.
+	p.unused = func() { prev.release(); m.release() }
+	if reused {
+		p.Release = func() { prev.release(); l.land() }
+		return m
+	}
+	p.Release = func() { prev.release(); l.land() }
 	p.After = func(s streamcore.Stream) error {
 		if err := s.Copy(dev+uintptr(off), l.addr(), l.n); err != nil {
 			return err
 		}
-		return s.LaunchHostFunc(l.free)
+		return s.LaunchHostFunc(m.free)
 	}
+	return m
 }
 
 // stage fills p so that n bytes of device memory at dev move through a buffer of pool:

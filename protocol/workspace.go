@@ -59,6 +59,7 @@ type slotState struct {
 	uses  uint64              // uses assigned so far
 	freed uint64              // every use up to this one is done
 	early map[uint64]struct{} // uses done out of order (given back unused)
+	live  []*lease            // leases not given back, oldest first
 }
 
 // NewWorkspace allocates a workspace of bytes for the staged operations of backend b
@@ -136,6 +137,9 @@ type lease struct {
 	uses  []uint64 // the use number of each slot
 	done  bool     // given back (under ws.mu)
 	stats *Stats
+	// stream is the stream the lease's part was enqueued on (under ws.mu; nil until
+	// then): a later use may wait for this one on a stream only from another stream.
+	stream streamcore.Stream
 }
 
 // slots a message of n bytes needs; 0 when it cannot fit a half.
@@ -166,6 +170,7 @@ func (ws *Workspace) takeLocked(n, k int, dir Direction, st *Stats) (*lease, err
 		}
 		s.uses++
 		l.uses[i] = s.uses
+		s.live = append(s.live, l)
 	}
 	r.next = (start + k) % ws.nslot
 	st.workspace(ws.busy * ws.slot)
@@ -213,6 +218,30 @@ func (l *lease) waitFree(s streamcore.Stream, prev []uint64) error {
 	return nil
 }
 
+// armOn records that l's part is enqueued on stream s, and reports whether s may wait
+// for the earlier uses of l's slots that are not done: only if each is enqueued on
+// another stream already. One enqueued on s itself may sit in an open group of s whose
+// single trigger comes after this wait (a deadlock), and one not enqueued yet (another
+// goroutine's, between its plan and its enqueue) may come after it on s.
+func (l *lease) armOn(s streamcore.Stream) bool {
+	ws := l.ws
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	l.stream = s
+	r := &ws.rings[l.h]
+	for i := range l.k {
+		for _, x := range r.slots[l.first+i].live {
+			if x == l {
+				break // later leases come after l
+			}
+			if x.stream == nil || x.stream == s {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // pendingPrevLocked is, per slot, the previous use still to wait for (0: none).
 func (l *lease) pendingPrevLocked() (prev []uint64, any bool) {
 	r := &l.ws.rings[l.h]
@@ -238,6 +267,12 @@ func (l *lease) free() {
 	stored := false
 	for i := range l.k {
 		s := &r.slots[l.first+i]
+		for j, x := range s.live {
+			if x == l {
+				s.live = append(s.live[:j], s.live[j+1:]...)
+				break
+			}
+		}
 		u := l.uses[i]
 		if u != s.freed+1 {
 			if s.early == nil {
@@ -270,16 +305,32 @@ func (l *lease) free() {
 	}
 }
 
+// release is free for callers that may make driver calls (the engine's rounds, the
+// user's goroutine; not CUDA host functions): it also rings the device, so a stream
+// waiting for the slot notices soon (a memop wait is otherwise looked at again only
+// now and then).
+func (l *lease) release() {
+	l.free()
+	if l.ws.words != nil {
+		_ = l.ws.words.Ring()
+	}
+}
+
 // land records that l's data arrived (an incoming part completed), for a later part of
 // the same operation that copies it out before reusing the slot.
 func (l *lease) land() {
 	if l.ws.words == nil {
 		return
 	}
-	for i := range l.k {
-		l.ws.landedWord(l.h, l.first+i).Store(l.uses[i])
+	l.ws.mu.Lock()
+	if !l.ws.closed {
+		for i := range l.k {
+			l.ws.landedWord(l.h, l.first+i).Store(l.uses[i])
+		}
 	}
+	l.ws.mu.Unlock()
 	l.ws.words.Notify()
+	_ = l.ws.words.Ring() // called on the engine's rounds
 }
 
 // LendHost lends n bytes of staging memory to an operation that has no stream (the

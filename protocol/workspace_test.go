@@ -225,3 +225,64 @@ func TestWorkspaceUnusedPartsFreeSlots(t *testing.T) {
 		release()
 	}
 }
+
+// A part whose slots are still in use by an operation enqueued on the same stream (it
+// may sit in an open group whose trigger comes later) or not enqueued yet moves
+// through pool memory of its own instead of waiting; one enqueued on another stream is
+// waited for on the stream.
+func TestWorkspaceWaitsOnlyAcrossStreams(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s1, err := b.NewStream()
+	require.NoError(t, err)
+	defer s1.Close()
+	s2, err := b.NewStream()
+	require.NoError(t, err)
+	defer s2.Close()
+	ws, err := NewWorkspace(b, MinWorkspace)
+	require.NoError(t, err)
+	defer ws.Close()
+	var st Stats
+	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws, Stats: &st}, false)
+	require.NoError(t, err)
+	defer pl.Close()
+	route := Route{Backend: b, OnStream: true, StreamOrdered: true}
+	half := WorkspaceSlots * ws.SlotSize()
+	// first holds the whole outgoing half, enqueued on s1 and never completed yet.
+	var first Plan
+	require.NoError(t, pl.Plan(Transfer{Buf: make([]byte, half), Dir: Out}, route, &first))
+	require.NoError(t, first.Parts[0].Before(s1))
+	require.NoError(t, s1.Synchronize())
+
+	// Same stream: no wait, pool memory.
+	src := randomBytes(100)
+	var same Plan
+	require.NoError(t, pl.Plan(Transfer{Buf: src, Dir: Out}, route, &same))
+	require.EqualValues(t, 1, st.Snapshot().Waits, "busy at plan time")
+	require.NoError(t, same.Parts[0].Before(s1))
+	require.NoError(t, s1.Synchronize())
+	require.Equal(t, src, same.Parts[0].Buf, "copied into its own memory")
+	require.EqualValues(t, 1, st.Snapshot().Oversize)
+	same.Parts[0].Release()
+
+	// Another stream: the stream waits until first is given back.
+	var other Plan
+	require.NoError(t, pl.Plan(Transfer{Buf: src, Dir: Out}, route, &other))
+	require.NoError(t, other.Parts[0].Before(s2))
+	done, err := s2.Query()
+	require.NoError(t, err)
+	require.False(t, done, "s2 waits for the slot")
+	require.EqualValues(t, 1, st.Snapshot().Oversize)
+	first.Parts[0].Release()
+	require.NoError(t, s2.Synchronize())
+	require.Equal(t, src, other.Parts[0].Buf)
+	other.Parts[0].Release()
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return b
+}
