@@ -56,6 +56,8 @@ typedef enum {
 	UCPX_ERR_BUSY = -11,          /* the object still has work in flight; nothing changed */
 	UCPX_ERR_BUFFER_TOO_SMALL = -12, /* the output buffer is too small; *needed says how big */
 	UCPX_ERR_NO_DEVICE = -13,     /* no CUDA driver or device */
+	UCPX_ERR_AUTH = -14,          /* a peer's address or remote key is not sealed under our auth key */
+	UCPX_ERR_REVOKED = -15,       /* the remote key was revoked by its owner (its memory unmapped) */
 	UCPX_ERR_OTHER = -100         /* anything else (see ucpx_last_error) */
 } ucpx_status;
 
@@ -95,7 +97,8 @@ size_t ucpx_last_error(char *buf, size_t len);
 /* ---- Context and worker ---------------------------------------------------- */
 
 /* ucpx_context_create makes a UCX context (tag, RMA, atomics, wakeup); UCX_*
- * environment variables configure it. */
+ * environment variables configure it, and UCPX_AUTH_KEY_FILE names the auth key file
+ * (`ucpx keygen`) that seals worker addresses and remote keys between peers. */
 int ucpx_context_create(ucpx_handle_t *context);
 int ucpx_context_destroy(ucpx_handle_t context);
 

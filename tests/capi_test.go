@@ -3,7 +3,9 @@ package tests
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"debug/elf"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,6 +28,8 @@ import (
 //     exchange tag messages (handles and the blocking calls, from several threads),
 //     RMA put and get with packed remote keys, prepared partitioned iterations, and
 //     error codes (capi/c/exchange.c says what exactly);
+//   - exchange-authenticated, auth-mismatch: the same with UCPX_AUTH_KEY_FILE (sealed
+//     addresses and remote keys), and wire-up refused (UCPX_ERR_AUTH) under different keys;
 //   - cuda-fake-driver: capi/c/cuda_exchange.c, the CUDA path (a condition on the C
 //     program's own CUstream, its raw CUevent recorded after the enqueue and waited on by
 //     another of its streams, the peer 200 ms late) against the fake driver;
@@ -53,6 +57,39 @@ func TestCAPI(t *testing.T) {
 
 	t.Run("exchange", func(t *testing.T) {
 		runRanks(t, exe, nil, "OK rank")
+	})
+
+	// With UCPX_AUTH_KEY_FILE the worker addresses and remote keys the C program passes
+	// around as strings are sealed under the key; under different keys wire-up fails
+	// with UCPX_ERR_AUTH on both sides.
+	keyFile := func(t *testing.T) string {
+		key := make([]byte, 32)
+		_, err := rand.Read(key)
+		require.NoError(t, err)
+		path := filepath.Join(t.TempDir(), "key")
+		require.NoError(t, os.WriteFile(path, []byte(hex.EncodeToString(key)+"\n"), 0o600))
+		return path
+	}
+	t.Run("exchange-authenticated", func(t *testing.T) {
+		runRanks(t, exe, []string{"UCPX_AUTH_KEY_FILE=" + keyFile(t)}, "OK rank")
+	})
+	t.Run("auth-mismatch", func(t *testing.T) {
+		wire := t.TempDir()
+		keys := []string{keyFile(t), keyFile(t)}
+		outs := make(chan []byte, 2)
+		for rank := range 2 {
+			cmd := exec.Command(exe, []string{"0", "1"}[rank], wire)
+			cmd.Env = append(os.Environ(), "UCPX_AUTH_KEY_FILE="+keys[rank])
+			go func() {
+				o, err := cmd.CombinedOutput()
+				assert.Error(t, err, "rank %d connected under another key", rank)
+				outs <- o
+			}()
+		}
+		for range 2 {
+			o := <-outs
+			assert.Contains(t, string(o), "ucpx_ep_create(worker, peer, 0, &ep) = UCPX_ERR_AUTH", "%s", o)
+		}
 	})
 
 	t.Run("cuda-fake-driver", func(t *testing.T) {

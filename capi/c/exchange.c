@@ -258,11 +258,13 @@ static void partitions(void) {
 static void errors(ucpx_handle_t context) {
 	char msg[256];
 	ucpx_handle_t h;
+	int rc;
 	EXPECT(ucpx_worker_progress(0, NULL) == UCPX_ERR_INVALID_HANDLE, "handle 0");
 	EXPECT(ucpx_last_error(msg, sizeof msg) > 0 && strstr(msg, "invalid handle") != NULL, "message: %s", msg);
 	EXPECT(ucpx_ep_destroy(context) == UCPX_ERR_INVALID_HANDLE, "a context handle as an endpoint");
 	EXPECT(ucpx_ep_create(worker, "not-hex", 0, &h) == UCPX_ERR_INVALID_ADDR, "a bad address string");
-	EXPECT(ucpx_ep_create(worker, "00ff", 0, &h) == UCPX_ERR_INVALID_ADDR, "an address that is not one");
+	rc = ucpx_ep_create(worker, "00ff", 0, &h); /* not sealed under our key, where there is one */
+	EXPECT(rc == UCPX_ERR_INVALID_ADDR || rc == UCPX_ERR_AUTH, "an address that is not one: %s", ucpx_strerror(rc));
 	EXPECT(ucpx_rkey_unpack(ep, "0011", &h) != UCPX_OK, "a bad remote key");
 	EXPECT(ucpx_tag_send(ep, NULL, 8, 1, UCPX_MEMORY_HOST, 0, 0, &h) == UCPX_ERR_INVALID_PARAM, "NULL buffer");
 	EXPECT(ucpx_tag_send(ep, msg, 8, 1, 99, 0, 0, &h) == UCPX_ERR_INVALID_PARAM, "memory type 99");

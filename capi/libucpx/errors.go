@@ -55,6 +55,10 @@ func code(err error) C.int {
 		return C.UCPX_ERR_TRUNCATED
 	case errors.Is(err, ucp.ErrOutOfRange):
 		return C.UCPX_ERR_OUT_OF_RANGE
+	case errors.Is(err, ucp.ErrAuth):
+		return C.UCPX_ERR_AUTH
+	case errors.Is(err, ucp.ErrRevoked):
+		return C.UCPX_ERR_REVOKED
 	case errors.Is(err, ucp.ErrInvalidAddr):
 		return C.UCPX_ERR_INVALID_ADDR
 	case errors.Is(err, cuda.ErrNoDriver), errors.Is(err, cuda.ErrNoDevice):

@@ -17,6 +17,8 @@ const char *ucpx_strerror(int code) {
 	case UCPX_ERR_BUSY: return "UCPX_ERR_BUSY";
 	case UCPX_ERR_BUFFER_TOO_SMALL: return "UCPX_ERR_BUFFER_TOO_SMALL";
 	case UCPX_ERR_NO_DEVICE: return "UCPX_ERR_NO_DEVICE";
+	case UCPX_ERR_AUTH: return "UCPX_ERR_AUTH";
+	case UCPX_ERR_REVOKED: return "UCPX_ERR_REVOKED";
 	case UCPX_ERR_OTHER: return "UCPX_ERR_OTHER";
 	}
 	return "UCPX_ERR_UNKNOWN";
