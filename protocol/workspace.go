@@ -24,13 +24,14 @@ import (
 //   - for an operation with no condition (CPU copies), the calling goroutine waits,
 //     running the idle function it was given (ucp progresses the worker).
 //
-// A message (tag, AM: one UCX message each) larger than one half cannot move in
-// parts: it gets staging memory of its own for its lifetime (StagingStats.Oversize)
-// rather than waiting for memory that can never be free. RMA transfers complete without
-// the peer's participation, so RMA back-pressure cannot deadlock; messages can, as any
-// bounded buffering can, when the peers' waits form a cycle (each side's sends held
-// back by receives that wait for the other side's sends): size the workspace for the
-// messages in flight at once.
+// A wait that could deadlock is never made: a part whose slot is still held by another
+// operation on the same stream (which may sit in an open group whose one trigger
+// comes after the wait) or by one not enqueued yet, and a CPU lender whose slot is held
+// by stream work, take pool memory of their own instead (StagingStats.Oversize). So does
+// a message (tag, AM: one UCX message each) larger than one half, which cannot move in
+// parts. RMA completes without the peer's participation, so RMA back-pressure cannot
+// deadlock; messages waiting across streams can, as any bounded buffering can, when the
+// peers' waits form a cycle: size the workspace for the messages in flight at once.
 type Workspace struct {
 	backend streamcore.Backend // nil: host memory, for operations without a stream only
 	mem     streamcore.Pinned
@@ -140,6 +141,9 @@ type lease struct {
 	// stream is the stream the lease's part was enqueued on (under ws.mu; nil until
 	// then): a later use may wait for this one on a stream only from another stream.
 	stream streamcore.Stream
+	// cpu: the lease of an operation without a stream (LendHost): it ends once the
+	// transport completes the operation, with no stream work in between.
+	cpu bool
 }
 
 // slots a message of n bytes needs; 0 when it cannot fit a half.
@@ -234,7 +238,24 @@ func (l *lease) armOn(s streamcore.Stream) bool {
 			if x == l {
 				break // later leases come after l
 			}
-			if x.stream == nil || x.stream == s {
+			if !x.cpu && (x.stream == nil || x.stream == s) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// onlyCPUBeforeLocked reports whether every earlier live use of l's slots is a CPU
+// lease.
+func (l *lease) onlyCPUBeforeLocked() bool {
+	r := &l.ws.rings[l.h]
+	for i := range l.k {
+		for _, x := range r.slots[l.first+i].live {
+			if x == l {
+				break
+			}
+			if !x.cpu {
 				return false
 			}
 		}
@@ -345,9 +366,12 @@ func LendHost(ws *Workspace, pool *Pool, n int, dir Direction, st *Stats, idle f
 	}
 	if ws != nil {
 		if k := ws.slotsFor(n); k > 0 {
-			return ws.lendHost(n, k, dir, st, idle)
-		}
-		if st != nil {
+			mem, release, err := ws.lendHost(n, k, dir, st, idle)
+			if mem != nil || err != nil {
+				return mem, release, err
+			}
+			// Busy with stream work: memory of its own below.
+		} else if st != nil {
 			st.oversize.Add(1)
 		}
 	}
@@ -370,10 +394,21 @@ func (ws *Workspace) lendHost(n, k int, dir Direction, st *Stats, idle func() er
 		ws.mu.Unlock()
 		return nil, nil, err
 	}
+	l.cpu = true
 	busy := l.busyLocked()
+	onStreams := busy && !l.onlyCPUBeforeLocked()
 	ws.mu.Unlock()
 	if busy {
 		st.waited()
+	}
+	if onStreams {
+		// An earlier use is stream work, which may wait for this goroutine (an open
+		// group it has yet to end): never block on it; use memory of its own.
+		l.release()
+		if st != nil {
+			st.oversize.Add(1)
+		}
+		return nil, nil, nil
 	}
 	for busy {
 		if err := idle(); err != nil {

@@ -264,6 +264,15 @@ func TestWorkspaceWaitsOnlyAcrossStreams(t *testing.T) {
 	require.Equal(t, src, same.Parts[0].Buf, "copied into its own memory")
 	require.EqualValues(t, 1, st.Snapshot().Oversize)
 	same.Parts[0].Release()
+	// An operation without a stream never blocks on stream work either.
+	pool := NewPool(nil)
+	defer pool.Close()
+	mem, release, err := LendHost(ws, pool, 100, Out, &st, func() error { t.Fatal("blocked on stream work"); return nil })
+	require.NoError(t, err)
+	require.Len(t, mem, 100)
+	require.EqualValues(t, 1, pool.Lent(), "its own memory")
+	release()
+	require.EqualValues(t, 2, st.Snapshot().Oversize)
 
 	// Another stream: the stream waits until first is given back.
 	var other Plan
@@ -272,7 +281,7 @@ func TestWorkspaceWaitsOnlyAcrossStreams(t *testing.T) {
 	done, err := s2.Query()
 	require.NoError(t, err)
 	require.False(t, done, "s2 waits for the slot")
-	require.EqualValues(t, 1, st.Snapshot().Oversize)
+	require.EqualValues(t, 2, st.Snapshot().Oversize)
 	first.Parts[0].Release()
 	require.NoError(t, s2.Synchronize())
 	require.Equal(t, src, other.Parts[0].Buf)
