@@ -291,7 +291,7 @@ func (x *HostExec) run() error {
 				continue
 			}
 			running++
-			go func(i int) { results <- finished{i, x.tasks[i]()} }(i)
+			go func(i int) { results <- finished{i, runTask(i, x.tasks[i])} }(i)
 		}
 		if firstErr != nil || (done == n) {
 			for ; running > 0; running-- { // let started tasks finish
@@ -429,3 +429,17 @@ func (x *HostExec) Close() error {
 	x.closed = true
 	return nil
 }
+
+// runTask runs a user task; a panic fails the launch with an error carrying the panic
+// value instead of killing the process.
+func runTask(i int, task func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("graph: task of node %d panicked: %v: %w", i, v, ErrTaskPanicked)
+		}
+	}()
+	return task()
+}
+
+// ErrTaskPanicked is matched by a launch's error when a task panicked.
+var ErrTaskPanicked = errs.New("task panicked")

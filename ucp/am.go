@@ -101,10 +101,13 @@ func (w *Worker) deliverAmLocked(ev *ucx.Event) {
 	}
 	fn := h.fn
 	w.deferred = append(w.deferred, func() {
+		// Released even if fn panics (runDeferred recovers the panic).
+		defer func() {
+			if !msg.retained {
+				msg.Release()
+			}
+		}()
 		fn(msg)
-		if !msg.retained {
-			msg.Release()
-		}
 	})
 }
 

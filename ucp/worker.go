@@ -349,7 +349,7 @@ func (w *Worker) takeDeferredLocked() []func() {
 
 func runDeferred(cbs []func()) {
 	for _, f := range cbs {
-		f()
+		runRecovered(f)
 	}
 }
 
