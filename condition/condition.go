@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/internal/errs"
@@ -77,7 +78,16 @@ type Param struct {
 	// Split asks for two nodes: Node starts the operation, WaitNode completes it, so
 	// other nodes (compute) can run between them.
 	Split bool
+	// Timeout, if positive, fails an operation that has not completed this long after
+	// it was issued (its trigger came) with an error matching ErrTimedOut: it is
+	// canceled (a send UCX cannot cancel is abandoned), its Request fails, and the
+	// completion word advances, releasing the streams and kernels waiting on it (the
+	// status word tells them it failed). Graph conditions ignore it.
+	Timeout time.Duration
 }
+
+// ErrTimedOut is matched by the error of an operation that Param.Timeout failed.
+var ErrTimedOut = errs.New("condition: operation timed out")
 
 // Node is a node of a graph that Graph conditions add their nodes to: *graph.HostNode
 // in a graph.Host, cuda.Node in a graph.CUDA. Conditions' nodes and the graph's own mix
@@ -112,7 +122,12 @@ type Condition struct {
 	words    *streamcore.WordBlock
 	trigger  *streamcore.Word
 	done     *streamcore.Word
-	_        [64]byte // the engine reads the fields above every round; enqueuers write the ones below
+	// status is the word beside done (done's address + 8): the sequence number of the
+	// latest operation that failed, stored before done advances past it (StatusAt,
+	// ucpx_status).
+	status  *streamcore.Word
+	timeout time.Duration
+	_       [64]byte // the engine reads the fields above every round; enqueuers write the ones below
 
 	// mu orders sequence assignment with the stream enqueues, so stream order is
 	// sequence order even with concurrent callers. It is held while a stream enqueue
@@ -135,6 +150,9 @@ type Condition struct {
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
 	firstErr error
+	// failed keeps the errors of the latest failed operations by sequence number
+	// (under errMu), for StatusAt.
+	failed map[uint64]error
 }
 
 // nextID numbers conditions (their trace tracks).
@@ -164,7 +182,10 @@ func Create(p Param) (*Condition, error) {
 	if p.Stream != nil && p.Stream.Kind() != p.Backend.Kind() {
 		return nil, fmt.Errorf("%s stream with a %s backend: %w", p.Stream.Kind(), p.Backend.Kind(), ErrInvalidParam)
 	}
-	words, err := p.Backend.AllocWords(2)
+	if p.Timeout < 0 {
+		return nil, fmt.Errorf("timeout %v: %w", p.Timeout, ErrInvalidParam)
+	}
+	words, err := p.Backend.AllocWords(3)
 	if err != nil {
 		return nil, fmt.Errorf("condition words: %w", err)
 	}
@@ -176,6 +197,8 @@ func Create(p Param) (*Condition, error) {
 		words:    words,
 		trigger:  words.Word(0),
 		done:     words.Word(1),
+		status:   words.Word(2),
+		timeout:  p.Timeout,
 	}
 	if p.Category == Graph {
 		c.node, c.waitNode, err = p.Graph.AddSignalNodes(p.Deps, c.trigger, c.done, p.Split)
@@ -304,6 +327,20 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 func (c *Condition) retire(seq uint64, err error) {
 	if err != nil {
 		c.recordErr(err, fmt.Sprintf("operation %d", seq))
+		c.errMu.Lock()
+		if c.failed == nil {
+			c.failed = map[uint64]error{}
+		}
+		if len(c.failed) >= maxFailedKept {
+			for k := range c.failed {
+				if k < seq-maxFailedKept {
+					delete(c.failed, k)
+				}
+			}
+		}
+		c.failed[seq] = err
+		c.errMu.Unlock()
+		c.status.Store(seq) // before done: a waiter that sees done sees the status
 	}
 	c.retired.Store(seq) // retirements come in sequence order, from one goroutine at a time
 	c.done.Store(seq)
@@ -340,6 +377,22 @@ func (c *Condition) ClearErr() error {
 	err := c.firstErr
 	c.firstErr = nil
 	return err
+}
+
+// maxFailedKept bounds how far back StatusAt remembers failures.
+const maxFailedKept = 1024
+
+// StatusAt reports the outcome of operation seq (a DeviceHandle's CompletionValue, or
+// the count of operations armed): done once the completion word reached it, and then
+// the operation's error (nil on success; failures older than the latest 1024 sequence
+// numbers are forgotten). A kernel reads the same with ucpx_status.
+func (c *Condition) StatusAt(seq uint64) (done bool, err error) {
+	if int64(c.done.Load()-seq) < 0 {
+		return false, nil
+	}
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	return true, c.failed[seq]
 }
 
 // Pending is the number of operations armed but not retired.

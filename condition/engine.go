@@ -1,6 +1,7 @@
 package condition
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -394,7 +395,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 			if p.canceled {
 				p.err = errCanceledBeforeTrigger(p.op.what)
 			} else {
-				if p.ring {
+				if p.ring || cond.timeout > 0 {
 					p.issuedAt = time.Now()
 				}
 				p.inner, p.err = p.op.operation.Issue(p.plan)
@@ -407,6 +408,9 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		}
 		for len(ch.ops) > 0 {
 			p := ch.ops[0]
+			if p.issued && p.err == nil && !p.inner.Done() && cond.timeout > 0 {
+				timedOut(p, cond.timeout) // Param.Timeout
+			}
 			if !p.issued || (p.err == nil && !p.inner.Done()) {
 				break
 			}
@@ -474,6 +478,9 @@ func (e *Engine) quiet() bool {
 	}
 	for _, ch := range e.scan {
 		cond := ch.cond
+		if cond.timeout > 0 && e.last.inflight {
+			return false // a full round checks the operations' deadlines
+		}
 		if cond.category == Graph {
 			if cond.trigger.Load() == 1 || cond.destroyed.Load() {
 				return false
@@ -586,4 +593,14 @@ func (e *Engine) Close() error {
 		}
 	}
 	return e.planner.Close()
+}
+
+// timedOut fails p (issued, pending) if it has been in flight longer than timeout: the
+// transport is asked to cancel it, and the engine retires it with ErrTimedOut.
+func timedOut(p *part, timeout time.Duration) {
+	if p.issuedAt.IsZero() || time.Since(p.issuedAt) < timeout {
+		return
+	}
+	p.inner.Cancel()
+	p.err = fmt.Errorf("%s: not completed %v after it was issued: %w", p.op.what, timeout, ErrTimedOut)
 }

@@ -187,3 +187,17 @@ extern "C" __global__ void ucpx_test_fill_at(uint8_t *buf, uint64_t n, uint64_t 
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
 		buf[i] = ucpx_test_pattern(offset + i, seed);
 }
+
+/* ucpx_test_status: trigger h, wait for its completion, then report the status
+ * word: result[0] = ucpx_status(h), result[1] = the completion word. A consumer
+ * kernel skips its data when result[0] != 0. */
+extern "C" __global__ void ucpx_test_status(ucpx_device_handle h, uint64_t *result)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	ucpx_trigger(h);
+	ucpx_wait(h);
+	result[0] = ucpx_status(h);
+	result[1] = ucpx_word_load_acquire(h.completion);
+	__threadfence_system();
+}

@@ -112,6 +112,25 @@ static __device__ __forceinline__ void ucpx_wait(ucpx_device_handle h)
 	ucpx_word_wait_geq(h.completion, h.completion_value);
 }
 
+/* The failure status of the operations up to h: the condition's status word
+ * sits beside its completion word (completion + 1) and holds the sequence
+ * number of the latest operation that failed (a dead peer, a timeout, a
+ * canceled operation), stored before the completion word advances past it.
+ * Read it after ucpx_wait (or a true ucpx_test): 0 when none of the
+ * operations up to completion_value is known to have failed, else the
+ * sequence number of the latest failed one (a value above the previous
+ * handle's completion_value means this launch's data is bad: skip it). The
+ * host reads the same with Condition.StatusAt. */
+static __device__ __forceinline__ uint64_t ucpx_status(ucpx_device_handle h)
+{
+	if (h.completion == 0)
+		return 0;
+	uint64_t s = ucpx_word_load_acquire(h.completion + 1);
+	if (s == 0 || (int64_t)(h.completion_value - s) < 0)
+		return 0;
+	return s;
+}
+
 /*
  * Prepared, partitioned operations (package prepare): the device side of
  * MPI_Pready and MPI_Parrived.
