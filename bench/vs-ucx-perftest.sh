@@ -230,6 +230,89 @@ for tr in $TRANSPORTS; do
 	done
 done
 
+# --- cross-namespace tcp (issue 20): ucx_perftest and ucpx between two simulated hosts ---
+# Two network namespaces joined by one veth pair, each end its own address (10.78.0.1,
+# 10.78.0.2); both tools run with UCX_TLS=tcp and UCX_NET_DEVICES=eth0 in them, so
+# every byte crosses the link (no shared memory, no loopback), with peer error handling
+# (ucx_perftest -e, ucpx's default) and registered buffers (-z, MemH). ucpx's side is
+# `ucpx demo-ring --perf` (ucx_perftest's estimators), its two ranks found through the
+# bootstrap's rendezvous. Rows: tag_lat 8 B, tag_bw 4 MiB, transport tcp-netns.
+# NETNS [auto]: 0 skips, 1 requires it (root and ip from iproute2), auto runs it where possible.
+NETNS=${NETNS:-auto}
+if [ "$NETNS" != 0 ] && { [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; }; then
+	[ "$NETNS" = 1 ] && die "NETNS=1: the cross-namespace row needs root and ip (iproute2)"
+	echo "cross-namespace row skipped: it needs root and ip (iproute2)" >&2
+	NETNS=0
+fi
+if [ "$NETNS" != 0 ]; then
+	ns_a=ucpxb$$a ns_b=ucpxb$$b
+	cleanup_ns() { ip netns del "$ns_a" 2>/dev/null || true; ip netns del "$ns_b" 2>/dev/null || true; }
+	trap 'cleanup_ns; cleanup' EXIT
+	ip netns add "$ns_a" && ip netns add "$ns_b" || die "ip netns add failed"
+	ip -n "$ns_a" link add eth0 type veth peer name eth0 netns "$ns_b" || die "veth pair failed"
+	ip -n "$ns_a" addr add 10.78.0.1/24 dev eth0 && ip -n "$ns_b" addr add 10.78.0.2/24 dev eth0
+	for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up && ip -n "$ns" link set eth0 up; done
+	# UCX skips a device that is not running yet (the veth's carrier comes a moment later).
+	for ns in "$ns_a" "$ns_b"; do
+		for _ in $(seq 100); do ip -n "$ns" -o link show eth0 | grep -q 'state UP' && break; sleep 0.05; done
+	done
+	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/netns.key")
+	nsrun() { local ns=$1; shift; ip netns exec "$ns" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 "$@"; }
+	# xperftest TEST SIZE ITERS WARMUP: server in A, client in B; prints as perftest does.
+	xperftest() {
+		local test=$1 size=$2 iters=$3 warmup=$4 out line field
+		next_port
+		nsrun "$ns_a" timeout 120 "$PERFTEST" -p "$port" -t "$test" -s "$size" -n "$iters" -w "$warmup" -e -z -f -v >"$TMP/server.out" 2>&1 &
+		SERVER_PID=$!
+		sleep 0.3
+		out=$(nsrun "$ns_b" timeout 120 "$PERFTEST" 10.78.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" -w "$warmup" -e -z -f -v 2>&1) ||
+			{ echo "$out" >&2; cat "$TMP/server.out" >&2; die "cross-namespace ucx_perftest -t $test failed"; }
+		wait "$SERVER_PID" || true
+		SERVER_PID=""
+		line=$(echo "$out" | grep -E '^ *[0-9]+,' | tail -1 | tr -d ' ')
+		if [ "$test" = tag_lat ]; then field=2; else field=6; fi
+		echo "$line" | cut -d, -f"$field"
+	}
+	# xucpx TEST SIZE ITERS WARMUP: rank 0 in A (serving the rendezvous), rank 1 in B.
+	xucpx() {
+		local test=$1 size=$2 iters=$3 warmup=$4 out
+		next_port
+		local env=(UCPX_SIZE=2 UCPX_RENDEZVOUS=10.78.0.1:$port UCPX_AUTH_KEY_FILE=$TMP/netns.key)
+		nsrun "$ns_b" "${env[@]}" UCPX_RANK=1 timeout 120 "$UCPX" demo-ring --perf "$test" --bytes "$size" \
+			--iters "$iters" --warmup "$warmup" >"$TMP/rank1.out" 2>&1 &
+		SERVER_PID=$!
+		out=$(nsrun "$ns_a" "${env[@]}" UCPX_RANK=0 timeout 120 "$UCPX" demo-ring --perf "$test" --bytes "$size" \
+			--iters "$iters" --warmup "$warmup" 2>&1) || { echo "$out" >&2; cat "$TMP/rank1.out" >&2; die "cross-namespace ucpx demo-ring --perf $test failed"; }
+		wait "$SERVER_PID" || true
+		SERVER_PID=""
+		echo "$out" | grep -m1 "^perf $test" | sed -E 's/.*=([0-9.]+)$/\1/'
+	}
+	for spec in "tag_lat $LAT_SIZE $LAT_ITERS_TCP $LAT_WARMUP" "tag_bw $BW_SIZE $BW_ITERS_TCP $BW_WARMUP"; do
+		read -r test size iters warmup <<<"$spec"
+		pv="" uv=""
+		for ((r = 1; r <= REPS; r++)); do
+			echo "  [tcp-netns] $test $size B: rep $r/$REPS" >&2
+			pv+="$(xperftest "$test" "$size" "$iters" "$warmup") "
+			uv+="$(xucpx "$test" "$size" "$iters" "$warmup") "
+		done
+		pm=$(echo "$pv" | median)
+		um=$(echo "$uv" | median)
+		if [ "$test" = tag_lat ]; then
+			pb=$(echo "$pv" | best lat)
+			ub=$(echo "$uv" | best lat)
+			row=$(awk -v p="$pm" -v u="$um" -v pb="$pb" -v ub="$ub" -v t="$LAT_TARGET" 'BEGIN {r = u / p; printf "%.3f %.3f %.2f <=%s %s %.3f %.3f %.2f", p, u, r, t, (r <= t ? "PASS" : "MISS"), pb, ub, ub / pb}')
+			rows+=("$test $size tcp-netns tcp us $row")
+		else
+			pb=$(echo "$pv" | best bw)
+			ub=$(echo "$uv" | best bw)
+			row=$(awk -v p="$pm" -v u="$um" -v pb="$pb" -v ub="$ub" -v t="$BW_TARGET" 'BEGIN {r = u / p; printf "%.0f %.0f %.2f >=%s %s %.0f %.0f %.2f", p, u, r, t, (r >= t ? "PASS" : "MISS"), pb, ub, ub / pb}')
+			rows+=("$test $size tcp-netns tcp MB/s $row")
+		fi
+		raw+=("$test $size tcp-netns: ucx_perftest [${pv% }] ucpx demo-ring --perf [${uv% }]")
+	done
+fi
+# --- end of the cross-namespace block ---
+
 echo
 printf '%-8s %8s %-9s %-7s %-5s %13s %10s %6s %7s %-7s | %9s %9s %6s\n' test size transport UCX_TLS unit ucx_perftest ucpx ratio target verdict "best:pt" "best:ucpx" ratio
 misses=0

@@ -1,7 +1,6 @@
 package bootstrap
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -11,14 +10,17 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/ucpx/ucpx/ucp"
 )
 
-// EnvAuthKeyFile names the file holding the job's pre-shared key (the variable
-// ucp.ContextParams's authenticated wire-up reads too); `ucpx launch` writes one per job.
-const EnvAuthKeyFile = "UCPX_AUTH_KEY_FILE"
+// EnvAuthKeyFile names the file holding the job's pre-shared key: the same variable
+// and file (hex, mode 0600, `ucpx keygen`) that ucp.NewContext reads, so one key
+// authenticates the rendezvous and seals the worker addresses published in it.
+const EnvAuthKeyFile = ucp.AuthKeyFileEnv
 
 // MinKeyLen is the shortest key accepted.
-const MinKeyLen = 16
+const MinKeyLen = ucp.MinAuthKeyLen
 
 const (
 	handshakeMagic   = "UCPXRDV1"
@@ -27,29 +29,38 @@ const (
 	macLen           = sha256.Size
 )
 
-// LoadKey reads the key named by UCPX_AUTH_KEY_FILE: nil without the variable, the
-// file's bytes with surrounding white space removed otherwise.
+// LoadKey reads the key named by UCPX_AUTH_KEY_FILE (ucp.ReadAuthKeyFile): nil
+// without the variable.
 func LoadKey() ([]byte, error) {
 	name := os.Getenv(EnvAuthKeyFile)
 	if name == "" {
 		return nil, nil
 	}
-	b, err := os.ReadFile(name)
+	k, err := ucp.ReadAuthKeyFile(name)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap: %s: %v: %w", EnvAuthKeyFile, err, ErrInvalidParam)
+		return nil, fmt.Errorf("bootstrap: %s: %w", EnvAuthKeyFile, err)
 	}
-	b = bytes.TrimSpace(b)
-	if len(b) < MinKeyLen {
-		return nil, fmt.Errorf("bootstrap: key in %s has %d bytes, want at least %d: %w", name, len(b), MinKeyLen, ErrInvalidParam)
-	}
-	return b, nil
+	return k, nil
 }
 
-// NewKey returns a random key in the form LoadKey reads (64 hex digits).
+// NewKey returns a random 32-byte key (ucp.GenerateAuthKey).
 func NewKey() []byte {
-	var k [32]byte
-	_, _ = rand.Read(k[:])
-	return fmt.Appendf(nil, "%x", k)
+	k, err := ucp.GenerateAuthKey()
+	if err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return k
+}
+
+// rendezvousKey separates the rendezvous's proofs from ucp's handshake under the
+// same secret.
+func rendezvousKey(key []byte) []byte {
+	if key == nil {
+		return nil
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("ucpx bootstrap rendezvous v1"))
+	return m.Sum(nil)
 }
 
 func proof(key []byte, who string, a, b []byte) []byte {

@@ -45,7 +45,7 @@ func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed
 	}
 	setKeepAlive(c)
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-	err = clientHandshake(c, key)
+	err = clientHandshake(c, rendezvousKey(key))
 	if !stop() || err != nil {
 		_ = c.Close()
 		if err == nil {
@@ -122,13 +122,23 @@ func (s *Store) call(ctx context.Context, f *frame) ([]byte, error) {
 		_ = s.c.Close()
 		return nil, fmt.Errorf("bootstrap: rendezvous: %v: %w", err, ErrRendezvousLost)
 	}
-	select {
-	case r := <-ch:
+	answer := func(r frame) ([]byte, error) {
 		if r.op == opOK {
 			return r.value, nil
 		}
 		return nil, replyErr(&r)
+	}
+	select {
+	case r := <-ch:
+		return answer(r)
 	case <-s.dead:
+		// The reader delivers a reply before it reports the connection's end: a
+		// server that answers and then hangs up (a refused hello) is heard.
+		select {
+		case r := <-ch:
+			return answer(r)
+		default:
+		}
 		forget()
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -38,9 +38,10 @@ type Options struct {
 	// ErrorHandler after the given one. NoPeerErrorHandling lets UCX 1.13 use shared
 	// memory between ranks of one host, at the cost of failure detection.
 	EndpointParams ucp.EndpointParams
-	// Key authenticates the rendezvous (mutual HMAC-SHA256 challenge-response); nil
-	// reads UCPX_AUTH_KEY_FILE. The store carries worker addresses, so only holders
-	// of the key learn them.
+	// Key authenticates the rendezvous (mutual HMAC-SHA256 challenge-response) and,
+	// as ContextParams.AuthKey of the job's own context, ucp's wire-up: worker
+	// addresses are sealed under it. Nil reads UCPX_AUTH_KEY_FILE, as ucp.NewContext
+	// does. A caller's Worker keeps its context's key.
 	Key []byte
 	// Insecure lets rank 0 serve a non-loopback rendezvous without a key.
 	Insecure bool
@@ -171,7 +172,11 @@ func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 	// The worker is made once the rendezvous answered: a host whose network is not
 	// up yet (a link coming back) would otherwise get a worker without its interfaces.
 	if j.worker = j.opts.Worker; j.worker == nil {
-		if j.ctx, err = ucp.NewContext(withFailureDetection(j.opts.ContextParams)); err != nil {
+		cp := withFailureDetection(j.opts.ContextParams)
+		if cp.AuthKey == nil {
+			cp.AuthKey = key // the addresses in the store are sealed under the job's key
+		}
+		if j.ctx, err = ucp.NewContext(cp); err != nil {
 			return nil, err
 		}
 		if j.worker, err = j.ctx.NewWorker(j.opts.WorkerParams); err != nil {

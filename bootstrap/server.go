@@ -68,7 +68,7 @@ func Serve(addr string, size int, key []byte, insecure bool) (*Server, error) {
 		return nil, fmt.Errorf("bootstrap: serve rendezvous on %s: %w", addr, err)
 	}
 	s := &Server{
-		ln: ln, key: key, size: size,
+		ln: ln, key: rendezvousKey(key), size: size,
 		kv: map[string][]byte{}, waiters: map[string][]waiter{},
 		ranks: map[uint32]*sconn{}, gone: map[uint32]bool{},
 		barrier: map[uint64][]waiter{}, conns: map[*sconn]struct{}{},

@@ -89,6 +89,23 @@ func TestHostsRank(t *testing.T) {
 		report(job.Rank, "ring", ringIters, fmt.Sprintf("%08x", streamRing(t, ctx, job, ringIters)))
 	case "mixed":
 		hostsMixed(t, ctx, job)
+	case "samehost":
+		// Endpoints both ways, used, then used again after host0's pid 2 exited.
+		ep, err := job.Endpoint(1 - job.Rank)
+		require.NoError(t, err)
+		exchange := func(tag uint64) {
+			in := make([]byte, 8)
+			rr, err := job.Worker().TagRecvNbx(in, tag, ^uint64(0), &ucp.RequestParam{Peer: ep})
+			require.NoError(t, err)
+			sr, err := ep.TagSendNbx([]byte("12345678"), tag, nil)
+			require.NoError(t, err)
+			require.NoError(t, waitAllReqs(ctx, sr, rr))
+		}
+		exchange(1)
+		report(job.Rank, "pid", os.Getpid())
+		time.Sleep(6 * time.Second) // host0's pid 4 exits meanwhile
+		exchange(2)
+		report(job.Rank, "alive", fmt.Sprintf("failed=%v", job.Failed()))
 	default:
 		t.Fatalf("unknown scenario %q", scenario)
 	}

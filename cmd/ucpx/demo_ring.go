@@ -29,24 +29,44 @@ func runDemoRing(args []string, stdout, stderr io.Writer) int {
 	iters := fs.Int("iters", 100, "allgather iterations")
 	block := fs.Int("bytes", 4096, "bytes each rank contributes per iteration (8..16 MiB)")
 	timeout := fs.Duration("timeout", 60*time.Second, "bound on the whole run")
+	perf := fs.String("perf", "", "instead of the ring, between 2 ranks: tag_lat or tag_bw of --bytes, --iters after --warmup (ucx_perftest's estimators; bench/vs-ucx-perftest.sh)")
+	warmup := fs.Int("warmup", 100, "with --perf: warm-up iterations")
+	window := fs.Int("window", 32, "with --perf tag_bw: sends outstanding (ucx_perftest's default)")
 	measure := fs.Bool("measure", false, "also connect to every rank and print wire-up times and resident memory (docs/scaling.md)")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
-	if *iters < 1 || *block < 8 || *block > 16<<20 {
-		fmt.Fprintf(stderr, "ucpx demo-ring: --iters >= 1 and --bytes in [8, 16 MiB]\n")
+	if *iters < 1 || *block < 8 || *block > 16<<20 || *warmup < 0 || *window < 1 {
+		fmt.Fprintf(stderr, "ucpx demo-ring: --iters >= 1, --bytes in [8, 16 MiB], --warmup >= 0, --window >= 1\n")
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	rssStart := residentKB()
 	start := time.Now()
-	job, err := bootstrap.FromEnv(ctx, nil)
+	var opts *bootstrap.Options
+	if *perf != "" {
+		// Busy-poll as ucx_perftest (and ucpx perf) do: no parking on the event fd.
+		opts = &bootstrap.Options{WorkerParams: ucp.WorkerParams{NoWakeup: true}}
+	}
+	job, err := bootstrap.FromEnv(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx demo-ring: %v\n", err)
 		return 1
 	}
 	wireup := time.Since(start)
+	if *perf != "" {
+		if err := ringPerf(ctx, job, *perf, *block, *iters, *warmup, *window, stdout); err != nil {
+			fmt.Fprintf(stderr, "ucpx demo-ring: rank %d: --perf %s: %v\n", job.Rank, *perf, err)
+			_ = job.Close()
+			return 1
+		}
+		if err := job.Close(); err != nil {
+			fmt.Fprintf(stderr, "ucpx demo-ring: close: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	if err := ringAllgather(ctx, job, *iters, *block, stdout); err != nil {
 		fmt.Fprintf(stderr, "ucpx demo-ring: rank %d: %v (failed ranks: %v)\n", job.Rank, err, job.Failed())
 		_ = job.Close()

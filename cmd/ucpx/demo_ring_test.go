@@ -17,6 +17,7 @@ import (
 
 	"github.com/ucpx/ucpx/bootstrap"
 	"github.com/ucpx/ucpx/internal/testenv/netns"
+	"github.com/ucpx/ucpx/ucp"
 )
 
 var ringOK = regexp.MustCompile(`(?m)^\[(\d)\] rank (\d) of (\d): (\d+) iterations, last checksum ([0-9a-f]{8}) ok$`)
@@ -62,7 +63,7 @@ func TestDemoRingAcrossHosts(t *testing.T) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	keyFile := filepath.Join(t.TempDir(), "key")
-	require.NoError(t, os.WriteFile(keyFile, bootstrap.NewKey(), 0o600))
+	require.NoError(t, ucp.WriteAuthKeyFile(keyFile, bootstrap.NewKey()))
 	rdv := c.Hosts[0].IP + ":29500"
 	before, err := c.Hosts[1].Stats()
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/bootstrap"
+	"github.com/ucpx/ucpx/ucp"
 )
 
 const launchSynopsis = `-n N [flags] -- command [args...]
@@ -65,7 +66,7 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 		}
 		defer os.RemoveAll(dir)
 		keyFile := filepath.Join(dir, "key")
-		if err := os.WriteFile(keyFile, bootstrap.NewKey(), 0o600); err != nil {
+		if err := ucp.WriteAuthKeyFile(keyFile, bootstrap.NewKey()); err != nil {
 			fmt.Fprintf(stderr, "ucpx launch: %v\n", err)
 			return 1
 		}
