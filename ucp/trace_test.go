@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/runahead"
 	"github.com/ucpx/ucpx/trace"
 )
 
@@ -108,4 +111,58 @@ func BenchmarkTraceOverhead(b *testing.B) {
 		b.ReportAllocs()
 		benchMode(b, "stream", 8)
 	})
+}
+
+// BenchmarkTraceOverheadInterleaved is the same 8 B stream-mode ping-pong with tracing
+// switched off and on between blocks of traceBlock iterations of one run, so that load
+// from elsewhere on the machine falls on both alike. Each block ends with the stream
+// synchronized; half-rt-ns are the medians over the blocks of each kind, on/off their
+// ratio (the overhead target: at most 1.02).
+func BenchmarkTraceOverheadInterleaved(b *testing.B) {
+	const traceBlock, size = 128, 8
+	p, backend, s := benchSetup(b)
+	ctx := context.Background()
+	blocks := max(2, (b.N+traceBlock-1)/traceBlock)
+	n := blocks * traceBlock
+	echoDone := make(chan error, 1)
+	go func() { echoDone <- echo(ctx, p, n, size) }()
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
+	require.NoError(b, err)
+	ahead := runahead.New(runahead.StreamWindow)
+	prm := &RequestParam{Condition: c}
+	sprm := &RequestParam{Condition: c, Callback: func(*Request) { ahead.Done() }}
+	out, in := make([]byte, size), make([]byte, size)
+	rec := trace.NewRecorder()
+	var times [2][]time.Duration // off, on
+	b.ResetTimer()
+	for k := range blocks {
+		on := k % 2
+		if on == 1 {
+			require.NoError(b, p.a.Trace(rec))
+		} else {
+			require.NoError(b, p.a.Trace(nil))
+		}
+		start := time.Now()
+		for i := k * traceBlock; i < (k+1)*traceBlock; i++ {
+			require.NoError(b, ahead.Ahead(ctx, i, n))
+			enqueueGroup(b, p, c, out, in, 2, sprm, prm)
+		}
+		require.NoError(b, s.Synchronize())
+		times[on] = append(times[on], time.Since(start))
+	}
+	b.StopTimer()
+	require.NoError(b, p.a.Trace(nil))
+	require.NoError(b, c.Err())
+	require.NoError(b, <-echoDone)
+	require.NoError(b, c.Destroy())
+	// Two operations (send, receive) per iteration of every traced block.
+	require.Len(b, rec.Ops(), 2*traceBlock*len(times[1]))
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2]) / traceBlock / 2
+	}
+	off, onNs := median(times[0]), median(times[1])
+	b.ReportMetric(off, "off-half-rt-ns")
+	b.ReportMetric(onNs, "on-half-rt-ns")
+	b.ReportMetric(onNs/off, "on/off")
 }
