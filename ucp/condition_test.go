@@ -450,7 +450,12 @@ func TestIdleProxyParks(t *testing.T) {
 
 func containsParkedProxy(stacks string) bool {
 	for _, g := range strings.Split(stacks, "\n\n") {
-		if strings.Contains(g, "condition.(*Engine).run") && strings.Contains(g, "[select") {
+		if !strings.Contains(g, "condition.(*Engine).run") {
+			continue
+		}
+		// Blocked on its wake channel, or asleep on the worker's event fd (in the
+		// netpoller, or as a follower of another goroutine sleeping there).
+		if strings.Contains(g, "[select") || (strings.Contains(g, "[IO wait") && strings.Contains(g, "WaitProgress")) {
 			return true
 		}
 	}
