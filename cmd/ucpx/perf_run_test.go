@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // A row is printed as its size completes: read from a running `ucpx perf` whose peer
@@ -320,4 +321,44 @@ func TestPerfModesFitAndBackendFirst(t *testing.T) {
 	assert.NotContains(t, errs, "[perf-peer]", "the peer started")
 	assert.NotContains(t, errs, "UCX  ERROR")
 	assert.Empty(t, out)
+}
+
+// `ucpx perf --trace` writes the stream mode's conditioned operations as trace JSON
+// that `ucpx trace summarize` reads: a send and a receive per iteration, warm-up
+// included, each with its four phases in order.
+func TestPerfTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "perf.json")
+	st, _, errs := run(t, "perf", "--tests", "tag_lat", "--modes", "stream", "--backend", "host", "--sizes", "8", "--iters", "40", "--warmup", "10",
+		"--timeout", "60s", "--trace", path)
+	require.Zero(t, st, "stderr:\n%s", errs)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	doc, err := trace.ReadFile(f)
+	require.NoError(t, err)
+	s := trace.Summarize(doc)
+	assert.Equal(t, 2*(40+10), s.Ops, "a send and a receive per iteration")
+	require.Len(t, s.Phases, 4)
+	type span struct{ from, to float64 }
+	ops := map[[2]float64]map[string]span{}
+	for _, ev := range doc.TraceEvents {
+		if ev.Ph != "X" {
+			continue
+		}
+		k := [2]float64{float64(ev.Tid), ev.Args["seq"].(float64)}
+		if ops[k] == nil {
+			ops[k] = map[string]span{}
+		}
+		ops[k][ev.Name] = span{ev.Ts, ev.Ts + ev.Dur}
+	}
+	order := []string{trace.PhaseWaitTrigger, trace.PhaseIssue, trace.PhaseInFlight, trace.PhaseStore}
+	for k, ph := range ops {
+		for i := 1; i < len(order); i++ {
+			assert.LessOrEqual(t, ph[order[i-1]].to, ph[order[i]].from+0.002, "operation %v: %s before %s", k, order[i-1], order[i])
+		}
+	}
+	// Without a conditioned operation the trace is empty, and perf says so.
+	st, _, errs = run(t, "perf", "--tests", "tag_lat", "--sizes", "8", "--iters", "20", "--warmup", "2", "--timeout", "60s", "--trace", path)
+	require.Zero(t, st, "stderr:\n%s", errs)
+	assert.Contains(t, errs, "no conditioned operation ran")
 }
