@@ -74,7 +74,10 @@ enum {
 	/* The worker gets a thread of its own that progresses it: a process that is only
 	 * the target of RMA, or whose CUDA streams or graphs trigger operations with no host
 	 * call, then needs no progress loop. */
-	UCPX_WORKER_PROGRESS_THREAD = 1
+	UCPX_WORKER_PROGRESS_THREAD = 1,
+	/* No event fd: waits poll for as long as they wait and never sleep (the lowest
+	 * latency, a core per waiting thread), as ucx_perftest and `ucpx perf` run. */
+	UCPX_WORKER_NO_WAKEUP = 2
 };
 
 /* Flags of the operations (tag send/recv, put, get). */
@@ -102,7 +105,7 @@ size_t ucpx_last_error(char *buf, size_t len);
 int ucpx_context_create(ucpx_handle_t *context);
 int ucpx_context_destroy(ucpx_handle_t context);
 
-/* ucpx_worker_create makes a worker of context; flags: UCPX_WORKER_PROGRESS_THREAD. */
+/* ucpx_worker_create makes a worker of context; flags: UCPX_WORKER_* values. */
 int ucpx_worker_create(ucpx_handle_t context, int flags, ucpx_handle_t *worker);
 int ucpx_worker_destroy(ucpx_handle_t worker);
 

@@ -53,6 +53,7 @@ MEMORY_CUDA = 1
 MEMORY_CUDA_MANAGED = 2
 
 WORKER_PROGRESS_THREAD = 1
+WORKER_NO_WAKEUP = 2
 OP_NONBLOCKING_ENQUEUE = 1
 
 FULL_MASK = (1 << 64) - 1
@@ -206,8 +207,9 @@ class Context(_Handle):
     def __init__(self):
         super().__init__(_new("ucpx_context_create"))
 
-    def worker(self, progress_thread=False):
-        return Worker(_new("ucpx_worker_create", self.handle, WORKER_PROGRESS_THREAD if progress_thread else 0))
+    def worker(self, progress_thread=False, no_wakeup=False):
+        flags = (WORKER_PROGRESS_THREAD if progress_thread else 0) | (WORKER_NO_WAKEUP if no_wakeup else 0)
+        return Worker(_new("ucpx_worker_create", self.handle, flags))
 
     def mem_map(self, addr, nbytes, mem_type=MEMORY_HOST):
         """Registers nbytes at addr (host or device) for RMA; returns a Memory."""

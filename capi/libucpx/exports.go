@@ -97,10 +97,13 @@ func ucpx_worker_create(ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C
 	if err != nil {
 		return status(err)
 	}
-	if out == nil || flags&^C.UCPX_WORKER_PROGRESS_THREAD != 0 {
+	if out == nil || flags&^(C.UCPX_WORKER_PROGRESS_THREAD|C.UCPX_WORKER_NO_WAKEUP) != 0 {
 		return status(invalid("flags %#x or NULL output pointer", int(flags)))
 	}
-	w, err := c.NewWorker(ucp.WorkerParams{ProgressThread: flags&C.UCPX_WORKER_PROGRESS_THREAD != 0})
+	w, err := c.NewWorker(ucp.WorkerParams{
+		ProgressThread: flags&C.UCPX_WORKER_PROGRESS_THREAD != 0,
+		NoWakeup:       flags&C.UCPX_WORKER_NO_WAKEUP != 0,
+	})
 	if err != nil {
 		return status(err)
 	}
