@@ -37,7 +37,8 @@ import (
 //     python3 exists);
 //   - header: every function include/ucpx.h declares is a symbol libucpx.so exports,
 //     and every //export of capi/libucpx is declared there (the parameter lists are
-//     checked by the compiler: the package's preamble includes the header).
+//     checked by the compiler: the package's preamble includes the header), and
+//     python/ucpx.py declares each for ctypes.
 //
 // One build serves both (a c-shared build of the whole library takes a while on a
 // small machine). It skips where there is no Go toolchain (the GPU machine) or no C
@@ -145,6 +146,12 @@ func TestCAPI(t *testing.T) {
 			}
 		}
 		assert.Equal(t, len(declared)-1, n, "every declared function but ucpx_strerror (C) is a Go export")
+		// python/ucpx.py declares every call's argument types for ctypes.
+		py, err := os.ReadFile("../python/ucpx.py")
+		require.NoError(t, err)
+		for name := range declared {
+			assert.Regexp(t, `[".]`+name+`\b`, string(py), "python/ucpx.py does not declare %s", name)
+		}
 	})
 }
 
