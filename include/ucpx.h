@@ -15,7 +15,7 @@
  *    memory, read or written only during the call unless documented otherwise
  *    (message buffers stay in use until their request completes).
  *  - Every call is safe from any thread, concurrently.
- *  - Every call returns UCPX_OK (0) or a negative ucpx_status code. After a
+ *  - Every int-returning call returns UCPX_OK (0) or a negative ucpx_status code. After a
  *    failed call, ucpx_last_error copies a message for it (per calling thread);
  *    ucpx_strerror names a code.
  *  - Buffers passed as void* are never written by sends and puts (the ABI has no
@@ -23,9 +23,9 @@
  *  - A handle of the wrong kind, or one already destroyed, gives
  *    UCPX_ERR_INVALID_HANDLE. Destroying a parent (context, worker) closes its
  *    children in the library; their handles must still be destroyed to be freed.
- *  - libcuda is loaded at run time, only by the calls that need CUDA
- *    (ucpx_cuda_condition_create and what uses its conditions); host-only programs
- *    need no GPU and no driver.
+ *  - libcuda is opened at run time (dlopen), never linked; host-only programs need
+ *    no GPU and no driver. CUDA streams and events are passed as uintptr_t (a
+ *    CUstream is a cudaStream_t, a CUevent a cudaEvent_t).
  */
 #ifndef UCPX_H
 #define UCPX_H
@@ -215,7 +215,7 @@ int ucpx_request_test(ucpx_handle_t request, int *done);
 int ucpx_request_wait(ucpx_handle_t request, int timeout_ms);
 
 /* ucpx_request_info gives, once completed, the received length and the sender's tag
- * of a tag receive (either pointer may be NULL). */
+ * of a tag receive (either pointer may be NULL); UCPX_ERR_BUSY while it is pending. */
 int ucpx_request_info(ucpx_handle_t request, size_t *length, uint64_t *sender_tag);
 
 /* ucpx_request_record_event records the raw CUevent event on the stream of the
