@@ -66,6 +66,9 @@ func (d *cudaIPC) IPCCloseMemHandle(p uintptr) error {
 
 const envIPCCacheChild = "UCPX_TEST_IPC_CACHE_CHILD"
 
+// cuda.Device gives LocalHostIdentity the device's UUID.
+var _ protocol.DeviceUUID = cuda.Device{}
+
 // ipcStep is one operation the parent describes to the child: the IPC message it
 // carries (if any), the reference, and the checksum of the bytes there.
 type ipcStep struct {
@@ -129,6 +132,12 @@ func TestGPUIPCHandleCache(t *testing.T) {
 	crc1 := fill(m1.Ptr(), 1)
 
 	child := startIPCChild(t)
+	// Same-host identity: the child, on the same GPU, is reachable by CUDA IPC.
+	local, err := protocol.LocalHostIdentity(dev)
+	require.NoError(t, err)
+	require.NotEqual(t, [16]byte{}, local.Device, "device UUID")
+	peer := child.identity(t)
+	require.Equal(t, protocol.ReachSameDevice, protocol.IPCReach(local, peer, nil), "parent %+v child %+v", local, peer)
 	export := func(ptr uintptr, size int) (protocol.IPCRef, []byte) {
 		ref, msg, err := ex.Export(1, ptr, size)
 		require.NoError(t, err)
@@ -225,6 +234,29 @@ func startIPCChild(t *testing.T) *ipcChildProc {
 	return c
 }
 
+// identity waits for the child's host identity.
+func (c *ipcChildProc) identity(t *testing.T) protocol.HostIdentity {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case line, ok := <-c.lines:
+			require.True(t, ok, "child exited:\n%s", c.out.String())
+			c.out.WriteString(line + "\n")
+			if rest, found := strings.CutPrefix(line, "IPC-CACHE-ID "); found {
+				b, err := hex.DecodeString(rest)
+				require.NoError(t, err)
+				id, err := protocol.DecodeHostIdentity(b)
+				require.NoError(t, err)
+				return id
+			}
+			require.False(t, strings.HasPrefix(line, "IPC-CACHE-FAIL"), "child output:\n%s", c.out.String())
+		case <-timeout:
+			require.FailNow(t, "child timed out", "output:\n%s", c.out.String())
+		}
+	}
+}
+
 // step sends one operation and waits for the child's "OK <want>".
 func (c *ipcChildProc) step(t *testing.T, s ipcStep, want string) {
 	t.Helper()
@@ -276,6 +308,12 @@ func TestGPUIPCCacheChild(t *testing.T) {
 	s, err := ctx.NewStream(cuda.StreamNonBlocking, 0)
 	require.NoError(t, err)
 	defer s.Close()
+	id, err := protocol.LocalHostIdentity(dev)
+	if err != nil {
+		fail("identity: %v", err)
+	}
+	idb, _ := id.AppendBinary(nil)
+	fmt.Printf("IPC-CACHE-ID %s\n", hex.EncodeToString(idb))
 	drv := newCudaIPC(ctx)
 	opens := 0
 	counting := &countingIPC{cudaIPC: drv, opens: &opens}
