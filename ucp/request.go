@@ -70,6 +70,8 @@ type RequestParam struct {
 	Request *Request
 	// Staging is the operation's workspace policy (protocol.StageAlways,
 	// StageNever, ...); the zero value takes the context's (ContextParams.Protocol).
+	// The fused calls (TagSend, TagRecv, TagSendRecv) take no RequestParam and
+	// never stage: they are the host-memory fast path.
 	Staging protocol.Staging
 
 	// staged runs once on completion of an operation moved through staging memory
