@@ -1,6 +1,6 @@
 // Package netns runs "hosts" for tests: each in its own network, IPC, mount, PID and
-// UTS namespaces, with a private /dev/shm and one veth link (eth0, its own address)
-// to a bridge in a switch namespace of its own. UCX between two such hosts cannot use
+// UTS namespaces, with its own /dev/shm, /proc and /sys and one veth link (eth0, its
+// own address) to a bridge in a switch namespace of its own. UCX between two such hosts cannot use
 // shared memory or CMA (different IPC and PID namespaces, different /dev/shm, a
 // different machine id: hostname and MAC differ) and reaches the other host only
 // through eth0; processes of one host share all of that, as on a real machine.
@@ -111,11 +111,13 @@ func start(n int, opts *Options) (_ *Cluster, err error) {
 	for i := 0; i < n; i++ {
 		h := &Host{Index: i, Name: "host" + strconv.Itoa(i), IP: "10.77.0." + strconv.Itoa(i+1)}
 		c.Hosts = append(c.Hosts, h)
-		// The first process of the new namespaces mounts /dev/shm and /proc of its
-		// own, names the host and then only holds the namespaces.
+		// The first process of the new namespaces mounts /dev/shm, /proc and /sys of
+		// its own (UCX finds network devices in /sys/class/net, which shows the
+		// network namespace of whoever mounted it), names the host and then only holds
+		// the namespaces.
 		h.holder = exec.Command("unshare", "--net", "--ipc", "--mount", "--pid", "--uts", "--fork",
 			"--kill-child", "--mount-proc", "--propagation", "private", "--",
-			"sh", "-c", "mount -t tmpfs -o size=2g tmpfs /dev/shm && hostname "+h.Name+" && exec sleep infinity")
+			"sh", "-c", "mount -t tmpfs -o size=2g tmpfs /dev/shm && mount -t sysfs sysfs /sys && hostname "+h.Name+" && exec sleep infinity")
 		h.holder.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		var stderr bytes.Buffer
 		h.holder.Stderr = &stderr

@@ -36,4 +36,8 @@ func TestTwoHosts(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, string(out), "state UP")
 	require.NoError(t, a.SetLink(true))
+	// The host's /sys shows its own devices only (UCX looks there for UCX_NET_DEVICES).
+	out, err = b.Run("ls", "/sys/class/net")
+	require.NoError(t, err, "%s", out)
+	require.ElementsMatch(t, []string{"eth0", "lo"}, strings.Fields(string(out)))
 }
