@@ -433,7 +433,6 @@ func (m *leaseMem) giveBack(freeLease func()) {
 func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool, st *Stats, dev uintptr, off int, dir Direction) *leaseMem {
 	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
 	m := &leaseMem{l: l, pool: pool, st: st}
-	n := l.n
 	// prepare runs first in Before: it records the stream and picks the memory.
 	prepare := func(s streamcore.Stream) error {
 		if l.armOn(s) {
@@ -442,18 +441,7 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 			}
 			return nil
 		}
-		b, err := pool.Get(n)
-		if err != nil {
-			return fmt.Errorf("staging %d bytes aside from a busy workspace: %w", n, err)
-		}
-		l.release() // never used: later uses of the slots do not wait for it
-		if st != nil {
-			st.oversize.Add(1)
-		}
-		st.lend(b.Size())
-		m.own = b
-		p.Buf = b.Bytes()[:n] // read by the engine's issue, after the trigger
-		return nil
+		return m.aside(p)
 	}
 	p.unused = m.release
 	if dir == Out {
@@ -461,7 +449,7 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 			if err := prepare(s); err != nil {
 				return err
 			}
-			return s.Copy(m.addr(), dev, n)
+			return s.Copy(m.addr(), dev, l.n)
 		}
 		p.Release = m.release
 		return m
@@ -472,12 +460,31 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 		return m
 	}
 	p.After = func(s streamcore.Stream) error {
-		if err := s.Copy(dev, m.addr(), n); err != nil {
+		if err := s.Copy(dev, m.addr(), l.n); err != nil {
 			return err
 		}
 		return s.LaunchHostFunc(m.free)
 	}
 	return m
+}
+
+// aside moves p to pool memory of its own, giving its slots back unused (later uses of
+// them do not wait for it). The engine's issue reads p.Buf after the trigger, which
+// comes after this.
+func (m *leaseMem) aside(p *Part) error {
+	n := m.l.n
+	b, err := m.pool.Get(n)
+	if err != nil {
+		return fmt.Errorf("staging %d bytes aside from a busy workspace: %w", n, err)
+	}
+	m.l.release()
+	if m.st != nil {
+		m.st.oversize.Add(1)
+	}
+	m.st.lend(b.Size())
+	m.own = b
+	p.Buf = b.Bytes()[:n]
+	return nil
 }
 
 // stageReuse fills p, a part of one operation reusing the slot of an earlier part of
@@ -488,13 +495,27 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *Stats, dev uintptr, off int, dir Direction) *leaseMem {
 	*p = Part{Offset: off, Buf: l.bytes(), Staged: true}
 	m := &leaseMem{l: l, pool: pool, st: st}
+	// prev waited for the slot's earlier uses, so this part may wait for prev; prev
+	// took memory of its own when that was unsafe, and then so does this part.
+	prepare := func(s streamcore.Stream) (wait bool, err error) {
+		l.armOn(s)
+		if prev.own != nil {
+			return false, m.aside(p)
+		}
+		return true, nil
+	}
 	if dir == Out {
 		p.Before = func(s streamcore.Stream) error {
-			l.armOn(s) // its previous use is prev, of this operation: safe to wait for
-			if err := l.waitFree(s, []uint64{l.uses[0] - 1}); err != nil {
+			wait, err := prepare(s)
+			if err != nil {
 				return err
 			}
-			return s.Copy(l.addr(), dev+uintptr(off), l.n)
+			if wait {
+				if err := l.waitFree(s, []uint64{l.uses[0] - 1}); err != nil {
+					return err
+				}
+			}
+			return s.Copy(m.addr(), dev+uintptr(off), l.n)
 		}
 		p.Release, p.unused = m.release, m.release
 		return m
@@ -502,7 +523,9 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 	pl := prev.l
 	prevOff := off - pl.ws.nslot*pl.ws.slot
 	p.Before = func(s streamcore.Stream) error {
-		l.armOn(s)
+		if _, err := prepare(s); err != nil {
+			return err
+		}
 		if err := s.WaitValue(pl.ws.landedWord(pl.h, pl.first), pl.uses[0], streamcore.GEQ); err != nil {
 			return err
 		}
@@ -511,13 +534,12 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 	// prev's copy-out ran before this part's trigger, so this part done means prev's
 	// memory is free.
 	p.unused = func() { prev.release(); m.release() }
+	p.Release = func() { prev.release(); l.land() }
 	if reused {
-		p.Release = func() { prev.release(); l.land() }
 		return m
 	}
-	p.Release = func() { prev.release(); l.land() }
 	p.After = func(s streamcore.Stream) error {
-		if err := s.Copy(dev+uintptr(off), l.addr(), l.n); err != nil {
+		if err := s.Copy(dev+uintptr(off), m.addr(), l.n); err != nil {
 			return err
 		}
 		return s.LaunchHostFunc(m.free)

@@ -346,7 +346,11 @@ func (l *lease) land() {
 	l.ws.mu.Lock()
 	if !l.ws.closed {
 		for i := range l.k {
-			l.ws.landedWord(l.h, l.first+i).Store(l.uses[i])
+			// Monotonic: a lease given back early (its part took memory of its own)
+			// may land after a later use of its slot did.
+			if w := l.ws.landedWord(l.h, l.first+i); w.Load() < l.uses[i] {
+				w.Store(l.uses[i])
+			}
 		}
 	}
 	l.ws.mu.Unlock()

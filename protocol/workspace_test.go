@@ -286,6 +286,22 @@ func TestWorkspaceWaitsOnlyAcrossStreams(t *testing.T) {
 	require.NoError(t, s2.Synchronize())
 	require.Equal(t, src, other.Parts[0].Buf)
 	other.Parts[0].Release()
+
+	// A get larger than the workspace while an earlier get on the same stream holds
+	// the incoming half: every part moves aside, and the bytes arrive.
+	var held Plan
+	require.NoError(t, pl.Plan(Transfer{Buf: make([]byte, half), Dir: In}, route, &held))
+	require.NoError(t, held.Parts[0].Before(s1))
+	before := st.Snapshot().Oversize
+	peer := randomBytes(9*ws.SlotSize() + 3)
+	user := make([]byte, len(peer))
+	var big Plan
+	require.NoError(t, pl.Plan(Transfer{Buf: user, Dir: In, Splittable: true}, route, &big))
+	require.Len(t, big.Parts, 10)
+	runPlan(t, s1, &big, In, peer)
+	require.Equal(t, peer, user)
+	require.Equal(t, before+10, st.Snapshot().Oversize)
+	held.Unused(0)
 }
 
 func randomBytes(n int) []byte {
