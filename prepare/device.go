@@ -38,6 +38,10 @@ type deviceState struct {
 	handles []condition.DeviceHandle
 	reqs    []*ucp.Request
 	taken   []uint64
+	// kready (staged requests) replaces the conditions: table[p] points at kready[p],
+	// into which ucpx_pready stores the iteration; one of the request's streams waits
+	// for it, copies the partition to the host copy and triggers the put.
+	kready *stream.WordBlock
 }
 
 // DeviceHandle is what a kernel (through Kernel, as struct ucpx_partition_handle) or a
@@ -93,9 +97,11 @@ func (h DeviceHandle) Kernel() device.PartitionHandle {
 // sender's worker to progress (tcp, and RMA emulated over active messages): the host
 // thread that launched the kernel calls Wait (or Test), which does, or the worker has
 // ucp.WorkerParams.ProgressThread. Likewise the receiver's Wait progresses the arrival
-// of the data. The partitioned buffer is host memory; for a kernel to write or read it,
-// host-mapped pinned memory (device buffers under KernelTriggered conditions are
-// refused with ErrUnsupported until the transport moves device memory itself).
+// of the data. The partitioned buffer is host-mapped pinned memory or device memory
+// (Params.MemoryType): for a device buffer, ucpx_pready hands the partition to one of
+// the request's streams, which copies it to the host copy and triggers its put, and
+// the receiver's handle names landed words that the request's streams store only
+// once a partition was copied into the device buffer.
 //
 // A dead peer stores DeviceHandle.Failed into the request's words: a kernel waiting
 // in ucpx_pready or ucpx_parrived_wait returns false, ucpx_pstatus reports
@@ -116,6 +122,10 @@ func (r *Request) DeviceHandle() (DeviceHandle, error) {
 		r: r,
 	}
 	if r.role == receiver {
+		if r.st != nil {
+			// A kernel waits for the landed words: one per own partition.
+			h.Words, h.PeerPartBytes = r.wordAddr(r.st.landed, 0), h.PartBytes
+		}
 		return h, nil
 	}
 	if err := r.armDeviceLocked(); err != nil {
@@ -158,6 +168,9 @@ func (r *Request) armDeviceLocked() error {
 		}
 		r.dev = d
 	}
+	if r.st != nil {
+		return r.armStagedLocked()
+	}
 	for p, cond := range d.conds {
 		req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond})
 		if err != nil {
@@ -196,10 +209,44 @@ func (r *Request) armDeviceLocked() error {
 	return nil
 }
 
+// armStagedLocked arms a staged sender's iteration: per partition, one of the
+// request's streams waits for ucpx_pready's store into kready[p], copies the partition
+// to the host copy and triggers its put. Caller holds r.mu.
+func (r *Request) armStagedLocked() error {
+	d := r.dev
+	for p := range r.parts {
+		s := r.st.streamFor(p)
+		cond, err := r.streamCondLocked(s)
+		if err == nil {
+			err = s.WaitValue(d.kready.Word(p), r.iter, stream.GEQ)
+		}
+		if err == nil {
+			err = r.copyOut(s, p)
+		}
+		var req *ucp.Request
+		if err == nil {
+			req, err = r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue})
+		}
+		if err != nil {
+			// The streams hold waits no kernel answers: release them (the puts already
+			// enqueued then move stale data; the iteration fails). The request can run no
+			// more iterations.
+			r.err = fmt.Errorf("prepared %s tag %#x: arm partition %d: %w", r.role, r.tag, p, err)
+			r.storeFailedLocked()
+			return r.err
+		}
+		d.reqs[p] = req
+		r.readied[p] = true
+		r.inflight = append(r.inflight, req)
+	}
+	d.value = r.iter
+	d.armed = r.iter
+	return nil
+}
+
 // newDeviceState makes a sender's conditions and trigger table. Caller holds r.mu.
 func (r *Request) newDeviceState() (*deviceState, error) {
 	d := &deviceState{
-		conds:   make([]*condition.Condition, r.parts),
 		handles: make([]condition.DeviceHandle, r.parts),
 		reqs:    make([]*ucp.Request, r.parts),
 		taken:   make([]uint64, r.parts),
@@ -209,6 +256,19 @@ func (r *Request) newDeviceState() (*deviceState, error) {
 		return nil, fmt.Errorf("trigger table: %w", err)
 	}
 	d.table = table
+	if r.st != nil {
+		kready, err := r.backend.AllocWords(r.parts)
+		if err != nil {
+			_ = d.close()
+			return nil, fmt.Errorf("ready words: %w", err)
+		}
+		d.kready = kready
+		for p := range r.parts {
+			table.Word(p).Store(uint64(r.wordAddr(kready, p)))
+		}
+		return d, nil
+	}
+	d.conds = make([]*condition.Condition, r.parts)
 	for p := range d.conds {
 		c, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: r.backend})
 		if err != nil {
@@ -233,8 +293,8 @@ func (r *Request) failDevice() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	d := r.dev
-	if d == nil || r.freed || d.armed != r.iter {
-		return
+	if d == nil || r.freed || d.armed != r.iter || d.kready != nil {
+		return // a staged request's streams were released by fail's failed words
 	}
 	for p, req := range d.reqs {
 		if req != nil && !req.Done() {
@@ -252,22 +312,36 @@ func (d *deviceState) close() error {
 	}
 	var first error
 	for _, c := range d.conds {
-		if c == nil {
-			continue
-		}
-		err := c.Destroy()
-		for deadline := time.Now().Add(5 * time.Second); errors.Is(err, condition.ErrBusy) && time.Now().Before(deadline); {
-			time.Sleep(20 * time.Microsecond)
-			err = c.Destroy()
-		}
-		if err != nil && !errors.Is(err, condition.ErrDestroyed) && first == nil {
+		if err := destroyCondition(c); err != nil && first == nil {
 			first = err
 		}
 	}
 	if err := d.table.Close(); err != nil && first == nil {
 		first = err
 	}
+	if d.kready != nil {
+		if err := d.kready.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
 	return first
+}
+
+// destroyCondition destroys c, waiting up to 5 s for operations a failure left to
+// retire (their streams were released; the engine ends them). nil-safe.
+func destroyCondition(c *condition.Condition) error {
+	if c == nil {
+		return nil
+	}
+	err := c.Destroy()
+	for deadline := time.Now().Add(5 * time.Second); errors.Is(err, condition.ErrBusy) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Microsecond)
+		err = c.Destroy()
+	}
+	if errors.Is(err, condition.ErrDestroyed) {
+		return nil
+	}
+	return err
 }
 
 // checkLocked validates a twin's handle and partition. Caller holds r.mu.
@@ -335,7 +409,13 @@ func PreadyHandle(h DeviceHandle, p int) error {
 		flag := r.words.Word(p)
 		switch v := flag.Load(); {
 		case v == 1 && flag.CompareAndSwap(1, 0):
-			err := condition.Trigger(d.handles[p])
+			var err error
+			if d.kready != nil {
+				d.kready.Word(p).Store(h.TriggerValue)
+				d.kready.Notify()
+			} else {
+				err = condition.Trigger(d.handles[p])
+			}
 			r.mu.Unlock()
 			return err
 		case v != 0 && v != 1:
@@ -379,6 +459,13 @@ func (h DeviceHandle) parrived(op string, q int) (bool, error) {
 	defer r.mu.Unlock()
 	if err := h.checkLocked(op, receiver, q); err != nil {
 		return false, err
+	}
+	if r.st != nil {
+		ok, failed := r.landed(q)
+		if failed {
+			return false, r.peerFailedLocked(op, q)
+		}
+		return ok, nil
 	}
 	first, last := r.senderParts(q)
 	arrived := true

@@ -25,9 +25,24 @@
 // operation), ucpx_parrived(h, q) and ucpx_pstatus(h, q) see receive partitions
 // arrive. PreadyHandle and ParrivedHandle do the same from host goroutines.
 //
-// A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
-// and releases every stream, graph and kernel waiting on the request.
+// A sender's iteration completes (Wait, Test) once the buffer may be reused and the
+// receiver acknowledged the iteration with one small write: UCX may hold a
+// put-with-signal's signal in the sender's queue after reporting it complete, so a
+// sender that stopped progressing after its Wait would otherwise leave the receiver
+// waiting. The receiver's Wait returns once its acknowledgement was sent. Between
+// iterations neither side needs progressing; while one runs, both sides' Wait (or
+// Test) drive their workers, or the workers have ucp.WorkerParams.ProgressThread.
 //
-// Not built yet: the CUDA-IPC data path for device buffers on one host (a kernel's
-// partitions are host-mapped pinned memory until then).
+// Device buffers (Params.MemoryType ucp.MemoryCUDA, on a CUDA Backend) are staged:
+// each partition travels through a host copy of the buffer, copied on a stream — the
+// caller's for PreadyOnStream, one of the request's own streams for Pready and
+// ucpx_pready, after the receiver's readiness and before the partition's put; on the
+// receiver the request's streams copy each partition into the device buffer once it
+// arrived, and only then do Parrived, ArrivedOnStream, Wait and ucpx_parrived report
+// it. No host thread waits for a copy. PreadyNode refuses staged requests
+// (ErrUnsupported); the CUDA-IPC path within a node is not built yet.
+//
+// A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
+// and releases every stream, graph and kernel waiting on the request. The contents of
+// a receive buffer in an iteration that failed are undefined.
 package prepare

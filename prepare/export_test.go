@@ -2,3 +2,20 @@ package prepare
 
 // Fail records err as the peer's failure, as the endpoint's failure hook does.
 func Fail(r *Request, err error) { r.fail(err) }
+
+// Staged makes a request with p stage its host buffer as it stages a device buffer
+// (a host copy, copies on the request's streams), so the staged protocol runs on host
+// streams.
+func Staged(p Params) Params { p.stage = true; return p }
+
+func DebugWords(r *Request) (words, landed []uint64) {
+	for i := range r.words.Len() {
+		words = append(words, r.words.Word(i).Load())
+	}
+	if r.st != nil && r.st.landed != nil {
+		for i := range r.st.landed.Len() {
+			landed = append(landed, r.st.landed.Word(i).Load())
+		}
+	}
+	return
+}

@@ -33,6 +33,10 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 		return nil, fmt.Errorf("pready node: partition %d of %d: %w", p, r.parts, ErrInvalidParam)
 	case g == nil || g.Kind() != r.backend.Kind():
 		return nil, fmt.Errorf("pready node: the graph is not of the request's backend: %w", ErrInvalidParam)
+	case r.st != nil:
+		// A staged partition's copy would need a copy node per launch ahead of the
+		// put; the CUDA-IPC path will give device buffers graph nodes.
+		return nil, fmt.Errorf("pready node: a staged (device) buffer: use PreadyOnStream on a stream the graph waits for: %w", ErrUnsupported)
 	}
 	if err := r.errLocked(); err != nil {
 		return nil, err

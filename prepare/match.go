@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -30,13 +31,66 @@ type matchKey struct {
 	index int
 }
 
-// registry matches a worker's requests with their peers' handshakes.
+// registry matches a worker's requests with their peers' handshakes, and holds the
+// senders' ack words.
 type registry struct {
 	w     *ucp.Worker
 	mu    sync.Mutex
 	next  map[matchKey]int // by (peer, tag, role) with index 0: the next index
 	reqs  map[matchKey]*Request
 	early map[matchKey]handshake // handshakes that came before their request
+	acks  *ackBlock              // the block new ack slots come from
+	host  stream.Backend         // of the ack words
+}
+
+// ackBlock is registered C memory holding senders' ack words, one slot per sender
+// request ever made on the worker: slots are never reused and the memory is never
+// freed (its registration ends with the context), so a receiver's ack that lands late
+// writes into no one else's memory, and a request's Test after its context closed
+// still reads memory.
+type ackBlock struct {
+	words *ucp.Signals
+	key   []byte // packed once
+	used  int
+}
+
+const ackSlotsPerBlock = 64
+
+// ackSlot is one ack word.
+type ackSlot struct {
+	block *ackBlock
+	i     int
+}
+
+func (a ackSlot) addr() uint64 { return a.block.words.Addr(a.i) }
+func (a ackSlot) load() uint64 { return a.block.words.Word(a.i).Load() }
+
+// newAckSlot hands out a zeroed ack word.
+func (g *registry) newAckSlot() (ackSlot, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.acks == nil || g.acks.used == ackSlotsPerBlock {
+		if g.host == nil {
+			b, err := stream.Open(stream.Host)
+			if err != nil {
+				return ackSlot{}, err
+			}
+			g.host = b
+		}
+		words, err := g.w.NewSignals(g.host, ackSlotsPerBlock)
+		if err != nil {
+			return ackSlot{}, err
+		}
+		key, err := words.PackRkey()
+		if err != nil {
+			_ = words.Close()
+			return ackSlot{}, err
+		}
+		g.acks = &ackBlock{words: words, key: key}
+	}
+	a := ackSlot{block: g.acks, i: g.acks.used}
+	g.acks.used++
+	return a, nil
 }
 
 var registries sync.Map // *ucp.Worker -> *registry
@@ -156,7 +210,13 @@ func (r *Request) takeRemoteLocked(h handshake) error {
 			return fmt.Errorf("prepare: the peer's buffer: %w", err)
 		}
 		r.remote.bufKey, r.remote.bufBase = bk, h.base
+		return nil
 	}
+	ak, err := r.peer.UnpackRkey(h.ackKey)
+	if err != nil {
+		return fmt.Errorf("prepare: the peer's ack word: %w", err)
+	}
+	r.remote.ackKey, r.remote.ackBase = ak, h.ackBase
 	return nil
 }
 
@@ -173,8 +233,10 @@ func (r *Request) ownHandshakeLocked() (handshake, error) {
 		if err != nil {
 			return h, err
 		}
-		h.bufKey, h.base = bk, uint64(ptrOf(r.buf))
+		h.bufKey, h.base = bk, uint64(ptrOf(r.xfer))
+		return h, nil
 	}
+	h.ackKey, h.ackBase = r.ack.block.key, r.ack.addr()
 	return h, nil
 }
 
@@ -187,12 +249,12 @@ func (r *Request) receiverWordsLocked() error {
 	if err != nil {
 		return err
 	}
-	ones, err := r.w.Context().MemAlloc(8 * r.remote.parts)
+	ones, err := r.w.Context().MemAlloc(8 * (r.remote.parts + 1))
 	if err != nil {
 		_ = words.Close()
 		return err
 	}
-	b := ones.Bytes()
+	b := ones.Bytes()[:8*r.remote.parts]
 	for i := 0; i < len(b); i += 8 {
 		*(*uint64)(unsafe.Pointer(&b[i])) = 1
 	}

@@ -3,11 +3,12 @@ package prepare
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/errs"
@@ -31,6 +32,13 @@ type Params struct {
 	// Backend is the backend of the streams and graphs the request is used with
 	// (PreadyOnStream, ArrivedOnStream, PreadyNode); nil means host streams.
 	Backend stream.Backend
+	// MemoryType of buf: host memory (the zero value) or, on a CUDA Backend, device
+	// memory (ucp.MemoryCUDA, ucp.MemoryCUDAManaged; buf from ucp.DeviceBuffer). A
+	// device buffer is staged: each partition travels through a host copy of the
+	// buffer, copied on a stream (see Request.Pready), so up to 1024 partitions.
+	MemoryType ucp.MemoryType
+
+	stage bool // tests: stage a host buffer as a device one
 }
 
 // Stats counts what a request did.
@@ -50,6 +58,7 @@ var (
 	ErrInvalidParam = errs.InvalidParam
 	ErrClosed       = errs.Closed
 	ErrBusy         = errs.Busy
+	ErrUnsupported  = errs.Unsupported
 )
 
 type role uint8
@@ -81,12 +90,19 @@ type Request struct {
 	ownMemh bool
 	backend stream.Backend
 	ownBack bool
+	// xfer is the memory the puts read (sender) or land in (receiver), registered by
+	// memh: buf itself, or a staged request's host copy of it (st).
+	xfer []byte
+	st   *staging
 
 	// Words of this side: a sender's ready flags (one per own partition, set to 1 by
 	// the receiver's Start), a receiver's arrival counters (one per sender partition,
 	// incremented by each partition's put).
 	words *ucp.Signals
-	// Receiver: ones, the source of the one RDMA write that sets every ready flag.
+	// Sender: its ack word (see ackWord), a slot of the worker's registry.
+	ack ackSlot
+	// Receiver: ones, the source of the one RDMA write that sets every ready flag,
+	// and one word more, the source of the ack write.
 	ones *ucp.MemH
 
 	mu       sync.Mutex
@@ -106,9 +122,23 @@ type Request struct {
 	// waiting for the receiver's flag, and the puts in flight.
 	readied  []bool
 	waiting  []int
+	taken    []int // pumpLocked's scratch
 	inflight []*ucp.Request
+	// Sender: iters holds the current iteration in every word, the source of the
+	// arrival counters' write after a run of partitions moved as one put.
+	iters *ucp.MemH
 	// Receiver: the ready write of the current iteration.
 	readyReq *ucp.Request
+	// iterErr is the first failure of the current iteration's own operations (a put
+	// refused at issue): the iteration completes with it.
+	iterErr error
+	// Sender: the flush that shows the iteration reached the receiver if its ack did
+	// not come first (see ackWord). Receiver: the write that tells the sender an
+	// iteration completed.
+	tail    *ucp.Request
+	unacked int // Tests that found everything done but no ack yet
+	ackReq  *ucp.Request
+	ackIter uint64 // the iteration ackReq acknowledges
 
 	streamConds map[stream.Stream]*condition.Condition
 	graphConds  []*condition.Condition
@@ -124,6 +154,9 @@ type remote struct {
 	// ready flags.
 	bufKey, wordKey   *ucp.Rkey
 	bufBase, wordBase uint64
+	// Receiver: the sender's ack word.
+	ackKey  *ucp.Rkey
+	ackBase uint64
 }
 
 // PsendInit makes a persistent partitioned send of buf to p.Peer.
@@ -147,11 +180,19 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: %d partitions (want 1 to %d): %w", op, p.Partitions, maxPartitions, ErrInvalidParam)
 	case len(buf) == 0 || len(buf)%p.Partitions != 0:
 		return nil, fmt.Errorf("%s: %d bytes do not split into %d equal partitions: %w", op, len(buf), p.Partitions, ErrInvalidParam)
+	case p.MemoryType != ucp.MemoryHost && !isDevice(p.MemoryType):
+		return nil, fmt.Errorf("%s: %s buffers: %w", op, p.MemoryType, ErrUnsupported)
+	case isDevice(p.MemoryType) && (p.Backend == nil || p.Backend.Kind() != stream.KindCUDA):
+		return nil, fmt.Errorf("%s: a %s buffer needs a CUDA Params.Backend: %w", op, p.MemoryType, ErrInvalidParam)
+	case isDevice(p.MemoryType) && p.MemH != nil:
+		return nil, fmt.Errorf("%s: MemH with a %s buffer (the request registers its own host copy): %w", op, p.MemoryType, ErrInvalidParam)
+	case (isDevice(p.MemoryType) || p.stage) && p.Partitions > maxStagedPartitions:
+		return nil, fmt.Errorf("%s: %d partitions of a %s buffer (at most %d: each is staged on a stream): %w", op, p.Partitions, p.MemoryType, maxStagedPartitions, ErrInvalidParam)
 	case p.MemH != nil && (p.MemH.Address() > ptrOf(buf) || ptrOf(buf)+uintptr(len(buf)) > p.MemH.Address()+uintptr(p.MemH.Len())):
 		return nil, fmt.Errorf("%s: MemH does not cover the buffer: %w", op, ErrInvalidParam)
 	}
 	r := &Request{
-		role: ro, w: w, peer: p.Peer, tag: p.Tag, buf: buf, parts: p.Partitions,
+		role: ro, w: w, peer: p.Peer, tag: p.Tag, buf: buf, xfer: buf, parts: p.Partitions,
 		memh: p.MemH, backend: p.Backend, prepared: make(chan struct{}),
 		streamConds: map[stream.Stream]*condition.Condition{},
 	}
@@ -161,6 +202,9 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 			return nil, err
 		}
 		r.backend, r.ownBack = b, true
+	}
+	if isDevice(p.MemoryType) || p.stage {
+		r.st = &staging{}
 	}
 	if err := r.allocate(); err != nil {
 		r.release()
@@ -172,6 +216,12 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	r.reg = reg
+	if ro == sender {
+		if r.ack, err = reg.newAckSlot(); err != nil {
+			r.release()
+			return nil, fmt.Errorf("%s: ack word: %w", op, err)
+		}
+	}
 	reg.add(r)
 	p.Peer.OnFailure(func(_ *ucp.Endpoint, err error) { r.fail(err) })
 	return r, nil
@@ -181,7 +231,11 @@ const maxPartitions = 1 << 20
 
 // allocate registers the buffer and makes this side's words.
 func (r *Request) allocate() error {
-	if r.memh == nil {
+	if r.st != nil {
+		if err := r.allocStaging(); err != nil {
+			return err
+		}
+	} else if r.memh == nil {
 		m, err := r.w.Context().MemMap(r.buf)
 		if err != nil {
 			return err
@@ -195,21 +249,33 @@ func (r *Request) allocate() error {
 		}
 		r.words = words
 		r.readied = make([]bool, r.parts)
+		if r.st == nil {
+			iters, err := r.w.Context().MemAlloc(8 * r.parts)
+			if err != nil {
+				return err
+			}
+			r.iters = iters
+		}
 	}
 	return nil
 }
 
 // release frees what the request holds.
 func (r *Request) release() {
+	r.st.close()
 	if r.words != nil {
 		_ = r.words.Close()
 	}
 	if r.ones != nil {
 		_ = r.ones.Close()
 	}
+	if r.iters != nil {
+		_ = r.iters.Close()
+	}
 	if r.ownMemh && r.memh != nil {
 		_ = r.memh.Close()
 	}
+	r.st.freePinned()
 	if r.ownBack {
 		_ = r.backend.Close()
 	}
@@ -243,12 +309,7 @@ func (r *Request) fail(err error) {
 	// Under r.mu, so Free cannot release the words meanwhile. failedWord satisfies a
 	// receiver stream's GEQ wait and a sender stream's AND 1 wait, so no stream stays
 	// blocked on a dead peer.
-	if words := r.words; words != nil {
-		for i := range words.Len() {
-			words.Word(i).Store(failedWord)
-		}
-		words.Word(0).Block().Notify()
-	}
+	r.storeFailedLocked()
 	r.mu.Unlock()
 	r.failDevice()
 }
@@ -290,20 +351,36 @@ func (r *Request) Start() error {
 	}
 	r.iter++
 	r.active = true
+	r.iterErr = nil
 	if r.role == sender {
 		clear(r.readied)
 		r.waiting = r.waiting[:0]
 		r.inflight = r.inflight[:0]
+		r.tail, r.unacked = nil, 0
+		if r.iters != nil {
+			b := r.iters.Bytes()
+			for i := 0; i < len(b); i += 8 {
+				*(*uint64)(unsafe.Pointer(&b[i])) = r.iter
+			}
+		}
 		return nil
 	}
 	// One write sets every ready flag of the sender.
-	req, err := r.peer.PutNbx(r.ones.Bytes(), r.remote.wordBase, r.remote.wordKey, &ucp.RequestParam{MemH: r.ones})
+	req, err := r.peer.PutNbx(r.ones.Bytes()[:8*r.remote.parts], r.remote.wordBase, r.remote.wordKey, &ucp.RequestParam{MemH: r.ones})
 	if err != nil {
 		r.active = false
 		r.iter--
 		return fmt.Errorf("start: publish readiness: %w", err)
 	}
 	r.readyReq = req
+	if r.st != nil {
+		if err := r.landLocked(); err != nil {
+			// The readiness went out: the sender will move this iteration, but it cannot
+			// land. The request can run no more iterations.
+			r.err = fmt.Errorf("prepared %s tag %#x: start: land partitions: %w", r.role, r.tag, err)
+			return r.err
+		}
+	}
 	return nil
 }
 
@@ -355,6 +432,16 @@ func (r *Request) PreadyList(ps []int) error {
 	if err := r.checkPreadyLocked("pready", ps); err != nil {
 		return err
 	}
+	if r.st != nil {
+		// Each partition's copy to the host copy runs on one of the request's streams,
+		// behind its ready flag, and triggers its put.
+		for _, p := range ps {
+			if err := r.preadyOnStreamLocked(r.st.streamFor(p), p); err != nil {
+				return fmt.Errorf("pready: %w", err)
+			}
+		}
+		return nil
+	}
 	for _, p := range ps {
 		r.readied[p] = true
 		r.waiting = append(r.waiting, p)
@@ -373,7 +460,10 @@ func (r *Request) checkPreadyLocked(op string, ps []int) error {
 	if !r.active {
 		return fmt.Errorf("%s before Start: %w", op, ErrInvalidParam)
 	}
-	seen := map[int]bool{}
+	var seen map[int]bool
+	if len(ps) > 1 {
+		seen = make(map[int]bool, len(ps))
+	}
 	for _, p := range ps {
 		switch {
 		case p < 0 || p >= r.parts:
@@ -381,45 +471,97 @@ func (r *Request) checkPreadyLocked(op string, ps []int) error {
 		case r.readied[p] || seen[p]:
 			return fmt.Errorf("%s: partition %d already ready in iteration %d: %w", op, p, r.iter, ErrInvalidParam)
 		}
-		seen[p] = true
+		if seen != nil {
+			seen[p] = true
+		}
 	}
 	return nil
 }
 
-// pumpLocked moves every waiting partition whose ready flag the receiver has set.
-// Caller holds r.mu.
+// pumpLocked moves every waiting partition whose ready flag the receiver has set. A
+// put refused at issue fails the iteration (it completes with that error: the
+// partition's flag was taken, so it cannot move in this iteration any more) and is
+// also returned. Caller holds r.mu.
 func (r *Request) pumpLocked() error {
-	kept := r.waiting[:0]
-	var first error
+	// The receiver's Start sets every flag with one write: while the first waiting
+	// partition's flag is unset, so are the others', and there is nothing to scan.
+	if len(r.waiting) == 0 || r.words.Word(r.waiting[0]).Load() != 1 {
+		return nil
+	}
+	kept, taken := r.waiting[:0], r.taken[:0]
 	for _, p := range r.waiting {
-		flag := r.words.Word(p)
-		if flag.Load() == failedWord || !flag.CompareAndSwap(1, 0) {
+		if r.words.Word(p).CompareAndSwap(1, 0) {
+			taken = append(taken, p)
+		} else {
 			kept = append(kept, p)
-			continue
 		}
-		req, err := r.putLocked(p, nil)
-		if err != nil {
+	}
+	r.waiting, r.taken = kept, taken
+	slices.Sort(taken)
+	var first error
+	for i := 0; i < len(taken); {
+		j := i + 1
+		for j < len(taken) && taken[j] == taken[j-1]+1 {
+			j++
+		}
+		if err := r.moveRunLocked(taken[i], taken[j-1]); err != nil {
+			err = fmt.Errorf("pready: partitions %d to %d: %w", taken[i], taken[j-1], err)
+			if r.iterErr == nil {
+				r.iterErr = err
+			}
 			if first == nil {
 				first = err
 			}
-			continue
+		}
+		i = j
+	}
+	return first
+}
+
+// moveRunLocked moves partitions lo through hi, whose flags it took. One partition is
+// one put-with-signal. A longer run moves as one put of its bytes, a fence and one put
+// of the iteration into its arrival counters (what the counters' adds would give):
+// partitions that became movable together, such as every partition made ready before
+// the receiver's readiness arrived, cost two operations instead of three each.
+// Caller holds r.mu.
+func (r *Request) moveRunLocked(lo, hi int) error {
+	if lo == hi {
+		req, err := r.putLocked(lo, nil)
+		if err != nil {
+			return err
 		}
 		r.inflight = append(r.inflight, req)
+		return nil
 	}
-	r.waiting = kept
-	return first
+	size := len(r.xfer) / r.parts
+	off, n := lo*size, (hi-lo+1)*size
+	data, err := r.peer.PutNbx(r.xfer[off:off+n], r.remote.bufBase+uint64(off), r.remote.bufKey, &ucp.RequestParam{MemH: r.memh})
+	if err != nil {
+		return err
+	}
+	r.inflight = append(r.inflight, data)
+	if err := r.w.Fence(); err != nil {
+		return err
+	}
+	words, err := r.peer.PutNbx(r.iters.Bytes()[8*lo:8*(hi+1)], r.remote.wordBase+8*uint64(lo), r.remote.wordKey, &ucp.RequestParam{MemH: r.iters})
+	if err != nil {
+		return err
+	}
+	r.inflight = append(r.inflight, words)
+	r.stats.Puts += uint64(hi - lo + 1)
+	return nil
 }
 
 // putLocked moves partition p (with rp's condition, if any) and counts its arrival at
 // the receiver. Caller holds r.mu (or owns r during setup).
 func (r *Request) putLocked(p int, rp *ucp.RequestParam) (*ucp.Request, error) {
-	off, size := partRange(len(r.buf), r.parts, p)
+	off, size := partRange(len(r.xfer), r.parts, p)
 	param := ucp.RequestParam{MemH: r.memh}
 	if rp != nil {
 		param.Condition, param.Flags = rp.Condition, rp.Flags
 	}
 	sig := ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: r.remote.wordBase + 8*uint64(p), Rkey: r.remote.wordKey}
-	req, err := r.peer.PutSignalNbx(r.buf[off:off+size], r.remote.bufBase+uint64(off), r.remote.bufKey, sig, &param)
+	req, err := r.peer.PutSignalNbx(r.xfer[off:off+size], r.remote.bufBase+uint64(off), r.remote.bufKey, sig, &param)
 	if err == nil {
 		r.stats.Puts++
 	}
@@ -428,7 +570,8 @@ func (r *Request) putLocked(p int, rp *ucp.RequestParam) (*ucp.Request, error) {
 
 // PreadyOnStream marks partition p ready when stream s gets here: the stream waits for
 // the receiver's readiness, then the engine moves the partition; later work on s does
-// not wait for the transfer. s must be of the request's backend.
+// not wait for the transfer. s must be of the request's backend. For a device buffer
+// the partition's copy to the host copy runs on s too, after the wait.
 func (r *Request) PreadyOnStream(s stream.Stream, p int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -438,25 +581,48 @@ func (r *Request) PreadyOnStream(s stream.Stream, p int) error {
 	if s == nil || s.Kind() != r.backend.Kind() {
 		return fmt.Errorf("pready on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
 	}
-	cond := r.streamConds[s]
-	if cond == nil {
-		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: r.backend, Stream: s})
-		if err != nil {
-			return fmt.Errorf("pready on stream: %w", err)
-		}
-		r.streamConds[s], cond = c, c
+	if err := r.preadyOnStreamLocked(s, p); err != nil {
+		return fmt.Errorf("pready on stream: %w", err)
+	}
+	return nil
+}
+
+// streamCondLocked is the request's Stream condition on s, made on first use.
+func (r *Request) streamCondLocked(s stream.Stream) (*condition.Condition, error) {
+	if cond := r.streamConds[s]; cond != nil {
+		return cond, nil
+	}
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: r.backend, Stream: s})
+	if err != nil {
+		return nil, err
+	}
+	r.streamConds[s] = c
+	return c, nil
+}
+
+// preadyOnStreamLocked enqueues on s: wait for partition p's ready flag (or the
+// failure value), take it, copy a staged partition to the host copy, trigger the
+// put. Caller holds r.mu and checked p.
+func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
+	cond, err := r.streamCondLocked(s)
+	if err != nil {
+		return err
 	}
 	flag := r.words.Word(p)
-	// Wait for the receiver's flag (or the failure value), take it, then trigger.
 	if err := s.WaitValue(flag, 1, stream.AND); err != nil {
-		return fmt.Errorf("pready on stream: %w", err)
+		return err
 	}
 	if err := s.WriteValue(flag, 0); err != nil {
-		return fmt.Errorf("pready on stream: %w", err)
+		return err
+	}
+	if r.st != nil {
+		if err := r.copyOut(s, p); err != nil {
+			return err
+		}
 	}
 	req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue})
 	if err != nil {
-		return fmt.Errorf("pready on stream: %w", err)
+		return err
 	}
 	r.readied[p] = true
 	r.inflight = append(r.inflight, req)
@@ -483,8 +649,9 @@ func (r *Request) Parrived(p int) (bool, error) {
 		r.mu.Unlock()
 		return false, fmt.Errorf("parrived before Start: %w", ErrInvalidParam)
 	}
+	ok, _ := r.landed(p)
 	r.mu.Unlock()
-	if r.arrived(p) {
+	if ok {
 		return true, nil
 	}
 	r.w.Progress()
@@ -493,7 +660,11 @@ func (r *Request) Parrived(p int) (bool, error) {
 	if err := r.errLocked(); err != nil {
 		return false, err
 	}
-	return r.arrived(p), nil
+	ok, failed := r.landed(p)
+	if failed {
+		return false, fmt.Errorf("parrived: partition %d: %w", p, ucp.ErrPeerFailed)
+	}
+	return ok, nil
 }
 
 // senderParts is the range of the sender's partitions that cover receive partition q.
@@ -501,17 +672,6 @@ func (r *Request) senderParts(q int) (first, last int) {
 	off, size := partRange(len(r.buf), r.parts, q)
 	ssize := len(r.buf) / r.remote.parts
 	return off / ssize, (off + size - 1) / ssize
-}
-
-// arrived reports whether every sender partition covering q arrived this iteration.
-func (r *Request) arrived(q int) bool {
-	first, last := r.senderParts(q)
-	for sp := first; sp <= last; sp++ {
-		if v := r.words.Word(sp).Load(); v == failedWord || v < r.iter {
-			return false
-		}
-	}
-	return true
 }
 
 // ArrivedOnStream holds back later work on s until partition p of the current
@@ -531,6 +691,12 @@ func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
 	}
 	if err := r.errLocked(); err != nil {
 		return err
+	}
+	if r.st != nil {
+		if err := s.WaitValue(r.st.landed.Word(p), r.iter, stream.GEQ); err != nil {
+			return fmt.Errorf("arrived on stream: %w", err)
+		}
+		return nil
 	}
 	first, last := r.senderParts(p)
 	for sp := first; sp <= last; sp++ {
@@ -576,7 +742,27 @@ func (r *Request) testLocked() (bool, error) {
 				return false, nil
 			}
 		}
-		var first error
+		if r.iterErr == nil && len(r.inflight) > 0 && int64(r.ack.load()-r.iter) < 0 {
+			// Not acknowledged yet: a flush shows it as well, for a receiver that calls
+			// Test or Wait only after this Wait (one goroutine driving both sides).
+			if r.unacked++; r.unacked < flushAfterTests {
+				return false, nil
+			}
+			if r.tail == nil {
+				tail, err := r.peer.FlushNbx(nil)
+				if err != nil {
+					r.iterErr = fmt.Errorf("flush: %w", err)
+				}
+				r.tail = tail
+			}
+			if r.iterErr == nil && !r.tail.Done() {
+				return false, nil
+			}
+			if r.iterErr == nil {
+				r.iterErr = r.tail.Err()
+			}
+		}
+		first := r.iterErr
 		for _, req := range r.inflight {
 			if err := req.Err(); err != nil && first == nil {
 				first = err
@@ -589,8 +775,8 @@ func (r *Request) testLocked() (bool, error) {
 	if r.readyReq != nil && !r.readyReq.Done() {
 		return false, nil
 	}
-	for sp := range r.remote.parts {
-		if v := r.words.Word(sp).Load(); v == failedWord || v < r.iter {
+	for q := range r.parts {
+		if ok, _ := r.landed(q); !ok {
 			return false, nil
 		}
 	}
@@ -598,9 +784,57 @@ func (r *Request) testLocked() (bool, error) {
 	if r.readyReq != nil {
 		err = r.readyReq.Err()
 	}
+	if err == nil && r.ackIter != r.iter {
+		if r.ackReq != nil && !r.ackReq.Done() {
+			return false, nil // the last ack still reads its source word
+		}
+		if err = r.ackLocked(); err == nil {
+			r.ackIter = r.iter
+		}
+	}
+	if err == nil && !r.ackReq.Done() {
+		// Done once UCX sent it: a receiver that stops progressing after Wait must not
+		// keep the ack in its queue.
+		return false, nil
+	}
+	if err == nil {
+		err = r.ackReq.Err()
+	}
 	r.active = false
 	r.stats.Iterations++
 	return true, err
+}
+
+// ackWord: a sender's iteration completes once the receiver wrote the iteration into
+// the sender's ack word, that is once every partition arrived, or
+// once a flush of the endpoint completed, whichever comes first. UCX may report a
+// put-with-signal complete while its signal still waits in the sender's queue (behind
+// the fence) for a later progress call; a sender that stopped progressing after its
+// Wait would leave the receiver waiting. Waiting for the ack keeps the sender
+// progressing until the receiver has everything, and costs no iteration: the
+// sender's next one waits for the receiver's next Start anyway. The flush covers a
+// receiver that waits only after the sender's Wait returned (it needs the receiver's
+// progress, which the ack does not: a receiver that stops progressing after its Wait
+// sent the ack). The ack word is a slot of the worker's registry, never reused and
+// freed with the worker's context, so an ack that lands after the sender was freed
+// writes nothing that belongs to anyone else.
+
+// flushAfterTests: a sender flushes only after this many Tests found its operations
+// done and no ack, so that a receiver waiting concurrently acknowledges first and no
+// flush is left in flight.
+const flushAfterTests = 256
+
+// ackLocked writes the completed iteration into the sender's ack word. Caller holds
+// r.mu.
+func (r *Request) ackLocked() error {
+	src := r.ones.Bytes()[8*r.remote.parts:]
+	*(*uint64)(unsafe.Pointer(&src[0])) = r.iter
+	req, err := r.peer.PutNbx(src[:8], r.remote.ackBase, r.remote.ackKey, &ucp.RequestParam{MemH: r.ones})
+	if err != nil {
+		return fmt.Errorf("acknowledge iteration %d: %w", r.iter, err)
+	}
+	r.ackReq = req
+	return nil
 }
 
 // Wait waits until the current iteration completed (see Test) or ctx ends. It drives
@@ -663,6 +897,7 @@ func (r *Request) Free() error {
 		return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
 	}
 	r.freed = true
+	ack, tail := r.ackReq, r.tail
 	conds := r.graphConds
 	for _, c := range r.streamConds {
 		conds = append(conds, c)
@@ -671,12 +906,22 @@ func (r *Request) Free() error {
 	r.mu.Unlock()
 	var first error
 	for _, c := range conds {
-		if err := c.Destroy(); err != nil && !errors.Is(err, condition.ErrDestroyed) && first == nil {
+		if err := destroyCondition(c); err != nil && first == nil {
 			first = err
 		}
 	}
 	if err := dev.close(); err != nil && first == nil {
 		first = err
+	}
+	// The ack write reads r.ones: let it leave (bounded) before that is freed. A flush
+	// left in flight would be purged by UCX when the worker closes: let it end too.
+	for deadline := time.Now().Add(time.Second); (ack != nil && !ack.Done()) || (tail != nil && !tail.Done()); {
+		if time.Now().After(deadline) {
+			break
+		}
+		if r.w.Progress() == 0 {
+			runtime.Gosched()
+		}
 	}
 	r.reg.remove(r)
 	if r.remote.bufKey != nil {
@@ -684,6 +929,9 @@ func (r *Request) Free() error {
 	}
 	if r.remote.wordKey != nil {
 		_ = r.remote.wordKey.Close()
+	}
+	if r.remote.ackKey != nil {
+		_ = r.remote.ackKey.Close()
 	}
 	r.release()
 	return first
@@ -700,6 +948,8 @@ type handshake struct {
 	wordBase uint64 // sender: ready flags; receiver: arrival counters
 	bufKey   []byte // receiver: buffer key
 	wordKey  []byte
+	ackBase  uint64 // sender: its ack word
+	ackKey   []byte
 }
 
 const handshakeMagic = 0x75637078_70726570 // "ucpxprep"
@@ -716,7 +966,10 @@ func (h *handshake) marshal() []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.bufKey)))
 	b = append(b, h.bufKey...)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.wordKey)))
-	return append(b, h.wordKey...)
+	b = append(b, h.wordKey...)
+	b = binary.LittleEndian.AppendUint64(b, h.ackBase)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.ackKey)))
+	return append(b, h.ackKey...)
 }
 
 // unmarshalHandshake decodes a peer's bytes; anything malformed is refused.
@@ -751,7 +1004,12 @@ func unmarshalHandshake(b []byte) (handshake, error) {
 	if h.bufKey, ok = key(); !ok {
 		return h, bad
 	}
-	if h.wordKey, ok = key(); !ok || len(rest) != 0 {
+	if h.wordKey, ok = key(); !ok || len(rest) < 8 {
+		return h, bad
+	}
+	h.ackBase = binary.LittleEndian.Uint64(rest)
+	rest = rest[8:]
+	if h.ackKey, ok = key(); !ok || len(rest) != 0 {
 		return h, bad
 	}
 	if (h.role != sender && h.role != receiver) || h.parts == 0 || h.parts > maxPartitions {

@@ -118,12 +118,17 @@ func checkFilled(buf []byte, iter int) error {
 
 // pair makes a send and a receive request over l and prepares them together.
 func pair(t testing.TB, l *link, n, sparts, rparts int, tag uint64) (send, recv *prepare.Request, sbuf, rbuf []byte) {
+	return pairWith(t, l, n, sparts, rparts, tag, func(p prepare.Params) prepare.Params { return p })
+}
+
+// pairWith is pair with both requests' Params passed through mod.
+func pairWith(t testing.TB, l *link, n, sparts, rparts int, tag uint64, mod func(prepare.Params) prepare.Params) (send, recv *prepare.Request, sbuf, rbuf []byte) {
 	t.Helper()
 	sbuf, rbuf = make([]byte, n), make([]byte, n)
 	var err error
-	send, err = prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: tag, Partitions: sparts})
+	send, err = prepare.PsendInit(l.s, sbuf, mod(prepare.Params{Peer: l.toR, Tag: tag, Partitions: sparts}))
 	require.NoError(t, err)
-	recv, err = prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: tag, Partitions: rparts})
+	recv, err = prepare.PrecvInit(l.r, rbuf, mod(prepare.Params{Peer: l.toS, Tag: tag, Partitions: rparts}))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -36,11 +36,16 @@ func (g *gpu) kernel(t testing.TB, name string) *cuda.Function {
 // preparedPair makes a partitioned send of sbuf on sendW and its receive into rbuf on
 // recvW (CUDA backend), prepared together and freed when the test ends.
 func preparedPair(t *testing.T, g *gpu, sendW, recvW *ucp.Worker, toRecv, toSend *ucp.Endpoint, sbuf, rbuf []byte, sparts, rparts int, tag uint64) (send, recv *prepare.Request) {
+	return preparedPairOf(t, g, sendW, recvW, toRecv, toSend, sbuf, rbuf, sparts, rparts, tag, ucp.MemoryHost)
+}
+
+// preparedPairOf is preparedPair with buffers of memory type mt.
+func preparedPairOf(t *testing.T, g *gpu, sendW, recvW *ucp.Worker, toRecv, toSend *ucp.Endpoint, sbuf, rbuf []byte, sparts, rparts int, tag uint64, mt ucp.MemoryType) (send, recv *prepare.Request) {
 	t.Helper()
 	var err error
-	send, err = prepare.PsendInit(sendW, sbuf, prepare.Params{Peer: toRecv, Tag: tag, Partitions: sparts, Backend: g.backend})
+	send, err = prepare.PsendInit(sendW, sbuf, prepare.Params{Peer: toRecv, Tag: tag, Partitions: sparts, Backend: g.backend, MemoryType: mt})
 	require.NoError(t, err)
-	recv, err = prepare.PrecvInit(recvW, rbuf, prepare.Params{Peer: toSend, Tag: tag, Partitions: rparts, Backend: g.backend})
+	recv, err = prepare.PrecvInit(recvW, rbuf, prepare.Params{Peer: toSend, Tag: tag, Partitions: rparts, Backend: g.backend, MemoryType: mt})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -143,6 +148,27 @@ func partSum(off, n int, seed uint32) uint64 {
 // the wait must be UCPX_PART_PENDING.
 func TestGPUPreparedKernelPreadyParrived(t *testing.T) {
 	g := requireGPU(t)
+	const n = 64 * 4096
+	out, in := g.mapped(t, n), g.mapped(t, n)
+	kernelPreadyParrived(t, g, out.Bytes(), in.Bytes(), out.DevicePtr(), in.DevicePtr(), ucp.MemoryHost)
+}
+
+// The same kernels on device buffers (cuMemAlloc): the prepared requests stage each
+// partition through a host copy on their own streams (the sender's after
+// ucpx_pready, the receiver's before the landed word ucpx_parrived waits for).
+func TestGPUPreparedKernelDeviceBuffers(t *testing.T) {
+	g := requireGPU(t)
+	const n = 64 * 4096
+	out, err := g.ctx.MemAlloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = out.Close() })
+	in, err := g.ctx.MemAlloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = in.Close() })
+	kernelPreadyParrived(t, g, ucp.DeviceBuffer(out.Ptr(), n), ucp.DeviceBuffer(in.Ptr(), n), out.Ptr(), in.Ptr(), ucp.MemoryCUDA)
+}
+
+func kernelPreadyParrived(t *testing.T, g *gpu, sbuf, rbuf []byte, outPtr, inPtr uintptr, mt ucp.MemoryType) {
 	recvW, sendW, toRecv, toSend := shmWorkers(t)
 	const sparts, rparts, partBytes = 64, 32, 4096
 	const n = sparts * partBytes
@@ -151,9 +177,8 @@ func TestGPUPreparedKernelPreadyParrived(t *testing.T) {
 	if testing.Short() {
 		iters = 20
 	}
-	out, in := g.mapped(t, n), g.mapped(t, n)
 	sums, status, failures := g.mapped(t, 8*rparts), g.mapped(t, 16*rparts), g.mapped(t, 8)
-	send, recv := preparedPair(t, g, sendW, recvW, toRecv, toSend, out.Bytes(), in.Bytes(), sparts, rparts, 0x61)
+	send, recv := preparedPairOf(t, g, sendW, recvW, toRecv, toSend, sbuf, rbuf, sparts, rparts, 0x61, mt)
 	pready, parrived := g.kernel(t, device.KernelPready), g.kernel(t, device.KernelParrived)
 	ss, rs := g.stream(t), g.stream(t)
 	scs, _ := stream.CUDAStream(ss)
@@ -170,7 +195,7 @@ func TestGPUPreparedKernelPreadyParrived(t *testing.T) {
 		rh, err := recv.DeviceHandle()
 		require.NoError(t, err)
 		require.EqualValues(t, it, rh.Iteration)
-		require.NoError(t, rcs.LaunchKernel(parrived, cuda.Linear(rparts, 256), rh.Kernel(), in.DevicePtr(), sums.DevicePtr(), status.DevicePtr()))
+		require.NoError(t, rcs.LaunchKernel(parrived, cuda.Linear(rparts, 256), rh.Kernel(), inPtr, sums.DevicePtr(), status.DevicePtr()))
 		if it == 1 {
 			time.Sleep(50 * time.Millisecond)
 			done, err := rs.Query()
@@ -181,7 +206,7 @@ func TestGPUPreparedKernelPreadyParrived(t *testing.T) {
 		sh, err := send.DeviceHandle()
 		require.NoError(t, err)
 		reverse := uint32(it % 2)
-		require.NoError(t, scs.LaunchKernel(pready, cuda.Linear(sparts, 256), sh.Kernel(), out.DevicePtr(), seed, reverse, failures.DevicePtr()))
+		require.NoError(t, scs.LaunchKernel(pready, cuda.Linear(sparts, 256), sh.Kernel(), outPtr, seed, reverse, failures.DevicePtr()))
 		sendDone := make(chan error, 1)
 		go func() { sendDone <- send.Wait(ctx) }()
 		stop := progressWhile(sendW)
@@ -385,4 +410,53 @@ func TestGPUPreparedPreadyNodeRelaunch(t *testing.T) {
 	require.NoError(t, send.Free())
 	require.NoError(t, recv.Free())
 	require.Equal(t, uint64(launches), recv.Stats().Iterations)
+}
+
+// Device buffers made ready from the host (Pready, in reverse) and in stream order
+// (PreadyOnStream after a fill kernel), received with ArrivedOnStream: every partition
+// is staged through the requests' host copies, the receive buffer is checksummed on
+// the device each iteration.
+func TestGPUPreparedDeviceBuffersHostAndStream(t *testing.T) {
+	g := requireGPU(t)
+	recvW, sendW, toRecv, toSend := shmWorkers(t)
+	const parts, partBytes = 16, 64 << 10
+	const n = parts * partBytes
+	out, err := g.ctx.MemAlloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = out.Close() })
+	in, err := g.ctx.MemAlloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = in.Close() })
+	send, recv := preparedPairOf(t, g, sendW, recvW, toRecv, toSend, ucp.DeviceBuffer(out.Ptr(), n), ucp.DeviceBuffer(in.Ptr(), n), parts, parts, 0x62, ucp.MemoryCUDA)
+	ss, rs := g.stream(t), g.stream(t)
+	scs, _ := stream.CUDAStream(ss)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for it := 1; it <= 50; it++ {
+		seed := uint32(it * 104729)
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		require.NoError(t, scs.LaunchKernel(g.fill, cuda.Linear(64, 256), out.Ptr(), uint64(n), seed))
+		if it%2 == 1 {
+			require.NoError(t, ss.Synchronize())
+			for p := parts - 1; p >= 0; p-- {
+				require.NoError(t, send.Pready(p))
+			}
+		} else {
+			for p := range parts {
+				require.NoError(t, send.PreadyOnStream(ss, p))
+			}
+		}
+		require.NoError(t, recv.WaitOnStream(rs))
+		sum := g.deviceSum(t, rs, in.Ptr(), n)
+		sendDone := make(chan error, 1)
+		go func() { sendDone <- send.Wait(ctx) }()
+		require.NoError(t, recv.Wait(ctx), "iteration %d: receive", it)
+		require.NoError(t, <-sendDone, "iteration %d: send", it)
+		require.NoError(t, rs.Synchronize())
+		require.Equal(t, fillSum(n, seed), sum(), "iteration %d: device checksum of the receive buffer", it)
+		require.NoError(t, ss.Synchronize())
+	}
+	require.Equal(t, uint64(50*parts), send.Stats().Puts)
+	require.Equal(t, uint64(1), recv.Stats().TagMatches)
 }

@@ -1,0 +1,213 @@
+package prepare_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/prepare"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The staged protocol (what device buffers take: a host copy, per-partition copies on
+// streams, landed words) run on host streams with host buffers.
+
+func reverse(n int) func(int) []int {
+	return func(int) []int {
+		ps := make([]int, n)
+		for i := range ps {
+			ps[i] = n - 1 - i
+		}
+		return ps
+	}
+}
+
+func TestStagedPready(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		for _, tc := range []struct {
+			name      string
+			n, sp, rp int
+			order     func(n int) func(int) []int
+			iters     int
+		}{
+			{"1", 64, 1, 1, inOrder, 10},
+			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 20},
+			{"64 reverse", 64 * 128, 64, 64, reverse, 5},
+			{"1024 random", 1024 * 16, 1024, 1024, func(n int) func(int) []int {
+				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 5)).Perm(n) }
+			}, 2},
+			{"256 random", 256 * 16, 256, 256, func(n int) func(int) []int {
+				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 5)).Perm(n) }
+			}, 2},
+			{"1024 in order", 1024 * 16, 1024, 1024, inOrder, 2},
+			{"send 8 recv 4", 8 * 512, 8, 4, inOrder, 5},
+			{"send 3 recv 6", 6 * 100, 3, 6, reverse, 5},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				send, recv, sbuf, rbuf := pairWith(t, l, tc.n, tc.sp, tc.rp, 31, prepare.Staged)
+				iterate(t, send, recv, sbuf, rbuf, tc.iters, tc.order(tc.sp))
+				require.Equal(t, uint64(1), send.Stats().TagMatches)
+				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
+				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
+			})
+		}
+	})
+}
+
+func TestStagedDeviceHandleTwins(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		for _, tc := range []struct {
+			name      string
+			n, sp, rp int
+			order     func(n int) func(int) []int
+			iters     int
+		}{
+			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 10},
+			{"64 reverse", 64 * 128, 64, 64, reverse, 3},
+			{"send 64 recv 32", 64 * 1024, 64, 32, inOrder, 20},
+			{"send 3 recv 6 random", 6 * 100, 3, 6, func(n int) func(int) []int {
+				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 3)).Perm(n) }
+			}, 5},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				send, recv, sbuf, rbuf := pairWith(t, l, tc.n, tc.sp, tc.rp, 32, prepare.Staged)
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				for i := 1; i <= tc.iters; i++ {
+					require.NoError(t, twinIteration(ctx, send, recv, sbuf, rbuf, i, tc.order(tc.sp)(i)))
+				}
+				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
+				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
+			})
+		}
+	})
+}
+
+// In stream order: the partition's copy to the host copy runs on the caller's stream
+// after its fill; the receiver's stream sees each partition in its buffer.
+func TestStagedOnStreams(t *testing.T) {
+	l := shmLink(t)
+	b, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	defer b.Close()
+	const parts, size, iters = 8, 1024, 20
+	sbuf, rbuf := make([]byte, parts*size), make([]byte, parts*size)
+	sp := prepare.Staged(prepare.Params{Peer: l.toR, Tag: 5, Partitions: parts, Backend: b})
+	send, err := prepare.PsendInit(l.s, sbuf, sp)
+	require.NoError(t, err)
+	defer send.Free()
+	recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Staged(prepare.Params{Peer: l.toS, Tag: 5, Partitions: parts, Backend: b}))
+	require.NoError(t, err)
+	defer recv.Free()
+	ss, err := b.NewStream()
+	require.NoError(t, err)
+	defer ss.Close()
+	rs, err := b.NewStream()
+	require.NoError(t, err)
+	defer rs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
+	for i := 1; i <= iters; i++ {
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		bad := make(chan error, parts)
+		for p := parts - 1; p >= 0; p-- {
+			part := sbuf[p*size : (p+1)*size]
+			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
+			require.NoError(t, send.PreadyOnStream(ss, p))
+			require.NoError(t, recv.ArrivedOnStream(rs, p))
+			got := rbuf[p*size : (p+1)*size]
+			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
+		}
+		require.NoError(t, rs.Synchronize())
+		for range parts {
+			require.NoError(t, <-bad)
+		}
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, send.Wait(ctx))
+	}
+	require.Equal(t, uint64(iters), recv.Stats().Iterations)
+}
+
+// Early bird through the landed words: with one partition held back, every other is
+// reported in the buffer before it.
+func TestStagedEarlyBird(t *testing.T) {
+	l := shmLink(t)
+	const parts, size, held = 16, 256, 11
+	send, recv, sbuf, rbuf := pairWith(t, l, parts*size, parts, parts, 33, prepare.Staged)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, recv.Start())
+	require.NoError(t, send.Start())
+	fill(sbuf, 1)
+	for p := range parts {
+		if p != held {
+			require.NoError(t, send.Pready(p))
+		}
+	}
+	for p := range parts {
+		if p == held {
+			continue
+		}
+		require.Eventually(t, func() bool {
+			_, _ = send.Test()
+			ok, err := recv.Parrived(p)
+			require.NoError(t, err)
+			return ok
+		}, 10*time.Second, 10*time.Microsecond, "partition %d", p)
+		require.Equal(t, sbuf[p*size:(p+1)*size], rbuf[p*size:(p+1)*size], "partition %d", p)
+	}
+	ok, err := recv.Parrived(held)
+	require.NoError(t, err)
+	require.False(t, ok, "the held partition arrived")
+	require.NoError(t, send.Pready(held))
+	go func() { _ = send.Wait(ctx) }()
+	require.NoError(t, recv.Wait(ctx))
+	require.NoError(t, checkFilled(rbuf, 1))
+}
+
+// What a staged request refuses: a graph node (no copy node yet), too many partitions,
+// device memory on a host backend, MemH with device memory.
+func TestStagedBadInput(t *testing.T) {
+	l := shmLink(t)
+	_, err := prepare.PsendInit(l.s, make([]byte, 2048), prepare.Staged(prepare.Params{Peer: l.toR, Partitions: 2048}))
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "over 1024 staged partitions")
+	_, err = prepare.PsendInit(l.s, make([]byte, 64), prepare.Params{Peer: l.toR, Partitions: 1, MemoryType: ucp.MemoryCUDA})
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "device memory on host streams")
+	_, err = prepare.PsendInit(l.s, make([]byte, 64), prepare.Params{Peer: l.toR, Partitions: 1, MemoryType: ucp.MemoryROCm})
+	require.ErrorIs(t, err, ucp.ErrUnsupported, "ROCm memory")
+	send, _, _, _ := pairWith(t, l, 256, 2, 2, 34, prepare.Staged)
+	_, err = send.PreadyNode(graph.NewHost(), []condition.Node{}, 0)
+	require.ErrorIs(t, err, ucp.ErrUnsupported, "graph node of a staged request")
+}
+
+// A peer that fails mid-iteration releases the staged streams: Wait reports the
+// failure, the landed words hold the failed value, Free returns.
+func TestStagedPeerFails(t *testing.T) {
+	l := shmLink(t)
+	const parts = 8
+	send, recv, sbuf, _ := pairWith(t, l, parts*64, parts, parts, 35, prepare.Staged)
+	require.NoError(t, recv.Start())
+	require.NoError(t, send.Start())
+	fill(sbuf, 1)
+	require.NoError(t, send.PreadyRange(0, 3))
+	boom := errors.New("peer gone")
+	prepare.Fail(recv, ucp.ErrPeerFailed)
+	prepare.Fail(send, boom)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.ErrorIs(t, recv.Wait(ctx), ucp.ErrPeerFailed)
+	_, err := recv.Parrived(7)
+	require.ErrorIs(t, err, ucp.ErrPeerFailed)
+	require.ErrorIs(t, send.Wait(ctx), boom)
+	require.NoError(t, recv.Free())
+	require.NoError(t, send.Free())
+}
