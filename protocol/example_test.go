@@ -43,9 +43,9 @@ func ExampleStaging() {
 	err = pl.Plan(protocol.Transfer{Buf: make([]byte, 100), Dir: protocol.Out, Staging: protocol.StageNever}, route, &plan)
 	fmt.Println(len(plan.Parts), plan.Staged(), err)
 	s := stats.Snapshot()
-	fmt.Println(s.Parts, s.Bytes, s.Waits)
+	fmt.Println(s.Parts, s.Bytes)
 	// Output:
 	// 16 true <nil>
 	// 1 false <nil>
-	// 16 65536 12
+	// 16 65536
 }

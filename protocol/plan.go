@@ -343,9 +343,6 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 		if err != nil {
 			return err
 		}
-		if busy {
-			st.waited()
-		}
 		st.staged(n)
 		stageLease(&pl2.Parts[0], l, prev, busy, false, pool, st, dev, 0, t.Dir)
 		return nil
@@ -378,9 +375,6 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 	ws.mu.Unlock()
 	mems := make([]*leaseMem, count)
 	for i, l := range leases {
-		if busys[i] {
-			st.waited()
-		}
 		st.staged(l.n)
 		off := i * ws.slot
 		p := &pl2.Parts[i]
@@ -437,6 +431,7 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 	prepare := func(s streamcore.Stream) error {
 		if l.armOn(s) {
 			if busy {
+				st.waited()
 				return l.waitFree(s, prev)
 			}
 			return nil
@@ -511,6 +506,7 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 				return err
 			}
 			if wait {
+				st.waited()
 				if err := l.waitFree(s, []uint64{l.uses[0] - 1}); err != nil {
 					return err
 				}
@@ -523,8 +519,12 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 	pl := prev.l
 	prevOff := off - pl.ws.nslot*pl.ws.slot
 	p.Before = func(s streamcore.Stream) error {
-		if _, err := prepare(s); err != nil {
+		wait, err := prepare(s)
+		if err != nil {
 			return err
+		}
+		if wait {
+			st.waited()
 		}
 		if err := s.WaitValue(pl.ws.landedWord(pl.h, pl.first), pl.uses[0], streamcore.GEQ); err != nil {
 			return err

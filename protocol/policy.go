@@ -76,11 +76,12 @@ type StagingStats struct {
 	// buffers lent (size classes) plus the workspace's busy slots (of the whole
 	// workspace, when workers share one).
 	HighWater uint64
-	// Waits: parts that found their workspace slots still in use and waited (on the
-	// stream, or on the CPU for operations without a condition): back-pressure.
+	// Waits: parts that waited for workspace slots still in use (on the stream, or on
+	// the CPU for operations without a condition): back-pressure.
 	Waits uint64
-	// Oversize: messages larger than a workspace direction (they cannot move in
-	// parts) that got staging memory of their own instead of waiting forever.
+	// Oversize: parts that got staging memory of their own instead of workspace
+	// slots: messages larger than a half (they cannot move in parts), and parts whose
+	// wait for busy slots could have deadlocked (see Workspace).
 	Oversize uint64
 }
 

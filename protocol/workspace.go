@@ -402,7 +402,7 @@ func (ws *Workspace) lendHost(n, k int, dir Direction, st *Stats, idle func() er
 	busy := l.busyLocked()
 	onStreams := busy && !l.onlyCPUBeforeLocked()
 	ws.mu.Unlock()
-	if busy {
+	if busy && !onStreams {
 		st.waited()
 	}
 	if onStreams {
