@@ -1,0 +1,142 @@
+package tests
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The trust peer is this test binary re-executed with envTrustRole set (before
+// TestMain, from init): it connects to the parent over shared memory, sends its worker
+// address, then waits to be killed.
+const (
+	envTrustRole   = "UCPX_TRUST_ROLE"
+	envTrustParent = "UCPX_TRUST_PARENT"
+	tagTrustHello  = 9 << 60
+)
+
+func init() {
+	if os.Getenv(envTrustRole) == "sleeper" {
+		if err := trustSleeper(); err != nil {
+			fmt.Fprintln(os.Stderr, "trust peer:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+}
+
+func trustSleeper() error {
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	if err != nil {
+		return err
+	}
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	if err != nil {
+		return err
+	}
+	parent, err := hex.DecodeString(os.Getenv(envTrustParent))
+	if err != nil {
+		return err
+	}
+	ep, err := w.ConnectAddress(parent, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	if err != nil {
+		return err
+	}
+	self, err := w.Address()
+	if err != nil {
+		return err
+	}
+	r, err := ep.TagSendNbx(self, tagTrustHello, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.Wait(ctx); err != nil {
+		return err
+	}
+	for ctx.Err() == nil { // until killed
+		w.Progress()
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// A peer killed over shared memory (where UCX notices nothing) while stream-ordered
+// receives from it are pending: the pidfd watch fails them and every stream is released.
+func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	self, err := w.Address()
+	require.NoError(t, err)
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envTrustRole+"=sleeper", envTrustParent+"="+hex.EncodeToString(self))
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	buf := make([]byte, 4096)
+	r, err := w.TagRecvNbx(buf, tagTrustHello, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	ep, err := w.ConnectAddress(buf[:r.Length()], &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+
+	b := stream.NewHostBackend()
+	defer b.Close()
+	var streams []stream.Stream
+	var reqs []*ucp.Request
+	for i := 0; i < 4; i++ {
+		s, err := b.NewStream()
+		require.NoError(t, err)
+		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+		require.NoError(t, err)
+		defer c.Destroy()
+		for k := 0; k < 3; k++ {
+			rr, err := w.TagRecvNbx(make([]byte, 64), uint64(100+i*10+k), ^uint64(0), &ucp.RequestParam{Condition: c, Peer: ep})
+			require.NoError(t, err)
+			reqs = append(reqs, rr)
+		}
+		streams = append(streams, s)
+	}
+	time.Sleep(50 * time.Millisecond) // the receives are posted and waiting
+	killed := time.Now()
+	require.NoError(t, cmd.Process.Kill())
+	released := make(chan time.Duration, len(streams))
+	for _, s := range streams {
+		go func() { _ = s.Synchronize(); released <- time.Since(killed) }()
+	}
+	var worst time.Duration
+	for range streams {
+		select {
+		case d := <-released:
+			worst = max(worst, d)
+		case <-ctx.Done():
+			t.Fatal("a stream stayed blocked after its peer died")
+		}
+	}
+	t.Logf("every stream released %v after the peer was killed (pidfd watch)", worst)
+	require.Less(t, worst, 100*time.Millisecond, "the issue's bound")
+	for _, rr := range reqs {
+		require.True(t, rr.Done())
+		require.ErrorIs(t, rr.Err(), ucp.ErrPeerFailed)
+	}
+	require.ErrorIs(t, ep.Err(), ucp.ErrPeerFailed)
+}
