@@ -243,3 +243,12 @@ func TestStagingPolicyPerOperation(t *testing.T) {
 	_, err = ucp.NewContext(ucp.ContextParams{Protocol: protocol.Config{Staging: protocol.PreferPull + 1}})
 	require.ErrorIs(t, err, ucp.ErrInvalidParam)
 }
+
+// Without a condition the CPU copies: StageAlways there refuses memory that may be
+// device memory, at the call.
+func TestStageAlwaysPlainRefusesNonHostMemory(t *testing.T) {
+	p := newStagingPair(t, protocol.Config{Staging: protocol.StageAlways})
+	_, err := p.ab.TagSendNbx(make([]byte, 8), 1, &ucp.RequestParam{MemoryType: ucp.MemoryUnknown})
+	require.ErrorIs(t, err, ucp.ErrUnsupported)
+	require.Zero(t, p.a.StagingStats().Parts)
+}

@@ -55,8 +55,10 @@ func (w *Worker) stagedPlain(op string, p *RequestParam, buf []byte, dir protoco
 		ip.Staging = protocol.StageWhenNeeded
 		return issue(buf, &ip)
 	}
-	if p.MemoryType > MemoryHost || (p.MemH != nil && p.MemH.MemoryType() != MemoryHost) {
-		return nil, opErr(op, ErrUnsupported, "StageAlways on a %s buffer without a condition: staging device memory needs a stream (use a Stream condition)", p.MemoryType)
+	if p.MemoryType != MemoryHost || (p.MemH != nil && p.MemH.MemoryType() != MemoryHost) {
+		// The CPU copies here: memory that may be device memory (MemoryUnknown
+		// included) must not reach it.
+		return nil, opErr(op, ErrUnsupported, "StageAlways on %s memory without a condition: only host memory is staged by the CPU; staging device memory needs a Stream condition", p.MemoryType)
 	}
 	mem, release, err := protocol.LendHost(w.ctx.protocol.Workspace, w.plain.get(), len(buf), dir, &w.staging, func() error {
 		if w.closed.Load() {
