@@ -214,7 +214,7 @@ type ipcChildProc struct {
 func startIPCChild(t *testing.T) *ipcChildProc {
 	t.Helper()
 	c := &ipcChildProc{lines: make(chan string, 16)}
-	c.cmd = exec.Command(os.Args[0], "-test.run=^TestGPUIPCCacheChild$", "-test.v")
+	c.cmd = exec.Command(os.Args[0], "-test.run=^TestIPCCacheChild$", "-test.v")
 	c.cmd.Env = append(os.Environ(), envIPCCacheChild+"=1")
 	var err error
 	c.in, err = c.cmd.StdinPipe()
@@ -291,9 +291,9 @@ func (c *ipcChildProc) finish(t *testing.T) {
 	t.Logf("child:\n%s", c.out.String())
 }
 
-// TestGPUIPCCacheChild is the child side of TestGPUIPCHandleCache (it runs only there):
+// TestIPCCacheChild is the child side of TestGPUIPCHandleCache (it runs only there):
 // an importer reading steps from stdin.
-func TestGPUIPCCacheChild(t *testing.T) {
+func TestIPCCacheChild(t *testing.T) {
 	if os.Getenv(envIPCCacheChild) != "1" {
 		t.Skip("the child of TestGPUIPCHandleCache")
 	}
