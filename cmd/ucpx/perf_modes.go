@@ -425,7 +425,12 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	sp, rp := chk.Params(cond, r.smem, r.rmem, s.ep)
 	sbuf, rbuf := r.smem.Bytes()[:size], r.rmem.Bytes()[:size]
 	s.checkPongs(rp, rbuf)
+	armed := 0
 	arm := func() error { // one iteration: two sequence numbers, the send first
+		if armed%progressEvery == 0 {
+			s.progress.Store(int64(armed)) // armed, at most runahead.KernelWindow ahead
+		}
+		armed++
 		if _, err := s.ep.TagSendNbx(sbuf, tagPing, sp); err != nil {
 			return err
 		}
