@@ -41,6 +41,85 @@ type registry struct {
 	early map[matchKey]handshake // handshakes that came before their request
 	acks  *ackBlock              // the block new ack slots come from
 	host  stream.Backend         // of the ack words
+	// unacked: sender requests whose iteration (the value) completed before its ack
+	// came; draining: the drainer runs.
+	unacked  map[*Request]uint64
+	draining bool
+}
+
+// drain hands the registry's drainer sender r, whose iteration it completed before
+// the receiver's ack came: the drainer progresses the worker until the ack arrives
+// (or r failed or was freed), so that a put-with-signal UCX still holds behind its
+// fence leaves even if the application stops progressing. It parks on the worker's
+// event fd between rounds: idle, it costs nothing, and it ends when nothing is left.
+func (g *registry) drain(r *Request, iter uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.unacked == nil {
+		g.unacked = map[*Request]uint64{}
+	}
+	g.unacked[r] = iter
+	if !g.draining {
+		g.draining = true
+		go g.drainer()
+	}
+}
+
+// drainer is the goroutine of drain.
+func (g *registry) drainer() {
+	ctx := context.Background()
+	type pending struct {
+		r    *Request
+		iter uint64
+	}
+	var snap, done []pending
+	for {
+		// Requests lock their own mutex before the registry's (drain): look at them
+		// with the registry unlocked.
+		g.mu.Lock()
+		snap = snap[:0]
+		for r, iter := range g.unacked {
+			snap = append(snap, pending{r, iter})
+		}
+		g.mu.Unlock()
+		done = done[:0]
+		for _, p := range snap {
+			if int64(p.r.ack.load()-p.iter) >= 0 || p.r.gone() {
+				done = append(done, p)
+			}
+		}
+		g.mu.Lock()
+		for _, p := range done {
+			if g.unacked[p.r] == p.iter {
+				delete(g.unacked, p.r)
+			}
+		}
+		if len(g.unacked) == 0 {
+			g.draining = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		if g.w.Progress() == 0 {
+			if err := g.w.WaitForEvents(ctx, drainPoll); err != nil {
+				g.mu.Lock()
+				g.unacked, g.draining = nil, false // the worker closed
+				g.mu.Unlock()
+				return
+			}
+		}
+	}
+}
+
+// drainPoll bounds a drainer's sleep on the event fd (not every transport's event
+// wakes it).
+const drainPoll = 100 * time.Microsecond
+
+// gone reports whether r failed or was freed: nothing more to drain.
+func (r *Request) gone() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.freed || r.err != nil
 }
 
 // ackBlock is registered C memory holding senders' ack words, one slot per sender

@@ -135,8 +135,6 @@ type Request struct {
 	// Sender: the flush that shows the iteration reached the receiver if its ack did
 	// not come first (see ackWord). Receiver: the write that tells the sender an
 	// iteration completed.
-	tail    *ucp.Request
-	unacked int // Tests that found everything done but no ack yet
 	ackReq  *ucp.Request
 	ackIter uint64 // the iteration ackReq acknowledges
 
@@ -356,7 +354,6 @@ func (r *Request) Start() error {
 		clear(r.readied)
 		r.waiting = r.waiting[:0]
 		r.inflight = r.inflight[:0]
-		r.tail, r.unacked = nil, 0
 		if r.iters != nil {
 			b := r.iters.Bytes()
 			for i := 0; i < len(b); i += 8 {
@@ -743,24 +740,7 @@ func (r *Request) testLocked() (bool, error) {
 			}
 		}
 		if r.iterErr == nil && len(r.inflight) > 0 && int64(r.ack.load()-r.iter) < 0 {
-			// Not acknowledged yet: a flush shows it as well, for a receiver that calls
-			// Test or Wait only after this Wait (one goroutine driving both sides).
-			if r.unacked++; r.unacked < flushAfterTests {
-				return false, nil
-			}
-			if r.tail == nil {
-				tail, err := r.peer.FlushNbx(nil)
-				if err != nil {
-					r.iterErr = fmt.Errorf("flush: %w", err)
-				}
-				r.tail = tail
-			}
-			if r.iterErr == nil && !r.tail.Done() {
-				return false, nil
-			}
-			if r.iterErr == nil {
-				r.iterErr = r.tail.Err()
-			}
+			r.reg.drain(r, r.iter)
 		}
 		first := r.iterErr
 		for _, req := range r.inflight {
@@ -805,24 +785,16 @@ func (r *Request) testLocked() (bool, error) {
 	return true, err
 }
 
-// ackWord: a sender's iteration completes once the receiver wrote the iteration into
-// the sender's ack word, that is once every partition arrived, or
-// once a flush of the endpoint completed, whichever comes first. UCX may report a
-// put-with-signal complete while its signal still waits in the sender's queue (behind
-// the fence) for a later progress call; a sender that stopped progressing after its
-// Wait would leave the receiver waiting. Waiting for the ack keeps the sender
-// progressing until the receiver has everything, and costs no iteration: the
-// sender's next one waits for the receiver's next Start anyway. The flush covers a
-// receiver that waits only after the sender's Wait returned (it needs the receiver's
-// progress, which the ack does not: a receiver that stops progressing after its Wait
-// sent the ack). The ack word is a slot of the worker's registry, never reused and
-// freed with the worker's context, so an ack that lands after the sender was freed
-// writes nothing that belongs to anyone else.
-
-// flushAfterTests: a sender flushes only after this many Tests found its operations
-// done and no ack, so that a receiver waiting concurrently acknowledges first and no
-// flush is left in flight.
-const flushAfterTests = 256
+// ackWord: UCX may report a put-with-signal complete while its signal still waits in
+// the sender's queue (behind the fence) for a later progress call, so a sender that
+// stopped progressing after its Wait would leave the receiver waiting. The receiver
+// therefore writes each iteration it completed into the sender's ack word, and a
+// sender iteration that completed (its buffer may be reused, as MPI's send
+// completion) before its ack came is handed to the registry's drainer, which
+// progresses the worker, parked on its event fd between rounds, until the ack arrives
+// (registry.drain). The receiver's Wait returns once its ack was sent. The ack word is
+// a slot of the worker's registry, never reused and never freed, so an ack that lands
+// after the sender was freed writes into no one else's memory.
 
 // ackLocked writes the completed iteration into the sender's ack word. Caller holds
 // r.mu.
@@ -897,7 +869,7 @@ func (r *Request) Free() error {
 		return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
 	}
 	r.freed = true
-	ack, tail := r.ackReq, r.tail
+	ack := r.ackReq
 	conds := r.graphConds
 	for _, c := range r.streamConds {
 		conds = append(conds, c)
@@ -913,9 +885,8 @@ func (r *Request) Free() error {
 	if err := dev.close(); err != nil && first == nil {
 		first = err
 	}
-	// The ack write reads r.ones: let it leave (bounded) before that is freed. A flush
-	// left in flight would be purged by UCX when the worker closes: let it end too.
-	for deadline := time.Now().Add(time.Second); (ack != nil && !ack.Done()) || (tail != nil && !tail.Done()); {
+	// The ack write reads r.ones: let it leave (bounded) before that is freed.
+	for deadline := time.Now().Add(time.Second); ack != nil && !ack.Done(); {
 		if time.Now().After(deadline) {
 			break
 		}
