@@ -145,7 +145,9 @@ func pairWith(t testing.TB, l *link, n, sparts, rparts int, tag uint64, mod func
 // order(iter)), the receiver checking every byte after Wait.
 func iterate(t testing.TB, send, recv *prepare.Request, sbuf, rbuf []byte, iters int, order func(iter int) []int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	// Generous: a hang is what this bound catches, and -race on a loaded 2-core
+	// machine takes several milliseconds per iteration.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second+time.Duration(iters)*30*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
 	recvErr := make(chan error, 1)
