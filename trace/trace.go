@@ -1,13 +1,3 @@
-// Package trace records what the engine of conditioned operations did, as Chrome trace
-// event JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open: for each
-// operation, spans from its enqueue to the trigger the engine saw, the transport issue,
-// the transport's completion and the completion store that releases the stream, on one
-// track per condition, with the operation's kind, size, sequence number and protocol as
-// arguments.
-//
-// Tracing is off unless a Recorder is attached (ucp.Worker.StartTrace, or the
-// UCPX_TRACE environment variable naming the file to write); off, the engine pays one
-// atomic load per round and allocates nothing.
 package trace
 
 import (

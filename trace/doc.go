@@ -1,0 +1,14 @@
+// Package trace records what the engine of conditioned operations did, as Chrome trace
+// event JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open: for each
+// operation, spans from its enqueue to the trigger the engine saw, the transport issue,
+// the transport's completion and the completion store that releases the stream, on one
+// track per condition, with the operation's kind, size, sequence number and protocol as
+// arguments, and the doorbell rings as instant events.
+//
+// Tracing is off unless a Recorder is attached: ucp.Worker.Trace for one worker, or
+// for every worker of the process the UCPX_TRACE environment variable naming the file
+// to write ("{pid}" in it stands for the process id) or UseFile, which `ucpx demo
+// --trace` and `ucpx perf --trace` call. Off, the engine pays one atomic load per round
+// and per operation and allocates nothing. Summarize (`ucpx trace summarize FILE`)
+// gives per-phase percentiles of a trace: where the time went, without a browser.
+package trace
