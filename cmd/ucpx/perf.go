@@ -136,9 +136,9 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	work := fs.String("work", "none", "tag_lat stream modes: none, or kernel to also run sync, hostfunc and stream as mode+work, with a producer kernel writing the send buffer on the stream before each iteration (a host function on host streams)")
 	partitions := fs.Int("partitions", defaultPartitions, "part_lat, part_bw: partitions of each message (each size is the whole buffer, split into this many equal partitions; it must divide every size)")
 	tracePath := fs.String("trace", "", "write a trace of this process's conditioned operations (the stream modes) to `file` (Chrome trace JSON; ucpx trace summarize reads it)")
-	plotPath := fs.String("plot", "", "draw latency and bandwidth against size, a line per test and mode, into `file` (SVG)")
-	refPath := fs.String("reference", "", "with --plot: an earlier `ucpx perf --json` report (another transport, another machine) drawn dashed on the same axes")
-	from := fs.String("from", "", "with --plot: draw the `report` of an earlier `ucpx perf --json` run instead of running (figures of a run made elsewhere)")
+	plotPath := fs.String("plot", "", "draw latency and bandwidth against size, a line per test and mode, into `file` (.svg, or .png)")
+	refPath := fs.String("reference", "", "with --plot: the `report` of an earlier ucpx perf --json run (another transport, another machine) drawn dashed on the same axes")
+	from := fs.String("from", "", "with --plot: draw the `report` of an earlier ucpx perf --json run instead of running (figures of a run made elsewhere)")
 	label := fs.String("label", "", "name of this run in its JSON report, where --reference draws it (default: transport and date)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (not the peer's) to `file`")
 	if st, ok := parseFlags(fs, args); !ok {
