@@ -1,0 +1,233 @@
+package tests
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/prepare"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// BenchmarkGPUPreparedHalfRoundTrip: a prepared partition ping-pong between kernels of
+// two workers (shared memory) against its floor, all measured in this one run:
+//
+//	kflag-us     kernel flag round trip: a kernel stores a word, a host goroutine
+//	             echoes it, the kernel sees the echo (ucpx_test_echo, %globaltimer)
+//	put-us       UCX put latency: half the round trip of a host put-with-signal
+//	             ping-pong between the two workers (8 B)
+//	half-rt-us   prepared: worker A's kernel fills a partition and calls ucpx_pready,
+//	             B's kernel waits in ucpx_parrived, then B's next kernel readies the
+//	             partition back and A's waits for it; half the time between CUDA
+//	             events recorded around A's two kernels (host Starts and launches are
+//	             outside it: B's kernels are launched first)
+//	ratio        half-rt-us / (kflag-us + put-us); target <= 1.3
+//
+// Each of the n iterations checks the partition's checksum on both sides.
+func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
+	g := requireGPU(b)
+	n := max(b.N, 200)
+	const partBytes = 64
+
+	// The kernel flag round trip.
+	words, err := g.backend.AllocWords(2)
+	require.NoError(b, err)
+	defer words.Close()
+	trig, done := words.Word(0), words.Word(1)
+	echoStop := make(chan struct{})
+	go func() {
+		var seen uint64
+		for {
+			if v := trig.Load(); v != seen {
+				seen = v
+				done.Store(v)
+				continue
+			}
+			select {
+			case <-echoStop:
+				return
+			default:
+			}
+		}
+	}()
+	s := g.stream(b)
+	cs, _ := stream.CUDAStream(s)
+	res := g.mapped(b, 16)
+	require.NoError(b, cs.LaunchKernel(g.echo, cuda.Linear(1, 1), trig.DevicePtr(), done.DevicePtr(), uint64(0), uint64(n), res.DevicePtr()))
+	require.NoError(b, s.Synchronize())
+	close(echoStop)
+	require.EqualValues(b, n, binary.LittleEndian.Uint64(res.Bytes()))
+	kflag := float64(binary.LittleEndian.Uint64(res.Bytes()[8:])) / float64(n) / 1e3
+
+	// Two workers of one context over shared memory.
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(b, err)
+	defer uctx.Close()
+	wa, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(b, err)
+	wb, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(b, err)
+	aa, err := wa.Address()
+	require.NoError(b, err)
+	ab, err := wb.Address()
+	require.NoError(b, err)
+	toB, err := wa.ConnectAddress(ab, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(b, err)
+	toA, err := wb.ConnectAddress(aa, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(b, err)
+
+	// The UCX put latency: an 8-byte put-with-signal ping-pong.
+	put := putPingPong(b, wa, wb, toA, toB, n)
+
+	// The prepared ping-pong: A -> B on req 1, B -> A on req 2, one partition each.
+	outA, inA, outB, inB := g.mapped(b, partBytes), g.mapped(b, partBytes), g.mapped(b, partBytes), g.mapped(b, partBytes)
+	mk := func(init func(*ucp.Worker, []byte, prepare.Params) (*prepare.Request, error), w *ucp.Worker, buf []byte, peer *ucp.Endpoint, tag uint64) *prepare.Request {
+		r, err := init(w, buf, prepare.Params{Peer: peer, Tag: tag, Partitions: 1, Backend: g.backend})
+		require.NoError(b, err)
+		return r
+	}
+	send1, recv1 := mk(prepare.PsendInit, wa, outA.Bytes(), toB, 1), mk(prepare.PrecvInit, wb, inB.Bytes(), toA, 1)
+	send2, recv2 := mk(prepare.PsendInit, wb, outB.Bytes(), toA, 2), mk(prepare.PrecvInit, wa, inA.Bytes(), toB, 2)
+	reqs := []*prepare.Request{send1, recv1, send2, recv2}
+	defer func() {
+		for _, r := range reqs {
+			_ = r.Free()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	require.NoError(b, prepare.PrepareAll(ctx, reqs...))
+	pready, parrived := g.kernel(b, device.KernelPready), g.kernel(b, device.KernelParrived)
+	sa, sb := g.stream(b), g.stream(b)
+	csa, _ := stream.CUDAStream(sa)
+	csb, _ := stream.CUDAStream(sb)
+	evStart, err := g.ctx.NewEvent(cuda.EventDefault)
+	require.NoError(b, err)
+	defer evStart.Close()
+	evEnd, err := g.ctx.NewEvent(cuda.EventDefault)
+	require.NoError(b, err)
+	defer evEnd.Close()
+	sumsA, sumsB := g.mapped(b, 8), g.mapped(b, 8)
+	statusA, statusB, failures := g.mapped(b, 16), g.mapped(b, 16), g.mapped(b, 8)
+	clear(failures.Bytes())
+	stopA, stopB := progressWhile(wa), progressWhile(wb)
+	defer stopA()
+	defer stopB()
+	handle := func(r *prepare.Request) prepare.DeviceHandle {
+		h, err := r.DeviceHandle()
+		require.NoError(b, err)
+		return h
+	}
+	var total time.Duration
+	b.ResetTimer()
+	for it := 1; it <= n; it++ {
+		seedA, seedB := uint32(it*31), uint32(it*37+1)
+		require.NoError(b, recv1.Start())
+		require.NoError(b, send2.Start())
+		require.NoError(b, recv2.Start())
+		require.NoError(b, send1.Start())
+		rh1, sh2, rh2, sh1 := handle(recv1), handle(send2), handle(recv2), handle(send1)
+		require.NoError(b, csb.LaunchKernel(parrived, cuda.Linear(1, 128), rh1.Kernel(), inB.DevicePtr(), sumsB.DevicePtr(), statusB.DevicePtr()))
+		require.NoError(b, csb.LaunchKernel(pready, cuda.Linear(1, 128), sh2.Kernel(), outB.DevicePtr(), seedB, uint32(0), failures.DevicePtr()))
+		require.NoError(b, evStart.Record(csa))
+		require.NoError(b, csa.LaunchKernel(pready, cuda.Linear(1, 128), sh1.Kernel(), outA.DevicePtr(), seedA, uint32(0), failures.DevicePtr()))
+		require.NoError(b, csa.LaunchKernel(parrived, cuda.Linear(1, 128), rh2.Kernel(), inA.DevicePtr(), sumsA.DevicePtr(), statusA.DevicePtr()))
+		require.NoError(b, evEnd.Record(csa))
+		for _, r := range reqs {
+			require.NoError(b, r.Wait(ctx), "iteration %d", it)
+		}
+		require.NoError(b, sa.Synchronize())
+		require.NoError(b, sb.Synchronize())
+		d, err := cuda.ElapsedTime(evStart, evEnd)
+		require.NoError(b, err)
+		total += d
+		require.Equal(b, partSum(0, partBytes, seedA), binary.LittleEndian.Uint64(sumsB.Bytes()), "iteration %d: B's checksum", it)
+		require.Equal(b, partSum(0, partBytes, seedB), binary.LittleEndian.Uint64(sumsA.Bytes()), "iteration %d: A's checksum", it)
+	}
+	b.StopTimer()
+	require.Zero(b, binary.LittleEndian.Uint64(failures.Bytes()))
+	half := total.Seconds() * 1e6 / float64(n) / 2
+	b.ReportMetric(kflag, "kflag-us")
+	b.ReportMetric(put, "put-us")
+	b.ReportMetric(half, "half-rt-us")
+	b.ReportMetric(half/(kflag+put), "ratio")
+}
+
+// putPingPong is half the round trip, in µs, of an 8-byte put-with-signal ping-pong
+// between wa and wb (each side polls its signal word, progressing its worker).
+func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int) float64 {
+	host, err := stream.Open(stream.Host)
+	require.NoError(b, err)
+	defer host.Close()
+	sigA, err := wa.NewSignals(host, 1)
+	require.NoError(b, err)
+	defer sigA.Close()
+	sigB, err := wb.NewSignals(host, 1)
+	require.NoError(b, err)
+	defer sigB.Close()
+	bufA, err := wa.Context().MemAlloc(8)
+	require.NoError(b, err)
+	defer bufA.Close()
+	bufB, err := wb.Context().MemAlloc(8)
+	require.NoError(b, err)
+	defer bufB.Close()
+	key := func(ep *ucp.Endpoint, packed []byte, err error) *ucp.Rkey {
+		require.NoError(b, err)
+		k, err := ep.UnpackRkey(packed)
+		require.NoError(b, err)
+		return k
+	}
+	pa, errA := sigA.PackRkey()
+	pb, errB := sigB.PackRkey()
+	sigKeyA, sigKeyB := key(toA, pa, errA), key(toB, pb, errB)
+	pa, errA = bufA.PackRkey()
+	pb, errB = bufB.PackRkey()
+	bufKeyA, bufKeyB := key(toA, pa, errA), key(toB, pb, errB)
+	defer func() {
+		for _, k := range []*ucp.Rkey{sigKeyA, sigKeyB, bufKeyA, bufKeyB} {
+			_ = k.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srcA, srcB := make([]byte, 8), make([]byte, 8)
+	await := func(w *ucp.Worker, word *stream.Word, v uint64) {
+		for i := 0; word.Load() < v; i++ {
+			w.Progress()
+			if i&1023 == 1023 {
+				require.NoError(b, ctx.Err())
+			}
+		}
+	}
+	errs := make(chan error, 1)
+	go func() { // B echoes
+		for i := uint64(1); i <= uint64(n); i++ {
+			await(wb, sigB.Word(0), i)
+			r, err := toA.PutSignalNbx(srcB, uint64(bufA.Address()), bufKeyA, ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: sigA.Addr(0), Rkey: sigKeyA}, nil)
+			if err == nil {
+				err = r.Wait(ctx)
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	start := time.Now()
+	for i := uint64(1); i <= uint64(n); i++ {
+		r, err := toB.PutSignalNbx(srcA, uint64(bufB.Address()), bufKeyB, ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: sigB.Addr(0), Rkey: sigKeyB}, nil)
+		require.NoError(b, err)
+		require.NoError(b, r.Wait(ctx))
+		await(wa, sigA.Word(0), i)
+	}
+	elapsed := time.Since(start)
+	require.NoError(b, <-errs)
+	return elapsed.Seconds() * 1e6 / float64(n) / 2
+}
