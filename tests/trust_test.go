@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -72,12 +74,14 @@ func trustSleeper() error {
 	return nil
 }
 
-// A peer killed over shared memory (where UCX notices nothing) while stream-ordered
-// receives from it are pending: the pidfd watch fails them and every stream is released.
-func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
+// spawnSleeper starts a peer process connected over shared memory (no peer error
+// handling: UCX notices nothing when it dies) and returns this side's worker, the
+// endpoint to the peer and the peer's command (killed when the test ends).
+func spawnSleeper(t *testing.T) (*ucp.Worker, *ucp.Endpoint, *exec.Cmd) {
+	t.Helper()
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	require.NoError(t, err)
-	defer uctx.Close()
+	t.Cleanup(func() { _ = uctx.Close() })
 	w, err := uctx.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
 	self, err := w.Address()
@@ -88,8 +92,7 @@ func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
 	cmd.Env = append(os.Environ(), envTrustRole+"=sleeper", envTrustParent+"="+hex.EncodeToString(self))
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	buf := make([]byte, 4096)
@@ -98,6 +101,15 @@ func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
 	require.NoError(t, r.Wait(ctx))
 	ep, err := w.ConnectAddress(buf[:r.Length()], &ucp.EndpointParams{NoPeerErrorHandling: true})
 	require.NoError(t, err)
+	return w, ep, cmd
+}
+
+// A peer killed over shared memory (where UCX notices nothing) while stream-ordered
+// receives from it are pending: the pidfd watch fails them and every stream is released.
+func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
+	w, ep, cmd := spawnSleeper(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 
 	b := stream.NewHostBackend()
 	defer b.Close()
@@ -139,4 +151,33 @@ func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
 		require.ErrorIs(t, rr.Err(), ucp.ErrPeerFailed)
 	}
 	require.ErrorIs(t, ep.Err(), ucp.ErrPeerFailed)
+}
+
+// A panicking host-graph task fails the launch with an error carrying the panic value;
+// the process survives and the graph launches again.
+func TestTrustPanickingHostTask(t *testing.T) {
+	g := graph.NewHost()
+	var calls atomic.Int32
+	_, err := g.AddTask(nil, func() error {
+		if calls.Add(1) == 1 {
+			panic("task boom")
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s))
+	err = s.Synchronize()
+	require.ErrorIs(t, err, graph.ErrTaskPanicked)
+	require.Contains(t, err.Error(), "task boom")
+	s2, err := b.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s2))
+	require.NoError(t, s2.Synchronize())
+	require.Equal(t, int32(2), calls.Load())
 }
