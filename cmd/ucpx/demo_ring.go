@@ -46,8 +46,10 @@ func runDemoRing(args []string, stdout, stderr io.Writer) int {
 	start := time.Now()
 	var opts *bootstrap.Options
 	if *perf != "" {
-		// Busy-poll as ucx_perftest (and ucpx perf) do: no parking on the event fd.
-		opts = &bootstrap.Options{WorkerParams: ucp.WorkerParams{NoWakeup: true}}
+		// As ucx_perftest's tag tests (and ucpx perf): the tag feature only, and
+		// busy-polling, no parking on the event fd.
+		opts = &bootstrap.Options{ContextParams: ucp.ContextParams{Features: ucp.FeatureTag},
+			WorkerParams: ucp.WorkerParams{NoWakeup: true}}
 	}
 	job, err := bootstrap.FromEnv(ctx, opts)
 	if err != nil {
