@@ -10,8 +10,9 @@
 // A Context holds the UCX configuration (UCX_* environment variables, plus
 // ContextParams.Config) and memory registrations (MemMap, MemMapPtr, MemAlloc). A Worker
 // is a progress engine; Endpoints connect it to peer workers, either through a Listener
-// (client-server on a socket address: Worker.Listen, Listener.Accept, Worker.Connect)
-// or through a worker address (Worker.Address, Worker.ConnectAddress). Every object has
+// (client-server on a socket address: Worker.Listen, Listener.Accept, Worker.Connect;
+// authenticated with the context's auth key, ContextParams.AuthKey, before anything else
+// crosses) or through a worker address (Worker.Address, Worker.ConnectAddress). Every object has
 // an explicit Close; closing a parent closes its children, a second Close returns
 // ErrClosed, and Live reports the UCX handles still open (tests assert it is zero).
 //
@@ -70,9 +71,11 @@
 // is pinned (runtime.Pinner) until the operation completes; MemMap pins its buffer until
 // Close. Memory from MemAlloc is C memory allocated and registered by UCX: the buffer a
 // hot path should reuse (pass it in RequestParam.MemH). Packed rkeys and worker addresses
-// travel in a checksummed envelope, so garbage from a peer gives ErrInvalidParam or
+// travel sealed (encrypted and authenticated under the auth key, bound to the sender), so
+// garbage, forgeries and keys replayed by another peer give ErrInvalidParam, ErrAuth or
 // ErrInvalidAddr, never a crash inside UCX, and RMA ranges are checked against the
-// remote region before UCX sees them (ErrOutOfRange).
+// remote region before UCX sees them (ErrOutOfRange). MemH.Close revokes the region's key:
+// peers' later use fails with ErrRevoked (README, "Trust model").
 //
 // # Peer failure
 //
