@@ -32,6 +32,7 @@ fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./ucp || exit 1; \
 	done
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./bootstrap
 
 # soak sends a million checksummed messages over each transport (CI runs a short form
 # inside make test).
