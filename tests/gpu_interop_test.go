@@ -280,33 +280,41 @@ func TestGPUAdoptCUDAGraph(t *testing.T) {
 		return m
 	}
 	srcA, outA, srcB, outB := mapped(), mapped(), mapped(), mapped()
+	devA, err := ctx.MemAlloc(n)
+	require.NoError(t, err)
+	defer devA.Close()
+	devB, err := ctx.MemAlloc(n)
+	require.NoError(t, err)
+	defer devB.Close()
 	rbufB := make([]byte, n)
 	send, recv := preparedPair(t, &gpu{backend: b}, sendW, recvW, toRecv, toSend, outB.Bytes(), rbufB, parts, parts, 0x19)
 
-	// The "framework": capture two copies on its own stream into a graph it owns.
+	// The "framework": capture two device-to-host copies on its own stream into a graph
+	// it owns.
 	require.NoError(t, foreign.BeginCapture(cuda.CaptureRelaxed))
-	require.NoError(t, foreign.Memcpy(outA.Addr(), srcA.Addr(), n))
-	require.NoError(t, foreign.Memcpy(outB.Addr(), srcB.Addr(), n))
+	require.NoError(t, foreign.MemcpyDtoH(outA.Addr(), devA.Ptr(), n))
+	require.NoError(t, foreign.MemcpyDtoH(outB.Addr(), devB.Ptr(), n))
 	owned, err := foreign.EndCapture()
 	require.NoError(t, err)
 	defer owned.Close()
 	nodes, err := owned.Nodes()
 	require.NoError(t, err)
 	require.Len(t, nodes, 2)
-	copyA, copyB := nodes[0], nodes[1] // the capture's order: A's copy, then B's after it
+	// The communication follows both copies (as raw handles, all a framework hands over).
+	copies := []condition.Node{cuda.NodeFromHandle(nodes[0].Handle()), cuda.NodeFromHandle(nodes[1].Handle())}
 
 	// ucpx sees only the raw handles.
 	adopted, err := graph.AdoptCUDA(owned.Handle(), b)
 	require.NoError(t, err)
 	defer adopted.Graph.Close()
 	gc, err := condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: adopted,
-		Deps: []condition.Node{cuda.NodeFromHandle(copyA.Handle())}})
+		Deps: copies})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, gc.Destroy()) }()
 	_, err = toRecv.TagSendNbx(outA.Bytes(), 0x1900, &ucp.RequestParam{Condition: gc})
 	require.NoError(t, err)
 	for p := range parts {
-		_, err := send.PreadyNode(adopted, []condition.Node{cuda.NodeFromHandle(copyB.Handle())}, p)
+		_, err := send.PreadyNode(adopted, copies, p)
 		require.NoError(t, err)
 	}
 	x, err := owned.Instantiate(0)
@@ -321,6 +329,9 @@ func TestGPUAdoptCUDAGraph(t *testing.T) {
 		wantA, wantB := interopPattern(n, 2*i), interopPattern(n, 2*i+1)
 		copy(srcA.Bytes(), wantA)
 		copy(srcB.Bytes(), wantB)
+		// The launch's input, in stream order before it (outside the graph).
+		require.NoError(t, foreign.MemcpyHtoD(devA.Ptr(), srcA.Addr(), n))
+		require.NoError(t, foreign.MemcpyHtoD(devB.Ptr(), srcB.Addr(), n))
 		rr, err := recvW.TagRecvNbx(rbufA, 0x1900, ^uint64(0), nil)
 		require.NoError(t, err)
 		require.NoError(t, recv.Start())
