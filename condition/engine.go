@@ -250,6 +250,8 @@ func (e *Engine) run() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	idle := 0
+	_, canSleep := e.transport.(TransportWaiter)
+	var yieldingSince time.Time
 	for {
 		select {
 		case <-e.stop:
@@ -285,7 +287,17 @@ func (e *Engine) run() {
 		case idle < 256:
 		case idle < 4096:
 			// A yield keeps a trigger that comes soon within microseconds; timers
-			// cannot sleep that briefly.
+			// cannot sleep that briefly. A transport that can sleep wakes the engine
+			// on a kick or an event within microseconds too: then yield for
+			// engineYieldFor only (4096 rounds are milliseconds of a core, which an
+			// oversubscribed machine's peers need), unless a trigger must be polled.
+			if canSleep && idle&63 == 0 {
+				if idle == 256 {
+					yieldingSince = time.Now()
+				} else if time.Since(yieldingSince) >= engineYieldFor && !e.pollPending() {
+					idle = 4095
+				}
+			}
 			runtime.Gosched()
 		default:
 			if tw, ok := e.transport.(TransportWaiter); ok {
@@ -334,6 +346,10 @@ func (e *Engine) pollPending() bool {
 	}
 	return false
 }
+
+// engineYieldFor bounds the engine's yielding phase when its transport can sleep (as
+// ucp's waits spin DefaultSpinTime before they park).
+const engineYieldFor = 100 * time.Microsecond
 
 // round is one pass of the engine unless another goroutine runs one (busy). active
 // reports whether operations are pending.

@@ -258,6 +258,7 @@ func (x *HostExec) run() error {
 	running, done := 0, 0
 	var firstErr error
 	var sleep parking
+	var spinStart time.Time
 	complete := func(i int) {
 		done++
 		for _, c := range x.children[i] {
@@ -337,7 +338,10 @@ func (x *HostExec) run() error {
 				spins = 0
 				continue
 			}
-			if spins < 64 {
+			if spins == 1 {
+				spinStart = time.Now()
+			}
+			if spins < 64 || time.Since(spinStart) < launchSpinFor {
 				runtime.Gosched()
 				continue
 			}
@@ -359,6 +363,11 @@ type parking struct {
 	cases []reflect.SelectCase
 	timer *time.Timer
 }
+
+// launchSpinFor is how long a launch drives its communication nodes' rounds itself
+// before it parks (as ucp's waits spin DefaultSpinTime): a park costs two wake-ups in a
+// row, the engine's from the event fd and then the launch's from the word's block.
+const launchSpinFor = 100 * time.Microsecond
 
 // parkSafety bounds a sleep, in case a word's writer does not notify (the engine fires
 // every graph completion word with a notification, so this is only a safety net, not

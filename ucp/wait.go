@@ -461,15 +461,29 @@ func (t workerTransport) WaitProgress(done <-chan struct{}) bool {
 		return false
 	}
 	w.mu.Lock()
-	if w.closed.Load() {
-		w.mu.Unlock()
-		return false
+	for try := 0; ; try++ {
+		if w.closed.Load() {
+			w.mu.Unlock()
+			return false
+		}
+		if w.park.engineWake.Swap(false) {
+			w.mu.Unlock() // kicked: the engine runs a round
+			return true
+		}
+		if w.raw.Arm() == ucx.OK {
+			break
+		}
+		// Busy: events are pending, such as a message for a receive the engine has
+		// not issued yet, which its rounds (nothing in flight) do not progress. Move
+		// them on, else every arm finds them again and the engine never sleeps.
+		if w.progressLocked(nil, 1) > 0 || try == parkTries-1 {
+			cbs := w.takeDeferredLocked()
+			w.mu.Unlock()
+			runDeferred(cbs)
+			return true
+		}
 	}
-	if w.park.engineWake.Swap(false) || w.raw.Arm() != ucx.OK {
-		w.mu.Unlock() // kicked, or events pending: the engine runs a round
-		return true
-	}
-	w.sleepUnlock(doneCtx{done}, nil, time.Time{})
+	w.sleepUnlock(doneCtx{done}, w.takeDeferredLocked(), time.Time{})
 	w.park.engineWake.Store(false)
 	return true
 }
