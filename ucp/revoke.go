@@ -1,7 +1,6 @@
 package ucp
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -44,6 +43,7 @@ type importer struct {
 	local *Context // the importer's context, if in this process
 	w     *Worker  // the exporter's worker the notice came through
 	count int      // Rkeys unpacked and not closed (as far as we know)
+	told  bool     // the revocation was sent (under the exporter's ctx.mu)
 	acked bool
 }
 
@@ -236,7 +236,8 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 
 // revoke tells every importer of m that its key is revoked and waits (progressing
 // this context's workers, and importers' in this process) until each acknowledged or
-// died, or timeout passed; it returns the importers that did neither.
+// died, or timeout passed; it returns the importers that did neither. Importers that
+// announce themselves meanwhile are told and waited for too.
 func (m *MemH) revoke(timeout time.Duration) []*importer {
 	c := m.ctx
 	// Take in the import notices that arrived already.
@@ -245,46 +246,54 @@ func (m *MemH) revoke(timeout time.Duration) []*importer {
 		}
 	}
 	c.mu.Lock()
-	imps := make([]*importer, 0, len(m.importers))
 	for _, imp := range m.importers {
-		if !imp.acked {
-			imps = append(imps, imp)
-		}
+		imp.told = false // a Close after a timed-out one tells again
 	}
 	c.mu.Unlock()
-	if len(imps) == 0 {
-		return nil
-	}
-	var workers []*Worker
-	for _, imp := range imps {
-		imp := imp
-		if imp.local != nil {
-			imp.local.mu.Lock()
-			var ws []*Worker
-			for w := range imp.local.workers {
-				ws = append(ws, w)
+	deadline := time.Now().Add(timeout)
+	var workers []*Worker // what to progress while waiting
+	for {
+		var tell, left []*importer
+		c.mu.Lock()
+		for _, imp := range m.importers {
+			if imp.acked {
+				continue
 			}
-			imp.local.mu.Unlock()
-			workers = append(workers, ws...)
-			var mu sync.Mutex
-			left := len(ws)
-			ack := func() {
-				mu.Lock()
-				left--
-				last := left == 0
-				mu.Unlock()
-				if last {
-					c.noteAck(imp.peer, m.keyID)
-				}
+			if !imp.told {
+				imp.told = true
+				tell = append(tell, imp)
 			}
-			if len(ws) == 0 {
-				c.noteAck(imp.peer, m.keyID)
-			}
-			for _, w := range ws {
-				w.revokeImported(c.trust.id, m.keyID, ack)
-			}
-			continue
+			left = append(left, imp)
 		}
+		c.mu.Unlock()
+		for _, imp := range tell {
+			workers = append(workers, m.tell(imp)...)
+		}
+		var alive []*importer
+		for _, imp := range left {
+			if imp.local != nil && imp.local.isClosed() || imp.local == nil && c.peerDead(imp.peer) {
+				continue
+			}
+			alive = append(alive, imp)
+		}
+		if len(alive) == 0 || time.Now().After(deadline) {
+			return alive
+		}
+		n := 0
+		for _, w := range append(c.workerList(), workers...) {
+			n += w.Progress()
+		}
+		if n == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// tell revokes the key at one importer: directly for one in this process (returning
+// its workers, which the wait progresses), else with a message.
+func (m *MemH) tell(imp *importer) []*Worker {
+	c := m.ctx
+	if imp.local == nil {
 		ep := imp.w.endpointTo(imp.peer)
 		if ep == nil {
 			ep = c.anyEndpointTo(imp.peer)
@@ -294,41 +303,27 @@ func (m *MemH) revoke(timeout time.Duration) []*importer {
 			ep.sendControlLocked(ctlRevoke, m.keyID)
 			ep.w.mu.Unlock()
 		}
+		return nil
 	}
-	c.mu.Lock()
-	for w := range c.workers {
-		workers = append(workers, w)
-	}
-	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for {
-		var left []*importer
-		c.mu.Lock()
-		for _, imp := range imps {
-			if !imp.acked && m.importers[imp.peer] == imp {
-				left = append(left, imp)
-			}
-		}
-		c.mu.Unlock()
-		var alive []*importer
-		for _, imp := range left {
-			if imp.local != nil && imp.local.isClosed() || imp.local == nil && c.peerDead(imp.peer) {
-				continue
-			}
-			alive = append(alive, imp)
-		}
-		if len(alive) == 0 || ctx.Err() != nil {
-			return alive
-		}
-		n := 0
-		for _, w := range workers {
-			n += w.Progress()
-		}
-		if n == 0 {
-			time.Sleep(50 * time.Microsecond)
+	ws := imp.local.workerList()
+	var mu sync.Mutex
+	left := len(ws)
+	ack := func() {
+		mu.Lock()
+		left--
+		last := left == 0
+		mu.Unlock()
+		if last {
+			c.noteAck(imp.peer, m.keyID)
 		}
 	}
+	if len(ws) == 0 {
+		c.noteAck(imp.peer, m.keyID)
+	}
+	for _, w := range ws {
+		w.revokeImported(c.trust.id, m.keyID, ack)
+	}
+	return ws
 }
 
 // revokeInProcess lets importers in this process be revoked directly; tests turn it
