@@ -36,9 +36,51 @@ type Recorder struct {
 	path  string // FromEnv's file, written by Flush
 	start time.Time
 	mu    sync.Mutex
-	ops   []Op
-	marks []mark
-	names map[uint64]string
+	// Timelines are kept in fixed chunks of pointer-free records (the op and protocol
+	// names interned): recording one never copies those before it, and the garbage
+	// collector never scans them.
+	chunks [][]record
+	words  []string          // interned names, by index
+	word   map[string]uint16 // index of each name
+	marks  []mark
+	names  map[uint64]string
+}
+
+// record is an Op without pointers.
+type record struct {
+	track, seq                            uint64
+	bytes                                 int
+	what, plan                            uint16
+	failed                                bool
+	enqueue, trigger, issue, done, stored int64
+}
+
+// chunkOps is how many records a chunk holds (about 72 KiB).
+const chunkOps = 1024
+
+// intern returns name's index; r.mu held.
+func (r *Recorder) intern(name string) uint16 {
+	i, ok := r.word[name]
+	if !ok && len(r.words) < 1<<16 {
+		i = uint16(len(r.words))
+		r.words = append(r.words, name)
+		r.word[name] = i
+	}
+	return i
+}
+
+func (r *Recorder) op(rec *record) Op {
+	return Op{Track: rec.track, What: r.words[rec.what], Seq: rec.seq, Bytes: rec.bytes, Plan: r.words[rec.plan],
+		Enqueue: rec.enqueue, Trigger: rec.trigger, Issue: rec.issue, Done: rec.done, Store: rec.stored, Failed: rec.failed}
+}
+
+// each calls f with every timeline recorded; r.mu held.
+func (r *Recorder) each(f func(Op)) {
+	for _, c := range r.chunks {
+		for i := range c {
+			f(r.op(&c[i]))
+		}
+	}
 }
 
 type mark struct {
@@ -49,7 +91,7 @@ type mark struct {
 
 // NewRecorder starts a recorder; times are taken from now on.
 func NewRecorder() *Recorder {
-	return &Recorder{start: time.Now(), names: map[uint64]string{}}
+	return &Recorder{start: time.Now(), names: map[uint64]string{}, word: map[string]uint16{}}
 }
 
 var env struct {
@@ -119,7 +161,13 @@ func (r *Recorder) Name(track uint64, name string) {
 // Record adds one operation's timeline.
 func (r *Recorder) Record(op Op) {
 	r.mu.Lock()
-	r.ops = append(r.ops, op)
+	rec := record{track: op.Track, seq: op.Seq, bytes: op.Bytes, what: r.intern(op.What), plan: r.intern(op.Plan), failed: op.Failed,
+		enqueue: op.Enqueue, trigger: op.Trigger, issue: op.Issue, done: op.Done, stored: op.Store}
+	if n := len(r.chunks); n == 0 || len(r.chunks[n-1]) == chunkOps {
+		r.chunks = append(r.chunks, make([]record, 0, chunkOps))
+	}
+	last := &r.chunks[len(r.chunks)-1]
+	*last = append(*last, rec)
 	r.mu.Unlock()
 }
 
@@ -135,7 +183,9 @@ func (r *Recorder) Mark(track uint64, name string) {
 func (r *Recorder) Ops() []Op {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]Op(nil), r.ops...)
+	var ops []Op
+	r.each(func(op Op) { ops = append(ops, op) })
+	return ops
 }
 
 // Event is one Chrome trace event.
@@ -180,7 +230,7 @@ func (r *Recorder) Events() []Event {
 	for _, t := range tracks {
 		ev = append(ev, Event{Name: "thread_name", Ph: "M", Pid: pid, Tid: t, Args: map[string]any{"name": r.names[t]}})
 	}
-	for _, op := range r.ops {
+	r.each(func(op Op) {
 		args := map[string]any{"op": op.What, "seq": op.Seq, "bytes": op.Bytes, "protocol": op.Plan}
 		if op.Failed {
 			args["failed"] = true
@@ -195,7 +245,7 @@ func (r *Recorder) Events() []Event {
 		span(PhaseIssue, op.Trigger, op.Issue)
 		span(PhaseInFlight, op.Issue, op.Done)
 		span(PhaseStore, op.Done, op.Store)
-	}
+	})
 	for _, m := range r.marks {
 		ev = append(ev, Event{Name: m.name, Ph: "i", Scope: "t", Ts: us(m.at), Pid: pid, Tid: m.track})
 	}

@@ -90,6 +90,7 @@ func BenchmarkOpTimeline(b *testing.B) {
 			op.Store = r.Now()
 			r.Record(*op)
 		}
+		b.StopTimer()
 		require.Len(b, r.Ops(), b.N)
 	})
 }
