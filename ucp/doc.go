@@ -22,7 +22,7 @@
 //
 //   - Request.Wait drives the worker's progress itself, with one wait policy (wait.go):
 //     it spins (256 progress calls per cgo call, no Gosched) for WorkerParams.SpinTime,
-//     yielding the processor to other threads (sched_yield) past 10 µs; then, on a
+//     yielding the processor to other threads (sched_yield) past 100 µs; then, on a
 //     worker with wakeup, it arms the event fd (ucp_worker_arm) and parks in Go's
 //     netpoller on it until it fires, the request completes on another goroutine, ctx
 //     ends or the worker closes: no timed slices, no sleeps, no OS thread blocked

@@ -41,11 +41,13 @@ const DefaultSpinTime = 100 * time.Microsecond
 const spinRounds = 256
 
 // yieldAfter is how long a wait spins before it also yields the processor to other
-// threads between rounds (sched_yield, which returns at once when none is runnable).
-// Measured, 8 B tag_lat over shm with both processes on one core (taskset): a hop
-// costs about this long plus a round; without yielding it costs a scheduler time
-// slice (ucx_perftest: 4 ms one way).
-const yieldAfter = 10 * time.Microsecond
+// threads between rounds (sched_yield, which returns at once when none is runnable):
+// a peer that shares this core gets to run. Not sooner: on a machine shared with other
+// busy processes, a yield hands the core to one of them for a time slice, and an 8-byte
+// ping-pong over shm whose waits yielded past 10 µs measured a 15-19 µs typical one-way
+// latency in half the runs (0.35-0.42 µs with 100 µs, ucx_perftest 0.36-0.44, which
+// never yields). With both processes pinned to one core a hop costs about this long.
+const yieldAfter = 100 * time.Microsecond
 
 // parkTries bounds the arm attempts of one park: each busy arm progresses once more.
 const parkTries = 4
