@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/binary"
+	"runtime"
 	"testing"
 	"time"
 
@@ -116,7 +117,9 @@ func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
 	sumsA, sumsB := g.mapped(b, 8), g.mapped(b, 8)
 	statusA, statusB, failures := g.mapped(b, 16), g.mapped(b, 16), g.mapped(b, 8)
 	clear(failures.Bytes())
-	stopA, stopB := progressWhile(wa), progressWhile(wb)
+	// Each worker has a goroutine polling it without sleeping, as ucx_perftest's
+	// processes do (the GPU machine has cores to spare).
+	stopA, stopB := spinProgress(wa), spinProgress(wb)
 	defer stopA()
 	defer stopB()
 	handle := func(r *prepare.Request) prepare.DeviceHandle {
@@ -230,4 +233,27 @@ func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int
 	elapsed := time.Since(start)
 	require.NoError(b, <-errs)
 	return elapsed.Seconds() * 1e6 / float64(n) / 2
+}
+
+// spinProgress progresses w in a loop, yielding but never sleeping, until stop.
+func spinProgress(w *ucp.Worker) (stop func()) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if w.Progress() == 0 {
+				runtime.Gosched()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
 }

@@ -460,7 +460,7 @@ const (
 	PointerAttrMapped        PointerAttribute = 13
 	// PointerAttrLegacyIPCCapable: the memory can be exported with cuIpcGetMemHandle
 	// (cuMemAlloc memory; not VMM memory from cuMemCreate).
-	PointerAttrLegacyIPCCapable PointerAttribute = 18
+	PointerAttrLegacyIPCCapable PointerAttribute = 10
 )
 
 // Allocation is the device allocation containing an address, as CUDA IPC needs it.
