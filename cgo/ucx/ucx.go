@@ -641,7 +641,9 @@ func (c *Chain) Add(step, kind int, e *EP, buf unsafe.Pointer, n int, tag, mask 
 }
 
 // Start posts step 0 of the first of repeat iterations.
-func (c *Chain) Start(repeat uint64) Status { return Status(C.ucpxu_chain_start(c.h, C.uint64_t(repeat))) }
+func (c *Chain) Start(repeat uint64) Status {
+	return Status(C.ucpxu_chain_start(c.h, C.uint64_t(repeat)))
+}
 
 // Wait progresses until the chain stops or spins rounds pass, then reaps; it reports
 // whether the chain still runs.
