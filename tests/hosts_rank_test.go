@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/ucpx/ucpx/bootstrap"
 	"github.com/ucpx/ucpx/condition"
@@ -70,6 +72,9 @@ func TestHostsRank(t *testing.T) {
 	if scenario == "" {
 		t.Skip("one rank of the cross-host tests (TestHosts*), which start it")
 	}
+	// The parent is nsenter, which the test kills on failure: die with it, as a rank
+	// would with its host.
+	require.NoError(t, unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0))
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	opts := &bootstrap.Options{WorkerParams: ucp.WorkerParams{ProgressThread: true}}

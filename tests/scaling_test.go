@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/bootstrap"
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -156,5 +159,113 @@ func scaleWorkers(t *testing.T, n int) {
 	cw.Wait()
 	for _, w := range workers {
 		require.NoError(t, w.Close())
+	}
+}
+
+// TestScalingConditions measures what conditions with operations in flight cost: the
+// round trip of a stream-triggered ping-pong on one condition while k other
+// conditions of the same worker each hold a receive that never completes, either
+// enqueued with NonBlockingEnqueue (only the engine, the proxy, holds them) or stream
+// ordered (each condition's host stream also waits for its receive). Runs with
+// UCPX_SCALING set (any value), like TestScalingWorkers.
+func TestScalingConditions(t *testing.T) {
+	if os.Getenv("UCPX_SCALING") == "" {
+		t.Skip("a measurement for docs/scaling.md: UCPX_SCALING=1 go test -run TestScalingConditions ./tests")
+	}
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	a, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	b, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	aAddr, _ := a.Address()
+	bAddr, _ := b.Address()
+	toB, err := a.ConnectAddress(bAddr, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	toA, err := b.ConnectAddress(aAddr, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	backend := stream.NewHostBackend()
+	defer backend.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const iters = 500
+	for _, run := range []struct {
+		k       int
+		ordered bool
+	}{{0, false}, {16, false}, {256, false}, {1024, false}, {16, true}, {64, true}, {256, true}} {
+		k := run.k
+		flags := ucp.NonBlockingEnqueue
+		if run.ordered {
+			flags = 0
+		}
+		var idle []*condition.Condition
+		var pending []*ucp.Request
+		for i := 0; i < k; i++ {
+			s, err := backend.NewStream()
+			require.NoError(t, err)
+			c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
+			require.NoError(t, err)
+			r, err := a.TagRecvNbx(make([]byte, 8), 1<<40|uint64(i), ^uint64(0), &ucp.RequestParam{Condition: c, Flags: flags})
+			require.NoError(t, err)
+			idle = append(idle, c)
+			pending = append(pending, r)
+		}
+		s, err := backend.NewStream()
+		require.NoError(t, err)
+		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: backend, Stream: s})
+		require.NoError(t, err)
+		// b echoes from the host.
+		echoed := make(chan error, 1)
+		go func() {
+			in := make([]byte, 8)
+			for i := 0; i < iters; i++ {
+				r, err := b.TagRecvNbx(in, 1, ^uint64(0), nil)
+				if err == nil {
+					err = r.Wait(ctx)
+				}
+				if err == nil {
+					var sr *ucp.Request
+					if sr, err = toA.TagSendNbx(in, 2, nil); err == nil {
+						err = sr.Wait(ctx)
+					}
+				}
+				if err != nil {
+					echoed <- err
+					return
+				}
+			}
+			echoed <- nil
+		}()
+		out, in := make([]byte, 8), make([]byte, 8)
+		lat := make([]time.Duration, iters)
+		for i := 0; i < iters; i++ {
+			start := time.Now()
+			require.NoError(t, c.BeginGroup())
+			_, err := a.TagRecvNbx(in, 2, ^uint64(0), &ucp.RequestParam{Condition: c})
+			require.NoError(t, err)
+			_, err = toB.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c})
+			require.NoError(t, err)
+			require.NoError(t, c.EndGroup())
+			require.NoError(t, s.Synchronize())
+			lat[i] = time.Since(start)
+		}
+		require.NoError(t, <-echoed)
+		slices.Sort(lat)
+		line := fmt.Sprintf("conditions_in_flight=%d stream_ordered=%v round_trip_p50_us=%.1f p90_us=%.1f", k, run.ordered,
+			float64(lat[iters/2].Nanoseconds())/1000, float64(lat[iters*9/10].Nanoseconds())/1000)
+		t.Log(line)
+		fmt.Println("scaling", line)
+		require.NoError(t, c.Destroy())
+		require.NoError(t, s.Close())
+		for _, r := range pending {
+			r.Cancel()
+		}
+		for _, r := range pending {
+			_ = r.Wait(ctx)
+		}
+		for _, c := range idle {
+			_ = c.Destroy()
+		}
 	}
 }
