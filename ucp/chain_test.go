@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"runtime"
 
 	"testing"
 	"time"
@@ -245,4 +246,75 @@ func TestChainParkedWaiterWokenByOtherProgress(t *testing.T) {
 	assert.Equal(t, "8 bytes!", string(buf))
 	require.NoError(t, c.Destroy())
 
+}
+
+// The engine's goroutine alone issues conditioned operations after it went to sleep: a
+// host stream's trigger store kicks it awake from the worker's event fd, and a
+// KernelTriggered trigger stored on the host (which kicks nobody) is still found, as the
+// engine polls while such a condition is pending. Nothing here drives the engine: the
+// test only reads Done.
+func TestEngineWakesFromItsSleep(t *testing.T) {
+	p := newShmPair(t)
+	stop := background(p.b)
+	defer stop()
+	b := hostBackend(t)
+	s, c := streamCondition(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Start the engine and let it go to sleep.
+	rr, err := p.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+	require.NoError(t, err)
+	sr, err := p.epA.TagSendNbx([]byte("start..."), 1, &RequestParam{Condition: c})
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, rr.Wait(ctx))
+	waitEngineAsleep(t)
+	doneAlone := func(r *Request) {
+		t.Helper()
+		for !r.Done() {
+			require.NoError(t, ctx.Err(), "the engine did not issue the operation")
+			time.Sleep(time.Millisecond)
+		}
+		require.NoError(t, r.Err())
+	}
+
+	in := make([]byte, 8)
+	rr, err = p.b.TagRecvNbx(in, 2, ^uint64(0), nil)
+	require.NoError(t, err)
+	sr, err = p.epA.TagSendNbx([]byte("stream.."), 2, &RequestParam{Condition: c, Flags: NonBlockingEnqueue})
+	require.NoError(t, err)
+	doneAlone(sr)
+	doneAlone(rr)
+	assert.Equal(t, "stream..", string(in))
+	require.NoError(t, s.Synchronize())
+
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: b})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, kc.Destroy()) }()
+	rr, err = p.b.TagRecvNbx(in, 3, ^uint64(0), nil)
+	require.NoError(t, err)
+	sr, err = p.epA.TagSendNbx([]byte("kernel.."), 3, &RequestParam{Condition: kc})
+	require.NoError(t, err)
+	h, err := kc.DeviceHandle()
+	require.NoError(t, err)
+	waitEngineAsleep(t)
+	require.NoError(t, condition.Trigger(h))
+	doneAlone(sr)
+	doneAlone(rr)
+	assert.Equal(t, "kernel..", string(in))
+}
+
+// waitEngineAsleep waits until the engine's goroutine blocks (on its wake channel, a
+// timer, or the worker's event fd).
+func waitEngineAsleep(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		if containsParkedProxy(string(buf[:runtime.Stack(buf, true)])) {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the engine never went to sleep")
+		time.Sleep(time.Millisecond)
+	}
 }
