@@ -46,8 +46,9 @@ type Listener struct {
 	handler func(*ConnRequest)
 	slots   chan struct{} // handshakes in progress
 	// conns are the connections in a handshake (under cmu), closed by Close.
-	cmu   sync.Mutex
-	conns map[net.Conn]struct{}
+	cmu     sync.Mutex
+	conns   map[net.Conn]struct{}
+	stopped bool // under cmu: Close began, new connections are dropped
 	// nref counts connections dropped before their peer proved the key.
 	nref counter
 	wg   sync.WaitGroup
@@ -156,6 +157,12 @@ func (l *Listener) serve() {
 			continue
 		}
 		l.cmu.Lock()
+		if l.stopped {
+			l.cmu.Unlock()
+			_ = c.Close()
+			<-l.slots
+			continue
+		}
 		l.conns[c] = struct{}{}
 		l.cmu.Unlock()
 		l.wg.Add(1)
@@ -320,6 +327,7 @@ func (l *Listener) destroyLocked() {
 	}
 	l.backlog = nil
 	l.cmu.Lock()
+	l.stopped = true
 	for c := range l.conns {
 		_ = c.Close()
 	}
