@@ -26,7 +26,7 @@ test: deps vet
 
 # fuzz runs each fuzz target (decoders of a peer's bytes) for FUZZTIME; the corpus is
 # committed under */testdata/fuzz.
-FUZZTIME ?= 3s
+FUZZTIME ?= 2s
 FUZZ_TARGETS = FuzzOpenRkey FuzzOpenAddress FuzzControl FuzzHandshakeServer FuzzHandshakeClient
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
