@@ -347,8 +347,9 @@ func (m *MemH) PackRkey() ([]byte, error) {
 // flushing what it had in flight) or failed. A peer that does neither within
 // ContextParams.RevokeTimeout makes Close fail with an error matching ErrTimedOut that
 // names it: the memory then stays registered (Close again to retry; Context.Close
-// releases it regardless). Local operations using the memory must have completed. A
-// second Close after success returns ErrClosed.
+// releases it regardless). Peers in other processes are told with active messages: a
+// context without FeatureAM neither hears of them nor tells them. Local operations using
+// the memory must have completed. A second Close after success returns ErrClosed.
 func (m *MemH) Close() error {
 	c := m.ctx
 	c.mu.Lock()
