@@ -80,6 +80,10 @@ func TestHostsRank(t *testing.T) {
 	opts := &bootstrap.Options{WorkerParams: ucp.WorkerParams{ProgressThread: true}}
 	if scenario == "mixed" {
 		opts.EndpointParams.NoPeerErrorHandling = true
+		// Busy-polling: a worker asleep on its event fd can miss a peer's first tcp
+		// connection (docs/scaling.md, known gap), which the all-pairs exchange below
+		// met once in about ten runs.
+		opts.WorkerParams.NoWakeup = true
 	}
 	if scenario == "faults" {
 		hostsFaults(t, ctx, opts)
