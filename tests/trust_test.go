@@ -105,7 +105,8 @@ func spawnSleeper(t *testing.T) (*ucp.Worker, *ucp.Endpoint, *exec.Cmd) {
 }
 
 // A peer killed over shared memory (where UCX notices nothing) while stream-ordered
-// receives from it are pending: the pidfd watch fails them and every stream is released.
+// receives from it and sends to it are pending: the pidfd watch fails them and every
+// stream is released.
 func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
 	w, ep, cmd := spawnSleeper(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -128,7 +129,19 @@ func TestTrustPeerKilledOverShmReleasesStreams(t *testing.T) {
 		}
 		streams = append(streams, s)
 	}
-	time.Sleep(50 * time.Millisecond) // the receives are posted and waiting
+	// Sends the peer never receives (rendezvous: pending until it does), stream-ordered.
+	for i := 0; i < 2; i++ {
+		s, err := b.NewStream()
+		require.NoError(t, err)
+		c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+		require.NoError(t, err)
+		defer c.Destroy()
+		sr, err := ep.TagSendNbx(make([]byte, 4<<20), uint64(200+i), &ucp.RequestParam{Condition: c})
+		require.NoError(t, err)
+		reqs = append(reqs, sr)
+		streams = append(streams, s)
+	}
+	time.Sleep(50 * time.Millisecond) // the operations are issued and waiting
 	killed := time.Now()
 	require.NoError(t, cmd.Process.Kill())
 	released := make(chan time.Duration, len(streams))

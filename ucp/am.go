@@ -224,5 +224,5 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 		return nil, err
 	}
 	ptr := w.raw.AmSend(ep.raw, id, bufPtr(header), len(header), bufPtr(buf), len(buf), p.flags(), uint32(p.AmFlags), p.memType(), p.MemH.rawOrNil())
-	return w.postLocked(op, ptr, p, nil, bufPtr(header), bufPtr(buf))
+	return ep.sent(w.postLocked(op, ptr, p, nil, bufPtr(header), bufPtr(buf)))
 }

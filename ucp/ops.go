@@ -94,7 +94,7 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 		return nil, err
 	}
 	ptr := w.raw.TagSend(ep.raw, bufPtr(buf), len(buf), tag, p.flags(), p.memType(), p.MemH.rawOrNil(), 0)
-	return w.postLocked("tag_send_nbx", ptr, p, nil, bufPtr(buf))
+	return ep.sent(w.postLocked("tag_send_nbx", ptr, p, nil, bufPtr(buf)))
 }
 
 // TagRecvNbx receives a message whose tag matches tag under mask (sender_tag & mask ==
@@ -199,7 +199,7 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 	} else {
 		ptr = w.raw.Get(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, p.flags(), p.memType(), p.MemH.rawOrNil())
 	}
-	r, err := w.postLocked(op, ptr, p, nil, bufPtr(buf))
+	r, err := ep.sent(w.postLocked(op, ptr, p, nil, bufPtr(buf)))
 	if err != nil {
 		return nil, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
 	}
@@ -305,7 +305,7 @@ func (ep *Endpoint) atomicLocked(op string, a AtomicParam, raddr uint64, rkey *R
 		ucx.Free(mem)
 	}
 	ptr := w.raw.Atomic(ep.raw, int(a.Op), mem, a.Size, reply, raddr, rkey.raw, p.flags())
-	r, err := w.postLocked(op, ptr, p, read)
+	r, err := ep.sent(w.postLocked(op, ptr, p, read))
 	switch {
 	case err != nil:
 		ucx.Free(mem)
@@ -344,7 +344,7 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 	if err := ep.usableLocked("ep_flush_nbx"); err != nil {
 		return nil, err
 	}
-	return w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw, p.flags()), p, nil)
+	return ep.sent(w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw, p.flags()), p, nil))
 }
 
 // FlushNbx completes all operations issued on every endpoint of the worker

@@ -77,8 +77,44 @@ func (ep *Endpoint) peerDied() {
 	ep.failLocked(Status(ucx.ErrConnectionReset))
 	// The canceled receives complete on the next progress: do it here, so nobody has to.
 	w.progressLocked(nil, 1)
+	if ep.params.NoPeerErrorHandling {
+		// UCX can neither cancel sends nor force-close such an endpoint: what is still
+		// pending on it is failed here, its UCX request left to complete into a stand-in
+		// (or to the worker's destruction).
+		for r := range ep.recvs {
+			if r.req != nil {
+				w.orphanLocked(r, ep.err)
+			}
+		}
+		w.afterLocked() // wake whoever is parked on them
+	}
 	cbs := w.takeDeferredLocked()
 	w.mu.Unlock()
 	runDeferred(cbs)
 	_ = w.Signal()
+}
+
+// sent records a pending operation on ep when nothing else would fail it if the peer
+// dies: an endpoint without peer error handling whose peer is watched. peerDied fails
+// what is still pending then. Elsewhere it costs a few tests.
+func (ep *Endpoint) sent(r *Request, err error) (*Request, error) {
+	if err == nil && ep.watch != nil && ep.params.NoPeerErrorHandling && r != completedRequest && r.peer == nil && !r.done.Load() {
+		r.peer = ep
+		ep.recvs[r] = struct{}{}
+	}
+	return r, err
+}
+
+// orphanLocked completes pending r with err although UCX still holds its request: a
+// stand-in takes r's slot, so UCX's eventual completion (or the worker's destruction)
+// finds the stand-in, not r or whatever reuses it.
+func (w *Worker) orphanLocked(r *Request, err error) {
+	stand := &Request{w: w, op: r.op + " (orphaned)", req: r.req, slot: r.slot, notify: r.notify}
+	w.pending[r.slot] = stand
+	if w.orphans == nil {
+		w.orphans = map[*Request]bool{}
+	}
+	w.orphans[stand] = true
+	r.req = nil
+	r.completeLocked(err, 0, 0)
 }

@@ -71,6 +71,9 @@ type Worker struct {
 	progress *progressThread // WorkerParams.ProgressThread, nil without
 	// maxAmHeader is UCX's limit on an active message's header (0: unknown).
 	maxAmHeader int
+	// orphans are the stand-ins of operations failed while UCX still held them
+	// (watch.go), under mu.
+	orphans map[*Request]bool
 
 	// staging counts what this worker's operations staged (StagingStats); plain is
 	// its staging memory for operations without a condition (ucp/staging.go).
@@ -225,6 +228,9 @@ func (w *Worker) afterLocked() int {
 
 // completeTrackedLocked completes a tracked request with its result and frees its slot.
 func (w *Worker) completeTrackedLocked(r *Request, st ucx.Status, length int, tag uint64) {
+	if w.orphans != nil {
+		delete(w.orphans, r)
+	}
 	w.pending[r.slot] = nil
 	w.freeSlots = append(w.freeSlots, int(r.slot))
 	r.req = nil
@@ -439,7 +445,7 @@ func (w *Worker) Close() error {
 func (w *Worker) pendingCountLocked() int {
 	n := 0
 	for _, r := range w.pending {
-		if r != nil {
+		if r != nil && !w.orphans[r] { // UCX would not finish an orphan: not waited for
 			n++
 		}
 	}
