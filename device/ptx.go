@@ -38,6 +38,7 @@ const (
 const (
 	KernelSignalWriteWait = "ucpx_signal_write_wait" // (trigger *u64, value u64, completion *u64, completionValue u64)
 	KernelSignalWait      = "ucpx_signal_wait"       // (completion *u64, completionValue u64)
+	KernelSignalCopyWord  = "ucpx_signal_copy_word"  // (src, dst *u64)
 )
 
 // SignalKernelsPTX returns the embedded PTX of signal_kernels.cu.

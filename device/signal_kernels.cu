@@ -26,3 +26,13 @@ extern "C" __global__ void ucpx_signal_wait(const uint64_t *completion, uint64_t
 		return;
 	ucpx_word_wait_geq(completion, completion_value);
 }
+
+/* Store *src's value into *dst (acquire load, release store, system scope): a
+ * word copied in stream order, where cuMemcpyAsync between two host words would
+ * block the enqueuing thread. Launch with one thread. */
+extern "C" __global__ void ucpx_signal_copy_word(const uint64_t *src, uint64_t *dst)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	ucpx_word_store_release(dst, ucpx_word_load_acquire(src));
+}

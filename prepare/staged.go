@@ -22,8 +22,8 @@ import (
 //     Wait and the kernel handle look at the landed words, so "arrived" means "in
 //     the device buffer".
 //
-// A landed word receives the value of the partition's first arrival counter by an
-// 8-byte copy instead of a fixed value: if the peer failed, the counter holds
+// A landed word receives the value of the partition's first arrival counter
+// (Stream.CopyWord) instead of a fixed value: if the peer failed, the counter holds
 // failedWord and so does the landed word, and a kernel never takes the garbage of a
 // partition that did not arrive for data.
 
@@ -140,7 +140,7 @@ func (r *Request) landLocked() error {
 		if err := s.Copy(ptrOf(r.buf)+uintptr(off), ptrOf(r.xfer)+uintptr(off), size); err != nil {
 			return err
 		}
-		if err := s.Copy(st.landed.Word(q).HostPtr(), r.words.Word(first).HostPtr(), 8); err != nil {
+		if err := s.CopyWord(st.landed.Word(q), r.words.Word(first)); err != nil {
 			return err
 		}
 	}

@@ -104,6 +104,7 @@ type cudaBackend struct {
 	// memop.
 	pollModule *cuda.Module
 	pollFn     *cuda.Function
+	copyFn     *cuda.Function // ucpx_signal_copy_word, CopyWord's kernel
 	pollErr    error
 
 	// bell is the doorbell of WordBlock.Ring, made when the backend opens; nil on the
@@ -164,7 +165,13 @@ func (b *cudaBackend) loadSignalKernels() {
 		b.pollErr = err
 		return
 	}
-	b.pollModule, b.pollFn = m, f
+	c, err := m.Function(device.KernelSignalCopyWord)
+	if err != nil {
+		_ = m.Close()
+		b.pollErr = err
+		return
+	}
+	b.pollModule, b.pollFn, b.copyFn = m, f, c
 }
 
 // pollKernel returns ucpx_signal_wait, or why it could not be loaded.
@@ -440,6 +447,21 @@ func (s *cudaStream) PollValue(w *Word, value uint64) error {
 		return s.WaitValue(w, value, GEQ)
 	}
 	return s.wrap("PollValue", s.s.LaunchKernel(fn, cuda.Linear(1, 1), addr, value))
+}
+
+func (s *cudaStream) CopyWord(dst, src *Word) error {
+	daddr, err := s.device("CopyWord", dst)
+	if err != nil {
+		return err
+	}
+	saddr, err := s.device("CopyWord", src)
+	if err != nil {
+		return err
+	}
+	if s.b.copyFn == nil {
+		return fmt.Errorf("stream: cuda CopyWord: signal kernels: %w: %w", s.b.pollErr, ErrNotSupported)
+	}
+	return s.wrap("CopyWord", s.s.LaunchKernel(s.b.copyFn, cuda.Linear(1, 1), saddr, daddr))
 }
 
 // LaunchHostFunc runs fn on a CUDA driver thread (cuLaunchHostFunc). fn must not

@@ -195,6 +195,16 @@ func (s *hostStream) WaitValue(w *Word, value uint64, cmp Compare) error {
 // PollValue is WaitValue(w, value, GEQ): the executor polls every wait.
 func (s *hostStream) PollValue(w *Word, value uint64) error { return s.WaitValue(w, value, GEQ) }
 
+func (s *hostStream) CopyWord(dst, src *Word) error {
+	if dst == nil || src == nil {
+		return fmt.Errorf("stream: host CopyWord: nil word: %w", ErrInvalidArgument)
+	}
+	return s.LaunchHostFunc(func() {
+		dst.Store(src.Load())
+		dst.Block().Notify()
+	})
+}
+
 func (s *hostStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValue uint64, cmp Compare) error {
 	if err := checkWord("WriteThenWait", w); err != nil {
 		return err

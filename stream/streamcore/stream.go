@@ -104,6 +104,11 @@ type Stream interface {
 	// kernel launch, dearer than a memop, and one GPU thread while it waits. Host
 	// streams poll either way.
 	PollValue(w *Word, value uint64) error
+	// CopyWord stores src's value, as it is when the stream gets here, into dst (a
+	// one-thread kernel on CUDA, where cuMemcpyAsync between two host words would
+	// block the caller until the stream reached it). Both words are of the stream's
+	// backend.
+	CopyWord(dst, src *Word) error
 	// LaunchHostFunc runs fn on a CPU thread in stream order. fn must not enqueue on or
 	// synchronize the stream it was launched on.
 	LaunchHostFunc(fn func()) error
