@@ -61,9 +61,10 @@ type Transport interface {
 // KernelTriggered).
 type TransportWaiter interface {
 	// WaitProgress returns when the transport may have progressed (an event), Wake was
-	// called since the last WaitProgress returned, or done closes. It returns false at
-	// once when the transport cannot sleep (no event fd): the engine then polls.
-	WaitProgress(done <-chan struct{}) bool
+	// called since the last WaitProgress returned, done closes, or max passes (0: no
+	// bound). It returns false at once when the transport cannot sleep (no event fd):
+	// the engine then polls.
+	WaitProgress(done <-chan struct{}, max time.Duration) bool
 	// Wake ends a WaitProgress, or makes the next one return at once.
 	Wake()
 }
@@ -306,13 +307,24 @@ func (e *Engine) run() {
 				// rounds kicks the engine before it sleeps itself. The round after
 				// announcing catches a kick (and takes parts) that came before.
 				e.inTransport.Store(true)
-				slept := true
-				if progressed, _, _ := e.round(); !progressed {
-					slept = !e.pollPending() && tw.WaitProgress(e.stop)
+				slept, progressed := true, false
+				if progressed, _, _ = e.round(); !progressed {
+					// The sleep is bounded: UCX signals arrivals, not everything an
+					// operation may wait for (a send queued until the peer frees
+					// resources completes only by progress), and a trigger stored
+					// without a kick (prepared partitions' staged twins: an
+					// unexplained lost wake-up, issue 18's notes) is found then.
+					slept = !e.pollPending() && tw.WaitProgress(e.stop, engineSleepBound)
 				}
 				e.inTransport.Store(false)
-				if slept {
+				if progressed {
 					idle = 0
+					continue
+				}
+				if slept {
+					// One round after the wake-up; it spins again only if that
+					// round progresses (a bound that expired costs one round).
+					idle = 4095
 					continue
 				}
 			}
@@ -346,6 +358,12 @@ func (e *Engine) pollPending() bool {
 	}
 	return false
 }
+
+// engineSleepBound bounds the engine's sleep on its transport (see run): events and
+// kicks end it sooner. A wake-up costs a round, an arm and a netpoller trip (measured:
+// an idle engine with a receive in flight, 1 ms: 10 % of a core; 10 ms: 2.7 %, the
+// polling engine before it 5.7 % in the same minutes).
+const engineSleepBound = 10 * time.Millisecond
 
 // engineYieldFor bounds the engine's yielding phase when its transport can sleep (as
 // ucp's waits spin DefaultSpinTime before they park).

@@ -455,9 +455,9 @@ func readable(fd uintptr) bool {
 func osYield() { _, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // WaitProgress parks the engine's goroutine on the worker's event fd until an event,
-// Wake, or done (condition.TransportWaiter): the engine then sleeps without a timer.
-// Without wakeup it returns false and the engine polls.
-func (t workerTransport) WaitProgress(done <-chan struct{}) bool {
+// Wake, done, or max (0: none) (condition.TransportWaiter). Without wakeup it returns
+// false and the engine polls.
+func (t workerTransport) WaitProgress(done <-chan struct{}, max time.Duration) bool {
 	w := t.w
 	if w.efd < 0 {
 		return false
@@ -485,17 +485,28 @@ func (t workerTransport) WaitProgress(done <-chan struct{}) bool {
 			return true
 		}
 	}
-	w.sleepUnlock(doneCtx{done}, w.takeDeferredLocked(), time.Time{})
+	var deadline time.Time
+	if max > 0 {
+		deadline = time.Now().Add(max)
+	}
+	w.sleepUnlock(doneCtx{done}, w.takeDeferredLocked(), deadline)
 	w.park.engineWake.Store(false)
 	return true
 }
 
 // Wake ends the engine's WaitProgress (condition.TransportWaiter): it wakes the parked
-// goroutines, signalling the worker if one sleeps on the event fd.
+// goroutines, signalling the worker if one sleeps on the event fd. Under w.mu: between
+// its check of engineWake and its registration in the parker WaitProgress holds w.mu,
+// so a wake either comes before the check or finds the engine parked (else it could
+// signal another parked goroutine and leave the engine asleep with the flag unread).
 func (t workerTransport) Wake() {
 	w := t.w
 	w.park.engineWake.Store(true)
-	w.park.signal(w.raw.Signal)
+	w.mu.Lock()
+	if !w.closed.Load() {
+		w.park.signal(w.raw.Signal)
+	}
+	w.mu.Unlock()
 }
 
 // doneCtx is a context that ends when done closes (the engine's stop channel).
@@ -516,7 +527,6 @@ func (c doneCtx) Err() error {
 // signal wakes the followers and, if a leader sleeps on the event fd, calls sig (the
 // worker's ucp_worker_signal) to wake it; not after shutdown, which precedes the
 // worker's destruction under the same lock, so sig never runs on a destroyed worker.
-// Callers need not hold w.mu.
 func (pk *parker) signal(sig func() ucx.Status) {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
