@@ -253,38 +253,31 @@ func TestHostsFaults(t *testing.T) {
 }
 
 // Ranks on different simulated hosts are on different hosts for ucp's same-host
-// checks too: host1's rank has pid 2 there, and on host0 pid 2 is a short-lived
-// process of its own; when it exits, rank 0's endpoint to rank 1 must not fail (a
-// check that compared boot ids alone would watch host0's pid 2 and report rank 1 dead).
+// checks too: host1's rank gets the pid that a short-lived process of host0 has
+// there; when that process exits, rank 0's endpoint to rank 1 must not fail (a check
+// that compared boot ids alone would watch host0's process and report rank 1 dead).
 func TestHostsSameHostCheckSeesDifferentHosts(t *testing.T) {
 	c := netns.New(t, 2, nil)
-	if os.Getenv("UCPX_TEST_SAMEHOST_WATCH") != "1" {
-		// Known bug, reported: ucp's same-host check (ucp/watch.go) compares boot ids
-		// only, which every PID namespace (container, simulated host) of a machine
-		// shares, so rank 0 watches host0's pid 4 and declares the live rank 1 dead
-		// ("Connection reset by remote peer") when that process exits. The fix belongs in
-		// ucp: the identity must include the PID namespace (/proc/self/ns/pid). Run with
-		// UCPX_TEST_SAMEHOST_WATCH=1 to see it; remove this skip with the fix.
-		t.Skip("known bug in ucp's same-host pid watch across PID namespaces; UCPX_TEST_SAMEHOST_WATCH=1 runs it")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// The first process to enter a host gets pid 4 there (1 is the holder, 2 and 3
-	// its set-up): on host0 that is the decoy, on host1 rank 1.
 	decoy := c.Hosts[0].Command(ctx, "sh", "-c", "echo $$; exec sleep 4")
 	out, err := decoy.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, decoy.Start())
-	pid, err := bufio.NewReader(out).ReadString('\n')
+	line, err := bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err)
-	require.Equal(t, "4", strings.TrimSpace(pid), "the decoy's pid on host0")
+	decoyPid, err := strconv.Atoi(strings.TrimSpace(line))
+	require.NoError(t, err)
+	// The next pid host1 hands out is the decoy's (ns_last_pid, as CRIU restores pids).
+	set := c.Hosts[1].Command(ctx, "sh", "-c", fmt.Sprintf("echo %d > /proc/sys/kernel/ns_last_pid", decoyPid-1))
+	require.NoError(t, set.Run())
 	ranks := startRanks(t, c, []int{0, 1}, "samehost")
 	pids := map[int]string{}
 	for _, hr := range ranks {
 		pids[hr.rank] = hr.expect(t, "pid", time.Minute)[0]
 	}
-	t.Logf("rank 0 is pid %s on host0, rank 1 pid %s on host1, the decoy pid 4 on host0", pids[0], pids[1])
-	require.Equal(t, "4", pids[1], "rank 1 should share its pid with host0's decoy")
+	t.Logf("rank 0 is pid %s on host0, rank 1 pid %s on host1, the decoy pid %d on host0", pids[0], pids[1], decoyPid)
+	require.Equal(t, strconv.Itoa(decoyPid), pids[1], "rank 1 should share its pid with host0's decoy")
 	require.NoError(t, decoy.Wait())
 	for _, hr := range ranks {
 		got := hr.expect(t, "alive", time.Minute)

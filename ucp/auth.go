@@ -146,14 +146,20 @@ func macOf(key []byte, label string, parts ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
-// bootID identifies this machine's current boot (zero if unknown): a pid names the
-// same process only on the same boot of the same machine.
+// bootID identifies where this process's pids mean something (zero if unknown): a
+// pid names the same process only on the same boot of the same machine and in the
+// same PID namespace (containers and simulated hosts of one machine share the boot
+// id but not their pids).
 func bootID() (id [idLen]byte) {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil || len(strings.TrimSpace(string(b))) == 0 {
 		return id
 	}
-	h := sha256.Sum256([]byte(strings.TrimSpace(string(b))))
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil || ns == "" {
+		return id
+	}
+	h := sha256.Sum256([]byte(strings.TrimSpace(string(b)) + "\x00" + ns))
 	copy(id[:], h[:])
 	return id
 }
