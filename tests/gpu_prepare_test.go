@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -210,8 +211,13 @@ func kernelPreadyParrived(t *testing.T, g *gpu, sbuf, rbuf []byte, outPtr, inPtr
 		sendDone := make(chan error, 1)
 		go func() { sendDone <- send.Wait(ctx) }()
 		stop := progressWhile(sendW)
-		err = recv.Wait(ctx)
+		ictx, icancel := context.WithTimeout(ctx, 30*time.Second)
+		err = recv.Wait(ictx)
+		icancel()
 		stop()
+		if err != nil {
+			dumpPartitionWords(t, g, sh, rh)
+		}
 		require.NoError(t, err, "iteration %d: receive", it)
 		require.NoError(t, <-sendDone, "iteration %d: send", it)
 		require.NoError(t, ss.Synchronize())
@@ -459,4 +465,40 @@ func TestGPUPreparedDeviceBuffersHostAndStream(t *testing.T) {
 	}
 	require.Equal(t, uint64(50*parts), send.Stats().Puts)
 	require.Equal(t, uint64(1), recv.Stats().TagMatches)
+}
+
+// dumpPartitionWords logs the words of a stuck iteration, read through a stream of
+// its own: the sender's ready flags, the words its trigger table points at (a staged
+// request's ready words), the receiver's handle words.
+func dumpPartitionWords(t *testing.T, g *gpu, sh, rh prepare.DeviceHandle) {
+	s := g.stream(t)
+	cs, _ := stream.CUDAStream(s)
+	read := func(addr uintptr, n int) []uint64 {
+		buf := g.mapped(t, 8*n)
+		if err := cs.MemcpyDtoH(uintptr(unsafe.Pointer(&buf.Bytes()[0])), addr, 8*n); err != nil {
+			t.Logf("read %#x: %v", addr, err)
+			return nil
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Logf("read %#x: %v", addr, err)
+			return nil
+		}
+		out := make([]uint64, n)
+		for i := range out {
+			out[i] = binary.LittleEndian.Uint64(buf.Bytes()[8*i:])
+		}
+		return out
+	}
+	t.Logf("iteration %d: sender flags %v", sh.Iteration, read(sh.Words, sh.Partitions))
+	if sh.Triggers != 0 {
+		table := read(sh.Triggers, sh.Partitions)
+		var triggers []uint64
+		for _, a := range table {
+			if w := read(uintptr(a), 1); len(w) == 1 {
+				triggers = append(triggers, w[0])
+			}
+		}
+		t.Logf("trigger value %d, triggers %v", sh.TriggerValue, triggers)
+	}
+	t.Logf("receiver words %v", read(rh.Words, rh.Partitions))
 }
