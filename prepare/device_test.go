@@ -159,15 +159,7 @@ func TestDeviceHandleTwins(t *testing.T) {
 		}{
 			{"1", 64, 1, 1, inOrder, 10},
 			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 10},
-			{"64 reverse", 64 * 128, 64, 64, func(n int) func(int) []int {
-				return func(int) []int {
-					ps := make([]int, n)
-					for i := range ps {
-						ps[i] = n - 1 - i
-					}
-					return ps
-				}
-			}, 5},
+			{"64 reverse", 64 * 128, 64, 64, reverse, 5},
 			{"256 random", 256 * 16, 256, 256, func(n int) func(int) []int {
 				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 2)).Perm(n) }
 			}, 3},

@@ -192,6 +192,17 @@ func inOrder(n int) func(int) []int {
 	}
 }
 
+// reverse makes partitions ready from the last to the first.
+func reverse(n int) func(int) []int {
+	return func(int) []int {
+		ps := make([]int, n)
+		for i := range ps {
+			ps[i] = n - 1 - i
+		}
+		return ps
+	}
+}
+
 func TestPartitionedPready(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
 		for _, tc := range []struct {
@@ -202,15 +213,7 @@ func TestPartitionedPready(t *testing.T) {
 		}{
 			{"1", 64, 1, 1, inOrder, 20},
 			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 20},
-			{"64 reverse", 64 * 128, 64, 64, func(n int) func(int) []int {
-				return func(int) []int {
-					ps := make([]int, n)
-					for i := range ps {
-						ps[i] = n - 1 - i
-					}
-					return ps
-				}
-			}, 10},
+			{"64 reverse", 64 * 128, 64, 64, reverse, 10},
 			{"1024 random", 1024 * 16, 1024, 1024, func(n int) func(int) []int {
 				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 1)).Perm(n) }
 			}, 5},
@@ -337,48 +340,54 @@ func TestPartitionedBadInput(t *testing.T) {
 // the receiver's stream waits for each partition before reading it.
 func TestPartitionedOnStreams(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
-		b, err := stream.Open(stream.Host)
-		require.NoError(t, err)
-		defer b.Close()
-		const parts, size, iters = 8, 1024, 20
-		sbuf, rbuf := make([]byte, parts*size), make([]byte, parts*size)
-		send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 5, Partitions: parts, Backend: b})
-		require.NoError(t, err)
-		defer send.Free()
-		recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 5, Partitions: parts, Backend: b})
-		require.NoError(t, err)
-		defer recv.Free()
-		ss, err := b.NewStream()
-		require.NoError(t, err)
-		defer ss.Close()
-		rs, err := b.NewStream()
-		require.NoError(t, err)
-		defer rs.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		// One call progresses both workers.
-		require.NoError(t, prepare.PrepareAll(ctx, send, recv))
-		for i := 1; i <= iters; i++ {
-			require.NoError(t, recv.Start())
-			require.NoError(t, send.Start())
-			bad := make(chan error, parts)
-			for p := parts - 1; p >= 0; p-- {
-				part := sbuf[p*size : (p+1)*size]
-				require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
-				require.NoError(t, send.PreadyOnStream(ss, p))
-				require.NoError(t, recv.ArrivedOnStream(rs, p))
-				got := rbuf[p*size : (p+1)*size]
-				require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
-			}
-			require.NoError(t, rs.Synchronize())
-			for range parts {
-				require.NoError(t, <-bad)
-			}
-			require.NoError(t, recv.Wait(ctx))
-			require.NoError(t, send.Wait(ctx))
-		}
-		require.Equal(t, uint64(iters), recv.Stats().Iterations)
+		t.Run("direct", func(t *testing.T) { partitionedOnStreams(t, l, func(p prepare.Params) prepare.Params { return p }) })
+		// Staged: the partition's copy to the host copy runs on the caller's stream.
+		t.Run("staged", func(t *testing.T) { partitionedOnStreams(t, l, prepare.Staged) })
 	})
+}
+
+func partitionedOnStreams(t *testing.T, l *link, mod func(prepare.Params) prepare.Params) {
+	b, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	defer b.Close()
+	const parts, size, iters = 8, 1024, 20
+	sbuf, rbuf := make([]byte, parts*size), make([]byte, parts*size)
+	send, err := prepare.PsendInit(l.s, sbuf, mod(prepare.Params{Peer: l.toR, Tag: 5, Partitions: parts, Backend: b}))
+	require.NoError(t, err)
+	defer send.Free()
+	recv, err := prepare.PrecvInit(l.r, rbuf, mod(prepare.Params{Peer: l.toS, Tag: 5, Partitions: parts, Backend: b}))
+	require.NoError(t, err)
+	defer recv.Free()
+	ss, err := b.NewStream()
+	require.NoError(t, err)
+	defer ss.Close()
+	rs, err := b.NewStream()
+	require.NoError(t, err)
+	defer rs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// One call progresses both workers.
+	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
+	for i := 1; i <= iters; i++ {
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		bad := make(chan error, parts)
+		for p := parts - 1; p >= 0; p-- {
+			part := sbuf[p*size : (p+1)*size]
+			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
+			require.NoError(t, send.PreadyOnStream(ss, p))
+			require.NoError(t, recv.ArrivedOnStream(rs, p))
+			got := rbuf[p*size : (p+1)*size]
+			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
+		}
+		require.NoError(t, rs.Synchronize())
+		for range parts {
+			require.NoError(t, <-bad)
+		}
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, send.Wait(ctx))
+	}
+	require.Equal(t, uint64(iters), recv.Stats().Iterations)
 }
 
 // PreadyNode in a host graph: each launch is an iteration of the graph's partitions,

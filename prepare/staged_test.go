@@ -12,22 +12,11 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/prepare"
-	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
 // The staged protocol (what device buffers take: a host copy, per-partition copies on
 // streams, landed words) run on host streams with host buffers.
-
-func reverse(n int) func(int) []int {
-	return func(int) []int {
-		ps := make([]int, n)
-		for i := range ps {
-			ps[i] = n - 1 - i
-		}
-		return ps
-	}
-}
 
 func TestStagedPready(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
@@ -88,53 +77,6 @@ func TestStagedDeviceHandleTwins(t *testing.T) {
 			})
 		}
 	})
-}
-
-// In stream order: the partition's copy to the host copy runs on the caller's stream
-// after its fill; the receiver's stream sees each partition in its buffer.
-func TestStagedOnStreams(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
-	const parts, size, iters = 8, 1024, 20
-	sbuf, rbuf := make([]byte, parts*size), make([]byte, parts*size)
-	sp := prepare.Staged(prepare.Params{Peer: l.toR, Tag: 5, Partitions: parts, Backend: b})
-	send, err := prepare.PsendInit(l.s, sbuf, sp)
-	require.NoError(t, err)
-	defer send.Free()
-	recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Staged(prepare.Params{Peer: l.toS, Tag: 5, Partitions: parts, Backend: b}))
-	require.NoError(t, err)
-	defer recv.Free()
-	ss, err := b.NewStream()
-	require.NoError(t, err)
-	defer ss.Close()
-	rs, err := b.NewStream()
-	require.NoError(t, err)
-	defer rs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
-	for i := 1; i <= iters; i++ {
-		require.NoError(t, recv.Start())
-		require.NoError(t, send.Start())
-		bad := make(chan error, parts)
-		for p := parts - 1; p >= 0; p-- {
-			part := sbuf[p*size : (p+1)*size]
-			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
-			require.NoError(t, send.PreadyOnStream(ss, p))
-			require.NoError(t, recv.ArrivedOnStream(rs, p))
-			got := rbuf[p*size : (p+1)*size]
-			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
-		}
-		require.NoError(t, rs.Synchronize())
-		for range parts {
-			require.NoError(t, <-bad)
-		}
-		require.NoError(t, recv.Wait(ctx))
-		require.NoError(t, send.Wait(ctx))
-	}
-	require.Equal(t, uint64(iters), recv.Stats().Iterations)
 }
 
 // Early bird through the landed words: with one partition held back, every other is

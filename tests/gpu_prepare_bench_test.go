@@ -236,24 +236,4 @@ func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int
 }
 
 // spinProgress progresses w in a loop, yielding but never sleeping, until stop.
-func spinProgress(w *ucp.Worker) (stop func()) {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			if w.Progress() == 0 {
-				runtime.Gosched()
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-stopped
-	}
-}
+func spinProgress(w *ucp.Worker) (stop func()) { return pollWorker(w, runtime.Gosched) }

@@ -109,6 +109,11 @@ func tcpWorkers(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.End
 // until the receiver's Wait returns. (An application keeps progressing its worker, or
 // gives it WorkerParams.ProgressThread.)
 func progressWhile(w *ucp.Worker) (stop func()) {
+	return pollWorker(w, func() { time.Sleep(5 * time.Microsecond) })
+}
+
+// pollWorker progresses w in a loop, calling idle when nothing progressed, until stop.
+func pollWorker(w *ucp.Worker, idle func()) (stop func()) {
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
@@ -120,7 +125,7 @@ func progressWhile(w *ucp.Worker) (stop func()) {
 			default:
 			}
 			if w.Progress() == 0 {
-				time.Sleep(5 * time.Microsecond)
+				idle()
 			}
 		}
 	}()
