@@ -274,12 +274,17 @@ func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error
 	return ctx.Err()
 }
 
-// Signal wakes a goroutine blocked in WaitForEvents.
+// Signal wakes a goroutine blocked in WaitForEvents. A worker without wakeup has no
+// event fd to block on (WaitForEvents only yields): there is nothing to wake, and UCX
+// would print an error for the call.
 func (w *Worker) Signal() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
 		return opErr("worker_signal", ErrClosed, "")
+	}
+	if w.efd < 0 {
+		return nil
 	}
 	return opErr("worker_signal", statusErr(w.raw.Signal()), "")
 }
