@@ -78,12 +78,15 @@
 // about 20 µs (an enqueue right after is seen within a cache-line transfer), then
 // parks until the next enqueue.
 //
-// WaitValue cannot be notified — words are written by other goroutines, C threads or
-// the GPU with plain stores — so the executor polls the word: back to back for the
-// first 20 µs, then with a runtime.Gosched every 5 µs until 200 µs, then sleeping
-// between polls with a doubling interval capped at 100 µs. (Go's timers round sleeps
-// under a millisecond up to about 1 ms in an otherwise idle process, so a wait that
-// lasted that long may be seen up to ~1 ms late; a busy process sees it sooner.)
+// Most words are written by other goroutines, C threads, a peer's RMA or the GPU
+// with plain stores, which notify nobody, so WaitValue polls the word: back to back
+// for the first 20 µs, then with a runtime.Gosched every 5 µs until 200 µs, then
+// sleeping between polls with a doubling interval capped at 100 µs. A writer that
+// notifies the word's block (WordBlock.Notify: the engine storing a completion word,
+// another host stream's WriteValue or CopyWord) ends such a sleep at once; the timer
+// is the fallback for the others. (Go's timers round sleeps under a millisecond up to
+// about 1 ms in an otherwise idle process, so an unnotified write after a long wait
+// may be seen up to ~1 ms late; a busy process sees it sooner.)
 // Waits on events of other host streams do not poll: after a short spin they sleep
 // until that stream makes progress.
 //
