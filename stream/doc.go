@@ -83,8 +83,8 @@
 // for the first 20 µs, then with a runtime.Gosched every 5 µs until 200 µs, then
 // sleeping between polls with a doubling interval capped at 100 µs. A writer that
 // notifies the word's block (WordBlock.Notify: the engine storing a completion word,
-// another host stream's WriteValue or CopyWord) ends such a sleep at once; the timer
-// is the fallback for the others. (Go's timers round sleeps under a millisecond up to
+// a host stream's CopyWord) ends such a sleep at once; the timer is the fallback for
+// the others. (Go's timers round sleeps under a millisecond up to
 // about 1 ms in an otherwise idle process, so an unnotified write after a long wait
 // may be seen up to ~1 ms late; a busy process sees it sooner.)
 // Waits on events of other host streams do not poll: after a short spin they sleep
