@@ -31,7 +31,17 @@ import (
 //	ratio        half-rt-us / (kflag-us + put-us); target <= 1.3
 //
 // Each of the n iterations checks the partition's checksum on both sides.
+//
+// Two ways to progress the workers: spin (a goroutine per worker polling it without
+// sleeping, as ucx_perftest's processes do) and thread (ucp.WorkerParams.ProgressThread,
+// the library's own, which parks on the event fd when idle).
 func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
+	for _, mode := range []string{"spin", "thread"} {
+		b.Run(mode, func(b *testing.B) { preparedHalfRoundTrip(b, mode == "thread") })
+	}
+}
+
+func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	g := requireGPU(b)
 	n := max(b.N, 200)
 	const partBytes = 64
@@ -70,9 +80,9 @@ func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	require.NoError(b, err)
 	defer uctx.Close()
-	wa, err := uctx.NewWorker(ucp.WorkerParams{})
+	wa, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: progressThread})
 	require.NoError(b, err)
-	wb, err := uctx.NewWorker(ucp.WorkerParams{})
+	wb, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: progressThread})
 	require.NoError(b, err)
 	aa, err := wa.Address()
 	require.NoError(b, err)
@@ -119,9 +129,11 @@ func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
 	clear(failures.Bytes())
 	// Each worker has a goroutine polling it without sleeping, as ucx_perftest's
 	// processes do (the GPU machine has cores to spare).
-	stopA, stopB := spinProgress(wa), spinProgress(wb)
-	defer stopA()
-	defer stopB()
+	if !progressThread {
+		stopA, stopB := spinProgress(wa), spinProgress(wb)
+		defer stopA()
+		defer stopB()
+	}
 	handle := func(r *prepare.Request) prepare.DeviceHandle {
 		h, err := r.DeviceHandle()
 		require.NoError(b, err)
