@@ -27,7 +27,7 @@ var (
 	// ErrRendezvousLost: the connection to the rendezvous broke (rank 0 gone).
 	ErrRendezvousLost = errs.New("bootstrap: rendezvous lost")
 	// ErrTimedOut: a context ended the wait.
-	ErrTimedOut = errs.New("bootstrap: timed out")
+	ErrTimedOut = errs.New("bootstrap: timed out", errs.TimedOut)
 )
 
 // RankError names the rank whose failure caused an error; it matches ErrRankFailed

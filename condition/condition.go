@@ -87,7 +87,7 @@ type Param struct {
 }
 
 // ErrTimedOut is matched by the error of an operation that Param.Timeout failed.
-var ErrTimedOut = errs.New("condition: operation timed out")
+var ErrTimedOut = errs.New("condition: operation timed out", errs.TimedOut)
 
 // Node is a node of a graph that Graph conditions add their nodes to: *graph.HostNode
 // in a graph.Host, cuda.Node in a graph.CUDA. Conditions' nodes and the graph's own mix

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/bootstrap"
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
@@ -24,6 +25,7 @@ func TestErrorVocabulary(t *testing.T) {
 		"unsupported": ucp.ErrUnsupported,
 		"busy":        ucp.ErrBusy,
 		"canceled":    ucp.ErrCanceled,
+		"timedout":    ucp.ErrTimedOut,
 	}
 	for _, tc := range []struct {
 		name string
@@ -47,6 +49,10 @@ func TestErrorVocabulary(t *testing.T) {
 		{"condition.ErrDestroyed", condition.ErrDestroyed, []string{"closed"}},
 		{"condition.ErrBusy", condition.ErrBusy, []string{"busy"}},
 		{"condition.ErrCanceled", condition.ErrCanceled, []string{"canceled"}},
+		{"ucp.ErrTimedOut", ucp.ErrTimedOut, []string{"timedout"}},
+		{"UCS_ERR_TIMED_OUT", ucp.Status(-20), []string{"timedout"}},
+		{"condition.ErrTimedOut", condition.ErrTimedOut, []string{"timedout"}},
+		{"bootstrap.ErrTimedOut", bootstrap.ErrTimedOut, []string{"timedout"}},
 		{"stream.ErrInvalidArgument", stream.ErrInvalidArgument, []string{"invalid"}},
 		{"stream.ErrClosed", stream.ErrClosed, []string{"closed"}},
 		{"stream.ErrNotSupported", stream.ErrNotSupported, []string{"unsupported"}},

@@ -31,7 +31,6 @@ var (
 	ErrNoDevice         error = Status(ucx.ErrNoDevice)
 	ErrAlreadyExists    error = Status(ucx.ErrAlreadyExists)
 	ErrOutOfRange       error = Status(ucx.ErrOutOfRange)
-	ErrTimedOut         error = Status(ucx.ErrTimedOut)
 	ErrExceedsLimit     error = Status(ucx.ErrExceedsLimit)
 	ErrRejected         error = Status(ucx.ErrRejected)
 	ErrNotConnected     error = Status(ucx.ErrNotConnected)
@@ -52,6 +51,9 @@ var (
 	// ErrCanceled: the operation was canceled (UCS_ERR_CANCELED), by Cancel or because
 	// its worker closed.
 	ErrCanceled = errs.Canceled
+	// ErrTimedOut: a time bound ran out (UCS_ERR_TIMED_OUT; condition.Param.Timeout, a
+	// revocation or a close that was not acknowledged in time, a bootstrap wait).
+	ErrTimedOut = errs.TimedOut
 	// ErrClosed is returned for operations on a closed context, worker, endpoint,
 	// listener, memory handle, rkey, condition or stream. It is not a UCX status: UCX
 	// would crash instead.
@@ -77,6 +79,8 @@ func (s Status) Is(target error) bool {
 		return ucx.Status(s) == ucx.ErrBusy
 	case errs.Canceled:
 		return ucx.Status(s) == ucx.ErrCanceled
+	case errs.TimedOut:
+		return ucx.Status(s) == ucx.ErrTimedOut
 	}
 	return false
 }

@@ -43,4 +43,6 @@ var (
 	Busy = New("busy")
 	// Canceled: the operation was canceled (by the caller, or because its worker closed).
 	Canceled = New("canceled")
+	// TimedOut: a bound on the time an operation or a wait may take ran out.
+	TimedOut = New("timed out")
 )
