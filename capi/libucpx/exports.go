@@ -60,9 +60,11 @@ func memType(t C.int) (ucp.MemoryType, error) {
 	return 0, invalid("memory type %d", int(t))
 }
 
+// timeoutCtx bounds a wait by ms milliseconds, or none for ms < 0 (then without an
+// allocation: the blocking calls are the latency path).
 func timeoutCtx(ms C.int) (context.Context, context.CancelFunc) {
 	if ms < 0 {
-		return context.WithCancel(context.Background())
+		return context.Background(), func() {}
 	}
 	return context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond)
 }
@@ -665,14 +667,6 @@ func ucpx_pfree(h C.ucpx_handle_t) C.int {
 
 // ---- Blocking tag calls (no request handle: the latency path)
 
-// blockingCtx is timeoutCtx without an allocation for "forever".
-func blockingCtx(ms C.int) (context.Context, context.CancelFunc) {
-	if ms < 0 {
-		return context.Background(), func() {}
-	}
-	return context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond)
-}
-
 func recvInfo(n int, tag uint64, length *C.size_t, senderTag *C.uint64_t) {
 	if length != nil {
 		*length = C.size_t(n)
@@ -692,7 +686,7 @@ func ucpx_tag_send_wait(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag 
 	if err != nil {
 		return status(err)
 	}
-	ctx, cancel := blockingCtx(ms)
+	ctx, cancel := timeoutCtx(ms)
 	defer cancel()
 	return status(ep.TagSend(ctx, b, uint64(tag)))
 }
@@ -707,7 +701,7 @@ func ucpx_tag_recv_wait(wh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag,
 	if err != nil {
 		return status(err)
 	}
-	ctx, cancel := blockingCtx(ms)
+	ctx, cancel := timeoutCtx(ms)
 	defer cancel()
 	got, stag, err := w.TagRecv(ctx, b, uint64(tag), uint64(mask))
 	if err != nil {
@@ -731,7 +725,7 @@ func ucpx_tag_sendrecv(eh C.ucpx_handle_t, sbuf unsafe.Pointer, sn C.size_t, sta
 	if err != nil {
 		return status(err)
 	}
-	ctx, cancel := blockingCtx(ms)
+	ctx, cancel := timeoutCtx(ms)
 	defer cancel()
 	got, tag, err := ep.TagSendRecv(ctx, sb, uint64(stag), rb, uint64(rtag), uint64(rmask))
 	if err != nil {
