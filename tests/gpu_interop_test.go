@@ -249,28 +249,36 @@ func TestGPUCopyToHostAsync(t *testing.T) {
 	require.ErrorIs(t, err, stream.ErrInvalidArgument)
 }
 
+// selfProgressingSender returns two workers of one context connected by address, the
+// sender's with a progress thread (nothing on the host calls it).
+func selfProgressingSender(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
+	t.Helper()
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = uctx.Close() })
+	recvW, err = uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	sendW, err = uctx.NewWorker(ucp.WorkerParams{ProgressThread: true})
+	require.NoError(t, err)
+	ra, err := recvW.Address()
+	require.NoError(t, err)
+	sa, err := sendW.Address()
+	require.NoError(t, err)
+	toRecv, err = sendW.ConnectAddress(ra, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	toSend, err = recvW.ConnectAddress(sa, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	return recvW, sendW, toRecv, toSend
+}
+
 // Item 3: a graph captured from a foreign stream by the test (cgo/cuda's capture API,
 // as a framework captures), adopted by its raw CUgraph handle, given a graph
 // condition's send and a prepared partitioned send after the captured copies, then
 // instantiated and launched 100 times by its owner; the receiver checks every launch.
 func TestGPUAdoptCUDAGraph(t *testing.T) {
 	b, ctx, foreign := cudaEnv(t)
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = uctx.Close() })
-	recvW, err := uctx.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
 	// Nothing of the host runs per launch on the sending side: its worker progresses itself.
-	sendW, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	ra, err := recvW.Address()
-	require.NoError(t, err)
-	sa, err := sendW.Address()
-	require.NoError(t, err)
-	toRecv, err := sendW.ConnectAddress(ra, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	toSend, err := recvW.ConnectAddress(sa, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
+	recvW, sendW, toRecv, toSend := selfProgressingSender(t)
 
 	const n, parts = 4096, 4
 	mapped := func() *cuda.HostMemory {
