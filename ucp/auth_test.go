@@ -2,7 +2,6 @@ package ucp
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -20,47 +19,8 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 // it returns the client's Connect error (and the listener, for its counters).
 func keyedPair(t *testing.T, keyA, keyB []byte) (*pair, *Listener, error) {
 	t.Helper()
-	p := &pair{}
-	var err error
 	cfg := map[string]string{"TLS": "tcp"}
-	p.ctxA, err = NewContext(ContextParams{Config: cfg, AuthKey: keyA})
-	require.NoError(t, err)
-	p.ctxB, err = NewContext(ContextParams{Config: cfg, AuthKey: keyB})
-	require.NoError(t, err)
-	t.Cleanup(func() { p.close(t) })
-	p.a, err = p.ctxA.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	p.b, err = p.ctxB.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	l, err := p.b.Listen("127.0.0.1:0", nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	accepted := make(chan error, 1)
-	connected := make(chan struct{})
-	go func() {
-		var err error
-		p.epB, err = l.Accept(ctx, nil)
-		accepted <- err
-		for {
-			select {
-			case <-connected:
-				return
-			default:
-				p.b.Progress()
-			}
-		}
-	}()
-	p.epA, err = p.a.Connect(ctx, l.Addr(), nil)
-	if err != nil {
-		cancel()
-		close(connected)
-		<-accepted
-		return p, l, err
-	}
-	close(connected)
-	require.NoError(t, <-accepted)
-	return p, l, nil
+	return listenPair(t, ContextParams{Config: cfg, AuthKey: keyA}, ContextParams{Config: cfg, AuthKey: keyB})
 }
 
 func TestAuthRefusesPeersWithoutTheKey(t *testing.T) {

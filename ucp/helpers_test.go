@@ -19,12 +19,23 @@ type pair struct {
 
 func newPair(t *testing.T, cfg map[string]string) *pair {
 	t.Helper()
+	p, l, err := listenPair(t, ContextParams{Config: cfg}, ContextParams{Config: cfg})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	return p
+}
+
+// listenPair connects a client context (params a) to a listening context (params b)
+// through a listener; it returns the client's Connect error and the still-open listener.
+func listenPair(t *testing.T, a, b ContextParams) (*pair, *Listener, error) {
+	t.Helper()
 	p := &pair{}
 	var err error
-	p.ctxA, err = NewContext(ContextParams{Config: cfg})
+	p.ctxA, err = NewContext(a)
 	require.NoError(t, err)
-	p.ctxB, err = NewContext(ContextParams{Config: cfg})
+	p.ctxB, err = NewContext(b)
 	require.NoError(t, err)
+	t.Cleanup(func() { p.close(t) })
 	p.a, err = p.ctxA.NewWorker(WorkerParams{})
 	require.NoError(t, err)
 	p.b, err = p.ctxB.NewWorker(WorkerParams{})
@@ -50,12 +61,15 @@ func newPair(t *testing.T, cfg map[string]string) *pair {
 		}
 	}()
 	p.epA, err = p.a.Connect(ctx, l.Addr(), nil)
+	if err != nil {
+		cancel()
+		close(connected)
+		<-accepted
+		return p, l, err
+	}
 	close(connected)
-	require.NoError(t, err)
 	require.NoError(t, <-accepted)
-	require.NoError(t, l.Close())
-	t.Cleanup(func() { p.close(t) })
-	return p
+	return p, l, nil
 }
 
 // newShmPair connects two workers by worker address without peer error handling,
