@@ -460,25 +460,12 @@ func (h DeviceHandle) parrived(op string, q int) (bool, error) {
 	if err := h.checkLocked(op, receiver, q); err != nil {
 		return false, err
 	}
-	if r.st != nil {
-		ok, failed := r.landed(q)
-		if failed {
-			return false, r.peerFailedLocked(op, q)
-		}
-		return ok, nil
+	// checkLocked made sure h.Iteration is the request's current iteration.
+	ok, failed := r.landed(q)
+	if failed {
+		return false, r.peerFailedLocked(op, q)
 	}
-	first, last := r.senderParts(q)
-	arrived := true
-	for sp := first; sp <= last; sp++ {
-		v := r.words.Word(sp).Load()
-		if v == h.Failed {
-			return false, r.peerFailedLocked(op, q)
-		}
-		if int64(v-h.Iteration) < 0 {
-			arrived = false
-		}
-	}
-	return arrived, nil
+	return ok, nil
 }
 
 // backoff paces a host wait: spin, then yield, then sleep briefly.

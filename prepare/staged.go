@@ -52,8 +52,7 @@ func isDevice(t ucp.MemoryType) bool {
 // allocStaging makes the host copy (registered: r.memh), the request's streams and,
 // on a receiver, the landed words.
 func (r *Request) allocStaging() error {
-	st := &staging{}
-	r.st = st
+	st := r.st
 	n := len(r.buf)
 	if hs, ok := r.backend.(stream.HostStaging); ok {
 		pin, err := hs.AllocPinned(n)
@@ -152,15 +151,15 @@ func (r *Request) landLocked() error {
 func (r *Request) landed(q int) (ok, failed bool) {
 	if r.st == nil {
 		first, last := r.senderParts(q)
+		ok = true
 		for sp := first; sp <= last; sp++ {
-			switch v := r.words.Word(sp).Load(); {
-			case v == failedWord:
+			v := r.words.Word(sp).Load()
+			if v == failedWord {
 				return false, true
-			case int64(v-r.iter) < 0:
-				return false, false
 			}
+			ok = ok && int64(v-r.iter) >= 0
 		}
-		return true, false
+		return ok, false
 	}
 	switch v := r.st.landed.Word(q).Load(); {
 	case v == failedWord:
@@ -170,37 +169,24 @@ func (r *Request) landed(q int) (ok, failed bool) {
 	}
 }
 
-// storeFailed stores failedWord into the words streams and kernels may wait on.
-// Caller holds r.mu.
+// storeFailedLocked stores failedWord into the words streams and kernels may wait on:
+// the request's own words, a staged receiver's landed words, a staged sender's ready
+// words. Caller holds r.mu.
 func (r *Request) storeFailedLocked() {
-	for _, b := range []*stream.WordBlock{r.wordBlock(), r.landedBlock(), r.kreadyBlock()} {
-		if b == nil {
-			continue
-		}
+	var blocks []*stream.WordBlock
+	if r.words != nil {
+		blocks = append(blocks, r.words.Word(0).Block())
+	}
+	if r.st != nil && r.st.landed != nil {
+		blocks = append(blocks, r.st.landed)
+	}
+	if r.dev != nil && r.dev.kready != nil {
+		blocks = append(blocks, r.dev.kready)
+	}
+	for _, b := range blocks {
 		for i := range b.Len() {
 			b.Word(i).Store(failedWord)
 		}
 		b.Notify()
 	}
-}
-
-func (r *Request) wordBlock() *stream.WordBlock {
-	if r.words == nil {
-		return nil
-	}
-	return r.words.Word(0).Block()
-}
-
-func (r *Request) landedBlock() *stream.WordBlock {
-	if r.st == nil {
-		return nil
-	}
-	return r.st.landed
-}
-
-func (r *Request) kreadyBlock() *stream.WordBlock {
-	if r.dev == nil {
-		return nil
-	}
-	return r.dev.kready
 }
