@@ -32,9 +32,12 @@ type Signal struct {
 // the peer's signal word, so that the update becomes visible only after the data: a
 // peer (or a stream of the peer) waiting on the word may read the data once it sees
 // the value. The Request completes once buf may be reused (local completion, as MPI's
-// send completion) and the signal has left, so a caller that stops progressing
-// afterwards leaves nothing behind; the data and the signal land at the peer in that
-// order. With a Condition, both start when it triggers.
+// send completion); the data and the signal land at the peer in that order. Where UCX
+// carries out the fence by holding the signal until the data's remote completion
+// (shm and tcp here), the signal may still wait in the worker's queue after that and
+// leaves on a later progress call: keep progressing the worker (or give it
+// WorkerParams.ProgressThread) until the peer has seen the signal, as package prepare
+// does with its acknowledgements. With a Condition, both start when it triggers.
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
 	p = param(p)
