@@ -52,6 +52,51 @@ func buffer(p unsafe.Pointer, n C.size_t) ([]byte, error) {
 	return ucp.DeviceBuffer(uintptr(p), int(n)), nil
 }
 
+// outBuffer is buffer for an operation that returns a request handle through out.
+func outBuffer(p unsafe.Pointer, n C.size_t, out *C.ucpx_handle_t) ([]byte, error) {
+	b, err := buffer(p, n)
+	if err == nil && out == nil {
+		err = invalid("NULL output pointer")
+	}
+	return b, err
+}
+
+// created stores o, the result of a create call, as the handle *out (out was checked).
+func created(o any, err error, out *C.ucpx_handle_t) C.int {
+	if err != nil {
+		return status(err)
+	}
+	*out = put(o)
+	return C.UCPX_OK
+}
+
+// destroy removes handle h, which must be a T, and closes its object.
+func destroy[T interface{ Close() error }](h C.ucpx_handle_t, kind string) C.int {
+	o, err := take[T](h, kind)
+	if err != nil {
+		return status(err)
+	}
+	return status(o.Close())
+}
+
+// hexOut writes b hex-encoded through putString, or returns err.
+func hexOut(b []byte, err error, buf *C.char, n C.size_t, needed *C.size_t) C.int {
+	if err != nil {
+		return status(err)
+	}
+	return status(putString(hex.EncodeToString(b), buf, n, needed))
+}
+
+// setBool writes ok as 1 or 0 through p, if p is not NULL.
+func setBool(p *C.int, ok bool) {
+	if p != nil {
+		*p = 0
+		if ok {
+			*p = 1
+		}
+	}
+}
+
 func memType(t C.int) (ucp.MemoryType, error) {
 	switch t {
 	case C.UCPX_MEMORY_UNKNOWN, C.UCPX_MEMORY_HOST, C.UCPX_MEMORY_CUDA, C.UCPX_MEMORY_CUDA_MANAGED:
@@ -77,20 +122,12 @@ func ucpx_context_create(out *C.ucpx_handle_t) C.int {
 		return status(invalid("NULL output pointer"))
 	}
 	c, err := ucp.NewContext(ucp.ContextParams{})
-	if err != nil {
-		return status(err)
-	}
-	*out = put(c)
-	return C.UCPX_OK
+	return created(c, err, out)
 }
 
 //export ucpx_context_destroy
 func ucpx_context_destroy(h C.ucpx_handle_t) C.int {
-	c, err := take[*ucp.Context](h, "context")
-	if err != nil {
-		return status(err)
-	}
-	return status(c.Close())
+	return destroy[*ucp.Context](h, "context")
 }
 
 //export ucpx_worker_create
@@ -106,20 +143,12 @@ func ucpx_worker_create(ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C
 		ProgressThread: flags&C.UCPX_WORKER_PROGRESS_THREAD != 0,
 		NoWakeup:       flags&C.UCPX_WORKER_NO_WAKEUP != 0,
 	})
-	if err != nil {
-		return status(err)
-	}
-	*out = put(w)
-	return C.UCPX_OK
+	return created(w, err, out)
 }
 
 //export ucpx_worker_destroy
 func ucpx_worker_destroy(h C.ucpx_handle_t) C.int {
-	w, err := take[*ucp.Worker](h, "worker")
-	if err != nil {
-		return status(err)
-	}
-	return status(w.Close())
+	return destroy[*ucp.Worker](h, "worker")
 }
 
 //export ucpx_worker_address
@@ -129,10 +158,7 @@ func ucpx_worker_address(h C.ucpx_handle_t, buf *C.char, n C.size_t, needed *C.s
 		return status(err)
 	}
 	addr, err := w.Address()
-	if err != nil {
-		return status(err)
-	}
-	return status(putString(hex.EncodeToString(addr), buf, n, needed))
+	return hexOut(addr, err, buf, n, needed)
 }
 
 //export ucpx_worker_progress
@@ -164,20 +190,12 @@ func ucpx_ep_create(wh C.ucpx_handle_t, address *C.char, flags C.int, out *C.ucp
 		return status(fmt.Errorf("worker address string: %v: %w", err, ucp.ErrInvalidAddr))
 	}
 	ep, err := w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: flags&1 == 0})
-	if err != nil {
-		return status(err)
-	}
-	*out = put(ep)
-	return C.UCPX_OK
+	return created(ep, err, out)
 }
 
 //export ucpx_ep_destroy
 func ucpx_ep_destroy(h C.ucpx_handle_t) C.int {
-	ep, err := take[*ucp.Endpoint](h, "endpoint")
-	if err != nil {
-		return status(err)
-	}
-	return status(ep.Close())
+	return destroy[*ucp.Endpoint](h, "endpoint")
 }
 
 // ---- Memory and remote keys
@@ -196,20 +214,12 @@ func ucpx_mem_map(ch C.ucpx_handle_t, addr unsafe.Pointer, n C.size_t, mt C.int,
 		return status(invalid("NULL address or output pointer, or length 0"))
 	}
 	m, err := c.MemMapPtr(uintptr(addr), int(n), t)
-	if err != nil {
-		return status(err)
-	}
-	*out = put(m)
-	return C.UCPX_OK
+	return created(m, err, out)
 }
 
 //export ucpx_mem_unmap
 func ucpx_mem_unmap(h C.ucpx_handle_t) C.int {
-	m, err := take[*ucp.MemH](h, "memory")
-	if err != nil {
-		return status(err)
-	}
-	return status(m.Close())
+	return destroy[*ucp.MemH](h, "memory")
 }
 
 //export ucpx_rkey_pack
@@ -219,10 +229,7 @@ func ucpx_rkey_pack(h C.ucpx_handle_t, buf *C.char, n C.size_t, needed *C.size_t
 		return status(err)
 	}
 	packed, err := m.PackRkey()
-	if err != nil {
-		return status(err)
-	}
-	return status(putString(hex.EncodeToString(packed), buf, n, needed))
+	return hexOut(packed, err, buf, n, needed)
 }
 
 //export ucpx_rkey_unpack
@@ -239,11 +246,7 @@ func ucpx_rkey_unpack(eh C.ucpx_handle_t, packed *C.char, out *C.ucpx_handle_t) 
 		return status(invalid("remote key string: %v", err))
 	}
 	rk, err := ep.UnpackRkey(b)
-	if err != nil {
-		return status(err)
-	}
-	*out = put(rk)
-	return C.UCPX_OK
+	return created(rk, err, out)
 }
 
 //export ucpx_rkey_region
@@ -263,11 +266,7 @@ func ucpx_rkey_region(h C.ucpx_handle_t, base *C.uint64_t, n *C.size_t) C.int {
 
 //export ucpx_rkey_destroy
 func ucpx_rkey_destroy(h C.ucpx_handle_t) C.int {
-	rk, err := take[*ucp.Rkey](h, "remote key")
-	if err != nil {
-		return status(err)
-	}
-	return status(rk.Close())
+	return destroy[*ucp.Rkey](h, "remote key")
 }
 
 // ---- Conditions on a caller's CUDA stream
@@ -383,10 +382,7 @@ func ucpx_tag_send(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag C.uin
 	if err != nil {
 		return status(err)
 	}
-	b, err := buffer(buf, n)
-	if err == nil && out == nil {
-		err = invalid("NULL output pointer")
-	}
+	b, err := outBuffer(buf, n, out)
 	if err != nil {
 		return status(err)
 	}
@@ -404,10 +400,7 @@ func ucpx_tag_recv(wh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag, mask
 	if err != nil {
 		return status(err)
 	}
-	b, err := buffer(buf, n)
-	if err == nil && out == nil {
-		err = invalid("NULL output pointer")
-	}
+	b, err := outBuffer(buf, n, out)
 	if err != nil {
 		return status(err)
 	}
@@ -428,10 +421,7 @@ func rma(put bool, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, raddr C.u
 	if err != nil {
 		return status(err)
 	}
-	b, err := buffer(buf, n)
-	if err == nil && out == nil {
-		err = invalid("NULL output pointer")
-	}
+	b, err := outBuffer(buf, n, out)
 	if err != nil {
 		return status(err)
 	}
@@ -480,12 +470,7 @@ func ucpx_request_test(h C.ucpx_handle_t, done *C.int) C.int {
 		return status(err)
 	}
 	ok, err := r.r.Test()
-	if done != nil {
-		*done = 0
-		if ok {
-			*done = 1
-		}
-	}
+	setBool(done, ok)
 	return status(err)
 }
 
@@ -562,10 +547,7 @@ func pinit(send bool, wh, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, pa
 	if err != nil {
 		return status(err)
 	}
-	b, err := buffer(buf, n)
-	if err == nil && out == nil {
-		err = invalid("NULL output pointer")
-	}
+	b, err := outBuffer(buf, n, out)
 	if err != nil {
 		return status(err)
 	}
@@ -576,11 +558,7 @@ func pinit(send bool, wh, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, pa
 	} else {
 		r, err = prepare.PrecvInit(w, b, p)
 	}
-	if err != nil {
-		return status(err)
-	}
-	*out = put(r)
-	return C.UCPX_OK
+	return created(r, err, out)
 }
 
 //export ucpx_psend_init
@@ -636,12 +614,7 @@ func ucpx_parrived(h C.ucpx_handle_t, p C.int, arrived *C.int) C.int {
 		return status(err)
 	}
 	ok, err := r.Parrived(int(p))
-	if arrived != nil {
-		*arrived = 0
-		if ok {
-			*arrived = 1
-		}
-	}
+	setBool(arrived, ok)
 	return status(err)
 }
 
