@@ -76,12 +76,3 @@ func putBack(h C.ucpx_handle_t, o any) {
 	handles.objs[uint64(h)] = o
 	handles.Unlock()
 }
-
-// store writes v through out, refusing a NULL out.
-func store[T any](out *T, v T) error {
-	if out == nil {
-		return fmt.Errorf("NULL output pointer: %w", errs.InvalidParam)
-	}
-	*out = v
-	return nil
-}
