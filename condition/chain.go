@@ -29,7 +29,6 @@ type Chain struct {
 	repeat    uint64
 	step      int // the step the next operation joins
 	stepOps   int // operations in that step
-	ops       int
 	owner     any
 	runner    ChainRunner
 	destroyed bool
@@ -98,7 +97,6 @@ func (c *Chain) Enqueue(owner any, newRunner func() (ChainRunner, error), add fu
 	if err := add(c.runner, c.step); err != nil {
 		return err
 	}
-	c.ops++
 	c.stepOps++
 	return nil
 }
