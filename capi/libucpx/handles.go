@@ -35,12 +35,16 @@ func put(o any) C.ucpx_handle_t {
 // get returns the object of handle h, which must be a T.
 func get[T any](h C.ucpx_handle_t, kind string) (T, error) {
 	handles.RLock()
-	o, ok := handles.objs[uint64(h)]
+	o := handles.objs[uint64(h)]
 	handles.RUnlock()
-	t, isT := o.(T)
-	if !ok || !isT {
-		var zero T
-		return zero, fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
+	return as[T](o, h, kind)
+}
+
+// as is o as a T, or errInvalidHandle for handle h (absent: o is nil, never a T).
+func as[T any](o any, h C.ucpx_handle_t, kind string) (T, error) {
+	t, ok := o.(T)
+	if !ok {
+		return t, fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
 	}
 	return t, nil
 }
@@ -59,14 +63,11 @@ func optional[T any](h C.ucpx_handle_t, kind string) (T, error) {
 func take[T any](h C.ucpx_handle_t, kind string) (T, error) {
 	handles.Lock()
 	defer handles.Unlock()
-	o, ok := handles.objs[uint64(h)]
-	t, isT := o.(T)
-	if !ok || !isT {
-		var zero T
-		return zero, fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
+	t, err := as[T](handles.objs[uint64(h)], h, kind)
+	if err == nil {
+		delete(handles.objs, uint64(h))
 	}
-	delete(handles.objs, uint64(h))
-	return t, nil
+	return t, err
 }
 
 // putBack restores a handle take removed, when the destroy it was for failed
