@@ -47,14 +47,7 @@ func TestGPUStagingPolicy(t *testing.T) {
 	require.NoError(t, cs.MemcpyHtoD(src.Ptr(), host.Addr(), n))
 	require.NoError(t, cs.Synchronize())
 
-	remote, err := p.ctx.MemAlloc(n)
-	require.NoError(t, err)
-	defer remote.Close()
-	packed, err := remote.PackRkey()
-	require.NoError(t, err)
-	rkey, err := p.ab.UnpackRkey(packed)
-	require.NoError(t, err)
-	defer rkey.Close()
+	remote, rkey := p.remoteRegion(t, n)
 
 	direct := p.ctx.SupportsMemoryType(ucp.MemoryCUDA)
 	dev := &ucp.RequestParam{Condition: cond, MemoryType: ucp.MemoryCUDA}

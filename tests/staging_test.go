@@ -58,6 +58,21 @@ func (p *stagingPair) waitReqs(t *testing.T, reqs ...*ucp.Request) {
 	}
 }
 
+// remoteRegion registers n bytes of b's context and unpacks their rkey on a's endpoint,
+// both closed when the test ends.
+func (p *stagingPair) remoteRegion(t *testing.T, n int) (*ucp.MemH, *ucp.Rkey) {
+	t.Helper()
+	remote, err := p.ctx.MemAlloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = remote.Close() })
+	packed, err := remote.PackRkey()
+	require.NoError(t, err)
+	rkey, err := p.ab.UnpackRkey(packed)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rkey.Close() })
+	return remote, rkey
+}
+
 func randomBytes(n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
@@ -124,14 +139,7 @@ func stagingCase(t *testing.T, p *stagingPair, send, recv func() *ucp.RequestPar
 		require.Equal(t, crc32.ChecksumIEEE(src), crc32.ChecksumIEEE(data), "am %d bytes", n)
 	}
 	// RMA: put into b's memory, get it back.
-	remote, err := p.ctx.MemAlloc(rmaSize)
-	require.NoError(t, err)
-	defer remote.Close()
-	packed, err := remote.PackRkey()
-	require.NoError(t, err)
-	rkey, err := p.ab.UnpackRkey(packed)
-	require.NoError(t, err)
-	defer rkey.Close()
+	remote, rkey := p.remoteRegion(t, rmaSize)
 	src := randomBytes(rmaSize)
 	pr, err := p.ab.PutNbx(src, rkey.Base(), rkey, send())
 	require.NoError(t, err)
