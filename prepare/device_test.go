@@ -3,7 +3,6 @@ package prepare_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -151,42 +150,19 @@ func checkSum(buf []byte, off, size, iter int) error {
 
 func TestDeviceHandleTwins(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
-		for _, tc := range []struct {
-			name      string
-			n, sp, rp int
-			order     func(n int) func(int) []int
-			iters     int
-		}{
+		for _, tc := range []partCase{
 			{"1", 64, 1, 1, inOrder, 10},
 			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 10},
 			{"64 reverse", 64 * 128, 64, 64, reverse, 5},
-			{"256 random", 256 * 16, 256, 256, func(n int) func(int) []int {
-				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 2)).Perm(n) }
-			}, 3},
+			{"256 random", 256 * 16, 256, 256, random(2), 3},
 			{"send 8 recv 4", 8 * 512, 8, 4, inOrder, 5},
 			{"send 4 recv 8", 8 * 512, 4, 8, inOrder, 5},
-			{"send 3 recv 6 random", 6 * 100, 3, 6, func(n int) func(int) []int {
-				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 3)).Perm(n) }
-			}, 5},
+			{"send 3 recv 6 random", 6 * 100, 3, 6, random(3), 5},
 			// What the GPU test runs: many iterations, two sender partitions per
 			// receive partition.
 			{"send 64 recv 32 x100", 64 * 1024, 64, 32, inOrder, 100},
 		} {
-			t.Run(tc.name, func(t *testing.T) {
-				send, recv, sbuf, rbuf := pair(t, l, tc.n, tc.sp, tc.rp, 21)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				for i := 1; i <= tc.iters; i++ {
-					require.NoError(t, twinIteration(ctx, send, recv, sbuf, rbuf, i, tc.order(tc.sp)(i)))
-				}
-				require.Equal(t, uint64(1), send.Stats().TagMatches)
-				require.Equal(t, uint64(1), recv.Stats().TagMatches)
-				require.Equal(t, uint64(tc.iters), send.Stats().Iterations)
-				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
-				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
-				require.NoError(t, send.Free())
-				require.NoError(t, recv.Free())
-			})
+			t.Run(tc.name, func(t *testing.T) { tc.runTwins(t, l, 21, nil) })
 		}
 	})
 }

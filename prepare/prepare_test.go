@@ -192,6 +192,62 @@ func inOrder(n int) func(int) []int {
 	}
 }
 
+// partCase is one request pair's shape and schedule: n bytes, sp send and rp receive
+// partitions, made ready in order(sp)(iteration), for iters iterations.
+type partCase struct {
+	name      string
+	n, sp, rp int
+	order     func(n int) func(int) []int
+	iters     int
+}
+
+// runPready runs the case through Pready on a pair made with mod (nil: as is),
+// checking every byte and the counters: one match each, before and after.
+func (tc partCase) runPready(t *testing.T, l *link, tag uint64, mod func(prepare.Params) prepare.Params) {
+	send, recv, sbuf, rbuf := tc.pair(t, l, tag, mod)
+	require.Equal(t, uint64(1), send.Stats().TagMatches)
+	require.Equal(t, uint64(1), recv.Stats().TagMatches)
+	iterate(t, send, recv, sbuf, rbuf, tc.iters, tc.order(tc.sp))
+	tc.checkStats(t, send, recv)
+}
+
+// runTwins runs the case through the device handles' host twins.
+func (tc partCase) runTwins(t *testing.T, l *link, tag uint64, mod func(prepare.Params) prepare.Params) {
+	send, recv, sbuf, rbuf := tc.pair(t, l, tag, mod)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := 1; i <= tc.iters; i++ {
+		require.NoError(t, twinIteration(ctx, send, recv, sbuf, rbuf, i, tc.order(tc.sp)(i)))
+	}
+	tc.checkStats(t, send, recv)
+	require.NoError(t, send.Free())
+	require.NoError(t, recv.Free())
+}
+
+func (tc partCase) pair(t *testing.T, l *link, tag uint64, mod func(prepare.Params) prepare.Params) (send, recv *prepare.Request, sbuf, rbuf []byte) {
+	if mod == nil {
+		return pair(t, l, tc.n, tc.sp, tc.rp, tag)
+	}
+	return pairWith(t, l, tc.n, tc.sp, tc.rp, tag, mod)
+}
+
+// checkStats: matching stayed off the critical path (still one match each), every
+// iteration completed on both sides, every partition moved once per iteration.
+func (tc partCase) checkStats(t *testing.T, send, recv *prepare.Request) {
+	require.Equal(t, uint64(1), send.Stats().TagMatches)
+	require.Equal(t, uint64(1), recv.Stats().TagMatches)
+	require.Equal(t, uint64(tc.iters), send.Stats().Iterations)
+	require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
+	require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
+}
+
+// random makes partitions ready in a random order per iteration (seeded).
+func random(seed uint64) func(n int) func(int) []int {
+	return func(n int) func(int) []int {
+		return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), seed)).Perm(n) }
+	}
+}
+
 // reverse makes partitions ready from the last to the first.
 func reverse(n int) func(int) []int {
 	return func(int) []int {
@@ -205,34 +261,16 @@ func reverse(n int) func(int) []int {
 
 func TestPartitionedPready(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
-		for _, tc := range []struct {
-			name      string
-			n, sp, rp int
-			order     func(n int) func(int) []int
-			iters     int
-		}{
+		for _, tc := range []partCase{
 			{"1", 64, 1, 1, inOrder, 20},
 			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 20},
 			{"64 reverse", 64 * 128, 64, 64, reverse, 10},
-			{"1024 random", 1024 * 16, 1024, 1024, func(n int) func(int) []int {
-				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 1)).Perm(n) }
-			}, 5},
+			{"1024 random", 1024 * 16, 1024, 1024, random(1), 5},
 			{"send 8 recv 4", 8 * 512, 8, 4, inOrder, 10},
 			{"send 4 recv 8", 8 * 512, 4, 8, inOrder, 10},
 			{"send 3 recv 6", 6 * 100, 3, 6, inOrder, 10},
 		} {
-			t.Run(tc.name, func(t *testing.T) {
-				send, recv, sbuf, rbuf := pair(t, l, tc.n, tc.sp, tc.rp, 7)
-				require.Equal(t, uint64(1), send.Stats().TagMatches)
-				require.Equal(t, uint64(1), recv.Stats().TagMatches)
-				iterate(t, send, recv, sbuf, rbuf, tc.iters, tc.order(tc.sp))
-				// Matching stayed off the critical path: still one match each.
-				require.Equal(t, uint64(1), send.Stats().TagMatches)
-				require.Equal(t, uint64(1), recv.Stats().TagMatches)
-				require.Equal(t, uint64(tc.iters), send.Stats().Iterations)
-				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
-				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
-			})
+			t.Run(tc.name, func(t *testing.T) { tc.runPready(t, l, 7, nil) })
 		}
 	})
 }

@@ -3,7 +3,6 @@ package prepare_test
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -20,61 +19,30 @@ import (
 
 func TestStagedPready(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
-		for _, tc := range []struct {
-			name      string
-			n, sp, rp int
-			order     func(n int) func(int) []int
-			iters     int
-		}{
+		for _, tc := range []partCase{
 			{"1", 64, 1, 1, inOrder, 10},
 			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 20},
 			{"64 reverse", 64 * 128, 64, 64, reverse, 5},
-			{"1024 random", 1024 * 16, 1024, 1024, func(n int) func(int) []int {
-				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 5)).Perm(n) }
-			}, 2},
-			{"256 random", 256 * 16, 256, 256, func(n int) func(int) []int {
-				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 5)).Perm(n) }
-			}, 2},
+			{"1024 random", 1024 * 16, 1024, 1024, random(5), 2},
+			{"256 random", 256 * 16, 256, 256, random(5), 2},
 			{"1024 in order", 1024 * 16, 1024, 1024, inOrder, 2},
 			{"send 8 recv 4", 8 * 512, 8, 4, inOrder, 5},
 			{"send 3 recv 6", 6 * 100, 3, 6, reverse, 5},
 		} {
-			t.Run(tc.name, func(t *testing.T) {
-				send, recv, sbuf, rbuf := pairWith(t, l, tc.n, tc.sp, tc.rp, 31, prepare.Staged)
-				iterate(t, send, recv, sbuf, rbuf, tc.iters, tc.order(tc.sp))
-				require.Equal(t, uint64(1), send.Stats().TagMatches)
-				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
-				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
-			})
+			t.Run(tc.name, func(t *testing.T) { tc.runPready(t, l, 31, prepare.Staged) })
 		}
 	})
 }
 
 func TestStagedDeviceHandleTwins(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
-		for _, tc := range []struct {
-			name      string
-			n, sp, rp int
-			order     func(n int) func(int) []int
-			iters     int
-		}{
+		for _, tc := range []partCase{
 			{"8x4k", 8 << 10 * 4, 8, 8, inOrder, 10},
 			{"64 reverse", 64 * 128, 64, 64, reverse, 3},
 			{"send 64 recv 32", 64 * 1024, 64, 32, inOrder, 20},
-			{"send 3 recv 6 random", 6 * 100, 3, 6, func(n int) func(int) []int {
-				return func(iter int) []int { return rand.New(rand.NewPCG(uint64(iter), 3)).Perm(n) }
-			}, 5},
+			{"send 3 recv 6 random", 6 * 100, 3, 6, random(3), 5},
 		} {
-			t.Run(tc.name, func(t *testing.T) {
-				send, recv, sbuf, rbuf := pairWith(t, l, tc.n, tc.sp, tc.rp, 32, prepare.Staged)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				for i := 1; i <= tc.iters; i++ {
-					require.NoError(t, twinIteration(ctx, send, recv, sbuf, rbuf, i, tc.order(tc.sp)(i)))
-				}
-				require.Equal(t, uint64(tc.iters), recv.Stats().Iterations)
-				require.Equal(t, uint64(tc.iters*tc.sp), send.Stats().Puts)
-			})
+			t.Run(tc.name, func(t *testing.T) { tc.runTwins(t, l, 32, prepare.Staged) })
 		}
 	})
 }
