@@ -158,12 +158,7 @@ func (w *Worker) endpointTo(peer [idLen]byte) *Endpoint {
 
 // peerDead reports whether every endpoint of c to peer failed (or was watched dying).
 func (c *Context) peerDead(peer [idLen]byte) bool {
-	c.mu.Lock()
-	workers := make([]*Worker, 0, len(c.workers))
-	for w := range c.workers {
-		workers = append(workers, w)
-	}
-	c.mu.Unlock()
+	workers := c.workerList()
 	seen, dead := false, true
 	for _, w := range workers {
 		w.mu.Lock()
@@ -341,12 +336,7 @@ func (c *Context) workerList() []*Worker {
 }
 
 func (c *Context) anyEndpointTo(peer [idLen]byte) *Endpoint {
-	c.mu.Lock()
-	workers := make([]*Worker, 0, len(c.workers))
-	for w := range c.workers {
-		workers = append(workers, w)
-	}
-	c.mu.Unlock()
+	workers := c.workerList()
 	for _, w := range workers {
 		if ep := w.endpointTo(peer); ep != nil {
 			return ep
