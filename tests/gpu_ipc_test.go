@@ -237,24 +237,11 @@ func startIPCChild(t *testing.T) *ipcChildProc {
 // identity waits for the child's host identity.
 func (c *ipcChildProc) identity(t *testing.T) protocol.HostIdentity {
 	t.Helper()
-	timeout := time.After(60 * time.Second)
-	for {
-		select {
-		case line, ok := <-c.lines:
-			require.True(t, ok, "child exited:\n%s", c.out.String())
-			c.out.WriteString(line + "\n")
-			if rest, found := strings.CutPrefix(line, "IPC-CACHE-ID "); found {
-				b, err := hex.DecodeString(rest)
-				require.NoError(t, err)
-				id, err := protocol.DecodeHostIdentity(b)
-				require.NoError(t, err)
-				return id
-			}
-			require.False(t, strings.HasPrefix(line, "IPC-CACHE-FAIL"), "child output:\n%s", c.out.String())
-		case <-timeout:
-			require.FailNow(t, "child timed out", "output:\n%s", c.out.String())
-		}
-	}
+	b, err := hex.DecodeString(c.await(t, "IPC-CACHE-ID "))
+	require.NoError(t, err)
+	id, err := protocol.DecodeHostIdentity(b)
+	require.NoError(t, err)
+	return id
 }
 
 // step sends one operation and waits for the child's "OK <want>".
@@ -262,6 +249,13 @@ func (c *ipcChildProc) step(t *testing.T, s ipcStep, want string) {
 	t.Helper()
 	_, err := io.WriteString(c.in, s.line())
 	require.NoError(t, err)
+	require.Equal(t, want, c.await(t, "IPC-CACHE-OK "), "child output:\n%s", c.out.String())
+}
+
+// await reads the child's lines until one starting with prefix, and returns the rest of
+// it; a failure line, the child's exit or a minute's silence fails the test.
+func (c *ipcChildProc) await(t *testing.T, prefix string) string {
+	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for {
 		select {
@@ -271,9 +265,8 @@ func (c *ipcChildProc) step(t *testing.T, s ipcStep, want string) {
 			if strings.HasPrefix(line, "IPC-CACHE-FAIL") {
 				require.FailNow(t, line, "child output:\n%s", c.out.String())
 			}
-			if strings.HasPrefix(line, "IPC-CACHE-OK ") {
-				require.Equal(t, want, strings.TrimPrefix(line, "IPC-CACHE-OK "), "child output:\n%s", c.out.String())
-				return
+			if rest, found := strings.CutPrefix(line, prefix); found {
+				return rest
 			}
 		case <-timeout:
 			require.FailNow(t, "child timed out", "output:\n%s", c.out.String())
