@@ -112,23 +112,7 @@ func gpuMode(b *testing.B, g *gpu, pingpongKernel *cuda.Function, p *peer, mode 
 		require.NoError(b, err)
 		defer words.Close()
 		trig, done := words.Word(0), words.Word(1)
-		echoStop := make(chan struct{})
-		go func() { // the host side of the flag round trip
-			var seen uint64
-			for {
-				if v := trig.Load(); v != seen {
-					seen = v
-					done.Store(v)
-					continue
-				}
-				select {
-				case <-echoStop:
-					return
-				default:
-				}
-			}
-		}()
-		defer close(echoStop)
+		defer echoFlag(trig, done)()
 		if mode == "floor-memop" {
 			b.StopTimer()
 			gate, err := g.backend.AllocWords(1)

@@ -51,28 +51,13 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	require.NoError(b, err)
 	defer words.Close()
 	trig, done := words.Word(0), words.Word(1)
-	echoStop := make(chan struct{})
-	go func() {
-		var seen uint64
-		for {
-			if v := trig.Load(); v != seen {
-				seen = v
-				done.Store(v)
-				continue
-			}
-			select {
-			case <-echoStop:
-				return
-			default:
-			}
-		}
-	}()
+	stopEcho := echoFlag(trig, done)
 	s := g.stream(b)
 	cs, _ := stream.CUDAStream(s)
 	res := g.mapped(b, 16)
 	require.NoError(b, cs.LaunchKernel(g.echo, cuda.Linear(1, 1), trig.DevicePtr(), done.DevicePtr(), uint64(0), uint64(n), res.DevicePtr()))
 	require.NoError(b, s.Synchronize())
-	close(echoStop)
+	stopEcho()
 	require.EqualValues(b, n, binary.LittleEndian.Uint64(res.Bytes()))
 	kflag := float64(binary.LittleEndian.Uint64(res.Bytes()[8:])) / float64(n) / 1e3
 
@@ -249,3 +234,25 @@ func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int
 
 // spinProgress progresses w in a loop, yielding but never sleeping, until stop.
 func spinProgress(w *ucp.Worker) (stop func()) { return pollWorker(w, runtime.Gosched) }
+
+// echoFlag is the host side of a flag round trip: a goroutine that stores into done
+// every new value it sees in trig, until the returned stop is called.
+func echoFlag(trig, done *stream.Word) (stop func()) {
+	quit := make(chan struct{})
+	go func() {
+		var seen uint64
+		for {
+			if v := trig.Load(); v != seen {
+				seen = v
+				done.Store(v)
+				continue
+			}
+			select {
+			case <-quit:
+				return
+			default:
+			}
+		}
+	}()
+	return func() { close(quit) }
+}
