@@ -78,6 +78,9 @@ type Engine struct {
 	mu     sync.Mutex // guards active and the parts' issue state
 	active map[*Condition]*channel
 	order  []*channel // the channels of active, for rounds (cheaper than a map)
+	// polled counts the channels of order whose trigger is stored without a kick
+	// (pollPending). Written under mu.
+	polled atomic.Int32
 	// incoming holds the parts added and not yet in their channels: a lock-free stack
 	// linked through part.nextIn, newest first; closedIncoming once the engine closed.
 	// Enqueuers write it from other cores: the padding keeps it off the lines the
@@ -205,6 +208,9 @@ func (e *Engine) channelLocked(head *part) {
 			ch = &channel{cond: cond, pos: len(e.order)}
 			e.active[cond] = ch
 			e.order = append(e.order, ch)
+			if cond.polledTrigger() {
+				e.polled.Add(1)
+			}
 		}
 		ch.ops = append(ch.ops, p)
 		p = next
@@ -213,6 +219,9 @@ func (e *Engine) channelLocked(head *part) {
 
 func (e *Engine) removeLocked(ch *channel) {
 	delete(e.active, ch.cond)
+	if ch.cond.polledTrigger() {
+		e.polled.Add(-1)
+	}
 	last := e.order[len(e.order)-1]
 	e.order[ch.pos], last.pos = last, ch.pos
 	e.order[len(e.order)-1] = nil
@@ -348,15 +357,11 @@ func (e *Engine) run() {
 // is stored without a kick, so the engine must poll it: words on a device backend (a
 // GPU writes them), and KernelTriggered conditions (a kernel, or Trigger on the host,
 // stores the trigger and tells nobody).
-func (e *Engine) pollPending() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, ch := range e.order {
-		if ch.cond.category == KernelTriggered || ch.cond.backend.Kind() != streamcore.KindHost {
-			return true
-		}
-	}
-	return false
+func (e *Engine) pollPending() bool { return e.polled.Load() > 0 }
+
+// polledTrigger reports whether c's trigger is stored without a kick (see pollPending).
+func (c *Condition) polledTrigger() bool {
+	return c.category == KernelTriggered || c.backend.Kind() != streamcore.KindHost
 }
 
 // engineSleepBound bounds the engine's sleep on its transport (see run): events and
