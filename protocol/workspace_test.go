@@ -140,24 +140,32 @@ func runPlan(t *testing.T, s streamcore.Stream, plan *Plan, dir Direction, peer 
 	require.NoError(t, s.Synchronize())
 }
 
+// hostWorkspacePlanner returns a host backend, a workspace of MinWorkspace on it, a
+// StageAlways planner through it counting into st, and a stream-ordered route on the
+// backend, closed when the test ends.
+func hostWorkspacePlanner(t *testing.T, st *Stats) (stream.Backend, *Workspace, *Planner, Route) {
+	t.Helper()
+	b := stream.NewHostBackend()
+	t.Cleanup(func() { _ = b.Close() })
+	ws, err := NewWorkspace(b, MinWorkspace)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ws.Close() })
+	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws, Stats: st}, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pl.Close() })
+	return b, ws, pl, Route{Backend: b, OnStream: true, StreamOrdered: true}
+}
+
 // StageAlways on a host stream through a small workspace: an RMA larger than the
 // workspace streams through it in slot-sized parts, reusing slots (the stream waits),
 // in both directions, with the bytes intact; a message that fits takes consecutive
 // slots; the workspace is whole again afterwards.
 func TestStageAlwaysThroughWorkspaceOnHostStream(t *testing.T) {
-	b := stream.NewHostBackend()
-	defer b.Close()
+	var st Stats
+	b, ws, pl, route := hostWorkspacePlanner(t, &st)
 	s, err := b.NewStream()
 	require.NoError(t, err)
 	defer s.Close()
-	ws, err := NewWorkspace(b, MinWorkspace)
-	require.NoError(t, err)
-	defer ws.Close()
-	var st Stats
-	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws, Stats: &st}, false)
-	require.NoError(t, err)
-	defer pl.Close()
-	route := Route{Backend: b, OnStream: true, StreamOrdered: true}
 	slot := ws.SlotSize()
 	for _, tc := range []struct {
 		n          int
@@ -206,15 +214,7 @@ func TestStageAlwaysThroughWorkspaceOnHostStream(t *testing.T) {
 
 // Parts that never run give their slots back, so later operations do not wait forever.
 func TestWorkspaceUnusedPartsFreeSlots(t *testing.T) {
-	b := stream.NewHostBackend()
-	defer b.Close()
-	ws, err := NewWorkspace(b, MinWorkspace)
-	require.NoError(t, err)
-	defer ws.Close()
-	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws}, false)
-	require.NoError(t, err)
-	defer pl.Close()
-	route := Route{Backend: b, OnStream: true, StreamOrdered: true}
+	_, ws, pl, route := hostWorkspacePlanner(t, nil)
 	for _, dir := range []Direction{Out, In} {
 		var plan Plan
 		require.NoError(t, pl.Plan(Transfer{Buf: make([]byte, 9*ws.SlotSize()), Dir: dir, Splittable: true}, route, &plan))
@@ -231,22 +231,14 @@ func TestWorkspaceUnusedPartsFreeSlots(t *testing.T) {
 // through pool memory of its own instead of waiting; one enqueued on another stream is
 // waited for on the stream.
 func TestWorkspaceWaitsOnlyAcrossStreams(t *testing.T) {
-	b := stream.NewHostBackend()
-	defer b.Close()
+	var st Stats
+	b, ws, pl, route := hostWorkspacePlanner(t, &st)
 	s1, err := b.NewStream()
 	require.NoError(t, err)
 	defer s1.Close()
 	s2, err := b.NewStream()
 	require.NoError(t, err)
 	defer s2.Close()
-	ws, err := NewWorkspace(b, MinWorkspace)
-	require.NoError(t, err)
-	defer ws.Close()
-	var st Stats
-	pl, err := NewPlanner(Config{Staging: StageAlways, Workspace: ws, Stats: &st}, false)
-	require.NoError(t, err)
-	defer pl.Close()
-	route := Route{Backend: b, OnStream: true, StreamOrdered: true}
 	half := WorkspaceSlots * ws.SlotSize()
 	// first holds the whole outgoing half, enqueued on s1 and never completed yet.
 	var first Plan
