@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,28 +51,11 @@ type Listener struct {
 	conns   map[net.Conn]struct{}
 	stopped bool // under cmu: Close began, new connections are dropped
 	// nref counts connections dropped before their peer proved the key.
-	nref counter
+	nref atomic.Int64
 	wg   sync.WaitGroup
 	// Under w.mu.
 	backlog []*ConnRequest
 	closed  bool
-}
-
-type counter struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (c *counter) add() {
-	c.mu.Lock()
-	c.n++
-	c.mu.Unlock()
-}
-
-func (c *counter) get() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
 }
 
 // ConnRequest is a pending, authenticated connection from a client.
@@ -136,7 +120,7 @@ func (l *Listener) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.
 
 // Refused is how many connections were dropped before their peer proved it holds the
 // auth key (or because too many handshakes were in progress).
-func (l *Listener) Refused() int { return l.nref.get() }
+func (l *Listener) Refused() int { return int(l.nref.Load()) }
 
 func (l *Listener) serve() {
 	defer l.wg.Done()
@@ -152,7 +136,7 @@ func (l *Listener) serve() {
 		select {
 		case l.slots <- struct{}{}:
 		default:
-			l.nref.add()
+			l.nref.Add(1)
 			_ = c.Close()
 			continue
 		}
@@ -197,7 +181,7 @@ func (l *Listener) handshake(c net.Conn) *ConnRequest {
 	peer, err := h.server(&self)
 	if err != nil {
 		if errors.Is(err, ErrAuth) {
-			l.nref.add()
+			l.nref.Add(1)
 		}
 		l.forget(c)
 		_ = c.Close()
