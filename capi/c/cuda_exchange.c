@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ucpx.h"
+#include "common.h"
 
 /* The driver entry points used, declared as cuda.h (CUDA 13) does. */
 typedef int CUresult;
@@ -42,18 +42,6 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags);
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s);
 enum { CUDA_ERROR_NOT_READY = 600 };
 
-static int rank;
-
-#define CHECK(call)                                                                        \
-	do {                                                                               \
-		int rc_ = (call);                                                          \
-		if (rc_ != UCPX_OK) {                                                      \
-			char msg_[512];                                                    \
-			ucpx_last_error(msg_, sizeof msg_);                                \
-			fprintf(stderr, "rank %d: line %d: %s = %s: %s\n", rank, __LINE__, #call, ucpx_strerror(rc_), msg_); \
-			exit(1);                                                           \
-		}                                                                          \
-	} while (0)
 #define CU(call)                                                                           \
 	do {                                                                               \
 		CUresult r_ = (call);                                                      \
@@ -62,38 +50,6 @@ static int rank;
 			exit(1);                                                           \
 		}                                                                          \
 	} while (0)
-#define EXPECT(cond, what)                                                                 \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "rank %d: line %d: %s\n", rank, __LINE__, what);   \
-			exit(1);                                                           \
-		}                                                                          \
-	} while (0)
-
-static void publish(const char *dir, const char *s) {
-	char tmp[4096], path[4096];
-	snprintf(tmp, sizeof tmp, "%s/.cuda-addr.%d", dir, rank);
-	snprintf(path, sizeof path, "%s/cuda-addr.%d", dir, rank);
-	FILE *f = fopen(tmp, "w");
-	EXPECT(f && fputs(s, f) >= 0 && fclose(f) == 0 && rename(tmp, path) == 0, "publish");
-}
-
-static char *fetch(const char *dir) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/cuda-addr.%d", dir, 1 - rank);
-	for (int i = 0; i < 6000; i++) {
-		FILE *f = fopen(path, "r");
-		if (f) {
-			char *buf = calloc(1, 1 << 16);
-			buf[fread(buf, 1, (1 << 16) - 1, f)] = 0;
-			fclose(f);
-			return buf;
-		}
-		usleep(10000);
-	}
-	EXPECT(0, "no address from the peer");
-	return NULL;
-}
 
 static unsigned char pattern(size_t i, unsigned seed) { return (unsigned char)(i * 13 + seed * 5 + 3); }
 
@@ -112,8 +68,8 @@ int main(int argc, char **argv) {
 	CHECK(ucpx_worker_create(ctx, 0, &w));
 	char addr[8192];
 	CHECK(ucpx_worker_address(w, addr, sizeof addr, NULL));
-	publish(dir, addr);
-	char *peer = fetch(dir);
+	publish(dir, "cuda-addr", addr);
+	char *peer = fetch(dir, "cuda-addr");
 	CHECK(ucpx_ep_create(w, peer, 0, &ep));
 	unsigned char note[8] = {0};
 

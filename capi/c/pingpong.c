@@ -21,47 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ucpx.h"
-
-static int rank;
-
-static void check(int rc, const char *what) {
-	if (rc != UCPX_OK) {
-		char msg[512];
-		ucpx_last_error(msg, sizeof msg);
-		fprintf(stderr, "rank %d: %s: %s: %s\n", rank, what, ucpx_strerror(rc), msg);
-		exit(1);
-	}
-}
-
-static void publish(const char *dir, const char *s) {
-	char tmp[4096], path[4096];
-	snprintf(tmp, sizeof tmp, "%s/.addr.%d", dir, rank);
-	snprintf(path, sizeof path, "%s/addr.%d", dir, rank);
-	FILE *f = fopen(tmp, "w");
-	if (!f || fputs(s, f) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
-		perror("publish");
-		exit(1);
-	}
-}
-
-static char *fetch(const char *dir) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/addr.%d", dir, 1 - rank);
-	for (int i = 0; i < 6000; i++) {
-		FILE *f = fopen(path, "r");
-		if (f) {
-			char *buf = calloc(1, 1 << 16);
-			size_t n = fread(buf, 1, (1 << 16) - 1, f);
-			buf[n] = 0;
-			fclose(f);
-			return buf;
-		}
-		usleep(10000);
-	}
-	fprintf(stderr, "rank %d: no address from the peer\n", rank);
-	exit(1);
-}
+#include "common.h"
 
 static int64_t now_ns(void) {
 	struct timespec ts;
@@ -91,22 +51,22 @@ int main(int argc, char **argv) {
 	long total = iters + warmup;
 	const uint64_t PING = 1, PONG = 2, ALL = ~0ull;
 	ucpx_handle_t ctx, w, ep;
-	check(ucpx_context_create(&ctx), "context");
-	check(ucpx_worker_create(ctx, UCPX_WORKER_NO_WAKEUP, &w), "worker"); /* as ucpx perf's */
+	CHECK(ucpx_context_create(&ctx));
+	CHECK(ucpx_worker_create(ctx, UCPX_WORKER_NO_WAKEUP, &w)); /* as ucpx perf's */
 	size_t need;
 	ucpx_worker_address(w, NULL, 0, &need);
 	char *addr = malloc(need);
-	check(ucpx_worker_address(w, addr, need, NULL), "address");
-	publish(dir, addr);
-	char *peer = fetch(dir);
-	check(ucpx_ep_create(w, peer, 0, &ep), "endpoint");
+	CHECK(ucpx_worker_address(w, addr, need, NULL));
+	publish(dir, "addr", addr);
+	char *peer = fetch(dir, "addr");
+	CHECK(ucpx_ep_create(w, peer, 0, &ep));
 	unsigned char *sbuf = calloc(1, size + 1), *rbuf = calloc(1, size + 1);
 
 	if (rank == 0) {
 		int64_t *stamps = malloc((total + 1) * sizeof *stamps);
 		for (long i = 0; i < total; i++) {
 			stamps[i] = now_ns();
-			check(ucpx_tag_sendrecv(ep, sbuf, size, PING, rbuf, size, PONG, ALL, -1, NULL, NULL), "sendrecv");
+			CHECK(ucpx_tag_sendrecv(ep, sbuf, size, PING, rbuf, size, PONG, ALL, -1, NULL, NULL));
 		}
 		stamps[total] = now_ns();
 		int64_t *rtt = malloc(iters * sizeof *rtt);
@@ -117,22 +77,22 @@ int main(int argc, char **argv) {
 		printf("lat_last2048_us %.3f\n", median_us(tail, last));
 		printf("lat_p50_us %.3f\n", median_us(rtt, iters));
 	} else {
-		check(ucpx_tag_recv_wait(w, rbuf, size, PING, ALL, -1, NULL, NULL), "first ping");
+		CHECK(ucpx_tag_recv_wait(w, rbuf, size, PING, ALL, -1, NULL, NULL));
 		for (long i = 0; i + 1 < total; i++)
-			check(ucpx_tag_sendrecv(ep, sbuf, size, PONG, rbuf, size, PING, ALL, -1, NULL, NULL), "pong+ping");
-		check(ucpx_tag_send_wait(ep, sbuf, size, PONG, -1), "last pong");
+			CHECK(ucpx_tag_sendrecv(ep, sbuf, size, PONG, rbuf, size, PING, ALL, -1, NULL, NULL));
+		CHECK(ucpx_tag_send_wait(ep, sbuf, size, PONG, -1));
 	}
 	/* Neither side closes before the other is done. */
 	unsigned char bye[8] = {0};
 	if (rank == 0) {
-		check(ucpx_tag_send_wait(ep, bye, 8, 3, -1), "bye");
-		check(ucpx_tag_recv_wait(w, bye, 8, 4, ALL, -1, NULL, NULL), "bye");
+		CHECK(ucpx_tag_send_wait(ep, bye, 8, 3, -1));
+		CHECK(ucpx_tag_recv_wait(w, bye, 8, 4, ALL, -1, NULL, NULL));
 	} else {
-		check(ucpx_tag_recv_wait(w, bye, 8, 3, ALL, -1, NULL, NULL), "bye");
-		check(ucpx_tag_send_wait(ep, bye, 8, 4, -1), "bye");
+		CHECK(ucpx_tag_recv_wait(w, bye, 8, 3, ALL, -1, NULL, NULL));
+		CHECK(ucpx_tag_send_wait(ep, bye, 8, 4, -1));
 	}
-	check(ucpx_ep_destroy(ep), "ep destroy");
-	check(ucpx_worker_destroy(w), "worker destroy");
-	check(ucpx_context_destroy(ctx), "context destroy");
+	CHECK(ucpx_ep_destroy(ep));
+	CHECK(ucpx_worker_destroy(w));
+	CHECK(ucpx_context_destroy(ctx));
 	return 0;
 }
