@@ -366,10 +366,10 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 			return err
 		}
 		leases[i] = l
-		if i < ws.nslot {
+		if i < WorkspaceSlots {
 			prevs[i], busys[i] = l.pendingPrevLocked()
 		} else {
-			busys[i] = true // part i-nslot's slot
+			busys[i] = true // part i-WorkspaceSlots's slot
 		}
 	}
 	ws.mu.Unlock()
@@ -378,11 +378,11 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 		st.staged(l.n)
 		off := i * ws.slot
 		p := &pl2.Parts[i]
-		reused := t.Dir == In && i+ws.nslot < count
-		if i < ws.nslot {
+		reused := t.Dir == In && i+WorkspaceSlots < count
+		if i < WorkspaceSlots {
 			mems[i] = stageLease(p, l, prevs[i], busys[i], reused, pool, st, dev+uintptr(off), off, t.Dir)
 		} else {
-			mems[i] = stageReuse(p, mems[i-ws.nslot], l, reused, pool, st, dev, off, t.Dir)
+			mems[i] = stageReuse(p, mems[i-WorkspaceSlots], l, reused, pool, st, dev, off, t.Dir)
 		}
 	}
 	return nil
@@ -517,7 +517,7 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 		return m
 	}
 	pl := prev.l
-	prevOff := off - pl.ws.nslot*pl.ws.slot
+	prevOff := off - WorkspaceSlots*pl.ws.slot
 	p.Before = func(s streamcore.Stream) error {
 		wait, err := prepare(s)
 		if err != nil {

@@ -37,7 +37,6 @@ type Workspace struct {
 	mem     streamcore.Pinned
 	words   *streamcore.WordBlock // per slot: freed (both halves), then landed (both)
 	slot    int
-	nslot   int // slots per half
 
 	mu     sync.Mutex
 	rings  [2]ring
@@ -73,7 +72,7 @@ func NewWorkspace(b streamcore.Backend, bytes int) (*Workspace, error) {
 		return nil, fmt.Errorf("workspace of %d bytes: at least %d: %w", bytes, MinWorkspace, ErrInvalidParam)
 	}
 	slot := bytes / (2 * WorkspaceSlots) &^ 4095
-	ws := &Workspace{backend: b, slot: slot, nslot: WorkspaceSlots}
+	ws := &Workspace{backend: b, slot: slot}
 	size := 2 * WorkspaceSlots * slot
 	var err error
 	if hs, ok := b.(streamcore.HostStaging); ok {
@@ -94,7 +93,7 @@ func NewWorkspace(b streamcore.Backend, bytes int) (*Workspace, error) {
 }
 
 // Size is the workspace's size in bytes (both halves).
-func (ws *Workspace) Size() int { return 2 * ws.nslot * ws.slot }
+func (ws *Workspace) Size() int { return 2 * WorkspaceSlots * ws.slot }
 
 // SlotSize is the size of one slot: the part size of RMA moved through it.
 func (ws *Workspace) SlotSize() int { return ws.slot }
@@ -149,7 +148,7 @@ type lease struct {
 // slots a message of n bytes needs; 0 when it cannot fit a half.
 func (ws *Workspace) slotsFor(n int) int {
 	k := (n + ws.slot - 1) / ws.slot
-	if k > ws.nslot {
+	if k > WorkspaceSlots {
 		return 0
 	}
 	return max(k, 1)
@@ -163,7 +162,7 @@ func (ws *Workspace) takeLocked(n, k int, dir Direction, st *Stats) (*lease, err
 	h := half(dir)
 	r := &ws.rings[h]
 	start := r.next
-	if start+k > ws.nslot {
+	if start+k > WorkspaceSlots {
 		start = 0 // a run never wraps
 	}
 	l := &lease{ws: ws, h: h, first: start, k: k, n: n, uses: make([]uint64, k), stats: st}
@@ -176,7 +175,7 @@ func (ws *Workspace) takeLocked(n, k int, dir Direction, st *Stats) (*lease, err
 		l.uses[i] = s.uses
 		s.live = append(s.live, l)
 	}
-	r.next = (start + k) % ws.nslot
+	r.next = (start + k) % WorkspaceSlots
 	st.workspace(ws.busy * ws.slot)
 	return l, nil
 }
@@ -193,20 +192,20 @@ func (l *lease) busyLocked() bool {
 }
 
 func (l *lease) addr() uintptr {
-	return l.ws.mem.Addr() + uintptr((l.h*l.ws.nslot+l.first)*l.ws.slot)
+	return l.ws.mem.Addr() + uintptr((l.h*WorkspaceSlots+l.first)*l.ws.slot)
 }
 
 func (l *lease) bytes() []byte {
-	off := (l.h*l.ws.nslot + l.first) * l.ws.slot
+	off := (l.h*WorkspaceSlots + l.first) * l.ws.slot
 	return l.ws.mem.Bytes()[off : off+l.n]
 }
 
 func (ws *Workspace) freedWord(h, i int) *streamcore.Word {
-	return ws.words.Word(h*ws.nslot + i)
+	return ws.words.Word(h*WorkspaceSlots + i)
 }
 
 func (ws *Workspace) landedWord(h, i int) *streamcore.Word {
-	return ws.words.Word(2*ws.nslot + h*ws.nslot + i)
+	return ws.words.Word(2*WorkspaceSlots + h*WorkspaceSlots + i)
 }
 
 // waitFree enqueues on s the waits for the previous uses of l's slots.
