@@ -124,8 +124,8 @@ type Request struct {
 	waiting  []int
 	taken    []int // pumpLocked's scratch
 	inflight []*ucp.Request
-	// Sender: iters holds the current iteration in every word, the source of the
-	// arrival counters' write after a run of partitions moved as one put.
+	// Sender: iters is the source of the arrival counters' write after a run of
+	// partitions moved as one put (the run's words hold the iteration).
 	iters *ucp.MemH
 	// Receiver: the ready write of the current iteration.
 	readyReq *ucp.Request
@@ -354,12 +354,6 @@ func (r *Request) Start() error {
 		clear(r.readied)
 		r.waiting = r.waiting[:0]
 		r.inflight = r.inflight[:0]
-		if r.iters != nil {
-			b := r.iters.Bytes()
-			for i := 0; i < len(b); i += 8 {
-				*(*uint64)(unsafe.Pointer(&b[i])) = r.iter
-			}
-		}
 		return nil
 	}
 	// One write sets every ready flag of the sender.
@@ -540,7 +534,12 @@ func (r *Request) moveRunLocked(lo, hi int) error {
 	if err := r.w.Fence(); err != nil {
 		return err
 	}
-	words, err := r.peer.PutNbx(r.iters.Bytes()[8*lo:8*(hi+1)], r.remote.wordBase+8*uint64(lo), r.remote.wordKey, &ucp.RequestParam{MemH: r.iters})
+	// The run's source words: the last put that read them ended with its iteration.
+	src := r.iters.Bytes()[8*lo : 8*(hi+1)]
+	for i := 0; i < len(src); i += 8 {
+		*(*uint64)(unsafe.Pointer(&src[i])) = r.iter
+	}
+	words, err := r.peer.PutNbx(src, r.remote.wordBase+8*uint64(lo), r.remote.wordKey, &ucp.RequestParam{MemH: r.iters})
 	if err != nil {
 		return err
 	}
