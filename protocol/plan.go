@@ -352,8 +352,10 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 		pl2.Parts = make([]Part, count)
 	}
 	leases := make([]*lease, count)
-	prevs := make([][]uint64, count)
-	busys := make([]bool, count)
+	// Only the first round's parts may wait for other operations' uses of their slots;
+	// later parts reuse this operation's own (stageReuse).
+	var prevs [WorkspaceSlots][]uint64
+	var busys [WorkspaceSlots]bool
 	ws.mu.Lock() // one operation's slots in one run of the ring
 	for i := range count {
 		size := min(ws.slot, n-i*ws.slot)
@@ -368,8 +370,6 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 		leases[i] = l
 		if i < WorkspaceSlots {
 			prevs[i], busys[i] = l.pendingPrevLocked()
-		} else {
-			busys[i] = true // part i-WorkspaceSlots's slot
 		}
 	}
 	ws.mu.Unlock()
