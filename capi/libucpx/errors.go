@@ -85,11 +85,7 @@ func ucpx_last_error(buf *C.char, n C.size_t) C.size_t {
 	msg := lastErr.m[unix.Gettid()]
 	lastErr.Unlock()
 	if buf != nil && n > 0 {
-		k := min(len(msg), int(n)-1)
-		if k > 0 {
-			C.memcpy(unsafe.Pointer(buf), unsafe.Pointer(unsafe.StringData(msg)), C.size_t(k))
-		}
-		*(*C.char)(unsafe.Add(unsafe.Pointer(buf), k)) = 0
+		copyString(buf, msg[:min(len(msg), int(n)-1)])
 	}
 	return C.size_t(len(msg))
 }
@@ -102,9 +98,14 @@ func putString(s string, buf *C.char, n C.size_t, needed *C.size_t) error {
 	if buf == nil || int(n) < len(s)+1 {
 		return errBufferTooSmall
 	}
+	copyString(buf, s)
+	return nil
+}
+
+// copyString writes s NUL-terminated at buf, which has room for it.
+func copyString(buf *C.char, s string) {
 	if len(s) > 0 {
 		C.memcpy(unsafe.Pointer(buf), unsafe.Pointer(unsafe.StringData(s)), C.size_t(len(s)))
 	}
 	*(*C.char)(unsafe.Add(unsafe.Pointer(buf), len(s))) = 0
-	return nil
 }
