@@ -293,13 +293,12 @@ func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
 	if !ep.owned || ep.rawClosed {
 		return completedRequest, nil
 	}
+	ep.rawClosed = true
 	if ep.err != nil && ep.params.NoPeerErrorHandling {
 		// A watched peer died: nothing answers a flush, and UCX refuses force mode
 		// here. The worker's destruction releases the UCX endpoint.
-		ep.rawClosed = true
 		return completedRequest, nil
 	}
-	ep.rawClosed = true
 	return w.postLocked("ep_close_nbx", w.raw.Close(ep.raw, force), &defaultParam, nil)
 }
 
