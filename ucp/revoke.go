@@ -325,6 +325,17 @@ func (m *MemH) tell(imp *importer) []*Worker {
 // off to run the message protocol between contexts of one process.
 var revokeInProcess = true
 
+// localContext is the open context of this process with identity id, if importers of
+// its keys are revoked directly (revokeInProcess), else nil.
+func localContext(id [idLen]byte) *Context {
+	if !revokeInProcess {
+		return nil
+	}
+	c, _ := contexts.Load(id)
+	local, _ := c.(*Context)
+	return local
+}
+
 func (c *Context) workerList() []*Worker {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -381,16 +392,13 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 	live.rkeys.Add(1)
 	rk := &Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}
 	w.rkeys[rk] = struct{}{}
-	local, _ := contexts.Load(k.sender)
-	if !revokeInProcess {
-		local = nil
-	}
+	local := localContext(k.sender)
 	if local == nil {
 		ep.sendControlLocked(ctlImport, k.keyID)
 	}
 	w.mu.Unlock()
 	if local != nil {
-		local.(*Context).noteImport(w, w.ctx.trust.id, w.ctx, k.keyID)
+		local.noteImport(w, w.ctx.trust.id, w.ctx, k.keyID)
 	}
 	return rk, nil
 }
@@ -401,8 +409,7 @@ func (r *Rkey) releasedLocked() {
 	if r.revoked {
 		return
 	}
-	if local, ok := contexts.Load(r.exporter); ok && revokeInProcess {
-		c := local.(*Context)
+	if c := localContext(r.exporter); c != nil {
 		me := w.ctx.trust.id
 		// Not under w.mu: the exporter takes its own locks.
 		w.deferred = append(w.deferred, func() { c.noteRelease(me, r.keyID) })
