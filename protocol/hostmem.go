@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // hostMem is anonymous mapped memory standing in for pinned memory on host backends:
@@ -13,6 +15,19 @@ import (
 type hostMem struct {
 	mu sync.Mutex
 	b  []byte
+}
+
+// allocStaging allocates n bytes of staging memory: page-locked through hs, or mapped
+// host memory where hs is nil (host backends).
+func allocStaging(hs streamcore.HostStaging, n int) (streamcore.Pinned, error) {
+	if hs != nil {
+		return hs.AllocPinned(n)
+	}
+	m, err := allocHost(n)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 func allocHost(n int) (*hostMem, error) {

@@ -126,13 +126,7 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 	}
 	s.lent++
 	s.mu.Unlock()
-	var m streamcore.Pinned
-	var err error
-	if s.staging != nil {
-		m, err = s.staging.AllocPinned(c)
-	} else {
-		m, err = allocHost(c) // host backends stage only under StageAlways
-	}
+	m, err := allocStaging(s.staging, c) // host backends stage only under StageAlways
 	if err != nil {
 		s.mu.Lock()
 		s.lent--

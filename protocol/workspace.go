@@ -74,13 +74,9 @@ func NewWorkspace(b streamcore.Backend, bytes int) (*Workspace, error) {
 	slot := bytes / (2 * WorkspaceSlots) &^ 4095
 	ws := &Workspace{backend: b, slot: slot}
 	size := 2 * WorkspaceSlots * slot
+	hs, _ := b.(streamcore.HostStaging)
 	var err error
-	if hs, ok := b.(streamcore.HostStaging); ok {
-		ws.mem, err = hs.AllocPinned(size)
-	} else {
-		ws.mem, err = allocHost(size)
-	}
-	if err != nil {
+	if ws.mem, err = allocStaging(hs, size); err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)
 	}
 	if b != nil {
