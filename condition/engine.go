@@ -260,7 +260,7 @@ func (e *Engine) run() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	idle := 0
-	_, canSleep := e.transport.(TransportWaiter)
+	tw, canSleep := e.transport.(TransportWaiter)
 	var yieldingSince time.Time
 	for {
 		select {
@@ -310,7 +310,7 @@ func (e *Engine) run() {
 			}
 			runtime.Gosched()
 		default:
-			if tw, ok := e.transport.(TransportWaiter); ok {
+			if canSleep {
 				// When every trigger comes with a kick, sleep until kicked or the
 				// transport has an event, not on a timer. A goroutine that drives
 				// rounds kicks the engine before it sleeps itself. The round after
