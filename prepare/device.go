@@ -188,7 +188,7 @@ func (r *Request) armDeviceLocked() error {
 			return r.err
 		}
 		d.reqs[p] = req
-		r.readied[p] = true
+		r.markReadyLocked(p)
 		r.inflight = append(r.inflight, req)
 	}
 	for p, cond := range d.conds {
@@ -236,7 +236,7 @@ func (r *Request) armStagedLocked() error {
 			return r.err
 		}
 		d.reqs[p] = req
-		r.readied[p] = true
+		r.markReadyLocked(p)
 		r.inflight = append(r.inflight, req)
 	}
 	d.value = r.iter

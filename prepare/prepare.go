@@ -121,6 +121,7 @@ type Request struct {
 	// Sender: which partitions were made ready this iteration, which of those are
 	// waiting for the receiver's flag, and the puts in flight.
 	readied  []bool
+	nready   int // partitions readied this iteration
 	waiting  []int
 	taken    []int // pumpLocked's scratch
 	inflight []*ucp.Request
@@ -352,6 +353,7 @@ func (r *Request) Start() error {
 	r.iterErr = nil
 	if r.role == sender {
 		clear(r.readied)
+		r.nready = 0
 		r.waiting = r.waiting[:0]
 		r.inflight = r.inflight[:0]
 		return nil
@@ -434,10 +436,16 @@ func (r *Request) PreadyList(ps []int) error {
 		return nil
 	}
 	for _, p := range ps {
-		r.readied[p] = true
+		r.markReadyLocked(p)
 		r.waiting = append(r.waiting, p)
 	}
 	return r.pumpLocked()
+}
+
+// markReadyLocked records that partition p was made ready in this iteration.
+func (r *Request) markReadyLocked(p int) {
+	r.readied[p] = true
+	r.nready++
 }
 
 // checkPreadyLocked validates partitions for a Pready of the current iteration.
@@ -620,7 +628,7 @@ func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
 	if err != nil {
 		return err
 	}
-	r.readied[p] = true
+	r.markReadyLocked(p)
 	r.inflight = append(r.inflight, req)
 	return nil
 }
@@ -728,10 +736,8 @@ func (r *Request) testLocked() (bool, error) {
 		if len(r.waiting) > 0 {
 			return false, nil
 		}
-		for _, ready := range r.readied {
-			if !ready {
-				return false, nil
-			}
+		if r.nready < r.parts {
+			return false, nil
 		}
 		for _, req := range r.inflight {
 			if !req.Done() {
