@@ -227,35 +227,29 @@ func (l *lease) armOn(s streamcore.Stream) bool {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	l.stream = s
-	r := &ws.rings[l.h]
-	for i := range l.k {
-		for _, x := range r.slots[l.first+i].live {
-			if x == l {
-				break // later leases come after l
-			}
-			if !x.cpu && (x.stream == nil || x.stream == s) {
-				return false
-			}
-		}
-	}
-	return true
+	return !l.anyEarlierLocked(func(x *lease) bool { return !x.cpu && (x.stream == nil || x.stream == s) })
 }
 
 // onlyCPUBeforeLocked reports whether every earlier live use of l's slots is a CPU
 // lease.
 func (l *lease) onlyCPUBeforeLocked() bool {
+	return !l.anyEarlierLocked(func(x *lease) bool { return !x.cpu })
+}
+
+// anyEarlierLocked reports whether f holds for a live use of l's slots earlier than l.
+func (l *lease) anyEarlierLocked(f func(x *lease) bool) bool {
 	r := &l.ws.rings[l.h]
 	for i := range l.k {
 		for _, x := range r.slots[l.first+i].live {
 			if x == l {
-				break
+				break // later leases come after l
 			}
-			if !x.cpu {
-				return false
+			if f(x) {
+				return true
 			}
 		}
 	}
-	return true
+	return false
 }
 
 // pendingPrevLocked is, per slot, the previous use still to wait for (0: none).
