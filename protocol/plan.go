@@ -324,9 +324,7 @@ func (pl *Planner) planWorkspace(ws *Workspace, pool *Pool, t Transfer, r Route,
 	if !(t.Splittable && !r.Grouped) {
 		k := ws.slotsFor(n)
 		if k == 0 {
-			if st != nil {
-				st.oversize.Add(1)
-			}
+			st.movedAside()
 			if err := stage(pool, st, &pl2.Parts[0], dev, 0, n, t.Dir); err != nil {
 				return fmt.Errorf("staging a message of %d bytes (larger than the workspace's half): %w", n, err)
 			}
@@ -473,9 +471,7 @@ func (m *leaseMem) aside(p *Part) error {
 		return fmt.Errorf("staging %d bytes aside from a busy workspace: %w", n, err)
 	}
 	m.l.release()
-	if m.st != nil {
-		m.st.oversize.Add(1)
-	}
+	m.st.movedAside()
 	m.st.lend(b.Size())
 	m.own = b
 	p.Buf = b.Bytes()[:n]

@@ -120,6 +120,13 @@ func (s *Stats) waited() {
 	}
 }
 
+// movedAside counts a part that took pool memory of its own instead of the workspace.
+func (s *Stats) movedAside() {
+	if s != nil {
+		s.oversize.Add(1)
+	}
+}
+
 // lend counts n bytes of pool memory lent, raising the high-water mark.
 func (s *Stats) lend(n int) {
 	if s != nil {

@@ -364,8 +364,8 @@ func LendHost(ws *Workspace, pool *Pool, n int, dir Direction, st *Stats, idle f
 				return mem, release, err
 			}
 			// Busy with stream work: memory of its own below.
-		} else if st != nil {
-			st.oversize.Add(1)
+		} else {
+			st.movedAside()
 		}
 	}
 	b, err := pool.Get(n)
@@ -398,9 +398,7 @@ func (ws *Workspace) lendHost(n, k int, dir Direction, st *Stats, idle func() er
 		// An earlier use is stream work, which may wait for this goroutine (an open
 		// group it has yet to end): never block on it; use memory of its own.
 		l.release()
-		if st != nil {
-			st.oversize.Add(1)
-		}
+		st.movedAside()
 		return nil, nil, nil
 	}
 	for busy {
