@@ -21,8 +21,7 @@ const kernelStatus = "ucpx_test_status" // (h Handle, result *u64): trigger, wai
 // failure in the status word (ucpx_status), and every stream is released within 100 ms.
 func TestGPUTrustKilledPeerStatusReachesKernel(t *testing.T) {
 	g := requireGPU(t)
-	status, err := g.module.Function(kernelStatus)
-	require.NoError(t, err, "kernel %s: regenerate the PTX (scripts/ptx.sh)", kernelStatus)
+	status := g.kernel(t, kernelStatus)
 	w, ep, cmd := spawnSleeper(t)
 	ks, cs, cond, result := g.kernelTriggered(t)
 	rr, err := w.TagRecvNbx(make([]byte, 4096), 0xbad, ^uint64(0), &ucp.RequestParam{Condition: cond, Peer: ep})
@@ -81,8 +80,7 @@ func TestGPUTrustKilledPeerStatusReachesKernel(t *testing.T) {
 // released and ucpx_status reports the failure; a later operation that succeeds reads 0.
 func TestGPUTrustTimeoutStatus(t *testing.T) {
 	g := requireGPU(t)
-	status, err := g.module.Function(kernelStatus)
-	require.NoError(t, err, "kernel %s: regenerate the PTX (scripts/ptx.sh)", kernelStatus)
+	status := g.kernel(t, kernelStatus)
 	recvW, _, toRecv, _ := shmWorkers(t)
 	result := g.mapped(t, 16)
 	s := g.stream(t)
