@@ -49,17 +49,17 @@ func (w *Worker) runProgressThread(t *progressThread) {
 		case idle < 256:
 			runtime.Gosched()
 		default:
-			// Park until the event fd fires (a message, a remote operation) or stop.
-			// Without wakeup WaitForEvents backs off briefly instead.
-			_ = w.WaitForEvents(ctx, 1<<62)
 			if w.efd < 0 {
-				// No event fd: WaitForEvents returns at once; back off instead of
-				// polling a core at 100 %.
+				// No event fd to park on (WaitForEvents would return at once): back
+				// off instead of polling a core at 100 %.
 				select {
 				case <-t.stop:
 					return
 				case <-time.After(50 * time.Microsecond):
 				}
+			} else {
+				// Park until the event fd fires (a message, a remote operation) or stop.
+				_ = w.WaitForEvents(ctx, 1<<62)
 			}
 			idle = 0
 		}
