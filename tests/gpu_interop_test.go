@@ -281,13 +281,8 @@ func TestGPUAdoptCUDAGraph(t *testing.T) {
 	recvW, sendW, toRecv, toSend := selfProgressingSender(t)
 
 	const n, parts = 4096, 4
-	mapped := func() *cuda.HostMemory {
-		m, err := ctx.MemHostAlloc(n, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = m.Close() })
-		return m
-	}
-	srcA, outA, srcB, outB := mapped(), mapped(), mapped(), mapped()
+	g := &gpu{backend: b, ctx: ctx}
+	srcA, outA, srcB, outB := g.mapped(t, n), g.mapped(t, n), g.mapped(t, n), g.mapped(t, n)
 	devA, err := ctx.MemAlloc(n)
 	require.NoError(t, err)
 	defer devA.Close()
@@ -295,7 +290,7 @@ func TestGPUAdoptCUDAGraph(t *testing.T) {
 	require.NoError(t, err)
 	defer devB.Close()
 	rbufB := make([]byte, n)
-	send, recv := preparedPair(t, &gpu{backend: b}, sendW, recvW, toRecv, toSend, outB.Bytes(), rbufB, parts, parts, 0x19)
+	send, recv := preparedPair(t, g, sendW, recvW, toRecv, toSend, outB.Bytes(), rbufB, parts, parts, 0x19)
 
 	// The "framework": capture two device-to-host copies on its own stream into a graph
 	// it owns.
