@@ -135,17 +135,11 @@ func (w *Worker) Context() *Context { return w.ctx }
 // peer: sealed under the context's auth key (README, "Trust model"), with this
 // process's pid for same-host peer watching.
 func (w *Worker) Address() ([]byte, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed.Load() {
-		return nil, opErr("worker_get_address", ErrClosed, "")
-	}
-	a, st := w.raw.Address()
-	if err := statusErr(st); err != nil {
+	info, err := w.selfInfo()
+	if err != nil {
 		return nil, opErr("worker_get_address", err, "")
 	}
-	t := w.ctx.trust
-	return sealAddress(t.seal, &peerInfo{id: t.id, pid: t.pid, boot: t.boot, addr: a}), nil
+	return sealAddress(w.ctx.trust.seal, &info), nil
 }
 
 // Progress runs one round of UCX progress, completes the requests and delivers the
