@@ -384,12 +384,7 @@ func TestDeviceHandlePeerFails(t *testing.T) {
 		l := tcpLink(t)
 		const parts = 8
 		send, recv, sbuf, rbuf := pair(t, l, parts*128, parts, parts, 26)
-		require.NoError(t, recv.Start())
-		rh, err := recv.DeviceHandle()
-		require.NoError(t, err)
-		require.NoError(t, send.Start())
-		sh, err := send.DeviceHandle()
-		require.NoError(t, err)
+		sh, rh := startWithHandles(t, send, recv)
 		fill(sbuf, 1)
 		const held = 3
 		for p := range parts {
@@ -439,12 +434,7 @@ func TestDeviceHandlePeerFails(t *testing.T) {
 		l := shmLink(t)
 		const parts = 4
 		send, recv, _, _ := pair(t, l, parts*64, parts, parts, 27)
-		require.NoError(t, recv.Start())
-		rh, err := recv.DeviceHandle()
-		require.NoError(t, err)
-		require.NoError(t, send.Start())
-		sh, err := send.DeviceHandle()
-		require.NoError(t, err)
+		sh, rh := startWithHandles(t, send, recv)
 		require.NoError(t, prepare.PreadyHandle(sh, 0)) // flags are set; partition 0 moves
 		injected := fmt.Errorf("injected: %w", ucp.ErrPeerFailed)
 		prepare.Fail(send, injected)
@@ -463,4 +453,17 @@ func TestDeviceHandlePeerFails(t *testing.T) {
 		require.NoError(t, send.Free(), "the armed puts were canceled")
 		require.NoError(t, recv.Free())
 	})
+}
+
+// startWithHandles starts an iteration on both sides, the receiver first, and fetches
+// both device handles.
+func startWithHandles(t *testing.T, send, recv *prepare.Request) (sh, rh prepare.DeviceHandle) {
+	t.Helper()
+	require.NoError(t, recv.Start())
+	rh, err := recv.DeviceHandle()
+	require.NoError(t, err)
+	require.NoError(t, send.Start())
+	sh, err = send.DeviceHandle()
+	require.NoError(t, err)
+	return sh, rh
 }
