@@ -447,7 +447,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		}
 		for len(ch.ops) > 0 {
 			p := ch.ops[0]
-			if p.issued && p.err == nil && !p.inner.Done() && cond.timeout > 0 {
+			if cond.timeout > 0 && p.issued && p.err == nil && !p.inner.Done() {
 				timedOut(p, cond.timeout) // Param.Timeout
 			}
 			if !p.issued || (p.err == nil && !p.inner.Done()) {
