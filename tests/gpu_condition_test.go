@@ -16,13 +16,18 @@ import (
 
 // shmWorkers returns two workers of one process connected over shared memory.
 func shmWorkers(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
+	return shmWorkersWith(t, ucp.WorkerParams{})
+}
+
+// shmWorkersWith is shmWorkers with the sending worker made with sendParams.
+func shmWorkersWith(t *testing.T, sendParams ucp.WorkerParams) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
 	t.Helper()
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = uctx.Close() })
 	recvW, err = uctx.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
-	sendW, err = uctx.NewWorker(ucp.WorkerParams{})
+	sendW, err = uctx.NewWorker(sendParams)
 	require.NoError(t, err)
 	ra, err := recvW.Address()
 	require.NoError(t, err)

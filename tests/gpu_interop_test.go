@@ -253,22 +253,7 @@ func TestGPUCopyToHostAsync(t *testing.T) {
 // sender's with a progress thread (nothing on the host calls it).
 func selfProgressingSender(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
 	t.Helper()
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = uctx.Close() })
-	recvW, err = uctx.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
-	sendW, err = uctx.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	ra, err := recvW.Address()
-	require.NoError(t, err)
-	sa, err := sendW.Address()
-	require.NoError(t, err)
-	toRecv, err = sendW.ConnectAddress(ra, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	toSend, err = recvW.ConnectAddress(sa, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	return recvW, sendW, toRecv, toSend
+	return shmWorkersWith(t, ucp.WorkerParams{ProgressThread: true})
 }
 
 // Item 3: a graph captured from a foreign stream by the test (cgo/cuda's capture API,

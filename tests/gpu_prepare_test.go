@@ -325,21 +325,7 @@ func TestGPUPreparedKernelPeerFails(t *testing.T) {
 // (RMA emulated through active messages), so it has a progress thread.
 func TestGPUPreparedPreadyNodeRelaunch(t *testing.T) {
 	g := requireGPU(t)
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = uctx.Close() })
-	recvW, err := uctx.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
-	sendW, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	ra, err := recvW.Address()
-	require.NoError(t, err)
-	sa, err := sendW.Address()
-	require.NoError(t, err)
-	toRecv, err := sendW.ConnectAddress(ra, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	toSend, err := recvW.ConnectAddress(sa, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
+	recvW, sendW, toRecv, toSend := selfProgressingSender(t)
 
 	const parts, partBytes = 8, 8192
 	const n = parts * partBytes
