@@ -326,8 +326,8 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 // completion word, which releases streams waiting on it.
 func (c *Condition) retire(seq uint64, err error) {
 	if err != nil {
-		c.recordErr(err, fmt.Sprintf("operation %d", seq))
 		c.errMu.Lock()
+		c.recordErrLocked(err, fmt.Sprintf("operation %d", seq))
 		if c.failed == nil {
 			c.failed = map[uint64]error{}
 		}
@@ -352,10 +352,15 @@ func (c *Condition) recordErr(err error, what string) {
 		return
 	}
 	c.errMu.Lock()
+	c.recordErrLocked(err, what)
+	c.errMu.Unlock()
+}
+
+// recordErrLocked keeps err as the first error if none is kept. Caller holds c.errMu.
+func (c *Condition) recordErrLocked(err error, what string) {
 	if c.firstErr == nil {
 		c.firstErr = fmt.Errorf("%s: %w", what, err)
 	}
-	c.errMu.Unlock()
 }
 
 // Err is the first error an operation of the condition met since the condition was
