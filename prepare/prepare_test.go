@@ -298,15 +298,20 @@ func TestPartitionedMatchByInitOrder(t *testing.T) {
 // Early bird: with one partition held back, every other partition is reported
 // arrived before it, and Wait does not complete until it comes.
 func TestPartitionedEarlyBird(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { earlyBird(t, 9, 5, nil) })
+	// Staged: through the landed words, with the held partition on another stream.
+	t.Run("staged", func(t *testing.T) { earlyBird(t, 33, 11, prepare.Staged) })
+}
+
+func earlyBird(t *testing.T, tag uint64, held int, mod func(prepare.Params) prepare.Params) {
 	l := shmLink(t)
-	const parts = 16
-	send, recv, sbuf, rbuf := pair(t, l, parts*256, parts, parts, 9)
+	const parts, size = 16, 256
+	send, recv, sbuf, rbuf := partCase{n: parts * size, sp: parts, rp: parts}.pair(t, l, tag, mod)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	require.NoError(t, recv.Start())
 	require.NoError(t, send.Start())
 	fill(sbuf, 1)
-	const held = 5
 	for p := range parts {
 		if p != held {
 			require.NoError(t, send.Pready(p))
@@ -322,8 +327,7 @@ func TestPartitionedEarlyBird(t *testing.T) {
 			require.NoError(t, err)
 			return ok
 		}, 10*time.Second, 10*time.Microsecond, "partition %d", p)
-		off := p * 256
-		require.Equal(t, sbuf[off:off+256], rbuf[off:off+256], "partition %d", p)
+		require.Equal(t, sbuf[p*size:(p+1)*size], rbuf[p*size:(p+1)*size], "partition %d", p)
 	}
 	ok, err := recv.Parrived(held)
 	require.NoError(t, err)

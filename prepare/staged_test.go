@@ -47,43 +47,6 @@ func TestStagedDeviceHandleTwins(t *testing.T) {
 	})
 }
 
-// Early bird through the landed words: with one partition held back, every other is
-// reported in the buffer before it.
-func TestStagedEarlyBird(t *testing.T) {
-	l := shmLink(t)
-	const parts, size, held = 16, 256, 11
-	send, recv, sbuf, rbuf := pairWith(t, l, parts*size, parts, parts, 33, prepare.Staged)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	require.NoError(t, recv.Start())
-	require.NoError(t, send.Start())
-	fill(sbuf, 1)
-	for p := range parts {
-		if p != held {
-			require.NoError(t, send.Pready(p))
-		}
-	}
-	for p := range parts {
-		if p == held {
-			continue
-		}
-		require.Eventually(t, func() bool {
-			_, _ = send.Test()
-			ok, err := recv.Parrived(p)
-			require.NoError(t, err)
-			return ok
-		}, 10*time.Second, 10*time.Microsecond, "partition %d", p)
-		require.Equal(t, sbuf[p*size:(p+1)*size], rbuf[p*size:(p+1)*size], "partition %d", p)
-	}
-	ok, err := recv.Parrived(held)
-	require.NoError(t, err)
-	require.False(t, ok, "the held partition arrived")
-	require.NoError(t, send.Pready(held))
-	go func() { _ = send.Wait(ctx) }()
-	require.NoError(t, recv.Wait(ctx))
-	require.NoError(t, checkFilled(rbuf, 1))
-}
-
 // What a staged request refuses: a graph node (no copy node yet), too many partitions,
 // device memory on a host backend, MemH with device memory.
 func TestStagedBadInput(t *testing.T) {
