@@ -425,31 +425,21 @@ func putSignalVariant(b testing.TB, l *link, parts, size int) *partVariant {
 // BenchmarkPartitioned64x4K: a prepared iteration of 64 partitions of 4 KiB against
 // the workaround of one KernelTriggered condition and one tag send per partition.
 // Target: ratio ≤ 1/3 (at least 3× less time).
-func BenchmarkPartitioned64x4K(b *testing.B) {
-	const parts, size = 64, 4 << 10
-	for _, ln := range benchLinks {
-		for _, f := range benchForms {
-			b.Run(ln.name+"/"+f.name, func(b *testing.B) {
-				l := ln.make(b)
-				defer flushLink(b, l)
-				b.SetBytes(parts * size)
-				compare(b, preparedVariant(b, l, parts, size), workaroundVariant(b, l, parts, size), f.concurrent)
-			})
-		}
-	}
-}
+func BenchmarkPartitioned64x4K(b *testing.B) { benchPartitioned(b, 64, 4<<10, workaroundVariant) }
 
 // BenchmarkPartitioned8x4K: a prepared iteration of 8 partitions of 4 KiB against the
 // same 8 PutSignalNbx from a tight loop. Target: ratio ≤ 1.2.
-func BenchmarkPartitioned8x4K(b *testing.B) {
-	const parts, size = 8, 4 << 10
+func BenchmarkPartitioned8x4K(b *testing.B) { benchPartitioned(b, 8, 4<<10, putSignalVariant) }
+
+// benchPartitioned compares the prepared variant with ref over every link and form.
+func benchPartitioned(b *testing.B, parts, size int, ref func(testing.TB, *link, int, int) *partVariant) {
 	for _, ln := range benchLinks {
 		for _, f := range benchForms {
 			b.Run(ln.name+"/"+f.name, func(b *testing.B) {
 				l := ln.make(b)
 				defer flushLink(b, l)
-				b.SetBytes(parts * size)
-				compare(b, preparedVariant(b, l, parts, size), putSignalVariant(b, l, parts, size), f.concurrent)
+				b.SetBytes(int64(parts * size))
+				compare(b, preparedVariant(b, l, parts, size), ref(b, l, parts, size), f.concurrent)
 			})
 		}
 	}
