@@ -372,15 +372,21 @@ func (o *Op) WaitOnStream(s streamcore.Stream) error {
 	if s.Kind() == streamcore.KindCUDA && !o.done.Load() {
 		// Nothing tells the engine when s reaches its wait: ring on completion,
 		// however soon.
-		last := &o.single
-		if o.parts != nil {
-			last = o.parts[len(o.parts)-1]
-		}
-		o.eng.mu.Lock()
-		last.ring = true
-		o.eng.mu.Unlock()
+		o.ringOnCompletion()
 	}
 	return nil
+}
+
+// ringOnCompletion makes the engine ring the completion word's block when the
+// operation's last part retires, so a CUDA stream waiting on the word notices sooner.
+func (o *Op) ringOnCompletion() {
+	last := &o.single
+	if o.parts != nil {
+		last = o.parts[len(o.parts)-1]
+	}
+	o.eng.mu.Lock()
+	last.ring = true
+	o.eng.mu.Unlock()
 }
 
 // Cancel cancels the operation: before its trigger it will complete with an error

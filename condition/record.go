@@ -43,13 +43,7 @@ func (o *Op) RecordEvent(ev streamcore.Event) error {
 	if c.category == Stream && c.stream.Kind() == streamcore.KindCUDA && !o.done.Load() {
 		// As WaitOnStream: the memop wait is noticed sooner when the engine rings.
 		// Not under c.mu (WaitOnStream takes the engine's lock alone too).
-		last := &o.single
-		if o.parts != nil {
-			last = o.parts[len(o.parts)-1]
-		}
-		o.eng.mu.Lock()
-		last.ring = true
-		o.eng.mu.Unlock()
+		o.ringOnCompletion()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
