@@ -21,6 +21,7 @@ const ucpxOnlyFlags = NonBlockingEnqueue
 
 // conditioned is the condition.Operation of one nbx call.
 type conditioned struct {
+	w     *Worker
 	param RequestParam // what the nbx call gets: no condition, no callback
 	issue func(off int, buf []byte, p *RequestParam) (*Request, error)
 }
@@ -34,7 +35,7 @@ func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 		staged.MemoryType, staged.MemH = MemoryHost, nil
 		ip = &staged
 	}
-	r, err := c.issue(p.Offset, p.Buf, ip)
+	r, err := c.w.issueLocking(func() (*Request, error) { return c.issue(p.Offset, p.Buf, ip) })
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +100,7 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 	c := &condRequest{}
 	r := &c.Request
 	r.w, r.op, r.cop = w, op, &c.op
-	c.operation.issue = issue
+	c.operation.w, c.operation.issue = w, issue
 	c.operation.param = *p
 	c.operation.param.Condition, c.operation.param.Callback = nil, nil
 	c.operation.param.Flags &^= ucpxOnlyFlags

@@ -58,6 +58,7 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 	var start time.Duration
 	started := false
 	for i := 0; ; i++ {
+		w.stepAside()
 		w.mu.Lock()
 		if !r.done.Load() {
 			if w.closed.Load() {

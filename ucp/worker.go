@@ -37,6 +37,9 @@ type Worker struct {
 	raw    *ucx.Worker
 	mu     sync.Mutex
 	closed atomic.Bool
+	// yield is raw's yield word: nonzero while the engine waits for mu to issue an
+	// operation (issueLocking). Waits step aside for it.
+	yield *uint32
 
 	// Under mu.
 	pending   []*Request // slot -> request waiting on a UCX request
@@ -102,6 +105,7 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 			return opErr("worker_create", err, "")
 		}
 		w.raw = raw
+		w.yield = raw.YieldWord()
 		w.maxAmHeader = raw.MaxAmHeader()
 		c.workers[w] = struct{}{}
 		return nil
@@ -150,6 +154,7 @@ func (w *Worker) Progress() int { return w.progressFor(nil, 1) }
 // progressFor progresses until r completes or spins rounds pass (once for a nil or
 // completed r), then delivers the events; it returns the number handled.
 func (w *Worker) progressFor(r *Request, spins uint) int {
+	w.stepAside()
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()
@@ -164,6 +169,25 @@ func (w *Worker) progressFor(r *Request, spins uint) int {
 		w.reschedule()
 	}
 	return n
+}
+
+// stepAside lets an engine waiting to issue an operation take mu first: a goroutine
+// about to take mu only to progress yields while the yield word is set (bounded, so
+// a wait can never spin behind it). The engine's issue step is on the critical path
+// of every conditioned operation, and polling loops would otherwise retake mu ahead
+// of it again and again.
+func (w *Worker) stepAside() {
+	for i := 0; i < 8 && atomic.LoadUint32(w.yield) != 0; i++ {
+		runtime.Gosched()
+	}
+}
+
+// issueLocking runs issue, an nbx call that takes mu, with the yield word set so that
+// waits holding mu in a spin let go within one progress call.
+func (w *Worker) issueLocking(issue func() (*Request, error)) (*Request, error) {
+	atomic.AddUint32(w.yield, 1)
+	defer atomic.AddUint32(w.yield, ^uint32(0))
+	return issue()
 }
 
 // progressLocked progresses (until r completes or spins rounds pass, or once for a nil

@@ -365,6 +365,9 @@ static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
         if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
             return;
         }
+        if (i > 0 && __atomic_load_n(&w->yield, __ATOMIC_RELAXED)) {
+            return; /* an issuer waits for the lock */
+        }
         ucp_worker_progress(w->worker);
     }
 }
@@ -696,7 +699,8 @@ void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t sle
             take_own(w, sr, &w->own2);
             sr = NULL;
         }
-        if ((rr == NULL && sr == NULL) || i == spins) {
+        if ((rr == NULL && sr == NULL) || i == spins ||
+            (i > 0 && __atomic_load_n(&w->yield, __ATOMIC_RELAXED))) {
             break;
         }
         ucp_worker_progress(w->worker);

@@ -93,6 +93,10 @@ struct ucpxu_worker {
     ucpxu_result_t reaped[UCPXU_REAP_MAX];
     ucpxu_event_t out[UCPXU_EVENT_BATCH];
     struct ucpxu_chain *chains; /* completion chains built on this worker (chain.c) */
+    /* Nonzero while a goroutine waits for the Go worker lock to issue an operation
+     * (the condition engine): the spin loops below end early so that it gets the
+     * lock within one progress call. Go writes it atomically. */
+    uint32_t      yield;
 };
 
 ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,

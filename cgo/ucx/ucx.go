@@ -292,6 +292,11 @@ func (w *Worker) Wait(req unsafe.Pointer, maxSpins uint, own bool) bool {
 // Progress progresses once and reaps.
 func (w *Worker) Progress() { C.ucpxu_wait(w.h, 0, 1, 0) }
 
+// YieldWord is the worker's yield word: while it is nonzero the calls that spin
+// (Wait, the fused calls) return after at most one progress call. Update it with
+// sync/atomic only; it lives as long as the worker.
+func (w *Worker) YieldWord() *uint32 { return (*uint32)(unsafe.Pointer(&w.w.yield)) }
+
 // Reap moves completed requests into Reaped without progressing.
 func (w *Worker) Reap() { C.ucpxu_reap(w.h) }
 
