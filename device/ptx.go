@@ -29,6 +29,8 @@ const (
 	// a consumer block per partition (ucpx_parrived_wait_block, checksum).
 	KernelPready   = "ucpx_test_pready"   // (h PartitionHandle, buf *u8, seed, reverse u32, failures *u64)
 	KernelParrived = "ucpx_test_parrived" // (h PartitionHandle, buf *u8, sums *u64, status *u64)
+	// A prepared ping-pong between kernels, one partition each way, one block.
+	KernelPartPingPong = "ucpx_test_part_pingpong" // (sh, rh PartitionHandle, out, in *u8, seed, initiator u32, sums, stamps, failures *u64)
 	// The launch counter and the partition fill of the PreadyNode graph test.
 	KernelTick   = "ucpx_test_tick"    // (w *u64)
 	KernelFillAt = "ucpx_test_fill_at" // (buf *u8, n, offset u64, seedWord *u64)

@@ -201,3 +201,49 @@ extern "C" __global__ void ucpx_test_status(ucpx_device_handle h, uint64_t *resu
 	result[1] = ucpx_word_load_acquire(h.completion);
 	__threadfence_system();
 }
+
+/*
+ * One side of a prepared-partition ping-pong between kernels, one partition of
+ * sh (send) and rh (receive) each way, one block. The initiator writes out
+ * (the ucpx_test_fill pattern for seed), readies it and waits for its reply;
+ * the responder waits first, then writes and readies its reply. Each sums the
+ * partition it received into sums[0]. The initiator stores %globaltimer right
+ * before ucpx_pready and right after ucpx_parrived_wait into stamps[0..1]: one
+ * round trip between the two kernels, with no launch inside it. *failures
+ * counts refused calls (a failed peer).
+ */
+extern "C" __global__ void ucpx_test_part_pingpong(ucpx_partition_handle sh, ucpx_partition_handle rh, uint8_t *out,
+						    const uint8_t *in, uint32_t seed, uint32_t initiator,
+						    unsigned long long *sums, uint64_t *stamps,
+						    unsigned long long *failures)
+{
+	__shared__ unsigned long long block_sum;
+	bool leader = threadIdx.x == 0;
+	bool ok = true;
+	if (leader)
+		block_sum = 0;
+	if (!initiator)
+		ok = ucpx_parrived_wait_block(rh, 0);
+	for (uint64_t i = threadIdx.x; i < sh.part_bytes; i += blockDim.x)
+		out[i] = ucpx_test_pattern(i, seed);
+	uint64_t t0 = ucpx_globaltimer();
+	ok = ucpx_pready_block(sh, 0) && ok;
+	if (initiator)
+		ok = ucpx_parrived_wait_block(rh, 0) && ok;
+	uint64_t t1 = ucpx_globaltimer();
+	unsigned long long s = 0;
+	for (uint64_t i = threadIdx.x; i < rh.part_bytes; i += blockDim.x)
+		s += in[i];
+	atomicAdd(&block_sum, s);
+	__syncthreads();
+	if (leader) {
+		sums[0] = block_sum;
+		if (initiator) {
+			stamps[0] = t0;
+			stamps[1] = t1;
+		}
+		if (!ok)
+			atomicAdd(failures, 1ull);
+		__threadfence_system();
+	}
+}

@@ -24,10 +24,13 @@ import (
 //	put-us       UCX put latency: half the round trip of a host put-with-signal
 //	             ping-pong between the two workers (8 B)
 //	half-rt-us   prepared: worker A's kernel fills a partition and calls ucpx_pready,
-//	             B's kernel waits in ucpx_parrived, then B's next kernel readies the
-//	             partition back and A's waits for it; half the time between CUDA
-//	             events recorded around A's two kernels (host Starts and launches are
-//	             outside it: B's kernels are launched first)
+//	             B's kernel (running, waiting in ucpx_parrived_wait) sees it, fills
+//	             and readies the partition back, A's kernel sees it: half of A's
+//	             %globaltimer stamps right before ucpx_pready and right after
+//	             ucpx_parrived_wait (ucpx_test_part_pingpong; one kernel per side and
+//	             iteration, launched after each iteration's Starts: B's first)
+//	launch-half-rt-us  the same between CUDA events recorded around A's kernel, so
+//	             with A's launch and exit inside
 //	ratio        half-rt-us / (kflag-us + put-us); target <= 1.3
 //
 // Each of the n iterations checks the partition's checksum on both sides.
@@ -99,7 +102,7 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	require.NoError(b, prepare.PrepareAll(ctx, reqs...))
-	pready, parrived := g.kernel(b, device.KernelPready), g.kernel(b, device.KernelParrived)
+	pingpong := g.kernel(b, device.KernelPartPingPong)
 	sa, sb := g.stream(b), g.stream(b)
 	csa, _ := stream.CUDAStream(sa)
 	csb, _ := stream.CUDAStream(sb)
@@ -109,8 +112,8 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	evEnd, err := g.ctx.NewEvent(cuda.EventDefault)
 	require.NoError(b, err)
 	defer evEnd.Close()
-	sumsA, sumsB := g.mapped(b, 8), g.mapped(b, 8)
-	statusA, statusB, failures := g.mapped(b, 16), g.mapped(b, 16), g.mapped(b, 8)
+	sumsA, sumsB, stamps := g.mapped(b, 8), g.mapped(b, 8), g.mapped(b, 16)
+	failures := g.mapped(b, 8)
 	clear(failures.Bytes())
 	// Each worker has a goroutine polling it without sleeping, as ucx_perftest's
 	// processes do (the GPU machine has cores to spare).
@@ -119,12 +122,13 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 		defer stopA()
 		defer stopB()
 	}
-	handle := func(r *prepare.Request) prepare.DeviceHandle {
+	handle := func(r *prepare.Request) device.PartitionHandle {
 		h, err := r.DeviceHandle()
 		require.NoError(b, err)
-		return h
+		return h.Kernel()
 	}
-	var total time.Duration
+	var kernelNs uint64
+	var launched time.Duration
 	b.ResetTimer()
 	for it := 1; it <= n; it++ {
 		seedA, seedB := uint32(it*31), uint32(it*37+1)
@@ -133,11 +137,9 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 		require.NoError(b, recv2.Start())
 		require.NoError(b, send1.Start())
 		rh1, sh2, rh2, sh1 := handle(recv1), handle(send2), handle(recv2), handle(send1)
-		require.NoError(b, csb.LaunchKernel(parrived, cuda.Linear(1, 128), rh1.Kernel(), inB.DevicePtr(), sumsB.DevicePtr(), statusB.DevicePtr()))
-		require.NoError(b, csb.LaunchKernel(pready, cuda.Linear(1, 128), sh2.Kernel(), outB.DevicePtr(), seedB, uint32(0), failures.DevicePtr()))
+		require.NoError(b, csb.LaunchKernel(pingpong, cuda.Linear(1, 128), sh2, rh1, outB.DevicePtr(), inB.DevicePtr(), seedB, uint32(0), sumsB.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
 		require.NoError(b, evStart.Record(csa))
-		require.NoError(b, csa.LaunchKernel(pready, cuda.Linear(1, 128), sh1.Kernel(), outA.DevicePtr(), seedA, uint32(0), failures.DevicePtr()))
-		require.NoError(b, csa.LaunchKernel(parrived, cuda.Linear(1, 128), rh2.Kernel(), inA.DevicePtr(), sumsA.DevicePtr(), statusA.DevicePtr()))
+		require.NoError(b, csa.LaunchKernel(pingpong, cuda.Linear(1, 128), sh1, rh2, outA.DevicePtr(), inA.DevicePtr(), seedA, uint32(1), sumsA.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
 		require.NoError(b, evEnd.Record(csa))
 		for _, r := range reqs {
 			require.NoError(b, r.Wait(ctx), "iteration %d", it)
@@ -146,16 +148,21 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 		require.NoError(b, sb.Synchronize())
 		d, err := cuda.ElapsedTime(evStart, evEnd)
 		require.NoError(b, err)
-		total += d
+		launched += d
+		st := stamps.Bytes()
+		t0, t1 := binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])
+		require.Greater(b, t1, t0, "iteration %d: stamps", it)
+		kernelNs += t1 - t0
 		require.Equal(b, partSum(0, partBytes, seedA), binary.LittleEndian.Uint64(sumsB.Bytes()), "iteration %d: B's checksum", it)
 		require.Equal(b, partSum(0, partBytes, seedB), binary.LittleEndian.Uint64(sumsA.Bytes()), "iteration %d: A's checksum", it)
 	}
 	b.StopTimer()
 	require.Zero(b, binary.LittleEndian.Uint64(failures.Bytes()))
-	half := total.Seconds() * 1e6 / float64(n) / 2
+	half := float64(kernelNs) / 1e3 / float64(n) / 2
 	b.ReportMetric(kflag, "kflag-us")
 	b.ReportMetric(put, "put-us")
 	b.ReportMetric(half, "half-rt-us")
+	b.ReportMetric(launched.Seconds()*1e6/float64(n)/2, "launch-half-rt-us")
 	b.ReportMetric(half/(kflag+put), "ratio")
 }
 
