@@ -176,9 +176,11 @@ func (s *perfSide) wait(ctx context.Context, r *ucp.Request) error {
 	return nil
 }
 
-func checkLen(r *ucp.Request, want int) error {
-	if r.Length() != want {
-		return fmt.Errorf("received %d bytes, want %d", r.Length(), want)
+func checkLen(r *ucp.Request, want int) error { return wantLen(r.Length(), want) }
+
+func wantLen(n, want int) error {
+	if n != want {
+		return fmt.Errorf("received %d bytes, want %d", n, want)
 	}
 	return nil
 }
@@ -197,12 +199,63 @@ func (s *perfSide) drainRing(ctx context.Context) error {
 	return first
 }
 
+// waitErr marks an error of a wait that ended because ctx did.
+func waitErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w while waiting for the peer", err)
+	}
+	return err
+}
+
 // tagLatInitiator: ping-pong, timing each round trip. As in ucx_perftest, each
 // iteration sends the ping, then posts the receive for the pong: posting it while the
 // ping is in flight keeps it off the critical path, and the pong cannot overtake it.
 // One clock read per iteration: round trip i is the time between the starts of
 // iterations i and i+1.
+//
+// An iteration is one fused call (Endpoint.TagSendRecv: both posts and the wait in one
+// cgo call, nothing allocated). --wait spin keeps the nbx path: it asks for polling
+// with Request.Test, which the fused calls do not do. The fused calls take no memory
+// handle; UCX looks the registered buffers up itself where a protocol needs one.
 func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time.Duration, time.Duration, error) {
+	if s.spin {
+		return s.tagLatInitiatorNbx(ctx, size, count)
+	}
+	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	stamps := make([]int64, count+1)
+	for i := 0; i < count; i++ {
+		stamps[i] = nanotime()
+		if i%progressEvery == 0 {
+			s.progress.Store(int64(i))
+		}
+		n, _, err := s.ep.TagSendRecv(ctx, sbuf, tagPing, rbuf, tagPong, fullMask)
+		if err != nil {
+			return nil, 0, waitErr(ctx, err)
+		}
+		if err := wantLen(n, size); err != nil {
+			return nil, 0, err
+		}
+		if s.check {
+			s.checkRecv(rbuf, sbuf, true) // the peer's pong holds what our ping held
+		}
+	}
+	stamps[count] = nanotime()
+	return roundTrips(stamps)
+}
+
+// roundTrips turns the start times of count iterations and the end time into round
+// trips and the total.
+func roundTrips(stamps []int64) ([]time.Duration, time.Duration, error) {
+	count := len(stamps) - 1
+	rtts := make([]time.Duration, count)
+	for i := range rtts {
+		rtts[i] = time.Duration(stamps[i+1] - stamps[i])
+	}
+	return rtts, time.Duration(stamps[count] - stamps[0]), nil
+}
+
+// tagLatInitiatorNbx is tagLatInitiator with nbx calls and waits of the side's kind.
+func (s *perfSide) tagLatInitiatorNbx(ctx context.Context, size, count int) ([]time.Duration, time.Duration, error) {
 	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
 	sp := &ucp.RequestParam{MemH: s.smem}
 	rp := &ucp.RequestParam{MemH: s.rmem}
@@ -234,21 +287,62 @@ func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time
 		}
 	}
 	stamps[count] = nanotime()
-	rtts := make([]time.Duration, count)
-	for i := range rtts {
-		rtts[i] = time.Duration(stamps[i+1] - stamps[i])
-	}
-	return rtts, time.Duration(stamps[count] - stamps[0]), nil
+	return roundTrips(stamps)
 }
 
-// tagLatResponder answers every ping with a pong. The receive for the next ping is
-// posted right after the pong is sent, long before that ping can arrive.
-func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, mode string, size, count int) error {
-	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
-	corruptAt := -1
+// corruptAt is the iteration of a tag_lat phase of count whose pong gets one wrong
+// byte (fault injection for tests), or -1.
+func corruptAt(count int) int {
 	if os.Getenv(perfPeerCorruptEnv) == testTagLat {
-		corruptAt = count / 2 // fault injection for tests: one wrong byte in one pong
+		return count / 2
 	}
+	return -1
+}
+
+// tagLatResponder answers every ping with a pong: a fused receive of the first ping,
+// then per iteration one fused call that sends pong i and receives ping i+1 (the
+// receive is posted right after the pong, long before that ping can arrive), and the
+// last pong alone. --wait spin keeps the nbx path, as tagLatInitiator does.
+func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, mode string, size, count int) error {
+	if s.spin {
+		return s.tagLatResponderNbx(ctx, ready, mode, size, count)
+	}
+	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	bad := corruptAt(count)
+	if err := ready(); err != nil {
+		return err
+	}
+	n, _, err := s.w.TagRecv(ctx, rbuf, tagPing, fullMask)
+	for i := 0; err == nil; i++ {
+		if err := wantLen(n, size); err != nil {
+			return err
+		}
+		if s.check {
+			s.checkRecv(rbuf, s.expectedPing(mode, size, i), true)
+		}
+		if i == bad {
+			sbuf[size/2] ^= 0x5a
+		}
+		last := i == count-1
+		if last {
+			err = s.ep.TagSend(ctx, sbuf, tagPong)
+		} else {
+			n, _, err = s.ep.TagSendRecv(ctx, sbuf, tagPong, rbuf, tagPing, fullMask)
+		}
+		if i == bad {
+			sbuf[size/2] ^= 0x5a
+		}
+		if last {
+			break
+		}
+	}
+	return waitErr(ctx, err)
+}
+
+// tagLatResponderNbx is tagLatResponder with nbx calls and waits of the side's kind.
+func (s *perfSide) tagLatResponderNbx(ctx context.Context, ready func() error, mode string, size, count int) error {
+	sbuf, rbuf := s.smem.Bytes()[:size], s.rmem.Bytes()[:size]
+	bad := corruptAt(count)
 	sp := &ucp.RequestParam{MemH: s.smem}
 	rp := &ucp.RequestParam{MemH: s.rmem}
 	rr, err := s.w.TagRecvNbx(rbuf, tagPing, fullMask, rp)
@@ -273,7 +367,7 @@ func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, mode
 		if s.check {
 			s.checkRecv(rbuf, s.expectedPing(mode, size, i), true)
 		}
-		if i == corruptAt {
+		if i == bad {
 			sbuf[size/2] ^= 0x5a
 		}
 		sr, err := s.ep.TagSendNbx(sbuf, tagPong, sp)
@@ -281,7 +375,7 @@ func (s *perfSide) tagLatResponder(ctx context.Context, ready func() error, mode
 			return err
 		}
 		err = s.wait(ctx, sr)
-		if i == corruptAt {
+		if i == bad {
 			sbuf[size/2] ^= 0x5a
 		}
 		if err != nil {
