@@ -22,7 +22,11 @@ import (
 //	kflag-us     kernel flag round trip: a kernel stores a word, a host goroutine
 //	             echoes it, the kernel sees the echo (ucpx_test_echo, %globaltimer)
 //	put-us       UCX put latency: half the round trip of a host put-with-signal
-//	             ping-pong between the two workers (8 B)
+//	             ping-pong between the two workers (8 B) into memory UCX allocated
+//	             (shared memory UCX reaches without a system call)
+//	put-mapped-us  the same into what the prepared path writes: host-mapped pinned
+//	             buffers and signal words of the CUDA backend (UCX reaches them with
+//	             cma, a system call per put, and emulates the signal's atomic add)
 //	half-rt-us   prepared: worker A's kernel fills a partition and calls ucpx_pready,
 //	             B's kernel (running, waiting in ucpx_parrived_wait) sees it, fills
 //	             and readies the partition back, A's kernel sees it: half of A's
@@ -31,7 +35,8 @@ import (
 //	             iteration, launched after each iteration's Starts: B's first)
 //	launch-half-rt-us  the same between CUDA events recorded around A's kernel, so
 //	             with A's launch and exit inside
-//	ratio        half-rt-us / (kflag-us + put-us); target <= 1.3
+//	ratio        half-rt-us / (kflag-us + put-mapped-us): the same transfers; target <= 1.3
+//	ratio-alloc  half-rt-us / (kflag-us + put-us)
 //
 // Each of the n iterations checks the partition's checksum on both sides.
 //
@@ -82,7 +87,8 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	require.NoError(b, err)
 
 	// The UCX put latency: an 8-byte put-with-signal ping-pong.
-	put := putPingPong(b, wa, wb, toA, toB, n)
+	put := putPingPong(b, wa, wb, toA, toB, n, nil)
+	putMapped := putPingPong(b, wa, wb, toA, toB, n, g)
 
 	// The prepared ping-pong: A -> B on req 1, B -> A on req 2, one partition each.
 	outA, inA, outB, inB := g.mapped(b, partBytes), g.mapped(b, partBytes), g.mapped(b, partBytes), g.mapped(b, partBytes)
@@ -163,26 +169,44 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	b.ReportMetric(put, "put-us")
 	b.ReportMetric(half, "half-rt-us")
 	b.ReportMetric(launched.Seconds()*1e6/float64(n)/2, "launch-half-rt-us")
-	b.ReportMetric(half/(kflag+put), "ratio")
+	b.ReportMetric(putMapped, "put-mapped-us")
+	b.ReportMetric(half/(kflag+putMapped), "ratio")
+	b.ReportMetric(half/(kflag+put), "ratio-alloc")
 }
 
 // putPingPong is half the round trip, in µs, of an 8-byte put-with-signal ping-pong
-// between wa and wb (each side polls its signal word, progressing its worker).
-func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int) float64 {
-	host, err := stream.Open(stream.Host)
-	require.NoError(b, err)
-	defer host.Close()
-	sigA, err := wa.NewSignals(host, 1)
+// between wa and wb (each side polls its signal word, progressing its worker). With g
+// nil the buffers are UCX's allocations and the signal words host-backend words;
+// else host-mapped pinned buffers and g's backend's words, as prepared partitions use.
+func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int, g *gpu) float64 {
+	var backend stream.Backend
+	if g != nil {
+		backend = g.backend
+	} else {
+		host, err := stream.Open(stream.Host)
+		require.NoError(b, err)
+		defer host.Close()
+		backend = host
+	}
+	sigA, err := wa.NewSignals(backend, 1)
 	require.NoError(b, err)
 	defer sigA.Close()
-	sigB, err := wb.NewSignals(host, 1)
+	sigB, err := wb.NewSignals(backend, 1)
 	require.NoError(b, err)
 	defer sigB.Close()
-	bufA, err := wa.Context().MemAlloc(8)
-	require.NoError(b, err)
+	mem := func(w *ucp.Worker) *ucp.MemH {
+		var m *ucp.MemH
+		var err error
+		if g == nil {
+			m, err = w.Context().MemAlloc(8)
+		} else {
+			m, err = w.Context().MemMap(g.mapped(b, 8).Bytes())
+		}
+		require.NoError(b, err)
+		return m
+	}
+	bufA, bufB := mem(wa), mem(wb)
 	defer bufA.Close()
-	bufB, err := wb.Context().MemAlloc(8)
-	require.NoError(b, err)
 	defer bufB.Close()
 	key := func(ep *ucp.Endpoint, packed []byte, err error) *ucp.Rkey {
 		require.NoError(b, err)
