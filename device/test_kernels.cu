@@ -209,8 +209,10 @@ extern "C" __global__ void ucpx_test_status(ucpx_device_handle h, uint64_t *resu
  * the responder waits first, then writes and readies its reply. Each sums the
  * partition it received into sums[0]. The initiator stores %globaltimer right
  * before ucpx_pready and right after ucpx_parrived_wait into stamps[0..1]: one
- * round trip between the two kernels, with no launch inside it. *failures
- * counts refused calls (a failed peer).
+ * round trip between the two kernels, with no launch inside it; the responder
+ * stores its own two (after ucpx_parrived_wait, before ucpx_pready) into
+ * stamps[2..3], so the two directions can be told apart (one GPU: one timer).
+ * *failures counts refused calls (a failed peer).
  */
 extern "C" __global__ void ucpx_test_part_pingpong(ucpx_partition_handle sh, ucpx_partition_handle rh, uint8_t *out,
 						    const uint8_t *in, uint32_t seed, uint32_t initiator,
@@ -222,8 +224,11 @@ extern "C" __global__ void ucpx_test_part_pingpong(ucpx_partition_handle sh, ucp
 	bool ok = true;
 	if (leader)
 		block_sum = 0;
-	if (!initiator)
+	uint64_t arrived = 0;
+	if (!initiator) {
 		ok = ucpx_parrived_wait_block(rh, 0);
+		arrived = ucpx_globaltimer();
+	}
 	for (uint64_t i = threadIdx.x; i < sh.part_bytes; i += blockDim.x)
 		out[i] = ucpx_test_pattern(i, seed);
 	uint64_t t0 = ucpx_globaltimer();
@@ -241,6 +246,9 @@ extern "C" __global__ void ucpx_test_part_pingpong(ucpx_partition_handle sh, ucp
 		if (initiator) {
 			stamps[0] = t0;
 			stamps[1] = t1;
+		} else {
+			stamps[2] = arrived;
+			stamps[3] = t0;
 		}
 		if (!ok)
 			atomicAdd(failures, 1ull);

@@ -33,6 +33,8 @@ import (
 //	             %globaltimer stamps right before ucpx_pready and right after
 //	             ucpx_parrived_wait (ucpx_test_part_pingpong; one kernel per side and
 //	             iteration, launched after each iteration's Starts: B's first)
+//	a-to-b-us, b-to-a-us  each direction alone (B's stamps after ucpx_parrived_wait
+//	             and before ucpx_pready; one GPU, one timer)
 //	launch-half-rt-us  the same between CUDA events recorded around A's kernel, so
 //	             with A's launch and exit inside
 //	ratio        half-rt-us / (kflag-us + put-mapped-us): the same transfers; target <= 1.3
@@ -118,7 +120,7 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	evEnd, err := g.ctx.NewEvent(cuda.EventDefault)
 	require.NoError(b, err)
 	defer evEnd.Close()
-	sumsA, sumsB, stamps := g.mapped(b, 8), g.mapped(b, 8), g.mapped(b, 16)
+	sumsA, sumsB, stamps := g.mapped(b, 8), g.mapped(b, 8), g.mapped(b, 32)
 	failures := g.mapped(b, 8)
 	clear(failures.Bytes())
 	// Each worker has a goroutine polling it without sleeping, as ucx_perftest's
@@ -133,7 +135,7 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 		require.NoError(b, err)
 		return h.Kernel()
 	}
-	var kernelNs uint64
+	var kernelNs, abNs, baNs uint64
 	var launched time.Duration
 	b.ResetTimer()
 	for it := 1; it <= n; it++ {
@@ -157,8 +159,11 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 		launched += d
 		st := stamps.Bytes()
 		t0, t1 := binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])
-		require.Greater(b, t1, t0, "iteration %d: stamps", it)
+		bArrived, bReady := binary.LittleEndian.Uint64(st[16:]), binary.LittleEndian.Uint64(st[24:])
+		require.True(b, t0 < bArrived && bArrived <= bReady && bReady < t1, "iteration %d: stamps %d %d %d %d", it, t0, bArrived, bReady, t1)
 		kernelNs += t1 - t0
+		abNs += bArrived - t0
+		baNs += t1 - bReady
 		require.Equal(b, partSum(0, partBytes, seedA), binary.LittleEndian.Uint64(sumsB.Bytes()), "iteration %d: B's checksum", it)
 		require.Equal(b, partSum(0, partBytes, seedB), binary.LittleEndian.Uint64(sumsA.Bytes()), "iteration %d: A's checksum", it)
 	}
@@ -168,6 +173,8 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 	b.ReportMetric(kflag, "kflag-us")
 	b.ReportMetric(put, "put-us")
 	b.ReportMetric(half, "half-rt-us")
+	b.ReportMetric(float64(abNs)/1e3/float64(n), "a-to-b-us")
+	b.ReportMetric(float64(baNs)/1e3/float64(n), "b-to-a-us")
 	b.ReportMetric(launched.Seconds()*1e6/float64(n)/2, "launch-half-rt-us")
 	b.ReportMetric(putMapped, "put-mapped-us")
 	b.ReportMetric(half/(kflag+putMapped), "ratio")
