@@ -59,9 +59,12 @@ type perfSide struct {
 	rkey    *ucp.Rkey // the peer's rmem (initiator only)
 	peerErr bool
 	spin    bool // busy-poll with Request.Test instead of Request.Wait
-	ring    []*ucp.Request
-	small   []byte   // acks and put-completion notices
-	rig     *modeRig // the stream machinery of --modes (initiator only)
+	// ring: the operations in flight of a bandwidth test's window, each tracked in
+	// its slot's request of reqs (caller-owned, reused: the loops allocate nothing).
+	ring  []*ucp.Request
+	reqs  []ucp.Request
+	small []byte   // acks and put-completion notices
+	rig   *modeRig // the stream machinery of --modes (initiator only)
 	// part_lat, part_bw: the prepared requests of the current test and size, and the
 	// host backend of their signal words.
 	part        *partSet
@@ -97,7 +100,7 @@ func newPerfSide(tls string, peerErr, rma, part, spin bool, size, window int) (*
 	if err != nil {
 		return nil, fmt.Errorf("UCX context with UCX_TLS=%s: %w", tls, err)
 	}
-	s := &perfSide{ctx: c, peerErr: peerErr, spin: spin, ring: make([]*ucp.Request, window), small: make([]byte, 16)}
+	s := &perfSide{ctx: c, peerErr: peerErr, spin: spin, ring: make([]*ucp.Request, window), reqs: make([]ucp.Request, window), small: make([]byte, 16)}
 	if s.w, err = c.NewWorker(ucp.WorkerParams{NoWakeup: true}); err != nil {
 		s.close()
 		return nil, err
@@ -386,7 +389,8 @@ func (s *perfSide) tagLatResponderNbx(ctx context.Context, ready func() error, m
 }
 
 // tagBwSender streams count tag sends back to back with at most len(ring) in flight,
-// then waits for the receiver's acknowledgement (ucx_perftest's tag_bw).
+// then waits for the receiver's acknowledgement (ucx_perftest's tag_bw: a window of
+// sends, a new one as soon as the oldest completed).
 func (s *perfSide) tagBwSender(ctx context.Context, size, count int) (time.Duration, error) {
 	sbuf := s.smem.Bytes()[:size]
 	sp := &ucp.RequestParam{MemH: s.smem, Flags: ucp.MultiSend}
@@ -405,6 +409,7 @@ func (s *perfSide) tagBwSender(ctx context.Context, size, count int) (time.Durat
 				return 0, err
 			}
 		}
+		sp.Request = &s.reqs[slot]
 		if s.ring[slot], err = s.ep.TagSendNbx(sbuf, tagData, sp); err != nil {
 			return 0, err
 		}
@@ -426,6 +431,7 @@ func (s *perfSide) tagBwReceiver(ctx context.Context, ready func() error, size, 
 	posted := 0
 	var err error
 	for ; posted < min(W, count); posted++ {
+		rp.Request = &s.reqs[posted]
 		if s.ring[posted], err = s.w.TagRecvNbx(rbuf, tagData, fullMask, rp); err != nil {
 			return err
 		}
@@ -448,6 +454,7 @@ func (s *perfSide) tagBwReceiver(ctx context.Context, ready func() error, size, 
 			s.checkRecv(rbuf, s.smem.Bytes()[:size], false)
 		}
 		if posted < count {
+			rp.Request = &s.reqs[slot]
 			if s.ring[slot], err = s.w.TagRecvNbx(rbuf, tagData, fullMask, rp); err != nil {
 				return err
 			}
@@ -484,6 +491,7 @@ func (s *perfSide) putBwSender(ctx context.Context, size, count int) (time.Durat
 				return 0, err
 			}
 		}
+		sp.Request = &s.reqs[slot]
 		if s.ring[slot], err = s.ep.PutNbx(sbuf, raddr, s.rkey, sp); err != nil {
 			return 0, err
 		}
