@@ -29,7 +29,9 @@
 # Transport sets: shm -> UCX_TLS=shm, endpoints without peer error handling (UCX 1.13
 # selects only tcp when it is on); tcp -> UCX_TLS=tcp with peer error handling on both
 # sides (ucx_perftest -e), ucpx's default for endpoints. Both tools use registered
-# buffers and hand their memory handle to UCX (ucx_perftest -z, ucpx RequestParam.MemH).
+# buffers and hand their memory handle to UCX (ucx_perftest -z, ucpx RequestParam.MemH),
+# except ucpx's tag_lat: it runs on the fused blocking calls (Endpoint.TagSendRecv), which
+# take no handle (an 8-byte message goes eagerly, no protocol step uses one).
 # Nothing is pinned: neither tool gets a CPU affinity.
 set -euo pipefail
 
@@ -330,7 +332,8 @@ echo "UCX_TLS: the same value for both tools (ucpx's peer process reports its ow
 echo "chain_lat: bench/chainpp, the same ping-pong as two condition.Chains (each operation posted from the UCX"
 echo "callback that completed the one before, in C); compared with the same ucx_perftest values; its p50/p99 are"
 echo "over the last 2048 iterations (the chain keeps their end times), tag_lat's over all"
-echo "peer error handling: shm off (both tools), tcp on (ucx_perftest -e, ucpx default); memory handles passed (ucx_perftest -z)"
+echo "peer error handling: shm off (both tools), tcp on (ucx_perftest -e, ucpx default); memory handles passed (ucx_perftest -z;"
+echo "ucpx's bandwidth tests; its tag_lat runs on the fused calls, which take none)"
 if [ ${#tails[@]} -gt 0 ]; then
 	echo
 	echo "ucpx tag_lat $LAT_SIZE B tail (one-way us over all iterations, medians over the repetitions):"
