@@ -4,11 +4,15 @@
 #
 #   gpu-bundle/bin/<pkg>.test  test binary of every package with tests (cgo/cuda -> cgo_cuda.test)
 #   gpu-bundle/bin/ucpx        the command, when it builds
+#   gpu-bundle/bin/chainpp, bin/ucx_perftest, bin/ucx_info, bench/vs-ucx-perftest.sh:
+#                              the UCP-layer comparison with UCX's own tool (ucx_perftest and
+#                              ucx_info from Debian's ucx-utils); run-perftest.sh runs it
 #   gpu-bundle/_pkg/<pkg>/     each package's directory (tests read testdata/ and docs relative to it;
 #                              "_" and gpu-bundle/go.mod keep `go ... ./...` from seeing these copies)
 #   gpu-bundle/lib/            shared libraries the binaries need beyond glibc (UCX and its deps)
 #   gpu-bundle/lib/ucx/        UCX transport modules (UCX_MODULE_DIR)
 #   gpu-bundle/run.sh          runs the binaries and prints a summary (see its header)
+#   gpu-bundle/run-perftest.sh runs bench/vs-ucx-perftest.sh with the bundled binaries
 #   gpu-bundle/lib/libucpx.so, include/, python/, run-torch.sh: the C ABI, its header and
 #                              Python module, and the script running the PyTorch check
 #   gpu-bundle.tar.xz          all of it compressed, what the device tool carries
@@ -54,6 +58,24 @@ if [ -d cmd/ucpx ]; then
 		echo "warning: cmd/ucpx does not build yet; skipped" >&2
 	fi
 fi
+
+# The UCP-layer comparison (bench/vs-ucx-perftest.sh): the chained ping-pong, UCX's
+# ucx_perftest (ucx_info names the UCX version in the script's header) and the script;
+# copy_deps below bundles their libraries (ucx_perftest also needs libgomp).
+mkdir -p "$bundle/bench"
+cp bench/vs-ucx-perftest.sh "$bundle/bench/"
+if $GO build -ldflags='-s -w' -o "$bundle/bin/chainpp" ./bench/chainpp; then
+	echo "built chainpp"
+else
+	echo "warning: bench/chainpp does not build; skipped" >&2
+fi
+for tool in ucx_perftest ucx_info; do
+	if [ -x "/usr/bin/$tool" ]; then
+		cp -L "/usr/bin/$tool" "$bundle/bin/"
+	else
+		echo "warning: /usr/bin/$tool missing (Debian: apt-get install ucx-utils); run-perftest.sh needs it" >&2
+	fi
+done
 
 # The C ABI (issue 19): libucpx.so with its header and the Python module, for C programs
 # and python/test_torch_ucpx.py (PyTorch is on the device; run-torch.sh runs it).
@@ -208,6 +230,30 @@ python3 "$here/python/test_torch_ucpx.py" || status=1
 exit $status
 TORCH
 chmod +x "$bundle/run-torch.sh"
+
+cat >"$bundle/run-perftest.sh" <<'PERFTEST'
+#!/usr/bin/env bash
+# Runs bench/vs-ucx-perftest.sh (ucpx perf and bench/chainpp against ucx_perftest; see
+# its header) on the device machine with this bundle's binaries and libraries: UCPX,
+# PERFTEST and CHAINPP are the bundled ones. The script's other knobs (REPS,
+# TRANSPORTS, LAT_ITERS, NETNS, STRICT, ...) pass through from the environment, e.g.
+#   REPS=7 TRANSPORTS=shm bash gpu-bundle/run-perftest.sh
+# Exit status: the script's.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+export UCX_MODULE_DIR="$here/lib/ucx"
+export UCPX="$here/bin/ucpx" PERFTEST="$here/bin/ucx_perftest" CHAINPP="$here/bin/chainpp"
+need=("$UCPX" "$PERFTEST")
+[ "${CHAIN:-1}" = 0 ] || need+=("$CHAINPP")
+for b in "${need[@]}"; do
+	[ -x "$b" ] || { echo "run-perftest.sh: $b missing from the bundle" >&2; exit 1; }
+done
+# ucx_info (the UCX version in the script's header) is found on PATH.
+export PATH="$here/bin:$PATH"
+exec bash "$here/bench/vs-ucx-perftest.sh"
+PERFTEST
+chmod +x "$bundle/run-perftest.sh"
 
 echo
 du -sh "$bundle" "$bundle"/bin "$bundle"/lib
