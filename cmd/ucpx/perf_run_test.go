@@ -186,6 +186,30 @@ func TestPerfCheckCatchesCorruptByte(t *testing.T) {
 	assert.Nil(t, rep.Results[0].Wrong)
 }
 
+// --wait spin drives tag_lat through the nbx calls and Request.Test instead of the
+// fused calls: the rows come out the same, and --check still counts the byte the peer
+// corrupted; tag_bw's window beside it receives every byte intact.
+func TestPerfWaitSpin(t *testing.T) {
+	t.Setenv(perfPeerCorruptEnv, testTagLat)
+	st, out, errs := run(t, "perf", "--json", "--check", "--wait", "spin", "--tests", "tag_lat,tag_bw", "--sizes", "64,64k", "--iters", "20", "--warmup", "4", "--timeout", "60s")
+	require.Equal(t, 1, st, "status (the corrupted bytes fail the run)\nstderr:\n%s", errs)
+	var rep perfReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), "output:\n%s", out)
+	assert.Equal(t, "spin", rep.Wait)
+	assert.Empty(t, rep.Stopped)
+	require.Len(t, rep.Results, 4)
+	for _, r := range rep.Results {
+		assert.Equal(t, 20, r.Iters, "%+v", r)
+		require.NotNil(t, r.Wrong, "%+v", r)
+		want := int64(0)
+		if r.Test == testTagLat {
+			want = 2 // one byte in the warm-up's answers, one in the measured ones
+			assert.Positive(t, r.LatMinUs, "%+v", r)
+		}
+		assert.Equal(t, want, *r.Wrong, "%+v", r)
+	}
+}
+
 func TestCountWrong(t *testing.T) {
 	assert.Zero(t, countWrong([]byte("abcd"), []byte("abcd")))
 	assert.Equal(t, int64(2), countWrong([]byte("abcd"), []byte("xbcy")))
