@@ -44,14 +44,17 @@ import (
 //
 // Two ways to progress the workers: spin (a goroutine per worker polling it without
 // sleeping, as ucx_perftest's processes do) and thread (ucp.WorkerParams.ProgressThread,
-// the library's own, which parks on the event fd when idle).
+// the library's own, which parks on the event fd when idle); spin-sync is spin with
+// the host waiting for the GPU before it waits for the requests.
 func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
-	for _, mode := range []string{"spin", "thread"} {
-		b.Run(mode, func(b *testing.B) { preparedHalfRoundTrip(b, mode == "thread") })
+	for _, mode := range []string{"spin", "thread", "spin-sync"} {
+		b.Run(mode, func(b *testing.B) { preparedHalfRoundTrip(b, mode == "thread", mode == "spin-sync") })
 	}
 }
 
-func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
+// syncFirst: the host waits for both streams before it waits for the requests, so
+// that no Wait loop progresses the workers while the kernels run.
+func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 	g := requireGPU(b)
 	n := max(b.N, 200)
 	const partBytes = 64
@@ -149,6 +152,10 @@ func preparedHalfRoundTrip(b *testing.B, progressThread bool) {
 		require.NoError(b, evStart.Record(csa))
 		require.NoError(b, csa.LaunchKernel(pingpong, cuda.Linear(1, 128), sh1, rh2, outA.DevicePtr(), inA.DevicePtr(), seedA, uint32(1), sumsA.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
 		require.NoError(b, evEnd.Record(csa))
+		if syncFirst {
+			require.NoError(b, sa.Synchronize())
+			require.NoError(b, sb.Synchronize())
+		}
 		for _, r := range reqs {
 			require.NoError(b, r.Wait(ctx), "iteration %d", it)
 		}
