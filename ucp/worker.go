@@ -183,24 +183,10 @@ func (w *Worker) stepAside() {
 }
 
 // issueLocking runs issue, an nbx call that takes mu, with the yield word set so that
-// waits holding mu in a spin let go within one progress call. It first waits for mu
-// to be free without parking: a goroutine parked on a contended mutex is woken onto
-// the releasing thread's run queue and may wait there behind the releaser, which
-// costs the engine's issue step microseconds; while the word is set nobody else
-// takes mu ahead of it, so issue's own Lock then finds it free.
+// waits holding mu in a spin let go within one progress call.
 func (w *Worker) issueLocking(issue func() (*Request, error)) (*Request, error) {
 	atomic.AddUint32(w.yield, 1)
 	defer atomic.AddUint32(w.yield, ^uint32(0))
-	for i := 1; !w.mu.TryLock(); i++ {
-		if i%64 == 0 {
-			runtime.Gosched()
-		}
-		if i == 1<<14 {
-			w.mu.Lock() // a long holder: park after all
-			break
-		}
-	}
-	w.mu.Unlock()
 	return issue()
 }
 
