@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
@@ -15,6 +16,15 @@ const (
 	SignalSet SignalOp = iota + 1
 	// SignalAdd adds Signal.Value to the word.
 	SignalAdd
+	// SignalStore writes Signal.Value into the word with an 8-byte put after the data:
+	// no atomic operation, so no progress of the peer's is needed where UCX writes
+	// the peer's memory directly (shared memory through cma), and nothing comes back.
+	// The write is not atomic against the peer's reads or other writers: use it for a
+	// word only this sender writes, read as a counter that only grows (a reader that
+	// sees the new value or a torn one between old and new knows the data landed,
+	// since the fence orders the write after the data), as package prepare's arrival
+	// words are.
+	SignalStore
 )
 
 // Signal is the remote 64-bit word a PutSignalNbx updates once its data is in place
@@ -44,7 +54,7 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
-	if sig.Op != SignalSet && sig.Op != SignalAdd {
+	if sig.Op != SignalSet && sig.Op != SignalAdd && sig.Op != SignalStore {
 		return nil, opErr(op, ErrInvalidParam, "signal op %d", sig.Op)
 	}
 	if sig.Addr%8 != 0 {
@@ -86,6 +96,9 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 			return nil, opErr(op, err, "fence")
 		}
 	}
+	if sig.Op == SignalStore {
+		return ep.putStoreLocked(op, data, sig, p)
+	}
 	// Add needs no reply: the signal leaves after the data and lands after it, and the
 	// caller waits only for what protects buf. Set is a swap, whose reply UCX needs.
 	a := AtomicParam{Op: AtomicAdd, Operand: sig.Value, Size: 8}
@@ -102,6 +115,27 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	// must leave before the caller may stop progressing (a peer waits for it), and on
 	// one endpoint it leaves after the data (the fence), so the data left too. Else
 	// the data's while that is pending, else done.
+	if !signal.done.Load() || data == nil || data.done.Load() {
+		return signal, nil
+	}
+	return data, nil
+}
+
+// putStoreLocked writes sig.Value into the signal word with a put (SignalStore), after
+// data (nil for an empty buffer), and returns the Request as PutSignalNbx does. The
+// value's source is a word of its own, kept (pinned) while UCX reads it. Caller holds
+// w.mu.
+func (ep *Endpoint) putStoreLocked(op string, data *Request, sig Signal, p *RequestParam) (*Request, error) {
+	w := ep.w
+	v := new(uint64)
+	*v = sig.Value
+	ptr := w.raw.Put(ep.raw, unsafe.Pointer(v), 8, sig.Addr, sig.Rkey.raw, uint32(p.Flags), int(MemoryHost), nil)
+	sp := *p
+	sp.MemoryType, sp.MemH, sp.Request = MemoryHost, nil, nil
+	signal, err := w.postLocked(op, ptr, &sp, nil, unsafe.Pointer(v))
+	if err != nil {
+		return nil, opErr(op, unwrapOp(err), "signal store raddr %#x", sig.Addr)
+	}
 	if !signal.done.Load() || data == nil || data.done.Load() {
 		return signal, nil
 	}

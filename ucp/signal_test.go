@@ -80,7 +80,11 @@ func TestPutSignalOrdersDataBeforeSignal(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		src := make([]byte, n)
-		for i := 1; i <= rounds; i++ {
+		for i := 1; i <= 2*rounds; i++ {
+			op := SignalSet // then SignalStore, the plain put of the value
+			if i > rounds {
+				op = SignalStore
+			}
 			for j := range src {
 				src[j] = byte(i*7 + j)
 			}
@@ -88,12 +92,13 @@ func TestPutSignalOrdersDataBeforeSignal(t *testing.T) {
 			seen := make(chan bool, 1)
 			require.NoError(t, s.WaitValue(tg.sigs.Word(0), uint64(i), stream.GEQ))
 			require.NoError(t, s.LaunchHostFunc(func() { seen <- bytes.Equal(tg.data.Bytes(), want) }))
-			r, err := p.epA.PutSignalNbx(src, tg.dataKey.Base(), tg.dataKey, Signal{Op: SignalSet, Value: uint64(i), Addr: tg.sigs.Addr(0), Rkey: tg.sigKey}, nil)
+			r, err := p.epA.PutSignalNbx(src, tg.dataKey.Base(), tg.dataKey, Signal{Op: op, Value: uint64(i), Addr: tg.sigs.Addr(0), Rkey: tg.sigKey}, nil)
 			require.NoError(t, err)
 			require.NoError(t, r.Wait(ctx))
 			select {
 			case ok := <-seen:
-				require.True(t, ok, "round %d: the stream saw the signal before the data", i)
+				require.True(t, ok, "round %d (%v): the stream saw the signal before the data", i, op)
+				require.Equal(t, uint64(i), tg.sigs.Word(0).Load(), "round %d (%v): the value written", i, op)
 			case <-ctx.Done():
 				t.Fatalf("round %d: the stream never saw the signal", i)
 			}
