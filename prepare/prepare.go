@@ -567,7 +567,9 @@ func (r *Request) putLocked(p int, rp *ucp.RequestParam) (*ucp.Request, error) {
 	if rp != nil {
 		param.Condition, param.Flags = rp.Condition, rp.Flags
 	}
-	sig := ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: r.remote.wordBase + 8*uint64(p), Rkey: r.remote.wordKey}
+	// The arrival counter after iteration i is i: stored, not added, so the peer's
+	// worker need not run for it to land (SignalStore).
+	sig := ucp.Signal{Op: ucp.SignalStore, Value: r.iter, Addr: r.remote.wordBase + 8*uint64(p), Rkey: r.remote.wordKey}
 	req, err := r.peer.PutSignalNbx(r.xfer[off:off+size], r.remote.bufBase+uint64(off), r.remote.bufKey, sig, &param)
 	if err == nil {
 		r.stats.Puts++
