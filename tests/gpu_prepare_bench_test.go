@@ -24,9 +24,9 @@ import (
 //	put-us       UCX put latency: half the round trip of a host put-with-signal
 //	             ping-pong between the two workers (8 B) into memory UCX allocated
 //	             (shared memory UCX reaches without a system call)
-//	put-mapped-us  the same into what the prepared path writes: host-mapped pinned
-//	             buffers and signal words of the CUDA backend (UCX reaches them with
-//	             cma, a system call per put, and emulates the signal's atomic add)
+//	put-mapped-us  the same as the prepared path moves it: into host-mapped pinned
+//	             buffers and CUDA-backend signal words (UCX reaches them with cma, a
+//	             system call per put), the signal stored with a put (SignalStore)
 //	half-rt-us   prepared: worker A's kernel fills a partition and calls ucpx_pready,
 //	             B's kernel (running, waiting in ucpx_parrived_wait) sees it, fills
 //	             and readies the partition back, A's kernel sees it: half of A's
@@ -190,12 +190,15 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 
 // putPingPong is half the round trip, in µs, of an 8-byte put-with-signal ping-pong
 // between wa and wb (each side polls its signal word, progressing its worker). With g
-// nil the buffers are UCX's allocations and the signal words host-backend words;
-// else host-mapped pinned buffers and g's backend's words, as prepared partitions use.
+// nil the buffers are UCX's allocations, the signal words host-backend words and the
+// signal an add; else host-mapped pinned buffers, g's backend's words and SignalStore
+// of the iteration, as prepared partitions use.
 func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int, g *gpu) float64 {
 	var backend stream.Backend
+	op, value := ucp.SignalAdd, func(uint64) uint64 { return 1 }
 	if g != nil {
 		backend = g.backend
+		op, value = ucp.SignalStore, func(i uint64) uint64 { return i }
 	} else {
 		host, err := stream.Open(stream.Host)
 		require.NoError(b, err)
@@ -254,7 +257,7 @@ func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int
 	go func() { // B echoes
 		for i := uint64(1); i <= uint64(n); i++ {
 			await(wb, sigB.Word(0), i)
-			r, err := toA.PutSignalNbx(srcB, uint64(bufA.Address()), bufKeyA, ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: sigA.Addr(0), Rkey: sigKeyA}, nil)
+			r, err := toA.PutSignalNbx(srcB, uint64(bufA.Address()), bufKeyA, ucp.Signal{Op: op, Value: value(i), Addr: sigA.Addr(0), Rkey: sigKeyA}, nil)
 			if err == nil {
 				err = r.Wait(ctx)
 			}
@@ -267,7 +270,7 @@ func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int
 	}()
 	start := time.Now()
 	for i := uint64(1); i <= uint64(n); i++ {
-		r, err := toB.PutSignalNbx(srcA, uint64(bufB.Address()), bufKeyB, ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: sigB.Addr(0), Rkey: sigKeyB}, nil)
+		r, err := toB.PutSignalNbx(srcA, uint64(bufB.Address()), bufKeyB, ucp.Signal{Op: op, Value: value(i), Addr: sigB.Addr(0), Rkey: sigKeyB}, nil)
 		require.NoError(b, err)
 		require.NoError(b, r.Wait(ctx))
 		await(wa, sigA.Word(0), i)
