@@ -172,7 +172,7 @@ func (r *Request) armDeviceLocked() error {
 		return r.armStagedLocked()
 	}
 	for p, cond := range d.conds {
-		req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond})
+		req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond}, false)
 		if err != nil {
 			// The puts armed already would wait for triggers no kernel stores: cancel
 			// them and trigger, so they end without moving anything. The request can
@@ -225,7 +225,7 @@ func (r *Request) armStagedLocked() error {
 		}
 		var req *ucp.Request
 		if err == nil {
-			req, err = r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue})
+			req, err = r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue}, false)
 		}
 		if err != nil {
 			// The streams hold waits no kernel answers: release them (the puts already

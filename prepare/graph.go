@@ -49,7 +49,7 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 	if err != nil {
 		return nil, fmt.Errorf("pready node: %w", err)
 	}
-	if _, err := r.putLocked(p, &ucp.RequestParam{Condition: cond}); err != nil {
+	if _, err := r.putLocked(p, &ucp.RequestParam{Condition: cond}, true); err != nil {
 		_ = cond.Destroy()
 		return nil, fmt.Errorf("pready node: %w", err)
 	}

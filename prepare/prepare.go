@@ -528,7 +528,7 @@ func (r *Request) pumpLocked() error {
 // Caller holds r.mu.
 func (r *Request) moveRunLocked(lo, hi int) error {
 	if lo == hi {
-		req, err := r.putLocked(lo, nil)
+		req, err := r.putLocked(lo, nil, false)
 		if err != nil {
 			return err
 		}
@@ -560,8 +560,10 @@ func (r *Request) moveRunLocked(lo, hi int) error {
 }
 
 // putLocked moves partition p (with rp's condition, if any) and counts its arrival at
-// the receiver. Caller holds r.mu (or owns r during setup).
-func (r *Request) putLocked(p int, rp *ucp.RequestParam) (*ucp.Request, error) {
+// the receiver. A put armed once and run at every launch of a graph (relaunched)
+// adds 1 to the counter; the others store the iteration, which needs no atomic at the
+// receiver. Caller holds r.mu (or owns r during setup).
+func (r *Request) putLocked(p int, rp *ucp.RequestParam, relaunched bool) (*ucp.Request, error) {
 	off, size := partRange(len(r.xfer), r.parts, p)
 	param := ucp.RequestParam{MemH: r.memh}
 	if rp != nil {
@@ -570,6 +572,9 @@ func (r *Request) putLocked(p int, rp *ucp.RequestParam) (*ucp.Request, error) {
 	// The arrival counter after iteration i is i: stored, not added, so the peer's
 	// worker need not run for it to land (SignalStore).
 	sig := ucp.Signal{Op: ucp.SignalStore, Value: r.iter, Addr: r.remote.wordBase + 8*uint64(p), Rkey: r.remote.wordKey}
+	if relaunched {
+		sig.Op, sig.Value = ucp.SignalAdd, 1
+	}
 	req, err := r.peer.PutSignalNbx(r.xfer[off:off+size], r.remote.bufBase+uint64(off), r.remote.bufKey, sig, &param)
 	if err == nil {
 		r.stats.Puts++
@@ -629,7 +634,7 @@ func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
 			return err
 		}
 	}
-	req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue})
+	req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond, Flags: ucp.NonBlockingEnqueue}, false)
 	if err != nil {
 		return err
 	}
