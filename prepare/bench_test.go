@@ -377,7 +377,8 @@ func putSignalVariant(b testing.TB, l *link, parts, size int) *partVariant {
 		send: func(ctx context.Context, it int, poll func()) error {
 			for p := range parts {
 				sbuf[p*size] = byte(it)
-				sig := ucp.Signal{Op: ucp.SignalAdd, Value: 1, Addr: words.Addr(p), Rkey: wordKey}
+				// As prepare moves a partition: the iteration stored into its counter.
+				sig := ucp.Signal{Op: ucp.SignalStore, Value: uint64(it), Addr: words.Addr(p), Rkey: wordKey}
 				r, err := l.toR.PutSignalNbx(sbuf[p*size:(p+1)*size], base+uint64(p*size), bufKey, sig, param)
 				if err != nil {
 					return err
