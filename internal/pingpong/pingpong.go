@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/runahead"
@@ -69,10 +70,22 @@ func (c *Check) received(r *ucp.Request) {
 	}
 }
 
+// callbackGrace bounds how long Verify waits for callbacks still running.
+const callbackGrace = time.Second
+
 func (c *Check) fail(msg string) { c.bad.CompareAndSwap(nil, &msg) }
 
-// Verify runs once cond has retired every operation of count iterations.
+// Verify runs once cond has retired every operation of count iterations. An
+// operation's callback runs right after its completion store, which is what released
+// the caller (a stream's synchronize), so the last callbacks may still be running:
+// Verify gives them callbackGrace before it counts.
 func (c *Check) Verify(cond *condition.Condition, count int) error {
+	for deadline := time.Now().Add(callbackGrace); c.Completed() < int64(count) || c.recvs.Load() < int64(count); {
+		if c.bad.Load() != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
 	if msg := c.bad.Load(); msg != nil {
 		return fmt.Errorf("%w: %s", ErrCheck, *msg)
 	}
