@@ -569,8 +569,8 @@ func (r *Request) putLocked(p int, rp *ucp.RequestParam, relaunched bool) (*ucp.
 	if rp != nil {
 		param.Condition, param.Flags = rp.Condition, rp.Flags
 	}
-	// The arrival counter after iteration i is i: stored, not added, so the peer's
-	// worker need not run for it to land (SignalStore).
+	// The arrival counter after iteration i is i: stored with a put (SignalStore),
+	// no atomic.
 	sig := ucp.Signal{Op: ucp.SignalStore, Value: r.iter, Addr: r.remote.wordBase + 8*uint64(p), Rkey: r.remote.wordKey}
 	if relaunched {
 		sig.Op, sig.Value = ucp.SignalAdd, 1

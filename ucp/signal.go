@@ -17,13 +17,15 @@ const (
 	// SignalAdd adds Signal.Value to the word.
 	SignalAdd
 	// SignalStore writes Signal.Value into the word with an 8-byte put after the data:
-	// no atomic operation, so no progress of the peer's is needed where UCX writes
-	// the peer's memory directly (shared memory through cma), and nothing comes back.
-	// The write is not atomic against the peer's reads or other writers: use it for a
-	// word only this sender writes, read as a counter that only grows (a reader that
-	// sees the new value or a torn one between old and new knows the data landed,
-	// since the fence orders the write after the data), as package prepare's arrival
-	// words are.
+	// no atomic operation, and nothing comes back. Where a transport reaches the
+	// word's memory directly (memory UCX allocated, over shared memory) nothing of the
+	// peer's runs for it; UCX 1.13 here emulates small puts into other memory (C
+	// memory, host-mapped pinned words) with active messages that the peer's progress
+	// applies, as it does Set and Add, only with less work. The write is not atomic
+	// against the peer's reads or other writers: use it for a word only this sender
+	// writes, read as a counter that only grows (a reader that sees the new value, or
+	// a torn one between old and new, knows the data landed, since the fence orders
+	// the write after the data), as package prepare's arrival words are.
 	SignalStore
 )
 
