@@ -18,14 +18,16 @@ type WorkerParams struct {
 	// NoWakeup disables the event fd: waits then poll for as long as they wait (they
 	// never sleep), which is the lowest latency and costs a core per waiting goroutine.
 	NoWakeup bool
-	// SpinTime is how long Request.Wait and the blocking calls (TagSend, TagRecv,
-	// TagSendRecv) busy-poll the worker before parking on its event fd (0:
-	// DefaultSpinTime; negative: park at once). Without wakeup they poll throughout.
+	// SpinTime is how long Request.Wait, the blocking calls (TagSend, TagRecv,
+	// TagSendRecv) and the progress thread busy-poll the worker before parking on its
+	// event fd (0: DefaultSpinTime; negative: park at once). Without wakeup they poll
+	// throughout.
 	SpinTime time.Duration
 	// ProgressThread gives the worker a goroutine of its own that progresses it: a
 	// process that is only the target of RMA, atomics or active messages, or whose
-	// streams wait on signal words a peer writes, then needs no progress loop. Idle,
-	// it parks on the worker's event fd.
+	// streams wait on signal words a peer writes, then needs no progress loop. It
+	// polls for SpinTime after the last thing that progressed, then parks on the
+	// worker's event fd: idle, it costs no CPU.
 	ProgressThread bool
 }
 
