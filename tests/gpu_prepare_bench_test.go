@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"encoding/binary"
-	"runtime"
 	"testing"
 	"time"
 
@@ -43,7 +42,7 @@ import (
 // Each of the n iterations checks the partition's checksum on both sides.
 //
 // Two ways to progress the workers: spin (a goroutine per worker polling it without
-// sleeping, as ucx_perftest's processes do) and thread (ucp.WorkerParams.ProgressThread,
+// yielding, as ucx_perftest's processes do) and thread (ucp.WorkerParams.ProgressThread,
 // the library's own, which parks on the event fd when idle); spin-sync is spin with
 // the host waiting for the GPU before it waits for the requests.
 func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
@@ -126,7 +125,7 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 	sumsA, sumsB, stamps := g.mapped(b, 8), g.mapped(b, 8), g.mapped(b, 32)
 	failures := g.mapped(b, 8)
 	clear(failures.Bytes())
-	// Each worker has a goroutine polling it without sleeping, as ucx_perftest's
+	// Each worker has a goroutine polling it without yielding, as ucx_perftest's
 	// processes do (the GPU machine has cores to spare).
 	if !progressThread {
 		stopA, stopB := spinProgress(wa), spinProgress(wb)
@@ -280,8 +279,10 @@ func putPingPong(b *testing.B, wa, wb *ucp.Worker, toA, toB *ucp.Endpoint, n int
 	return elapsed.Seconds() * 1e6 / float64(n) / 2
 }
 
-// spinProgress progresses w in a loop, yielding but never sleeping, until stop.
-func spinProgress(w *ucp.Worker) (stop func()) { return pollWorker(w, runtime.Gosched) }
+// spinProgress progresses w in a loop, never yielding or sleeping, until stop, as
+// ucx_perftest's processes poll (yielding between polls cost ~3 µs a direction, run
+// 70 in docs/gpu-runs.md).
+func spinProgress(w *ucp.Worker) (stop func()) { return pollWorker(w, func() {}) }
 
 // echoFlag is the host side of a flag round trip: a goroutine that stores into done
 // every new value it sees in trig, until the returned stop is called.
