@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -244,4 +245,31 @@ func TestEventFDAndArm(t *testing.T) {
 	_, err = w.EventFD()
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, w.Arm(), ErrClosed)
+}
+
+// While the worker's yield word is set (the engine waits for the lock to issue), a
+// spinning wait lets go after one progress call instead of finishing its spins.
+func TestSpinEndsWhileIssuerWaits(t *testing.T) {
+	p := newShmPair(t)
+	w := p.b
+	r, err := w.TagRecvNbx(make([]byte, 8), 77, ^uint64(0), nil) // nothing ever matches
+	require.NoError(t, err)
+	defer func() {
+		r.Cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.ErrorIs(t, r.Wait(ctx), ErrCanceled)
+	}()
+	spin := func() time.Duration {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		start := time.Now()
+		require.False(t, w.raw.Wait(r.req, 1<<30, false), "the receive cannot have completed")
+		return time.Since(start)
+	}
+	atomic.StoreUint32(w.yield, 1)
+	took := spin()
+	atomic.StoreUint32(w.yield, 0)
+	// 2^30 progress calls take minutes; one takes microseconds.
+	require.Less(t, took, time.Second, "the spin ignored the yield word")
 }
