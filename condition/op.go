@@ -44,6 +44,7 @@ type Op struct {
 	left int
 
 	done     atomic.Bool
+	settled  atomic.Bool // done and retired: the condition's words show it too
 	err      error
 	doneCh   chan struct{} // made only for a waiter that has to block
 	finished bool
@@ -275,6 +276,7 @@ func (o *Op) complete(err error, retire func()) {
 	if retire != nil {
 		retire()
 	}
+	o.settled.Store(true)
 	o.mu.Lock()
 	o.finished = true
 	if o.doneCh != nil {
@@ -331,7 +333,9 @@ func (o *Op) Test() (bool, error) {
 func (o *Op) Wait(ctx context.Context) error {
 	idle := 0
 	for idle < 4096 {
-		if o.done.Load() {
+		// settled, not done: a waiter that returns must see the condition's completion
+		// word stored as well (condition.Test on its handle).
+		if o.settled.Load() {
 			return o.err
 		}
 		if o.eng.Drive() {
