@@ -27,12 +27,12 @@ const (
 	envListenAddr = "UCPX_TEST_LISTEN_ADDR"
 	envWorkerAddr = "UCPX_TEST_WORKER_ADDR"
 
-	tagHello    = 1 << 60 // peer -> parent: the peer's worker address (shm)
-	tagRkey     = 2 << 60 // peer -> parent: packed rkey of the peer's region
-	tagQuit     = 3 << 60 // parent -> peer: exit 0
-	tagDie      = 4 << 60 // parent -> peer: exit at once, closing nothing
-	tagChecksum = 5 << 60 // parent -> peer: reply with crc32 of region[:n]
-	tagReply    = 1 << 63 // peer echoes data tags with this bit set
+	tagHello    = 1 << 44 // peer -> parent: the peer's worker address (shm)
+	tagRkey     = 2 << 44 // peer -> parent: packed rkey of the peer's region
+	tagQuit     = 3 << 44 // parent -> peer: exit 0
+	tagDie      = 4 << 44 // parent -> peer: exit at once, closing nothing
+	tagChecksum = 5 << 44 // parent -> peer: reply with crc32 of region[:n]
+	tagReply    = 1 << 47 // peer echoes data tags with this bit set
 
 	amEcho  = 7
 	amReply = 8

@@ -24,7 +24,7 @@ import (
 const (
 	envTrustRole   = "UCPX_TRUST_ROLE"
 	envTrustParent = "UCPX_TRUST_PARENT"
-	tagTrustHello  = 9 << 60
+	tagTrustHello  = 9 << 40
 )
 
 func init() {

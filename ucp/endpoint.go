@@ -45,6 +45,7 @@ type Endpoint struct {
 	// rawClosed: the UCX endpoint was closed already (a watched peer died).
 	rawClosed bool
 	watch     *pidWatch // same-host peer watching, nil if none
+	source    uint64    // the peer's source id (unmatched.go), when peerKnown
 }
 
 func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
@@ -66,6 +67,7 @@ func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string, 
 	}
 	if peer != nil {
 		ep.peer, ep.peerKnown = *peer, true
+		ep.source = sourceOf(peer.id, peer.addr)
 		ep.peer.addr = nil
 	}
 	w.eps[raw.Ptr()] = ep
@@ -235,7 +237,7 @@ func (ep *Endpoint) usableLocked(op string) error {
 }
 
 // failLocked handles the peer failure reported by UCX.
-func (ep *Endpoint) failLocked(st Status) {
+func (ep *Endpoint) failLocked(st error) {
 	if ep.err != nil || ep.closed {
 		return
 	}

@@ -24,6 +24,9 @@ func (ep *Endpoint) TagSend(ctx context.Context, buf []byte, tag uint64) error {
 	if ctx == nil {
 		return opErr(op, ErrInvalidParam, "nil context")
 	}
+	if err := checkTag(op, tag); err != nil {
+		return err
+	}
 	w := ep.w
 	w.mu.Lock()
 	if err := ep.usableLocked(op); err != nil {
@@ -56,6 +59,9 @@ func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n i
 	if ctx == nil {
 		return 0, 0, opErr(op, ErrInvalidParam, "nil context")
 	}
+	if err := checkTag(op, tag); err != nil {
+		return 0, 0, err
+	}
 	w.mu.Lock()
 	if w.closed.Load() {
 		w.mu.Unlock()
@@ -87,6 +93,12 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 	const op = "tag_send_recv"
 	if ctx == nil {
 		return 0, 0, opErr(op, ErrInvalidParam, "nil context")
+	}
+	if err := checkTag(op, stag); err != nil {
+		return 0, 0, err
+	}
+	if err := checkTag(op, rtag); err != nil {
+		return 0, 0, err
 	}
 	w := ep.w
 	w.mu.Lock()

@@ -67,11 +67,14 @@ func param(p *RequestParam) *RequestParam {
 	return p
 }
 
-// TagSendNbx sends buf with tag (ucp_tag_send_nbx). buf must stay untouched until the
-// returned Request is done.
+// TagSendNbx sends buf with tag (ucp_tag_send_nbx), at most MaxTag. buf must stay
+// untouched until the returned Request is done.
 func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Request, error) {
 	p = param(p)
 	if err := p.check("tag_send_nbx", ep.w.ctx); err != nil {
+		return nil, err
+	}
+	if err := checkTag("tag_send_nbx", tag); err != nil {
 		return nil, err
 	}
 	if p.Chain != nil {
@@ -98,7 +101,7 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 }
 
 // TagRecvNbx receives a message whose tag matches tag under mask (sender_tag & mask ==
-// tag & mask) into buf (ucp_tag_recv_nbx). A longer message completes with
+// tag & mask, over the low TagBits bits) into buf (ucp_tag_recv_nbx). A longer message completes with
 // ErrMessageTruncated. Length and SenderTag report what arrived.
 func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Request, error) {
 	p = param(p)
@@ -106,6 +109,9 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 		return nil, err
 	}
 	if err := p.Peer.sameWorker("tag_recv_nbx", w); err != nil {
+		return nil, err
+	}
+	if err := checkTag("tag_recv_nbx", tag); err != nil {
 		return nil, err
 	}
 	if p.Chain != nil {

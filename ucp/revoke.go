@@ -384,6 +384,12 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 		w.mu.Unlock()
 		return nil, opErr(op, ErrAuth, "the key was packed by %x, not by %s's peer %x", k.sender[:8], ep, ep.peer.id[:8])
 	}
+	if ep.watch != nil && ep.watch.exited() {
+		// UCX 1.13 crashes unpacking a shared-memory key whose segment went with its
+		// process (ucp_ep_rkey_unpack's error path): refuse it before UCX sees it.
+		w.mu.Unlock()
+		return nil, opErr(op, ErrConnectionReset, "%s: the peer process exited", ep)
+	}
 	raw, st := ep.raw.RkeyUnpack(k.payload)
 	if err := statusErr(st); err != nil {
 		w.mu.Unlock()

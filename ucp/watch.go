@@ -3,6 +3,7 @@ package ucp
 import (
 	"errors"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -16,10 +17,23 @@ import (
 // same boot. The pidfd sits in Go's netpoller, so a death is seen at once (no polling).
 
 type pidWatch struct {
-	f *os.File
+	f  *os.File
+	rc syscall.RawConn
 }
 
 func (p *pidWatch) stop() { _ = p.f.Close() }
+
+// exited reports whether the peer process has exited, without waiting for the
+// watching goroutine to notice.
+func (p *pidWatch) exited() bool {
+	gone := false
+	_ = p.rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(pfd, 0)
+		gone = n > 0
+	})
+	return gone
+}
 
 // startWatch watches the endpoint's peer process if it runs on this machine.
 func (ep *Endpoint) startWatch() {
@@ -41,7 +55,7 @@ func (ep *Endpoint) startWatch() {
 		_ = f.Close()
 		return
 	}
-	pw := &pidWatch{f: f}
+	pw := &pidWatch{f: f, rc: rc}
 	w := ep.w
 	w.mu.Lock()
 	if ep.closed || ep.err != nil || w.closed.Load() {

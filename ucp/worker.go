@@ -29,6 +29,13 @@ type WorkerParams struct {
 	// polls for SpinTime after the last thing that progressed, then parks on the
 	// worker's event fd: idle, it costs no CPU.
 	ProgressThread bool
+	// UnmatchedLimit bounds, per peer, the data its tag messages hold on this worker
+	// before a receive matches them (Endpoint.UnmatchedHeld says how it is counted):
+	// past it, every endpoint to that peer fails with an error matching
+	// ErrExceedsLimit, and what the peer sent and sends unmatched is discarded. A
+	// peer's identity is what its handshake or sealed address proved. 0:
+	// DefaultUnmatchedLimit (64 MiB); negative: no limit, which also stops looking.
+	UnmatchedLimit int64
 }
 
 // Worker is a ucp_worker_h: a progress engine with its own endpoints, listeners and
@@ -42,6 +49,10 @@ type Worker struct {
 	// yield is raw's yield word: nonzero while the engine waits for mu to issue an
 	// operation (issueLocking). Waits step aside for it.
 	yield *uint32
+	// source: the id this worker's sends carry (unmatched.go); unmatchedLimit: its
+	// ledger's limit per peer, 0 when off.
+	source         uint64
+	unmatchedLimit uint64
 
 	// Under mu.
 	pending   []*Request // slot -> request waiting on a UCX request
@@ -121,6 +132,10 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		}
 	}
 	live.workers.Add(1)
+	if err := w.startUnmatched(p.UnmatchedLimit); err != nil {
+		_ = w.Close()
+		return nil, opErr("worker_create", err, "")
+	}
 	// Revocation messages (revoke.go) come on a reserved active-message id.
 	if c.features&FeatureAM != 0 {
 		if err := w.setAmHandler(RevokeAM, w.onControl); err != nil {
@@ -366,6 +381,8 @@ func (w *Worker) handleEventLocked(ev *ucx.Event) {
 		}
 	case ucx.EvAmRecv:
 		w.deliverAmLocked(ev)
+	case ucx.EvCutOff:
+		w.cutOffLocked(ev.ID, ev.Length)
 	}
 }
 

@@ -131,7 +131,10 @@ static void chain_recv_cb(void *request, ucs_status_t st, const ucp_tag_recv_inf
 {
     ucpxu_chain_op_t *op = user_data;
     if (info != NULL) {
-        op->recv_tag = info->sender_tag;
+        if (ucpxu_um_is_cut(op->chain->w, info->sender_tag)) {
+            st = UCS_ERR_EXCEEDS_LIMIT;
+        }
+        op->recv_tag = info->sender_tag & UCPXU_TAG_MASK;
         op->recv_len = info->length;
     }
     completed(op, request, st);
@@ -152,10 +155,11 @@ static void *post(ucpxu_chain_t *c, ucpxu_chain_op_t *op)
     }
     if (op->kind == UCPXU_CHAIN_SEND) {
         p.cb.send = chain_send_cb;
-        return ucp_tag_send_nbx((ucp_ep_h)op->ep, (void*)op->buf, op->len, op->tag, &p);
+        return ucp_tag_send_nbx((ucp_ep_h)op->ep, (void*)op->buf, op->len,
+                                (op->tag & UCPXU_TAG_MASK) | c->w->tag_source, &p);
     }
     p.cb.recv = chain_recv_cb;
-    return ucp_tag_recv_nbx(c->w->worker, (void*)op->buf, op->len, op->tag, op->mask, &p);
+    return ucpxu_post_recv(c->w, (void*)op->buf, op->len, op->tag, op->mask, &p);
 }
 
 /* post_step posts every operation of step s; those that completed in the call are
@@ -259,7 +263,7 @@ int ucpxu_chain_wait(uintptr_t cp, unsigned spins)
         return 0;
     }
     for (i = 0; i < spins && __atomic_load_n(&c->running, __ATOMIC_ACQUIRE); i++) {
-        ucp_worker_progress(w->worker);
+        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
     }
     ucpxu_reap((uintptr_t)w);
     return __atomic_load_n(&c->running, __ATOMIC_ACQUIRE);

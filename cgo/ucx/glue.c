@@ -18,7 +18,7 @@ static inline void q_unlock(ucpxu_worker_t *w) { __atomic_store_n(&w->lock, 0, _
 
 /* push appends an event; on allocation failure the event is dropped, which can
  * only happen when the process is out of memory anyway. */
-static void push(ucpxu_worker_t *w, const ucpxu_event_t *ev)
+void ucpxu_push_event(ucpxu_worker_t *w, const ucpxu_event_t *ev)
 {
     q_lock(w);
     if (w->nevents == w->cap) {
@@ -86,7 +86,7 @@ static void complete_event(void *request, ucs_status_t status, uint64_t tag, siz
     __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     ev.type = UCPX_EV_REQ_DONE;
     ev.ptr = request;
-    push((ucpxu_worker_t*)user_data, &ev);
+    ucpxu_push_event((ucpxu_worker_t*)user_data, &ev);
 }
 
 static void send_cb(void *request, ucs_status_t status, void *user_data)
@@ -102,14 +102,21 @@ static void send_cb_ev(void *request, ucs_status_t status, void *user_data)
 static void tag_recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                         void *user_data)
 {
-    complete(request, status, info ? info->sender_tag : 0, info ? info->length : 0, user_data);
+    if (info != NULL && ucpxu_um_is_cut(user_data, info->sender_tag)) {
+        status = UCS_ERR_EXCEEDS_LIMIT;
+    }
+    complete(request, status, info ? info->sender_tag & UCPXU_TAG_MASK : 0, info ? info->length : 0,
+             user_data);
 }
 
 static void tag_recv_cb_ev(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                            void *user_data)
 {
-    complete_event(request, status, info ? info->sender_tag : 0, info ? info->length : 0,
-                   user_data);
+    if (info != NULL && ucpxu_um_is_cut(user_data, info->sender_tag)) {
+        status = UCS_ERR_EXCEEDS_LIMIT;
+    }
+    complete_event(request, status, info ? info->sender_tag & UCPXU_TAG_MASK : 0,
+                   info ? info->length : 0, user_data);
 }
 
 static void am_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
@@ -182,7 +189,7 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     ev.type = UCPX_EV_EP_ERROR;
     ev.status = status;
     ev.ptr = ep;
-    push((ucpxu_worker_t*)arg, &ev);
+    ucpxu_push_event((ucpxu_worker_t*)arg, &ev);
 }
 
 static void conn_cb(ucp_conn_request_h conn_request, void *arg)
@@ -192,7 +199,7 @@ static void conn_cb(ucp_conn_request_h conn_request, void *arg)
     ev.type = UCPX_EV_CONN_REQ;
     ev.ptr = conn_request;
     ev.id = a->id;
-    push(a->w, &ev);
+    ucpxu_push_event(a->w, &ev);
 }
 
 static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, void *data,
@@ -231,7 +238,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
         memcpy(ev.ptr, data, length);
         ev.flags |= UCPX_AM_COPIED;
     }
-    push(a->w, &ev);
+    ucpxu_push_event(a->w, &ev);
     return ret;
 }
 
@@ -314,6 +321,7 @@ void ucpxu_worker_destroy(ucpxu_worker_t *w)
 {
     size_t i;
     ucpxu_chains_shutdown(w);
+    ucpxu_um_release(w);
     /* Events not drained by Go still own memory. */
     for (i = 0; i < w->nevents; i++) {
         ucpxu_event_t *ev = &w->events[i];
@@ -358,7 +366,7 @@ static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
 {
     unsigned i;
     if (r == NULL) {
-        ucp_worker_progress(w->worker);
+        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
         return;
     }
     for (i = 0; i < spins; i++) {
@@ -368,7 +376,7 @@ static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
         if (i > 0 && __atomic_load_n(&w->yield, __ATOMIC_RELAXED)) {
             return; /* an issuer waits for the lock */
         }
-        ucp_worker_progress(w->worker);
+        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
     }
 }
 
@@ -608,7 +616,7 @@ static inline void *tag_send(ucpxu_worker_t *w, uintptr_t ep, uintptr_t buf, siz
     ucp_request_param_t p;
     fill(&p, w, flags, mem_type, memh);
     p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
-    return ucp_tag_send_nbx((ucp_ep_h)ep, PTR(buf), len, tag, &p);
+    return ucp_tag_send_nbx((ucp_ep_h)ep, PTR(buf), len, (tag & UCPXU_TAG_MASK) | w->tag_source, &p);
 }
 
 void *ucpxu_tag_send(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t tag,
@@ -631,7 +639,7 @@ static void *tag_recv(ucpxu_worker_t *w, uintptr_t buf, size_t len, uint64_t tag
 
     fill(&p, w, flags | UCP_OP_ATTR_FLAG_NO_IMM_CMPL, mem_type, memh);
     p.cb.recv = (flags & UCPXU_NOTIFY) ? tag_recv_cb_ev : tag_recv_cb;
-    ret = ucp_tag_recv_nbx(w->worker, PTR(buf), len, tag, mask, &p);
+    ret = ucpxu_post_recv(w, PTR(buf), len, tag, mask, &p);
     if (!is_req(ret) || (flags & UCP_OP_ATTR_FLAG_NO_IMM_CMPL)) {
         return ret;
     }
@@ -703,7 +711,7 @@ void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t sle
             (i > 0 && __atomic_load_n(&w->yield, __ATOMIC_RELAXED))) {
             break;
         }
-        ucp_worker_progress(w->worker);
+        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
     }
     if (spins > 0) {
         reap(w);

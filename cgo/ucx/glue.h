@@ -20,8 +20,16 @@ enum {
     UCPX_EV_REQ_DONE = 1, /* a request with a Go callback completed */
     UCPX_EV_EP_ERROR = 2, /* an endpoint failed (peer error handling) */
     UCPX_EV_CONN_REQ = 3, /* a listener got a connection request */
-    UCPX_EV_AM_RECV  = 4  /* an active message arrived */
+    UCPX_EV_AM_RECV  = 4, /* an active message arrived */
+    UCPX_EV_CUT_OFF  = 5  /* a source's unmatched data passed the limit (id: source) */
 };
+
+/* Tags: users have the low UCPXU_TAG_BITS; the bits above carry the sender's source
+ * id (ucpxu_worker_t.tag_source), which the unmatched-data ledger charges. Every send
+ * sets them and every receive mask ignores them. */
+#define UCPXU_TAG_BITS   48
+#define UCPXU_TAG_MASK   ((1ull << UCPXU_TAG_BITS) - 1)
+#define UCPXU_SOURCES    (1u << (64 - UCPXU_TAG_BITS))
 
 /* UCPXU_NOTIFY in an operation's flags: its completion goes to the event queue (a Go
  * callback waits for it) instead of the done list. Never passed to UCX. */
@@ -97,7 +105,56 @@ struct ucpxu_worker {
      * (the condition engine): the spin loops below end early so that it gets the
      * lock within one progress call. Go writes it atomically. */
     uint32_t      yield;
+    uint64_t      tag_source; /* this worker's source id, in place (above UCPXU_TAG_MASK) */
+    /* The unmatched-data ledger (unmatched.c), on while limit > 0: messages that sat
+     * unexpected for a look interval are taken from UCX's queue into ours and charged
+     * to their source; a source past the limit is cut off (its messages discarded,
+     * UCPX_EV_CUT_OFF queued). Receives look in our queue first. */
+    struct {
+        uint64_t  limit;
+        unsigned  tick;
+        void     *head_seen; /* UCX's first unexpected message at the last look */
+        struct ucpxu_unmatched *q;
+        size_t    off, n, cap; /* q[off, off+n): oldest first */
+        uint64_t *charge;      /* per source, UCPXU_SOURCES entries */
+        uint8_t  *cut;         /* per source: cut off */
+        unsigned  ncut;
+        uint64_t  taken, discarded;
+    } um;
 };
+
+struct ucpxu_unmatched {
+    ucp_tag_message_h msg;
+    uint64_t          tag;
+    uint64_t          charge;
+};
+
+/* The ledger's look, every UCPXU_UM_EVERY progress calls that progressed something
+ * (an idle spin costs nothing). */
+#define UCPXU_UM_EVERY 16
+void ucpxu_um_look(ucpxu_worker_t *w);
+static inline void ucpxu_um_tick(ucpxu_worker_t *w, unsigned progressed)
+{
+    if (progressed != 0 && w->um.limit != 0 && (++w->um.tick % UCPXU_UM_EVERY) == 0) {
+        ucpxu_um_look(w);
+    }
+}
+/* ucpxu_post_recv posts a tag receive with p: from our queue when a message there
+ * matches (ucp_tag_msg_recv_nbx), else ucp_tag_recv_nbx. The mask ignores the source
+ * bits. */
+void *ucpxu_post_recv(ucpxu_worker_t *w, void *buf, size_t len, uint64_t tag, uint64_t mask,
+                      const ucp_request_param_t *p);
+/* ucpxu_um_set turns the ledger on with limit bytes per source (0: off). */
+void ucpxu_um_set(uintptr_t w, uint64_t limit, uint64_t tag_source);
+/* ucpxu_um_held: bytes charged and not matched, of one source. */
+uint64_t ucpxu_um_held(uintptr_t w, unsigned source);
+void ucpxu_um_release(ucpxu_worker_t *w);
+/* ucpxu_um_take_all takes every unexpected message into our queue now. */
+void ucpxu_um_take_all(ucpxu_worker_t *w);
+/* ucpxu_um_is_cut: the message's source was cut off (a receive that matched it fails
+ * with UCS_ERR_EXCEEDS_LIMIT: it was posted before the message arrived). */
+int ucpxu_um_is_cut(ucpxu_worker_t *w, uint64_t sender_tag);
+void ucpxu_push_event(ucpxu_worker_t *w, const ucpxu_event_t *ev);
 
 ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,
                        size_t est_eps, ucp_context_h *ctx_p);

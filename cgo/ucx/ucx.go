@@ -125,6 +125,7 @@ const (
 	EvEPError  = C.UCPX_EV_EP_ERROR
 	EvConnReq  = C.UCPX_EV_CONN_REQ
 	EvAmRecv   = C.UCPX_EV_AM_RECV
+	EvCutOff   = C.UCPX_EV_CUT_OFF
 	EventBatch = C.UCPXU_EVENT_BATCH
 	// ReapBatch is the most results one call reaps.
 	ReapBatch = C.UCPXU_REAP_MAX
@@ -257,6 +258,32 @@ func (w *Worker) Address() ([]byte, Status) {
 	out := C.GoBytes(p, C.int(n))
 	C.ucpxu_worker_address_release(w.w, p)
 	return out, OK
+}
+
+// TagBits is how many low bits of a tag are the user's; the bits above carry the
+// sender's source id.
+const TagBits = C.UCPXU_TAG_BITS
+
+// SetUnmatched sets this worker's source id (below 1<<(64-TagBits)), which its sends
+// carry, and turns the unmatched-data ledger on with limit bytes per source (0: off).
+func (w *Worker) SetUnmatched(limit uint64, source uint64) {
+	C.ucpxu_um_set(w.h, C.uint64_t(limit), C.uint64_t(source))
+}
+
+// UnmatchedHeld is what the ledger charges source now (messages taken from UCX's
+// unexpected queue and not matched yet).
+func (w *Worker) UnmatchedHeld(source uint64) uint64 {
+	return uint64(C.ucpxu_um_held(w.h, C.unsigned(source)))
+}
+
+// TakeUnmatched takes every unexpected message into the ledger's queue now, as a look
+// that found them sitting does (tests).
+func (w *Worker) TakeUnmatched() { C.ucpxu_um_take_all(w.w) }
+
+// UnmatchedCounts: messages the ledger took from UCX's queue, and discarded (of
+// sources cut off), since the worker was made.
+func (w *Worker) UnmatchedCounts() (taken, discarded uint64) {
+	return uint64(w.w.um.taken), uint64(w.w.um.discarded)
 }
 
 // EventFD returns the worker's wakeup file descriptor.

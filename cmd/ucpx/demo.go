@@ -20,9 +20,9 @@ import (
 
 // Wire constants shared by `ucpx demo` and `ucpx demo-peer`.
 const (
-	demoTagToPeer   uint64 = 0x6465_6d6f_0000_0001 // control messages parent -> peer
-	demoTagToParent uint64 = 0x6465_6d6f_0000_0002 // control messages peer -> parent
-	demoTagData     uint64 = 0x6465_6d6f_0001_0000 // + step number: tagged payloads
+	demoTagToPeer   uint64 = 0x6d6f_0000_0001 // control messages parent -> peer
+	demoTagToParent uint64 = 0x6d6f_0000_0002 // control messages peer -> parent
+	demoTagData     uint64 = 0x6d6f_0001_0000 // + step number: tagged payloads
 
 	demoAmData  uint = 7 // parent -> peer: header (seq, length, crc32c) + data
 	demoAmReply uint = 8 // peer -> parent: header (seq, length, crc32c, ok)

@@ -174,7 +174,7 @@ func measureWireup(ctx context.Context, job *bootstrap.Job, join time.Duration, 
 	}
 	start := time.Now()
 	w := job.Worker()
-	const tag = 1 << 62
+	const tag = 1 << 46
 	var reqs []*ucp.Request
 	in := make([]byte, 8*job.Size)
 	for r := 0; r < job.Size; r++ {

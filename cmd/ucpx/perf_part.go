@@ -36,9 +36,9 @@ const (
 	maxPartitions     = 1 << 20 // prepare's bound
 
 	// Tags of the partitioned requests (matched by tag and order of init).
-	tagPartPing uint64 = 0x7563_7078_0000_0011
-	tagPartPong uint64 = 0x7563_7078_0000_0012
-	tagPartData uint64 = 0x7563_7078_0000_0013
+	tagPartPing uint64 = 0x7078_0000_0011
+	tagPartPong uint64 = 0x7078_0000_0012
+	tagPartData uint64 = 0x7078_0000_0013
 )
 
 func isPartTest(test string) bool { return test == testPartLat || test == testPartBw }

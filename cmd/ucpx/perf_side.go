@@ -17,11 +17,11 @@ import (
 
 // Tags of the perf tests; tests run one after another, so fixed tags suffice.
 const (
-	tagPing  uint64 = 0x7563_7078_0000_0001
-	tagPong  uint64 = 0x7563_7078_0000_0002
-	tagData  uint64 = 0x7563_7078_0000_0003
-	tagAck   uint64 = 0x7563_7078_0000_0004
-	tagDone  uint64 = 0x7563_7078_0000_0005
+	tagPing  uint64 = 0x7078_0000_0001
+	tagPong  uint64 = 0x7078_0000_0002
+	tagData  uint64 = 0x7078_0000_0003
+	tagAck   uint64 = 0x7078_0000_0004
+	tagDone  uint64 = 0x7078_0000_0005
 	fullMask        = ^uint64(0)
 )
 

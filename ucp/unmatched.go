@@ -1,0 +1,117 @@
+package ucp
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+)
+
+// TagBits is how many low bits of a tag belong to the caller. The bits above carry
+// the sending worker's source id, which the receiver's unmatched-data limit charges
+// (WorkerParams.UnmatchedLimit): sends set them, receive masks ignore them, and
+// SenderTag never shows them. A tag above MaxTag is refused with ErrInvalidParam; a
+// mask may have any bits set.
+const TagBits = ucx.TagBits
+
+// MaxTag is the largest tag a send or receive accepts.
+const MaxTag = 1<<TagBits - 1
+
+// DefaultUnmatchedLimit is WorkerParams.UnmatchedLimit's default: 64 MiB per peer.
+const DefaultUnmatchedLimit = 64 << 20
+
+// UnmatchedLimitError is how an endpoint fails once its peer passed
+// WorkerParams.UnmatchedLimit. It matches ErrExceedsLimit.
+type UnmatchedLimitError struct {
+	Endpoint string // the endpoint to the peer
+	Held     uint64 // what the peer's unmatched messages held when it was cut off
+	Limit    uint64
+}
+
+func (e *UnmatchedLimitError) Error() string {
+	return fmt.Sprintf("ucp: %s: the peer's unmatched messages held %d bytes, over WorkerParams.UnmatchedLimit (%d): they were discarded, and so is what it sends later: %v", e.Endpoint, e.Held, e.Limit, ErrExceedsLimit)
+}
+
+func (e *UnmatchedLimitError) Unwrap() error { return ErrExceedsLimit }
+
+// checkTag refuses a tag with bits above MaxTag.
+func checkTag(op string, tag uint64) error {
+	if tag > MaxTag {
+		return opErr(op, ErrInvalidParam, "tag %#x above MaxTag (%#x): the top %d bits carry the sender's source id", tag, uint64(MaxTag), 64-TagBits)
+	}
+	return nil
+}
+
+// sourceOf is the source id a worker's sends carry, from what its peers learn about
+// it (the handshake or its sealed address): the context's identity and the worker's
+// UCX address. Two workers share an id with probability 2^-16 per pair; they then
+// share one budget.
+func sourceOf(id [idLen]byte, addr []byte) uint64 {
+	h := sha256.New()
+	h.Write(id[:])
+	h.Write(addr)
+	var sum [sha256.Size]byte
+	return uint64(binary.LittleEndian.Uint16(h.Sum(sum[:0])))
+}
+
+// startUnmatched sets this worker's source id and its ledger's limit.
+func (w *Worker) startUnmatched(limit int64) error {
+	if w.ctx.features&FeatureTag == 0 {
+		return nil
+	}
+	self, err := w.selfInfo()
+	if err != nil {
+		return err
+	}
+	w.source = sourceOf(self.id, self.addr)
+	switch {
+	case limit == 0:
+		w.unmatchedLimit = DefaultUnmatchedLimit
+	case limit < 0:
+		w.unmatchedLimit = 0 // off
+	default:
+		w.unmatchedLimit = uint64(limit)
+	}
+	w.mu.Lock()
+	w.raw.SetUnmatched(w.unmatchedLimit, w.source)
+	w.mu.Unlock()
+	return nil
+}
+
+// UnmatchedHeld reports how many bytes messages from ep's peer hold on this worker
+// unmatched, as the limit counts them: data up to 256 KiB per message (a larger one
+// is a rendezvous header whose data waits at the sender) plus 256 B each. Messages
+// count once they sat unexpected for a while (looked at every 16 progress calls that
+// progressed something), so a message matched quickly never does.
+func (ep *Endpoint) UnmatchedHeld() uint64 {
+	w := ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !ep.peerKnown || w.closed.Load() {
+		return 0
+	}
+	return w.raw.UnmatchedHeld(ep.source)
+}
+
+// cutOffLocked fails every endpoint whose peer has source id src: it sent more
+// unmatched data than the limit allows. Its queued messages were discarded already,
+// and so will be what it sends later.
+func (w *Worker) cutOffLocked(src uint64, held int) {
+	for _, ep := range w.eps {
+		if !ep.peerKnown || ep.source != src || ep.err != nil || ep.closed {
+			continue
+		}
+		err := &UnmatchedLimitError{Endpoint: ep.String(), Held: uint64(held), Limit: w.unmatchedLimit}
+		ep.failLocked(err)
+		if ep.params.NoPeerErrorHandling {
+			// UCX cannot cancel what is pending on such an endpoint (peerDied).
+			for r := range ep.recvs {
+				if r.req != nil {
+					w.orphanLocked(r, err)
+				}
+			}
+		}
+	}
+	w.afterLocked()
+}

@@ -1,0 +1,254 @@
+package ucp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A peer that floods messages nobody receives is cut off at the receiver's limit: its
+// endpoints fail with ErrExceedsLimit, what it left unmatched is dropped, and the
+// receiver's other peers keep working.
+func TestUnmatchedFloodIsCutOff(t *testing.T) {
+	for _, tr := range []string{"shm", "tcp"} {
+		t.Run(tr, func(t *testing.T) {
+			const limit = 1 << 20
+			// b is the victim, a the flooder; a third worker is a well-behaved peer.
+			p := addressPair(t, WorkerParams{UnmatchedLimit: limit}, tr == "shm")
+			good := connectTo(t, p.b, tr == "shm")
+			flood, victim, toFlooder := p.epA, p.b, p.epB
+
+			msg := make([]byte, 4096)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			failed := make(chan error, 1)
+			toFlooder.OnFailure(func(_ *Endpoint, err error) { failed <- err })
+			send := func() {
+				r, err := flood.TagSendNbx(msg, 7, nil)
+				require.NoError(t, err)
+				for !r.Done() {
+					p.a.Progress()
+					victim.Progress()
+				}
+			}
+			sent := 0
+			var cutErr error
+			for ; sent < 64<<20 && cutErr == nil; sent += len(msg) {
+				send()
+				select {
+				case cutErr = <-failed:
+				default:
+				}
+			}
+			require.Error(t, cutErr, "flooder sent %d bytes unmatched and was not cut off (limit %d)", sent, limit)
+			require.ErrorIs(t, cutErr, ErrExceedsLimit)
+			var le *UnmatchedLimitError
+			require.ErrorAs(t, cutErr, &le)
+			require.Equal(t, uint64(limit), le.Limit)
+			require.Greater(t, le.Held, uint64(limit))
+			require.LessOrEqual(t, le.Held, uint64(limit+limit/2), "cut off late")
+			t.Logf("cut off after %d bytes sent, %d held", sent, le.Held)
+			require.Zero(t, toFlooder.UnmatchedHeld(), "the flooder's messages are dropped")
+			_, err := toFlooder.TagSendNbx(msg, 1, nil)
+			require.ErrorIs(t, err, ErrExceedsLimit)
+
+			// What it sends later is dropped too (the victim's memory stays bounded), and
+			// a receive for its tag stays empty.
+			rss0 := rssBytes(t)
+			for i := 0; i < (32<<20)/len(msg); i++ {
+				send()
+			}
+			grown := rssBytes(t) - rss0
+			require.Less(t, grown, int64(8<<20), "RSS grew by %d bytes while the cut-off peer sent 32 MiB", grown)
+			for i := 0; i < 1000; i++ {
+				victim.Progress()
+			}
+			rr, err := victim.TagRecvNbx(make([]byte, len(msg)), 7, MaxTag, nil)
+			require.NoError(t, err)
+			for i := 0; i < 1000; i++ {
+				victim.Progress()
+			}
+			// Still in flight when it was cut off, a message may meet the posted receive:
+			// it fails then, with the peer's error.
+			if rr.Done() {
+				require.ErrorIs(t, rr.Err(), ErrExceedsLimit, "a message of the cut-off peer was delivered")
+			}
+			rr.Cancel()
+
+			// The good peer is untouched.
+			payload := []byte("still served")
+			gr, err := good.TagSendNbx(payload, 9, nil)
+			require.NoError(t, err)
+			in := make([]byte, 32)
+			gotR, err := victim.TagRecvNbx(in, 9, MaxTag, nil)
+			require.NoError(t, err)
+			for (!gr.Done() || !gotR.Done()) && ctx.Err() == nil {
+				good.Worker().Progress()
+				victim.Progress()
+			}
+			require.NoError(t, gr.Err())
+			require.NoError(t, gotR.Err())
+			require.Equal(t, uint64(9), gotR.SenderTag())
+			require.Equal(t, payload, in[:gotR.Length()])
+		})
+	}
+}
+
+// rssBytes is the process's resident set size.
+func rssBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/statm")
+	require.NoError(t, err)
+	var size, rss int64
+	_, err = fmt.Sscan(string(b), &size, &rss)
+	require.NoError(t, err)
+	return rss * int64(os.Getpagesize())
+}
+
+// addressPair connects two workers by sealed worker address; b gets pb. Over shared
+// memory, without peer error handling (UCX 1.13 then picks shm); else tcp.
+func addressPair(t *testing.T, pb WorkerParams, shm bool) *pair {
+	t.Helper()
+	if shm {
+		return shmPairWith(t, pb)
+	}
+	p := &pair{}
+	var err error
+	p.ctxA, err = NewContext(ContextParams{})
+	require.NoError(t, err)
+	p.ctxB, err = NewContext(ContextParams{})
+	require.NoError(t, err)
+	p.a, err = p.ctxA.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	p.b, err = p.ctxB.NewWorker(pb)
+	require.NoError(t, err)
+	t.Cleanup(func() { p.close(t) })
+	addrA, err := p.a.Address()
+	require.NoError(t, err)
+	addrB, err := p.b.Address()
+	require.NoError(t, err)
+	p.epA, err = p.a.ConnectAddress(addrB, nil)
+	require.NoError(t, err)
+	p.epB, err = p.b.ConnectAddress(addrA, nil)
+	require.NoError(t, err)
+	return p
+}
+
+// connectTo makes a third context and worker with an endpoint to w.
+func connectTo(t *testing.T, w *Worker, shm bool) *Endpoint {
+	t.Helper()
+	c, err := NewContext(ContextParams{})
+	require.NoError(t, err)
+	x, err := c.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	addr, err := w.Address()
+	require.NoError(t, err)
+	ep, err := x.ConnectAddress(addr, &EndpointParams{NoPeerErrorHandling: shm})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = ep.closeWith(true, time.Second)
+		_ = x.Close()
+		_ = c.Close()
+	})
+	return ep
+}
+
+// Messages that sat unexpected long enough to be taken into the ledger's queue are
+// received exactly as UCX alone would deliver them: in order per tag, wildcards
+// included, eager and rendezvous sizes, with their sender tags and checksums.
+func TestUnmatchedQueueKeepsMatchingOrder(t *testing.T) {
+	p := shmPairWith(t, WorkerParams{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// a sends, b receives (b has the default limit, so its ledger looks).
+	sizes := []int{0, 8, 4096, 300 << 10}
+	const n = 48
+	var sends []*Request
+	for i := 0; i < n; i++ {
+		b := make([]byte, sizes[i%len(sizes)])
+		for j := range b {
+			b[j] = byte(i*31 + j)
+		}
+		tag := uint64(100 + i%3)
+		r, err := p.epA.TagSendNbx(b, tag, nil)
+		require.NoError(t, err)
+		sends = append(sends, r)
+	}
+	// Let every message arrive and sit, then take them into the queue, as a look that
+	// found them sitting does.
+	for i := 0; i < 20000; i++ {
+		p.a.Progress()
+		p.b.Progress()
+	}
+	p.b.mu.Lock()
+	p.b.raw.TakeUnmatched()
+	p.b.mu.Unlock()
+	taken, _ := p.b.raw.UnmatchedCounts()
+	require.Greater(t, taken, uint64(0), "nothing was taken into the queue")
+
+	want := func(i int) (uint64, uint32) {
+		b := make([]byte, sizes[i%len(sizes)])
+		for j := range b {
+			b[j] = byte(i*31 + j)
+		}
+		return uint64(100 + i%3), crc32.ChecksumIEEE(b)
+	}
+	// Tag 101 first (in order), then the rest with a wildcard: order by arrival.
+	got := map[int]bool{}
+	for i := 1; i < n; i += 3 {
+		buf := make([]byte, 300<<10)
+		k, tag, err := p.b.TagRecv(ctx, buf, 101, MaxTag)
+		require.NoError(t, err)
+		wt, wc := want(i)
+		require.Equal(t, wt, tag)
+		require.Equal(t, wc, crc32.ChecksumIEEE(buf[:k]), "message %d", i)
+		got[i] = true
+	}
+	for i := 0; i < n; i++ {
+		if got[i] {
+			continue
+		}
+		buf := make([]byte, 300<<10)
+		r, err := p.b.TagRecvNbx(buf, 0, 0, nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		wt, wc := want(i)
+		require.Equal(t, wt, r.SenderTag(), "message %d", i)
+		require.Equal(t, wc, crc32.ChecksumIEEE(buf[:r.Length()]), "message %d", i)
+	}
+	for _, r := range sends {
+		require.NoError(t, r.Wait(ctx))
+	}
+}
+
+// Tags above MaxTag are refused at the call; masks may have any bits set, and the
+// sender's source bits never show in SenderTag.
+func TestTagAboveMaxTag(t *testing.T) {
+	p := newShmPair(t)
+	_, err := p.epA.TagSendNbx([]byte{1}, MaxTag+1, nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = p.b.TagRecvNbx(make([]byte, 1), 1<<63, ^uint64(0), nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _, err = p.epA.TagSendRecv(ctx, []byte{1}, 1<<60, make([]byte, 1), 1, MaxTag)
+	require.ErrorIs(t, err, ErrInvalidParam)
+
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], MaxTag)
+	sr, err := p.epA.TagSendNbx(b[:], MaxTag, nil)
+	require.NoError(t, err)
+	in := make([]byte, 8)
+	_, tag, err := p.b.TagRecv(ctx, in, MaxTag, ^uint64(0))
+	require.NoError(t, err)
+	require.Equal(t, uint64(MaxTag), tag)
+	require.NoError(t, sr.Wait(ctx))
+	require.False(t, errors.Is(err, ErrInvalidParam))
+}
