@@ -175,6 +175,10 @@ int ucpx_condition_destroy(ucpx_handle_t condition);
  * the operation completed in place. condition is 0 for none, else a condition handle;
  * flags are UCPX_OP_* values; mem_type describes buf. buf must stay valid until the
  * request completes. */
+/* Tags are at most UCPX_MAX_TAG (48 bits: the top 16 carry the sender's source id, which
+ * the receiver's unmatched-data limit charges); a larger tag is UCPX_ERR_INVALID_PARAM.
+ * Masks may have any bits set. */
+#define UCPX_MAX_TAG ((1ull << 48) - 1)
 int ucpx_tag_send(ucpx_handle_t ep, void *buf, size_t len, uint64_t tag, int mem_type,
                   ucpx_handle_t condition, int flags, ucpx_handle_t *request);
 int ucpx_tag_recv(ucpx_handle_t worker, void *buf, size_t len, uint64_t tag, uint64_t mask,
