@@ -429,6 +429,13 @@ func TestBadInputs(t *testing.T) {
 	_, err = p.epA.AmSendNbx(1<<16, nil, nil, nil)
 	require.ErrorIs(t, err, ErrInvalidParam)
 
+	// Tags above MaxTag: the top bits are the sender's source id.
+	_, err = p.epA.TagSendNbx([]byte("x"), MaxTag+1, nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = p.a.TagRecvNbx(make([]byte, 1), ^uint64(0), ^uint64(0), nil)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.ErrorIs(t, p.epA.TagSend(ctx, []byte("x"), 1<<63), ErrInvalidParam)
+
 	require.NoError(t, m.Close())
 }
 
