@@ -25,6 +25,7 @@ const (
 	envTrustRole   = "UCPX_TRUST_ROLE"
 	envTrustParent = "UCPX_TRUST_PARENT"
 	tagTrustHello  = 9 << 40
+	tagTrustKey    = 10 << 40 // the sleeper's packed key of a region it registered
 )
 
 func init() {
@@ -67,6 +68,20 @@ func trustSleeper() error {
 	if err := r.Wait(ctx); err != nil {
 		return err
 	}
+	region, err := uctx.MemAlloc(1 << 20)
+	if err != nil {
+		return err
+	}
+	packed, err := region.PackRkey()
+	if err != nil {
+		return err
+	}
+	if r, err = ep.TagSendNbx(packed, tagTrustKey, nil); err != nil {
+		return err
+	}
+	if err := r.Wait(ctx); err != nil {
+		return err
+	}
 	for ctx.Err() == nil { // until killed
 		w.Progress()
 		time.Sleep(time.Millisecond)
@@ -102,6 +117,24 @@ func spawnSleeper(t *testing.T) (*ucp.Worker, *ucp.Endpoint, *exec.Cmd) {
 	ep, err := w.ConnectAddress(buf[:r.Length()], &ucp.EndpointParams{NoPeerErrorHandling: true})
 	require.NoError(t, err)
 	return w, ep, cmd
+}
+
+// The key of a same-host peer that has exited is refused with a peer-failure error:
+// UCX 1.13 would try to attach the peer's gone shared-memory segment and crash in the
+// error path of ucp_ep_rkey_unpack.
+func TestTrustKeyOfExitedPeerIsRefused(t *testing.T) {
+	w, ep, cmd := spawnSleeper(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	packed := make([]byte, 4096)
+	r, err := w.TagRecvNbx(packed, tagTrustKey, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	packed = packed[:r.Length()]
+	require.NoError(t, cmd.Process.Kill())
+	_, _ = cmd.Process.Wait()
+	_, err = ep.UnpackRkey(packed)
+	require.ErrorIs(t, err, ucp.ErrPeerFailed)
 }
 
 // A peer killed over shared memory (where UCX notices nothing) while stream-ordered
