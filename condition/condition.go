@@ -10,6 +10,7 @@ import (
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream/streamcore"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // Category says what starts a conditioned operation.
@@ -115,7 +116,8 @@ type GraphBuilder interface {
 // operations have completed. Streams wait on the completion word for stream-ordered
 // completion.
 type Condition struct {
-	id       uint64 // its track in traces
+	id       uint64                         // its track in traces
+	named    atomic.Pointer[trace.Recorder] // the recorder its track was named in
 	category Category
 	backend  streamcore.Backend
 	stream   streamcore.Stream

@@ -490,7 +490,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 			if p.tl != nil && tr != nil {
 				p.tl.Store = tr.Now()
 				p.tl.Failed = p.err != nil || (p.inner != nil && p.inner.Err() != nil)
-				tr.Record(*p.tl)
+				p.recordTimeline(tr)
 			}
 			e.retired[i] = nil
 		}
@@ -565,8 +565,7 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 			for _, p := range ch.ops {
 				if p.tl != nil {
 					p.tl.Done, p.tl.Store, p.tl.Failed = now, now, err != nil
-					tr.Record(*p.tl)
-					p.tl = nil
+					p.recordTimeline(tr)
 				}
 			}
 		}

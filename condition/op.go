@@ -69,10 +69,17 @@ type part struct {
 	tl       *trace.Op // its timeline while the engine traces
 }
 
-// timeline starts the trace of one of o's parts, enqueued at now.
+// timelines recycles timelines: tracing allocates nothing per operation.
+var timelines = sync.Pool{New: func() any { return new(trace.Op) }}
+
+// timeline starts the trace of one of o's parts, enqueued at now. recordTimeline ends
+// it.
 func (o *Op) timeline(tr *trace.Recorder, now int64) *trace.Op {
 	c := o.cond
-	tr.Name(c.id, fmt.Sprintf("condition %d (%s)", c.id, c.category))
+	if c.named.Load() != tr {
+		tr.Name(c.id, fmt.Sprintf("condition %d (%s)", c.id, c.category))
+		c.named.Store(tr)
+	}
 	plan := "as is"
 	switch {
 	case len(o.plan.Parts) > 1:
@@ -80,7 +87,16 @@ func (o *Op) timeline(tr *trace.Recorder, now int64) *trace.Op {
 	case o.plan.Staged():
 		plan = "staged"
 	}
-	return &trace.Op{Track: c.id, What: o.what, Bytes: len(o.plan.Parts[0].Buf) * len(o.plan.Parts), Plan: plan, Enqueue: now}
+	tl := timelines.Get().(*trace.Op)
+	*tl = trace.Op{Track: c.id, What: o.what, Bytes: len(o.plan.Parts[0].Buf) * len(o.plan.Parts), Plan: plan, Enqueue: now}
+	return tl
+}
+
+// recordTimeline hands p's timeline to tr and recycles it.
+func (p *part) recordTimeline(tr *trace.Recorder) {
+	tr.Record(*p.tl)
+	timelines.Put(p.tl)
+	p.tl = nil
 }
 
 // Submit arms c for op: it plans how the operation's buffer travels (staging device
