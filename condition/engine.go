@@ -262,6 +262,7 @@ func (e *Engine) run() {
 	idle := 0
 	tw, canSleep := e.transport.(TransportWaiter)
 	var yieldingSince time.Time
+	spinning := false
 	for {
 		select {
 		case <-e.stop:
@@ -296,19 +297,26 @@ func (e *Engine) run() {
 		switch {
 		case idle < 256:
 		case idle < 4096:
-			// A yield keeps a trigger that comes soon within microseconds; timers
-			// cannot sleep that briefly. A transport that can sleep wakes the engine
-			// on a kick or an event within microseconds too: then yield for
-			// engineYieldFor only (4096 rounds are milliseconds of a core, which an
-			// oversubscribed machine's peers need), unless a trigger must be polled.
-			if canSleep && idle&63 == 0 {
+			// First spin without yielding for engineSpinFor: a trigger that comes
+			// soon is seen within a round, and a yield costs the scheduler's global
+			// lock, which polling goroutines contend for. Then yield: timers cannot
+			// sleep briefly. A transport that can sleep wakes the engine on a kick or
+			// an event within microseconds too: then yield for engineYieldFor only
+			// (4096 rounds are milliseconds of a core, which an oversubscribed
+			// machine's peers need), unless a trigger must be polled.
+			if idle&63 == 0 {
 				if idle == 256 {
 					yieldingSince = time.Now()
-				} else if time.Since(yieldingSince) >= engineYieldFor && !e.pollPending() {
+				}
+				since := time.Since(yieldingSince)
+				spinning = since < engineSpinFor
+				if canSleep && since >= engineYieldFor && !e.pollPending() {
 					idle = 4095
 				}
 			}
-			runtime.Gosched()
+			if !spinning {
+				runtime.Gosched()
+			}
 		default:
 			if canSleep {
 				// When every trigger comes with a kick, sleep until kicked or the
@@ -369,6 +377,10 @@ func (c *Condition) polledTrigger() bool {
 // an idle engine with a receive in flight, 1 ms: 10 % of a core; 10 ms: 2.7 %, the
 // polling engine before it 5.7 % in the same minutes).
 const engineSleepBound = 10 * time.Millisecond
+
+// engineSpinFor is how long an idle engine polls without yielding before it yields
+// between rounds.
+const engineSpinFor = 50 * time.Microsecond
 
 // engineYieldFor bounds the engine's yielding phase when its transport can sleep (as
 // ucp's waits spin DefaultSpinTime before they park).
