@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // The trust boundary (README, "Trust model"). A context holds a pre-shared secret, or
@@ -97,6 +98,7 @@ type trust struct {
 	id     [idLen]byte
 	boot   [idLen]byte // this machine's boot, for same-host peer watching
 	pid    uint32
+	host   protocol.HostIdentity // for Endpoint.Reach: boot, IPC namespace, device
 }
 
 // publicKey stands in for a secret when none is configured: the formats stay the same,
@@ -116,6 +118,9 @@ func newTrust(key []byte) (*trust, error) {
 	if _, err := rand.Read(t.id[:]); err != nil {
 		return nil, err
 	}
+	// Where /proc does not tell (not Linux), the identity stays zero: peers then see
+	// no device path (ReachNone), never a wrong one.
+	t.host, _ = protocol.LocalHostIdentity(nil)
 	return t, nil
 }
 
@@ -186,7 +191,7 @@ const (
 	hsServerHello  = len(hsMagic) + 1 + hsNonce
 	hsClientHello  = len(hsMagic) + 1 + hsNonce + hsMAC
 	maxFrame       = 64 << 10
-	infoFixed      = 4 + idLen // pid, boot (the identity is the sealed frame's sender)
+	infoFixed      = 4 + idLen + protocol.HostIdentitySize // pid, boot, host (the identity is the sealed frame's sender)
 	serverInfoSeal = "UCHS"
 	clientInfoSeal = "UCHC"
 	decisionSeal   = "UCHD"
@@ -199,15 +204,16 @@ type peerInfo struct {
 	id   [idLen]byte
 	pid  uint32
 	boot [idLen]byte
+	host protocol.HostIdentity
 	addr []byte // UCX's worker address, authenticated
 }
 
 func (p *peerInfo) encode() []byte {
-	out := make([]byte, infoFixed+len(p.addr))
+	out := make([]byte, 4+idLen, infoFixed+len(p.addr))
 	binary.LittleEndian.PutUint32(out, p.pid)
 	copy(out[4:], p.boot[:])
-	copy(out[infoFixed:], p.addr)
-	return out
+	out, _ = p.host.AppendBinary(out)
+	return append(out, p.addr...)
 }
 
 // decodePeerInfo parses an opened info frame or address envelope; addr is checked by
@@ -218,6 +224,11 @@ func decodePeerInfo(sender [idLen]byte, b []byte) (peerInfo, error) {
 	}
 	p := peerInfo{id: sender, pid: binary.LittleEndian.Uint32(b)}
 	copy(p.boot[:], b[4:])
+	host, err := protocol.DecodeHostIdentity(b[4+idLen : infoFixed])
+	if err != nil {
+		return peerInfo{}, fmt.Errorf("peer info: %w", err)
+	}
+	p.host = host
 	p.addr = append([]byte(nil), b[infoFixed:]...)
 	return p, checkAddressPayload(p.addr)
 }

@@ -82,6 +82,12 @@ type ContextParams struct {
 	// RevokeTimeout bounds how long MemH.Close waits for the peers that imported the
 	// region's key to acknowledge its revocation (0: DefaultRevokeTimeout).
 	RevokeTimeout time.Duration
+	// DeviceUUID is the UUID of the CUDA device this process's buffers live on
+	// (cuDeviceGetUuid; PyTorch: torch.cuda.get_device_properties(i).uuid). Peers on
+	// this host learn it, with the boot and IPC namespace, in the handshake or the
+	// sealed worker address, and Endpoint.Reach tells whether CUDA IPC reaches them.
+	// Zero: no device.
+	DeviceUUID [16]byte
 }
 
 // Context is a ucp_context_h: the UCX configuration and the memory registrations.
@@ -123,6 +129,7 @@ func NewContext(p ContextParams) (*Context, error) {
 	if err != nil {
 		return nil, opErr("init", err, "auth key")
 	}
+	tr.host.Device = p.DeviceUUID
 	proto, err := p.Protocol.Resolve()
 	if err != nil {
 		return nil, opErr("init", err, "ContextParams.Protocol")

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // EndpointParams configures an endpoint.
@@ -188,7 +189,7 @@ func (w *Worker) selfInfo() (peerInfo, error) {
 		return peerInfo{}, err
 	}
 	t := w.ctx.trust
-	return peerInfo{id: t.id, pid: t.pid, boot: t.boot, addr: a}, nil
+	return peerInfo{id: t.id, pid: t.pid, boot: t.boot, host: t.host, addr: a}, nil
 }
 
 // ConnectAddress creates an endpoint to a worker address obtained from the peer's
@@ -366,4 +367,24 @@ func (w *Worker) replyEndpointLocked(p unsafe.Pointer) *Endpoint {
 		return ep
 	}
 	return &Endpoint{w: w, raw: ucx.EPFromPtr(p), name: "reply", recvs: map[*Request]struct{}{}}
+}
+
+// HostIdentity is where this context runs as its peers learn it: the boot, the IPC
+// namespace and ContextParams.DeviceUUID (protocol.LocalHostIdentity; zero fields
+// where /proc does not tell).
+func (c *Context) HostIdentity() protocol.HostIdentity { return c.trust.host }
+
+// Reach says whether CUDA IPC can carry device buffers to the endpoint's peer
+// (protocol.IPCReach), from the identities the two sides exchanged when it was made.
+// peerAccess reports whether this process's device can access the device with the
+// peer's UUID (cuDeviceCanAccessPeer); nil means it cannot. An endpoint whose peer
+// is not authenticated (a reply endpoint UCX made) gives ReachNone.
+func (ep *Endpoint) Reach(peerAccess func(peerDevice [16]byte) bool) protocol.Reach {
+	ep.w.mu.Lock()
+	known, peer := ep.peerKnown, ep.peer.host
+	ep.w.mu.Unlock()
+	if !known {
+		return protocol.ReachNone
+	}
+	return protocol.IPCReach(ep.w.ctx.trust.host, peer, peerAccess)
 }
