@@ -16,6 +16,14 @@
 // an explicit Close; closing a parent closes its children, a second Close returns
 // ErrClosed, and Live reports the UCX handles still open (tests assert it is zero).
 //
+// # Tags
+//
+// Tags are 48 bits (MaxTag): the top 16 bits of UCX's tag carry the sending worker's
+// source id, so that a receiver can bound what each peer leaves unmatched
+// (WorkerParams.UnmatchedLimit: a peer past it is cut off with an
+// *UnmatchedLimitError). Receive masks may have any bits set; SenderTag never shows
+// the source bits.
+//
 // # Progress model
 //
 // UCX makes progress only when ucp_worker_progress is called. In ucpx:
