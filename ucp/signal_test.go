@@ -14,7 +14,11 @@ import (
 )
 
 // shmPairWith is newShmPair with B's worker made with pb.
-func shmPairWith(t *testing.T, pb WorkerParams) *pair {
+func shmPairWith(t *testing.T, pb WorkerParams) *pair { return addressPair(t, pb, true) }
+
+// addressPair connects two workers by sealed worker address; b gets pb. Over shared
+// memory, without peer error handling (UCX 1.13 then picks shm); else tcp.
+func addressPair(t *testing.T, pb WorkerParams, shm bool) *pair {
 	t.Helper()
 	p := &pair{}
 	var err error
@@ -26,15 +30,16 @@ func shmPairWith(t *testing.T, pb WorkerParams) *pair {
 	require.NoError(t, err)
 	p.b, err = p.ctxB.NewWorker(pb)
 	require.NoError(t, err)
+	t.Cleanup(func() { p.close(t) })
 	addrA, err := p.a.Address()
 	require.NoError(t, err)
 	addrB, err := p.b.Address()
 	require.NoError(t, err)
-	p.epA, err = p.a.ConnectAddress(addrB, &EndpointParams{NoPeerErrorHandling: true})
+	ep := &EndpointParams{NoPeerErrorHandling: shm}
+	p.epA, err = p.a.ConnectAddress(addrB, ep)
 	require.NoError(t, err)
-	p.epB, err = p.b.ConnectAddress(addrA, &EndpointParams{NoPeerErrorHandling: true})
+	p.epB, err = p.b.ConnectAddress(addrA, ep)
 	require.NoError(t, err)
-	t.Cleanup(func() { p.close(t) })
 	return p
 }
 

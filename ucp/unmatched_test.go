@@ -112,35 +112,6 @@ func rssBytes(t *testing.T) int64 {
 	return rss * int64(os.Getpagesize())
 }
 
-// addressPair connects two workers by sealed worker address; b gets pb. Over shared
-// memory, without peer error handling (UCX 1.13 then picks shm); else tcp.
-func addressPair(t *testing.T, pb WorkerParams, shm bool) *pair {
-	t.Helper()
-	if shm {
-		return shmPairWith(t, pb)
-	}
-	p := &pair{}
-	var err error
-	p.ctxA, err = NewContext(ContextParams{})
-	require.NoError(t, err)
-	p.ctxB, err = NewContext(ContextParams{})
-	require.NoError(t, err)
-	p.a, err = p.ctxA.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	p.b, err = p.ctxB.NewWorker(pb)
-	require.NoError(t, err)
-	t.Cleanup(func() { p.close(t) })
-	addrA, err := p.a.Address()
-	require.NoError(t, err)
-	addrB, err := p.b.Address()
-	require.NoError(t, err)
-	p.epA, err = p.a.ConnectAddress(addrB, nil)
-	require.NoError(t, err)
-	p.epB, err = p.b.ConnectAddress(addrA, nil)
-	require.NoError(t, err)
-	return p
-}
-
 // connectTo makes a third context and worker with an endpoint to w.
 func connectTo(t *testing.T, w *Worker, shm bool) *Endpoint {
 	t.Helper()
