@@ -49,10 +49,12 @@ static int um_alloc(ucpxu_worker_t *w)
 {
     if (w->um.charge == NULL) {
         w->um.charge = calloc(UCPXU_SOURCES, sizeof(*w->um.charge));
+    }
+    if (w->um.cut == NULL) {
         w->um.cut = calloc(UCPXU_SOURCES, 1);
-        if (w->um.charge == NULL || w->um.cut == NULL) {
-            return 0;
-        }
+    }
+    if (w->um.charge == NULL || w->um.cut == NULL) {
+        return 0;
     }
     if (w->um.off + w->um.n == w->um.cap) {
         if (w->um.off > 0) {
