@@ -10,8 +10,13 @@
 #
 # Target: C / Go <= TARGET (1.05: the C ABI adds at most 5 %).
 #
+# The floor: every ucpx_* call from C enters Go (a cgo callback). The script also
+# times a C loop calling a Go export that does nothing (bench/cgofloor), in the same
+# run, so the C ABI's overhead can be read against the cost of entering Go at all.
+#
 # Environment knobs [defaults]: REPS [5] ITERS [50000] WARMUP [2000] SIZE [8]
 #   TLS [shm] UCPX [bin/ucpx] LIB [bin/libucpx.so] TARGET [1.05] STRICT [0] (1: exit 1 on a miss)
+#   FLOORLIB [bin/libcgofloor.so]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${REPS:-5}
@@ -23,6 +28,7 @@ UCPX=${UCPX:-bin/ucpx}
 LIB=${LIB:-bin/libucpx.so}
 TARGET=${TARGET:-1.05}
 STRICT=${STRICT:-0}
+FLOORLIB=${FLOORLIB:-bin/libcgofloor.so}
 die() { echo "capi-pingpong: $*" >&2; exit 1; }
 
 [ -x "$UCPX" ] || go build -o "$UCPX" ./cmd/ucpx || die "go build ./cmd/ucpx failed"
@@ -35,6 +41,14 @@ trap 'rm -rf "$TMP"' EXIT
 libdir=$(cd "$(dirname "$LIB")" && pwd)
 cc -O2 -Wall -Iinclude -o "$TMP/pingpong" capi/c/pingpong.c -L"$libdir" -l"$(basename "$LIB" .so | sed 's/^lib//')" \
 	-Wl,-rpath,"$libdir" || die "building capi/c/pingpong.c failed"
+
+if [ ! -e "$FLOORLIB" ]; then
+	go build -buildmode=c-shared -o "$FLOORLIB" ./bench/cgofloor || die "building bench/cgofloor failed"
+	rm -f "${FLOORLIB%.so}.h"
+fi
+floordir=$(cd "$(dirname "$FLOORLIB")" && pwd)
+cc -O2 -o "$TMP/cgofloor" bench/cgofloor-loop.c -L"$floordir" -l"$(basename "$FLOORLIB" .so | sed 's/^lib//')" \
+	-Wl,-rpath,"$floordir" || die "building bench/cgofloor-loop.c failed"
 
 median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else printf "%.4f\n", (v[NR/2]+v[NR/2+1])/2}'; }
 
@@ -61,11 +75,13 @@ cb=$(printf '%s\n' "${c_vals[@]}" | sort -g | head -1)
 ratio=$(awk -v c="$cm" -v g="$gm" 'BEGIN {printf "%.3f", c / g}')
 best=$(awk -v c="$cb" -v g="$gb" 'BEGIN {printf "%.3f", c / g}')
 verdict=$(awk -v r="$best" -v t="$TARGET" 'BEGIN {print (r <= t) ? "PASS" : "MISS"}')
+floor=$("$TMP/cgofloor" 1000000 | awk '/^noop_call_ns/ {print $2}')
 echo
 echo "=== C ABI vs Go API, $SIZE B tag ping-pong over $TLS (one-way us, median of the last 2048 of each run; $REPS runs) ==="
 printf '%-24s %12s %12s\n' "" "median run" "best run"
 printf '%-24s %12s %12s\n' "ucpx perf (Go API)" "$gm" "$gb"
 printf '%-24s %12s %12s\n' "C over libucpx.so" "$cm" "$cb"
 printf '%-24s %12s %12s   target <= %s (best runs): %s\n' "C / Go" "$ratio" "$best" "$TARGET" "$verdict"
+awk -v c="$cm" -v g="$gm" -v f="$floor" 'BEGIN {printf "C ABI overhead per one-way (median runs): %.0f ns; one C->Go call that does nothing: %s ns (best of 5 x 1e6 calls)\n", (c - g) * 1000, f}'
 [ "$STRICT" = 1 ] && [ "$verdict" = MISS ] && exit 1
 exit 0

@@ -13,6 +13,7 @@
 #   gpu-bundle/lib/ucx/        UCX transport modules (UCX_MODULE_DIR)
 #   gpu-bundle/run.sh          runs the binaries and prints a summary (see its header)
 #   gpu-bundle/run-perftest.sh runs bench/vs-ucx-perftest.sh with the bundled binaries
+#   gpu-bundle/lib/libcgofloor.so: bench/capi-pingpong.sh's floor (FLOORLIB)
 #   gpu-bundle/lib/libucpx.so, include/, python/, run-torch.sh: the C ABI, its header and
 #                              Python module, and the script running the PyTorch check
 #   gpu-bundle.tar.xz          all of it compressed, what the device tool carries
@@ -87,6 +88,12 @@ if $GO build -buildmode=c-shared -ldflags='-s -w' -o "$bundle/lib/libucpx.so" ./
 	echo "built libucpx.so"
 else
 	echo "warning: capi/libucpx does not build; skipped" >&2
+fi
+# bench/capi-pingpong.sh's floor (FLOORLIB): a Go export that does nothing.
+if $GO build -buildmode=c-shared -ldflags='-s -w' -o "$bundle/lib/libcgofloor.so" ./bench/cgofloor; then
+	rm -f "$bundle/lib/libcgofloor.h"
+else
+	echo "warning: bench/cgofloor does not build; skipped" >&2
 fi
 
 # Shared libraries: what ldd resolves for the binaries and the UCX modules, minus

@@ -8,6 +8,7 @@ import "C"
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ucpx/ucpx/internal/errs"
 )
@@ -16,27 +17,24 @@ import (
 var errInvalidHandle = errs.New("invalid handle", errs.InvalidParam)
 
 // handles maps the integers C holds to the Go objects they stand for. Numbers are
-// never reused, so a stale handle cannot reach a newer object.
-var handles = struct {
-	sync.RWMutex
-	next uint64
-	objs map[uint64]any
-}{objs: map[uint64]any{}}
+// never reused, so a stale handle cannot reach a newer object. A sync.Map: every call
+// looks its handles up, creating and destroying them is rare, and a lookup takes no
+// lock that calls from other threads would contend for.
+var (
+	handles    sync.Map // uint64 -> object
+	handleNext atomic.Uint64
+)
 
 // put stores o and returns its new handle.
 func put(o any) C.ucpx_handle_t {
-	handles.Lock()
-	defer handles.Unlock()
-	handles.next++
-	handles.objs[handles.next] = o
-	return C.ucpx_handle_t(handles.next)
+	h := handleNext.Add(1)
+	handles.Store(h, o)
+	return C.ucpx_handle_t(h)
 }
 
 // get returns the object of handle h, which must be a T.
 func get[T any](h C.ucpx_handle_t, kind string) (T, error) {
-	handles.RLock()
-	o := handles.objs[uint64(h)]
-	handles.RUnlock()
+	o, _ := handles.Load(uint64(h))
 	return as[T](o, h, kind)
 }
 
@@ -61,19 +59,15 @@ func optional[T any](h C.ucpx_handle_t, kind string) (T, error) {
 // take removes handle h, which must be a T, and returns its object: one of two
 // concurrent destroys of the same handle gets it, the other errInvalidHandle.
 func take[T any](h C.ucpx_handle_t, kind string) (T, error) {
-	handles.Lock()
-	defer handles.Unlock()
-	t, err := as[T](handles.objs[uint64(h)], h, kind)
-	if err == nil {
-		delete(handles.objs, uint64(h))
+	o, _ := handles.Load(uint64(h))
+	t, err := as[T](o, h, kind)
+	if err == nil && !handles.CompareAndDelete(uint64(h), o) {
+		var zero T
+		return zero, fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
 	}
 	return t, err
 }
 
 // putBack restores a handle take removed, when the destroy it was for failed
 // (ErrBusy: the object is still in use).
-func putBack(h C.ucpx_handle_t, o any) {
-	handles.Lock()
-	handles.objs[uint64(h)] = o
-	handles.Unlock()
-}
+func putBack(h C.ucpx_handle_t, o any) { handles.Store(uint64(h), o) }

@@ -296,8 +296,6 @@ void         ucpxu_chain_free(uintptr_t c);
 void         ucpxu_chains_shutdown(ucpxu_worker_t *w);
 uint64_t     ucpxu_ticks(void);
 
-/* ucpxu_addr turns an integer address (device or C memory) into a pointer. */
-static inline void *ucpxu_addr(uintptr_t a) { return (void*)a; }
 
 /* Status pointer helpers (macros in UCX). */
 static inline int   ucpxu_ptr_is_err(void *p) { return UCS_PTR_IS_ERR(p); }
