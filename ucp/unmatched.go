@@ -18,8 +18,10 @@ const TagBits = ucx.TagBits
 // MaxTag is the largest tag a send or receive accepts.
 const MaxTag = 1<<TagBits - 1
 
-// DefaultUnmatchedLimit is WorkerParams.UnmatchedLimit's default: 64 MiB per peer.
-const DefaultUnmatchedLimit = 64 << 20
+// DefaultUnmatchedLimit is WorkerParams.UnmatchedLimit's default: 256 MiB per peer,
+// room for a legitimate backlog (a thousand rendezvous messages of any size, or 256 MiB
+// of eager data nobody has asked for yet) that still stops a flood.
+const DefaultUnmatchedLimit = 256 << 20
 
 // UnmatchedLimitError is how an endpoint fails once its peer passed
 // WorkerParams.UnmatchedLimit. It matches ErrExceedsLimit.

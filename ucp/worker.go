@@ -34,7 +34,7 @@ type WorkerParams struct {
 	// past it, every endpoint to that peer fails with an error matching
 	// ErrExceedsLimit, and what the peer sent and sends unmatched is discarded. A
 	// peer's identity is what its handshake or sealed address proved. 0:
-	// DefaultUnmatchedLimit (64 MiB); negative: no limit, which also stops looking.
+	// DefaultUnmatchedLimit (256 MiB); negative: no limit, which also stops looking.
 	UnmatchedLimit int64
 }
 
