@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
@@ -222,4 +223,87 @@ func TestTagAboveMaxTag(t *testing.T) {
 	require.Equal(t, uint64(MaxTag), tag)
 	require.NoError(t, sr.Wait(ctx))
 	require.False(t, errors.Is(err, ErrInvalidParam))
+}
+
+// Many messages of random sizes and tags, taken into the ledger's queue in batches
+// while more keep arriving, received with a mix of exact and wildcard receives: every
+// message arrives once, intact, and in order per tag (UCX's guarantee between one
+// sender and one receiver).
+func TestUnmatchedQueueRandomized(t *testing.T) {
+	p := shmPairWith(t, WorkerParams{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(7, 11))
+	const n, tags = 3000, 5
+	type msg struct {
+		tag uint64
+		sum uint32
+		n   int
+	}
+	var sent []msg
+	var reqs []*Request
+	for i := 0; i < n; i++ {
+		size := []int{0, 8, 100, 4096, 9000, 70 << 10}[rng.IntN(6)]
+		b := make([]byte, size)
+		for j := range b {
+			b[j] = byte(rng.IntN(256))
+		}
+		// The sequence number rides in the payload's first bytes where there is room.
+		if size >= 8 {
+			binary.LittleEndian.PutUint64(b, uint64(i))
+		}
+		tag := uint64(rng.IntN(tags))
+		r, err := p.epA.TagSendNbx(b, tag, nil)
+		require.NoError(t, err)
+		reqs = append(reqs, r)
+		sent = append(sent, msg{tag, crc32.ChecksumIEEE(b), size})
+		if i%200 == 199 {
+			// Let what arrived sit, and take it into the queue, as a look does.
+			for k := 0; k < 200; k++ {
+				p.a.Progress()
+				p.b.Progress()
+			}
+			p.b.mu.Lock()
+			p.b.raw.TakeUnmatched()
+			p.b.mu.Unlock()
+		}
+	}
+	taken, _ := p.b.raw.UnmatchedCounts()
+	require.Greater(t, taken, uint64(0))
+	// Per tag, the order they were sent in.
+	next := make(map[uint64][]int)
+	for i, m := range sent {
+		next[m.tag] = append(next[m.tag], i)
+	}
+	got := 0
+	buf := make([]byte, 70<<10)
+	for got < n {
+		var r *Request
+		var err error
+		if rng.IntN(3) == 0 {
+			r, err = p.b.TagRecvNbx(buf, 0, 0, nil) // any tag
+		} else {
+			tag := uint64(rng.IntN(tags))
+			if len(next[tag]) == 0 {
+				continue
+			}
+			r, err = p.b.TagRecvNbx(buf, tag, MaxTag, nil)
+		}
+		require.NoError(t, err)
+		for !r.Done() && ctx.Err() == nil {
+			p.a.Progress()
+			p.b.Progress()
+		}
+		require.NoError(t, r.Err())
+		tag := r.SenderTag()
+		require.NotEmpty(t, next[tag], "a message of tag %d too many", tag)
+		i := next[tag][0]
+		next[tag] = next[tag][1:]
+		require.Equal(t, sent[i].n, r.Length(), "message %d (tag %d): length", i, tag)
+		require.Equal(t, sent[i].sum, crc32.ChecksumIEEE(buf[:r.Length()]), "message %d (tag %d): out of order or corrupt", i, tag)
+		got++
+	}
+	for _, r := range reqs {
+		require.NoError(t, r.Wait(ctx))
+	}
 }
