@@ -420,6 +420,10 @@ func (w *Worker) trackLocked(r *Request, req unsafe.Pointer) {
 // Close cancels pending operations, force-closes endpoints and listeners, and
 // destroys the worker. Pending requests complete with ErrCanceled or a peer error.
 // A second Close returns ErrClosed.
+// closeKeepaliveRounds is how many of UCX's keepalive progress turns Close lets run
+// before it force-closes the endpoints.
+const closeKeepaliveRounds = 4
+
 func (w *Worker) Close() error {
 	if w.closed.Load() {
 		return opErr("worker_destroy", ErrClosed, "")
@@ -434,6 +438,14 @@ func (w *Worker) Close() error {
 	w.park.shutdown() // parked waiters wake, and find the worker closed
 	for _, l := range w.listeners {
 		l.destroyLocked()
+	}
+	// Let a keepalive round UCX left unfinished (an endpoint still wiring up had no
+	// resources) finish while the endpoints are whole: UCX 1.13 resumes it in the
+	// progress below, and on a force-closed endpoint it dereferences a lane that is
+	// gone (ucp_ep_do_uct_ep_am_keepalive: a crash seen about once in 20 runs of the
+	// ucp tests). Keepalive runs every 32nd progress call.
+	for range closeKeepaliveRounds * 32 {
+		w.progressLocked(nil, 1)
 	}
 	for _, ep := range w.eps {
 		ep.forceCloseLocked()

@@ -131,7 +131,8 @@ static void chain_recv_cb(void *request, ucs_status_t st, const ucp_tag_recv_inf
 {
     ucpxu_chain_op_t *op = user_data;
     if (info != NULL) {
-        if (ucpxu_um_is_cut(op->chain->w, info->sender_tag)) {
+        /* w is NULL once the worker is being destroyed (ucpxu_chains_shutdown). */
+        if (op->chain->w != NULL && ucpxu_um_is_cut(op->chain->w, info->sender_tag)) {
             st = UCS_ERR_EXCEEDS_LIMIT;
         }
         op->recv_tag = info->sender_tag & UCPXU_TAG_MASK;
