@@ -380,11 +380,9 @@ func (c *Context) HostIdentity() protocol.HostIdentity { return c.trust.host }
 // peer's UUID (cuDeviceCanAccessPeer); nil means it cannot. An endpoint whose peer
 // is not authenticated (a reply endpoint UCX made) gives ReachNone.
 func (ep *Endpoint) Reach(peerAccess func(peerDevice [16]byte) bool) protocol.Reach {
-	ep.w.mu.Lock()
-	known, peer := ep.peerKnown, ep.peer.host
-	ep.w.mu.Unlock()
-	if !known {
+	// peer and peerKnown are set before the endpoint is published, never after.
+	if !ep.peerKnown {
 		return protocol.ReachNone
 	}
-	return protocol.IPCReach(ep.w.ctx.trust.host, peer, peerAccess)
+	return protocol.IPCReach(ep.w.ctx.trust.host, ep.peer.host, peerAccess)
 }

@@ -417,13 +417,13 @@ func (w *Worker) trackLocked(r *Request, req unsafe.Pointer) {
 	ucx.SetSlot(req, uint64(slot))
 }
 
-// Close cancels pending operations, force-closes endpoints and listeners, and
-// destroys the worker. Pending requests complete with ErrCanceled or a peer error.
-// A second Close returns ErrClosed.
 // closeKeepaliveRounds is how many of UCX's keepalive progress turns Close lets run
 // before it force-closes the endpoints.
 const closeKeepaliveRounds = 4
 
+// Close cancels pending operations, force-closes endpoints and listeners, and
+// destroys the worker. Pending requests complete with ErrCanceled or a peer error.
+// A second Close returns ErrClosed.
 func (w *Worker) Close() error {
 	if w.closed.Load() {
 		return opErr("worker_destroy", ErrClosed, "")
