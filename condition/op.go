@@ -44,10 +44,11 @@ type Op struct {
 	left int
 
 	done     atomic.Bool
-	settled  atomic.Bool // done and retired: the condition's words show it too
 	err      error
 	doneCh   chan struct{} // made only for a waiter that has to block
-	finished bool
+	// finished: done and retired, so the condition's words show it too. Set under mu
+	// (doneChan checks it there), read by Wait without.
+	finished atomic.Bool
 }
 
 // part is the engine's unit: one sequence number of a condition.
@@ -292,9 +293,8 @@ func (o *Op) complete(err error, retire func()) {
 	if retire != nil {
 		retire()
 	}
-	o.settled.Store(true)
 	o.mu.Lock()
-	o.finished = true
+	o.finished.Store(true)
 	if o.doneCh != nil {
 		close(o.doneCh)
 	}
@@ -349,9 +349,9 @@ func (o *Op) Test() (bool, error) {
 func (o *Op) Wait(ctx context.Context) error {
 	idle := 0
 	for idle < 4096 {
-		// settled, not done: a waiter that returns must see the condition's completion
-		// word stored as well (condition.Test on its handle).
-		if o.settled.Load() {
+		// finished, not done: a waiter that returns must see the condition's
+		// completion word stored as well (condition.Test on its handle).
+		if o.finished.Load() {
 			return o.err
 		}
 		if o.eng.Drive() {
@@ -376,7 +376,7 @@ func (o *Op) doneChan() <-chan struct{} {
 	defer o.mu.Unlock()
 	if o.doneCh == nil {
 		o.doneCh = make(chan struct{})
-		if o.finished {
+		if o.finished.Load() {
 			close(o.doneCh)
 		}
 	}
