@@ -130,13 +130,13 @@ static void chain_recv_cb(void *request, ucs_status_t st, const ucp_tag_recv_inf
                           void *user_data)
 {
     ucpxu_chain_op_t *op = user_data;
+    uint64_t tag;
+    size_t len;
+    /* chain->w is NULL once the worker is being destroyed (ucpxu_chains_shutdown). */
+    st = ucpxu_recv_seen(op->chain->w, st, info, &tag, &len);
     if (info != NULL) {
-        /* w is NULL once the worker is being destroyed (ucpxu_chains_shutdown). */
-        if (op->chain->w != NULL && ucpxu_um_is_cut(op->chain->w, info->sender_tag)) {
-            st = UCS_ERR_EXCEEDS_LIMIT;
-        }
-        op->recv_tag = info->sender_tag & UCPXU_TAG_MASK;
-        op->recv_len = info->length;
+        op->recv_tag = tag;
+        op->recv_len = len;
     }
     completed(op, request, st);
 }
@@ -157,7 +157,7 @@ static void *post(ucpxu_chain_t *c, ucpxu_chain_op_t *op)
     if (op->kind == UCPXU_CHAIN_SEND) {
         p.cb.send = chain_send_cb;
         return ucp_tag_send_nbx((ucp_ep_h)op->ep, (void*)op->buf, op->len,
-                                (op->tag & UCPXU_TAG_MASK) | c->w->tag_source, &p);
+                                ucpxu_send_tag(c->w, op->tag), &p);
     }
     p.cb.recv = chain_recv_cb;
     return ucpxu_post_recv(c->w, (void*)op->buf, op->len, op->tag, op->mask, &p);

@@ -102,21 +102,19 @@ static void send_cb_ev(void *request, ucs_status_t status, void *user_data)
 static void tag_recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                         void *user_data)
 {
-    if (info != NULL && ucpxu_um_is_cut(user_data, info->sender_tag)) {
-        status = UCS_ERR_EXCEEDS_LIMIT;
-    }
-    complete(request, status, info ? info->sender_tag & UCPXU_TAG_MASK : 0, info ? info->length : 0,
-             user_data);
+    uint64_t tag;
+    size_t len;
+    status = ucpxu_recv_seen(user_data, status, info, &tag, &len);
+    complete(request, status, tag, len, user_data);
 }
 
 static void tag_recv_cb_ev(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                            void *user_data)
 {
-    if (info != NULL && ucpxu_um_is_cut(user_data, info->sender_tag)) {
-        status = UCS_ERR_EXCEEDS_LIMIT;
-    }
-    complete_event(request, status, info ? info->sender_tag & UCPXU_TAG_MASK : 0,
-                   info ? info->length : 0, user_data);
+    uint64_t tag;
+    size_t len;
+    status = ucpxu_recv_seen(user_data, status, info, &tag, &len);
+    complete_event(request, status, tag, len, user_data);
 }
 
 static void am_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
@@ -616,7 +614,7 @@ static inline void *tag_send(ucpxu_worker_t *w, uintptr_t ep, uintptr_t buf, siz
     ucp_request_param_t p;
     fill(&p, w, flags, mem_type, memh);
     p.cb.send = (flags & UCPXU_NOTIFY) ? send_cb_ev : send_cb;
-    return ucp_tag_send_nbx((ucp_ep_h)ep, PTR(buf), len, (tag & UCPXU_TAG_MASK) | w->tag_source, &p);
+    return ucp_tag_send_nbx((ucp_ep_h)ep, PTR(buf), len, ucpxu_send_tag(w, tag), &p);
 }
 
 void *ucpxu_tag_send(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t tag,

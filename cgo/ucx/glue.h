@@ -156,6 +156,34 @@ void ucpxu_um_take_all(ucpxu_worker_t *w);
 int ucpxu_um_is_cut(ucpxu_worker_t *w, uint64_t sender_tag);
 void ucpxu_push_event(ucpxu_worker_t *w, const ucpxu_event_t *ev);
 
+/* ucpxu_send_tag is the tag a send of w puts on the wire: the user's bits and w's
+ * source id above them. */
+static inline uint64_t ucpxu_send_tag(const ucpxu_worker_t *w, uint64_t tag)
+{
+    return (tag & UCPXU_TAG_MASK) | w->tag_source;
+}
+
+/* ucpxu_recv_seen is what a tag receive's callback reports of the message it got:
+ * its status (UCS_ERR_EXCEEDS_LIMIT for a message of a cut-off source; w NULL: the
+ * worker is being destroyed, nothing to check) and, in *tag and *len, the sender's
+ * tag without the source bits and the length (0 without info). */
+static inline ucs_status_t ucpxu_recv_seen(ucpxu_worker_t *w, ucs_status_t st,
+                                           const ucp_tag_recv_info_t *info, uint64_t *tag,
+                                           size_t *len)
+{
+    if (info == NULL) {
+        *tag = 0;
+        *len = 0;
+        return st;
+    }
+    *tag = info->sender_tag & UCPXU_TAG_MASK;
+    *len = info->length;
+    if (w != NULL && ucpxu_um_is_cut(w, info->sender_tag)) {
+        return UCS_ERR_EXCEEDS_LIMIT;
+    }
+    return st;
+}
+
 ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,
                        size_t est_eps, ucp_context_h *ctx_p);
 size_t       ucpxu_request_size(void);
