@@ -106,14 +106,7 @@ func (w *Worker) cutOffLocked(src uint64, held int) {
 		}
 		err := &UnmatchedLimitError{Endpoint: ep.String(), Held: uint64(held), Limit: w.unmatchedLimit}
 		ep.failLocked(err)
-		if ep.params.NoPeerErrorHandling {
-			// UCX cannot cancel what is pending on such an endpoint (peerDied).
-			for r := range ep.recvs {
-				if r.req != nil {
-					w.orphanLocked(r, err)
-				}
-			}
-		}
+		ep.orphanRecvsLocked()
 	}
 	w.afterLocked()
 }

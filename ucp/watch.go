@@ -79,6 +79,22 @@ func (ep *Endpoint) startWatch() {
 	}()
 }
 
+// orphanRecvsLocked fails what is still pending on a failed endpoint without peer
+// error handling, which UCX can neither cancel nor force-close: each receive naming it
+// completes with ep.err, its UCX request left to complete into a stand-in (or to the
+// worker's destruction). It reports whether the endpoint is such a one.
+func (ep *Endpoint) orphanRecvsLocked() bool {
+	if !ep.params.NoPeerErrorHandling {
+		return false
+	}
+	for r := range ep.recvs {
+		if r.req != nil {
+			ep.w.orphanLocked(r, ep.err)
+		}
+	}
+	return true
+}
+
 // peerDied fails the endpoint as UCX does for a peer it saw fail: receives naming it
 // complete with the error, its handlers run, later operations on it fail.
 func (ep *Endpoint) peerDied() {
@@ -91,15 +107,7 @@ func (ep *Endpoint) peerDied() {
 	ep.failLocked(Status(ucx.ErrConnectionReset))
 	// The canceled receives complete on the next progress: do it here, so nobody has to.
 	w.progressLocked(nil, 1)
-	if ep.params.NoPeerErrorHandling {
-		// UCX can neither cancel sends nor force-close such an endpoint: what is still
-		// pending on it is failed here, its UCX request left to complete into a stand-in
-		// (or to the worker's destruction).
-		for r := range ep.recvs {
-			if r.req != nil {
-				w.orphanLocked(r, ep.err)
-			}
-		}
+	if ep.orphanRecvsLocked() {
 		w.afterLocked() // wake whoever is parked on them
 	}
 	cbs := w.takeDeferredLocked()
