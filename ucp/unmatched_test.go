@@ -153,15 +153,7 @@ func TestUnmatchedQueueKeepsMatchingOrder(t *testing.T) {
 		require.NoError(t, err)
 		sends = append(sends, r)
 	}
-	// Let every message arrive and sit, then take them into the queue, as a look that
-	// found them sitting does.
-	for i := 0; i < 20000; i++ {
-		p.a.Progress()
-		p.b.Progress()
-	}
-	p.b.mu.Lock()
-	p.b.raw.TakeUnmatched()
-	p.b.mu.Unlock()
+	takeUnmatched(p, 20000)
 	taken, _ := p.b.raw.UnmatchedCounts()
 	require.Greater(t, taken, uint64(0), "nothing was taken into the queue")
 
@@ -198,6 +190,19 @@ func TestUnmatchedQueueKeepsMatchingOrder(t *testing.T) {
 	for _, r := range sends {
 		require.NoError(t, r.Wait(ctx))
 	}
+}
+
+// takeUnmatched progresses both workers rounds times, so that what a sent arrives
+// and sits at b, then takes it into b's ledger queue, as a look that found it sitting
+// does.
+func takeUnmatched(p *pair, rounds int) {
+	for range rounds {
+		p.a.Progress()
+		p.b.Progress()
+	}
+	p.b.mu.Lock()
+	p.b.raw.TakeUnmatched()
+	p.b.mu.Unlock()
 }
 
 // Tags above MaxTag are refused at the call; masks may have any bits set, and the
@@ -258,14 +263,7 @@ func TestUnmatchedQueueRandomized(t *testing.T) {
 		reqs = append(reqs, r)
 		sent = append(sent, msg{tag, crc32.ChecksumIEEE(b), size})
 		if i%200 == 199 {
-			// Let what arrived sit, and take it into the queue, as a look does.
-			for k := 0; k < 200; k++ {
-				p.a.Progress()
-				p.b.Progress()
-			}
-			p.b.mu.Lock()
-			p.b.raw.TakeUnmatched()
-			p.b.mu.Unlock()
+			takeUnmatched(p, 200)
 		}
 	}
 	taken, _ := p.b.raw.UnmatchedCounts()
