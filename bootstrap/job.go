@@ -328,7 +328,21 @@ func (j *Job) Failed() []int {
 }
 
 // FailedErr returns the error a failed rank was reported with, nil if it has not failed.
+// An operation on the rank's endpoint that failed with the peer's failure has it
+// reported here too, even before the endpoint's error handler ran (the handler runs on
+// the goroutine that progressed, once that let go of the worker).
 func (j *Job) FailedErr(rank int) error {
+	j.mu.Lock()
+	err, ep := j.failed[rank], j.eps[rank]
+	j.mu.Unlock()
+	if err != nil || ep == nil {
+		return err
+	}
+	epErr := ep.Err()
+	if epErr == nil {
+		return nil
+	}
+	j.markFailed(rank, &RankError{Rank: rank, Err: epErr})
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.failed[rank]

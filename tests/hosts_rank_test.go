@@ -578,13 +578,6 @@ func pendingUntilFailure(t *testing.T, ctx context.Context, job *bootstrap.Job, 
 	require.True(t, released.Load(), "the stream waiting on the failed rank was not released")
 	at := time.Now().UnixNano()
 	for _, p := range others {
-		// The job marks the rank failed from the endpoint's failure hook, which runs
-		// on the goroutine that drove progress once it let go of the worker: it can
-		// come a moment after the operations above returned.
-		deadline := time.Now().Add(2 * time.Second)
-		for job.FailedErr(p) == nil && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
 		var re *bootstrap.RankError
 		require.ErrorAs(t, job.FailedErr(p), &re, "rank %d not reported failed", p)
 		require.Equal(t, p, re.Rank)
