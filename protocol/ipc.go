@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // CUDA-IPC handle cache: the part of the same-host device path (issue 14) that
@@ -30,22 +31,16 @@ import (
 // over a Unix socket), which is not built.
 
 // IPCHandleSize is the size of a CUDA IPC memory handle (CU_IPC_HANDLE_SIZE).
-const IPCHandleSize = 64
+const IPCHandleSize = streamcore.IPCHandleSize
 
 // IPCHandle is a CUipcMemHandle: it names a device allocation for another process.
-type IPCHandle [IPCHandleSize]byte
+type IPCHandle = streamcore.IPCHandle
 
 // IPCAllocation is the device allocation containing an address, as the driver sees it.
-type IPCAllocation struct {
-	Base     uint64 // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
-	Size     uint64 // CU_POINTER_ATTRIBUTE_RANGE_SIZE
-	BufferID uint64 // CU_POINTER_ATTRIBUTE_BUFFER_ID
-	// LegacyIPC: CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (false for VMM memory).
-	LegacyIPC bool
-}
+type IPCAllocation = streamcore.IPCAllocation
 
-// IPCDriver is what the handle cache needs of a CUDA driver: package cgo/cuda
-// through the CUDA stream backend in production, a fake in tests. Its calls are made on
+// IPCDriver is what the handle cache needs of a CUDA driver: the CUDA stream
+// backend (streamcore.DeviceIPC) in production, a fake in tests. Its calls are made on
 // the goroutine of the operation's call (the user's), never from the engine's rounds:
 // cuIpcOpenMemHandle and cuIpcCloseMemHandle may wait for the device.
 type IPCDriver interface {
@@ -94,7 +89,7 @@ type IPCMessage struct {
 // AppendBinary appends the message's encoding: version, kind, then base, size and
 // buffer id (little-endian), then the handle for IPCExport.
 func (m IPCMessage) AppendBinary(b []byte) ([]byte, error) {
-	if err := m.Alloc.check(); err != nil {
+	if err := checkAlloc(m.Alloc); err != nil {
 		return b, err
 	}
 	switch m.Kind {
@@ -112,7 +107,7 @@ func (m IPCMessage) AppendBinary(b []byte) ([]byte, error) {
 	return b, nil
 }
 
-func (a IPCAllocation) check() error {
+func checkAlloc(a IPCAllocation) error {
 	switch {
 	case a.Base == 0 || a.Size == 0:
 		return fmt.Errorf("IPC allocation at %#x of %d bytes: empty: %w", a.Base, a.Size, ErrInvalidParam)
@@ -152,7 +147,7 @@ func DecodeIPCMessage(b []byte) (IPCMessage, error) {
 	m.Alloc.Base = binary.LittleEndian.Uint64(b[2:])
 	m.Alloc.Size = binary.LittleEndian.Uint64(b[10:])
 	m.Alloc.BufferID = binary.LittleEndian.Uint64(b[18:])
-	if err := m.Alloc.check(); err != nil {
+	if err := checkAlloc(m.Alloc); err != nil {
 		return IPCMessage{}, fmt.Errorf("%v: %w", err, ErrBadIPCMessage)
 	}
 	if m.Kind == IPCExport {
@@ -196,22 +191,44 @@ type IPCRef struct {
 // legacy-IPC capable (VMM) fails with ErrUnsupported, a range running past its
 // allocation with ErrInvalidParam.
 func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMessage, error) {
+	ref, m, x, err := e.export(ptr, n)
+	if err != nil {
+		return IPCRef{}, nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := x.sent[peer]; ok {
+		return ref, nil, nil
+	}
+	x.sent[peer] = struct{}{}
+	return ref, &m, nil
+}
+
+// Describe is Export for a message that travels to any peer (a packed remote key):
+// the reference and the IPCExport message, the handle made once per allocation.
+func (e *IPCExporter) Describe(ptr uintptr, n int) (IPCRef, IPCMessage, error) {
+	ref, m, _, err := e.export(ptr, n)
+	return ref, m, err
+}
+
+func (e *IPCExporter) export(ptr uintptr, n int) (IPCRef, IPCMessage, *ipcExport, error) {
+	fail := func(err error) (IPCRef, IPCMessage, *ipcExport, error) { return IPCRef{}, IPCMessage{}, nil, err }
 	if ptr == 0 || n <= 0 {
-		return IPCRef{}, nil, fmt.Errorf("IPC export of %d bytes at %#x: %w", n, ptr, ErrInvalidParam)
+		return fail(fmt.Errorf("IPC export of %d bytes at %#x: %w", n, ptr, ErrInvalidParam))
 	}
 	a, err := e.drv.IPCAllocation(ptr)
 	if err != nil {
-		return IPCRef{}, nil, fmt.Errorf("IPC export of %#x: %w", ptr, err)
+		return fail(fmt.Errorf("IPC export of %#x: %w", ptr, err))
 	}
 	if !a.LegacyIPC {
-		return IPCRef{}, nil, fmt.Errorf("IPC export of %#x: the allocation is not legacy-IPC capable (VMM memory from cuMemCreate?): %w", ptr, ErrUnsupported)
+		return fail(fmt.Errorf("IPC export of %#x: the allocation is not legacy-IPC capable (VMM memory from cuMemCreate?): %w", ptr, ErrUnsupported))
 	}
-	if err := a.check(); err != nil {
-		return IPCRef{}, nil, err
+	if err := checkAlloc(a); err != nil {
+		return fail(err)
 	}
 	off := uint64(ptr) - a.Base
 	if uint64(ptr) < a.Base || off+uint64(n) > a.Size {
-		return IPCRef{}, nil, fmt.Errorf("IPC export of %d bytes at %#x: outside its allocation [%#x,+%d): %w", n, ptr, a.Base, a.Size, ErrInvalidParam)
+		return fail(fmt.Errorf("IPC export of %d bytes at %#x: outside its allocation [%#x,+%d): %w", n, ptr, a.Base, a.Size, ErrInvalidParam))
 	}
 	ref := IPCRef{Alloc: a, Offset: off}
 	e.mu.Lock()
@@ -221,11 +238,11 @@ func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMess
 	}
 	if x == nil {
 		e.mu.Unlock()
-		// Outside the lock: a driver call. A racing Export of the same allocation
+		// Outside the lock: a driver call. A racing export of the same allocation
 		// makes a handle too; the first stored wins (both name the same memory).
 		h, err := e.drv.IPCGetMemHandle(uintptr(a.Base))
 		if err != nil {
-			return IPCRef{}, nil, fmt.Errorf("IPC export of %#x: %w", ptr, err)
+			return fail(fmt.Errorf("IPC export of %#x: %w", ptr, err))
 		}
 		e.mu.Lock()
 		if x = e.byBase[a.Base]; x == nil || x.alloc != a {
@@ -233,12 +250,8 @@ func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMess
 			e.byBase[a.Base] = x
 		}
 	}
-	defer e.mu.Unlock()
-	if _, ok := x.sent[peer]; ok {
-		return ref, nil, nil
-	}
-	x.sent[peer] = struct{}{}
-	return ref, &IPCMessage{Kind: IPCExport, Alloc: a, Handle: x.handle}, nil
+	e.mu.Unlock()
+	return ref, IPCMessage{Kind: IPCExport, Alloc: a, Handle: x.handle}, x, nil
 }
 
 // Forget drops the export of the allocation containing base (its MemH closed, or it
@@ -287,7 +300,10 @@ type IPCImporter struct {
 	// buffer id there closes the stale one.
 	maps    map[ipcKey]uintptr
 	current map[ipcBase]ipcKey
-	closed  bool
+	// refs counts the IPCExport messages applied per mapping that Release has not
+	// given back: Release unmaps at zero.
+	refs   map[ipcKey]int
+	closed bool
 }
 
 type ipcKey struct {
@@ -302,7 +318,7 @@ type ipcBase struct {
 
 // NewIPCImporter makes the import side of the cache over drv.
 func NewIPCImporter(drv IPCDriver) *IPCImporter {
-	return &IPCImporter{drv: drv, maps: map[ipcKey]uintptr{}, current: map[ipcBase]ipcKey{}}
+	return &IPCImporter{drv: drv, maps: map[ipcKey]uintptr{}, current: map[ipcBase]ipcKey{}, refs: map[ipcKey]int{}}
 }
 
 func keyOf(peer IPCPeer, a IPCAllocation) ipcKey {
@@ -314,7 +330,7 @@ func keyOf(peer IPCPeer, a IPCAllocation) ipcKey {
 // allocation is mapped already (closing a stale mapping at the same base first);
 // IPCInvalidate closes the mapping if it is the one named.
 func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
-	if err := m.Alloc.check(); err != nil {
+	if err := checkAlloc(m.Alloc); err != nil {
 		return err
 	}
 	k := keyOf(peer, m.Alloc)
@@ -325,6 +341,7 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 		p, ok := im.maps[k]
 		if ok {
 			delete(im.maps, k)
+			delete(im.refs, k)
 			if im.current[kb] == k {
 				delete(im.current, kb)
 			}
@@ -344,6 +361,7 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 		return fmt.Errorf("IPC import: %w", ErrClosed)
 	}
 	if _, ok := im.maps[k]; ok {
+		im.refs[k]++
 		im.mu.Unlock()
 		return nil // the same allocation again (a peer that re-sent it): one mapping
 	}
@@ -351,6 +369,7 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 	if old, ok := im.current[kb]; ok {
 		stale = im.maps[old]
 		delete(im.maps, old)
+		delete(im.refs, old)
 		delete(im.current, kb)
 	}
 	im.mu.Unlock()
@@ -369,10 +388,12 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 	}
 	if _, ok := im.maps[k]; ok {
 		// A racing Handle mapped it first: CUDA counts opens, so close ours.
+		im.refs[k]++
 		im.mu.Unlock()
 		return im.unmap(p)
 	}
 	im.maps[k] = p
+	im.refs[k] = 1
 	im.current[kb] = k
 	im.mu.Unlock()
 	return staleErr
@@ -392,6 +413,30 @@ func (im *IPCImporter) Resolve(peer IPCPeer, ref IPCRef, n int) (uintptr, error)
 		return 0, fmt.Errorf("IPC reference to %#x (buffer %d) of peer %d: not mapped: %w", ref.Alloc.Base, ref.Alloc.BufferID, peer, ErrInvalidParam)
 	}
 	return p + uintptr(ref.Offset), nil
+}
+
+// Release gives back one IPCExport of peer's allocation a that Handle applied (the
+// remote key that carried it is closed or revoked); the last one unmaps it. Releasing
+// what is not mapped (dropped already: peer lost, invalidated, replaced) does nothing.
+func (im *IPCImporter) Release(peer IPCPeer, a IPCAllocation) error {
+	k := keyOf(peer, a)
+	im.mu.Lock()
+	p, ok := im.maps[k]
+	if !ok {
+		im.mu.Unlock()
+		return nil
+	}
+	if im.refs[k]--; im.refs[k] > 0 {
+		im.mu.Unlock()
+		return nil
+	}
+	delete(im.maps, k)
+	delete(im.refs, k)
+	if kb := (ipcBase{peer, a.Base}); im.current[kb] == k {
+		delete(im.current, kb)
+	}
+	im.mu.Unlock()
+	return im.unmap(p)
 }
 
 // PeerLost unmaps everything of peer.
@@ -421,6 +466,7 @@ func (im *IPCImporter) drop(match func(ipcKey) bool) error {
 		if match(k) {
 			ps = append(ps, p)
 			delete(im.maps, k)
+			delete(im.refs, k)
 			kb := ipcBase{k.peer, k.Base}
 			if im.current[kb] == k {
 				delete(im.current, kb)

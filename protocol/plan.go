@@ -112,6 +112,10 @@ type Transfer struct {
 	DeclaredDevice bool
 	// Staging is the operation's workspace policy; StageDefault takes Config.Staging.
 	Staging Staging
+	// Direct: the operation moves the buffer itself, whatever memory it is (the CUDA
+	// IPC path: copy-engine copies into a same-host peer's mapped memory), so nothing
+	// is staged and device memory needs no stream.
+	Direct bool
 }
 
 // Route is how the operation is triggered and completed.
@@ -240,6 +244,9 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 	pl2.Ring = r.StreamOrdered && !pl2.Poll && r.Backend.Kind() == streamcore.KindCUDA
 	pl2.single[0] = Part{Buf: t.Buf}
 	pl2.Parts = pl2.single[:]
+	if t.Direct {
+		return nil
+	}
 	if t.DeclaredDevice && r.Backend.Kind() == streamcore.KindHost {
 		return fmt.Errorf("device memory (RequestParam.MemoryType) with a host-stream backend: host streams run on the CPU and cannot move device memory: %w", ErrInvalidParam)
 	}

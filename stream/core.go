@@ -62,6 +62,13 @@ type (
 	// HostStaging is what the CUDA backend offers for staging device memory
 	// (streamcore.HostStaging).
 	HostStaging = streamcore.HostStaging
+	// DeviceIPC is streamcore.DeviceIPC: a backend whose device memory processes of
+	// one host can map (the CUDA backend).
+	DeviceIPC = streamcore.DeviceIPC
+	// IPCHandle is streamcore.IPCHandle.
+	IPCHandle = streamcore.IPCHandle
+	// IPCAllocation is streamcore.IPCAllocation.
+	IPCAllocation = streamcore.IPCAllocation
 	// Pinned is page-locked host memory from HostStaging (streamcore.Pinned).
 	Pinned = streamcore.Pinned
 )

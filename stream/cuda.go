@@ -111,6 +111,8 @@ type cudaBackend struct {
 	// backends of WrapCUDAStream, which allocate no words.
 	bell *doorbell
 
+	ipc ipcMaps
+
 	mu       sync.Mutex
 	closed   bool
 	refs     int  // the backend itself plus each live stream, event and word block

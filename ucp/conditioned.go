@@ -88,6 +88,12 @@ func (t workerTransport) Completions() uint64 { return t.w.completions.Load() }
 // it (on the part of buf at offset off) once the condition triggers. Everything the
 // call can check is checked here, so bad input fails at the call.
 func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
+	return w.submitTransfer(op, p, buf, dir, splittable, false, issue)
+}
+
+// submitTransfer is submit; direct says the operation moves device memory itself (the
+// CUDA IPC path), so the plan stages nothing.
+func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable, direct bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	if w.closed.Load() {
 		return nil, opErr(op, ErrClosed, "")
 	}
@@ -114,6 +120,7 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 			RegisteredHost: p.MemH != nil && p.MemH.MemoryType() == MemoryHost,
 			DeclaredDevice: p.MemoryType == MemoryCUDA || p.MemoryType == MemoryCUDAManaged,
 			Staging:        p.Staging,
+			Direct:         direct,
 		},
 		NonBlocking: p.Flags&NonBlockingEnqueue != 0,
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Feature selects the UCX capabilities a context is created with.
@@ -86,8 +87,16 @@ type ContextParams struct {
 	// (cuDeviceGetUuid; PyTorch: torch.cuda.get_device_properties(i).uuid). Peers on
 	// this host learn it, with the boot and IPC namespace, in the handshake or the
 	// sealed worker address, and Endpoint.Reach tells whether CUDA IPC reaches them.
-	// Zero: no device.
+	// Zero: no device (or Device's).
 	DeviceUUID [16]byte
+	// Device is the stream backend of the device this process's buffers live on (a
+	// CUDA backend from package stream; it must implement streamcore.DeviceIPC). With
+	// it, device memory of this host travels by CUDA IPC where UCX has no CUDA
+	// transport: MemMapPtr with MemoryCUDA exports the allocation in the region's
+	// remote key, a same-host peer maps it in UnpackRkey, and RMA on it moves by the
+	// copy engine (README, "Device memory on one host"). Its UUID is DeviceUUID's
+	// default. The context does not close it.
+	Device streamcore.Backend
 }
 
 // Context is a ucp_context_h: the UCX configuration and the memory registrations.
@@ -101,6 +110,7 @@ type Context struct {
 	workers  map[*Worker]struct{}
 	memhs    map[*MemH]struct{}
 	exports  map[uint64]*MemH // by key id, once packed
+	ipc      *ctxIPC          // the CUDA IPC path, with ContextParams.Device
 	closed   bool
 	trust    *trust
 	// revokeTimeout is ContextParams.RevokeTimeout, resolved.
@@ -129,6 +139,17 @@ func NewContext(p ContextParams) (*Context, error) {
 	if err != nil {
 		return nil, opErr("init", err, "auth key")
 	}
+	var ipc *ctxIPC
+	if p.Device != nil {
+		if ipc, err = newCtxIPC(p.Device); err != nil {
+			return nil, err
+		}
+		if p.DeviceUUID == ([16]byte{}) {
+			if p.DeviceUUID, err = ipc.dev.DeviceUUID(); err != nil {
+				return nil, opErr("init", err, "ContextParams.Device's UUID")
+			}
+		}
+	}
 	tr.host.Device = p.DeviceUUID
 	proto, err := p.Protocol.Resolve()
 	if err != nil {
@@ -153,6 +174,7 @@ func NewContext(p ContextParams) (*Context, error) {
 		exports:       map[uint64]*MemH{},
 		trust:         tr,
 		revokeTimeout: p.RevokeTimeout,
+		ipc:           ipc,
 	}
 	contexts.Store(tr.id, c)
 	return c, nil
@@ -216,6 +238,9 @@ func (c *Context) Close() error {
 	for _, m := range memhs {
 		_ = m.release()
 	}
+	if c.ipc != nil {
+		_ = c.ipc.imp.Close()
+	}
 	c.raw.Cleanup()
 	live.contexts.Add(-1)
 	return nil
@@ -238,8 +263,11 @@ type MemH struct {
 	addr    unsafe.Pointer
 	length  int
 	memType MemoryType
-	pin     runtime.Pinner
-	closed  bool // under ctx.mu
+	// ipcExport: device memory registered for CUDA IPC (no UCX registration), the
+	// message its packed keys carry.
+	ipcExport *protocol.IPCMessage
+	pin       runtime.Pinner
+	closed    bool // under ctx.mu
 	// keyID names the region in its packed rkeys; importers are the peers that
 	// unpacked them (under ctx.mu). revoked: Close began, no new keys.
 	keyID     uint64
@@ -270,6 +298,15 @@ func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH
 		return nil, opErr("mem_map", ErrInvalidParam, "addr %#x length %d", addr, length)
 	}
 	m := &MemH{ctx: c, memType: memType}
+	if (memType == MemoryCUDA || memType == MemoryCUDAManaged) && !c.SupportsMemoryType(memType) {
+		if memType == MemoryCUDA && c.ipc != nil {
+			if err := c.mapDevice(m, addr, length); err != nil {
+				return nil, err
+			}
+			return m, nil
+		}
+		return nil, opErr("mem_map", ErrUnsupported, "%s memory: UCX here has no transport for it; with ContextParams.Device, MemoryCUDA regions travel to same-host peers by CUDA IPC", memType)
+	}
 	if err := c.mapInto(m, ucx.Addr(addr), length, false, memType); err != nil {
 		return nil, err
 	}
@@ -339,9 +376,15 @@ func (m *MemH) PackRkey() ([]byte, error) {
 	if m.revoked {
 		return nil, opErr("rkey_pack", ErrRevoked, "Close is revoking the region")
 	}
-	packed, st := m.ctx.raw.RkeyPack(m.raw)
-	if err := statusErr(st); err != nil {
-		return nil, opErr("rkey_pack", err, "")
+	var packed []byte
+	if m.ipcExport != nil {
+		packed = ipcPayload(*m.ipcExport)
+	} else {
+		var st ucx.Status
+		packed, st = m.ctx.raw.RkeyPack(m.raw)
+		if err := statusErr(st); err != nil {
+			return nil, opErr("rkey_pack", err, "")
+		}
 	}
 	m.ctx.exports[m.keyID] = m
 	t := m.ctx.trust
@@ -410,7 +453,10 @@ func (m *MemH) release() error {
 	m.dead.Store(true)
 	delete(c.memhs, m)
 	delete(c.exports, m.keyID)
-	st := c.raw.MemUnmap(m.raw)
+	var st ucx.Status
+	if m.raw != nil {
+		st = c.raw.MemUnmap(m.raw)
+	}
 	c.mu.Unlock()
 	m.pin.Unpin()
 	live.memhs.Add(-1)

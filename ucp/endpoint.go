@@ -243,6 +243,7 @@ func (ep *Endpoint) failLocked(st error) {
 		return
 	}
 	ep.err = st
+	ep.ipcPeerFailedLocked()
 	for r := range ep.recvs {
 		if r.req != nil {
 			ep.w.raw.Cancel(r.req)

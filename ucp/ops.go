@@ -35,6 +35,20 @@ func (p *RequestParam) memType() int {
 }
 
 func (p *RequestParam) check(op string, c *Context) error {
+	if err := p.checkCommon(op, c); err != nil {
+		return err
+	}
+	if p.MemoryType > MemoryHost && p.Condition == nil && !c.SupportsMemoryType(p.MemoryType) {
+		// UCX would touch device memory from the CPU. A Stream condition on a CUDA
+		// stream stages it instead.
+		return opErr(op, ErrUnsupported, "%s memory: UCX here has no transport for it; enqueue it with a Stream condition on a CUDA stream (staging), use a device region of a same-host peer (CUDA IPC), or use host memory", p.MemoryType)
+	}
+	return nil
+}
+
+// checkCommon is check without the memory-type rule (the CUDA IPC path moves device
+// memory itself).
+func (p *RequestParam) checkCommon(op string, c *Context) error {
 	if p.Chain != nil && op != "tag_send_nbx" && op != "tag_recv_nbx" {
 		return opErr(op, ErrUnsupported, "RequestParam.Chain: chains hold tag sends and receives")
 	}
@@ -51,11 +65,6 @@ func (p *RequestParam) check(op string, c *Context) error {
 	}
 	if p.MemH != nil && p.MemH.ctx != c {
 		return opErr(op, ErrInvalidParam, "RequestParam.MemH belongs to another context")
-	}
-	if p.MemoryType > MemoryHost && p.Condition == nil && !c.SupportsMemoryType(p.MemoryType) {
-		// UCX would touch device memory from the CPU. A Stream condition on a CUDA
-		// stream stages it instead.
-		return opErr(op, ErrUnsupported, "%s memory: UCX here has no transport for it; enqueue it with a Stream condition on a CUDA stream (staging) or use host memory", p.MemoryType)
 	}
 	return nil
 }
@@ -164,6 +173,12 @@ func (ep *Endpoint) GetNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam
 
 func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
 	p = param(p)
+	if rkey != nil && rkey.ipc != nil {
+		if err := p.checkCommon(op, ep.w.ctx); err != nil {
+			return nil, err
+		}
+		return ep.rmaIPC(op, buf, raddr, rkey, p, put)
+	}
 	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
@@ -350,7 +365,11 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 	if err := ep.usableLocked("ep_flush_nbx"); err != nil {
 		return nil, err
 	}
-	return ep.sent(w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw, p.flags()), p, nil))
+	r, err := ep.sent(w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw, p.flags()), p, nil))
+	if err == nil && len(w.ipcPending) > 0 {
+		r = w.flushIPCLocked("ep_flush_nbx", r, ep, p)
+	}
+	return r, err
 }
 
 // FlushNbx completes all operations issued on every endpoint of the worker
@@ -370,7 +389,11 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 	if w.closed.Load() {
 		return nil, opErr("worker_flush_nbx", ErrClosed, "")
 	}
-	return w.postLocked("worker_flush_nbx", w.raw.Flush(p.flags()), p, nil)
+	r, err := w.postLocked("worker_flush_nbx", w.raw.Flush(p.flags()), p, nil)
+	if err == nil && len(w.ipcPending) > 0 {
+		r = w.flushIPCLocked("worker_flush_nbx", r, nil, p)
+	}
+	return r, err
 }
 
 func unwrapOp(err error) error {
@@ -390,7 +413,8 @@ func (m *MemH) rawOrNil() *ucx.MemH {
 // Rkey is an unpacked remote key (ucp_rkey_h) for one endpoint.
 type Rkey struct {
 	ep     *Endpoint
-	raw    *ucx.Rkey
+	raw    *ucx.Rkey // nil for a device region mapped by CUDA IPC
+	ipc    *rkeyIPC  // the mapping of such a region
 	base   uint64
 	length uint64
 	closed bool // under ep.w.mu
@@ -451,7 +475,10 @@ func (r *Rkey) Close() error {
 
 func (r *Rkey) destroyLocked() {
 	r.closed = true
-	r.raw.Destroy()
+	if r.raw != nil {
+		r.raw.Destroy()
+	}
+	r.releaseIPCLocked()
 	delete(r.ep.w.rkeys, r)
 	live.rkeys.Add(-1)
 }

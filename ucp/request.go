@@ -112,6 +112,9 @@ type Request struct {
 
 	// cop is the engine's view of a conditioned operation, which completes it.
 	cop *condition.Op
+	// ipc: a copy of the same-host device path, or a flush waiting for such copies
+	// (ipc.go); completed by the worker's progress polling it.
+	ipc *ipcWait
 }
 
 // issued is the UCX request a one-part conditioned operation ran as, once done (nil
@@ -193,6 +196,9 @@ func (r *Request) Wait(ctx context.Context) error {
 	if r.done.Load() {
 		return r.err
 	}
+	if r.ipc != nil {
+		return r.w.waitIPC(ctx, r)
+	}
 	return r.w.waitRequest(ctx, r)
 }
 
@@ -204,6 +210,9 @@ func (r *Request) WaitOnStream(s streamcore.Stream) error {
 		return opErr("wait_on_stream", ErrInvalidParam, "nil stream")
 	}
 	if r.cop == nil {
+		if r.ipc != nil {
+			return r.w.ipcWaitOnStream(r, s)
+		}
 		if !r.done.Load() {
 			return opErr("wait_on_stream", ErrInvalidParam, "%s has no condition: wait on the host", r.op)
 		}
@@ -278,7 +287,7 @@ func (r *Request) completeLocked(err error, length int, tag uint64) {
 func (r *Request) reset(w *Worker, op string, cb func(*Request)) {
 	r.w, r.op, r.req = w, op, nil
 	r.err, r.length, r.tag, r.fetched = nil, 0, 0, 0
-	r.cb, r.peer, r.finish = cb, nil, nil
+	r.cb, r.peer, r.finish, r.ipc = cb, nil, nil, nil
 	r.notify = cb != nil
 	r.done.Store(false)
 }

@@ -181,13 +181,49 @@ func (c *Context) peerDead(peer [idLen]byte) bool {
 func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) {
 	w.mu.Lock()
 	var eps []*Endpoint
+	var mapped []*Rkey
 	for rk := range w.rkeys {
 		if rk.exporter == exporter && rk.keyID == keyID && !rk.revoked {
 			rk.revoked = true
 			eps = append(eps, rk.ep)
+			if rk.ipc != nil {
+				mapped = append(mapped, rk)
+			}
 		}
 	}
 	w.mu.Unlock()
+	if len(mapped) > 0 {
+		// A device region: once the copies into it are flushed, unmap it before
+		// acknowledging, so the exporter frees memory nobody here maps.
+		inner := ack
+		if inner == nil {
+			inner = func() {
+				if ep := w.endpointTo(exporter); ep != nil {
+					w.mu.Lock()
+					ep.sendControlLocked(ctlAck, keyID)
+					w.mu.Unlock()
+				}
+			}
+		}
+		ack = func() {
+			go func() {
+				imp := w.ctx.ipc.imp
+				w.mu.Lock()
+				var rel []*rkeyIPC
+				for _, rk := range mapped {
+					if rk.ipc != nil && !rk.ipc.released {
+						rk.ipc.released = true
+						rel = append(rel, rk.ipc)
+					}
+				}
+				w.mu.Unlock()
+				for _, x := range rel {
+					_ = imp.Release(x.peer, x.alloc)
+				}
+				inner()
+			}()
+		}
+	}
 	if len(eps) == 0 && ack == nil {
 		// Nothing here (closed already): still acknowledge, so the exporter does not
 		// wait for us.
@@ -383,6 +419,10 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 	if k.sender != ep.peer.id {
 		w.mu.Unlock()
 		return nil, opErr(op, ErrAuth, "the key was packed by %x, not by %s's peer %x", k.sender[:8], ep, ep.peer.id[:8])
+	}
+	if k.ipc != nil {
+		w.mu.Unlock()
+		return ep.unpackRkeyIPC(k)
 	}
 	if ep.watch != nil && ep.watch.exited() {
 		// UCX 1.13 crashes unpacking a shared-memory key whose segment went with its

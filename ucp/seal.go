@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+
+	"github.com/ucpx/ucpx/protocol"
 )
 
 // Sealed envelopes: the bytes peers exchange (packed rkeys, worker addresses, the
@@ -101,6 +103,8 @@ type rkeyInfo struct {
 	keyID        uint64
 	base, length uint64
 	payload      []byte
+	// ipc: the key is of a device region, exported for CUDA IPC (ipc.go).
+	ipc *protocol.IPCMessage
 }
 
 func sealRkey(s sealer, sender [idLen]byte, keyID, base, length uint64, payload []byte) []byte {
@@ -132,6 +136,14 @@ func openRkey(s sealer, b []byte) (rkeyInfo, error) {
 		return rkeyInfo{}, fmt.Errorf("rkey region [%#x, +%d) is empty or wraps: %w", k.base, k.length, ErrInvalidParam)
 	}
 	k.payload = plain[rkeyFixed:]
+	if isIPCPayload(k.payload) {
+		m, err := decodeIPCPayload(k.payload, k.base, k.length)
+		if err != nil {
+			return rkeyInfo{}, err
+		}
+		k.ipc = &m
+		return k, nil
+	}
 	return k, checkRkeyPayload(k.payload)
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // WorkerParams configures NewWorker.
@@ -95,6 +96,12 @@ type Worker struct {
 	// its staging memory for operations without a condition (ucp/staging.go).
 	staging protocol.Stats
 	plain   plainStaging
+
+	// The CUDA IPC path (ipc.go), under mu: requests whose copies are in flight, spare
+	// events, and the worker's own stream of the context's device.
+	ipcPending []*Request
+	ipcEvents  []streamcore.Event
+	ipcStream  streamcore.Stream
 }
 
 // NewWorker creates a worker on the context.
@@ -252,6 +259,9 @@ func (w *Worker) afterLocked() int {
 			// canceled): loop until both are empty.
 			n += w.drainLocked()
 		default:
+			if len(w.ipcPending) > 0 {
+				n += w.pollIPCLocked()
+			}
 			if w.wakeParked {
 				w.wakeParked = false
 				w.wakeParkedLocked()
@@ -470,6 +480,21 @@ func (w *Worker) Close() error {
 		}
 	}
 	w.pending = nil
+	// Copies of the IPC path end on their own (unless a stream holds them back).
+	for len(w.ipcPending) > 0 && time.Now().Before(deadline) {
+		w.pollIPCLocked()
+		if len(w.ipcPending) > 0 {
+			w.mu.Unlock()
+			time.Sleep(20 * time.Microsecond)
+			w.mu.Lock()
+		}
+	}
+	for _, r := range w.ipcPending {
+		r.ipc.ev = nil // may still be in use: not reused, not closed
+		r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed with a CUDA IPC copy in flight"), 0, 0)
+	}
+	w.ipcPending = nil
+	ipcClose := w.closeIPCLocked()
 	for rk := range w.rkeys {
 		rk.destroyLocked()
 		rk.releasedLocked()
@@ -493,6 +518,7 @@ func (w *Worker) Close() error {
 	w.ctx.mu.Unlock()
 	live.workers.Add(-1)
 	runDeferred(cbs)
+	runDeferred(ipcClose)
 	return nil
 }
 

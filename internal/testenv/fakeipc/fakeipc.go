@@ -1,0 +1,133 @@
+// Package fakeipc is a test double of a CUDA backend's IPC side
+// (streamcore.DeviceIPC) on host streams: "device memory" is C memory it allocates,
+// a handle names an allocation by its base and buffer id, and opening one in any
+// context of the process maps it at its own address. Two ucp contexts of one process
+// then run the whole same-host device path (exporting keys, mapping, copies on
+// streams, revocation) without a GPU, so CI exercises it. It counts handles made,
+// opened and closed, so tests can assert the cache's once-per-allocation promise.
+package fakeipc
+
+/*
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/stream/streamcore"
+)
+
+// Device is a host backend with a fake device's IPC calls.
+type Device struct {
+	streamcore.Backend
+	uuid [16]byte
+}
+
+// The process's fake allocations, shared by every Device (processes share a GPU).
+var (
+	mu      sync.Mutex
+	allocs  = map[uintptr]*Alloc{}
+	nextID  uint64
+	counts  Counts
+	mapping = map[uintptr]int{} // open count per base
+)
+
+// Counts are the IPC calls the fake saw.
+type Counts struct{ Exports, Opens, Closes int }
+
+// Stats returns the counts so far (process-wide).
+func Stats() Counts {
+	mu.Lock()
+	defer mu.Unlock()
+	return counts
+}
+
+// New wraps host (a host stream backend) as a device with the given UUID.
+func New(host streamcore.Backend, uuid [16]byte) *Device { return &Device{Backend: host, uuid: uuid} }
+
+// Alloc is fake device memory: C memory, so streams and the CPU may both use it.
+type Alloc struct {
+	ptr  unsafe.Pointer
+	size int
+	id   uint64
+}
+
+// Malloc allocates n bytes of fake device memory, zeroed.
+func Malloc(n int) *Alloc {
+	p := C.calloc(C.size_t(n), 1)
+	mu.Lock()
+	defer mu.Unlock()
+	nextID++
+	a := &Alloc{ptr: p, size: n, id: nextID}
+	allocs[uintptr(p)] = a
+	return a
+}
+
+// Ptr is the allocation's address.
+func (a *Alloc) Ptr() uintptr { return uintptr(a.ptr) }
+
+// Bytes views the memory.
+func (a *Alloc) Bytes() []byte { return unsafe.Slice((*byte)(a.ptr), a.size) }
+
+// Free releases the memory.
+func (a *Alloc) Free() {
+	mu.Lock()
+	delete(allocs, uintptr(a.ptr))
+	mu.Unlock()
+	C.free(a.ptr)
+}
+
+func (d *Device) DeviceUUID() ([16]byte, error)     { return d.uuid, nil }
+func (d *Device) CanAccessPeer(uuid [16]byte) bool { return uuid == d.uuid }
+
+func (d *Device) IPCAllocation(ptr uintptr) (streamcore.IPCAllocation, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	for base, a := range allocs {
+		if ptr >= base && ptr < base+uintptr(a.size) {
+			return streamcore.IPCAllocation{Base: uint64(base), Size: uint64(a.size), BufferID: a.id, LegacyIPC: true}, nil
+		}
+	}
+	return streamcore.IPCAllocation{}, fmt.Errorf("fakeipc: %#x is not fake device memory: %w", ptr, streamcore.ErrInvalidArgument)
+}
+
+func (d *Device) IPCGetMemHandle(base uintptr) (streamcore.IPCHandle, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	a := allocs[base]
+	if a == nil {
+		return streamcore.IPCHandle{}, fmt.Errorf("fakeipc: no allocation at %#x: %w", base, streamcore.ErrInvalidArgument)
+	}
+	counts.Exports++
+	var h streamcore.IPCHandle
+	binary.LittleEndian.PutUint64(h[:], uint64(base))
+	binary.LittleEndian.PutUint64(h[8:], a.id)
+	return h, nil
+}
+
+func (d *Device) IPCOpenMemHandle(h streamcore.IPCHandle) (uintptr, error) {
+	base := uintptr(binary.LittleEndian.Uint64(h[:]))
+	mu.Lock()
+	defer mu.Unlock()
+	if a := allocs[base]; a == nil || a.id != binary.LittleEndian.Uint64(h[8:]) {
+		return 0, fmt.Errorf("fakeipc: handle of a freed allocation: %w", streamcore.ErrInvalidArgument)
+	}
+	counts.Opens++
+	mapping[base]++
+	return base, nil
+}
+
+func (d *Device) IPCCloseMemHandle(p uintptr) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if mapping[p] == 0 {
+		return fmt.Errorf("fakeipc: %#x is not mapped: %w", p, streamcore.ErrInvalidArgument)
+	}
+	mapping[p]--
+	counts.Closes++
+	return nil
+}

@@ -1,0 +1,110 @@
+package stream
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+)
+
+// The CUDA backend maps device memory across processes of one host (CUDA IPC).
+var _ DeviceIPC = (*cudaBackend)(nil)
+
+// ipcMaps are the backend's open mappings of other processes' memory, by address.
+type ipcMaps struct {
+	mu   sync.Mutex
+	maps map[uintptr]*cuda.IPCMapping
+	// peer caches CanAccessPeer by the other device's UUID.
+	peer map[[16]byte]bool
+}
+
+func (b *cudaBackend) DeviceUUID() ([16]byte, error) { return b.ctx.Device().UUID() }
+
+func (b *cudaBackend) CanAccessPeer(uuid [16]byte) bool {
+	b.ipc.mu.Lock()
+	defer b.ipc.mu.Unlock()
+	if ok, known := b.ipc.peer[uuid]; known {
+		return ok
+	}
+	ok := b.canAccessPeer(uuid)
+	if b.ipc.peer == nil {
+		b.ipc.peer = map[[16]byte]bool{}
+	}
+	b.ipc.peer[uuid] = ok
+	return ok
+}
+
+func (b *cudaBackend) canAccessPeer(uuid [16]byte) bool {
+	self := b.ctx.Device()
+	if u, err := self.UUID(); err == nil && u == uuid {
+		return true
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return false
+	}
+	for i := range n {
+		d, err := cuda.GetDevice(i)
+		if err != nil {
+			continue
+		}
+		if u, err := d.UUID(); err == nil && u == uuid {
+			ok, err := self.CanAccessPeer(d)
+			return err == nil && ok
+		}
+	}
+	return false // a device this process cannot see (CUDA_VISIBLE_DEVICES)
+}
+
+func (b *cudaBackend) IPCAllocation(ptr uintptr) (IPCAllocation, error) {
+	a, err := b.ctx.AllocationOf(ptr)
+	if err != nil {
+		return IPCAllocation{}, cudaErr("IPCAllocation", err)
+	}
+	return IPCAllocation{Base: uint64(a.Base), Size: a.Size, BufferID: a.BufferID, LegacyIPC: a.LegacyIPC}, nil
+}
+
+func (b *cudaBackend) IPCGetMemHandle(base uintptr) (IPCHandle, error) {
+	h, err := b.ctx.IPCMemHandle(base)
+	return IPCHandle(h), cudaErr("IPCGetMemHandle", err)
+}
+
+func (b *cudaBackend) IPCOpenMemHandle(h IPCHandle) (uintptr, error) {
+	if err := b.acquire(); err != nil {
+		return 0, err
+	}
+	m, err := b.ctx.OpenIPCMemHandle(cuda.IPCMemHandle(h), cuda.IPCLazyEnablePeerAccess)
+	if err != nil {
+		_ = b.release()
+		return 0, cudaErr("IPCOpenMemHandle", err)
+	}
+	b.ipc.mu.Lock()
+	defer b.ipc.mu.Unlock()
+	if b.ipc.maps == nil {
+		b.ipc.maps = map[uintptr]*cuda.IPCMapping{}
+	}
+	b.ipc.maps[m.Ptr()] = m
+	return m.Ptr(), nil
+}
+
+func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
+	b.ipc.mu.Lock()
+	m := b.ipc.maps[mapped]
+	delete(b.ipc.maps, mapped)
+	b.ipc.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("stream: cuda IPCCloseMemHandle: %#x is not a mapping of this backend: %w", mapped, ErrInvalidArgument)
+	}
+	err := cudaErr("IPCCloseMemHandle", m.Close())
+	return errorsJoin(err, b.release())
+}
+
+func errorsJoin(a, b error) error {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	return fmt.Errorf("%w; %w", a, b)
+}

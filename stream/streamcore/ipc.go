@@ -1,0 +1,42 @@
+package streamcore
+
+// DeviceIPC is implemented by backends whose device memory other processes of the
+// host can map (the CUDA backend, through CUDA IPC). Test for it with a type
+// assertion on a Backend. ucp uses it, through ucp.ContextParams.Device, to export
+// device regions to same-host peers and to move device RMA as copy-engine copies into
+// their mapped memory.
+//
+// The handle calls are driver calls that may wait for the device: callers make them on
+// the user's goroutine (packing and unpacking keys), never from the engine's rounds.
+type DeviceIPC interface {
+	Backend
+	// DeviceUUID is the UUID of the backend's device (cuDeviceGetUuid).
+	DeviceUUID() ([16]byte, error)
+	// CanAccessPeer reports whether this device can read and write the memory of the
+	// device with that UUID: the same device, or one with peer access.
+	CanAccessPeer(uuid [16]byte) bool
+	// IPCAllocation describes the allocation containing ptr (cuPointerGetAttributes).
+	IPCAllocation(ptr uintptr) (IPCAllocation, error)
+	// IPCGetMemHandle exports the allocation at base (cuIpcGetMemHandle).
+	IPCGetMemHandle(base uintptr) (IPCHandle, error)
+	// IPCOpenMemHandle maps another process's allocation and returns its address here
+	// (cuIpcOpenMemHandle with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS).
+	IPCOpenMemHandle(h IPCHandle) (uintptr, error)
+	// IPCCloseMemHandle unmaps what IPCOpenMemHandle mapped (cuIpcCloseMemHandle).
+	IPCCloseMemHandle(mapped uintptr) error
+}
+
+// IPCHandleSize is the size of a CUDA IPC memory handle (CU_IPC_HANDLE_SIZE).
+const IPCHandleSize = 64
+
+// IPCHandle is a CUipcMemHandle: it names a device allocation for another process.
+type IPCHandle [IPCHandleSize]byte
+
+// IPCAllocation is the device allocation containing an address, as the driver sees it.
+type IPCAllocation struct {
+	Base     uint64 // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+	Size     uint64 // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+	BufferID uint64 // CU_POINTER_ATTRIBUTE_BUFFER_ID
+	// LegacyIPC: CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (false for VMM memory).
+	LegacyIPC bool
+}

@@ -1,0 +1,496 @@
+package ucp
+
+import (
+	"context"
+	"encoding/binary"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
+)
+
+// The same-host device path (CUDA IPC). UCX here has no CUDA transport, so device
+// memory between processes of one host travels by the copy engine: a device region
+// (MemMapPtr with MemoryCUDA) packs its CUDA IPC handle into its sealed remote key; a
+// same-host peer's UnpackRkey maps the allocation once (protocol.IPCImporter, keyed by
+// peer, base, size and buffer id) and its puts and gets on that key become
+// cuMemcpyAsync copies into or out of the mapping:
+//
+//   - under a Stream condition on a stream of the context's device, the copy is
+//     enqueued on that stream itself (stream order is the condition's order; no proxy
+//     on the data path) and the Request completes when an event recorded after it does;
+//   - with no condition, on the worker's own stream of that device;
+//   - under other conditions (kernel-triggered, graph, host streams) the engine issues
+//     it, at the trigger, as the call with no condition.
+//
+// A Request of the path completes when its copy is done: the data is then in the
+// peer's memory (remote completion, so a flush has only the copies before it to wait
+// for). Revoking the key (the exporter's MemH.Close) flushes and then unmaps before it
+// acknowledges; a failed peer's mappings are dropped once the copies into them ended.
+
+// ctxIPC is a context's side of the path (nil without ContextParams.Device).
+type ctxIPC struct {
+	dev streamcore.DeviceIPC
+	exp *protocol.IPCExporter
+	imp *protocol.IPCImporter
+}
+
+func newCtxIPC(b streamcore.Backend) (*ctxIPC, error) {
+	d, ok := b.(streamcore.DeviceIPC)
+	if !ok {
+		return nil, opErr("init", ErrInvalidParam, "ContextParams.Device: a %v backend cannot map device memory across processes (open a CUDA backend with package stream)", b.Kind())
+	}
+	return &ctxIPC{dev: d, exp: protocol.NewIPCExporter(d), imp: protocol.NewIPCImporter(d)}, nil
+}
+
+// ipcPeer names a peer context for the importer.
+func ipcPeer(id [idLen]byte) protocol.IPCPeer {
+	return protocol.IPCPeer(binary.LittleEndian.Uint64(id[:8]))
+}
+
+// An IPC region's rkey payload: eight zero bytes (where UCX's packed key has its
+// nonzero map of memory domains) and then the protocol.IPCMessage exporting the
+// allocation.
+const ipcPayloadMark = 8
+
+func ipcPayload(m protocol.IPCMessage) []byte {
+	b, _ := m.AppendBinary(make([]byte, ipcPayloadMark, ipcPayloadMark+96))
+	return b
+}
+
+// isIPCPayload tells an IPC payload from UCX's.
+func isIPCPayload(p []byte) bool {
+	return len(p) >= ipcPayloadMark && binary.LittleEndian.Uint64(p) == 0
+}
+
+// decodeIPCPayload checks an IPC payload against the region it grants.
+func decodeIPCPayload(p []byte, base, length uint64) (protocol.IPCMessage, error) {
+	m, err := protocol.DecodeIPCMessage(p[ipcPayloadMark:])
+	if err != nil {
+		return m, err
+	}
+	a := m.Alloc
+	if m.Kind != protocol.IPCExport || base < a.Base || length > a.Size || base-a.Base > a.Size-length {
+		return protocol.IPCMessage{}, opErr("ep_rkey_unpack", ErrInvalidParam, "device region [%#x,+%d) outside its allocation [%#x,+%d)", base, length, a.Base, a.Size)
+	}
+	return m, nil
+}
+
+// mapDevice registers device memory for the IPC path: no UCX registration (UCX here
+// cannot use it), the allocation's handle made now, on the caller's goroutine.
+func (c *Context) mapDevice(m *MemH, addr uintptr, length int) error {
+	_, msg, err := c.ipc.exp.Describe(addr, length)
+	if err != nil {
+		return opErr("mem_map", err, "device memory %#x (+%d)", addr, length)
+	}
+	return c.register(func() error {
+		m.ipcExport = &msg
+		m.addr, m.length = unsafeAddr(addr), length
+		m.keyID = newKeyID()
+		m.importers = map[[idLen]byte]*importer{}
+		c.memhs[m] = struct{}{}
+		live.memhs.Add(1)
+		return nil
+	})
+}
+
+// rkeyIPC is an unpacked device region of a same-host peer, mapped here.
+type rkeyIPC struct {
+	mapped uintptr // the region's base in this process
+	peer   protocol.IPCPeer
+	alloc  protocol.IPCAllocation
+	// released: the mapping reference was given back (under w.mu).
+	released bool
+}
+
+// unpackIPC maps the allocation of an IPC key (a driver call: the caller's goroutine,
+// no lock held).
+func (ep *Endpoint) unpackIPC(k rkeyInfo) (*rkeyIPC, error) {
+	const op = "ep_rkey_unpack"
+	c := ep.w.ctx
+	if c.ipc == nil {
+		return nil, opErr(op, ErrUnsupported, "the key is of a device region: set ContextParams.Device to map it (CUDA IPC)")
+	}
+	if reach := ep.Reach(c.ipc.dev.CanAccessPeer); !reach.IPC() {
+		return nil, opErr(op, ErrUnsupported, "the key is of a device region that CUDA IPC cannot reach from here (%v); UCX here has no CUDA transport", reach)
+	}
+	peer := ipcPeer(k.sender)
+	if err := c.ipc.imp.Handle(peer, *k.ipc); err != nil {
+		return nil, opErr(op, err, "mapping the peer's device region")
+	}
+	ref := protocol.IPCRef{Alloc: k.ipc.Alloc, Offset: k.base - k.ipc.Alloc.Base}
+	p, err := c.ipc.imp.Resolve(peer, ref, int(k.length))
+	if err != nil {
+		_ = c.ipc.imp.Release(peer, k.ipc.Alloc)
+		return nil, opErr(op, err, "")
+	}
+	return &rkeyIPC{mapped: p, peer: peer, alloc: k.ipc.Alloc}, nil
+}
+
+// releaseIPCLocked gives the key's mapping reference back, off the caller's goroutine
+// (cuIpcCloseMemHandle may wait for the device; the caller may be the engine).
+func (r *Rkey) releaseIPCLocked() {
+	x := r.ipc
+	if x == nil || x.released {
+		return
+	}
+	x.released = true
+	imp := r.ep.w.ctx.ipc.imp
+	go func() { _ = imp.Release(x.peer, x.alloc) }()
+}
+
+// ipcWait is what an IPC Request waits for: its copy's event, or (a flush) the
+// requests before it.
+type ipcWait struct {
+	ev   streamcore.Event
+	deps []*Request
+	ep   *Endpoint
+}
+
+// rmaIPC moves an RMA on a same-host device region by the copy engine.
+func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
+	w := ep.w
+	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
+		return nil, err
+	}
+	cond := p.Condition
+	var s streamcore.Stream
+	if cond != nil {
+		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) || p.Staging == protocol.StageAlways {
+			// The engine issues it at the trigger, as the call with no condition.
+			return w.submitDirect(op, p, buf, func(off int, b []byte, ip *RequestParam) (*Request, error) {
+				return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
+			})
+		}
+		s = cond.Stream()
+		if capturing, err := s.Capturing(); err != nil || capturing {
+			return nil, opErr(op, ErrUnsupported, "a device region of a same-host peer under stream capture: not built (the copy would be captured, its completion not)")
+		}
+	}
+	if len(buf) == 0 {
+		return completedRequest, nil
+	}
+	ev, side, err := w.ipcResources(s == nil || p.Flags&NonBlockingEnqueue != 0)
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
+	r := p.Request
+	if r == nil {
+		r = &Request{}
+	}
+	r.reset(w, op, p.Callback)
+	r.ipc = &ipcWait{ev: ev, ep: ep}
+	r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
+	r.pinned = true
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		r.unpinIPC(ev)
+		return nil, err
+	}
+	if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
+		r.unpinIPC(ev)
+		return nil, err
+	}
+	local := uintptr(bufPtr(buf))
+	remote := rkey.ipc.mapped + uintptr(raddr-rkey.base)
+	dst, src := remote, local
+	if !put {
+		dst, src = local, remote
+	}
+	on := s
+	if on == nil {
+		on = side
+	} else if side != nil {
+		// Non-blocking: the copy waits for the stream's point on the worker's stream, so
+		// the user's stream does not wait for it.
+		if err := s.Record(ev); err == nil {
+			err = side.WaitEvent(ev)
+		}
+		on = side
+	}
+	if err == nil {
+		err = on.Copy(dst, src, len(buf))
+	}
+	if err == nil {
+		err = on.Record(ev)
+	}
+	if err != nil {
+		r.unpinIPC(ev)
+		return nil, opErr(op, err, "len %d raddr %#x", len(buf), raddr)
+	}
+	w.ipcPending = append(w.ipcPending, r)
+	return r, nil
+}
+
+// unpinIPC undoes what rmaIPC set up for a copy that was not enqueued.
+func (r *Request) unpinIPC(ev streamcore.Event) {
+	r.pin.Unpin()
+	r.pinned = false
+	r.ipc = nil
+	r.w.putIPCEvent(ev)
+}
+
+// onIPCDevice reports whether streams of b can run the copies: b is of the kind of
+// the context's device backend (CUDA: unified addressing makes the mapping usable
+// from any stream of the process; a host stream could not copy device memory).
+func (w *Worker) onIPCDevice(b streamcore.Backend) bool {
+	return b != nil && b.Kind() == w.ctx.ipc.dev.Kind()
+}
+
+// ipcResources returns an event for a copy (from the worker's pool) and, when side,
+// the worker's own stream of the device (made on first use, on the caller's goroutine).
+func (w *Worker) ipcResources(side bool) (streamcore.Event, streamcore.Stream, error) {
+	w.mu.Lock()
+	var ev streamcore.Event
+	if n := len(w.ipcEvents); n > 0 {
+		ev = w.ipcEvents[n-1]
+		w.ipcEvents = w.ipcEvents[:n-1]
+	}
+	s := w.ipcStream
+	w.mu.Unlock()
+	d := w.ctx.ipc.dev
+	var err error
+	if ev == nil {
+		if ev, err = d.NewEvent(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if !side || s != nil {
+		if !side {
+			s = nil
+		}
+		return ev, s, nil
+	}
+	ns, err := d.NewStream()
+	if err != nil {
+		_ = ev.Close()
+		return nil, nil, err
+	}
+	w.mu.Lock()
+	if w.ipcStream == nil && !w.closed.Load() {
+		w.ipcStream, ns = ns, nil
+	}
+	s = w.ipcStream
+	w.mu.Unlock()
+	if ns != nil {
+		_ = ns.Close()
+	}
+	if s == nil {
+		_ = ev.Close()
+		return nil, nil, ErrClosed
+	}
+	return ev, s, nil
+}
+
+func (w *Worker) putIPCEvent(ev streamcore.Event) {
+	if ev == nil {
+		return
+	}
+	w.ipcEvents = append(w.ipcEvents, ev)
+}
+
+// pollIPCLocked completes the IPC requests whose copies (or, for a flush, whose
+// predecessors) are done. cuEventQuery does not wait.
+func (w *Worker) pollIPCLocked() int {
+	n := 0
+	kept := w.ipcPending[:0]
+	for _, r := range w.ipcPending {
+		done, err := r.ipc.poll()
+		if !done {
+			kept = append(kept, r)
+			continue
+		}
+		if err == nil && r.ipc.ep != nil && r.ipc.ep.err != nil {
+			err = r.ipc.ep.err // the copy ran, but the peer it was for is gone
+		}
+		ev := r.ipc.ev
+		r.completeLocked(err, 0, 0)
+		w.putIPCEvent(ev)
+		n++
+	}
+	clear(w.ipcPending[len(kept):])
+	w.ipcPending = kept
+	return n
+}
+
+func (x *ipcWait) poll() (bool, error) {
+	if x.ev != nil {
+		return x.ev.Query()
+	}
+	var first error
+	for _, d := range x.deps {
+		if !d.done.Load() {
+			return false, nil
+		}
+		if first == nil {
+			first = d.err
+		}
+	}
+	return true, first
+}
+
+// flushIPCLocked makes flush (UCX's flush request of ep, or of the worker when ep is
+// nil) also wait for the copies issued before it.
+func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *RequestParam) *Request {
+	var deps []*Request
+	for _, r := range w.ipcPending {
+		if r.ipc.ev != nil && (ep == nil || r.ipc.ep == ep) {
+			deps = append(deps, r)
+		}
+	}
+	if len(deps) == 0 {
+		return flush
+	}
+	if flush != completedRequest && !flush.done.Load() {
+		deps = append(deps, flush)
+	}
+	r := &Request{}
+	r.reset(w, op, p.Callback)
+	if flush != completedRequest && flush.cb != nil {
+		flush.cb = nil // the user's callback belongs to the combined request
+	}
+	r.ipc = &ipcWait{deps: deps}
+	w.ipcPending = append(w.ipcPending, r)
+	return r
+}
+
+// waitIPC waits for an IPC request: it polls (the copy engine signals nothing the
+// worker's event descriptor would show), spinning briefly and then sleeping.
+func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
+	start := time.Now()
+	for {
+		w.progressFor(nil, 1)
+		if r.done.Load() {
+			return r.err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		switch since := time.Since(start); {
+		case since < 50*time.Microsecond:
+			runtime.Gosched()
+		case since < 10*time.Millisecond:
+			time.Sleep(5 * time.Microsecond)
+		default:
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+}
+
+// ipcPeerFailed drops a failed peer's mappings once the copies into them are done.
+func (ep *Endpoint) ipcPeerFailedLocked() {
+	c := ep.w.ctx
+	if c.ipc == nil || !ep.peerKnown {
+		return
+	}
+	w := ep.w
+	var pending []*Request
+	for _, r := range w.ipcPending {
+		if r.ipc.ep == ep {
+			pending = append(pending, r)
+		}
+	}
+	for rk := range w.rkeys {
+		if rk.ep == ep && rk.ipc != nil {
+			rk.ipc.released = true // PeerLost below drops them all
+		}
+	}
+	peer := ipcPeer(ep.peer.id)
+	go func() {
+		for _, r := range pending {
+			_ = r.Wait(context.Background())
+		}
+		_ = c.ipc.imp.PeerLost(peer)
+	}()
+}
+
+// closeIPCLocked releases the worker's stream and events (Worker.Close, after the
+// pending copies were waited for).
+func (w *Worker) closeIPCLocked() []func() {
+	var out []func()
+	if s := w.ipcStream; s != nil {
+		w.ipcStream = nil
+		out = append(out, func() { _ = s.Close() })
+	}
+	for _, ev := range w.ipcEvents {
+		out = append(out, func() { _ = ev.Close() })
+	}
+	w.ipcEvents = nil
+	return out
+}
+
+// unpackRkeyIPC is UnpackRkey for a device region's key (checked and authenticated
+// already): map it, then record the import as UnpackRkey does.
+func (ep *Endpoint) unpackRkeyIPC(k rkeyInfo) (*Rkey, error) {
+	x, err := ep.unpackIPC(k)
+	if err != nil {
+		return nil, err
+	}
+	w := ep.w
+	w.mu.Lock()
+	if err := ep.usableLocked("ep_rkey_unpack"); err != nil {
+		w.mu.Unlock()
+		_ = w.ctx.ipc.imp.Release(x.peer, x.alloc)
+		return nil, err
+	}
+	live.rkeys.Add(1)
+	rk := &Rkey{ep: ep, ipc: x, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}
+	w.rkeys[rk] = struct{}{}
+	local := localContext(k.sender)
+	if local == nil {
+		ep.sendControlLocked(ctlImport, k.keyID)
+	}
+	w.mu.Unlock()
+	if local != nil {
+		local.noteImport(w, w.ctx.trust.id, w.ctx, k.keyID)
+	}
+	return rk, nil
+}
+
+// Device reports whether the key is of a device region that CUDA IPC mapped here
+// (its puts and gets are copy-engine copies).
+func (r *Rkey) Device() bool { return r.ipc != nil }
+
+// submitDirect hands an IPC operation to the engine, which issues it (as the call
+// without a condition) at the trigger; nothing is staged.
+func (w *Worker) submitDirect(op string, p *RequestParam, buf []byte, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
+	return w.submitTransfer(op, p, buf, protocol.Out, false, true, issue)
+}
+
+// ipcWaitOnStream orders s after an IPC request: a stream wait on its copy's event
+// (a flush: on each copy it waits for).
+func (w *Worker) ipcWaitOnStream(r *Request, s streamcore.Stream) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.done.Load() {
+		return nil
+	}
+	evs := []streamcore.Event{r.ipc.ev}
+	if r.ipc.ev == nil {
+		evs = evs[:0]
+		for _, d := range r.ipc.deps {
+			if d.ipc == nil {
+				if !d.done.Load() {
+					return opErr("wait_on_stream", ErrInvalidParam, "%s waits for UCX's flush too: wait on the host", r.op)
+				}
+				continue
+			}
+			if !d.done.Load() {
+				evs = append(evs, d.ipc.ev)
+			}
+		}
+	}
+	for _, ev := range evs {
+		if err := s.WaitEvent(ev); err != nil {
+			return opErr("wait_on_stream", err, "%s", r.op)
+		}
+	}
+	return nil
+}
+
+func unsafeAddr(addr uintptr) unsafe.Pointer { return ucx.Addr(addr) }

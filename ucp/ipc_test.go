@@ -1,0 +1,243 @@
+package ucp
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/protocol"
+)
+
+var fakeUUID = [16]byte{0xfa, 0x4e, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+
+// ipcPair is a pair whose contexts both have the fake device (fakeipc): the whole
+// same-host device path runs on host streams.
+func ipcPair(t *testing.T) (*pair, *fakeipc.Device) {
+	t.Helper()
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	p, l, err := listenPair(t, ContextParams{Device: dev}, ContextParams{Device: dev})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	// The exporter answers flushes and revocations as any UCX peer: it progresses.
+	t.Cleanup(background(p.b))
+	return p, dev
+}
+
+// deviceRegion allocates fake device memory in b's context and packs a region of it.
+func deviceRegion(t *testing.T, c *Context, alloc *fakeipc.Alloc, off, n int) (*MemH, []byte) {
+	t.Helper()
+	m, err := c.MemMapPtr(alloc.Ptr()+uintptr(off), n, MemoryCUDA)
+	require.NoError(t, err)
+	require.Nil(t, m.Bytes(), "device memory has no host view")
+	packed, err := m.PackRkey()
+	require.NoError(t, err)
+	return m, packed
+}
+
+func TestIPCPutGet(t *testing.T) {
+	p, _ := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc := fakeipc.Malloc(1 << 20)
+	defer alloc.Free()
+	before := fakeipc.Stats()
+	const off, n = 4096, 64 << 10
+	m, packed := deviceRegion(t, p.ctxB, alloc, off, n)
+	// A second region of the same allocation: no second export, no second mapping.
+	m2, packed2 := deviceRegion(t, p.ctxB, alloc, off+n, n)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	require.True(t, rk.Device())
+	rk2, err := p.epA.UnpackRkey(packed2)
+	require.NoError(t, err)
+	st := fakeipc.Stats()
+	require.Equal(t, 1, st.Exports-before.Exports, "one handle per allocation")
+	require.Equal(t, 1, st.Opens-before.Opens, "one mapping per allocation")
+
+	src := pattern(n, 1)
+	r, err := p.epA.PutNbx(src, rk.Base(), rk, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, checksum(src), checksum(alloc.Bytes()[off:off+n]), "put landed in the peer's device memory")
+
+	src2 := pattern(1000, 2)
+	r, err = p.epA.PutNbx(src2, rk2.Base()+17, rk2, nil)
+	require.NoError(t, err)
+	back := make([]byte, 1000)
+	g, err := p.epA.GetNbx(back, rk2.Base()+17, rk2, nil)
+	require.NoError(t, err)
+	// The get runs after the put on the worker's stream.
+	require.NoError(t, g.Wait(ctx))
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, src2, back)
+
+	// Flush waits for every copy issued before it; callbacks run.
+	var called int
+	var puts []*Request
+	for i := range 8 {
+		r, err := p.epA.PutNbx(pattern(4096, int64(10+i)), rk.Base()+uint64(i*4096), rk, &RequestParam{Callback: func(*Request) { called++ }})
+		require.NoError(t, err)
+		puts = append(puts, r)
+	}
+	f, err := p.epA.FlushNbx(nil)
+	require.NoError(t, err)
+	require.NoError(t, f.Wait(ctx))
+	for i, r := range puts {
+		require.True(t, r.Done(), "put %d done once the flush is", i)
+		require.Equal(t, pattern(4096, int64(10+i)), alloc.Bytes()[off+i*4096:off+(i+1)*4096])
+	}
+	require.Equal(t, 8, called)
+
+	// Out of the region: at the call.
+	_, err = p.epA.PutNbx(src, rk.Base()+1, rk, nil)
+	require.ErrorIs(t, err, ErrOutOfRange)
+	_, err = p.epA.GetNbx(back, rk2.Base()+uint64(n)-10, rk2, nil)
+	require.ErrorIs(t, err, ErrOutOfRange)
+
+	// Closing both keys unmaps the allocation (once, after the last).
+	require.NoError(t, rk.Close())
+	require.NoError(t, rk2.Close())
+	require.Eventually(t, func() bool { return fakeipc.Stats().Closes-before.Closes == 1 }, 5*time.Second, time.Millisecond)
+	stop := background(p.a)
+	require.NoError(t, m.Close())
+	require.NoError(t, m2.Close())
+	stop()
+}
+
+// Under a Stream condition on a stream of the device's kind the copy is enqueued on
+// the stream itself: later work on the stream sees the data, and no engine runs.
+func TestIPCOnStream(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc := fakeipc.Malloc(1 << 20)
+	defer alloc.Free()
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 1<<20)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	s, sc := streamCondition(t, dev)
+
+	// The stream is held back: nothing may move before it gets there.
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	src := pattern(256<<10, 3)
+	r, err := p.epA.PutNbx(src, rk.Base(), rk, &RequestParam{Condition: sc})
+	require.NoError(t, err)
+	back := make([]byte, 256<<10)
+	g, err := p.epA.GetNbx(back, rk.Base(), rk, &RequestParam{Condition: sc})
+	require.NoError(t, err)
+	seen := make(chan uint32, 1)
+	require.NoError(t, s.LaunchHostFunc(func() { seen <- checksum(back) }))
+	time.Sleep(10 * time.Millisecond)
+	require.False(t, r.Done())
+	ok, err := r.Test()
+	require.NoError(t, err)
+	require.False(t, ok, "the copy waits for its stream")
+	require.Zero(t, alloc.Bytes()[0])
+	close(gate)
+	require.Equal(t, checksum(src), <-seen, "work after the get on the stream sees the data")
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, g.Wait(ctx))
+	require.Nil(t, p.a.eng, "the stream path needs no engine")
+
+	// Non-blocking: the stream does not wait for the copy; WaitOnStream orders it.
+	src2 := pattern(64<<10, 4)
+	r, err = p.epA.PutNbx(src2, rk.Base()+8, rk, &RequestParam{Condition: sc, Flags: NonBlockingEnqueue})
+	require.NoError(t, err)
+	require.NoError(t, r.WaitOnStream(s))
+	require.NoError(t, s.LaunchHostFunc(func() { seen <- checksum(alloc.Bytes()[8 : 8+64<<10]) }))
+	require.Equal(t, checksum(src2), <-seen)
+	require.NoError(t, r.Wait(ctx))
+
+	stop := background(p.a)
+	require.NoError(t, rk.Close())
+	require.NoError(t, m.Close())
+	stop()
+}
+
+// Under conditions whose streams cannot copy (a kernel-triggered condition here) the
+// engine issues the copy at the trigger; nothing is staged.
+func TestIPCKernelTriggered(t *testing.T) {
+	p, _ := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc := fakeipc.Malloc(64 << 10)
+	defer alloc.Free()
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 64<<10)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, kc.Destroy()) }()
+	src := pattern(64<<10, 5)
+	r, err := p.epA.PutNbx(src, rk.Base(), rk, &RequestParam{Condition: kc, MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	require.False(t, r.Done(), "ran before its trigger")
+	h, err := kc.DeviceHandle()
+	require.NoError(t, err)
+	require.NoError(t, condition.Trigger(h))
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, checksum(src), checksum(alloc.Bytes()))
+	require.Zero(t, p.a.StagingStats().Bytes, "nothing staged")
+	stop := background(p.a)
+	require.NoError(t, m.Close())
+	stop()
+}
+
+// The exporter's MemH.Close revokes the key: the importer unmaps the allocation
+// before it acknowledges, and later operations on the key fail.
+func TestIPCRevokeUnmaps(t *testing.T) {
+	p, _ := ipcPair(t)
+	alloc := fakeipc.Malloc(64 << 10)
+	defer alloc.Free()
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 64<<10)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	before := fakeipc.Stats()
+	stop := background(p.a)
+	require.NoError(t, m.Close())
+	stop()
+	require.Equal(t, 1, fakeipc.Stats().Closes-before.Closes, "unmapped before the exporter's Close returned")
+	_, err = p.epA.PutNbx(pattern(8, 1), rk.Base(), rk, nil)
+	require.ErrorIs(t, err, ErrRevoked)
+	require.NoError(t, rk.Close())
+	require.Equal(t, 1, fakeipc.Stats().Closes-before.Closes, "no second unmap")
+}
+
+func TestIPCRefusals(t *testing.T) {
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	// A Device that cannot map memory across processes.
+	_, err := NewContext(ContextParams{Device: hostBackend(t)})
+	require.ErrorIs(t, err, ErrInvalidParam)
+
+	// A exports a device region; B has no Device and cannot map it.
+	p, l, err := listenPair(t, ContextParams{Device: dev}, ContextParams{})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	alloc := fakeipc.Malloc(4096)
+	defer alloc.Free()
+	_, err = p.ctxB.MemMapPtr(alloc.Ptr(), 4096, MemoryCUDA)
+	require.ErrorIs(t, err, ErrUnsupported, "device memory without Device")
+	m, packed := deviceRegion(t, p.ctxA, alloc, 0, 4096)
+	defer m.Close()
+	_, err = p.epB.UnpackRkey(packed)
+	require.ErrorIs(t, err, ErrUnsupported)
+	// Memory the device does not know.
+	_, err = p.ctxA.MemMapPtr(alloc.Ptr()+8192, 16, MemoryCUDA)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = p.ctxA.MemMapPtr(alloc.Ptr()+4000, 200, MemoryCUDA)
+	require.ErrorIs(t, err, ErrInvalidParam, "past the allocation's end")
+
+	// A device region's key with a region outside its allocation is refused, sealed
+	// or not (openRkey checks what the exporter's seal covers too).
+	msg := protocol.IPCMessage{Kind: protocol.IPCExport, Alloc: protocol.IPCAllocation{Base: 0x10000, Size: 4096, BufferID: 1}}
+	_, err = decodeIPCPayload(ipcPayload(msg), 0x10000+4000, 200)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = decodeIPCPayload(ipcPayload(msg), 0x10000, 4096)
+	require.NoError(t, err)
+}
