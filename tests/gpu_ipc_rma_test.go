@@ -1,0 +1,353 @@
+package tests
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The same-host device path between two processes on one GPU: the child exports a
+// device region (MemMapPtr with MemoryCUDA, ContextParams.Device), the parent maps it
+// through UnpackRkey and moves data with put and get as copy-engine copies.
+
+const (
+	envIPCRegion = "UCPX_TEST_IPC_REGION" // the child's region size
+	tagIPCSum    = 6 << 44                // parent -> child: crc32 of region[:n] (n in the payload)
+)
+
+// runIPCExporter is the child: a CUDA context, a device region published to the
+// parent, then checksums on request until told to quit (or to die).
+func runIPCExporter() error {
+	b, err := stream.Open(stream.CUDA)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	cctx, _, _ := stream.CUDAContext(b)
+	n, err := strconv.Atoi(os.Getenv(envIPCRegion))
+	if err != nil {
+		return err
+	}
+	dm, err := cctx.MemAlloc(n)
+	if err != nil {
+		return err
+	}
+	defer dm.Close()
+	uctx, err := ucp.NewContext(ucp.ContextParams{Device: b})
+	if err != nil {
+		return err
+	}
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	ep, err := w.Connect(ctx, os.Getenv(envListenAddr), nil)
+	if err != nil {
+		return err
+	}
+	m, err := uctx.MemMapPtr(dm.Ptr(), n, ucp.MemoryCUDA)
+	if err != nil {
+		return err
+	}
+	packed, err := m.PackRkey()
+	if err != nil {
+		return err
+	}
+	if err := send(ctx, ep, packed, tagRkey); err != nil {
+		return err
+	}
+	host, err := cctx.MemHostAlloc(n, cuda.HostAllocPortable)
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	s, err := cctx.NewStream(cuda.StreamNonBlocking, 0)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	buf := make([]byte, 64)
+	for {
+		r, err := w.TagRecvNbx(buf, 0, 0, nil)
+		if err != nil {
+			return err
+		}
+		if err := r.Wait(ctx); err != nil {
+			return err
+		}
+		switch r.SenderTag() {
+		case tagQuit:
+			return nil
+		case tagDie:
+			os.Exit(3)
+		case tagIPCSum:
+			k := int(binary.LittleEndian.Uint64(buf))
+			if err := s.MemcpyDtoH(host.Addr(), dm.Ptr(), k); err != nil {
+				return err
+			}
+			if err := s.Synchronize(); err != nil {
+				return err
+			}
+			var out [4]byte
+			binary.LittleEndian.PutUint32(out[:], crc32.ChecksumIEEE(host.Bytes()[:k]))
+			if err := send(ctx, ep, out[:], tagIPCSum|tagReply); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// ipcExporter is the parent's view of the child.
+type ipcExporter struct {
+	uctx  *ucp.Context
+	w     *ucp.Worker
+	ep    *ucp.Endpoint
+	rk    *ucp.Rkey
+	cmd   *exec.Cmd
+	out   *strings.Builder
+	epErr chan error
+	done  chan struct{}
+}
+
+func startIPCExporter(t testing.TB, g *gpu, region int) *ipcExporter {
+	t.Helper()
+	x := &ipcExporter{out: &strings.Builder{}, epErr: make(chan error, 1), done: make(chan struct{})}
+	var err error
+	x.uctx, err = ucp.NewContext(ucp.ContextParams{Device: g.backend})
+	require.NoError(t, err)
+	x.w, err = x.uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	l, err := x.w.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	x.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	x.cmd.Env = append(os.Environ(), envRole+"=ipc-exporter", envListenAddr+"="+l.Addr(), envIPCRegion+"="+strconv.Itoa(region))
+	x.cmd.Stdout, x.cmd.Stderr = x.out, x.out
+	require.NoError(t, x.cmd.Start())
+	go func() { _ = x.cmd.Wait(); close(x.done) }()
+	t.Cleanup(func() {
+		_ = x.cmd.Process.Kill()
+		<-x.done
+		_ = x.uctx.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	x.ep, err = l.Accept(ctx, &ucp.EndpointParams{ErrorHandler: func(_ *ucp.Endpoint, err error) { x.epErr <- err }})
+	require.NoError(t, err, "child output:\n%s", x.out)
+	require.NoError(t, l.Close())
+	buf := make([]byte, 4096)
+	r, err := x.w.TagRecvNbx(buf, tagRkey, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx), "child output:\n%s", x.out)
+	x.rk, err = x.ep.UnpackRkey(buf[:r.Length()])
+	require.NoError(t, err, "the GPU is here: a same-host device region must map")
+	require.True(t, x.rk.Device())
+	return x
+}
+
+// sum asks the child for crc32 of its region's first n bytes.
+func (x *ipcExporter) sum(t testing.TB, n int) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var reply [4]byte
+	rr, err := x.w.TagRecvNbx(reply[:], tagIPCSum|tagReply, ^uint64(0), nil)
+	require.NoError(t, err)
+	var req [8]byte
+	binary.LittleEndian.PutUint64(req[:], uint64(n))
+	require.NoError(t, send(ctx, x.ep, req[:], tagIPCSum))
+	require.NoError(t, rr.Wait(ctx), "child output:\n%s", x.out)
+	return binary.LittleEndian.Uint32(reply[:])
+}
+
+func (x *ipcExporter) quit(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, send(ctx, x.ep, nil, tagQuit))
+	select {
+	case <-x.done:
+	case <-ctx.Done():
+		t.Fatalf("child did not exit; output:\n%s", x.out)
+	}
+}
+
+// TestGPUIPCRMA: put and get between two processes on one GPU, plain and under
+// Stream, non-blocking and KernelTriggered conditions, 4 B to 256 MiB, checked by
+// crc32 on both sides; then the child dies with its memory mapped here.
+func TestGPUIPCRMA(t *testing.T) {
+	g := requireGPU(t)
+	const region = 256 << 20
+	x := startIPCExporter(t, g, region)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	const slack = 4096
+	src, err := g.ctx.MemAlloc(region + slack)
+	require.NoError(t, err)
+	defer src.Close()
+	dst, err := g.ctx.MemAlloc(region)
+	require.NoError(t, err)
+	defer dst.Close()
+	host, err := g.ctx.MemHostAlloc(region+slack, cuda.HostAllocPortable)
+	require.NoError(t, err)
+	defer host.Close()
+	back, err := g.ctx.MemHostAlloc(region, cuda.HostAllocPortable)
+	require.NoError(t, err)
+	defer back.Close()
+	pat := host.Bytes()
+	for i := range pat {
+		pat[i] = byte(i*131 + i>>9)
+	}
+	s := g.stream(t)
+	cs, _ := stream.CUDAStream(s)
+	require.NoError(t, cs.MemcpyHtoD(src.Ptr(), host.Addr(), region+slack))
+	require.NoError(t, cs.Synchronize())
+	sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sc.Destroy()) }()
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: g.backend})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, kc.Destroy()) }()
+
+	modes := []string{"plain", "stream", "nonblocking", "kernel-triggered"}
+	sizes := []int{4, 4096, 1 << 20, 64 << 20, region}
+	for mi, mode := range modes {
+		for _, n := range sizes {
+			off := (mi*997 + n%7) % slack // each run moves different bytes
+			var prm *ucp.RequestParam
+			switch mode {
+			case "stream":
+				prm = &ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA}
+			case "nonblocking":
+				prm = &ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA, Flags: ucp.NonBlockingEnqueue}
+			case "kernel-triggered":
+				prm = &ucp.RequestParam{Condition: kc, MemoryType: ucp.MemoryCUDA}
+			default:
+				prm = &ucp.RequestParam{MemoryType: ucp.MemoryCUDA}
+			}
+			trigger := func() {
+				if mode == "kernel-triggered" {
+					h, err := kc.DeviceHandle()
+					require.NoError(t, err)
+					require.NoError(t, condition.Trigger(h))
+				}
+			}
+			put, err := x.ep.PutNbx(ucp.DeviceBuffer(src.Ptr()+uintptr(off), n), x.rk.Base(), x.rk, prm)
+			require.NoError(t, err, "%s put %d", mode, n)
+			trigger()
+			require.NoError(t, put.Wait(ctx), "%s put %d", mode, n)
+			want := crc32.ChecksumIEEE(pat[off : off+n])
+			require.Equal(t, want, x.sum(t, n), "%s put of %d bytes: the peer's device memory", mode, n)
+
+			require.NoError(t, cs.MemsetD8(dst.Ptr(), 0, n))
+			require.NoError(t, cs.Synchronize())
+			get, err := x.ep.GetNbx(ucp.DeviceBuffer(dst.Ptr(), n), x.rk.Base(), x.rk, prm)
+			require.NoError(t, err, "%s get %d", mode, n)
+			trigger()
+			require.NoError(t, get.Wait(ctx), "%s get %d", mode, n)
+			require.NoError(t, cs.MemcpyDtoH(back.Addr(), dst.Ptr(), n))
+			require.NoError(t, cs.Synchronize())
+			require.Equal(t, want, crc32.ChecksumIEEE(back.Bytes()[:n]), "%s get of %d bytes", mode, n)
+		}
+	}
+	require.Zero(t, x.w.StagingStats().Bytes, "the IPC path stages nothing")
+
+	// The child dies with its memory mapped here: the endpoint fails, later operations
+	// fail at the call, and nothing hangs.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	require.NoError(t, send(ctx2, x.ep, nil, tagDie))
+	<-x.done
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				x.w.Progress()
+				time.Sleep(100 * time.Microsecond)
+			}
+		}
+	}()
+	select {
+	case err := <-x.epErr:
+		require.ErrorIs(t, err, ucp.ErrPeerFailed)
+	case <-ctx2.Done():
+		t.Fatal("the child's death was not noticed")
+	}
+	close(stop)
+	_, err = x.ep.PutNbx(ucp.DeviceBuffer(src.Ptr(), 4096), x.rk.Base(), x.rk, &ucp.RequestParam{MemoryType: ucp.MemoryCUDA})
+	require.ErrorIs(t, err, ucp.ErrPeerFailed)
+}
+
+// BenchmarkGPUIPCPut compares an IPC put of 4 MiB to 1 GiB between two processes on
+// one GPU (Stream condition: the copy on the user's stream) with a same-process
+// cuMemcpyAsync device-to-device copy of the same size on the same stream, measured
+// in the same run. ratio = local copy time / IPC put time (the target is >= 0.95).
+func BenchmarkGPUIPCPut(b *testing.B) {
+	g := requireGPU(b)
+	const region = 1 << 30
+	x := startIPCExporter(b, g, region)
+	src, err := g.ctx.MemAlloc(region)
+	require.NoError(b, err)
+	defer src.Close()
+	local, err := g.ctx.MemAlloc(region)
+	require.NoError(b, err)
+	defer local.Close()
+	s := g.stream(b)
+	cs, _ := stream.CUDAStream(s)
+	sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
+	require.NoError(b, err)
+	defer func() { require.NoError(b, sc.Destroy()) }()
+	ctx := context.Background()
+	for _, n := range []int{4 << 20, 64 << 20, 256 << 20, 1 << 30} {
+		b.Run(fmt.Sprintf("%dMiB", n>>20), func(b *testing.B) {
+			reps := max(4, (2<<30)/n)
+			timeIt := func(f func() error) time.Duration {
+				require.NoError(b, f()) // warm
+				require.NoError(b, cs.Synchronize())
+				best := time.Duration(1 << 62)
+				for range 3 {
+					t0 := time.Now()
+					for range reps {
+						require.NoError(b, f())
+					}
+					require.NoError(b, cs.Synchronize())
+					best = min(best, time.Since(t0)/time.Duration(reps))
+				}
+				return best
+			}
+			var last *ucp.Request
+			prm := &ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA}
+			ipc := timeIt(func() error {
+				r, err := x.ep.PutNbx(ucp.DeviceBuffer(src.Ptr(), n), x.rk.Base(), x.rk, prm)
+				last = r
+				return err
+			})
+			require.NoError(b, last.Wait(ctx))
+			copyLocal := timeIt(func() error { return cs.MemcpyDtoD(local.Ptr(), src.Ptr(), n) })
+			b.ReportMetric(float64(n)/ipc.Seconds()/1e9, "ipc_GB/s")
+			b.ReportMetric(float64(n)/copyLocal.Seconds()/1e9, "local_GB/s")
+			b.ReportMetric(copyLocal.Seconds()/ipc.Seconds(), "ratio")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+	x.quit(b)
+}
