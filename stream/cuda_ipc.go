@@ -99,6 +99,42 @@ func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
 	return errorsJoin(err, b.release())
 }
 
+func (b *cudaBackend) WriteValueAt(s Stream, addr uintptr, value uint64) error {
+	cs, err := b.rawStream("WriteValueAt", s, addr)
+	if err != nil {
+		return err
+	}
+	if !b.caps.StreamMemOps64 {
+		return fmt.Errorf("stream: cuda WriteValueAt: device has only 32-bit stream memops: %w", ErrNotSupported)
+	}
+	return cs.wrap("WriteValueAt", cs.s.WriteValue64(addr, value, cuda.WriteDefault))
+}
+
+func (b *cudaBackend) WaitValueAt(s Stream, addr uintptr, value uint64, cmp Compare) error {
+	cs, err := b.rawStream("WaitValueAt", s, addr)
+	if err != nil {
+		return err
+	}
+	if !b.caps.StreamMemOps64 {
+		return fmt.Errorf("stream: cuda WaitValueAt: device has only 32-bit stream memops: %w", ErrNotSupported)
+	}
+	if cmp > NOR || (cmp == NOR && !b.caps.WaitValueNOR) {
+		return fmt.Errorf("stream: cuda WaitValueAt: %v: %w", cmp, ErrInvalidArgument)
+	}
+	return cs.wrap("WaitValueAt", cs.s.WaitValue64(addr, value, cuda.WaitFlags(cmp)))
+}
+
+func (b *cudaBackend) rawStream(op string, s Stream, addr uintptr) (*cudaStream, error) {
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return nil, fmt.Errorf("stream: cuda %s: %T is not a CUDA stream: %w", op, s, ErrInvalidArgument)
+	}
+	if addr == 0 || addr%8 != 0 {
+		return nil, fmt.Errorf("stream: cuda %s: address %#x is nil or not 8-byte aligned: %w", op, addr, ErrInvalidArgument)
+	}
+	return cs, nil
+}
+
 func errorsJoin(a, b error) error {
 	if a == nil {
 		return b

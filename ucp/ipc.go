@@ -151,28 +151,99 @@ type ipcWait struct {
 	ep   *Endpoint
 }
 
-// rmaIPC moves an RMA on a same-host device region by the copy engine.
+// rmaIPC moves an RMA on a same-host device region by the copy engine. The region
+// has no UCX registration, so the staging policy does not apply to it: a device
+// region's key always takes this path.
 func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
-	w := ep.w
 	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
 		return nil, err
 	}
+	check := func() error { return rkey.checkLocked(op, ep, raddr, len(buf)) }
+	if len(buf) == 0 && p.Condition == nil {
+		return completedRequest, nil
+	}
+	enqueue := func(s streamcore.Stream) error {
+		if len(buf) == 0 {
+			return nil
+		}
+		local := uintptr(bufPtr(buf))
+		remote := rkey.ipc.mapped + uintptr(raddr-rkey.base)
+		if put {
+			return s.Copy(remote, local, len(buf))
+		}
+		return s.Copy(local, remote, len(buf))
+	}
+	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
+		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
+	}
+	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
+}
+
+// putSignalIPC is PutSignalNbx on device regions of a same-host peer: the copy, then
+// a 64-bit stream write of the signal word in the peer's mapped memory, in stream
+// order (the write lands after the copy). Set and Store are the same write; Add has
+// no stream operation and is refused.
+func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
+	switch {
+	case rkey == nil || rkey.ipc == nil || sig.Rkey == nil || sig.Rkey.ipc == nil:
+		return nil, opErr(op, ErrUnsupported, "the data and the signal word must both be device regions of the same-host peer (CUDA IPC), or both not")
+	case sig.Op == SignalAdd:
+		return nil, opErr(op, ErrUnsupported, "SignalAdd on a device word: streams write, they do not add; use SignalSet or SignalStore with a growing value")
+	case sig.Op != SignalSet && sig.Op != SignalStore:
+		return nil, opErr(op, ErrInvalidParam, "signal op %d", sig.Op)
+	case sig.Addr%8 != 0:
+		return nil, opErr(op, ErrInvalidParam, "signal address %#x not 8-byte aligned", sig.Addr)
+	}
+	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
+		return nil, err
+	}
+	if err := sig.Rkey.checkRange(op, ep, sig.Addr, 8); err != nil {
+		return nil, err
+	}
+	dev := ep.w.ctx.ipc.dev
+	check := func() error {
+		if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
+			return err
+		}
+		return sig.Rkey.checkLocked(op, ep, sig.Addr, 8)
+	}
+	enqueue := func(s streamcore.Stream) error {
+		if len(buf) > 0 {
+			if err := s.Copy(rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf)); err != nil {
+				return err
+			}
+		}
+		return dev.WriteValueAt(s, sig.Rkey.ipc.mapped+uintptr(sig.Addr-sig.Rkey.base), sig.Value)
+	}
+	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
+		return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
+	}
+	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
+}
+
+// ipcIssue runs enqueue (the copy, and a flag) in stream order where the condition
+// says, and returns the Request that completes when that work is done:
+//
+//   - no condition: on the worker's stream of the device;
+//   - a Stream condition whose stream can copy device memory: on that stream (with
+//     NonBlockingEnqueue on the worker's stream, after the condition's stream got
+//     there, so the condition's stream does not wait for it);
+//   - any other condition: the engine calls reissue at the trigger, which comes back
+//     here with no condition; nothing is staged.
+//
+// check runs under the worker's lock (the keys' revocation).
+func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func() error, enqueue func(s streamcore.Stream) error, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
+	w := ep.w
 	cond := p.Condition
 	var s streamcore.Stream
 	if cond != nil {
-		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) || p.Staging == protocol.StageAlways {
-			// The engine issues it at the trigger, as the call with no condition.
-			return w.submitDirect(op, p, buf, func(off int, b []byte, ip *RequestParam) (*Request, error) {
-				return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
-			})
+		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
+			return w.submitDirect(op, p, buf, reissue)
 		}
 		s = cond.Stream()
 		if capturing, err := s.Capturing(); err != nil || capturing {
-			return nil, opErr(op, ErrUnsupported, "a device region of a same-host peer under stream capture: not built (the copy would be captured, its completion not)")
+			return nil, opErr(op, ErrUnsupported, "a device region of a same-host peer under stream capture: not built (the copy would be captured, its completion not); add the copy to the graph with Rkey.DeviceAddress")
 		}
-	}
-	if len(buf) == 0 {
-		return completedRequest, nil
 	}
 	ev, side, err := w.ipcResources(s == nil || p.Flags&NonBlockingEnqueue != 0)
 	if err != nil {
@@ -184,44 +255,38 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	}
 	r.reset(w, op, p.Callback)
 	r.ipc = &ipcWait{ev: ev, ep: ep}
-	r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
-	r.pinned = true
+	if len(buf) > 0 {
+		r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
+		r.pinned = true
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		r.unpinIPC(ev)
 		return nil, err
 	}
-	if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
+	if err := check(); err != nil {
 		r.unpinIPC(ev)
 		return nil, err
-	}
-	local := uintptr(bufPtr(buf))
-	remote := rkey.ipc.mapped + uintptr(raddr-rkey.base)
-	dst, src := remote, local
-	if !put {
-		dst, src = local, remote
 	}
 	on := s
 	if on == nil {
 		on = side
 	} else if side != nil {
-		// Non-blocking: the copy waits for the stream's point on the worker's stream, so
-		// the user's stream does not wait for it.
-		if err := s.Record(ev); err == nil {
+		if err = s.Record(ev); err == nil {
 			err = side.WaitEvent(ev)
 		}
 		on = side
 	}
 	if err == nil {
-		err = on.Copy(dst, src, len(buf))
+		err = enqueue(on)
 	}
 	if err == nil {
 		err = on.Record(ev)
 	}
 	if err != nil {
 		r.unpinIPC(ev)
-		return nil, opErr(op, err, "len %d raddr %#x", len(buf), raddr)
+		return nil, opErr(op, err, "")
 	}
 	w.ipcPending = append(w.ipcPending, r)
 	return r, nil
@@ -229,8 +294,10 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 
 // unpinIPC undoes what rmaIPC set up for a copy that was not enqueued.
 func (r *Request) unpinIPC(ev streamcore.Event) {
-	r.pin.Unpin()
-	r.pinned = false
+	if r.pinned {
+		r.pin.Unpin()
+		r.pinned = false
+	}
 	r.ipc = nil
 	r.w.putIPCEvent(ev)
 }
@@ -247,6 +314,9 @@ func (w *Worker) onIPCDevice(b streamcore.Backend) bool {
 func (w *Worker) ipcResources(side bool) (streamcore.Event, streamcore.Stream, error) {
 	w.mu.Lock()
 	var ev streamcore.Event
+	if len(w.ipcEvents) == 0 && len(w.ipcPending) > 0 {
+		w.pollIPCLocked() // done copies give their events back
+	}
 	if n := len(w.ipcEvents); n > 0 {
 		ev = w.ipcEvents[n-1]
 		w.ipcEvents = w.ipcEvents[:n-1]
@@ -455,6 +525,26 @@ func (ep *Endpoint) unpackRkeyIPC(k rkeyInfo) (*Rkey, error) {
 // Device reports whether the key is of a device region that CUDA IPC mapped here
 // (its puts and gets are copy-engine copies).
 func (r *Rkey) Device() bool { return r.ipc != nil }
+
+// DeviceAddress is where n bytes at the peer's address raddr are mapped in this
+// process, for work that moves data without ucpx on the path: memcpy and memop nodes
+// of a CUDA graph, a kernel's stores (device/ucpx_signal.cuh's ucpx_put_signal). The
+// address is valid while the key is open and not revoked; an operation through it
+// is the caller's to order (ucpx sees none of it). A key of host memory gives
+// ErrUnsupported.
+func (r *Rkey) DeviceAddress(raddr uint64, n int) (uintptr, error) {
+	const op = "rkey_device_address"
+	if r == nil || r.ipc == nil {
+		return 0, opErr(op, ErrUnsupported, "not the key of a device region mapped by CUDA IPC")
+	}
+	w := r.ep.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := r.checkLocked(op, r.ep, raddr, n); err != nil {
+		return 0, err
+	}
+	return r.ipc.mapped + uintptr(raddr-r.base), nil
+}
 
 // submitDirect hands an IPC operation to the engine, which issues it (as the call
 // without a condition) at the trigger; nothing is staged.

@@ -53,6 +53,12 @@ type Signal struct {
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
 	p = param(p)
+	if (rkey != nil && rkey.ipc != nil) || (sig.Rkey != nil && sig.Rkey.ipc != nil) {
+		if err := p.checkCommon(op, ep.w.ctx); err != nil {
+			return nil, err
+		}
+		return ep.putSignalIPC(op, buf, raddr, rkey, sig, p)
+	}
 	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}

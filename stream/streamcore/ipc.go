@@ -24,6 +24,13 @@ type DeviceIPC interface {
 	IPCOpenMemHandle(h IPCHandle) (uintptr, error)
 	// IPCCloseMemHandle unmaps what IPCOpenMemHandle mapped (cuIpcCloseMemHandle).
 	IPCCloseMemHandle(mapped uintptr) error
+	// WriteValueAt stores value into the 8-byte aligned device word at addr (this
+	// process's device memory or a mapping of a peer's) once all earlier work on s is
+	// done (cuStreamWriteValue64): the flag of the same-host device path.
+	WriteValueAt(s Stream, addr uintptr, value uint64) error
+	// WaitValueAt holds back later work on s until cmp(word at addr, value) holds
+	// (cuStreamWaitValue64).
+	WaitValueAt(s Stream, addr uintptr, value uint64, cmp Compare) error
 }
 
 // IPCHandleSize is the size of a CUDA IPC memory handle (CU_IPC_HANDLE_SIZE).

@@ -8,7 +8,9 @@
 package fakeipc
 
 /*
+#include <stdint.h>
 #include <stdlib.h>
+static void *fakeipc_ptr(uintptr_t p) { return (void *)p; }
 */
 import "C"
 
@@ -16,6 +18,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/stream/streamcore"
@@ -131,3 +135,27 @@ func (d *Device) IPCCloseMemHandle(p uintptr) error {
 	counts.Closes++
 	return nil
 }
+
+// WriteValueAt stores value at addr in stream order (an atomic store on the stream's
+// CPU thread).
+func (d *Device) WriteValueAt(s streamcore.Stream, addr uintptr, value uint64) error {
+	if addr == 0 || addr%8 != 0 {
+		return fmt.Errorf("fakeipc: WriteValueAt %#x: %w", addr, streamcore.ErrInvalidArgument)
+	}
+	return s.LaunchHostFunc(func() { atomic.StoreUint64(word(addr), value) })
+}
+
+// WaitValueAt holds s back until cmp(word at addr, value) holds (a polling host
+// function).
+func (d *Device) WaitValueAt(s streamcore.Stream, addr uintptr, value uint64, cmp streamcore.Compare) error {
+	if addr == 0 || addr%8 != 0 {
+		return fmt.Errorf("fakeipc: WaitValueAt %#x: %w", addr, streamcore.ErrInvalidArgument)
+	}
+	return s.LaunchHostFunc(func() {
+		for !cmp.Holds(atomic.LoadUint64(word(addr)), value) {
+			time.Sleep(time.Microsecond)
+		}
+	})
+}
+
+func word(addr uintptr) *uint64 { return (*uint64)(C.fakeipc_ptr(C.uintptr_t(addr))) }
