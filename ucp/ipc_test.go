@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"encoding/binary"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream"
 )
 
 var fakeUUID = [16]byte{0xfa, 0x4e, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
@@ -240,4 +242,78 @@ func TestIPCRefusals(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidParam)
 	_, err = decodeIPCPayload(ipcPayload(msg), 0x10000, 4096)
 	require.NoError(t, err)
+}
+
+// Put with signal on device regions: the copy, then the peer's mapped word written
+// in stream order; a stream of the peer waiting on the word sees the data.
+func TestIPCPutSignal(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc := fakeipc.Malloc(64 << 10)
+	defer alloc.Free()
+	words := fakeipc.Malloc(64)
+	defer words.Free()
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 64<<10)
+	wm, wpacked := deviceRegion(t, p.ctxB, words, 0, 64)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	wk, err := p.epA.UnpackRkey(wpacked)
+	require.NoError(t, err)
+
+	// The peer's stream waits for the word, then reads the data.
+	sb, err := dev.NewStream()
+	require.NoError(t, err)
+	defer sb.Close()
+	require.NoError(t, dev.WaitValueAt(sb, words.Ptr()+8, 7, stream.GEQ))
+	seen := make(chan uint32, 1)
+	require.NoError(t, sb.LaunchHostFunc(func() { seen <- checksum(alloc.Bytes()[:32<<10]) }))
+
+	sa, sc := streamCondition(t, dev)
+	src := pattern(32<<10, 9)
+	r, err := p.epA.PutSignalNbx(src, rk.Base(), rk, Signal{Op: SignalSet, Value: 7, Addr: wk.Base() + 8, Rkey: wk}, &RequestParam{Condition: sc})
+	require.NoError(t, err)
+	require.Equal(t, checksum(src), <-seen)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sa.Synchronize())
+
+	// Without a condition, on the worker's stream.
+	r, err = p.epA.PutSignalNbx(pattern(100, 10), rk.Base()+64, rk, Signal{Op: SignalStore, Value: 9, Addr: wk.Base(), Rkey: wk}, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, pattern(100, 10), alloc.Bytes()[64:164])
+	require.EqualValues(t, 9, binary.NativeEndian.Uint64(words.Bytes()))
+
+	// Refusals at the call.
+	_, err = p.epA.PutSignalNbx(src, rk.Base(), rk, Signal{Op: SignalAdd, Value: 1, Addr: wk.Base(), Rkey: wk}, nil)
+	require.ErrorIs(t, err, ErrUnsupported, "no stream add")
+	_, err = p.epA.PutSignalNbx(src, rk.Base(), rk, Signal{Op: SignalSet, Value: 1, Addr: wk.Base() + 4, Rkey: wk}, nil)
+	require.ErrorIs(t, err, ErrInvalidParam, "unaligned word")
+	_, err = p.epA.PutSignalNbx(src, rk.Base(), rk, Signal{Op: SignalSet, Value: 1, Addr: wk.Base() + 64, Rkey: wk}, nil)
+	require.ErrorIs(t, err, ErrOutOfRange)
+	host, err := p.ctxB.MemAlloc(64)
+	require.NoError(t, err)
+	hpacked, err := host.PackRkey()
+	require.NoError(t, err)
+	hk, err := p.epA.UnpackRkey(hpacked)
+	require.NoError(t, err)
+	_, err = p.epA.PutSignalNbx(src, rk.Base(), rk, Signal{Op: SignalSet, Value: 1, Addr: hk.Base(), Rkey: hk}, nil)
+	require.ErrorIs(t, err, ErrUnsupported, "device data with a host word")
+
+	// DeviceAddress: the mapping, for graph nodes and kernels.
+	addr, err := rk.DeviceAddress(rk.Base()+100, 10)
+	require.NoError(t, err)
+	require.Equal(t, alloc.Ptr()+100, addr, "the fake maps at the allocation's own address")
+	_, err = rk.DeviceAddress(rk.Base()+100, 64<<10)
+	require.ErrorIs(t, err, ErrOutOfRange)
+	_, err = hk.DeviceAddress(hk.Base(), 8)
+	require.ErrorIs(t, err, ErrUnsupported)
+
+	stop := background(p.a)
+	require.NoError(t, host.Close())
+	require.NoError(t, m.Close())
+	require.NoError(t, wm.Close())
+	stop()
+	_, err = rk.DeviceAddress(rk.Base(), 8)
+	require.ErrorIs(t, err, ErrRevoked)
 }
