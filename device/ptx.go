@@ -34,6 +34,9 @@ const (
 	// The launch counter and the partition fill of the PreadyNode graph test.
 	KernelTick   = "ucpx_test_tick"    // (w *u64)
 	KernelFillAt = "ucpx_test_fill_at" // (buf *u8, n, offset u64, seedWord *u64)
+	// Kernel-initiated put with signal into a peer's mapped memory, and its receiver.
+	KernelPutSignal = "ucpx_test_put_signal" // (dst, src *u8, chunk u64, flags *u64, value u64)
+	KernelWaitFlags = "ucpx_test_wait_flags" // (flags *u64, value u64, buf *u8, chunk u64, sum *u64)
 )
 
 // Names of the kernels in signal_kernels.cu.

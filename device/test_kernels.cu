@@ -255,3 +255,31 @@ extern "C" __global__ void ucpx_test_part_pingpong(ucpx_partition_handle sh, ucp
 		__threadfence_system();
 	}
 }
+
+/* Kernel-initiated put with signal: block b copies chunk bytes at src + b*chunk
+ * into dst + b*chunk (a peer's mapped buffer) and sets flags[b] (the peer's
+ * mapped words) to value; warp variant for odd b (one warp of the block copies),
+ * block variant for even b. */
+extern "C" __global__ void ucpx_test_put_signal(uint8_t *dst, const uint8_t *src, uint64_t chunk, uint64_t *flags, uint64_t value)
+{
+	uint64_t b = blockIdx.x;
+	if (b & 1) {
+		if (threadIdx.x < 32)
+			ucpx_put_signal_warp(dst + b * chunk, src + b * chunk, chunk, flags + b, value);
+	} else {
+		ucpx_put_signal_block(dst + b * chunk, src + b * chunk, chunk, flags + b, value);
+	}
+}
+
+/* The receiving kernel: block b waits until flags[b] reaches value (acquire),
+ * then adds the bytes of its chunk of buf to *sum. */
+extern "C" __global__ void ucpx_test_wait_flags(const uint64_t *flags, uint64_t value, const uint8_t *buf, uint64_t chunk, unsigned long long *sum)
+{
+	if (threadIdx.x == 0)
+		ucpx_word_wait_geq(flags + blockIdx.x, value);
+	__syncthreads();
+	unsigned long long s = 0;
+	for (uint64_t i = threadIdx.x; i < chunk; i += blockDim.x)
+		s += buf[blockIdx.x * chunk + i];
+	atomicAdd(sum, s);
+}

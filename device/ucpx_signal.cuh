@@ -282,4 +282,68 @@ static __device__ __forceinline__ bool ucpx_parrived_wait_block(ucpx_partition_h
 	return __syncthreads_or(ok) != 0;
 }
 
+/*
+ * Kernel-initiated put with signal to a same-host peer (CUDA IPC), what
+ * NVSHMEM's putmem_signal does within a node. dst and flag are the peer's
+ * device memory mapped in this process: ucp.Rkey.DeviceAddress on keys of the
+ * peer's device regions (ucp.ContextParams.Device). The data is written with
+ * ordinary stores, every writer fences at system scope, then one thread stores
+ * value into the flag with release semantics: a peer that sees the value with
+ * an acquire load (ucpx_word_wait_geq) or a stream memop wait also sees the
+ * data. Nothing on the host takes part.
+ *
+ *   ucpx_put_signal        one thread copies and signals;
+ *   ucpx_put_signal_warp   the calling warp copies, lane 0 signals (all 32
+ *                          lanes call it);
+ *   ucpx_put_signal_block  the calling block copies, thread (0,0,0) signals
+ *                          (every thread calls it).
+ *
+ * 16-byte stores where dst, src and n allow them, bytes otherwise.
+ */
+typedef struct __attribute__((aligned(16))) {
+	uint64_t lo, hi;
+} ucpx_v16;
+
+static __device__ __forceinline__ void ucpx_copy_lanes(void *dst, const void *src, uint64_t n, uint64_t lane, uint64_t lanes)
+{
+	if ((((uintptr_t)dst | (uintptr_t)src | n) & 15) == 0) {
+		ucpx_v16 *d = (ucpx_v16 *)dst;
+		const ucpx_v16 *s = (const ucpx_v16 *)src;
+		for (uint64_t i = lane; i < n / 16; i += lanes)
+			d[i] = s[i];
+	} else {
+		uint8_t *d = (uint8_t *)dst;
+		const uint8_t *s = (const uint8_t *)src;
+		for (uint64_t i = lane; i < n; i += lanes)
+			d[i] = s[i];
+	}
+}
+
+static __device__ __forceinline__ void ucpx_put_signal(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value)
+{
+	ucpx_copy_lanes(dst, src, n, 0, 1);
+	__threadfence_system();
+	ucpx_word_store_release(flag, value);
+}
+
+static __device__ __forceinline__ void ucpx_put_signal_warp(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value)
+{
+	unsigned lane = threadIdx.x & 31;
+	ucpx_copy_lanes(dst, src, n, lane, 32);
+	__threadfence_system();
+	__syncwarp();
+	if (lane == 0)
+		ucpx_word_store_release(flag, value);
+}
+
+static __device__ __forceinline__ void ucpx_put_signal_block(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value)
+{
+	uint64_t lane = threadIdx.x + (uint64_t)blockDim.x * (threadIdx.y + (uint64_t)blockDim.y * threadIdx.z);
+	ucpx_copy_lanes(dst, src, n, lane, (uint64_t)blockDim.x * blockDim.y * blockDim.z);
+	__threadfence_system();
+	__syncthreads();
+	if (lane == 0)
+		ucpx_word_store_release(flag, value);
+}
+
 #endif /* UCPX_SIGNAL_CUH */
