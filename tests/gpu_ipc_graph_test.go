@@ -141,7 +141,9 @@ func runIPCPeer() error {
 	case "graph":
 		result, err = x.graphReceiver(iters, n)
 	case "pingpong":
-		err = x.pingpong(ctx, iters, false)
+		if err = x.pingpong(ctx, iters, false); err == nil {
+			err = x.rawPingPong(iters, false)
+		}
 	case "kernel":
 		result, err = x.kernelReceiver(iters, n)
 	default:
@@ -346,6 +348,36 @@ func (x *ipcSide) pingpong(ctx context.Context, iters int, initiator bool) error
 	return s.Synchronize()
 }
 
+// ipcRawFlag is the word of the raw ping-pong.
+const ipcRawFlag = 24
+
+// rawPingPong is pingpong's floor: the same exchange of flags with bare memops on a
+// stream (write the peer's mapped word, wait for one's own), no data and no ucpx.
+func (x *ipcSide) rawPingPong(iters int, initiator bool) error {
+	s, err := x.cctx.NewStream(cuda.StreamNonBlocking, 0)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	peer, own := x.peerAddr(ipcRawFlag, 8), x.own(ipcRawFlag)
+	for i := 1; i <= iters; i++ {
+		v := uint64(i)
+		ops := []cuda.MemOp{cuda.WriteValue64Op(peer, v, cuda.WriteDefault), cuda.WaitValue64Op(own, v, cuda.WaitGEQ)}
+		if !initiator {
+			ops[0], ops[1] = ops[1], ops[0]
+		}
+		if err := s.BatchMemOp(ops); err != nil {
+			return err
+		}
+		if i%ipcWindow == 0 {
+			if err := s.Synchronize(); err != nil {
+				return err
+			}
+		}
+	}
+	return s.Synchronize()
+}
+
 // startIPCPeer starts the child in a scenario and exchanges keys with it.
 func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide, *exec.Cmd, *strings.Builder, chan struct{}) {
 	t.Helper()
@@ -461,7 +493,9 @@ func TestGPUIPCGraphRelaunch(t *testing.T) {
 // BenchmarkGPUIPCPingPong: 8 bytes back and forth between two processes with
 // PutSignalNbx under Stream conditions (each stream waits on its own word), against
 // the stream memop round trip with a host echo measured in the same run. ratio =
-// IPC half round trip / memop half round trip (the target is <= 1.3).
+// IPC half round trip / memop half round trip (the target is <= 1.3); raw_ipc is the
+// same exchange of flags between the two processes with bare memops and no ucpx, the
+// floor of two processes sharing one GPU, and ratio_vs_raw compares with it.
 func BenchmarkGPUIPCPingPong(b *testing.B) {
 	g := requireGPU(b)
 	const iters = 3000
@@ -508,12 +542,18 @@ func BenchmarkGPUIPCPingPong(b *testing.B) {
 	t0 := time.Now()
 	require.NoError(b, x.pingpong(context.Background(), iters, true), "child output:\n%s", out)
 	ipc := time.Since(t0)
+	t0 = time.Now()
+	require.NoError(b, x.rawPingPong(iters, true), "child output:\n%s", out)
+	raw := time.Since(t0)
 	x.result(b, out)
 	refHalf := float64(ref.Nanoseconds()) / iters / 2 / 1e3
 	ipcHalf := float64(ipc.Nanoseconds()) / iters / 2 / 1e3
+	rawHalf := float64(raw.Nanoseconds()) / iters / 2 / 1e3
 	b.ReportMetric(ipcHalf, "ipc_half_rt_us")
+	b.ReportMetric(rawHalf, "raw_ipc_half_rt_us")
 	b.ReportMetric(refHalf, "memop_half_rt_us")
 	b.ReportMetric(ipcHalf/refHalf, "ratio")
+	b.ReportMetric(ipcHalf/rawHalf, "ratio_vs_raw")
 	b.ReportMetric(0, "ns/op")
 }
 

@@ -143,6 +143,12 @@ func (r *Rkey) releaseIPCLocked() {
 	go func() { _ = imp.Release(x.peer, x.alloc) }()
 }
 
+// ipcRequest is what one IPC operation allocates.
+type ipcRequest struct {
+	Request
+	wait ipcWait
+}
+
 // ipcWait is what an IPC Request waits for: its copy's event, or (a flush) the
 // requests before it.
 type ipcWait struct {
@@ -250,11 +256,16 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		return nil, opErr(op, err, "")
 	}
 	r := p.Request
+	var x *ipcWait
 	if r == nil {
-		r = &Request{}
+		both := &ipcRequest{}
+		r, x = &both.Request, &both.wait
+	} else {
+		x = &ipcWait{}
 	}
 	r.reset(w, op, p.Callback)
-	r.ipc = &ipcWait{ev: ev, ep: ep}
+	x.ev, x.ep = ev, ep
+	r.ipc = x
 	if len(buf) > 0 {
 		r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
 		r.pinned = true
@@ -365,14 +376,22 @@ func (w *Worker) putIPCEvent(ev streamcore.Event) {
 }
 
 // pollIPCLocked completes the IPC requests whose copies (or, for a flush, whose
-// predecessors) are done. cuEventQuery does not wait.
+// predecessors) are done, oldest first. Copies of one stream end in order, so it stops
+// looking after a few pending ones: a long queue costs a few cuEventQuery calls per
+// poll, not one per copy. cuEventQuery does not wait.
 func (w *Worker) pollIPCLocked() int {
-	n := 0
+	const lookPast = 4
+	n, pending := 0, 0
 	kept := w.ipcPending[:0]
-	for _, r := range w.ipcPending {
+	for i, r := range w.ipcPending {
+		if pending >= lookPast {
+			kept = append(kept, w.ipcPending[i:]...)
+			break
+		}
 		done, err := r.ipc.poll()
 		if !done {
 			kept = append(kept, r)
+			pending++
 			continue
 		}
 		if err == nil && r.ipc.ep != nil && r.ipc.ep.err != nil {
