@@ -587,3 +587,76 @@ func TestGPUIPCKernelPutSignal(t *testing.T) {
 	require.Equal(t, want, x.result(t, out), "the receiver's checksum of what the kernel put")
 	<-done
 }
+
+// TestGPUIPCCapturedGraph: the sender's graph is captured from ucpx calls on a
+// stream (WaitValueAt/WriteValueAt on its own word, the fill kernels, PutSignalNbx
+// with a Stream condition on the capturing stream): the put becomes a memcpy node
+// and a memop node, and 1000 relaunches move the data with no ucpx call and no host
+// call per launch. The receiver is the graph scenario's.
+func TestGPUIPCCapturedGraph(t *testing.T) {
+	g := requireGPU(t)
+	const iters, n = 1000, 64 << 10
+	x, _, out, done := startIPCPeer(t, g, "graph", iters, n)
+	fill, err := g.module.Function(device.KernelFillAt)
+	require.NoError(t, err)
+	tick, err := g.module.Function(device.KernelTick)
+	require.NoError(t, err)
+	dev := g.backend.(stream.DeviceIPC)
+	s := g.stream(t)
+	cs, _ := stream.CUDAStream(s)
+	sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sc.Destroy()) }()
+
+	require.NoError(t, cs.BeginCapture(cuda.CaptureRelaxed))
+	require.NoError(t, dev.WaitValueAt(s, x.own(ipcFlag), 1, stream.GEQ))
+	require.NoError(t, dev.WriteValueAt(s, x.own(ipcFlag), 0))
+	require.NoError(t, cs.LaunchKernel(tick, cuda.Linear(1, 1), x.own(ipcSeed)))
+	require.NoError(t, cs.LaunchKernel(fill, cuda.Linear(64, 256), x.own(ipcDataOff), uint64(n), uint64(0), x.own(ipcSeed)))
+	r, err := x.ep.PutSignalNbx(ucp.DeviceBuffer(x.own(ipcDataOff), n), x.peer.Base()+ipcDataOff, x.peer,
+		ucp.Signal{Op: ucp.SignalSet, Value: 1, Addr: x.peer.Base() + ipcFlag, Rkey: x.peer},
+		&ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA})
+	require.NoError(t, err)
+	require.True(t, r.Done(), "a captured put is recorded, not pending")
+	_, err = x.ep.PutNbx(ucp.DeviceBuffer(x.own(ipcDataOff), n), x.peer.Base()+ipcDataOff, x.peer,
+		&ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA, Flags: ucp.NonBlockingEnqueue})
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "non-blocking under capture")
+	gr, err := cs.EndCapture()
+	require.NoError(t, err)
+	defer gr.Close()
+	nodes, err := gr.Nodes()
+	require.NoError(t, err)
+	kinds := map[cuda.NodeType]int{}
+	for _, nd := range nodes {
+		k, err := gr.NodeType(nd)
+		require.NoError(t, err)
+		kinds[k]++
+	}
+	t.Logf("captured graph: %d nodes %v", len(nodes), kinds)
+	require.Equal(t, 1, kinds[cuda.NodeMemcpy], "the put is one memcpy node")
+	gx, err := gr.Instantiate(0)
+	require.NoError(t, err)
+	defer gx.Close()
+
+	one, err := g.ctx.MemHostAlloc(8, cuda.HostAllocPortable)
+	require.NoError(t, err)
+	defer one.Close()
+	binary.LittleEndian.PutUint64(one.Bytes(), 1)
+	require.NoError(t, cs.MemcpyHtoD(x.own(ipcFlag), one.Addr(), 8))
+	require.NoError(t, cs.Synchronize())
+	t0 := time.Now()
+	inLaunch, err := launchAll(gx, cs, iters)
+	require.NoError(t, err, "child output:\n%s", out)
+	elapsed := time.Since(t0)
+	got := x.result(t, out)
+	var want uint64
+	for seed := 1; seed <= iters; seed++ {
+		for i := range n {
+			want += uint64(device.Pattern(uint64(i), uint32(seed)))
+		}
+	}
+	require.Equal(t, want, got, "the receiver's checksum over %d launches", iters)
+	t.Logf("%d launches: %.2f us per launch; cuGraphLaunch %.2f us CPU per launch", iters,
+		float64(elapsed.Microseconds())/iters, float64(inLaunch.Nanoseconds())/1e3/iters)
+	<-done
+}

@@ -247,8 +247,12 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 			return w.submitDirect(op, p, buf, reissue)
 		}
 		s = cond.Stream()
-		if capturing, err := s.Capturing(); err != nil || capturing {
-			return nil, opErr(op, ErrUnsupported, "a device region of a same-host peer under stream capture: not built (the copy would be captured, its completion not); add the copy to the graph with Rkey.DeviceAddress")
+		capturing, err := s.Capturing()
+		if err != nil {
+			return nil, opErr(op, err, "")
+		}
+		if capturing {
+			return ep.ipcCapture(op, p, s, check, enqueue)
 		}
 	}
 	ev, side, err := w.ipcResources(s == nil || p.Flags&NonBlockingEnqueue != 0)
@@ -301,6 +305,38 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	}
 	w.ipcPending = append(w.ipcPending, r)
 	return r, nil
+}
+
+// ipcCapture records the copy (and flag) into the graph the stream is capturing: they
+// become a memcpy node and memop nodes that every launch runs, with no proxy and no
+// host call. The Request is done at once: the call's work is the recording; each
+// launch's data is in place for the work captured after it. The buffers are baked
+// into the graph: they must outlive it (device or C memory, never Go memory).
+// Non-blocking enqueue has no meaning in a graph and is refused, as for other
+// captured operations.
+func (ep *Endpoint) ipcCapture(op string, p *RequestParam, s streamcore.Stream, check func() error, enqueue func(s streamcore.Stream) error) (*Request, error) {
+	if p.Flags&NonBlockingEnqueue != 0 {
+		return nil, opErr(op, ErrInvalidParam, "NonBlockingEnqueue under stream capture: a relaunched graph has nothing to wait on later")
+	}
+	w := ep.w
+	w.mu.Lock()
+	err := ep.usableLocked(op)
+	if err == nil {
+		err = check()
+	}
+	if err == nil {
+		if err = enqueue(s); err != nil {
+			err = opErr(op, err, "recording into the captured graph")
+		}
+	}
+	w.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if p.Callback != nil {
+		p.Callback(completedRequest)
+	}
+	return completedRequest, nil
 }
 
 // unpinIPC undoes what rmaIPC set up for a copy that was not enqueued.
