@@ -351,3 +351,55 @@ func BenchmarkGPUIPCPut(b *testing.B) {
 	}
 	x.quit(b)
 }
+
+// BenchmarkGPUIPCGraphLaunch64: the CPU cost of relaunching a CUDA graph of 64 IPC
+// copies (memcpy nodes into the peer's mapped region, Rkey.DeviceAddress) against the
+// same graph of 64 local device-to-device copies, same run: ratio = IPC / local (the
+// target is the cost of cuGraphLaunch alone: no proxy work, ratio about 1).
+func BenchmarkGPUIPCGraphLaunch64(b *testing.B) {
+	g := requireGPU(b)
+	const nodes, size, launches = 64, 4096, 2000
+	x := startIPCExporter(b, g, nodes*size)
+	src, err := g.ctx.MemAlloc(nodes * size)
+	require.NoError(b, err)
+	defer src.Close()
+	local, err := g.ctx.MemAlloc(nodes * size)
+	require.NoError(b, err)
+	defer local.Close()
+	remote, err := x.rk.DeviceAddress(x.rk.Base(), nodes*size)
+	require.NoError(b, err)
+	s, err := g.ctx.NewStream(cuda.StreamNonBlocking, 0)
+	require.NoError(b, err)
+	defer s.Close()
+	cpuPerLaunch := func(dst uintptr) time.Duration {
+		gr, err := g.ctx.NewGraph()
+		require.NoError(b, err)
+		defer gr.Close()
+		for i := range nodes {
+			_, err := gr.AddMemcpyNode(nil, dst+uintptr(i*size), src.Ptr()+uintptr(i*size), size)
+			require.NoError(b, err)
+		}
+		gx, err := gr.Instantiate(0)
+		require.NoError(b, err)
+		defer gx.Close()
+		var spent time.Duration
+		for i := range launches {
+			t0 := time.Now()
+			require.NoError(b, gx.Launch(s))
+			spent += time.Since(t0)
+			if i%32 == 31 {
+				require.NoError(b, s.Synchronize())
+			}
+		}
+		require.NoError(b, s.Synchronize())
+		return spent / launches
+	}
+	cpuPerLaunch(local.Ptr()) // warm
+	loc := cpuPerLaunch(local.Ptr())
+	ipc := cpuPerLaunch(remote)
+	b.ReportMetric(float64(ipc.Nanoseconds())/1e3, "ipc_launch_us")
+	b.ReportMetric(float64(loc.Nanoseconds())/1e3, "local_launch_us")
+	b.ReportMetric(float64(ipc)/float64(loc), "ratio")
+	b.ReportMetric(0, "ns/op")
+	x.quit(b)
+}
