@@ -142,7 +142,9 @@ func runIPCPeer() error {
 		result, err = x.graphReceiver(iters, n)
 	case "pingpong":
 		if err = x.pingpong(ctx, iters, false); err == nil {
-			err = x.rawPingPong(iters, false)
+			if err = x.rawPingPong(iters, false, false); err == nil {
+				err = x.rawPingPong(iters, false, true)
+			}
 		}
 	case "kernel":
 		result, err = x.kernelReceiver(iters, n)
@@ -352,21 +354,39 @@ func (x *ipcSide) pingpong(ctx context.Context, iters int, initiator bool) error
 const ipcRawFlag = 24
 
 // rawPingPong is pingpong's floor: the same exchange of flags with bare memops on a
-// stream (write the peer's mapped word, wait for one's own), no data and no ucpx.
-func (x *ipcSide) rawPingPong(iters int, initiator bool) error {
+// stream (write the peer's mapped word, wait for one's own), no ucpx; withCopy adds
+// the 8-byte cuMemcpyAsync into the peer's mapped buffer before each write, as
+// PutSignalNbx enqueues it.
+func (x *ipcSide) rawPingPong(iters int, initiator, withCopy bool) error {
 	s, err := x.cctx.NewStream(cuda.StreamNonBlocking, 0)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	peer, own := x.peerAddr(ipcRawFlag, 8), x.own(ipcRawFlag)
+	if withCopy {
+		peer, own = x.peerAddr(ipcRawFlag+8, 8), x.own(ipcRawFlag+8)
+	}
+	peerData := x.peerAddr(ipcDataOff, 8)
 	for i := 1; i <= iters; i++ {
 		v := uint64(i)
-		ops := []cuda.MemOp{cuda.WriteValue64Op(peer, v, cuda.WriteDefault), cuda.WaitValue64Op(own, v, cuda.WaitGEQ)}
-		if !initiator {
-			ops[0], ops[1] = ops[1], ops[0]
+		write := func() error {
+			if withCopy {
+				if err := s.MemcpyDtoD(peerData, x.own(ipcDataOff+64), 8); err != nil {
+					return err
+				}
+			}
+			return s.WriteValue64(peer, v, cuda.WriteDefault)
 		}
-		if err := s.BatchMemOp(ops); err != nil {
+		wait := func() error { return s.WaitValue64(own, v, cuda.WaitGEQ) }
+		first, second := write, wait
+		if !initiator {
+			first, second = wait, write
+		}
+		if err := first(); err != nil {
+			return err
+		}
+		if err := second(); err != nil {
 			return err
 		}
 		if i%ipcWindow == 0 {
@@ -543,8 +563,11 @@ func BenchmarkGPUIPCPingPong(b *testing.B) {
 	require.NoError(b, x.pingpong(context.Background(), iters, true), "child output:\n%s", out)
 	ipc := time.Since(t0)
 	t0 = time.Now()
-	require.NoError(b, x.rawPingPong(iters, true), "child output:\n%s", out)
+	require.NoError(b, x.rawPingPong(iters, true, false), "child output:\n%s", out)
 	raw := time.Since(t0)
+	t0 = time.Now()
+	require.NoError(b, x.rawPingPong(iters, true, true), "child output:\n%s", out)
+	rawCopy := time.Since(t0)
 	x.result(b, out)
 	refHalf := float64(ref.Nanoseconds()) / iters / 2 / 1e3
 	ipcHalf := float64(ipc.Nanoseconds()) / iters / 2 / 1e3
@@ -554,6 +577,7 @@ func BenchmarkGPUIPCPingPong(b *testing.B) {
 	b.ReportMetric(refHalf, "memop_half_rt_us")
 	b.ReportMetric(ipcHalf/refHalf, "ratio")
 	b.ReportMetric(ipcHalf/rawHalf, "ratio_vs_raw")
+	b.ReportMetric(float64(rawCopy.Nanoseconds())/iters/2/1e3, "raw_copy_ipc_half_rt_us")
 	b.ReportMetric(0, "ns/op")
 }
 
