@@ -197,3 +197,22 @@ func (s *Pool) Reserve(n, count int) error {
 	}
 	return nil
 }
+
+// Lend lends a buffer of at least n bytes from s for one staged part of n bytes,
+// counted in st (bytes, parts, high water); release gives it back and uncounts it.
+// Get may allocate pinned memory: call it where blocking is harmless.
+func (s *Pool) Lend(n int, st *Stats) (buf *Buffer, release func(), err error) {
+	b, err := s.Get(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	st.staged(n)
+	st.lend(b.Size())
+	var once sync.Once
+	return b, func() {
+		once.Do(func() {
+			st.giveBack(b.Size())
+			s.Put(b)
+		})
+	}, nil
+}

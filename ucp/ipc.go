@@ -155,6 +155,15 @@ type ipcWait struct {
 	ev   streamcore.Event
 	deps []*Request
 	ep   *Endpoint
+	// then, when set, runs (under the worker's lock) once ev or deps are done, with
+	// their result: it may start the next step (setting ev or deps again) and reports
+	// whether the request is finished, with the result (devstage.go). held: a step is
+	// being started outside the lock (nothing to poll yet); failed: it failed.
+	then   func(x *ipcWait, err error) (bool, error)
+	held   bool
+	failed error
+	length int
+	tag    uint64
 }
 
 // rmaIPC moves an RMA on a same-host device region by the copy engine. The region
@@ -424,17 +433,26 @@ func (w *Worker) pollIPCLocked() int {
 			kept = append(kept, w.ipcPending[i:]...)
 			break
 		}
-		done, err := r.ipc.poll()
+		x := r.ipc
+		done, err := x.poll()
+		if done && x.then != nil {
+			then := x.then
+			x.then = nil
+			if done, err = then(x, err); !done {
+				kept = append(kept, r)
+				continue
+			}
+		}
 		if !done {
 			kept = append(kept, r)
 			pending++
 			continue
 		}
-		if err == nil && r.ipc.ep != nil && r.ipc.ep.err != nil {
-			err = r.ipc.ep.err // the copy ran, but the peer it was for is gone
+		if err == nil && x.ep != nil && x.ep.err != nil {
+			err = x.ep.err // the copy ran, but the peer it was for is gone
 		}
-		ev := r.ipc.ev
-		r.completeLocked(err, 0, 0)
+		ev := x.ev
+		r.completeLocked(err, x.length, x.tag)
 		w.putIPCEvent(ev)
 		n++
 	}
@@ -444,6 +462,12 @@ func (w *Worker) pollIPCLocked() int {
 }
 
 func (x *ipcWait) poll() (bool, error) {
+	switch {
+	case x.failed != nil:
+		return true, x.failed
+	case x.held:
+		return false, nil
+	}
 	if x.ev != nil {
 		return x.ev.Query()
 	}

@@ -38,9 +38,9 @@ func (p *RequestParam) check(op string, c *Context) error {
 	if err := p.checkCommon(op, c); err != nil {
 		return err
 	}
-	if p.MemoryType > MemoryHost && p.Condition == nil && !c.SupportsMemoryType(p.MemoryType) {
+	if p.MemoryType > MemoryHost && p.Condition == nil && !c.SupportsMemoryType(p.MemoryType) && !(p.MemoryType == MemoryCUDA && c.ipc != nil) {
 		// UCX would touch device memory from the CPU. A Stream condition on a CUDA
-		// stream stages it instead.
+		// stream stages it instead, and so does ContextParams.Device (devstage.go).
 		return opErr(op, ErrUnsupported, "%s memory: UCX here has no transport for it; enqueue it with a Stream condition on a CUDA stream (staging), use a device region of a same-host peer (CUDA IPC), or use host memory", p.MemoryType)
 	}
 	return nil

@@ -42,7 +42,7 @@ func (s *plainStaging) close() {
 
 // stagesPlain reports whether an operation without a condition moves through staging.
 func (w *Worker) stagesPlain(p *RequestParam) bool {
-	return p.staged == nil && p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
+	return p.staged == nil && (p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways || w.devicePlain(p))
 }
 
 // stagedPlain runs issue (the operation without a condition) on staging memory that
@@ -50,6 +50,9 @@ func (w *Worker) stagesPlain(p *RequestParam) bool {
 // completion, before the Request is done and before its Callback. It waits (driving
 // the worker) while the context's workspace is busy.
 func (w *Worker) stagedPlain(op string, p *RequestParam, buf []byte, dir protocol.Direction, issue func(b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
+	if w.devicePlain(p) {
+		return w.stagedDevice(op, p, buf, dir, issue)
+	}
 	if len(buf) == 0 {
 		ip := *p
 		ip.Staging = protocol.StageWhenNeeded

@@ -102,6 +102,8 @@ type Worker struct {
 	ipcPending []*Request
 	ipcEvents  []streamcore.Event
 	ipcStream  streamcore.Stream
+	// devPool: pinned staging memory of device operations with no stream (devstage.go).
+	devPool *protocol.Pool
 }
 
 // NewWorker creates a worker on the context.
@@ -512,6 +514,11 @@ func (w *Worker) Close() error {
 		_ = eng.Close()
 	}
 	w.plain.close()
+	w.mu.Lock()
+	if w.devPool != nil {
+		_ = w.devPool.Close()
+	}
+	w.mu.Unlock()
 
 	w.ctx.mu.Lock()
 	delete(w.ctx.workers, w)

@@ -1,0 +1,185 @@
+package ucp
+
+import (
+	"github.com/ucpx/ucpx/protocol"
+)
+
+// Device memory without a stream. UCX here cannot touch device memory, so an
+// operation on a device buffer (RequestParam.MemoryType MemoryCUDA) with no condition,
+// or one the engine issues at a trigger that has no stream of its own (kernel-triggered
+// and graph conditions, a non-blocking receive), is staged through pinned host memory
+// with the copies on the worker's stream of ContextParams.Device: an outgoing buffer
+// is copied out first and the UCX operation issued once that copy is done; an incoming
+// one is received into the staging buffer and copied in before the Request completes.
+// The steps advance in the worker's progress (pollIPCLocked), like the IPC path's.
+
+// devicePlain reports whether an operation without a condition stages device memory
+// through the context's device.
+func (w *Worker) devicePlain(p *RequestParam) bool {
+	c := w.ctx
+	if c.ipc == nil || c.SupportsMemoryType(MemoryCUDA) {
+		return false
+	}
+	return p.MemoryType == MemoryCUDA || (p.MemH != nil && p.MemH.memType == MemoryCUDA)
+}
+
+// devicePool is the pinned staging pool of the context's device, made on first use.
+func (w *Worker) devicePool() *protocol.Pool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.devPool == nil {
+		w.devPool = protocol.NewPool(w.ctx.ipc.dev)
+	}
+	return w.devPool
+}
+
+// prepareDevice makes what a device operation of n bytes will need (a staging buffer,
+// the worker's stream, an event) before the engine issues it, so the engine makes no
+// allocating driver call: called at submit, on the caller's goroutine.
+func (w *Worker) prepareDevice(n int) error {
+	if n > 0 {
+		if err := w.devicePool().Reserve(n, 1); err != nil {
+			return err
+		}
+	}
+	ev, _, err := w.ipcResources(true)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.putIPCEvent(ev)
+	w.mu.Unlock()
+	return nil
+}
+
+// stagedDevice runs issue (the operation with no condition, on host memory) on a
+// staging buffer standing for the device buffer buf.
+func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protocol.Direction, issue func(b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
+	ip := *p
+	ip.MemoryType, ip.MemH, ip.Staging = MemoryHost, nil, protocol.StageWhenNeeded
+	ip.Callback, ip.Request = nil, nil
+	if len(buf) == 0 {
+		return issue(buf, &ip)
+	}
+	mem, release, err := w.devicePool().Lend(len(buf), &w.staging)
+	if err != nil {
+		return nil, opErr(op, err, "staging memory")
+	}
+	staged := mem.Bytes()[:len(buf)]
+	ev, side, err := w.ipcResources(true)
+	if err != nil {
+		release()
+		return nil, opErr(op, err, "")
+	}
+	r := p.Request
+	var x *ipcWait
+	if r == nil {
+		both := &ipcRequest{}
+		r, x = &both.Request, &both.wait
+	} else {
+		x = &ipcWait{}
+	}
+	r.reset(w, op, p.Callback)
+	r.ipc = x
+	r.pin.Pin(&buf[0])
+	r.pinned = true
+	dev := uintptr(bufPtr(buf))
+	fail := func(err error) (*Request, error) {
+		release()
+		w.mu.Lock()
+		r.unpinIPC(ev)
+		w.mu.Unlock()
+		return nil, opErr(op, err, "")
+	}
+
+	if dir == protocol.Out {
+		// Copy out, then issue; the Request follows the UCX operation.
+		w.mu.Lock()
+		err := side.Copy(mem.Addr(), dev, len(buf))
+		if err == nil {
+			err = side.Record(ev)
+		}
+		if err != nil {
+			w.mu.Unlock()
+			return fail(err)
+		}
+		x.ev = ev
+		x.then = func(x *ipcWait, err error) (bool, error) {
+			w.putIPCEvent(x.ev)
+			x.ev = nil
+			if err != nil {
+				release()
+				return true, err
+			}
+			x.held = true // until the issue below ran
+			w.deferred = append(w.deferred, func() {
+				in, err := issue(staged, &ip)
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				x.held = false
+				if err != nil {
+					x.failed = err
+					return
+				}
+				x.deps = []*Request{in}
+				x.then = func(x *ipcWait, err error) (bool, error) {
+					release()
+					return true, err
+				}
+			})
+			return false, nil
+		}
+		w.ipcPending = append(w.ipcPending, r)
+		w.mu.Unlock()
+		return r, nil
+	}
+
+	// Receive into the staging buffer, then copy in.
+	in, err := issue(staged, &ip)
+	if err != nil {
+		return fail(err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// ev waits, unused, for the copy in.
+	x.deps = []*Request{in}
+	x.then = func(x *ipcWait, err error) (bool, error) {
+		if err != nil {
+			release()
+			return true, err
+		}
+		n := len(buf)
+		if in.length > 0 || op == "tag_recv_nbx" {
+			n = min(in.length, n)
+		}
+		x.length, x.tag = in.length, in.tag
+		x.deps = nil
+		if n == 0 {
+			release()
+			w.putIPCEvent(ev)
+			return true, nil
+		}
+		s := w.ipcStream
+		if s == nil {
+			release()
+			return true, opErr(op, ErrClosed, "the worker's device stream")
+		}
+		err = s.Copy(dev, mem.Addr(), n)
+		if err == nil {
+			err = s.Record(ev)
+		}
+		if err != nil {
+			w.putIPCEvent(ev)
+			release()
+			return true, err
+		}
+		x.ev = ev // the event goes back to the pool when the request completes
+		x.then = func(x *ipcWait, err error) (bool, error) {
+			release()
+			return true, err
+		}
+		return false, nil
+	}
+	w.ipcPending = append(w.ipcPending, r)
+	return r, nil
+}

@@ -1,0 +1,111 @@
+package ucp
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+)
+
+// Device buffers with no stream: staged through the context's device (here the fake
+// one), with no condition, under a kernel-triggered condition and as a non-blocking
+// receive; every byte checked.
+func TestDeviceStagingWithoutStream(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 100 << 10
+	mem := fakeipc.Malloc(4 * n)
+	defer mem.Free()
+	dbuf := func(i int) []byte { return DeviceBuffer(mem.Ptr()+uintptr(i*n), n) }
+	cuda := &RequestParam{MemoryType: MemoryCUDA}
+	before := p.a.StagingStats()
+
+	// Tag send from device memory, tag receive into device memory.
+	copy(mem.Bytes()[:n], pattern(n, 1))
+	in := make([]byte, n)
+	rb, err := p.b.TagRecvNbx(in, 5, ^uint64(0), nil)
+	require.NoError(t, err)
+	r, err := p.epA.TagSendNbx(dbuf(0), 5, cuda)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, rb.Wait(ctx))
+	require.Equal(t, pattern(n, 1), in)
+	sb, err := p.epB.TagSendNbx(pattern(n/2, 2), 6, nil)
+	require.NoError(t, err)
+	r, err = p.a.TagRecvNbx(dbuf(1), 6, ^uint64(0), cuda)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sb.Wait(ctx))
+	require.Equal(t, n/2, r.Length())
+	require.EqualValues(t, 6, r.SenderTag())
+	require.Equal(t, pattern(n/2, 2), mem.Bytes()[n:n+n/2])
+
+	// Put from device memory into a host region, get back into device memory.
+	region, err := p.ctxB.MemAlloc(n)
+	require.NoError(t, err)
+	packed, err := region.PackRkey()
+	require.NoError(t, err)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	copy(mem.Bytes()[2*n:3*n], pattern(n, 3))
+	r, err = p.epA.PutNbx(dbuf(2), rk.Base(), rk, cuda)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	f, err := p.epA.FlushNbx(nil)
+	require.NoError(t, err)
+	require.NoError(t, f.Wait(ctx))
+	require.Equal(t, pattern(n, 3), region.Bytes())
+	r, err = p.epA.GetNbx(dbuf(3), rk.Base(), rk, cuda)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, pattern(n, 3), mem.Bytes()[3*n:4*n])
+
+	// A kernel-triggered receive into device memory: nothing before the trigger.
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, kc.Destroy()) }()
+	r, err = p.a.TagRecvNbx(dbuf(0), 7, ^uint64(0), &RequestParam{Condition: kc, MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	sb, err = p.epB.TagSendNbx(pattern(n, 4), 7, nil)
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	require.False(t, r.Done(), "ran before its trigger")
+	h, err := kc.DeviceHandle()
+	require.NoError(t, err)
+	require.NoError(t, condition.Trigger(h))
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sb.Wait(ctx))
+	require.Equal(t, pattern(n, 4), mem.Bytes()[:n])
+
+	// A non-blocking receive into device memory on a Stream condition; a later wait
+	// on the stream orders work after its copy in.
+	s, sc := streamCondition(t, dev)
+	r, err = p.a.TagRecvNbx(dbuf(1), 8, ^uint64(0), &RequestParam{Condition: sc, MemoryType: MemoryCUDA, Flags: NonBlockingEnqueue})
+	require.NoError(t, err)
+	sb, err = p.epB.TagSendNbx(pattern(n, 5), 8, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.WaitOnStream(s))
+	seen := make(chan uint32, 1)
+	require.NoError(t, s.LaunchHostFunc(func() { seen <- checksum(mem.Bytes()[n : 2*n]) }))
+	require.Equal(t, checksum(pattern(n, 5)), <-seen)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sb.Wait(ctx))
+
+	after := p.a.StagingStats()
+	require.GreaterOrEqual(t, after.Bytes-before.Bytes, uint64(4*n), "the device buffers were staged")
+	stop := background(p.a)
+	require.NoError(t, region.Close())
+	stop()
+}
+
+// Without ContextParams.Device a device buffer with no stream is refused at the call.
+func TestDeviceWithoutStreamRefused(t *testing.T) {
+	p := newShmPair(t)
+	_, err := p.epA.TagSendNbx(make([]byte, 8), 1, &RequestParam{MemoryType: MemoryCUDA})
+	require.ErrorIs(t, err, ErrUnsupported)
+}
