@@ -67,7 +67,7 @@ func TestGPUDeviceStagingWithoutStream(t *testing.T) {
 					// The test kernel triggers the operation just armed from the GPU.
 					h, err := kc.DeviceHandle()
 					require.NoError(t, err)
-					require.NoError(t, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h, result.DevicePtr()))
+					require.NoError(t, cs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), result.DevicePtr()))
 				}
 			}
 			// Receive into device memory.

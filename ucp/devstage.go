@@ -129,7 +129,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 			})
 			return false, nil
 		}
-		w.ipcPending = append(w.ipcPending, r)
+		w.trackIPCLocked(r, nil)
 		w.mu.Unlock()
 		return r, nil
 	}
@@ -180,6 +180,6 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		}
 		return false, nil
 	}
-	w.ipcPending = append(w.ipcPending, r)
+	w.trackIPCLocked(r, nil)
 	return r, nil
 }

@@ -312,7 +312,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		r.unpinIPC(ev)
 		return nil, opErr(op, err, "")
 	}
-	w.ipcPending = append(w.ipcPending, r)
+	w.trackIPCLocked(r, on)
 	return r, nil
 }
 
@@ -370,7 +370,7 @@ func (w *Worker) onIPCDevice(b streamcore.Backend) bool {
 func (w *Worker) ipcResources(side bool) (streamcore.Event, streamcore.Stream, error) {
 	w.mu.Lock()
 	var ev streamcore.Event
-	if len(w.ipcEvents) == 0 && len(w.ipcPending) > 0 {
+	if len(w.ipcEvents) == 0 && w.ipcCount > 0 {
 		w.pollIPCLocked() // done copies give their events back
 	}
 	if n := len(w.ipcEvents); n > 0 {
@@ -420,45 +420,99 @@ func (w *Worker) putIPCEvent(ev streamcore.Event) {
 	w.ipcEvents = append(w.ipcEvents, ev)
 }
 
+// ipcQueue is the IPC requests of one stream, in enqueue order: a stream runs its
+// work in order, so they complete in order and only the oldest needs polling.
+type ipcQueue struct {
+	s    streamcore.Stream
+	reqs []*Request
+}
+
+// trackIPCLocked records a pending IPC request: in its stream's queue when its
+// completion is one event on s, else (s nil: flushes, staged steps) in the list
+// polled whole.
+func (w *Worker) trackIPCLocked(r *Request, s streamcore.Stream) {
+	w.ipcCount++
+	if s == nil {
+		w.ipcPending = append(w.ipcPending, r)
+		return
+	}
+	for _, q := range w.ipcQueues {
+		if q.s == s {
+			q.reqs = append(q.reqs, r)
+			return
+		}
+	}
+	w.ipcQueues = append(w.ipcQueues, &ipcQueue{s: s, reqs: []*Request{r}})
+}
+
+// eachIPCLocked calls fn on every pending IPC request.
+func (w *Worker) eachIPCLocked(fn func(r *Request)) {
+	for _, q := range w.ipcQueues {
+		for _, r := range q.reqs {
+			fn(r)
+		}
+	}
+	for _, r := range w.ipcPending {
+		fn(r)
+	}
+}
+
 // pollIPCLocked completes the IPC requests whose copies (or, for a flush, whose
-// predecessors) are done, oldest first. Copies of one stream end in order, so it stops
-// looking after a few pending ones: a long queue costs a few cuEventQuery calls per
-// poll, not one per copy. cuEventQuery does not wait.
+// predecessors; for a staged operation, whose last step) are done: the oldest of each
+// stream's queue until one is pending, and the others all. cuEventQuery does not wait.
 func (w *Worker) pollIPCLocked() int {
-	const lookPast = 4
-	n, pending := 0, 0
-	kept := w.ipcPending[:0]
-	for i, r := range w.ipcPending {
-		if pending >= lookPast {
-			kept = append(kept, w.ipcPending[i:]...)
-			break
-		}
-		x := r.ipc
-		done, err := x.poll()
-		if done && x.then != nil {
-			then := x.then
-			x.then = nil
-			if done, err = then(x, err); !done {
-				kept = append(kept, r)
-				continue
+	n := 0
+	queues := w.ipcQueues[:0]
+	for _, q := range w.ipcQueues {
+		i := 0
+		for ; i < len(q.reqs); i++ {
+			if !w.stepIPCLocked(q.reqs[i]) {
+				break
 			}
+			n++
 		}
-		if !done {
-			kept = append(kept, r)
-			pending++
+		clear(q.reqs[:i])
+		q.reqs = q.reqs[i:]
+		if len(q.reqs) > 0 {
+			queues = append(queues, q)
+		}
+	}
+	clear(w.ipcQueues[len(queues):])
+	w.ipcQueues = queues
+	kept := w.ipcPending[:0]
+	for _, r := range w.ipcPending {
+		if w.stepIPCLocked(r) {
+			n++
 			continue
 		}
-		if err == nil && x.ep != nil && x.ep.err != nil {
-			err = x.ep.err // the copy ran, but the peer it was for is gone
-		}
-		ev := x.ev
-		r.completeLocked(err, x.length, x.tag)
-		w.putIPCEvent(ev)
-		n++
+		kept = append(kept, r)
 	}
 	clear(w.ipcPending[len(kept):])
 	w.ipcPending = kept
 	return n
+}
+
+// stepIPCLocked advances r (its next step, if the current one is done) and completes
+// it when it is finished; it reports whether it completed.
+func (w *Worker) stepIPCLocked(r *Request) bool {
+	x := r.ipc
+	done, err := x.poll()
+	if done && x.then != nil {
+		then := x.then
+		x.then = nil
+		done, err = then(x, err)
+	}
+	if !done {
+		return false
+	}
+	if err == nil && x.ep != nil && x.ep.err != nil {
+		err = x.ep.err // the copy ran, but the peer it was for is gone
+	}
+	ev := x.ev
+	r.completeLocked(err, x.length, x.tag)
+	w.putIPCEvent(ev)
+	w.ipcCount--
+	return true
 }
 
 func (x *ipcWait) poll() (bool, error) {
@@ -487,11 +541,11 @@ func (x *ipcWait) poll() (bool, error) {
 // nil) also wait for the copies issued before it.
 func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *RequestParam) *Request {
 	var deps []*Request
-	for _, r := range w.ipcPending {
+	w.eachIPCLocked(func(r *Request) {
 		if r.ipc.ev != nil && (ep == nil || r.ipc.ep == ep) {
 			deps = append(deps, r)
 		}
-	}
+	})
 	if len(deps) == 0 {
 		return flush
 	}
@@ -504,7 +558,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 		flush.cb = nil // the user's callback belongs to the combined request
 	}
 	r.ipc = &ipcWait{deps: deps}
-	w.ipcPending = append(w.ipcPending, r)
+	w.trackIPCLocked(r, nil)
 	return r
 }
 
@@ -539,11 +593,11 @@ func (ep *Endpoint) ipcPeerFailedLocked() {
 	}
 	w := ep.w
 	var pending []*Request
-	for _, r := range w.ipcPending {
+	w.eachIPCLocked(func(r *Request) {
 		if r.ipc.ep == ep {
 			pending = append(pending, r)
 		}
-	}
+	})
 	for rk := range w.rkeys {
 		if rk.ep == ep && rk.ipc != nil {
 			rk.ipc.released = true // PeerLost below drops them all

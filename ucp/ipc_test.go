@@ -317,3 +317,40 @@ func TestIPCPutSignal(t *testing.T) {
 	_, err = rk.DeviceAddress(rk.Base(), 8)
 	require.ErrorIs(t, err, ErrRevoked)
 }
+
+// Copies of different streams complete independently: a stream held back with many
+// copies queued does not hold back the completion of another stream's copy.
+func TestIPCStreamsCompleteIndependently(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc := fakeipc.Malloc(64 << 10)
+	defer alloc.Free()
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 64<<10)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	sa, ca := streamCondition(t, dev)
+	_, cb := streamCondition(t, dev)
+	gate := make(chan struct{})
+	require.NoError(t, sa.LaunchHostFunc(func() { <-gate }))
+	var held []*Request
+	for i := range 8 {
+		r, err := p.epA.PutNbx(pattern(1024, int64(i)), rk.Base()+uint64(i*1024), rk, &RequestParam{Condition: ca})
+		require.NoError(t, err)
+		held = append(held, r)
+	}
+	r, err := p.epA.PutNbx(pattern(1024, 99), rk.Base()+32<<10, rk, &RequestParam{Condition: cb})
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx), "the other stream's copy completes while the first stream is held")
+	require.Equal(t, pattern(1024, 99), alloc.Bytes()[32<<10:33<<10])
+	for _, h := range held {
+		require.False(t, h.Done())
+	}
+	close(gate)
+	for _, h := range held {
+		require.NoError(t, h.Wait(ctx))
+	}
+	stop := background(p.a)
+	require.NoError(t, m.Close())
+	stop()
+}

@@ -99,7 +99,9 @@ type Worker struct {
 
 	// The CUDA IPC path (ipc.go), under mu: requests whose copies are in flight, spare
 	// events, and the worker's own stream of the context's device.
-	ipcPending []*Request
+	ipcQueues  []*ipcQueue // copies, by stream
+	ipcPending []*Request  // flushes and staged operations
+	ipcCount   int         // all of them
 	ipcEvents  []streamcore.Event
 	ipcStream  streamcore.Stream
 	// devPool: pinned staging memory of device operations with no stream (devstage.go).
@@ -261,7 +263,7 @@ func (w *Worker) afterLocked() int {
 			// canceled): loop until both are empty.
 			n += w.drainLocked()
 		default:
-			if len(w.ipcPending) > 0 {
+			if w.ipcCount > 0 {
 				n += w.pollIPCLocked()
 			}
 			if w.wakeParked {
@@ -483,19 +485,19 @@ func (w *Worker) Close() error {
 	}
 	w.pending = nil
 	// Copies of the IPC path end on their own (unless a stream holds them back).
-	for len(w.ipcPending) > 0 && time.Now().Before(deadline) {
+	for w.ipcCount > 0 && time.Now().Before(deadline) {
 		w.pollIPCLocked()
-		if len(w.ipcPending) > 0 {
+		if w.ipcCount > 0 {
 			w.mu.Unlock()
 			time.Sleep(20 * time.Microsecond)
 			w.mu.Lock()
 		}
 	}
-	for _, r := range w.ipcPending {
+	w.eachIPCLocked(func(r *Request) {
 		r.ipc.ev = nil // may still be in use: not reused, not closed
 		r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed with a CUDA IPC copy in flight"), 0, 0)
-	}
-	w.ipcPending = nil
+	})
+	w.ipcQueues, w.ipcPending, w.ipcCount = nil, nil, 0
 	ipcClose := w.closeIPCLocked()
 	for rk := range w.rkeys {
 		rk.destroyLocked()
