@@ -252,6 +252,11 @@ func (x *ipcSide) graphReceiver(iters, n int) (uint64, error) {
 	if _, err := launchAll(gx, s, iters); err != nil {
 		return 0, err
 	}
+	return x.readSum(s)
+}
+
+// readSum reads the running checksum word once s got there.
+func (x *ipcSide) readSum(s *cuda.Stream) (uint64, error) {
 	host, err := x.cctx.MemHostAlloc(8, cuda.HostAllocPortable)
 	if err != nil {
 		return 0, err
@@ -290,18 +295,7 @@ func (x *ipcSide) kernelReceiver(blocks, chunk int) (uint64, error) {
 	if err := s.LaunchKernel(wait, cuda.Linear(uint32(blocks), 128), x.own(ipcFlags), uint64(1), x.own(ipcDataOff), uint64(chunk), x.own(ipcSum)); err != nil {
 		return 0, err
 	}
-	host, err := x.cctx.MemHostAlloc(8, cuda.HostAllocPortable)
-	if err != nil {
-		return 0, err
-	}
-	defer host.Close()
-	if err := s.MemcpyDtoH(host.Addr(), x.own(ipcSum), 8); err != nil {
-		return 0, err
-	}
-	if err := s.Synchronize(); err != nil {
-		return 0, err
-	}
-	return binary.LittleEndian.Uint64(host.Bytes()), nil
+	return x.readSum(s)
 }
 
 // pingpong: iters exchanges of 8 bytes with PutSignalNbx on a Stream condition, each
@@ -478,12 +472,20 @@ func TestGPUIPCGraphRelaunch(t *testing.T) {
 		cuda.WriteValue64Op(x.peerAddr(ipcFlag, 8), 1, cuda.WriteDefault),
 	})
 	require.NoError(t, err)
-	gx, err := gr.Instantiate(0)
-	require.NoError(t, err)
-	defer gx.Close()
 	s, err := g.ctx.NewStream(cuda.StreamNonBlocking, 0)
 	require.NoError(t, err)
 	defer s.Close()
+	x.runSenderGraph(t, g, gr, s, iters, n, out)
+	<-done
+}
+
+// runSenderGraph relaunches the sender's graph iters times against the graph
+// scenario's receiver and checks the receiver's running checksum.
+func (x *ipcSide) runSenderGraph(t *testing.T, g *gpu, gr *cuda.Graph, s *cuda.Stream, iters, n int, out *strings.Builder) {
+	t.Helper()
+	gx, err := gr.Instantiate(0)
+	require.NoError(t, err)
+	defer gx.Close()
 	// The receiver is ready for the first launch.
 	one, err := g.ctx.MemHostAlloc(8, cuda.HostAllocPortable)
 	require.NoError(t, err)
@@ -506,8 +508,7 @@ func TestGPUIPCGraphRelaunch(t *testing.T) {
 	require.Equal(t, want, got, "the receiver's checksum over %d launches", iters)
 	require.Zero(t, x.w.StagingStats().Bytes)
 	t.Logf("%d launches of %d bytes: %.2f us per launch; cuGraphLaunch %.2f us CPU per launch; no ucpx call during them",
-		iters, n, float64(elapsed.Microseconds())/iters, float64(inLaunch.Nanoseconds())/1e3/iters)
-	<-done
+		iters, n, float64(elapsed.Microseconds())/float64(iters), float64(inLaunch.Nanoseconds())/1e3/float64(iters))
 }
 
 // BenchmarkGPUIPCPingPong: 8 bytes back and forth between two processes with
@@ -658,29 +659,6 @@ func TestGPUIPCCapturedGraph(t *testing.T) {
 	}
 	t.Logf("captured graph: %d nodes %v", len(nodes), kinds)
 	require.Equal(t, 1, kinds[cuda.NodeMemcpy], "the put is one memcpy node")
-	gx, err := gr.Instantiate(0)
-	require.NoError(t, err)
-	defer gx.Close()
-
-	one, err := g.ctx.MemHostAlloc(8, cuda.HostAllocPortable)
-	require.NoError(t, err)
-	defer one.Close()
-	binary.LittleEndian.PutUint64(one.Bytes(), 1)
-	require.NoError(t, cs.MemcpyHtoD(x.own(ipcFlag), one.Addr(), 8))
-	require.NoError(t, cs.Synchronize())
-	t0 := time.Now()
-	inLaunch, err := launchAll(gx, cs, iters)
-	require.NoError(t, err, "child output:\n%s", out)
-	elapsed := time.Since(t0)
-	got := x.result(t, out)
-	var want uint64
-	for seed := 1; seed <= iters; seed++ {
-		for i := range n {
-			want += uint64(device.Pattern(uint64(i), uint32(seed)))
-		}
-	}
-	require.Equal(t, want, got, "the receiver's checksum over %d launches", iters)
-	t.Logf("%d launches: %.2f us per launch; cuGraphLaunch %.2f us CPU per launch", iters,
-		float64(elapsed.Microseconds())/iters, float64(inLaunch.Nanoseconds())/1e3/iters)
+	x.runSenderGraph(t, g, gr, cs, iters, n, out)
 	<-done
 }

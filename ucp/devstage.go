@@ -71,16 +71,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		release()
 		return nil, opErr(op, err, "")
 	}
-	r := p.Request
-	var x *ipcWait
-	if r == nil {
-		both := &ipcRequest{}
-		r, x = &both.Request, &both.wait
-	} else {
-		x = &ipcWait{}
-	}
-	r.reset(w, op, p.Callback)
-	r.ipc = x
+	r, x := w.newIPCRequest(op, p)
 	r.pin.Pin(&buf[0])
 	r.pinned = true
 	dev := uintptr(bufPtr(buf))

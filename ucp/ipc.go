@@ -149,6 +149,22 @@ type ipcRequest struct {
 	wait ipcWait
 }
 
+// newIPCRequest makes the Request of an IPC or staged device operation (the caller's,
+// RequestParam.Request, when given).
+func (w *Worker) newIPCRequest(op string, p *RequestParam) (*Request, *ipcWait) {
+	r := p.Request
+	var x *ipcWait
+	if r == nil {
+		both := &ipcRequest{}
+		r, x = &both.Request, &both.wait
+	} else {
+		x = &ipcWait{}
+	}
+	r.reset(w, op, p.Callback)
+	r.ipc = x
+	return r, x
+}
+
 // ipcWait is what an IPC Request waits for: its copy's event, or (a flush) the
 // requests before it.
 type ipcWait struct {
@@ -268,17 +284,8 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	if err != nil {
 		return nil, opErr(op, err, "")
 	}
-	r := p.Request
-	var x *ipcWait
-	if r == nil {
-		both := &ipcRequest{}
-		r, x = &both.Request, &both.wait
-	} else {
-		x = &ipcWait{}
-	}
-	r.reset(w, op, p.Callback)
+	r, x := w.newIPCRequest(op, p)
 	x.ev, x.ep = ev, ep
-	r.ipc = x
 	if len(buf) > 0 {
 		r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
 		r.pinned = true
@@ -641,18 +648,7 @@ func (ep *Endpoint) unpackRkeyIPC(k rkeyInfo) (*Rkey, error) {
 		_ = w.ctx.ipc.imp.Release(x.peer, x.alloc)
 		return nil, err
 	}
-	live.rkeys.Add(1)
-	rk := &Rkey{ep: ep, ipc: x, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}
-	w.rkeys[rk] = struct{}{}
-	local := localContext(k.sender)
-	if local == nil {
-		ep.sendControlLocked(ctlImport, k.keyID)
-	}
-	w.mu.Unlock()
-	if local != nil {
-		local.noteImport(w, w.ctx.trust.id, w.ctx, k.keyID)
-	}
-	return rk, nil
+	return ep.addRkeyUnlock(&Rkey{ep: ep, ipc: x, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}), nil
 }
 
 // Device reports whether the key is of a device region that CUDA IPC mapped here

@@ -40,6 +40,24 @@ func deviceRegion(t *testing.T, c *Context, alloc *fakeipc.Alloc, off, n int) (*
 	return m, packed
 }
 
+// mappedRegion allocates n bytes of fake device memory, registers them in B's context
+// and unpacks the key at A. At the end of the test the region is closed (revoking the
+// key, with A progressing) and the memory freed.
+func mappedRegion(t *testing.T, p *pair, n int) (*fakeipc.Alloc, *MemH, *Rkey) {
+	t.Helper()
+	alloc := fakeipc.Malloc(n)
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		stop := background(p.a)
+		_ = m.Close() // ErrClosed where the test closed it
+		stop()
+		alloc.Free()
+	})
+	return alloc, m, rk
+}
+
 func TestIPCPutGet(t *testing.T) {
 	p, _ := ipcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -116,11 +134,7 @@ func TestIPCOnStream(t *testing.T) {
 	p, dev := ipcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	alloc := fakeipc.Malloc(1 << 20)
-	defer alloc.Free()
-	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 1<<20)
-	rk, err := p.epA.UnpackRkey(packed)
-	require.NoError(t, err)
+	alloc, _, rk := mappedRegion(t, p, 1<<20)
 	s, sc := streamCondition(t, dev)
 
 	// The stream is held back: nothing may move before it gets there.
@@ -154,11 +168,6 @@ func TestIPCOnStream(t *testing.T) {
 	require.NoError(t, s.LaunchHostFunc(func() { seen <- checksum(alloc.Bytes()[8 : 8+64<<10]) }))
 	require.Equal(t, checksum(src2), <-seen)
 	require.NoError(t, r.Wait(ctx))
-
-	stop := background(p.a)
-	require.NoError(t, rk.Close())
-	require.NoError(t, m.Close())
-	stop()
 }
 
 // Under conditions whose streams cannot copy (a kernel-triggered condition here) the
@@ -167,11 +176,7 @@ func TestIPCKernelTriggered(t *testing.T) {
 	p, _ := ipcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	alloc := fakeipc.Malloc(64 << 10)
-	defer alloc.Free()
-	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 64<<10)
-	rk, err := p.epA.UnpackRkey(packed)
-	require.NoError(t, err)
+	alloc, _, rk := mappedRegion(t, p, 64<<10)
 	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, kc.Destroy()) }()
@@ -186,9 +191,6 @@ func TestIPCKernelTriggered(t *testing.T) {
 	require.NoError(t, r.Wait(ctx))
 	require.Equal(t, checksum(src), checksum(alloc.Bytes()))
 	require.Zero(t, p.a.StagingStats().Bytes, "nothing staged")
-	stop := background(p.a)
-	require.NoError(t, m.Close())
-	stop()
 }
 
 // The exporter's MemH.Close revokes the key: the importer unmaps the allocation
@@ -324,11 +326,7 @@ func TestIPCStreamsCompleteIndependently(t *testing.T) {
 	p, dev := ipcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	alloc := fakeipc.Malloc(64 << 10)
-	defer alloc.Free()
-	m, packed := deviceRegion(t, p.ctxB, alloc, 0, 64<<10)
-	rk, err := p.epA.UnpackRkey(packed)
-	require.NoError(t, err)
+	alloc, _, rk := mappedRegion(t, p, 64<<10)
 	sa, ca := streamCondition(t, dev)
 	_, cb := streamCondition(t, dev)
 	gate := make(chan struct{})
@@ -350,7 +348,4 @@ func TestIPCStreamsCompleteIndependently(t *testing.T) {
 	for _, h := range held {
 		require.NoError(t, h.Wait(ctx))
 	}
-	stop := background(p.a)
-	require.NoError(t, m.Close())
-	stop()
 }

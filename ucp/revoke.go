@@ -435,18 +435,24 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 		w.mu.Unlock()
 		return nil, opErr(op, err, "")
 	}
+	return ep.addRkeyUnlock(&Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}), nil
+}
+
+// addRkeyUnlock records an unpacked key and tells its exporter of the import, then
+// releases w.mu (held by the caller).
+func (ep *Endpoint) addRkeyUnlock(rk *Rkey) *Rkey {
+	w := ep.w
 	live.rkeys.Add(1)
-	rk := &Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}
 	w.rkeys[rk] = struct{}{}
-	local := localContext(k.sender)
+	local := localContext(rk.exporter)
 	if local == nil {
-		ep.sendControlLocked(ctlImport, k.keyID)
+		ep.sendControlLocked(ctlImport, rk.keyID)
 	}
 	w.mu.Unlock()
 	if local != nil {
-		local.noteImport(w, w.ctx.trust.id, w.ctx, k.keyID)
+		local.noteImport(w, w.ctx.trust.id, w.ctx, rk.keyID)
 	}
-	return rk, nil
+	return rk
 }
 
 // releasedLocked tells the exporter that an Rkey of its key was closed.
