@@ -42,7 +42,7 @@ func (w *Worker) prepareDevice(n int) error {
 			return err
 		}
 	}
-	ev, _, err := w.ipcResources(true)
+	ev, _, err := w.ipcResources()
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		return nil, opErr(op, err, "staging memory")
 	}
 	staged := mem.Bytes()[:len(buf)]
-	ev, side, err := w.ipcResources(true)
+	ev, side, err := w.ipcResources()
 	if err != nil {
 		release()
 		return nil, opErr(op, err, "")
@@ -120,7 +120,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 			})
 			return false, nil
 		}
-		w.trackIPCLocked(r, nil)
+		w.trackIPCLocked(r)
 		w.mu.Unlock()
 		return r, nil
 	}
@@ -171,6 +171,6 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		}
 		return false, nil
 	}
-	w.trackIPCLocked(r, nil)
+	w.trackIPCLocked(r)
 	return r, nil
 }

@@ -176,6 +176,7 @@ type ipcWait struct {
 	// whether the request is finished, with the result (devstage.go). held: a step is
 	// being started outside the lock (nothing to poll yet); failed: it failed.
 	then   func(x *ipcWait, err error) (bool, error)
+	q      *ipcQueue // the stream queue of a copy
 	held   bool
 	failed error
 	length int
@@ -280,47 +281,124 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 			return ep.ipcCapture(op, p, s, check, enqueue)
 		}
 	}
-	ev, side, err := w.ipcResources(s == nil || p.Flags&NonBlockingEnqueue != 0)
-	if err != nil {
-		return nil, opErr(op, err, "")
+	var side streamcore.Stream
+	if s == nil || p.Flags&NonBlockingEnqueue != 0 {
+		var err error
+		if side, err = w.ipcSideStream(); err != nil {
+			return nil, opErr(op, err, "")
+		}
 	}
 	r, x := w.newIPCRequest(op, p)
-	x.ev, x.ep = ev, ep
+	x.ep = ep
 	if len(buf) > 0 {
 		r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
 		r.pinned = true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err := ep.usableLocked(op); err != nil {
-		r.unpinIPC(ev)
+	fail := func(err error) (*Request, error) {
+		r.unpinIPC(nil)
 		return nil, err
 	}
+	if err := ep.usableLocked(op); err != nil {
+		return fail(err)
+	}
 	if err := check(); err != nil {
-		r.unpinIPC(ev)
-		return nil, err
+		return fail(err)
 	}
 	on := s
 	if on == nil {
 		on = side
 	} else if side != nil {
-		if err = s.Record(ev); err == nil {
-			err = side.WaitEvent(ev)
+		// Non-blocking: the copy waits for the stream's point on the worker's stream.
+		ev, err := w.takeIPCEventLocked()
+		if err == nil {
+			if err = s.Record(ev); err == nil {
+				err = side.WaitEvent(ev)
+			}
+			w.putIPCEvent(ev) // a wait holds the record it saw: the event may be recorded again
+		}
+		if err != nil {
+			return fail(opErr(op, err, ""))
 		}
 		on = side
 	}
-	if err == nil {
-		err = enqueue(on)
+	if err := enqueue(on); err != nil {
+		return fail(opErr(op, err, ""))
 	}
-	if err == nil {
-		err = on.Record(ev)
+	// The Request completes with an event recorded after the copy: one of its own on
+	// the worker's stream, with a Callback (nobody may have to ask), and every
+	// ipcMarkEvery-th copy of a stream; the others complete with the next event
+	// recorded after them on their stream (pollIPCLocked records one when it finds
+	// the newest copy without), which saves a driver call on most copies.
+	q := w.ipcQueueLocked(on)
+	x.q = q
+	if side != nil || p.Callback != nil || q.sinceMark >= ipcMarkEvery-1 {
+		if err := w.markIPCLocked(q, x); err != nil {
+			return fail(opErr(op, err, ""))
+		}
+	} else {
+		q.sinceMark++
 	}
-	if err != nil {
-		r.unpinIPC(ev)
-		return nil, opErr(op, err, "")
-	}
-	w.trackIPCLocked(r, on)
+	w.ipcCount++
+	q.reqs = append(q.reqs, r)
 	return r, nil
+}
+
+// ipcMarkEvery: at least every so many copies of a stream record an event.
+const ipcMarkEvery = 8
+
+// markIPCLocked records an event on q's stream for x (the newest copy of q).
+func (w *Worker) markIPCLocked(q *ipcQueue, x *ipcWait) error {
+	ev, err := w.takeIPCEventLocked()
+	if err != nil {
+		return err
+	}
+	if err := q.s.Record(ev); err != nil {
+		w.putIPCEvent(ev)
+		return err
+	}
+	x.ev = ev
+	q.sinceMark = 0
+	return nil
+}
+
+// takeIPCEventLocked takes an event from the pool, or makes one (a driver call that
+// does not wait for any stream).
+func (w *Worker) takeIPCEventLocked() (streamcore.Event, error) {
+	if n := len(w.ipcEvents); n > 0 {
+		ev := w.ipcEvents[n-1]
+		w.ipcEvents = w.ipcEvents[:n-1]
+		return ev, nil
+	}
+	return w.ctx.ipc.dev.NewEvent()
+}
+
+// ipcSideStream is the worker's own stream of the device, made on first use.
+func (w *Worker) ipcSideStream() (streamcore.Stream, error) {
+	w.mu.Lock()
+	s := w.ipcStream
+	w.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	ns, err := w.ctx.ipc.dev.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	if w.ipcStream == nil && !w.closed.Load() {
+		w.ipcStream, ns = ns, nil
+	}
+	s = w.ipcStream
+	w.mu.Unlock()
+	if ns != nil {
+		_ = ns.Close()
+	}
+	if s == nil {
+		return nil, ErrClosed
+	}
+	return s, nil
 }
 
 // ipcCapture records the copy (and flag) into the graph the stream is capturing: they
@@ -372,52 +450,17 @@ func (w *Worker) onIPCDevice(b streamcore.Backend) bool {
 	return b != nil && b.Kind() == w.ctx.ipc.dev.Kind()
 }
 
-// ipcResources returns an event for a copy (from the worker's pool) and, when side,
-// the worker's own stream of the device (made on first use, on the caller's goroutine).
-func (w *Worker) ipcResources(side bool) (streamcore.Event, streamcore.Stream, error) {
-	w.mu.Lock()
-	var ev streamcore.Event
-	if len(w.ipcEvents) == 0 && w.ipcCount > 0 {
-		w.pollIPCLocked() // done copies give their events back
-	}
-	if n := len(w.ipcEvents); n > 0 {
-		ev = w.ipcEvents[n-1]
-		w.ipcEvents = w.ipcEvents[:n-1]
-	}
-	s := w.ipcStream
-	w.mu.Unlock()
-	d := w.ctx.ipc.dev
-	var err error
-	if ev == nil {
-		if ev, err = d.NewEvent(); err != nil {
-			return nil, nil, err
-		}
-	}
-	if !side || s != nil {
-		if !side {
-			s = nil
-		}
-		return ev, s, nil
-	}
-	ns, err := d.NewStream()
+// ipcResources returns an event (from the worker's pool) and the worker's own stream
+// of the device, made on first use: on the caller's goroutine.
+func (w *Worker) ipcResources() (streamcore.Event, streamcore.Stream, error) {
+	side, err := w.ipcSideStream()
 	if err != nil {
-		_ = ev.Close()
 		return nil, nil, err
 	}
 	w.mu.Lock()
-	if w.ipcStream == nil && !w.closed.Load() {
-		w.ipcStream, ns = ns, nil
-	}
-	s = w.ipcStream
-	w.mu.Unlock()
-	if ns != nil {
-		_ = ns.Close()
-	}
-	if s == nil {
-		_ = ev.Close()
-		return nil, nil, ErrClosed
-	}
-	return ev, s, nil
+	defer w.mu.Unlock()
+	ev, err := w.takeIPCEventLocked()
+	return ev, side, err
 }
 
 func (w *Worker) putIPCEvent(ev streamcore.Event) {
@@ -432,24 +475,27 @@ func (w *Worker) putIPCEvent(ev streamcore.Event) {
 type ipcQueue struct {
 	s    streamcore.Stream
 	reqs []*Request
+	// sinceMark counts the copies enqueued since the last one with an event.
+	sinceMark int
 }
 
-// trackIPCLocked records a pending IPC request: in its stream's queue when its
-// completion is one event on s, else (s nil: flushes, staged steps) in the list
-// polled whole.
-func (w *Worker) trackIPCLocked(r *Request, s streamcore.Stream) {
-	w.ipcCount++
-	if s == nil {
-		w.ipcPending = append(w.ipcPending, r)
-		return
-	}
+// ipcQueueLocked is s's queue, made on first use.
+func (w *Worker) ipcQueueLocked(s streamcore.Stream) *ipcQueue {
 	for _, q := range w.ipcQueues {
 		if q.s == s {
-			q.reqs = append(q.reqs, r)
-			return
+			return q
 		}
 	}
-	w.ipcQueues = append(w.ipcQueues, &ipcQueue{s: s, reqs: []*Request{r}})
+	q := &ipcQueue{s: s}
+	w.ipcQueues = append(w.ipcQueues, q)
+	return q
+}
+
+// trackIPCLocked records a pending flush or staged operation (polled whole; copies
+// go to their stream's queue).
+func (w *Worker) trackIPCLocked(r *Request) {
+	w.ipcCount++
+	w.ipcPending = append(w.ipcPending, r)
 }
 
 // eachIPCLocked calls fn on every pending IPC request.
@@ -471,15 +517,7 @@ func (w *Worker) pollIPCLocked() int {
 	n := 0
 	queues := w.ipcQueues[:0]
 	for _, q := range w.ipcQueues {
-		i := 0
-		for ; i < len(q.reqs); i++ {
-			if !w.stepIPCLocked(q.reqs[i]) {
-				break
-			}
-			n++
-		}
-		clear(q.reqs[:i])
-		q.reqs = q.reqs[i:]
+		n += w.pollQueueLocked(q)
 		if len(q.reqs) > 0 {
 			queues = append(queues, q)
 		}
@@ -499,6 +537,37 @@ func (w *Worker) pollIPCLocked() int {
 	return n
 }
 
+// pollQueueLocked completes q's copies up to the newest whose event is done (those
+// before it ran before it on the stream), and makes sure the newest copy has an event,
+// so that every copy completes without anybody asking.
+func (w *Worker) pollQueueLocked(q *ipcQueue) int {
+	n, done := 0, 0
+	for i := 0; i < len(q.reqs); i++ {
+		x := q.reqs[i].ipc
+		if x.ev == nil {
+			continue
+		}
+		ok, err := x.poll()
+		if !ok {
+			break
+		}
+		for _, r := range q.reqs[done : i+1] {
+			w.completeIPCLocked(r, err)
+			n++
+		}
+		done = i + 1
+	}
+	clear(q.reqs[:done])
+	q.reqs = q.reqs[done:]
+	if k := len(q.reqs); k > 0 && q.reqs[k-1].ipc.ev == nil {
+		_ = w.markIPCLocked(q, q.reqs[k-1].ipc) // failing, the next poll tries again
+	}
+	if len(q.reqs) == 0 {
+		q.sinceMark = 0
+	}
+	return n
+}
+
 // stepIPCLocked advances r (its next step, if the current one is done) and completes
 // it when it is finished; it reports whether it completed.
 func (w *Worker) stepIPCLocked(r *Request) bool {
@@ -512,6 +581,13 @@ func (w *Worker) stepIPCLocked(r *Request) bool {
 	if !done {
 		return false
 	}
+	w.completeIPCLocked(r, err)
+	return true
+}
+
+// completeIPCLocked completes a pending IPC request with err (or its peer's failure).
+func (w *Worker) completeIPCLocked(r *Request, err error) {
+	x := r.ipc
 	if err == nil && x.ep != nil && x.ep.err != nil {
 		err = x.ep.err // the copy ran, but the peer it was for is gone
 	}
@@ -519,7 +595,6 @@ func (w *Worker) stepIPCLocked(r *Request) bool {
 	r.completeLocked(err, x.length, x.tag)
 	w.putIPCEvent(ev)
 	w.ipcCount--
-	return true
 }
 
 func (x *ipcWait) poll() (bool, error) {
@@ -547,12 +622,27 @@ func (x *ipcWait) poll() (bool, error) {
 // flushIPCLocked makes flush (UCX's flush request of ep, or of the worker when ep is
 // nil) also wait for the copies issued before it.
 func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *RequestParam) *Request {
+	// The newest copy of each stream that holds one of ep's completes after all of them.
 	var deps []*Request
-	w.eachIPCLocked(func(r *Request) {
-		if r.ipc.ev != nil && (ep == nil || r.ipc.ep == ep) {
+	for _, q := range w.ipcQueues {
+		mine := false
+		for _, r := range q.reqs {
+			mine = mine || ep == nil || r.ipc.ep == ep
+		}
+		if !mine || len(q.reqs) == 0 {
+			continue
+		}
+		newest := q.reqs[len(q.reqs)-1]
+		if newest.ipc.ev == nil {
+			_ = w.markIPCLocked(q, newest.ipc) // failing, the next poll marks it
+		}
+		deps = append(deps, newest)
+	}
+	for _, r := range w.ipcPending {
+		if ep == nil || r.ipc.ep == ep {
 			deps = append(deps, r)
 		}
-	})
+	}
 	if len(deps) == 0 {
 		return flush
 	}
@@ -565,7 +655,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 		flush.cb = nil // the user's callback belongs to the combined request
 	}
 	r.ipc = &ipcWait{deps: deps}
-	w.trackIPCLocked(r, nil)
+	w.trackIPCLocked(r)
 	return r
 }
 
@@ -690,7 +780,26 @@ func (w *Worker) ipcWaitOnStream(r *Request, s streamcore.Stream) error {
 		return nil
 	}
 	evs := []streamcore.Event{r.ipc.ev}
-	if r.ipc.ev == nil {
+	if q := r.ipc.q; q != nil && r.ipc.ev == nil {
+		// A copy without an event of its own: the first one recorded after it on its
+		// stream (recorded now on the newest copy if there is none).
+		evs = evs[:0]
+		after := false
+		for _, o := range q.reqs {
+			after = after || o == r
+			if after && o.ipc.ev != nil {
+				evs = append(evs, o.ipc.ev)
+				break
+			}
+		}
+		if len(evs) == 0 {
+			newest := q.reqs[len(q.reqs)-1]
+			if err := w.markIPCLocked(q, newest.ipc); err != nil {
+				return opErr("wait_on_stream", err, "%s", r.op)
+			}
+			evs = append(evs, newest.ipc.ev)
+		}
+	} else if r.ipc.ev == nil {
 		evs = evs[:0]
 		for _, d := range r.ipc.deps {
 			if d.ipc == nil {

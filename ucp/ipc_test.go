@@ -349,3 +349,46 @@ func TestIPCStreamsCompleteIndependently(t *testing.T) {
 		require.NoError(t, h.Wait(ctx))
 	}
 }
+
+// Most copies on a stream record no event of their own: each completes with the next
+// event after it on its stream, which progress records when it finds none. A loop on
+// Progress sees them all done; WaitOnStream and a flush order after any of them.
+func TestIPCCopiesCompleteWithoutOwnEvents(t *testing.T) {
+	p, dev := ipcPair(t)
+	alloc, _, rk := mappedRegion(t, p, 64<<10)
+	s, sc := streamCondition(t, dev)
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	var reqs []*Request
+	for i := range 21 {
+		r, err := p.epA.PutNbx(pattern(1024, int64(i)), rk.Base()+uint64(i*1024), rk, &RequestParam{Condition: sc})
+		require.NoError(t, err)
+		reqs = append(reqs, r)
+	}
+	// A stream ordered after the 5th copy (no event of its own) sees its data.
+	s2, err := dev.NewStream()
+	require.NoError(t, err)
+	defer s2.Close()
+	require.NoError(t, reqs[4].WaitOnStream(s2))
+	seen := make(chan []byte, 1)
+	require.NoError(t, s2.LaunchHostFunc(func() { seen <- append([]byte(nil), alloc.Bytes()[4096:5120]...) }))
+	f, err := p.epA.FlushNbx(nil)
+	require.NoError(t, err)
+	require.False(t, f.Done())
+	close(gate)
+	require.Equal(t, pattern(1024, 4), <-seen)
+	deadline := time.Now().Add(10 * time.Second)
+	for _, r := range reqs {
+		for !r.Done() {
+			require.True(t, time.Now().Before(deadline), "a copy never completed")
+			p.a.Progress()
+		}
+		require.NoError(t, r.Err())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, f.Wait(ctx))
+	for i := range 21 {
+		require.Equal(t, pattern(1024, int64(i)), alloc.Bytes()[i*1024:(i+1)*1024])
+	}
+}
