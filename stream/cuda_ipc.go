@@ -99,6 +99,14 @@ func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
 	return errorsJoin(err, b.release())
 }
 
+func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int) error {
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return fmt.Errorf("stream: cuda CopyDevice: %T is not a CUDA stream: %w", s, ErrInvalidArgument)
+	}
+	return cs.wrap("CopyDevice", cs.s.MemcpyDtoD(dst, src, n))
+}
+
 func (b *cudaBackend) WriteValueAt(s Stream, addr uintptr, value uint64) error {
 	cs, err := b.rawStream("WriteValueAt", s, addr)
 	if err != nil {

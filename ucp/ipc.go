@@ -194,21 +194,30 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	if len(buf) == 0 && p.Condition == nil {
 		return completedRequest, nil
 	}
+	copyTo := ep.w.ipcCopier(p)
 	enqueue := func(s streamcore.Stream) error {
 		if len(buf) == 0 {
 			return nil
 		}
-		local := uintptr(bufPtr(buf))
-		remote := rkey.ipc.mapped + uintptr(raddr-rkey.base)
-		if put {
-			return s.Copy(remote, local, len(buf))
+		dst, src := rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf))
+		if !put {
+			dst, src = src, dst
 		}
-		return s.Copy(local, remote, len(buf))
+		return copyTo(s, dst, src, len(buf))
 	}
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
 	}
 	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
+}
+
+// ipcCopier is how an IPC operation copies: a declared device buffer by a
+// device-to-device copy (the driver looks neither side up), others by Stream.Copy.
+func (w *Worker) ipcCopier(p *RequestParam) func(s streamcore.Stream, dst, src uintptr, n int) error {
+	if p.MemoryType == MemoryCUDA || (p.MemH != nil && p.MemH.memType == MemoryCUDA) {
+		return w.ctx.ipc.dev.CopyDevice
+	}
+	return func(s streamcore.Stream, dst, src uintptr, n int) error { return s.Copy(dst, src, n) }
 }
 
 // putSignalIPC is PutSignalNbx on device regions of a same-host peer: the copy, then
@@ -233,6 +242,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 		return nil, err
 	}
 	dev := ep.w.ctx.ipc.dev
+	copyTo := ep.w.ipcCopier(p)
 	check := func() error {
 		if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
 			return err
@@ -241,7 +251,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 	}
 	enqueue := func(s streamcore.Stream) error {
 		if len(buf) > 0 {
-			if err := s.Copy(rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf)); err != nil {
+			if err := copyTo(s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf)); err != nil {
 				return err
 			}
 		}

@@ -24,6 +24,10 @@ type DeviceIPC interface {
 	IPCOpenMemHandle(h IPCHandle) (uintptr, error)
 	// IPCCloseMemHandle unmaps what IPCOpenMemHandle mapped (cuIpcCloseMemHandle).
 	IPCCloseMemHandle(mapped uintptr) error
+	// CopyDevice copies n bytes between two device addresses (this process's device
+	// memory or mappings of a peer's) in stream order (cuMemcpyDtoDAsync, which skips
+	// the look-up of both sides that Stream.Copy's cuMemcpyAsync makes).
+	CopyDevice(s Stream, dst, src uintptr, n int) error
 	// WriteValueAt stores value into the 8-byte aligned device word at addr (this
 	// process's device memory or a mapping of a peer's) once all earlier work on s is
 	// done (cuStreamWriteValue64): the flag of the same-host device path.

@@ -136,6 +136,11 @@ func (d *Device) IPCCloseMemHandle(p uintptr) error {
 	return nil
 }
 
+// CopyDevice is the stream's Copy (fake device memory is host memory).
+func (d *Device) CopyDevice(s streamcore.Stream, dst, src uintptr, n int) error {
+	return s.Copy(dst, src, n)
+}
+
 // WriteValueAt stores value at addr in stream order (an atomic store on the stream's
 // CPU thread).
 func (d *Device) WriteValueAt(s streamcore.Stream, addr uintptr, value uint64) error {
