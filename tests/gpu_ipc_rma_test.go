@@ -424,3 +424,33 @@ func BenchmarkGPUIPCGraphLaunch64(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	x.quit(b)
 }
+
+// BenchmarkGPUIPCPutCPU is the CPU cost of one Stream-condition IPC put of 8 bytes
+// (the GPU's part is negligible), for profiling the issue path (-test.cpuprofile).
+func BenchmarkGPUIPCPutCPU(b *testing.B) {
+	g := requireGPU(b)
+	x := startIPCExporter(b, g, 1<<20)
+	src, err := g.ctx.MemAlloc(8)
+	require.NoError(b, err)
+	defer src.Close()
+	s := g.stream(b)
+	cs, _ := stream.CUDAStream(s)
+	sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
+	require.NoError(b, err)
+	defer func() { require.NoError(b, sc.Destroy()) }()
+	prm := &ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA}
+	buf := ucp.DeviceBuffer(src.Ptr(), 8)
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := x.ep.PutNbx(buf, x.rk.Base(), x.rk, prm); err != nil {
+			b.Fatal(err)
+		}
+		if i%1024 == 1023 {
+			require.NoError(b, cs.Synchronize())
+			x.w.Progress()
+		}
+	}
+	require.NoError(b, cs.Synchronize())
+	b.StopTimer()
+	x.quit(b)
+}
