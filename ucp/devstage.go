@@ -20,7 +20,7 @@ func (w *Worker) devicePlain(p *RequestParam) bool {
 	if c.ipc == nil || c.SupportsMemoryType(MemoryCUDA) {
 		return false
 	}
-	return p.MemoryType == MemoryCUDA || (p.MemH != nil && p.MemH.memType == MemoryCUDA)
+	return declaredDevice(p)
 }
 
 // devicePool is the pinned staging pool of the context's device, made on first use.
@@ -72,8 +72,6 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		return nil, opErr(op, err, "")
 	}
 	r, x := w.newIPCRequest(op, p)
-	r.pin.Pin(&buf[0])
-	r.pinned = true
 	dev := uintptr(bufPtr(buf))
 	fail := func(err error) (*Request, error) {
 		release()

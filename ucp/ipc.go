@@ -211,10 +211,15 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
 }
 
+// declaredDevice reports whether the caller said the buffer is device memory.
+func declaredDevice(p *RequestParam) bool {
+	return p.MemoryType == MemoryCUDA || (p.MemH != nil && p.MemH.memType == MemoryCUDA)
+}
+
 // ipcCopier is how an IPC operation copies: a declared device buffer by a
 // device-to-device copy (the driver looks neither side up), others by Stream.Copy.
 func (w *Worker) ipcCopier(p *RequestParam) func(s streamcore.Stream, dst, src uintptr, n int) error {
-	if p.MemoryType == MemoryCUDA || (p.MemH != nil && p.MemH.memType == MemoryCUDA) {
+	if declaredDevice(p) {
 		return w.ctx.ipc.dev.CopyDevice
 	}
 	return func(s streamcore.Stream, dst, src uintptr, n int) error { return s.Copy(dst, src, n) }
@@ -300,8 +305,10 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	}
 	r, x := w.newIPCRequest(op, p)
 	x.ep = ep
-	if len(buf) > 0 {
-		r.pin.Pin(&buf[0]) // Go memory stays put until the copy is done; others are left alone
+	if len(buf) > 0 && !declaredDevice(p) {
+		// Go memory stays put until the copy is done (declared device memory is not
+		// Go's, and pinning costs a finalizer).
+		r.pin.Pin(&buf[0])
 		r.pinned = true
 	}
 	w.mu.Lock()
