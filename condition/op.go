@@ -43,9 +43,9 @@ type Op struct {
 	mu   sync.Mutex // left, err of a multi-part operation; the blocked waiter's channel
 	left int
 
-	done     atomic.Bool
-	err      error
-	doneCh   chan struct{} // made only for a waiter that has to block
+	done   atomic.Bool
+	err    error
+	doneCh chan struct{} // made only for a waiter that has to block
 	// finished: done and retired, so the condition's words show it too. Set under mu
 	// (doneChan checks it there), read by Wait without.
 	finished atomic.Bool

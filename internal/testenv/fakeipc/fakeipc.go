@@ -85,7 +85,7 @@ func (a *Alloc) Free() {
 	C.free(a.ptr)
 }
 
-func (d *Device) DeviceUUID() ([16]byte, error)     { return d.uuid, nil }
+func (d *Device) DeviceUUID() ([16]byte, error)    { return d.uuid, nil }
 func (d *Device) CanAccessPeer(uuid [16]byte) bool { return uuid == d.uuid }
 
 func (d *Device) IPCAllocation(ptr uintptr) (streamcore.IPCAllocation, error) {
