@@ -79,6 +79,9 @@ func runPeer(role string) error {
 	if role == "bcast-b" || role == "bcast-c" {
 		return runBroadcastPeer(role)
 	}
+	if role == "ring" {
+		return runRingChild()
+	}
 	if role == "ipc-peer" {
 		return runIPCPeer()
 	}
