@@ -109,7 +109,19 @@ func (x *ringRank) run(ctx context.Context) (bad, addrs int, err error) {
 				return 0, 0, err
 			}
 		}
-		if mem, err = x.cctx.MemAlloc(size); err != nil {
+		// Every third iteration a spacer holds the freed range, so the new buffer
+		// lands elsewhere; otherwise the driver hands the same address back.
+		var spacer *cuda.DeviceMemory
+		if k%3 == 0 {
+			if spacer, err = x.cctx.MemAlloc(size); err != nil {
+				return 0, 0, err
+			}
+		}
+		mem, err = x.cctx.MemAlloc(size)
+		if spacer != nil {
+			_ = spacer.Close()
+		}
+		if err != nil {
 			return 0, 0, err
 		}
 		seen[mem.Ptr()] = true
