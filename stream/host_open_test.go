@@ -70,3 +70,25 @@ func TestOpen(t *testing.T) {
 	require.Nil(t, cb)
 	require.Equal(t, KindHost, auto.Kind(), "Auto falls back to the host backend")
 }
+
+// OpenCUDADevice: device 0 opens where Open(CUDA) does; an ordinal past the devices is
+// ErrInvalidArgument there, and without CUDA every ordinal is ErrNotSupported.
+func TestOpenCUDADevice(t *testing.T) {
+	cb, cerr := Open(CUDA)
+	b, err := OpenCUDADevice(0)
+	if cerr != nil {
+		require.ErrorIs(t, err, ErrNotSupported)
+		require.Nil(t, b)
+		_, err = OpenCUDADevice(7)
+		require.ErrorIs(t, err, ErrNotSupported)
+		return
+	}
+	defer cb.Close()
+	require.NoError(t, err)
+	defer b.Close()
+	require.Equal(t, KindCUDA, b.Kind())
+	_, err = OpenCUDADevice(1 << 20)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = OpenCUDADevice(-1)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}

@@ -85,3 +85,18 @@ func Open(sel Selection) (Backend, error) {
 	}
 	return nil, fmt.Errorf("stream: open %v: %w", sel, ErrInvalidArgument)
 }
+
+// OpenCUDADevice returns the CUDA backend of device ordinal (as CUDA numbers the
+// devices this process sees: CUDA_VISIBLE_DEVICES applies), for a process that drives
+// another GPU than the first (one rank per GPU). Errors are Open(CUDA)'s, and an
+// ordinal the process does not see is ErrInvalidArgument.
+func OpenCUDADevice(ordinal int) (Backend, error) {
+	b, err := openCUDA(ordinal)
+	if err == nil {
+		return b, nil
+	}
+	if !errors.Is(err, ErrNotSupported) && !errors.Is(err, ErrInvalidArgument) {
+		err = fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return nil, fmt.Errorf("stream: open cuda device %d: %w", ordinal, err)
+}

@@ -37,6 +37,10 @@ const (
 	envIPCScenario = "UCPX_TEST_IPC_SCENARIO"
 	envIPCIters    = "UCPX_TEST_IPC_ITERS"
 	envIPCBytes    = "UCPX_TEST_IPC_BYTES"
+	// envIPCTwoGPUs=1 puts the child on GPU 1 (where there are two): the scenarios
+	// then measure two processes on two GPUs instead of sharing one.
+	envIPCTwoGPUs = "UCPX_TEST_IPC_TWO_GPUS"
+	envIPCGPU     = "UCPX_TEST_IPC_GPU" // the child's device ordinal
 	tagIPCResult   = 7 << 44 // child -> parent: its result (8 bytes)
 
 	ipcMemSize = 4 << 20
@@ -111,7 +115,8 @@ func (x *ipcSide) own(off int) uintptr { return x.mem.Ptr() + uintptr(off) }
 
 // runIPCPeer is the child of the scenarios.
 func runIPCPeer() error {
-	b, err := stream.Open(stream.CUDA)
+	ordinal, _ := strconv.Atoi(os.Getenv(envIPCGPU))
+	b, err := stream.OpenCUDADevice(ordinal)
 	if err != nil {
 		return err
 	}
@@ -405,8 +410,15 @@ func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide
 	require.NoError(t, err)
 	out := &strings.Builder{}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	childGPU := 0
+	if os.Getenv(envIPCTwoGPUs) == "1" {
+		n, err := cuda.DeviceCount()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, n, 2, "%s=1 needs two GPUs", envIPCTwoGPUs)
+		childGPU = 1
+	}
 	cmd.Env = append(os.Environ(), envRole+"=ipc-peer", envListenAddr+"="+l.Addr(), envIPCScenario+"="+scenario,
-		envIPCIters+"="+strconv.Itoa(iters), envIPCBytes+"="+strconv.Itoa(n))
+		envIPCIters+"="+strconv.Itoa(iters), envIPCBytes+"="+strconv.Itoa(n), envIPCGPU+"="+strconv.Itoa(childGPU))
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	done := make(chan struct{})
@@ -579,6 +591,9 @@ func BenchmarkGPUIPCPingPong(b *testing.B) {
 	b.ReportMetric(ipcHalf/refHalf, "ratio")
 	b.ReportMetric(ipcHalf/rawHalf, "ratio_vs_raw")
 	b.ReportMetric(float64(rawCopy.Nanoseconds())/iters/2/1e3, "raw_copy_ipc_half_rt_us")
+	if os.Getenv(envIPCTwoGPUs) == "1" {
+		b.Log("two processes on two GPUs")
+	}
 	b.ReportMetric(0, "ns/op")
 }
 
