@@ -92,9 +92,9 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 }
 
 // engineStagesDevice reports whether a conditioned operation on declared device
-// memory has no stream to stage on (a kernel-triggered or graph condition, or a
-// non-blocking receive, whose copy in would have to wait for completion) while the
-// context's device can stage it.
+// memory has no stream to stage on (a kernel-triggered or graph condition, a
+// non-blocking receive, whose copy in would have to wait for completion, or a stream
+// that captures a graph) while the context's device can stage it.
 func (w *Worker) engineStagesDevice(p *RequestParam, dir protocol.Direction) bool {
 	if dir == protocol.NoBuffer || !w.devicePlain(p) {
 		return false
@@ -103,7 +103,14 @@ func (w *Worker) engineStagesDevice(p *RequestParam, dir protocol.Direction) boo
 	if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
 		return true
 	}
-	return dir == protocol.In && p.Flags&NonBlockingEnqueue != 0
+	if dir == protocol.In && p.Flags&NonBlockingEnqueue != 0 {
+		return true
+	}
+	// Under stream capture the operation becomes a graph operation the engine issues
+	// at every launch: a staging copy captured on the stream would use one buffer for
+	// every launch of a graph that outlives the call.
+	capturing, err := cond.Stream().Capturing()
+	return err == nil && capturing
 }
 
 // submitTransfer is submit; direct says the operation moves device memory itself (the
