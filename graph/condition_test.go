@@ -23,12 +23,15 @@ type link struct {
 	contexts []*ucp.Context
 }
 
-func newLink(t testing.TB) *link {
+func newLink(t testing.TB) *link { return newLinkWith(t, ucp.ContextParams{}) }
+
+// newLinkWith is newLink with both contexts made with params.
+func newLinkWith(t testing.TB, params ucp.ContextParams) *link {
 	t.Helper()
 	l := &link{backend: stream.NewHostBackend()}
 	ws := make([]*ucp.Worker, 2)
 	for i := range ws {
-		c, err := ucp.NewContext(ucp.ContextParams{})
+		c, err := ucp.NewContext(params)
 		require.NoError(t, err)
 		l.contexts = append(l.contexts, c)
 		ws[i], err = c.NewWorker(ucp.WorkerParams{})

@@ -20,31 +20,10 @@ import (
 // send] and a receiver graph [recv -> check] on fake device memory, relaunched, the
 // data checked at every launch.
 func TestGraphConditionDeviceBuffers(t *testing.T) {
-	l := &link{backend: stream.NewHostBackend()}
 	dev := fakeipc.New(stream.NewHostBackend(), [16]byte{0xd1})
-	ws := make([]*ucp.Worker, 2)
-	for i := range ws {
-		c, err := ucp.NewContext(ucp.ContextParams{Device: dev})
-		require.NoError(t, err)
-		l.contexts = append(l.contexts, c)
-		ws[i], err = c.NewWorker(ucp.WorkerParams{})
-		require.NoError(t, err)
-	}
-	l.a, l.b = ws[0], ws[1]
-	aa, _ := l.a.Address()
-	ba, _ := l.b.Address()
+	t.Cleanup(func() { _ = dev.Close() })
+	l := newLinkWith(t, ucp.ContextParams{Device: dev})
 	var err error
-	l.ab, err = l.a.ConnectAddress(ba, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	l.ba, err = l.b.ConnectAddress(aa, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for _, c := range l.contexts {
-			require.NoError(t, c.Close())
-		}
-		_ = l.backend.Close()
-		_ = dev.Close()
-	})
 
 	const launches, n = 200, 4096
 	outMem, inMem := fakeipc.Malloc(n), fakeipc.Malloc(n)

@@ -24,20 +24,7 @@ func TestGPUDeviceStagingWithoutStream(t *testing.T) {
 	g := requireGPU(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ua, err := ucp.NewContext(ucp.ContextParams{Device: g.backend})
-	require.NoError(t, err)
-	defer ua.Close()
-	ub, err := ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	defer ub.Close()
-	wa, err := ua.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	wb, err := ub.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	addrB, err := wb.Address()
-	require.NoError(t, err)
-	ep, err := wa.ConnectAddress(addrB, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
+	wa, wb, ep := workerPair(t, ucp.ContextParams{Device: g.backend}, ucp.ContextParams{})
 
 	const max = 8 << 20
 	dm, err := g.ctx.MemAlloc(max)
@@ -122,20 +109,8 @@ var replyEPs = map[*ucp.Worker]*ucp.Endpoint{}
 // data.
 func TestGPUDeviceStagingCaptured(t *testing.T) {
 	g := requireGPU(t)
-	ua, err := ucp.NewContext(ucp.ContextParams{Device: g.backend})
-	require.NoError(t, err)
-	defer ua.Close()
-	ub, err := ucp.NewContext(ucp.ContextParams{Device: g.backend})
-	require.NoError(t, err)
-	defer ub.Close()
-	wa, err := ua.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	wb, err := ub.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	addrB, err := wb.Address()
-	require.NoError(t, err)
-	ep, err := wa.ConnectAddress(addrB, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
+	wa, wb, ep := workerPair(t, ucp.ContextParams{Device: g.backend}, ucp.ContextParams{Device: g.backend})
+	var err error
 
 	const n, launches = 64 << 10, 50
 	src, err := g.ctx.MemAlloc(n)
@@ -214,4 +189,25 @@ func TestGPUDeviceStagingCaptured(t *testing.T) {
 	}
 	require.Equal(t, want, binary.LittleEndian.Uint64(host.Bytes()[8:]), "the receiver's checksum over every launch")
 	require.NotZero(t, wa.StagingStats().Bytes)
+}
+
+// workerPair makes two contexts of this process (a and b) with a worker each that a
+// progress thread drives, and a's endpoint to b over shared memory.
+func workerPair(t *testing.T, a, b ucp.ContextParams) (wa, wb *ucp.Worker, ep *ucp.Endpoint) {
+	t.Helper()
+	ua, err := ucp.NewContext(a)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ua.Close() })
+	ub, err := ucp.NewContext(b)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ub.Close() })
+	wa, err = ua.NewWorker(ucp.WorkerParams{ProgressThread: true})
+	require.NoError(t, err)
+	wb, err = ub.NewWorker(ucp.WorkerParams{ProgressThread: true})
+	require.NoError(t, err)
+	addrB, err := wb.Address()
+	require.NoError(t, err)
+	ep, err = wa.ConnectAddress(addrB, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	return wa, wb, ep
 }
