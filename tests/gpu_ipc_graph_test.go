@@ -41,7 +41,7 @@ const (
 	// then measure two processes on two GPUs instead of sharing one.
 	envIPCTwoGPUs = "UCPX_TEST_IPC_TWO_GPUS"
 	envIPCGPU     = "UCPX_TEST_IPC_GPU" // the child's device ordinal
-	tagIPCResult   = 7 << 44 // child -> parent: its result (8 bytes)
+	tagIPCResult  = 7 << 44             // child -> parent: its result (8 bytes)
 
 	ipcMemSize = 4 << 20
 	ipcDataOff = 4096

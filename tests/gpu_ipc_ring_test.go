@@ -33,10 +33,10 @@ const (
 	tagRingTable = 9 << 44 // parent -> child: every rank's worker address
 	tagRingKey   = 10 << 44
 	tagRingDone  = 11 << 44 // child -> parent: its result
-	ipcRingRanks    = 3
-	ipcRingChunk    = 256 << 10
-	ipcRingIters    = 20
-	ipcRingFlags    = 64 // bytes of flag words before the chunks
+	ipcRingRanks = 3
+	ipcRingChunk = 256 << 10
+	ipcRingIters = 20
+	ipcRingFlags = 64 // bytes of flag words before the chunks
 )
 
 // ringRank is one rank of the ring.
