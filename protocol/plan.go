@@ -116,6 +116,12 @@ type Transfer struct {
 	// IPC path: copy-engine copies into a same-host peer's mapped memory), so nothing
 	// is staged and device memory needs no stream.
 	Direct bool
+	// StageOffStream, when set, takes a device buffer that has no stream to stage on
+	// (kernel-triggered and graph conditions, captured operations, host-stream
+	// backends, non-blocking receives) instead of the plan refusing it: the plan moves
+	// the buffer as is, the caller staging it when the operation is issued, and
+	// StageOffStream makes what that will need, on the caller's goroutine.
+	StageOffStream func() error
 }
 
 // Route is how the operation is triggered and completed.
@@ -248,6 +254,9 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 		return nil
 	}
 	if t.DeclaredDevice && r.Backend.Kind() == streamcore.KindHost {
+		if t.StageOffStream != nil {
+			return t.StageOffStream()
+		}
 		return fmt.Errorf("device memory (RequestParam.MemoryType) with a host-stream backend: host streams run on the CPU and cannot move device memory: %w", ErrInvalidParam)
 	}
 	if !t.Staging.valid() {
@@ -287,10 +296,16 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 		if !device {
 			return nil // StageAlways, but nothing to copy on: a host buffer moves as is
 		}
+		if t.StageOffStream != nil {
+			return t.StageOffStream()
+		}
 		return fmt.Errorf("device buffer with a %s: the transport here has no CUDA support, and staging needs a stream: %w", r.What, ErrUnsupported)
 	case t.Dir == In && !r.StreamOrdered:
 		if !device {
 			return nil
+		}
+		if t.StageOffStream != nil {
+			return t.StageOffStream()
 		}
 		return fmt.Errorf("device receive buffer with a non-blocking enqueue: staged data is copied in on the stream after completion: %w", ErrUnsupported)
 	}

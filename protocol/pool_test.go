@@ -77,4 +77,15 @@ func TestPlanHostBackend(t *testing.T) {
 	err = pl.Plan(Transfer{Buf: make([]byte, 8), Dir: In, DeclaredDevice: true}, Route{Backend: b, OnStream: true, StreamOrdered: true}, &plan)
 	require.ErrorIs(t, err, ErrInvalidParam)
 	require.Contains(t, err.Error(), "host-stream backend")
+	// With StageOffStream the caller stages it when it is issued: the plan moves it as
+	// is, after the hook made what that needs; the hook's failure is the plan's.
+	calls := 0
+	dev := make([]byte, 8)
+	off := Transfer{Buf: dev, Dir: In, DeclaredDevice: true, StageOffStream: func() error { calls++; return nil }}
+	require.NoError(t, pl.Plan(off, Route{Backend: b}, &plan))
+	require.Equal(t, 1, calls)
+	require.False(t, plan.Staged())
+	require.Equal(t, &dev[0], &plan.Parts[0].Buf[0])
+	off.StageOffStream = func() error { return ErrClosed }
+	require.ErrorIs(t, pl.Plan(off, Route{Backend: b}, &plan), ErrClosed)
 }

@@ -91,28 +91,6 @@ func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Dir
 	return w.submitTransfer(op, p, buf, dir, splittable, false, issue)
 }
 
-// engineStagesDevice reports whether a conditioned operation on declared device
-// memory has no stream to stage on (a kernel-triggered or graph condition, a
-// non-blocking receive, whose copy in would have to wait for completion, or a stream
-// that captures a graph) while the context's device can stage it.
-func (w *Worker) engineStagesDevice(p *RequestParam, dir protocol.Direction) bool {
-	if dir == protocol.NoBuffer || !w.devicePlain(p) {
-		return false
-	}
-	cond := p.Condition
-	if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
-		return true
-	}
-	if dir == protocol.In && p.Flags&NonBlockingEnqueue != 0 {
-		return true
-	}
-	// Under stream capture the operation becomes a graph operation the engine issues
-	// at every launch: a staging copy captured on the stream would use one buffer for
-	// every launch of a graph that outlives the call.
-	capturing, err := cond.Stream().Capturing()
-	return err == nil && capturing
-}
-
 // submitTransfer is submit; direct says the operation moves device memory itself (the
 // CUDA IPC path), so the plan stages nothing.
 func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable, direct bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
@@ -124,15 +102,6 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	eng, err := w.engine()
 	if err != nil {
 		return nil, opErr(op, err, "")
-	}
-	if !direct && w.engineStagesDevice(p, dir) {
-		// No stream to stage on: the engine issues the call with no condition at the
-		// trigger, which stages through the context's device (devstage.go). What that
-		// needs is made now, on the caller's goroutine.
-		if err := w.prepareDevice(len(buf)); err != nil {
-			return nil, opErr(op, err, "device staging")
-		}
-		direct = true
 	}
 	c := &condRequest{}
 	r := &c.Request
@@ -154,6 +123,12 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 			Direct:         direct,
 		},
 		NonBlocking: p.Flags&NonBlockingEnqueue != 0,
+	}
+	if !direct && dir != protocol.NoBuffer && w.devicePlain(p) {
+		// Where the plan finds no stream to stage on, the engine issues the call with
+		// no condition at the trigger, which stages through the context's device
+		// (devstage.go); what that needs is made when the plan decides so.
+		sub.Transfer.StageOffStream = func() error { return w.prepareDevice(len(buf)) }
 	}
 	if cb := p.Callback; cb != nil {
 		sub.Callback = func() { cb(r) }
