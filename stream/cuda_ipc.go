@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -96,7 +97,7 @@ func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
 		return fmt.Errorf("stream: cuda IPCCloseMemHandle: %#x is not a mapping of this backend: %w", mapped, ErrInvalidArgument)
 	}
 	err := cudaErr("IPCCloseMemHandle", m.Close())
-	return errorsJoin(err, b.release())
+	return errors.Join(err, b.release())
 }
 
 func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int) error {
@@ -141,14 +142,4 @@ func (b *cudaBackend) rawStream(op string, s Stream, addr uintptr) (*cudaStream,
 		return nil, fmt.Errorf("stream: cuda %s: address %#x is nil or not 8-byte aligned: %w", op, addr, ErrInvalidArgument)
 	}
 	return cs, nil
-}
-
-func errorsJoin(a, b error) error {
-	if a == nil {
-		return b
-	}
-	if b == nil {
-		return a
-	}
-	return fmt.Errorf("%w; %w", a, b)
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"runtime"
 	"time"
-	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
@@ -89,7 +88,7 @@ func (c *Context) mapDevice(m *MemH, addr uintptr, length int) error {
 	}
 	return c.register(func() error {
 		m.ipcExport = &msg
-		m.addr, m.length = unsafeAddr(addr), length
+		m.addr, m.length = ucx.Addr(addr), length
 		m.keyID = newKeyID()
 		m.importers = map[[idLen]byte]*importer{}
 		c.memhs[m] = struct{}{}
@@ -131,16 +130,24 @@ func (ep *Endpoint) unpackIPC(k rkeyInfo) (*rkeyIPC, error) {
 	return &rkeyIPC{mapped: p, peer: peer, alloc: k.ipc.Alloc}, nil
 }
 
+// takeMappingLocked returns the key's mapping reference for its one release (nil if
+// there is none, or it was taken).
+func (r *Rkey) takeMappingLocked() *rkeyIPC {
+	x := r.ipc
+	if x == nil || x.released {
+		return nil
+	}
+	x.released = true
+	return x
+}
+
 // releaseIPCLocked gives the key's mapping reference back, off the caller's goroutine
 // (cuIpcCloseMemHandle may wait for the device; the caller may be the engine).
 func (r *Rkey) releaseIPCLocked() {
-	x := r.ipc
-	if x == nil || x.released {
-		return
+	if x := r.takeMappingLocked(); x != nil {
+		imp := r.ep.w.ctx.ipc.imp
+		go func() { _ = imp.Release(x.peer, x.alloc) }()
 	}
-	x.released = true
-	imp := r.ep.w.ctx.ipc.imp
-	go func() { _ = imp.Release(x.peer, x.alloc) }()
 }
 
 // ipcRequest is what one IPC operation allocates.
@@ -190,7 +197,7 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
 		return nil, err
 	}
-	check := func() error { return rkey.checkLocked(op, ep, raddr, len(buf)) }
+	check := func() error { return rkey.liveLocked(op) }
 	if len(buf) == 0 && p.Condition == nil {
 		return completedRequest, nil
 	}
@@ -222,37 +229,28 @@ func (w *Worker) ipcCopier(p *RequestParam) func(s streamcore.Stream, dst, src u
 	if declaredDevice(p) {
 		return w.ctx.ipc.dev.CopyDevice
 	}
-	return func(s streamcore.Stream, dst, src uintptr, n int) error { return s.Copy(dst, src, n) }
+	return streamcore.Stream.Copy
 }
 
-// putSignalIPC is PutSignalNbx on device regions of a same-host peer: the copy, then
+// putSignalIPC is PutSignalNbx (its arguments checked) on device regions of a
+// same-host peer: the copy, then
 // a 64-bit stream write of the signal word in the peer's mapped memory, in stream
 // order (the write lands after the copy). Set and Store are the same write; Add has
 // no stream operation and is refused.
 func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	switch {
-	case rkey == nil || rkey.ipc == nil || sig.Rkey == nil || sig.Rkey.ipc == nil:
+	case rkey.ipc == nil || sig.Rkey.ipc == nil:
 		return nil, opErr(op, ErrUnsupported, "the data and the signal word must both be device regions of the same-host peer (CUDA IPC), or both not")
 	case sig.Op == SignalAdd:
 		return nil, opErr(op, ErrUnsupported, "SignalAdd on a device word: streams write, they do not add; use SignalSet or SignalStore with a growing value")
-	case sig.Op != SignalSet && sig.Op != SignalStore:
-		return nil, opErr(op, ErrInvalidParam, "signal op %d", sig.Op)
-	case sig.Addr%8 != 0:
-		return nil, opErr(op, ErrInvalidParam, "signal address %#x not 8-byte aligned", sig.Addr)
-	}
-	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
-		return nil, err
-	}
-	if err := sig.Rkey.checkRange(op, ep, sig.Addr, 8); err != nil {
-		return nil, err
 	}
 	dev := ep.w.ctx.ipc.dev
 	copyTo := ep.w.ipcCopier(p)
 	check := func() error {
-		if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
+		if err := rkey.liveLocked(op); err != nil {
 			return err
 		}
-		return sig.Rkey.checkLocked(op, ep, sig.Addr, 8)
+		return sig.Rkey.liveLocked(op)
 	}
 	enqueue := func(s streamcore.Stream) error {
 		if len(buf) > 0 {
@@ -496,6 +494,16 @@ type ipcQueue struct {
 	sinceMark int
 }
 
+// holds reports whether q has a copy of ep's (of any endpoint's for nil).
+func (q *ipcQueue) holds(ep *Endpoint) bool {
+	for _, r := range q.reqs {
+		if ep == nil || r.ipc.ep == ep {
+			return true
+		}
+	}
+	return false
+}
+
 // ipcQueueLocked is s's queue, made on first use.
 func (w *Worker) ipcQueueLocked(s streamcore.Stream) *ipcQueue {
 	for _, q := range w.ipcQueues {
@@ -642,11 +650,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 	// The newest copy of each stream that holds one of ep's completes after all of them.
 	var deps []*Request
 	for _, q := range w.ipcQueues {
-		mine := false
-		for _, r := range q.reqs {
-			mine = mine || ep == nil || r.ipc.ep == ep
-		}
-		if !mine || len(q.reqs) == 0 {
+		if len(q.reqs) == 0 || !q.holds(ep) {
 			continue
 		}
 		newest := q.reqs[len(q.reqs)-1]
@@ -837,5 +841,3 @@ func (w *Worker) ipcWaitOnStream(r *Request, s streamcore.Stream) error {
 	}
 	return nil
 }
-
-func unsafeAddr(addr uintptr) unsafe.Pointer { return ucx.Addr(addr) }

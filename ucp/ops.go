@@ -438,13 +438,22 @@ func (r *Rkey) Base() uint64 { return r.base }
 func (r *Rkey) Len() int { return int(r.length) }
 
 func (r *Rkey) checkLocked(op string, ep *Endpoint, raddr uint64, n int) error {
+	if err := r.liveLocked(op); err != nil {
+		return err
+	}
+	return r.checkRange(op, ep, raddr, n)
+}
+
+// liveLocked checks what may change after unpacking: the key's Close and its
+// revocation (checkRange checked the rest at the call).
+func (r *Rkey) liveLocked(op string) error {
 	if r != nil && r.closed {
 		return opErr(op, ErrClosed, "rkey")
 	}
 	if r != nil && r.revoked {
 		return opErr(op, ErrRevoked, "rkey of [%#x, +%d)", r.base, r.length)
 	}
-	return r.checkRange(op, ep, raddr, n)
+	return nil
 }
 
 // checkRange checks what never changes after unpacking: the endpoint and the region.

@@ -192,38 +192,6 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		}
 	}
 	w.mu.Unlock()
-	if len(mapped) > 0 {
-		// A device region: once the copies into it are flushed, unmap it before
-		// acknowledging, so the exporter frees memory nobody here maps.
-		inner := ack
-		if inner == nil {
-			inner = func() {
-				if ep := w.endpointTo(exporter); ep != nil {
-					w.mu.Lock()
-					ep.sendControlLocked(ctlAck, keyID)
-					w.mu.Unlock()
-				}
-			}
-		}
-		ack = func() {
-			go func() {
-				imp := w.ctx.ipc.imp
-				w.mu.Lock()
-				var rel []*rkeyIPC
-				for _, rk := range mapped {
-					if rk.ipc != nil && !rk.ipc.released {
-						rk.ipc.released = true
-						rel = append(rel, rk.ipc)
-					}
-				}
-				w.mu.Unlock()
-				for _, x := range rel {
-					_ = imp.Release(x.peer, x.alloc)
-				}
-				inner()
-			}()
-		}
-	}
 	if len(eps) == 0 && ack == nil {
 		// Nothing here (closed already): still acknowledge, so the exporter does not
 		// wait for us.
@@ -244,13 +212,36 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		if !last {
 			return
 		}
-		if ack != nil {
-			ack()
+		acknowledge := func() {
+			if ack != nil {
+				ack()
+				return
+			}
+			w.mu.Lock()
+			ep.sendControlLocked(ctlAck, keyID)
+			w.mu.Unlock()
+		}
+		if len(mapped) == 0 {
+			acknowledge()
 			return
 		}
-		w.mu.Lock()
-		ep.sendControlLocked(ctlAck, keyID)
-		w.mu.Unlock()
+		// Device regions: their copies are flushed; unmap them before acknowledging,
+		// so the exporter frees memory nobody here maps (off this goroutine: the
+		// unmap may wait for the device).
+		go func() {
+			w.mu.Lock()
+			var rel []*rkeyIPC
+			for _, rk := range mapped {
+				if x := rk.takeMappingLocked(); x != nil {
+					rel = append(rel, x)
+				}
+			}
+			w.mu.Unlock()
+			for _, x := range rel {
+				_ = w.ctx.ipc.imp.Release(x.peer, x.alloc)
+			}
+			acknowledge()
+		}()
 	}
 	if len(eps) == 0 {
 		ack()

@@ -53,13 +53,12 @@ type Signal struct {
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
 	p = param(p)
-	if (rkey != nil && rkey.ipc != nil) || (sig.Rkey != nil && sig.Rkey.ipc != nil) {
-		if err := p.checkCommon(op, ep.w.ctx); err != nil {
-			return nil, err
-		}
-		return ep.putSignalIPC(op, buf, raddr, rkey, sig, p)
+	ipc := (rkey != nil && rkey.ipc != nil) || (sig.Rkey != nil && sig.Rkey.ipc != nil)
+	check := p.check
+	if ipc {
+		check = p.checkCommon // the copy engine moves device memory itself
 	}
-	if err := p.check(op, ep.w.ctx); err != nil {
+	if err := check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
 	if sig.Op != SignalSet && sig.Op != SignalAdd && sig.Op != SignalStore {
@@ -73,6 +72,9 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	}
 	if err := sig.Rkey.checkRange(op, ep, sig.Addr, 8); err != nil {
 		return nil, err
+	}
+	if ipc {
+		return ep.putSignalIPC(op, buf, raddr, rkey, sig, p)
 	}
 	if p.Condition != nil {
 		return ep.w.submit(op, p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
