@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,4 +109,36 @@ func TestDeviceWithoutStreamRefused(t *testing.T) {
 	p := newShmPair(t)
 	_, err := p.epA.TagSendNbx(make([]byte, 8), 1, &RequestParam{MemoryType: MemoryCUDA})
 	require.ErrorIs(t, err, ErrUnsupported)
+}
+
+// A device operation staged with no condition is waited for on the host, as other
+// operations without a condition are: WaitOnStream refuses it while it is pending
+// (its first step's event is not its completion).
+func TestDeviceStagedWaitOnStreamRefused(t *testing.T) {
+	p, dev := ipcPair(t)
+	mem := fakeipc.Malloc(4096)
+	defer mem.Free()
+	side, err := p.a.ipcSideStream()
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	var open sync.Once
+	defer open.Do(func() { close(gate) }) // a failed assertion must not leave the stream held
+	require.NoError(t, side.LaunchHostFunc(func() { <-gate }))
+	in := make([]byte, 4096)
+	rb, err := p.b.TagRecvNbx(in, 3, ^uint64(0), nil)
+	require.NoError(t, err)
+	copy(mem.Bytes(), pattern(4096, 8))
+	r, err := p.epA.TagSendNbx(DeviceBuffer(mem.Ptr(), 4096), 3, &RequestParam{MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	s, err := dev.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	require.ErrorIs(t, r.WaitOnStream(s), ErrInvalidParam)
+	open.Do(func() { close(gate) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, rb.Wait(ctx))
+	require.Equal(t, pattern(4096, 8), in)
+	require.NoError(t, r.WaitOnStream(s), "a done request needs no wait")
 }

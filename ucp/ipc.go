@@ -184,6 +184,7 @@ type ipcWait struct {
 	// being started outside the lock (nothing to poll yet); failed: it failed.
 	then   func(x *ipcWait, err error) (bool, error)
 	q      *ipcQueue // the stream queue of a copy
+	flush  bool      // a flush: deps are the requests it waits for
 	held   bool
 	failed error
 	length int
@@ -675,7 +676,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 	if flush != completedRequest && flush.cb != nil {
 		flush.cb = nil // the user's callback belongs to the combined request
 	}
-	r.ipc = &ipcWait{deps: deps}
+	r.ipc = &ipcWait{deps: deps, flush: true}
 	w.trackIPCLocked(r)
 	return r
 }
@@ -792,52 +793,58 @@ func (w *Worker) submitDirect(op string, p *RequestParam, buf []byte, issue func
 	return w.submitTransfer(op, p, buf, protocol.Out, false, true, issue)
 }
 
-// ipcWaitOnStream orders s after an IPC request: a stream wait on its copy's event
-// (a flush: on each copy it waits for).
+// ipcWaitOnStream orders s after an IPC copy, or after the copies a flush waits for.
+// A device operation staged with no condition is waited for on the host, as every
+// operation without a condition is.
 func (w *Worker) ipcWaitOnStream(r *Request, s streamcore.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if r.done.Load() {
 		return nil
 	}
-	evs := []streamcore.Event{r.ipc.ev}
-	if q := r.ipc.q; q != nil && r.ipc.ev == nil {
-		// A copy without an event of its own: the first one recorded after it on its
-		// stream (recorded now on the newest copy if there is none).
-		evs = evs[:0]
-		after := false
-		for _, o := range q.reqs {
-			after = after || o == r
-			if after && o.ipc.ev != nil {
-				evs = append(evs, o.ipc.ev)
-				break
-			}
-		}
-		if len(evs) == 0 {
-			newest := q.reqs[len(q.reqs)-1]
-			if err := w.markIPCLocked(q, newest.ipc); err != nil {
-				return opErr("wait_on_stream", err, "%s", r.op)
-			}
-			evs = append(evs, newest.ipc.ev)
-		}
-	} else if r.ipc.ev == nil {
-		evs = evs[:0]
-		for _, d := range r.ipc.deps {
-			if d.ipc == nil {
-				if !d.done.Load() {
-					return opErr("wait_on_stream", ErrInvalidParam, "%s waits for UCX's flush too: wait on the host", r.op)
-				}
+	x := r.ipc
+	copies := []*Request{r}
+	switch {
+	case x.flush:
+		copies = copies[:0]
+		for _, d := range x.deps {
+			if d.done.Load() {
 				continue
 			}
-			if !d.done.Load() {
-				evs = append(evs, d.ipc.ev)
+			if d.ipc == nil || d.ipc.q == nil {
+				return opErr("wait_on_stream", ErrInvalidParam, "%s waits for UCX's flush or a staged operation too: wait on the host", r.op)
 			}
+			copies = append(copies, d)
 		}
+	case x.q == nil:
+		return opErr("wait_on_stream", ErrInvalidParam, "%s has no condition: wait on the host", r.op)
 	}
-	for _, ev := range evs {
-		if err := s.WaitEvent(ev); err != nil {
+	for _, c := range copies {
+		ev, err := w.eventAfterLocked(c)
+		if err == nil {
+			err = s.WaitEvent(ev)
+		}
+		if err != nil {
 			return opErr("wait_on_stream", err, "%s", r.op)
 		}
 	}
 	return nil
+}
+
+// eventAfterLocked is the first event recorded after the pending copy r on its
+// stream: its own, a later copy's, or one recorded now on the newest copy.
+func (w *Worker) eventAfterLocked(r *Request) (streamcore.Event, error) {
+	q := r.ipc.q
+	after := false
+	for _, o := range q.reqs {
+		after = after || o == r
+		if after && o.ipc.ev != nil {
+			return o.ipc.ev, nil
+		}
+	}
+	newest := q.reqs[len(q.reqs)-1].ipc
+	if err := w.markIPCLocked(q, newest); err != nil {
+		return nil, err
+	}
+	return newest.ev, nil
 }
