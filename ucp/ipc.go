@@ -356,7 +356,6 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	} else {
 		q.sinceMark++
 	}
-	w.ipcCount++
 	q.reqs = append(q.reqs, r)
 	return r, nil
 }
@@ -520,9 +519,12 @@ func (w *Worker) ipcQueueLocked(s streamcore.Stream) *ipcQueue {
 // trackIPCLocked records a pending flush or staged operation (polled whole; copies
 // go to their stream's queue).
 func (w *Worker) trackIPCLocked(r *Request) {
-	w.ipcCount++
 	w.ipcPending = append(w.ipcPending, r)
 }
+
+// ipcBusyLocked reports whether IPC requests are pending (polling drops a queue once
+// it is empty).
+func (w *Worker) ipcBusyLocked() bool { return len(w.ipcQueues) > 0 || len(w.ipcPending) > 0 }
 
 // eachIPCLocked calls fn on every pending IPC request.
 func (w *Worker) eachIPCLocked(fn func(r *Request)) {
@@ -620,7 +622,6 @@ func (w *Worker) completeIPCLocked(r *Request, err error) {
 	ev := x.ev
 	r.completeLocked(err, x.length, x.tag)
 	w.putIPCEvent(ev)
-	w.ipcCount--
 }
 
 func (x *ipcWait) poll() (bool, error) {

@@ -366,7 +366,7 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 		return nil, err
 	}
 	r, err := ep.sent(w.postLocked("ep_flush_nbx", w.raw.FlushEP(ep.raw, p.flags()), p, nil))
-	if err == nil && w.ipcCount > 0 {
+	if err == nil && w.ipcBusyLocked() {
 		r = w.flushIPCLocked("ep_flush_nbx", r, ep, p)
 	}
 	return r, err
@@ -390,7 +390,7 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 		return nil, opErr("worker_flush_nbx", ErrClosed, "")
 	}
 	r, err := w.postLocked("worker_flush_nbx", w.raw.Flush(p.flags()), p, nil)
-	if err == nil && w.ipcCount > 0 {
+	if err == nil && w.ipcBusyLocked() {
 		r = w.flushIPCLocked("worker_flush_nbx", r, nil, p)
 	}
 	return r, err

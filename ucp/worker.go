@@ -101,7 +101,6 @@ type Worker struct {
 	// events, and the worker's own stream of the context's device.
 	ipcQueues  []*ipcQueue // copies, by stream
 	ipcPending []*Request  // flushes and staged operations
-	ipcCount   int         // all of them
 	ipcEvents  []streamcore.Event
 	ipcStream  streamcore.Stream
 	// devPool: pinned staging memory of device operations with no stream (devstage.go).
@@ -263,7 +262,7 @@ func (w *Worker) afterLocked() int {
 			// canceled): loop until both are empty.
 			n += w.drainLocked()
 		default:
-			if w.ipcCount > 0 {
+			if w.ipcBusyLocked() {
 				n += w.pollIPCLocked()
 			}
 			if w.wakeParked {
@@ -485,9 +484,9 @@ func (w *Worker) Close() error {
 	}
 	w.pending = nil
 	// Copies of the IPC path end on their own (unless a stream holds them back).
-	for w.ipcCount > 0 && time.Now().Before(deadline) {
+	for w.ipcBusyLocked() && time.Now().Before(deadline) {
 		w.pollIPCLocked()
-		if w.ipcCount > 0 {
+		if w.ipcBusyLocked() {
 			w.mu.Unlock()
 			time.Sleep(20 * time.Microsecond)
 			w.mu.Lock()
@@ -497,7 +496,7 @@ func (w *Worker) Close() error {
 		r.ipc.ev = nil // may still be in use: not reused, not closed
 		r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed with a CUDA IPC copy in flight"), 0, 0)
 	})
-	w.ipcQueues, w.ipcPending, w.ipcCount = nil, nil, 0
+	w.ipcQueues, w.ipcPending = nil, nil
 	ipcClose := w.closeIPCLocked()
 	for rk := range w.rkeys {
 		rk.destroyLocked()
