@@ -67,6 +67,8 @@ type (
 	DeviceIPC = streamcore.DeviceIPC
 	// IPCHandle is streamcore.IPCHandle.
 	IPCHandle = streamcore.IPCHandle
+	// SharedWords is streamcore.SharedWords.
+	SharedWords = streamcore.SharedWords
 	// IPCAllocation is streamcore.IPCAllocation.
 	IPCAllocation = streamcore.IPCAllocation
 	// Pinned is page-locked host memory from HostStaging (streamcore.Pinned).

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/internal/shm"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // The CUDA backend maps device memory across processes of one host (CUDA IPC).
@@ -142,4 +145,59 @@ func (b *cudaBackend) rawStream(op string, s Stream, addr uintptr) (*cudaStream,
 		return nil, fmt.Errorf("stream: cuda %s: address %#x is nil or not 8-byte aligned: %w", op, addr, ErrInvalidArgument)
 	}
 	return cs, nil
+}
+
+// AllocSharedWords allocates n zeroed words in a shared segment, page-locked and
+// mapped for the device.
+func (b *cudaBackend) AllocSharedWords(n int) (*WordBlock, SharedWords, error) {
+	if n <= 0 || n > 1<<24 {
+		return nil, SharedWords{}, fmt.Errorf("stream: cuda AllocSharedWords(%d): %w", n, ErrInvalidArgument)
+	}
+	seg, err := shm.Create(8 * n)
+	if err != nil {
+		return nil, SharedWords{}, err
+	}
+	if err := b.acquire(); err != nil {
+		_ = seg.Close()
+		return nil, SharedWords{}, err
+	}
+	reg, err := b.ctx.MemHostRegister(uintptr(unsafe.Pointer(&seg.Mem[0])), len(seg.Mem), cuda.HostRegisterPortable|cuda.HostRegisterDeviceMap)
+	if err != nil {
+		_ = seg.Close()
+		_ = b.release()
+		return nil, SharedWords{}, cudaErr("AllocSharedWords", err)
+	}
+	desc := SharedWords{FD: seg.FD, Size: len(seg.Mem)}
+	free := func() error {
+		err := cudaErr("WordBlock.Close", reg.Close())
+		return errors.Join(err, seg.Close(), b.release())
+	}
+	var ring func() error
+	if b.bell != nil {
+		ring = b.bell.ring
+	}
+	return streamcore.NewWordBlock(KindCUDA, unsafe.Pointer(&seg.Mem[0]), reg.DevicePtr(), n, free, ring), desc, nil
+}
+
+// MapSharedWords maps another process's shared words for this device.
+func (b *cudaBackend) MapSharedWords(pid int, w SharedWords) (uintptr, func() error, error) {
+	seg, err := shm.Open(pid, w.FD, w.Size)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := b.acquire(); err != nil {
+		_ = seg.Close()
+		return 0, nil, err
+	}
+	reg, err := b.ctx.MemHostRegister(uintptr(unsafe.Pointer(&seg.Mem[0])), len(seg.Mem), cuda.HostRegisterPortable|cuda.HostRegisterDeviceMap)
+	if err != nil {
+		_ = seg.Close()
+		_ = b.release()
+		return 0, nil, cudaErr("MapSharedWords", err)
+	}
+	unmap := func() error {
+		err := cudaErr("MapSharedWords unmap", reg.Close())
+		return errors.Join(err, seg.Close(), b.release())
+	}
+	return reg.DevicePtr(), unmap, nil
 }

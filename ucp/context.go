@@ -266,6 +266,8 @@ type MemH struct {
 	// ipcExport: device memory registered for CUDA IPC (no UCX registration), the
 	// message its packed keys carry.
 	ipcExport *protocol.IPCMessage
+	// shared: Signals in a shared segment; packed keys name it (sharedwords.go).
+	shared *streamcore.SharedWords
 	pin       runtime.Pinner
 	closed    bool // under ctx.mu
 	// keyID names the region in its packed rkeys; importers are the peers that
@@ -384,6 +386,9 @@ func (m *MemH) PackRkey() ([]byte, error) {
 		packed, st = m.ctx.raw.RkeyPack(m.raw)
 		if err := statusErr(st); err != nil {
 			return nil, opErr("rkey_pack", err, "")
+		}
+		if m.shared != nil {
+			packed = sharedWordsPayload(*m.shared, packed)
 		}
 	}
 	m.ctx.exports[m.keyID] = m

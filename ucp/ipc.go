@@ -104,6 +104,9 @@ type rkeyIPC struct {
 	alloc  protocol.IPCAllocation
 	// released: the mapping reference was given back (under w.mu).
 	released bool
+	// unmap: shared signal words (sharedwords.go) are unmapped, not released to
+	// the importer.
+	unmap func() error
 }
 
 // unpackIPC maps the allocation of an IPC key (a driver call: the caller's goroutine,
@@ -144,9 +147,13 @@ func (r *Rkey) takeMappingLocked() *rkeyIPC {
 // releaseIPCLocked gives the key's mapping reference back, off the caller's goroutine
 // (cuIpcCloseMemHandle may wait for the device; the caller may be the engine).
 func (r *Rkey) releaseIPCLocked() {
-	if x := r.takeMappingLocked(); x != nil {
-		imp := r.ep.w.ctx.ipc.imp
-		go func() { _ = imp.Release(x.peer, x.alloc) }()
+	if xs := r.takeMappingsLocked(); len(xs) > 0 {
+		c := r.ep.w.ctx
+		go func() {
+			for _, x := range xs {
+				x.release(c)
+			}
+		}()
 	}
 }
 
@@ -240,8 +247,8 @@ func (w *Worker) ipcCopier(p *RequestParam) func(s streamcore.Stream, dst, src u
 // no stream operation and is refused.
 func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	switch {
-	case rkey.ipc == nil || sig.Rkey.ipc == nil:
-		return nil, opErr(op, ErrUnsupported, "the data and the signal word must both be device regions of the same-host peer (CUDA IPC), or both not")
+	case rkey.ipc == nil || sig.Rkey.signalAddr(sig.Addr) == 0:
+		return nil, opErr(op, ErrUnsupported, "the data is a device region of a same-host peer (CUDA IPC) and the signal word is neither a device region nor shared Signals of that peer: a stream cannot reach it")
 	case sig.Op == SignalAdd:
 		return nil, opErr(op, ErrUnsupported, "SignalAdd on a device word: streams write, they do not add; use SignalSet or SignalStore with a growing value")
 	}
@@ -253,13 +260,14 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 		}
 		return sig.Rkey.liveLocked(op)
 	}
+	sigAddr := sig.Rkey.signalAddr(sig.Addr)
 	enqueue := func(s streamcore.Stream) error {
 		if len(buf) > 0 {
 			if err := copyTo(s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf)); err != nil {
 				return err
 			}
 		}
-		return dev.WriteValueAt(s, sig.Rkey.ipc.mapped+uintptr(sig.Addr-sig.Rkey.base), sig.Value)
+		return dev.WriteValueAt(s, sigAddr, sig.Value)
 	}
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
@@ -718,9 +726,14 @@ func (ep *Endpoint) ipcPeerFailedLocked() {
 			pending = append(pending, r)
 		}
 	})
+	var shared []*rkeyIPC
 	for rk := range w.rkeys {
 		if rk.ep == ep && rk.ipc != nil {
 			rk.ipc.released = true // PeerLost below drops them all
+		}
+		if rk.ep == ep && rk.shared != nil && !rk.shared.released {
+			rk.shared.released = true
+			shared = append(shared, rk.shared)
 		}
 	}
 	peer := ipcPeer(ep.peer.id)
@@ -729,6 +742,9 @@ func (ep *Endpoint) ipcPeerFailedLocked() {
 			_ = r.Wait(context.Background())
 		}
 		_ = c.ipc.imp.PeerLost(peer)
+		for _, x := range shared {
+			x.release(c)
+		}
 	}()
 }
 
@@ -771,21 +787,29 @@ func (r *Rkey) Device() bool { return r.ipc != nil }
 // DeviceAddress is where n bytes at the peer's address raddr are mapped in this
 // process, for work that moves data without ucpx on the path: memcpy and memop nodes
 // of a CUDA graph, a kernel's stores (device/ucpx_signal.cuh's ucpx_put_signal). The
-// address is valid while the key is open and not revoked; an operation through it
-// is the caller's to order (ucpx sees none of it). A key of host memory gives
-// ErrUnsupported.
+// key is of a device region, or of a same-host peer's Signals that were mapped here
+// (shared words: the device address of this process's mapping of them). The
+// address is valid while the key is open and not revoked and the peer alive; an
+// operation through it is the caller's to order (ucpx sees none of it). A key of other
+// host memory gives ErrUnsupported.
 func (r *Rkey) DeviceAddress(raddr uint64, n int) (uintptr, error) {
 	const op = "rkey_device_address"
-	if r == nil || r.ipc == nil {
-		return 0, opErr(op, ErrUnsupported, "not the key of a device region mapped by CUDA IPC")
+	if r == nil {
+		return 0, opErr(op, ErrInvalidParam, "nil key")
 	}
 	w := r.ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if r.ipc == nil && r.shared == nil {
+		return 0, opErr(op, ErrUnsupported, "not the key of a device region mapped by CUDA IPC, nor of shared Signals mapped here")
+	}
 	if err := r.checkLocked(op, r.ep, raddr, n); err != nil {
 		return 0, err
 	}
-	return r.ipc.mapped + uintptr(raddr-r.base), nil
+	if err := r.ep.usableLocked(op); err != nil {
+		return 0, err
+	}
+	return r.signalAddr(raddr), nil
 }
 
 // submitDirect hands an IPC operation to the engine, which issues it (as the call

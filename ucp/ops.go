@@ -415,6 +415,9 @@ type Rkey struct {
 	ep     *Endpoint
 	raw    *ucx.Rkey // nil for a device region mapped by CUDA IPC
 	ipc    *rkeyIPC  // the mapping of such a region
+	// shared: a peer's shared signal words mapped here (sharedwords.go); set once
+	// after UnpackRkey mapped them, under ep.w.mu.
+	shared *rkeyIPC
 	base   uint64
 	length uint64
 	closed bool // under ep.w.mu

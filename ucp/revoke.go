@@ -186,7 +186,7 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		if rk.exporter == exporter && rk.keyID == keyID && !rk.revoked {
 			rk.revoked = true
 			eps = append(eps, rk.ep)
-			if rk.ipc != nil {
+			if rk.ipc != nil || rk.shared != nil {
 				mapped = append(mapped, rk)
 			}
 		}
@@ -232,13 +232,11 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 			w.mu.Lock()
 			var rel []*rkeyIPC
 			for _, rk := range mapped {
-				if x := rk.takeMappingLocked(); x != nil {
-					rel = append(rel, x)
-				}
+				rel = append(rel, rk.takeMappingsLocked()...)
 			}
 			w.mu.Unlock()
 			for _, x := range rel {
-				_ = w.ctx.ipc.imp.Release(x.peer, x.alloc)
+				x.release(w.ctx)
 			}
 			acknowledge()
 		}()
@@ -426,7 +424,22 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 		w.mu.Unlock()
 		return nil, opErr(op, err, "")
 	}
-	return ep.addRkeyUnlock(&Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}), nil
+	rk := ep.addRkeyUnlock(&Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID})
+	if k.shared != nil {
+		if x := ep.mapSharedWords(*k.shared); x != nil {
+			w.mu.Lock()
+			if rk.closed || rk.revoked {
+				x.released = true
+			} else {
+				rk.shared = x
+			}
+			w.mu.Unlock()
+			if x.released {
+				x.release(w.ctx)
+			}
+		}
+	}
+	return rk, nil
 }
 
 // addRkeyUnlock records an unpacked key and tells its exporter of the import, then

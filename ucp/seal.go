@@ -9,6 +9,7 @@ import (
 	"math/bits"
 
 	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Sealed envelopes: the bytes peers exchange (packed rkeys, worker addresses, the
@@ -105,6 +106,8 @@ type rkeyInfo struct {
 	payload      []byte
 	// ipc: the key is of a device region, exported for CUDA IPC (ipc.go).
 	ipc *protocol.IPCMessage
+	// shared: the key is of shared signal words (sharedwords.go); payload is UCX's.
+	shared *streamcore.SharedWords
 }
 
 func sealRkey(s sealer, sender [idLen]byte, keyID, base, length uint64, payload []byte) []byte {
@@ -136,6 +139,14 @@ func openRkey(s sealer, b []byte) (rkeyInfo, error) {
 		return rkeyInfo{}, fmt.Errorf("rkey region [%#x, +%d) is empty or wraps: %w", k.base, k.length, ErrInvalidParam)
 	}
 	k.payload = plain[rkeyFixed:]
+	if isSharedWordsPayload(k.payload) {
+		sw, inner, err := decodeSharedWordsPayload(k.payload, k.length)
+		if err != nil {
+			return rkeyInfo{}, err
+		}
+		k.shared, k.payload = &sw, inner
+		return k, nil
+	}
 	if isIPCPayload(k.payload) {
 		m, err := decodeIPCPayload(k.payload, k.base, k.length)
 		if err != nil {

@@ -173,7 +173,7 @@ func (w *Worker) NewSignals(b streamcore.Backend, n int) (*Signals, error) {
 	if w.closed.Load() {
 		return nil, opErr(op, ErrClosed, "")
 	}
-	block, err := b.AllocWords(n)
+	block, shared, err := w.allocSignalWords(b, n)
 	if err != nil {
 		return nil, opErr(op, err, "%d words", n)
 	}
@@ -182,6 +182,7 @@ func (w *Worker) NewSignals(b streamcore.Backend, n int) (*Signals, error) {
 		_ = block.Close()
 		return nil, err
 	}
+	m.shared = shared
 	block.SetDriver(workerDriver{w})
 	return &Signals{w: w, block: block, memh: m}, nil
 }

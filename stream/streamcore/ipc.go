@@ -35,6 +35,24 @@ type DeviceIPC interface {
 	// WaitValueAt holds back later work on s until cmp(word at addr, value) holds
 	// (cuStreamWaitValue64).
 	WaitValueAt(s Stream, addr uintptr, value uint64, cmp Compare) error
+	// AllocSharedWords allocates n zeroed words in a shared memory segment that
+	// other processes of the host map with MapSharedWords, mapped for this device
+	// (cuMemHostRegister with DEVICEMAP): a peer's streams write them (WriteValueAt
+	// after a copy into this process's memory) while this process's CPU, streams and
+	// kernels read them, and the CPU can always store into them, so no wait on them
+	// outlives a peer that died. Freeing the block unmaps it here.
+	AllocSharedWords(n int) (*WordBlock, SharedWords, error)
+	// MapSharedWords maps the words process pid shared (what AllocSharedWords
+	// returned there) and returns the device address of its first word here, for
+	// WriteValueAt. unmap releases the mapping; nothing may still write through it.
+	MapSharedWords(pid int, w SharedWords) (addr uintptr, unmap func() error, err error)
+}
+
+// SharedWords names the segment of an AllocSharedWords block for the processes that
+// map it (the owner's pid travels separately, from the authenticated handshake).
+type SharedWords struct {
+	FD   int // the segment's file descriptor in the owning process
+	Size int // its bytes (whole pages)
 }
 
 // IPCHandleSize is the size of a CUDA IPC memory handle (CU_IPC_HANDLE_SIZE).

@@ -22,6 +22,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ucpx/ucpx/internal/shm"
 	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
@@ -41,7 +42,10 @@ var (
 )
 
 // Counts are the IPC calls the fake saw.
-type Counts struct{ Exports, Opens, Closes int }
+type Counts struct {
+	Exports, Opens, Closes                 int
+	SharedAllocs, SharedMaps, SharedUnmaps int // shared signal words
+}
 
 // Stats returns the counts so far (process-wide).
 func Stats() Counts {
@@ -164,3 +168,36 @@ func (d *Device) WaitValueAt(s streamcore.Stream, addr uintptr, value uint64, cm
 }
 
 func word(addr uintptr) *uint64 { return (*uint64)(C.fakeipc_ptr(C.uintptr_t(addr))) }
+
+// AllocSharedWords allocates n words in a shared segment; on host streams the
+// device address is the host address.
+func (d *Device) AllocSharedWords(n int) (*streamcore.WordBlock, streamcore.SharedWords, error) {
+	seg, err := shm.Create(8 * n)
+	if err != nil {
+		return nil, streamcore.SharedWords{}, err
+	}
+	p := unsafe.Pointer(&seg.Mem[0])
+	mu.Lock()
+	counts.SharedAllocs++
+	mu.Unlock()
+	return streamcore.NewWordBlock(d.Kind(), p, 0, n, seg.Close, nil), streamcore.SharedWords{FD: seg.FD, Size: len(seg.Mem)}, nil
+}
+
+// MapSharedWords maps a process's shared words (this process's, in tests) at a
+// second address.
+func (d *Device) MapSharedWords(pid int, w streamcore.SharedWords) (uintptr, func() error, error) {
+	seg, err := shm.Open(pid, w.FD, w.Size)
+	if err != nil {
+		return 0, nil, err
+	}
+	mu.Lock()
+	counts.SharedMaps++
+	mu.Unlock()
+	unmap := func() error {
+		mu.Lock()
+		counts.SharedUnmaps++
+		mu.Unlock()
+		return seg.Close()
+	}
+	return uintptr(unsafe.Pointer(&seg.Mem[0])), unmap, nil
+}

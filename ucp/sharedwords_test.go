@@ -1,0 +1,124 @@
+package ucp
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/stream"
+)
+
+// Signals of a context with a Device live in shared memory that a same-host peer
+// maps: its put-with-signal into a device region writes the word from the stream,
+// and the words stay host memory the owner's CPU and streams read.
+func TestSharedSignalWords(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before := fakeipc.Stats()
+	alloc, _, rk := mappedRegion(t, p, 64<<10)
+
+	words, err := p.b.NewSignals(dev, 4)
+	require.NoError(t, err)
+	packed, err := words.PackRkey()
+	require.NoError(t, err)
+	wk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	st := fakeipc.Stats()
+	require.Equal(t, 1, st.SharedAllocs-before.SharedAllocs, "the words are shared")
+	require.Equal(t, 1, st.SharedMaps-before.SharedMaps, "the peer mapped them once")
+	addr, err := wk.DeviceAddress(wk.Base()+16, 8)
+	require.NoError(t, err)
+	require.NotEqual(t, words.Word(2).HostPtr(), addr, "a mapping of its own")
+
+	// The owner's stream waits on its word; the peer's put-with-signal on a Stream
+	// condition writes it after the data, from the peer's stream.
+	sb, err := dev.NewStream()
+	require.NoError(t, err)
+	defer sb.Close()
+	require.NoError(t, sb.WaitValue(words.Word(1), 7, stream.GEQ))
+	seen := make(chan uint32, 1)
+	require.NoError(t, sb.LaunchHostFunc(func() { seen <- checksum(alloc.Bytes()[:32<<10]) }))
+	sa, sc := streamCondition(t, dev)
+	src := pattern(32<<10, 3)
+	r, err := p.epA.PutSignalNbx(src, rk.Base(), rk, Signal{Op: SignalStore, Value: 7, Addr: wk.Base() + 8, Rkey: wk}, &RequestParam{Condition: sc})
+	require.NoError(t, err)
+	select {
+	case got := <-seen:
+		require.Equal(t, checksum(src), got, "the data was in place when the word was")
+	case <-ctx.Done():
+		t.Fatal("the owner's stream never saw the word")
+	}
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sa.Synchronize())
+
+	// No condition: the worker's stream; the owner's CPU reads the word.
+	r, err = p.epA.PutSignalNbx(pattern(64, 4), rk.Base()+64, rk, Signal{Op: SignalSet, Value: 9, Addr: wk.Base(), Rkey: wk}, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.EqualValues(t, 9, words.Word(0).Load())
+	require.Equal(t, pattern(64, 4), alloc.Bytes()[64:128])
+
+	// Every other use of the key is UCX's: an atomic add lands in the same words.
+	a, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 5, Size: 8}, wk.Base()+24, wk, nil)
+	require.NoError(t, err)
+	stop := background(p.b)
+	require.NoError(t, a.Wait(ctx))
+	f, err := p.epA.FlushNbx(nil)
+	require.NoError(t, err)
+	require.NoError(t, f.Wait(ctx))
+	stop()
+	require.EqualValues(t, 5, words.Word(3).Load())
+
+	// Closing the words revokes the key: the peer unmaps before it acknowledges.
+	stop = background(p.a)
+	require.NoError(t, words.Close())
+	stop()
+	require.Equal(t, 1, fakeipc.Stats().SharedUnmaps-before.SharedUnmaps)
+	_, err = wk.DeviceAddress(wk.Base(), 8)
+	require.ErrorIs(t, err, ErrRevoked)
+	require.NoError(t, wk.Close())
+	require.Equal(t, 1, fakeipc.Stats().SharedUnmaps-before.SharedUnmaps, "unmapped once")
+}
+
+// A host backend's Signals (no DeviceIPC) stay unshared; a context without Device
+// never shares.
+func TestSignalWordsNotShared(t *testing.T) {
+	p, _ := ipcPair(t)
+	before := fakeipc.Stats()
+	words, err := p.b.NewSignals(hostBackend(t), 2)
+	require.NoError(t, err)
+	defer words.Close()
+	packed, err := words.PackRkey()
+	require.NoError(t, err)
+	wk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	defer wk.Close()
+	require.Equal(t, before.SharedAllocs, fakeipc.Stats().SharedAllocs)
+	_, err = wk.DeviceAddress(wk.Base(), 8)
+	require.ErrorIs(t, err, ErrUnsupported)
+}
+
+func TestSharedWordsPayloadRefused(t *testing.T) {
+	good := sharedWordsPayload(stream.SharedWords{FD: 5, Size: 4096}, []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0})
+	sw, inner, err := decodeSharedWordsPayload(good, 64)
+	require.NoError(t, err)
+	require.Equal(t, 5, sw.FD)
+	require.Len(t, inner, 11)
+	for name, b := range map[string][]byte{
+		"short":          good[:sharedWordsFixed-1],
+		"region too big": good,
+		"zero size":      sharedWordsPayload(stream.SharedWords{FD: 5, Size: 0}, good[sharedWordsFixed:]),
+		"bad UCX key":    sharedWordsPayload(stream.SharedWords{FD: 5, Size: 4096}, []byte{0, 0}),
+	} {
+		length := uint64(64)
+		if name == "region too big" {
+			length = 8192
+		}
+		_, _, err := decodeSharedWordsPayload(b, length)
+		require.ErrorIs(t, err, ErrInvalidParam, name)
+	}
+}
