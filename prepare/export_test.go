@@ -19,3 +19,6 @@ func DebugWords(r *Request) (words, landed []uint64) {
 	}
 	return
 }
+
+// Direct reports whether r took the CUDA-IPC path (nothing staged).
+func Direct(r *Request) bool { return r.direct && r.st == nil }

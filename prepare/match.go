@@ -289,7 +289,7 @@ func (r *Request) takeRemoteLocked(h handshake) error {
 			return fmt.Errorf("prepare: the peer's buffer: %w", err)
 		}
 		r.remote.bufKey, r.remote.bufBase = bk, h.base
-		return nil
+		return r.checkDirectKeysLocked()
 	}
 	ak, err := r.peer.UnpackRkey(h.ackKey)
 	if err != nil {

@@ -94,6 +94,8 @@ type Request struct {
 	// memh: buf itself, or a staged request's host copy of it (st).
 	xfer []byte
 	st   *staging
+	// direct: a device buffer moved by CUDA IPC (direct.go), neither side staged.
+	direct bool
 
 	// Words of this side: a sender's ready flags (one per own partition, set to 1 by
 	// the receiver's Start), a receiver's arrival counters (one per sender partition,
@@ -183,7 +185,7 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: %d bytes do not split into %d equal partitions: %w", op, len(buf), p.Partitions, ErrInvalidParam)
 	case p.MemoryType != ucp.MemoryHost && !isDevice(p.MemoryType):
 		return nil, fmt.Errorf("%s: %s buffers: %w", op, p.MemoryType, ErrUnsupported)
-	case isDevice(p.MemoryType) && (p.Backend == nil || p.Backend.Kind() != stream.KindCUDA):
+	case isDevice(p.MemoryType) && !deviceBackend(p.Backend):
 		return nil, fmt.Errorf("%s: a %s buffer needs a CUDA Params.Backend: %w", op, p.MemoryType, ErrInvalidParam)
 	case isDevice(p.MemoryType) && p.MemH != nil:
 		return nil, fmt.Errorf("%s: MemH with a %s buffer (the request registers its own host copy): %w", op, p.MemoryType, ErrInvalidParam)
@@ -204,7 +206,10 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		}
 		r.backend, r.ownBack = b, true
 	}
-	if isDevice(p.MemoryType) || p.stage {
+	switch {
+	case directPath(w, p):
+		r.direct = true
+	case isDevice(p.MemoryType) || p.stage:
 		r.st = &staging{}
 	}
 	if err := r.allocate(); err != nil {
@@ -236,6 +241,12 @@ func (r *Request) allocate() error {
 		if err := r.allocStaging(); err != nil {
 			return err
 		}
+	} else if r.direct {
+		m, err := r.w.Context().MemMapPtr(ptrOf(r.buf), len(r.buf), ucp.MemoryCUDA)
+		if err != nil {
+			return err
+		}
+		r.memh, r.ownMemh = m, true
 	} else if r.memh == nil {
 		m, err := r.w.Context().MemMap(r.buf)
 		if err != nil {
@@ -250,7 +261,7 @@ func (r *Request) allocate() error {
 		}
 		r.words = words
 		r.readied = make([]bool, r.parts)
-		if r.st == nil {
+		if r.st == nil && !r.direct {
 			iters, err := r.w.Context().MemAlloc(8 * r.parts)
 			if err != nil {
 				return err
@@ -527,6 +538,16 @@ func (r *Request) pumpLocked() error {
 // the receiver's readiness arrived, cost two operations instead of three each.
 // Caller holds r.mu.
 func (r *Request) moveRunLocked(lo, hi int) error {
+	if lo < hi && r.remote.bufKey.Device() {
+		// A copy on a stream and a UCX put of the counters are not ordered: each
+		// partition is one put-with-signal, its word written by the copy's stream.
+		for p := lo; p <= hi; p++ {
+			if err := r.moveRunLocked(p, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if lo == hi {
 		req, err := r.putLocked(lo, nil, false)
 		if err != nil {

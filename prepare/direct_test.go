@@ -1,0 +1,167 @@
+package prepare_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/prepare"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// The direct path on host streams: both contexts have the fake device of package
+// fakeipc (its memory is C memory, its IPC maps in-process), so device buffers move
+// by the same-host path without a GPU.
+
+var fakeUUID = [16]byte{0xfa, 0x4e, 0xd1}
+
+// ipcLink is shmLink with a fake device on both contexts.
+func ipcLink(t testing.TB) (*link, *fakeipc.Device) {
+	t.Helper()
+	host, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = host.Close() })
+	dev := fakeipc.New(host, fakeUUID)
+	l := &link{}
+	l.ctxS, err = ucp.NewContext(ucp.ContextParams{Device: dev})
+	require.NoError(t, err)
+	l.ctxR, err = ucp.NewContext(ucp.ContextParams{Device: dev})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = l.ctxS.Close()
+		_ = l.ctxR.Close()
+	})
+	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	l.r, err = l.ctxR.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	as, err := l.s.Address()
+	require.NoError(t, err)
+	ar, err := l.r.Address()
+	require.NoError(t, err)
+	l.toR, err = l.s.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	l.toS, err = l.r.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	return l, dev
+}
+
+// devicePair makes a prepared pair of fake device buffers of n bytes.
+func devicePair(t testing.TB, l *link, dev *fakeipc.Device, n, sparts, rparts int, tag uint64) (send, recv *prepare.Request, sbuf, rbuf []byte) {
+	t.Helper()
+	sa, ra := fakeipc.Malloc(n), fakeipc.Malloc(n)
+	sbuf, rbuf = sa.Bytes(), ra.Bytes()
+	var err error
+	send, err = prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: tag, Partitions: sparts, Backend: dev, MemoryType: ucp.MemoryCUDA})
+	require.NoError(t, err)
+	recv, err = prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: tag, Partitions: rparts, Backend: dev, MemoryType: ucp.MemoryCUDA})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
+	t.Cleanup(func() {
+		stop := progressWhile(l.s)
+		_ = recv.Free() // revokes the buffer's key: the sender acknowledges
+		stop()
+		_ = send.Free()
+		sa.Free()
+		ra.Free()
+	})
+	return send, recv, sbuf, rbuf
+}
+
+func TestDirectPready(t *testing.T) {
+	for _, tc := range []partCase{
+		{name: "8x4K", n: 32 << 10, sp: 8, rp: 8, order: inOrder, iters: 50},
+		{name: "4to16", n: 64 << 10, sp: 4, rp: 16, order: random(3), iters: 30},
+		{name: "16to4", n: 64 << 10, sp: 16, rp: 4, order: reverse, iters: 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, dev := ipcLink(t)
+			before := fakeipc.Stats()
+			send, recv, sbuf, rbuf := devicePair(t, l, dev, tc.n, tc.sp, tc.rp, 3)
+			require.True(t, prepare.Direct(send) && prepare.Direct(recv), "nothing staged")
+			st := fakeipc.Stats()
+			require.Equal(t, 2, st.Exports-before.Exports, "each buffer's allocation exported once")
+			require.Equal(t, 1, st.Opens-before.Opens, "the sender maps the receiver's buffer once")
+			require.Equal(t, 2, st.SharedMaps-before.SharedMaps, "the receiver's arrival counters and the sender's ready flags are each mapped once by the peer")
+			iterate(t, send, recv, sbuf, rbuf, tc.iters, tc.order(tc.sp))
+			tc.checkStats(t, send, recv)
+			require.Equal(t, st.Opens, fakeipc.Stats().Opens, "no mapping per iteration")
+		})
+	}
+}
+
+// Partitions made ready in stream order and seen arriving in stream order; the
+// device handles' host twins.
+func TestDirectOnStreamsAndTwins(t *testing.T) {
+	l, dev := ipcLink(t)
+	const parts, size, iters = 8, 1024, 20
+	send, recv, sbuf, rbuf := devicePair(t, l, dev, parts*size, parts, parts, 4)
+	ss, err := dev.NewStream()
+	require.NoError(t, err)
+	defer ss.Close()
+	rs, err := dev.NewStream()
+	require.NoError(t, err)
+	defer rs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 1; i <= iters; i++ {
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		bad := make(chan error, parts)
+		for p := parts - 1; p >= 0; p-- {
+			part := sbuf[p*size : (p+1)*size]
+			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
+			require.NoError(t, send.PreadyOnStream(ss, p))
+			require.NoError(t, recv.ArrivedOnStream(rs, p))
+			got := rbuf[p*size : (p+1)*size]
+			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
+		}
+		require.NoError(t, rs.Synchronize())
+		for range parts {
+			require.NoError(t, <-bad)
+		}
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, send.Wait(ctx))
+	}
+	for i := iters + 1; i <= iters+10; i++ {
+		require.NoError(t, twinIteration(ctx, send, recv, sbuf, rbuf, i, inOrder(parts)(i)))
+	}
+	require.Equal(t, uint64(iters+10), recv.Stats().Iterations)
+}
+
+// A failed peer releases a stream waiting for a partition of the direct path (the
+// arrival counters are shared host memory the receiver's CPU stores into).
+func TestDirectPeerFailureReleasesStream(t *testing.T) {
+	l, dev := ipcLink(t)
+	send, recv, _, _ := devicePair(t, l, dev, 4096, 2, 2, 5)
+	_ = send
+	rs, err := dev.NewStream()
+	require.NoError(t, err)
+	defer rs.Close()
+	require.NoError(t, recv.Start())
+	require.NoError(t, recv.ArrivedOnStream(rs, 1))
+	released := make(chan struct{})
+	require.NoError(t, rs.LaunchHostFunc(func() { close(released) }))
+	select {
+	case <-released:
+		t.Fatal("released before any data or failure")
+	case <-time.After(50 * time.Millisecond):
+	}
+	gone := errors.New("peer gone")
+	prepare.Fail(recv, gone)
+	select {
+	case <-released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream stayed blocked after the peer failed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.ErrorIs(t, recv.Wait(ctx), gone)
+}
