@@ -141,7 +141,8 @@ static __device__ __forceinline__ uint64_t ucpx_status(ucpx_device_handle h)
  * 8-byte aligned. The Go mirror is device.PartitionHandle.
  *
  *   words            sender: the ready flags, one per own partition (the
- *                    receiver's Start stores 1 into each); receiver: the
+ *                    receiver's Start stores the iteration into each, taking
+ *                    one stores 0); receiver: the
  *                    arrival counters, one per SENDER partition (each
  *                    partition's put adds 1 to its counter after its data)
  *   triggers         sender: the address of each partition's trigger word
@@ -203,8 +204,8 @@ static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint
 	uint64_t v;
 	while ((v = ucpx_word_load_acquire(flag)) == 0) {
 	}
-	if (v != 1)
-		return false; /* h.failed: the peer failed */
+	if (v == h.failed)
+		return false; /* the peer failed */
 	/* The flag is ours: clear it before the trigger, so the receiver's next
 	 * Start (which needs this partition) finds it 0 and sets it again. */
 	ucpx_word_store_release(flag, 0);

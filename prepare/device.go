@@ -408,7 +408,7 @@ func PreadyHandle(h DeviceHandle, p int) error {
 		}
 		flag := r.words.Word(p)
 		switch v := flag.Load(); {
-		case v == 1 && flag.CompareAndSwap(1, 0):
+		case readyValue(v) && flag.CompareAndSwap(v, 0):
 			var err error
 			if d.kready != nil {
 				d.kready.Word(p).Store(h.TriggerValue)
@@ -418,7 +418,7 @@ func PreadyHandle(h DeviceHandle, p int) error {
 			}
 			r.mu.Unlock()
 			return err
-		case v != 0 && v != 1:
+		case v == failedWord:
 			err := r.peerFailedLocked(op, p)
 			r.mu.Unlock()
 			return err

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 	"github.com/ucpx/ucpx/prepare"
 	"github.com/ucpx/ucpx/stream"
@@ -164,4 +166,62 @@ func TestDirectPeerFailureReleasesStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.ErrorIs(t, recv.Wait(ctx), gone)
+}
+
+// PreadyNode on the direct path: the graph's own nodes move each partition (no
+// engine, no put per launch), the arrival counter gets the iteration the receiver
+// started; every launch is checked.
+func TestDirectHostGraph(t *testing.T) {
+	l, dev := ipcLink(t)
+	const parts, size = 4, 512
+	launches := 300
+	if testing.Short() {
+		launches = 50
+	}
+	send, recv, sbuf, rbuf := devicePair(t, l, dev, parts*size, parts, parts, 8)
+	g := graph.NewHost()
+	launch := 0
+	for p := range parts {
+		part := sbuf[p*size : (p+1)*size]
+		produce, err := g.AddTask(nil, func() error { fill(part, launch+p); return nil })
+		require.NoError(t, err)
+		_, err = send.PreadyNode(g, []condition.Node{produce}, p)
+		require.NoError(t, err)
+	}
+	exec, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := dev.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	recvDone := make(chan error, 1)
+	go func() {
+		for i := 1; i <= launches; i++ {
+			if err := recv.Start(); err != nil {
+				recvDone <- err
+				return
+			}
+			if err := recv.Wait(ctx); err != nil {
+				recvDone <- err
+				return
+			}
+			for p := range parts {
+				if err := checkFilled(rbuf[p*size:(p+1)*size], i+p); err != nil {
+					recvDone <- err
+					return
+				}
+			}
+		}
+		recvDone <- nil
+	}()
+	for i := 1; i <= launches; i++ {
+		require.NoError(t, s.LaunchHostFunc(func() { launch = i }))
+		require.NoError(t, exec.Launch(s))
+	}
+	require.NoError(t, <-recvDone)
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, exec.Close())
+	require.Equal(t, uint64(launches), recv.Stats().Iterations)
+	require.Equal(t, uint64(parts), send.Stats().Puts, "one set of nodes per partition, nothing per launch")
 }

@@ -3,11 +3,14 @@ package prepare
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -20,6 +23,15 @@ import (
 // backends). In a CUDA graph nothing of the host runs per launch, so the sender's
 // worker must be progressed by someone else while the graph runs: give it
 // ucp.WorkerParams.ProgressThread.
+//
+// On the direct path (a receiver's device buffer that CUDA IPC maps here, direct.go)
+// the nodes are the transfer itself, with no engine and no CPU per launch: a memop
+// wait for the ready flag, a memcpy node into the receiver's mapped buffer, a memcpy
+// node of the flag (the iteration the receiver started) into its mapped arrival
+// counter, a memop write taking the flag. Launch the graph only for iterations the
+// receiver starts, and Free the request only after its launches completed: the
+// nodes hold the receiver's mapped addresses, which Free (and the receiver's Free)
+// unmap.
 func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
 	if err := r.ensurePrepared(); err != nil {
 		return nil, err
@@ -33,6 +45,19 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 		return nil, fmt.Errorf("pready node: partition %d of %d: %w", p, r.parts, ErrInvalidParam)
 	case g == nil || g.Kind() != r.backend.Kind():
 		return nil, fmt.Errorf("pready node: the graph is not of the request's backend: %w", ErrInvalidParam)
+	case r.remote.bufKey.Device():
+		if !r.direct {
+			return nil, fmt.Errorf("pready node: a host buffer to the receiver's device buffer: use Pready or PreadyOnStream: %w", ErrUnsupported)
+		}
+		if err := r.errLocked(); err != nil {
+			return nil, err
+		}
+		n, err := r.directNodeLocked(g, deps, p)
+		if err != nil {
+			return nil, fmt.Errorf("pready node: %w", err)
+		}
+		r.stats.Puts++
+		return n, nil
 	case r.st != nil:
 		// A staged partition's copy would need a copy node per launch ahead of the
 		// put; the CUDA-IPC path will give device buffers graph nodes.
@@ -64,36 +89,96 @@ func (r *Request) gateNodeLocked(g condition.GraphBuilder, deps []condition.Node
 	switch g := g.(type) {
 	case *graph.Host:
 		return g.AddTask(deps, func() error {
-			for i := 0; ; i++ {
-				v := flag.Load()
-				if v == failedWord {
-					r.mu.Lock()
-					err := r.err
-					r.mu.Unlock()
-					return fmt.Errorf("pready node: partition %d: %w", p, err)
-				}
-				if v == 1 && flag.CompareAndSwap(1, 0) {
-					return nil
-				}
-				// The receiver's write may need this worker's progress (tcp).
-				if r.w.Progress() == 0 {
-					if i < 256 {
-						runtime.Gosched()
-					} else {
-						time.Sleep(10 * time.Microsecond)
-					}
-				}
-			}
+			_, err := r.awaitReady(flag, p)
+			return err
 		})
 	case graph.CUDA:
 		nodes, err := graph.CUDANodes(deps...)
 		if err != nil {
 			return nil, err
 		}
-		// AND 1: released by the ready flag and by the failure value.
+		// GEQ 1: released by the ready flag (the iteration) and by the failure value.
 		return g.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{
-			cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitAND),
+			cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ),
 			cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault),
+		})
+	}
+	return nil, fmt.Errorf("graph %T: want *graph.Host or graph.CUDA: %w", g, ErrInvalidParam)
+}
+
+// awaitReady waits for ready flag p of a host graph's launch and takes it, returning
+// the iteration it held.
+func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
+	for i := 0; ; i++ {
+		v := flag.Load()
+		if v == failedWord {
+			r.mu.Lock()
+			err := r.err
+			r.mu.Unlock()
+			return 0, fmt.Errorf("pready node: partition %d: %w", p, err)
+		}
+		if readyValue(v) && flag.CompareAndSwap(v, 0) {
+			return v, nil
+		}
+		// The receiver's write may need this worker's progress (tcp).
+		if r.w.Progress() == 0 {
+			if i < 256 {
+				runtime.Gosched()
+			} else {
+				time.Sleep(10 * time.Microsecond)
+			}
+		}
+	}
+}
+
+// directNodeLocked adds the direct path's nodes of partition p (see PreadyNode).
+// Caller holds r.mu.
+func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
+	off, size := partRange(len(r.buf), r.parts, p)
+	dst, err := r.remote.bufKey.DeviceAddress(r.remote.bufBase+uint64(off), size)
+	if err != nil {
+		return nil, err
+	}
+	arrival, err := r.remote.wordKey.DeviceAddress(r.remote.wordBase+8*uint64(p), 8)
+	if err != nil {
+		return nil, err
+	}
+	src, flag := ptrOf(r.buf)+uintptr(off), r.words.Word(p)
+	r.directGraph = true
+	switch g := g.(type) {
+	case graph.CUDA:
+		nodes, err := graph.CUDANodes(deps...)
+		if err != nil {
+			return nil, err
+		}
+		// GEQ 1: the iteration, or the failure value (which the request keeps
+		// storing after a failure: the take below clears it at each launch).
+		gate, err := g.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ)})
+		if err != nil {
+			return nil, err
+		}
+		data, err := g.Graph.AddMemcpyNode([]cuda.Node{gate}, dst, src, size)
+		if err != nil {
+			return nil, err
+		}
+		signal, err := g.Graph.AddMemcpyNode([]cuda.Node{data}, arrival, flag.DevicePtr(), 8)
+		if err != nil {
+			return nil, err
+		}
+		return g.Graph.AddBatchMemOpNode([]cuda.Node{signal}, []cuda.MemOp{cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault)})
+	case *graph.Host:
+		if dev := r.w.Context().Device(); dev == nil || dev.Kind() != stream.KindHost {
+			return nil, fmt.Errorf("a host graph cannot copy device memory: use a graph.CUDA: %w", ErrUnsupported)
+		}
+		// A host device (package fakeipc): its memory is host memory.
+		return g.AddTask(deps, func() error {
+			v, err := r.awaitReady(flag, p)
+			if err != nil {
+				return err
+			}
+			copy(ucp.DeviceBuffer(dst, size), r.buf[off:off+size])
+			atomic.StoreUint64((*uint64)(unsafe.Pointer(&ucp.DeviceBuffer(arrival, 8)[0])), v)
+			return nil
 		})
 	}
 	return nil, fmt.Errorf("graph %T: want *graph.Host or graph.CUDA: %w", g, ErrInvalidParam)

@@ -322,7 +322,8 @@ func (r *Request) ownHandshakeLocked() (handshake, error) {
 func ptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 // receiverWordsLocked makes a receiver's arrival counters (one per sender partition)
-// and the source of its readiness write, once the sender's partition count is known.
+// and the source of its readiness write (filled at each Start), once the sender's
+// partition count is known.
 func (r *Request) receiverWordsLocked() error {
 	words, err := r.w.NewSignals(r.backend, r.remote.parts)
 	if err != nil {
@@ -332,10 +333,6 @@ func (r *Request) receiverWordsLocked() error {
 	if err != nil {
 		_ = words.Close()
 		return err
-	}
-	b := ones.Bytes()[:8*r.remote.parts]
-	for i := 0; i < len(b); i += 8 {
-		*(*uint64)(unsafe.Pointer(&b[i])) = 1
 	}
 	r.words, r.ones = words, ones
 	return nil

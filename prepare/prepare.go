@@ -95,10 +95,12 @@ type Request struct {
 	xfer []byte
 	st   *staging
 	// direct: a device buffer moved by CUDA IPC (direct.go), neither side staged.
-	direct bool
+	// directGraph: PreadyNode added direct nodes (under mu), whose take clears a
+	// ready flag at every launch, also the failure value (see holdFailed).
+	direct, directGraph bool
 
-	// Words of this side: a sender's ready flags (one per own partition, set to 1 by
-	// the receiver's Start), a receiver's arrival counters (one per sender partition,
+	// Words of this side: a sender's ready flags (one per own partition, set to the
+	// iteration by the receiver's Start, taken by storing 0), a receiver's arrival counters (one per sender partition,
 	// incremented by each partition's put).
 	words *ucp.Signals
 	// Sender: its ack word (see ackWord), a slot of the worker's registry.
@@ -322,14 +324,47 @@ func (r *Request) fail(err error) {
 	// receiver stream's GEQ wait and a sender stream's AND 1 wait, so no stream stays
 	// blocked on a dead peer.
 	r.storeFailedLocked()
+	hold := r.directGraph
 	r.mu.Unlock()
 	r.failDevice()
+	if hold {
+		go r.holdFailed()
+	}
+}
+
+// holdFailed keeps the failure value in a failed sender's ready flags until Free: a
+// direct graph node clears its flag at every launch, and each later launch must still
+// find the failure value instead of waiting for a receiver that is gone.
+func (r *Request) holdFailed() {
+	for {
+		time.Sleep(100 * time.Microsecond)
+		r.mu.Lock()
+		if r.freed {
+			r.mu.Unlock()
+			return
+		}
+		for i := range r.words.Len() {
+			if r.words.Word(i).Load() == 0 {
+				r.words.Word(i).Store(failedWord)
+			}
+		}
+		r.mu.Unlock()
+	}
 }
 
 // failedWord is stored into a request's words when its peer failed: far above any
-// iteration (a GEQ wait, which compares wrap-aware, holds) and odd (an AND 1 wait
-// holds).
+// iteration (a GEQ wait, which compares wrap-aware, holds: on a ready flag GEQ 1, on
+// an arrival counter GEQ the iteration) and odd (an AND 1 wait holds).
 const failedWord = 1<<62 | 1
+
+// readyValue reports whether a ready flag holds an iteration (not 0, not failedWord).
+func readyValue(v uint64) bool { return v != 0 && v != failedWord }
+
+// takeReady takes a ready flag that holds an iteration (stores 0).
+func takeReady(flag *stream.Word) bool {
+	v := flag.Load()
+	return readyValue(v) && flag.CompareAndSwap(v, 0)
+}
 
 // errLocked is the request's sticky error. Caller holds r.mu.
 func (r *Request) errLocked() error {
@@ -372,8 +407,14 @@ func (r *Request) Start() error {
 		r.inflight = r.inflight[:0]
 		return nil
 	}
-	// One write sets every ready flag of the sender.
-	req, err := r.peer.PutNbx(r.ones.Bytes()[:8*r.remote.parts], r.remote.wordBase, r.remote.wordKey, &ucp.RequestParam{MemH: r.ones})
+	// One write sets every ready flag of the sender to the iteration (a graph's copy
+	// of the flag is how its relaunch tells the iteration: direct.go). The last
+	// iteration's write completed before that iteration did.
+	src := r.ones.Bytes()[:8*r.remote.parts]
+	for i := 0; i < len(src); i += 8 {
+		*(*uint64)(unsafe.Pointer(&src[i])) = r.iter
+	}
+	req, err := r.peer.PutNbx(src, r.remote.wordBase, r.remote.wordKey, &ucp.RequestParam{MemH: r.ones})
 	if err != nil {
 		r.active = false
 		r.iter--
@@ -498,12 +539,12 @@ func (r *Request) checkPreadyLocked(op string, ps []int) error {
 func (r *Request) pumpLocked() error {
 	// The receiver's Start sets every flag with one write: while the first waiting
 	// partition's flag is unset, so are the others', and there is nothing to scan.
-	if len(r.waiting) == 0 || r.words.Word(r.waiting[0]).Load() != 1 {
+	if len(r.waiting) == 0 || !readyValue(r.words.Word(r.waiting[0]).Load()) {
 		return nil
 	}
 	kept, taken := r.waiting[:0], r.taken[:0]
 	for _, p := range r.waiting {
-		if r.words.Word(p).CompareAndSwap(1, 0) {
+		if takeReady(r.words.Word(p)) {
 			taken = append(taken, p)
 		} else {
 			kept = append(kept, p)
@@ -644,7 +685,8 @@ func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
 		return err
 	}
 	flag := r.words.Word(p)
-	if err := s.WaitValue(flag, 1, stream.AND); err != nil {
+	// GEQ 1: released by the iteration and by the failure value.
+	if err := s.WaitValue(flag, 1, stream.GEQ); err != nil {
 		return err
 	}
 	if err := s.WriteValue(flag, 0); err != nil {

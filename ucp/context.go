@@ -183,6 +183,15 @@ func NewContext(p ContextParams) (*Context, error) {
 // Features reports the features the context was created with.
 func (c *Context) Features() Feature { return c.features }
 
+// Device is ContextParams.Device: the backend whose device memory travels to same-host
+// peers by CUDA IPC (nil without one).
+func (c *Context) Device() streamcore.DeviceIPC {
+	if c.ipc == nil {
+		return nil
+	}
+	return c.ipc.dev
+}
+
 // MemoryTypes lists the memory types UCX can communicate from directly (queried once).
 func (c *Context) MemoryTypes() []MemoryType {
 	var out []MemoryType

@@ -713,7 +713,8 @@ func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
 	}
 }
 
-// ipcPeerFailed drops a failed peer's mappings once the copies into them are done.
+// ipcPeerFailed drops a failed peer's mappings once the copies into them are done
+// (those of keys that handed out an address go when the key is closed).
 func (ep *Endpoint) ipcPeerFailedLocked() {
 	c := ep.w.ctx
 	if c.ipc == nil || !ep.peerKnown {
@@ -726,23 +727,20 @@ func (ep *Endpoint) ipcPeerFailedLocked() {
 			pending = append(pending, r)
 		}
 	})
-	var shared []*rkeyIPC
+	// A key whose DeviceAddress was handed out keeps its mappings until it is
+	// closed: graph nodes and kernels may still copy through them (the caller's
+	// work, which ucpx cannot wait for).
+	var rel []*rkeyIPC
 	for rk := range w.rkeys {
-		if rk.ep == ep && rk.ipc != nil {
-			rk.ipc.released = true // PeerLost below drops them all
-		}
-		if rk.ep == ep && rk.shared != nil && !rk.shared.released {
-			rk.shared.released = true
-			shared = append(shared, rk.shared)
+		if rk.ep == ep && !rk.addressed {
+			rel = append(rel, rk.takeMappingsLocked()...)
 		}
 	}
-	peer := ipcPeer(ep.peer.id)
 	go func() {
 		for _, r := range pending {
 			_ = r.Wait(context.Background())
 		}
-		_ = c.ipc.imp.PeerLost(peer)
-		for _, x := range shared {
+		for _, x := range rel {
 			x.release(c)
 		}
 	}()
@@ -791,7 +789,9 @@ func (r *Rkey) Device() bool { return r.ipc != nil }
 // (shared words: the device address of this process's mapping of them). The
 // address is valid while the key is open and not revoked and the peer alive; an
 // operation through it is the caller's to order (ucpx sees none of it). A key of other
-// host memory gives ErrUnsupported.
+// host memory gives ErrUnsupported. Once an address was handed out, a failed peer's
+// mappings of the key stay until the key is closed (close it after the work through
+// them), where other keys' are dropped once ucpx's own copies into them ended.
 func (r *Rkey) DeviceAddress(raddr uint64, n int) (uintptr, error) {
 	const op = "rkey_device_address"
 	if r == nil {
@@ -809,6 +809,7 @@ func (r *Rkey) DeviceAddress(raddr uint64, n int) (uintptr, error) {
 	if err := r.ep.usableLocked(op); err != nil {
 		return 0, err
 	}
+	r.addressed = true
 	return r.signalAddr(raddr), nil
 }
 

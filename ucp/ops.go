@@ -418,6 +418,8 @@ type Rkey struct {
 	// shared: a peer's shared signal words mapped here (sharedwords.go); set once
 	// after UnpackRkey mapped them, under ep.w.mu.
 	shared *rkeyIPC
+	// addressed: DeviceAddress handed out an address (under ep.w.mu).
+	addressed bool
 	base   uint64
 	length uint64
 	closed bool // under ep.w.mu

@@ -122,3 +122,55 @@ func TestSharedWordsPayloadRefused(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidParam, name)
 	}
 }
+
+// A failed peer's mappings are dropped once ucpx's copies ended, except those of
+// keys whose DeviceAddress was handed out: they stay until the key is closed.
+func TestPeerFailureKeepsAddressedMappings(t *testing.T) {
+	p, dev := ipcPair(t)
+	before := fakeipc.Stats()
+	alloc := fakeipc.Malloc(8192)
+	defer alloc.Free()
+	m1, k1 := deviceRegion(t, p.ctxB, alloc, 0, 4096)
+	defer m1.Close()
+	plain, err := p.epA.UnpackRkey(k1)
+	require.NoError(t, err)
+	alloc2 := fakeipc.Malloc(4096)
+	defer alloc2.Free()
+	m2, k2 := deviceRegion(t, p.ctxB, alloc2, 0, 4096)
+	defer m2.Close()
+	held, err := p.epA.UnpackRkey(k2)
+	require.NoError(t, err)
+	words, err := p.b.NewSignals(dev, 2)
+	require.NoError(t, err)
+	defer words.Close()
+	wpacked, err := words.PackRkey()
+	require.NoError(t, err)
+	wk, err := p.epA.UnpackRkey(wpacked)
+	require.NoError(t, err)
+	_, err = held.DeviceAddress(held.Base(), 8)
+	require.NoError(t, err)
+	_, err = wk.DeviceAddress(wk.Base(), 8)
+	require.NoError(t, err)
+	require.Equal(t, 2, fakeipc.Stats().Opens-before.Opens)
+
+	p.a.mu.Lock()
+	p.epA.failLocked(ErrConnectionReset)
+	p.a.mu.Unlock()
+	p.a.Progress() // runs the deferred failure hooks
+	require.Eventually(t, func() bool { return fakeipc.Stats().Closes-before.Closes == 1 }, 5*time.Second, time.Millisecond,
+		"the plain key's mapping is dropped")
+	time.Sleep(20 * time.Millisecond)
+	st := fakeipc.Stats()
+	require.Equal(t, 1, st.Closes-before.Closes, "the addressed device region stays mapped")
+	require.Equal(t, 0, st.SharedUnmaps-before.SharedUnmaps, "the addressed words stay mapped")
+	_, err = held.DeviceAddress(held.Base(), 8)
+	require.ErrorIs(t, err, ErrPeerFailed, "no new address after the failure")
+
+	require.NoError(t, held.Close())
+	require.NoError(t, wk.Close())
+	require.NoError(t, plain.Close())
+	require.Eventually(t, func() bool {
+		st := fakeipc.Stats()
+		return st.Closes-before.Closes == 2 && st.SharedUnmaps-before.SharedUnmaps == 1
+	}, 5*time.Second, time.Millisecond, "closing the keys unmaps")
+}
