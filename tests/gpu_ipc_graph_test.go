@@ -153,6 +153,8 @@ func runIPCPeer() error {
 		}
 	case "kernel":
 		result, err = x.kernelReceiver(iters, n)
+	case "prepare":
+		result, err = x.preparedReceiver(ctx, iters, n)
 	default:
 		err = fmt.Errorf("unknown scenario")
 	}
