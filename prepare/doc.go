@@ -33,14 +33,23 @@
 // iterations neither side needs progressing; while one runs, both sides' Wait (or
 // Test) drive their workers, or the workers have ucp.WorkerParams.ProgressThread.
 //
-// Device buffers (Params.MemoryType ucp.MemoryCUDA, on a CUDA Backend) are staged:
-// each partition travels through a host copy of the buffer, copied on a stream — the
-// caller's for PreadyOnStream, one of the request's own streams for Pready and
-// ucpx_pready, after the receiver's readiness and before the partition's put; on the
-// receiver the request's streams copy each partition into the device buffer once it
-// arrived, and only then do Parrived, ArrivedOnStream, Wait and ucpx_parrived report
-// it. No host thread waits for a copy. PreadyNode refuses staged requests
-// (ErrUnsupported); the CUDA-IPC path within a node is not built yet.
+// Device buffers (Params.MemoryType ucp.MemoryCUDA, on a CUDA Backend) whose peer
+// CUDA IPC reaches (one host, both contexts with ucp.ContextParams.Device, peer access
+// between the devices: ucp.Endpoint.Reach) take the direct path: nothing is staged.
+// The receiver's buffer is exported as a device region and its arrival counters are
+// Signals in memory both processes map; a partition is one copy-engine copy into the
+// receiver's buffer followed by a stream write of the iteration into its counter, on
+// the stream the partition became ready on (PreadyOnStream), on the worker's stream
+// (Pready), issued by the engine at a kernel's ucpx_pready, or — with PreadyNode in a
+// CUDA graph — as the graph's own memcpy and memop nodes, with no CPU per launch.
+//
+// Other device buffers are staged: each partition travels through a host copy of the
+// buffer, copied on a stream — the caller's for PreadyOnStream, one of the request's
+// own streams for Pready and ucpx_pready, after the receiver's readiness and before
+// the partition's put; on the receiver the request's streams copy each partition into
+// the device buffer once it arrived, and only then do Parrived, ArrivedOnStream, Wait
+// and ucpx_parrived report it. No host thread waits for a copy. PreadyNode refuses
+// staged requests (ErrUnsupported).
 //
 // Staging pre-enqueues memop waits on the request's streams (up to 8 per request)
 // that only the peer's data or the caller's kernels answer. CUDA runs a process's

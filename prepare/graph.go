@@ -9,6 +9,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
@@ -28,7 +29,7 @@ import (
 // the nodes are the transfer itself, with no engine and no CPU per launch: a memop
 // wait for the ready flag, a memcpy node into the receiver's mapped buffer, a memcpy
 // node of the flag (the iteration the receiver started) into its mapped arrival
-// counter, a memop write taking the flag. Launch the graph only for iterations the
+// counter (a one-thread kernel: both are host memory), a memop write taking the flag. Launch the graph only for iterations the
 // receiver starts, and Free the request only after its launches completed: the
 // nodes hold the receiver's mapped addresses, which Free (and the receiver's Free)
 // unmap.
@@ -131,6 +132,29 @@ func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
 	}
 }
 
+// copyWordKernelLocked is ucpx_signal_copy_word (src, dst), from a module the request
+// loads once for its direct graph nodes and unloads in Free. Caller holds r.mu.
+func (r *Request) copyWordKernelLocked() (*cuda.Function, error) {
+	if r.copyWord != nil {
+		return r.copyWord, nil
+	}
+	cctx, _, ok := stream.CUDAContext(r.backend)
+	if !ok {
+		return nil, fmt.Errorf("a CUDA graph needs the request's Backend to be CUDA: %w", ErrInvalidParam)
+	}
+	m, err := cctx.LoadModule(device.SignalKernelsPTX())
+	if err != nil {
+		return nil, err
+	}
+	fn, err := m.Function(device.KernelSignalCopyWord)
+	if err != nil {
+		_ = m.Close()
+		return nil, err
+	}
+	r.copyMod, r.copyWord = m, fn
+	return fn, nil
+}
+
 // directNodeLocked adds the direct path's nodes of partition p (see PreadyNode).
 // Caller holds r.mu.
 func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
@@ -161,7 +185,13 @@ func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.No
 		if err != nil {
 			return nil, err
 		}
-		signal, err := g.Graph.AddMemcpyNode([]cuda.Node{data}, arrival, flag.DevicePtr(), 8)
+		// The flag and the counter are host memory: a memcpy node between them would
+		// be a host-to-host copy; the copy-word kernel stores it from the GPU.
+		copyWord, err := r.copyWordKernelLocked()
+		if err != nil {
+			return nil, err
+		}
+		signal, err := g.Graph.AddKernelNode([]cuda.Node{data}, copyWord, cuda.Linear(1, 1), flag.DevicePtr(), arrival)
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
@@ -34,8 +35,10 @@ type Params struct {
 	Backend stream.Backend
 	// MemoryType of buf: host memory (the zero value) or, on a CUDA Backend, device
 	// memory (ucp.MemoryCUDA, ucp.MemoryCUDAManaged; buf from ucp.DeviceBuffer). A
-	// device buffer is staged: each partition travels through a host copy of the
-	// buffer, copied on a stream (see Request.Pready), so up to 1024 partitions.
+	// MemoryCUDA buffer whose peer CUDA IPC reaches moves directly (see the package
+	// documentation); other device buffers are staged: each partition travels
+	// through a host copy of the buffer, copied on a stream (see Request.Pready), so
+	// up to 1024 partitions.
 	MemoryType ucp.MemoryType
 
 	stage bool // tests: stage a host buffer as a device one
@@ -98,6 +101,9 @@ type Request struct {
 	// directGraph: PreadyNode added direct nodes (under mu), whose take clears a
 	// ready flag at every launch, also the failure value (see holdFailed).
 	direct, directGraph bool
+	// copyMod, copyWord: the copy-word kernel of direct CUDA graph nodes (graph.go).
+	copyMod  *cuda.Module
+	copyWord *cuda.Function
 
 	// Words of this side: a sender's ready flags (one per own partition, set to the
 	// iteration by the receiver's Start, taken by storing 0), a receiver's arrival counters (one per sender partition,
@@ -985,6 +991,9 @@ func (r *Request) Free() error {
 		_ = r.remote.ackKey.Close()
 	}
 	r.release()
+	if r.copyMod != nil {
+		_ = r.copyMod.Close()
+	}
 	return first
 }
 
