@@ -82,7 +82,7 @@ type Handle struct {
 
 // PartitionHandle mirrors struct ucpx_partition_handle, the handle a kernel makes
 // partitions of a prepared request ready (ucpx_pready) or checks their arrival
-// (ucpx_pstatus, ucpx_parrived) with: 64 bytes, eight 8-byte fields, no padding. Get it
+// (ucpx_pstatus, ucpx_parrived) with: 88 bytes, eleven 8-byte fields, no padding. Get it
 // from prepare.Request.DeviceHandle().Kernel() after every Start and pass it by value.
 type PartitionHandle struct {
 	Words         uint64 // sender: ready flags, one per own partition; receiver: arrival counters, one per sender partition
@@ -93,6 +93,9 @@ type PartitionHandle struct {
 	Partitions    uint64 // this side's partitions
 	PartBytes     uint64 // this side's partition size in bytes
 	PeerPartBytes uint64 // the peer's partition size in bytes
+	// Buf, PeerBuf, PeerWords: a sender on the direct path (CUDA IPC): its buffer, and
+	// the receiver's buffer and arrival counters mapped in this process; 0 otherwise.
+	Buf, PeerBuf, PeerWords uint64
 }
 
 // Partition status values of ucpx_pstatus (UCPX_PART_*).

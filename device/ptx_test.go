@@ -53,7 +53,7 @@ func TestHandleLayout(t *testing.T) {
 func TestPartitionHandleLayout(t *testing.T) {
 	var h PartitionHandle
 	const mirror = "device.PartitionHandle no longer mirrors struct ucpx_partition_handle"
-	require.EqualValues(t, 64, unsafe.Sizeof(h), mirror)
+	require.EqualValues(t, 88, unsafe.Sizeof(h), mirror)
 	hdr := string(SignalHeader())
 	start := strings.Index(hdr, "typedef struct ucpx_partition_handle {")
 	require.GreaterOrEqual(t, start, 0)
@@ -79,7 +79,7 @@ func TestPartitionHandleLayout(t *testing.T) {
 	// The compiled kernels take the struct by value with the mirror's size.
 	ptx := string(TestKernelsPTX())
 	for _, k := range []string{KernelPready, KernelParrived} {
-		require.Contains(t, ptx, k+"_param_0[64]", "%s's handle parameter is not 64 bytes", k)
+		require.Contains(t, ptx, k+"_param_0[88]", "%s's handle parameter is not 88 bytes", k)
 	}
 	for name, v := range map[string]int64{"UCPX_PART_PENDING": PartPending, "UCPX_PART_DONE": PartDone, "UCPX_PART_FAILED": PartFailed} {
 		require.Contains(t, hdr, fmt.Sprintf("#define %s %d ", name, v), "%s differs from the Go constant", name)

@@ -131,13 +131,34 @@ static __device__ __forceinline__ uint64_t ucpx_status(ucpx_device_handle h)
 	return s;
 }
 
+/* Copies n bytes with lanes lane, lane+lanes, ...: 16-byte stores where dst,
+ * src and n allow them, bytes otherwise (the put-with-signal functions below). */
+typedef struct __attribute__((aligned(16))) {
+	uint64_t lo, hi;
+} ucpx_v16;
+
+static __device__ __forceinline__ void ucpx_copy_lanes(void *dst, const void *src, uint64_t n, uint64_t lane, uint64_t lanes)
+{
+	if ((((uintptr_t)dst | (uintptr_t)src | n) & 15) == 0) {
+		ucpx_v16 *d = (ucpx_v16 *)dst;
+		const ucpx_v16 *s = (const ucpx_v16 *)src;
+		for (uint64_t i = lane; i < n / 16; i += lanes)
+			d[i] = s[i];
+	} else {
+		uint8_t *d = (uint8_t *)dst;
+		const uint8_t *s = (const uint8_t *)src;
+		for (uint64_t i = lane; i < n; i += lanes)
+			d[i] = s[i];
+	}
+}
+
 /*
  * Prepared, partitioned operations (package prepare): the device side of
  * MPI_Pready and MPI_Parrived.
  *
  * ucpx_partition_handle is the POD a kernel receives (by value) from
  * prepare.Request.DeviceHandle().Kernel(). Fetch it after every Start: it
- * names the current iteration. Eight 8-byte members, no padding: 64 bytes,
+ * names the current iteration. Eleven 8-byte members, no padding: 88 bytes,
  * 8-byte aligned. The Go mirror is device.PartitionHandle.
  *
  *   words            sender: the ready flags, one per own partition (the
@@ -155,6 +176,11 @@ static __device__ __forceinline__ uint64_t ucpx_status(ucpx_device_handle h)
  *   part_bytes       this side's partition size in bytes
  *   peer_part_bytes  the peer's partition size in bytes (the two sides'
  *                    partition counts may differ)
+ *   buf, peer_buf,   a sender on the direct path (a receiver's device buffer
+ *   peer_words       that CUDA IPC maps here): this side's buffer, the
+ *                    receiver's buffer and arrival counters mapped in this
+ *                    process; ucpx_pready then moves the partition itself.
+ *                    NULL otherwise.
  *
  * Expected use: one thread block per partition. The block writes its
  * partition, then calls ucpx_pready_block (all threads), or __syncthreads()
@@ -173,6 +199,9 @@ typedef struct ucpx_partition_handle {
 	uint64_t partitions;
 	uint64_t part_bytes;
 	uint64_t peer_part_bytes;
+	const uint8_t *buf;
+	uint8_t *peer_buf;
+	uint64_t *peer_words;
 } ucpx_partition_handle;
 
 /* ucpx_pstatus results. */
@@ -180,14 +209,21 @@ typedef struct ucpx_partition_handle {
 #define UCPX_PART_DONE 1    /* arrived */
 #define UCPX_PART_FAILED -1 /* the peer failed, or p is not a partition of h */
 
+static __device__ __forceinline__ void ucpx_put_signal(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value);
+static __device__ __forceinline__ void ucpx_put_signal_block(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value);
+
 /*
  * Make sender partition p ready (MPI_Pready) from ONE thread: wait until the
  * receiver is ready for this iteration (its Start set ready flag p), take the
  * flag (store 0), make this thread's earlier writes visible system-wide and
  * store h.trigger_value into partition p's trigger word. ucpx then moves the
- * partition with one put-with-signal. Other threads of the block must have
- * made their writes visible to the calling thread first (__syncthreads()), as
- * for ucpx_trigger; ucpx_pready_block does all of it for a whole block.
+ * partition with one put-with-signal. On the direct path (h.peer_buf set) the
+ * calling thread copies the partition into the receiver's buffer itself and
+ * stores the iteration into its arrival counter: nothing of the host runs
+ * (ucpx_pready_block copies with the whole block). Other threads of the block
+ * must have made their writes visible to the calling thread first
+ * (__syncthreads()), as for ucpx_trigger; ucpx_pready_block does all of it for
+ * a whole block.
  *
  * Returns true once the partition was handed over, false if the peer failed
  * (the flag holds h.failed: nothing is moved, the host reports the error) or
@@ -195,20 +231,37 @@ typedef struct ucpx_partition_handle {
  * per iteration: a second call waits for a flag that is not set again before
  * the next iteration.
  */
-static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint64_t p)
+/* Waits for ready flag p and takes it (stores 0); returns the iteration it held,
+ * or 0 if the peer failed. */
+static __device__ __forceinline__ uint64_t ucpx_take_ready(ucpx_partition_handle h, uint64_t p)
 {
-	if (h.triggers == 0 || p >= h.partitions)
-		return false;
-	uint64_t *trigger = h.triggers[p]; /* written before the launch; overlaps the first poll */
 	uint64_t *flag = h.words + p;
 	uint64_t v;
 	while ((v = ucpx_word_load_acquire(flag)) == 0) {
 	}
 	if (v == h.failed)
-		return false; /* the peer failed */
-	/* The flag is ours: clear it before the trigger, so the receiver's next
-	 * Start (which needs this partition) finds it 0 and sets it again. */
+		return 0;
+	/* Cleared before the partition moves, so the receiver's next Start (which
+	 * needs this partition) finds it 0 and sets it again. */
 	ucpx_word_store_release(flag, 0);
+	return v;
+}
+
+static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint64_t p)
+{
+	if (p >= h.partitions || (h.triggers == 0 && h.peer_buf == 0))
+		return false;
+	uint64_t *trigger = h.peer_buf ? 0 : h.triggers[p]; /* written before the launch; overlaps the first poll */
+	uint64_t v = ucpx_take_ready(h, p);
+	if (v == 0)
+		return false; /* the peer failed */
+	if (h.peer_buf) {
+		/* The direct path: the partition goes straight into the receiver's
+		 * buffer, then its arrival counter gets the iteration. */
+		uint64_t off = p * h.part_bytes;
+		ucpx_put_signal(h.peer_buf + off, h.buf + off, h.part_bytes, h.peer_words + p, v);
+		return true;
+	}
 	__threadfence_system();
 	ucpx_word_store_release(trigger, h.trigger_value);
 	return true;
@@ -217,17 +270,30 @@ static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint
 /*
  * ucpx_pready for a whole thread block: every thread of the block calls it
  * after writing its share of partition p. A barrier orders the block's writes
- * before thread (0,0,0), which calls ucpx_pready; every thread gets its
- * result.
+ * before thread (0,0,0), which takes the ready flag; every thread gets the
+ * result. On the direct path the whole block copies the partition into the
+ * receiver's buffer.
  */
 static __device__ __forceinline__ bool ucpx_pready_block(ucpx_partition_handle h, uint64_t p)
 {
 	bool leader = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
 	__syncthreads();
-	int ok = 0;
+	if (h.peer_buf == 0) {
+		int ok = 0;
+		if (leader)
+			ok = ucpx_pready(h, p);
+		return __syncthreads_or(ok) != 0;
+	}
+	__shared__ uint64_t ucpx_ready_iteration;
 	if (leader)
-		ok = ucpx_pready(h, p);
-	return __syncthreads_or(ok) != 0;
+		ucpx_ready_iteration = p < h.partitions ? ucpx_take_ready(h, p) : 0;
+	__syncthreads();
+	uint64_t v = ucpx_ready_iteration;
+	if (v == 0)
+		return false;
+	uint64_t off = p * h.part_bytes;
+	ucpx_put_signal_block(h.peer_buf + off, h.buf + off, h.part_bytes, h.peer_words + p, v);
+	return true;
 }
 
 /*
@@ -301,25 +367,6 @@ static __device__ __forceinline__ bool ucpx_parrived_wait_block(ucpx_partition_h
  *
  * 16-byte stores where dst, src and n allow them, bytes otherwise.
  */
-typedef struct __attribute__((aligned(16))) {
-	uint64_t lo, hi;
-} ucpx_v16;
-
-static __device__ __forceinline__ void ucpx_copy_lanes(void *dst, const void *src, uint64_t n, uint64_t lane, uint64_t lanes)
-{
-	if ((((uintptr_t)dst | (uintptr_t)src | n) & 15) == 0) {
-		ucpx_v16 *d = (ucpx_v16 *)dst;
-		const ucpx_v16 *s = (const ucpx_v16 *)src;
-		for (uint64_t i = lane; i < n / 16; i += lanes)
-			d[i] = s[i];
-	} else {
-		uint8_t *d = (uint8_t *)dst;
-		const uint8_t *s = (const uint8_t *)src;
-		for (uint64_t i = lane; i < n; i += lanes)
-			d[i] = s[i];
-	}
-}
-
 static __device__ __forceinline__ void ucpx_put_signal(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value)
 {
 	ucpx_copy_lanes(dst, src, n, 0, 1);

@@ -42,6 +42,9 @@ type deviceState struct {
 	// into which ucpx_pready stores the iteration; one of the request's streams waits
 	// for it, copies the partition to the host copy and triggers the put.
 	kready *stream.WordBlock
+	// direct: a direct-path sender (direct.go); the kernel moves each partition
+	// itself, so there is nothing to arm: no conditions, no table.
+	direct bool
 }
 
 // DeviceHandle is what a kernel (through Kernel, as struct ucpx_partition_handle) or a
@@ -65,16 +68,22 @@ type DeviceHandle struct {
 	// Partitions, PartBytes: this side's partition count and size; PeerPartBytes: the
 	// peer's partition size (the two sides' counts may differ).
 	Partitions, PartBytes, PeerPartBytes int
+	// Buf, PeerBuf, PeerWords (a sender on the direct path, else 0): this side's
+	// buffer, and the receiver's buffer and arrival counters mapped in this process.
+	// With them ucpx_pready moves the partition itself (copy, then the iteration
+	// into the counter) and Triggers is 0.
+	Buf, PeerBuf, PeerWords uintptr
 
 	r *Request
 }
 
-// Kernel is the handle as the kernel argument struct ucpx_partition_handle (64 bytes).
+// Kernel is the handle as the kernel argument struct ucpx_partition_handle (88 bytes).
 func (h DeviceHandle) Kernel() device.PartitionHandle {
 	return device.PartitionHandle{
 		Words: uint64(h.Words), Triggers: uint64(h.Triggers), TriggerValue: h.TriggerValue,
 		Iteration: h.Iteration, Failed: h.Failed, Partitions: uint64(h.Partitions),
 		PartBytes: uint64(h.PartBytes), PeerPartBytes: uint64(h.PeerPartBytes),
+		Buf: uint64(h.Buf), PeerBuf: uint64(h.PeerBuf), PeerWords: uint64(h.PeerWords),
 	}
 }
 
@@ -131,6 +140,17 @@ func (r *Request) DeviceHandle() (DeviceHandle, error) {
 	if err := r.armDeviceLocked(); err != nil {
 		return DeviceHandle{}, fmt.Errorf("device handle: %w", err)
 	}
+	if r.dev.direct {
+		var err error
+		h.Buf = ptrOf(r.buf)
+		if h.PeerBuf, err = r.remote.bufKey.DeviceAddress(r.remote.bufBase, len(r.buf)); err != nil {
+			return DeviceHandle{}, fmt.Errorf("device handle: %w", err)
+		}
+		if h.PeerWords, err = r.remote.wordKey.DeviceAddress(r.remote.wordBase, 8*r.parts); err != nil {
+			return DeviceHandle{}, fmt.Errorf("device handle: %w", err)
+		}
+		return h, nil
+	}
 	h.Triggers = r.wordAddr(r.dev.table, 0)
 	h.TriggerValue = r.dev.value
 	return h, nil
@@ -170,6 +190,15 @@ func (r *Request) armDeviceLocked() error {
 	}
 	if r.st != nil {
 		return r.armStagedLocked()
+	}
+	if d.direct {
+		// The kernel moves every partition; Test sees them moved through the
+		// receiver's acknowledgement.
+		for p := range r.parts {
+			r.markReadyLocked(p)
+		}
+		d.armed = r.iter
+		return nil
 	}
 	for p, cond := range d.conds {
 		req, err := r.putLocked(p, &ucp.RequestParam{Condition: cond}, false)
@@ -251,6 +280,10 @@ func (r *Request) newDeviceState() (*deviceState, error) {
 		reqs:    make([]*ucp.Request, r.parts),
 		taken:   make([]uint64, r.parts),
 	}
+	if r.direct && r.remote.bufKey.Device() {
+		d.direct = true
+		return d, nil
+	}
 	table, err := r.backend.AllocWords(r.parts)
 	if err != nil {
 		return nil, fmt.Errorf("trigger table: %w", err)
@@ -293,7 +326,7 @@ func (r *Request) failDevice() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	d := r.dev
-	if d == nil || r.freed || d.armed != r.iter || d.kready != nil {
+	if d == nil || r.freed || d.armed != r.iter || d.kready != nil || d.direct {
 		return // a staged request's streams were released by fail's failed words
 	}
 	for p, req := range d.reqs {
@@ -316,8 +349,10 @@ func (d *deviceState) close() error {
 			first = err
 		}
 	}
-	if err := d.table.Close(); err != nil && first == nil {
-		first = err
+	if d.table != nil {
+		if err := d.table.Close(); err != nil && first == nil {
+			first = err
+		}
 	}
 	if d.kready != nil {
 		if err := d.kready.Close(); err != nil && first == nil {
@@ -410,7 +445,14 @@ func PreadyHandle(h DeviceHandle, p int) error {
 		switch v := flag.Load(); {
 		case readyValue(v) && flag.CompareAndSwap(v, 0):
 			var err error
-			if d.kready != nil {
+			if d.direct {
+				// What ucpx_pready does on the direct path, through ucp: a copy into the
+				// receiver's buffer on the worker's stream, then the counter.
+				var req *ucp.Request
+				if req, err = r.putLocked(p, nil, false); err == nil {
+					r.inflight = append(r.inflight, req)
+				}
+			} else if d.kready != nil {
 				d.kready.Word(p).Store(h.TriggerValue)
 				d.kready.Notify()
 			} else {

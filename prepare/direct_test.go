@@ -3,8 +3,10 @@ package prepare_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -225,3 +227,50 @@ func TestDirectHostGraph(t *testing.T) {
 	require.Equal(t, uint64(launches), recv.Stats().Iterations)
 	require.Equal(t, uint64(parts), send.Stats().Puts, "one set of nodes per partition, nothing per launch")
 }
+
+// The kernel side of the direct path, played by the test on the fake device (its
+// memory is host memory): the sender's handle names this side's buffer and the
+// receiver's mapped buffer and counters, and making a partition ready is a copy then
+// the iteration into its counter, what ucpx_pready does on the GPU. The sender's Wait
+// completes through the receiver's acknowledgement alone: no ucpx operation moved
+// anything.
+func TestDirectKernelHandle(t *testing.T) {
+	l, dev := ipcLink(t)
+	const parts, size, iters = 4, 2048, 20
+	send, recv, sbuf, rbuf := devicePair(t, l, dev, parts*size, parts, parts, 9)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	putsBefore := send.Stats().Puts
+	for it := 1; it <= iters; it++ {
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		h, err := send.DeviceHandle()
+		require.NoError(t, err)
+		require.Zero(t, h.Triggers, "nothing to trigger on the direct path")
+		require.NotZero(t, h.PeerBuf)
+		require.NotZero(t, h.PeerWords)
+		require.Equal(t, uintptr(unsafe.Pointer(&sbuf[0])), h.Buf)
+		fill(sbuf, it)
+		for p := range parts {
+			flag := word(h.Words + uintptr(8*p))
+			var v uint64
+			for v = atomic.LoadUint64(flag); v == 0; v = atomic.LoadUint64(flag) {
+				l.s.Progress() // the receiver's readiness is a UCX put
+			}
+			require.EqualValues(t, it, v, "the ready flag holds the iteration")
+			atomic.StoreUint64(flag, 0)
+			copy(ucp.DeviceBuffer(h.PeerBuf+uintptr(p*size), size), sbuf[p*size:(p+1)*size])
+			atomic.StoreUint64(word(h.PeerWords+uintptr(8*p)), v)
+		}
+		sendDone := make(chan error, 1)
+		go func() { sendDone <- send.Wait(ctx) }()
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, checkFilled(rbuf, it))
+		require.NoError(t, <-sendDone)
+	}
+	require.Equal(t, uint64(iters), send.Stats().Iterations)
+	require.Equal(t, putsBefore, send.Stats().Puts, "no put was issued: the kernel moved every partition")
+}
+
+// word is the 8-byte word at a fake device address (host memory).
+func word(addr uintptr) *uint64 { return (*uint64)(unsafe.Pointer(&ucp.DeviceBuffer(addr, 8)[0])) }

@@ -68,12 +68,57 @@ func (b *cudaBackend) IPCAllocation(ptr uintptr) (IPCAllocation, error) {
 	return IPCAllocation{Base: uint64(a.Base), Size: a.Size, BufferID: a.BufferID, LegacyIPC: a.LegacyIPC}, nil
 }
 
+// ownExports are the handles this process exported, with what they named: CUDA
+// refuses to open a handle in the process that made it, and there the allocation is
+// already in the address space (two workers of one process).
+var ownExports = struct {
+	sync.Mutex
+	m    map[IPCHandle]IPCAllocation
+	refs map[uintptr]int // opens of own allocations, by base
+}{m: map[IPCHandle]IPCAllocation{}, refs: map[uintptr]int{}}
+
 func (b *cudaBackend) IPCGetMemHandle(base uintptr) (IPCHandle, error) {
-	h, err := b.ctx.IPCMemHandle(base)
-	return IPCHandle(h), cudaErr("IPCGetMemHandle", err)
+	raw, err := b.ctx.IPCMemHandle(base)
+	if err != nil {
+		return IPCHandle{}, cudaErr("IPCGetMemHandle", err)
+	}
+	h := IPCHandle(raw)
+	if a, err := b.IPCAllocation(base); err == nil {
+		ownExports.Lock()
+		for old, o := range ownExports.m {
+			if o.Base == a.Base {
+				delete(ownExports.m, old) // an allocation freed at this address
+			}
+		}
+		ownExports.m[h] = a
+		ownExports.Unlock()
+	}
+	return h, nil
+}
+
+// openOwn opens a handle this process exported: the allocation's own address, if it
+// is still the allocation the handle named (same base and buffer id).
+func (b *cudaBackend) openOwn(h IPCHandle) (uintptr, bool, error) {
+	ownExports.Lock()
+	a, ok := ownExports.m[h]
+	ownExports.Unlock()
+	if !ok {
+		return 0, false, nil
+	}
+	now, err := b.IPCAllocation(uintptr(a.Base))
+	if err != nil || now.Base != a.Base || now.BufferID != a.BufferID {
+		return 0, true, fmt.Errorf("stream: cuda IPCOpenMemHandle: the allocation this process exported at %#x is gone: %w", a.Base, ErrInvalidArgument)
+	}
+	ownExports.Lock()
+	ownExports.refs[uintptr(a.Base)]++
+	ownExports.Unlock()
+	return uintptr(a.Base), true, nil
 }
 
 func (b *cudaBackend) IPCOpenMemHandle(h IPCHandle) (uintptr, error) {
+	if p, own, err := b.openOwn(h); own {
+		return p, err
+	}
 	if err := b.acquire(); err != nil {
 		return 0, err
 	}
@@ -92,6 +137,15 @@ func (b *cudaBackend) IPCOpenMemHandle(h IPCHandle) (uintptr, error) {
 }
 
 func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
+	ownExports.Lock()
+	if ownExports.refs[mapped] > 0 {
+		if ownExports.refs[mapped]--; ownExports.refs[mapped] == 0 {
+			delete(ownExports.refs, mapped)
+		}
+		ownExports.Unlock()
+		return nil
+	}
+	ownExports.Unlock()
 	b.ipc.mu.Lock()
 	m := b.ipc.maps[mapped]
 	delete(b.ipc.maps, mapped)
