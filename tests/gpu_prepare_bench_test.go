@@ -46,14 +46,19 @@ import (
 // the library's own, which parks on the event fd when idle); spin-sync is spin with
 // the host waiting for the GPU before it waits for the requests.
 func BenchmarkGPUPreparedHalfRoundTrip(b *testing.B) {
-	for _, mode := range []string{"spin", "thread", "spin-sync"} {
-		b.Run(mode, func(b *testing.B) { preparedHalfRoundTrip(b, mode == "thread", mode == "spin-sync") })
+	for _, mode := range []string{"spin", "thread", "spin-sync", "direct"} {
+		b.Run(mode, func(b *testing.B) { preparedHalfRoundTrip(b, mode == "thread", mode == "spin-sync", mode == "direct") })
 	}
 }
 
 // syncFirst: the host waits for both streams before it waits for the requests, so
 // that no Wait loop progresses the workers while the kernels run.
-func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
+//
+// direct: the context has ContextParams.Device and the buffers are device memory, so
+// the partitions take the direct path: ucpx_pready copies into the peer's buffer and
+// stores its counter itself (the two workers are in one process: the allocation is
+// its own mapping), with no engine and no UCX on the path (spin progress).
+func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst, direct bool) {
 	g := requireGPU(b)
 	n := max(b.N, 200)
 	const partBytes = 64
@@ -74,7 +79,11 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 	kflag := float64(binary.LittleEndian.Uint64(res.Bytes()[8:])) / float64(n) / 1e3
 
 	// Two workers of one context over shared memory.
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	cp := ucp.ContextParams{}
+	if direct {
+		cp.Device = g.backend
+	}
+	uctx, err := ucp.NewContext(cp)
 	require.NoError(b, err)
 	defer uctx.Close()
 	wa, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: progressThread})
@@ -95,14 +104,32 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 	putMapped := putPingPong(b, wa, wb, toA, toB, n, g)
 
 	// The prepared ping-pong: A -> B on req 1, B -> A on req 2, one partition each.
-	outA, inA, outB, inB := g.mapped(b, partBytes), g.mapped(b, partBytes), g.mapped(b, partBytes), g.mapped(b, partBytes)
-	mk := func(init func(*ucp.Worker, []byte, prepare.Params) (*prepare.Request, error), w *ucp.Worker, buf []byte, peer *ucp.Endpoint, tag uint64) *prepare.Request {
-		r, err := init(w, buf, prepare.Params{Peer: peer, Tag: tag, Partitions: 1, Backend: g.backend})
+	type partBuf struct {
+		buf []byte
+		ptr uintptr
+	}
+	newBuf := func() partBuf {
+		if direct {
+			d, err := g.ctx.MemAlloc(partBytes)
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = d.Close() })
+			return partBuf{ucp.DeviceBuffer(d.Ptr(), partBytes), d.Ptr()}
+		}
+		m := g.mapped(b, partBytes)
+		return partBuf{m.Bytes(), m.DevicePtr()}
+	}
+	outA, inA, outB, inB := newBuf(), newBuf(), newBuf(), newBuf()
+	mt := ucp.MemoryHost
+	if direct {
+		mt = ucp.MemoryCUDA
+	}
+	mk := func(init func(*ucp.Worker, []byte, prepare.Params) (*prepare.Request, error), w *ucp.Worker, buf partBuf, peer *ucp.Endpoint, tag uint64) *prepare.Request {
+		r, err := init(w, buf.buf, prepare.Params{Peer: peer, Tag: tag, Partitions: 1, Backend: g.backend, MemoryType: mt})
 		require.NoError(b, err)
 		return r
 	}
-	send1, recv1 := mk(prepare.PsendInit, wa, outA.Bytes(), toB, 1), mk(prepare.PrecvInit, wb, inB.Bytes(), toA, 1)
-	send2, recv2 := mk(prepare.PsendInit, wb, outB.Bytes(), toA, 2), mk(prepare.PrecvInit, wa, inA.Bytes(), toB, 2)
+	send1, recv1 := mk(prepare.PsendInit, wa, outA, toB, 1), mk(prepare.PrecvInit, wb, inB, toA, 1)
+	send2, recv2 := mk(prepare.PsendInit, wb, outB, toA, 2), mk(prepare.PrecvInit, wa, inA, toB, 2)
 	reqs := []*prepare.Request{send1, recv1, send2, recv2}
 	defer func() {
 		for _, r := range reqs {
@@ -137,6 +164,7 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 		require.NoError(b, err)
 		return h.Kernel()
 	}
+
 	var kernelNs, abNs, baNs uint64
 	var launched time.Duration
 	b.ResetTimer()
@@ -147,9 +175,10 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst bool) {
 		require.NoError(b, recv2.Start())
 		require.NoError(b, send1.Start())
 		rh1, sh2, rh2, sh1 := handle(recv1), handle(send2), handle(recv2), handle(send1)
-		require.NoError(b, csb.LaunchKernel(pingpong, cuda.Linear(1, 128), sh2, rh1, outB.DevicePtr(), inB.DevicePtr(), seedB, uint32(0), sumsB.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
+		require.Equal(b, direct, sh1.PeerBuf != 0 && sh2.PeerBuf != 0, "direct path taken iff the context has a Device")
+		require.NoError(b, csb.LaunchKernel(pingpong, cuda.Linear(1, 128), sh2, rh1, outB.ptr, inB.ptr, seedB, uint32(0), sumsB.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
 		require.NoError(b, evStart.Record(csa))
-		require.NoError(b, csa.LaunchKernel(pingpong, cuda.Linear(1, 128), sh1, rh2, outA.DevicePtr(), inA.DevicePtr(), seedA, uint32(1), sumsA.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
+		require.NoError(b, csa.LaunchKernel(pingpong, cuda.Linear(1, 128), sh1, rh2, outA.ptr, inA.ptr, seedA, uint32(1), sumsA.DevicePtr(), stamps.DevicePtr(), failures.DevicePtr()))
 		require.NoError(b, evEnd.Record(csa))
 		if syncFirst {
 			require.NoError(b, sa.Synchronize())
