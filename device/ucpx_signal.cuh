@@ -209,9 +209,6 @@ typedef struct ucpx_partition_handle {
 #define UCPX_PART_DONE 1    /* arrived */
 #define UCPX_PART_FAILED -1 /* the peer failed, or p is not a partition of h */
 
-static __device__ __forceinline__ void ucpx_put_signal(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value);
-static __device__ __forceinline__ void ucpx_put_signal_block(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value);
-
 /*
  * Make sender partition p ready (MPI_Pready) from ONE thread: wait until the
  * receiver is ready for this iteration (its Start set ready flag p), take the
@@ -231,13 +228,18 @@ static __device__ __forceinline__ void ucpx_put_signal_block(void *dst, const vo
  * per iteration: a second call waits for a flag that is not set again before
  * the next iteration.
  */
+/* A direct-path sender's ready flag holds UCPX_PART_MOVED | i once the kernel
+ * moved the partition in iteration i: how the host sees the partition's send
+ * complete without waiting for the receiver. */
+#define UCPX_PART_MOVED (1ull << 63)
+
 /* Waits for ready flag p and takes it (stores 0); returns the iteration it held,
  * or 0 if the peer failed. */
 static __device__ __forceinline__ uint64_t ucpx_take_ready(ucpx_partition_handle h, uint64_t p)
 {
 	uint64_t *flag = h.words + p;
 	uint64_t v;
-	while ((v = ucpx_word_load_acquire(flag)) == 0) {
+	while ((v = ucpx_word_load_acquire(flag)) == 0 || (v & UCPX_PART_MOVED) != 0) {
 	}
 	if (v == h.failed)
 		return 0;
@@ -259,7 +261,12 @@ static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint
 		/* The direct path: the partition goes straight into the receiver's
 		 * buffer, then its arrival counter gets the iteration. */
 		uint64_t off = p * h.part_bytes;
-		ucpx_put_signal(h.peer_buf + off, h.buf + off, h.part_bytes, h.peer_words + p, v);
+		ucpx_copy_lanes(h.peer_buf + off, h.buf + off, h.part_bytes, 0, 1);
+		__threadfence_system();
+		/* Moved (the host's send completion) before the receiver can see it and
+		 * set the flag for its next iteration. */
+		ucpx_word_store_release(h.words + p, UCPX_PART_MOVED | v);
+		ucpx_word_store_release(h.peer_words + p, v);
 		return true;
 	}
 	__threadfence_system();
@@ -284,7 +291,9 @@ static __device__ __forceinline__ bool ucpx_pready_block(ucpx_partition_handle h
 			ok = ucpx_pready(h, p);
 		return __syncthreads_or(ok) != 0;
 	}
-	__shared__ uint64_t ucpx_ready_iteration;
+	/* volatile: the non-leading threads must read it after the barrier (clang
+	 * otherwise loads it early: nothing it sees writes shared memory). */
+	__shared__ volatile uint64_t ucpx_ready_iteration;
 	if (leader)
 		ucpx_ready_iteration = p < h.partitions ? ucpx_take_ready(h, p) : 0;
 	__syncthreads();
@@ -292,7 +301,14 @@ static __device__ __forceinline__ bool ucpx_pready_block(ucpx_partition_handle h
 	if (v == 0)
 		return false;
 	uint64_t off = p * h.part_bytes;
-	ucpx_put_signal_block(h.peer_buf + off, h.buf + off, h.part_bytes, h.peer_words + p, v);
+	uint64_t lane = threadIdx.x + (uint64_t)blockDim.x * (threadIdx.y + (uint64_t)blockDim.y * threadIdx.z);
+	ucpx_copy_lanes(h.peer_buf + off, h.buf + off, h.part_bytes, lane, (uint64_t)blockDim.x * blockDim.y * blockDim.z);
+	__threadfence_system();
+	__syncthreads();
+	if (leader) {
+		ucpx_word_store_release(h.words + p, UCPX_PART_MOVED | v);
+		ucpx_word_store_release(h.peer_words + p, v);
+	}
 	return true;
 }
 

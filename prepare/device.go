@@ -443,16 +443,19 @@ func PreadyHandle(h DeviceHandle, p int) error {
 		}
 		flag := r.words.Word(p)
 		switch v := flag.Load(); {
-		case readyValue(v) && flag.CompareAndSwap(v, 0):
+		case d.direct && readyValue(v) && flag.CompareAndSwap(v, movedBit|v):
+			// What ucpx_pready does on the direct path, through ucp: the flag marked
+			// moved (before the receiver can set it again), a copy into the receiver's
+			// buffer on the worker's stream, then the counter.
+			req, err := r.putLocked(p, nil, false)
+			if err == nil {
+				r.inflight = append(r.inflight, req)
+			}
+			r.mu.Unlock()
+			return err
+		case !d.direct && readyValue(v) && flag.CompareAndSwap(v, 0):
 			var err error
-			if d.direct {
-				// What ucpx_pready does on the direct path, through ucp: a copy into the
-				// receiver's buffer on the worker's stream, then the counter.
-				var req *ucp.Request
-				if req, err = r.putLocked(p, nil, false); err == nil {
-					r.inflight = append(r.inflight, req)
-				}
-			} else if d.kready != nil {
+			if d.kready != nil {
 				d.kready.Word(p).Store(h.TriggerValue)
 				d.kready.Notify()
 			} else {

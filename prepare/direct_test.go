@@ -230,10 +230,10 @@ func TestDirectHostGraph(t *testing.T) {
 
 // The kernel side of the direct path, played by the test on the fake device (its
 // memory is host memory): the sender's handle names this side's buffer and the
-// receiver's mapped buffer and counters, and making a partition ready is a copy then
-// the iteration into its counter, what ucpx_pready does on the GPU. The sender's Wait
-// completes through the receiver's acknowledgement alone: no ucpx operation moved
-// anything.
+// receiver's mapped buffer and counters, and making a partition ready is a copy, the
+// flag marked moved, then the iteration into the counter, what ucpx_pready does on the
+// GPU. The sender's Wait completes on the marks alone — before the receiver's Wait
+// ran, in the same goroutine — and no ucpx operation moved anything.
 func TestDirectKernelHandle(t *testing.T) {
 	l, dev := ipcLink(t)
 	const parts, size, iters = 4, 2048, 20
@@ -254,19 +254,18 @@ func TestDirectKernelHandle(t *testing.T) {
 		for p := range parts {
 			flag := word(h.Words + uintptr(8*p))
 			var v uint64
-			for v = atomic.LoadUint64(flag); v == 0; v = atomic.LoadUint64(flag) {
+			for v = atomic.LoadUint64(flag); v == 0 || v>>63 != 0; v = atomic.LoadUint64(flag) {
 				l.s.Progress() // the receiver's readiness is a UCX put
 			}
 			require.EqualValues(t, it, v, "the ready flag holds the iteration")
 			atomic.StoreUint64(flag, 0)
 			copy(ucp.DeviceBuffer(h.PeerBuf+uintptr(p*size), size), sbuf[p*size:(p+1)*size])
+			atomic.StoreUint64(flag, 1<<63|v) // UCPX_PART_MOVED
 			atomic.StoreUint64(word(h.PeerWords+uintptr(8*p)), v)
 		}
-		sendDone := make(chan error, 1)
-		go func() { sendDone <- send.Wait(ctx) }()
+		require.NoError(t, send.Wait(ctx))
 		require.NoError(t, recv.Wait(ctx))
 		require.NoError(t, checkFilled(rbuf, it))
-		require.NoError(t, <-sendDone)
 	}
 	require.Equal(t, uint64(iters), send.Stats().Iterations)
 	require.Equal(t, putsBefore, send.Stats().Puts, "no put was issued: the kernel moved every partition")

@@ -330,7 +330,7 @@ func (r *Request) fail(err error) {
 	// receiver stream's GEQ wait and a sender stream's AND 1 wait, so no stream stays
 	// blocked on a dead peer.
 	r.storeFailedLocked()
-	hold := r.directGraph
+	hold := r.directGraph || (r.dev != nil && r.dev.direct)
 	r.mu.Unlock()
 	r.failDevice()
 	if hold {
@@ -339,8 +339,9 @@ func (r *Request) fail(err error) {
 }
 
 // holdFailed keeps the failure value in a failed sender's ready flags until Free: a
-// direct graph node clears its flag at every launch, and each later launch must still
-// find the failure value instead of waiting for a receiver that is gone.
+// direct graph node clears its flag at every launch and a direct kernel marks it
+// moved, and each later launch must still find the failure value instead of waiting
+// for a receiver that is gone.
 func (r *Request) holdFailed() {
 	for {
 		time.Sleep(100 * time.Microsecond)
@@ -350,7 +351,7 @@ func (r *Request) holdFailed() {
 			return
 		}
 		for i := range r.words.Len() {
-			if r.words.Word(i).Load() == 0 {
+			if v := r.words.Word(i).Load(); v == 0 || v&movedBit != 0 {
 				r.words.Word(i).Store(failedWord)
 			}
 		}
@@ -363,8 +364,26 @@ func (r *Request) holdFailed() {
 // an arrival counter GEQ the iteration) and odd (an AND 1 wait holds).
 const failedWord = 1<<62 | 1
 
-// readyValue reports whether a ready flag holds an iteration (not 0, not failedWord).
-func readyValue(v uint64) bool { return v != 0 && v != failedWord }
+// movedBit marks a direct-path sender's ready flag once a kernel moved the
+// partition (UCPX_PART_MOVED | iteration, device/ucpx_signal.cuh).
+const movedBit = 1 << 63
+
+// readyValue reports whether a ready flag holds an iteration (not 0, not failedWord,
+// not moved).
+func readyValue(v uint64) bool { return v != 0 && v != failedWord && v&movedBit == 0 }
+
+// movedLocked reports whether a kernel moved every partition of the current iteration
+// on the direct path: each flag holds movedBit|iteration, or already a later iteration
+// the receiver started after seeing it. Caller holds r.mu.
+func (r *Request) movedLocked() bool {
+	for p := range r.parts {
+		v := r.words.Word(p).Load()
+		if v != movedBit|r.iter && (!readyValue(v) || int64(v-r.iter) <= 0) {
+			return false
+		}
+	}
+	return true
+}
 
 // takeReady takes a ready flag that holds an iteration (stores 0).
 func takeReady(flag *stream.Word) bool {
@@ -823,9 +842,8 @@ func (r *Request) testLocked() (bool, error) {
 				return false, nil
 			}
 		}
-		if d := r.dev; d != nil && d.direct && d.armed == r.iter && r.iterErr == nil && int64(r.ack.load()-r.iter) < 0 {
-			// A kernel moved the partitions: the host sees their end only in the
-			// receiver's acknowledgement (this Test progressed the worker).
+		if d := r.dev; d != nil && d.direct && d.armed == r.iter && r.iterErr == nil && !r.movedLocked() {
+			// A kernel moves the partitions; each marks its flag once it did.
 			return false, nil
 		}
 		if r.iterErr == nil && len(r.inflight) > 0 && int64(r.ack.load()-r.iter) < 0 {
