@@ -277,8 +277,8 @@ type MemH struct {
 	ipcExport *protocol.IPCMessage
 	// shared: Signals in a shared segment; packed keys name it (sharedwords.go).
 	shared *streamcore.SharedWords
-	pin       runtime.Pinner
-	closed    bool // under ctx.mu
+	pin    runtime.Pinner
+	closed bool // under ctx.mu
 	// keyID names the region in its packed rkeys; importers are the peers that
 	// unpacked them (under ctx.mu). revoked: Close began, no new keys.
 	keyID     uint64

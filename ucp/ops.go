@@ -412,17 +412,17 @@ func (m *MemH) rawOrNil() *ucx.MemH {
 
 // Rkey is an unpacked remote key (ucp_rkey_h) for one endpoint.
 type Rkey struct {
-	ep     *Endpoint
-	raw    *ucx.Rkey // nil for a device region mapped by CUDA IPC
-	ipc    *rkeyIPC  // the mapping of such a region
+	ep  *Endpoint
+	raw *ucx.Rkey // nil for a device region mapped by CUDA IPC
+	ipc *rkeyIPC  // the mapping of such a region
 	// shared: a peer's shared signal words mapped here (sharedwords.go); set once
 	// after UnpackRkey mapped them, under ep.w.mu.
 	shared *rkeyIPC
 	// addressed: DeviceAddress handed out an address (under ep.w.mu).
 	addressed bool
-	base   uint64
-	length uint64
-	closed bool // under ep.w.mu
+	base      uint64
+	length    uint64
+	closed    bool // under ep.w.mu
 	// exporter and keyID name the region for revocation (revoke.go); revoked: its
 	// owner revoked it (under ep.w.mu).
 	exporter [idLen]byte
