@@ -344,7 +344,7 @@ func (r *Request) fail(err error) {
 // for a receiver that is gone.
 func (r *Request) holdFailed() {
 	for {
-		time.Sleep(100 * time.Microsecond)
+		time.Sleep(time.Millisecond)
 		r.mu.Lock()
 		if r.freed {
 			r.mu.Unlock()
