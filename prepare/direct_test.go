@@ -10,8 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ucpx/ucpx/condition"
-	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 	"github.com/ucpx/ucpx/prepare"
 	"github.com/ucpx/ucpx/stream"
@@ -181,49 +179,7 @@ func TestDirectHostGraph(t *testing.T) {
 		launches = 50
 	}
 	send, recv, sbuf, rbuf := devicePair(t, l, dev, parts*size, parts, parts, 8)
-	g := graph.NewHost()
-	launch := 0
-	for p := range parts {
-		part := sbuf[p*size : (p+1)*size]
-		produce, err := g.AddTask(nil, func() error { fill(part, launch+p); return nil })
-		require.NoError(t, err)
-		_, err = send.PreadyNode(g, []condition.Node{produce}, p)
-		require.NoError(t, err)
-	}
-	exec, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := dev.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	recvDone := make(chan error, 1)
-	go func() {
-		for i := 1; i <= launches; i++ {
-			if err := recv.Start(); err != nil {
-				recvDone <- err
-				return
-			}
-			if err := recv.Wait(ctx); err != nil {
-				recvDone <- err
-				return
-			}
-			for p := range parts {
-				if err := checkFilled(rbuf[p*size:(p+1)*size], i+p); err != nil {
-					recvDone <- err
-					return
-				}
-			}
-		}
-		recvDone <- nil
-	}()
-	for i := 1; i <= launches; i++ {
-		require.NoError(t, s.LaunchHostFunc(func() { launch = i }))
-		require.NoError(t, exec.Launch(s))
-	}
-	require.NoError(t, <-recvDone)
-	require.NoError(t, s.Synchronize())
-	require.NoError(t, exec.Close())
+	hostGraphLaunches(t, dev, send, recv, sbuf, rbuf, parts, size, launches)
 	require.Equal(t, uint64(launches), recv.Stats().Iterations)
 	require.Equal(t, uint64(parts), send.Stats().Puts, "one set of nodes per partition, nothing per launch")
 }

@@ -454,48 +454,7 @@ func TestPartitionedHostGraph(t *testing.T) {
 	// One call progresses both workers.
 	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
 
-	g := graph.NewHost()
-	launch := 0
-	for p := range parts {
-		part := sbuf[p*size : (p+1)*size]
-		produce, err := g.AddTask(nil, func() error { fill(part, launch+p); return nil })
-		require.NoError(t, err)
-		_, err = send.PreadyNode(g, []condition.Node{produce}, p)
-		require.NoError(t, err)
-	}
-	exec, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-
-	recvDone := make(chan error, 1)
-	go func() {
-		for i := 1; i <= launches; i++ {
-			if err := recv.Start(); err != nil {
-				recvDone <- err
-				return
-			}
-			if err := recv.Wait(ctx); err != nil {
-				recvDone <- err
-				return
-			}
-			for p := range parts {
-				if err := checkFilled(rbuf[p*size:(p+1)*size], i+p); err != nil {
-					recvDone <- err
-					return
-				}
-			}
-		}
-		recvDone <- nil
-	}()
-	for i := 1; i <= launches; i++ {
-		require.NoError(t, s.LaunchHostFunc(func() { launch = i }))
-		require.NoError(t, exec.Launch(s))
-	}
-	require.NoError(t, <-recvDone)
-	require.NoError(t, s.Synchronize())
-	require.NoError(t, exec.Close())
+	hostGraphLaunches(t, b, send, recv, sbuf, rbuf, parts, size, launches)
 	require.NoError(t, send.Free())
 	require.NoError(t, recv.Free())
 	require.Equal(t, uint64(1), send.Stats().TagMatches)
@@ -524,4 +483,55 @@ func TestPrepareHandshakeBeforePeerInit(t *testing.T) {
 	require.NoError(t, <-sent)
 	require.Equal(t, uint64(1), recv.Stats().TagMatches)
 	iterate(t, send, recv, sbuf, rbuf, 3, inOrder(2))
+}
+
+// hostGraphLaunches builds a host graph that fills each partition with the launch
+// number and makes it ready with PreadyNode, launches it launches times on a stream
+// of b, and checks every launch's data at the receiver (which Starts and Waits once
+// per launch).
+func hostGraphLaunches(t *testing.T, b stream.Backend, send, recv *prepare.Request, sbuf, rbuf []byte, parts, size, launches int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := graph.NewHost()
+	launch := 0
+	for p := range parts {
+		part := sbuf[p*size : (p+1)*size]
+		produce, err := g.AddTask(nil, func() error { fill(part, launch+p); return nil })
+		require.NoError(t, err)
+		_, err = send.PreadyNode(g, []condition.Node{produce}, p)
+		require.NoError(t, err)
+	}
+	exec, err := g.Instantiate()
+	require.NoError(t, err)
+	defer exec.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	recvDone := make(chan error, 1)
+	go func() {
+		for i := 1; i <= launches; i++ {
+			if err := recv.Start(); err != nil {
+				recvDone <- err
+				return
+			}
+			if err := recv.Wait(ctx); err != nil {
+				recvDone <- err
+				return
+			}
+			for p := range parts {
+				if err := checkFilled(rbuf[p*size:(p+1)*size], i+p); err != nil {
+					recvDone <- err
+					return
+				}
+			}
+		}
+		recvDone <- nil
+	}()
+	for i := 1; i <= launches; i++ {
+		require.NoError(t, s.LaunchHostFunc(func() { launch = i }))
+		require.NoError(t, exec.Launch(s))
+	}
+	require.NoError(t, <-recvDone)
+	require.NoError(t, s.Synchronize())
 }
