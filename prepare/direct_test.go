@@ -113,25 +113,7 @@ func TestDirectOnStreamsAndTwins(t *testing.T) {
 	defer rs.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for i := 1; i <= iters; i++ {
-		require.NoError(t, recv.Start())
-		require.NoError(t, send.Start())
-		bad := make(chan error, parts)
-		for p := parts - 1; p >= 0; p-- {
-			part := sbuf[p*size : (p+1)*size]
-			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
-			require.NoError(t, send.PreadyOnStream(ss, p))
-			require.NoError(t, recv.ArrivedOnStream(rs, p))
-			got := rbuf[p*size : (p+1)*size]
-			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
-		}
-		require.NoError(t, rs.Synchronize())
-		for range parts {
-			require.NoError(t, <-bad)
-		}
-		require.NoError(t, recv.Wait(ctx))
-		require.NoError(t, send.Wait(ctx))
-	}
+	onStreamIterations(ctx, t, send, recv, sbuf, rbuf, ss, rs, parts, size, iters)
 	for i := iters + 1; i <= iters+10; i++ {
 		require.NoError(t, twinIteration(ctx, send, recv, sbuf, rbuf, i, inOrder(parts)(i)))
 	}

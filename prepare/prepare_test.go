@@ -410,25 +410,7 @@ func partitionedOnStreams(t *testing.T, l *link, mod func(prepare.Params) prepar
 	defer cancel()
 	// One call progresses both workers.
 	require.NoError(t, prepare.PrepareAll(ctx, send, recv))
-	for i := 1; i <= iters; i++ {
-		require.NoError(t, recv.Start())
-		require.NoError(t, send.Start())
-		bad := make(chan error, parts)
-		for p := parts - 1; p >= 0; p-- {
-			part := sbuf[p*size : (p+1)*size]
-			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
-			require.NoError(t, send.PreadyOnStream(ss, p))
-			require.NoError(t, recv.ArrivedOnStream(rs, p))
-			got := rbuf[p*size : (p+1)*size]
-			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
-		}
-		require.NoError(t, rs.Synchronize())
-		for range parts {
-			require.NoError(t, <-bad)
-		}
-		require.NoError(t, recv.Wait(ctx))
-		require.NoError(t, send.Wait(ctx))
-	}
+	onStreamIterations(ctx, t, send, recv, sbuf, rbuf, ss, rs, parts, size, iters)
 	require.Equal(t, uint64(iters), recv.Stats().Iterations)
 }
 
@@ -534,4 +516,30 @@ func hostGraphLaunches(t *testing.T, b stream.Backend, send, recv *prepare.Reque
 	}
 	require.NoError(t, <-recvDone)
 	require.NoError(t, s.Synchronize())
+}
+
+// onStreamIterations runs iterations with every partition made ready in stream order
+// on ss (after a fill on ss, last partition first) and seen arriving in stream order
+// on rs, where its bytes are checked.
+func onStreamIterations(ctx context.Context, t *testing.T, send, recv *prepare.Request, sbuf, rbuf []byte, ss, rs stream.Stream, parts, size, iters int) {
+	t.Helper()
+	for i := 1; i <= iters; i++ {
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		bad := make(chan error, parts)
+		for p := parts - 1; p >= 0; p-- {
+			part := sbuf[p*size : (p+1)*size]
+			require.NoError(t, ss.LaunchHostFunc(func() { fill(part, i+p) }))
+			require.NoError(t, send.PreadyOnStream(ss, p))
+			require.NoError(t, recv.ArrivedOnStream(rs, p))
+			got := rbuf[p*size : (p+1)*size]
+			require.NoError(t, rs.LaunchHostFunc(func() { bad <- checkFilled(got, i+p) }))
+		}
+		require.NoError(t, rs.Synchronize())
+		for range parts {
+			require.NoError(t, <-bad)
+		}
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, send.Wait(ctx))
+	}
 }
