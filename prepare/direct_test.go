@@ -29,27 +29,7 @@ func ipcLink(t testing.TB) (*link, *fakeipc.Device) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = host.Close() })
 	dev := fakeipc.New(host, fakeUUID)
-	l := &link{}
-	l.ctxS, err = ucp.NewContext(ucp.ContextParams{Device: dev})
-	require.NoError(t, err)
-	l.ctxR, err = ucp.NewContext(ucp.ContextParams{Device: dev})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = l.ctxS.Close()
-		_ = l.ctxR.Close()
-	})
-	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
-	l.r, err = l.ctxR.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
-	as, err := l.s.Address()
-	require.NoError(t, err)
-	ar, err := l.r.Address()
-	require.NoError(t, err)
-	l.toR, err = l.s.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	l.toS, err = l.r.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
+	l := addressLink(t, ucp.ContextParams{Device: dev})
 	return l, dev
 }
 

@@ -24,13 +24,16 @@ type link struct {
 }
 
 // shmLink connects two workers by worker address (shared memory).
-func shmLink(t testing.TB) *link {
+func shmLink(t testing.TB) *link { return addressLink(t, ucp.ContextParams{}) }
+
+// addressLink is shmLink with both contexts made with cp.
+func addressLink(t testing.TB, cp ucp.ContextParams) *link {
 	t.Helper()
 	l := &link{}
 	var err error
-	l.ctxS, err = ucp.NewContext(ucp.ContextParams{})
+	l.ctxS, err = ucp.NewContext(cp)
 	require.NoError(t, err)
-	l.ctxR, err = ucp.NewContext(ucp.ContextParams{})
+	l.ctxR, err = ucp.NewContext(cp)
 	require.NoError(t, err)
 	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
