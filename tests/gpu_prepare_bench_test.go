@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"testing"
 	"time"
 
@@ -333,4 +334,117 @@ func echoFlag(trig, done *stream.Word) (stop func()) {
 		}
 	}()
 	return func() { close(quit) }
+}
+
+// BenchmarkGPUPreparedDirectBandwidth: prepared partitions between two workers of one
+// process (no context switch to pay), 8 partitions made ready in stream order
+// (PreadyOnStream), the receiver waiting on the host, against a device-to-device
+// cuMemcpyAsync of the whole buffer in the same run:
+//
+//	direct-GBps   ContextParams.Device: each partition one copy into the receiver's buffer
+//	staged-GBps   no Device: each partition through a host copy of the buffer
+//	copy-GBps     the raw copy
+//	ratio         direct / copy (the copy engine is the floor)
+//	ratio-staged  direct / staged
+//
+// The receiver's buffer is checksummed on the device after the last iteration.
+func BenchmarkGPUPreparedDirectBandwidth(b *testing.B) {
+	for _, size := range []int{4 << 20, 64 << 20, 256 << 20} {
+		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) { preparedBandwidth(b, size) })
+	}
+}
+
+func preparedBandwidth(b *testing.B, n int) {
+	g := requireGPU(b)
+	const parts = 8
+	iters := max(b.N, 20)
+	src, err := g.ctx.MemAlloc(n)
+	require.NoError(b, err)
+	defer src.Close()
+	dst, err := g.ctx.MemAlloc(n)
+	require.NoError(b, err)
+	defer dst.Close()
+	s := g.stream(b)
+	cs, _ := stream.CUDAStream(s)
+	require.NoError(b, cs.LaunchKernel(g.fill, cuda.Linear(1024, 256), src.Ptr(), uint64(n), uint32(7)))
+	require.NoError(b, s.Synchronize())
+	want := partSum(0, n, 7)
+
+	// The floor: one device-to-device copy of the whole buffer.
+	t0 := time.Now()
+	for range iters {
+		require.NoError(b, s.Copy(dst.Ptr(), src.Ptr(), n))
+	}
+	require.NoError(b, s.Synchronize())
+	copyGBps := float64(n) * float64(iters) / time.Since(t0).Seconds() / 1e9
+
+	run := func(device bool) float64 {
+		cp := ucp.ContextParams{}
+		if device {
+			cp.Device = g.backend
+		}
+		uctx, err := ucp.NewContext(cp)
+		require.NoError(b, err)
+		defer uctx.Close()
+		ws, err := uctx.NewWorker(ucp.WorkerParams{})
+		require.NoError(b, err)
+		wr, err := uctx.NewWorker(ucp.WorkerParams{})
+		require.NoError(b, err)
+		as, err := ws.Address()
+		require.NoError(b, err)
+		ar, err := wr.Address()
+		require.NoError(b, err)
+		toR, err := ws.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
+		require.NoError(b, err)
+		toS, err := wr.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
+		require.NoError(b, err)
+		require.NoError(b, cs.MemsetD8(dst.Ptr(), 0, n))
+		require.NoError(b, s.Synchronize())
+		send, err := prepare.PsendInit(ws, ucp.DeviceBuffer(src.Ptr(), n), prepare.Params{Peer: toR, Tag: 0xb1, Partitions: parts, Backend: g.backend, MemoryType: ucp.MemoryCUDA})
+		require.NoError(b, err)
+		recv, err := prepare.PrecvInit(wr, ucp.DeviceBuffer(dst.Ptr(), n), prepare.Params{Peer: toS, Tag: 0xb1, Partitions: parts, Backend: g.backend, MemoryType: ucp.MemoryCUDA})
+		require.NoError(b, err)
+		defer func() {
+			stop := progressWhile(ws)
+			_ = recv.Free()
+			stop()
+			_ = send.Free()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		require.NoError(b, prepare.PrepareAll(ctx, send, recv))
+		stopS, stopR := spinProgress(ws), spinProgress(wr)
+		defer stopS()
+		defer stopR()
+		iteration := func() {
+			require.NoError(b, recv.Start())
+			require.NoError(b, send.Start())
+			for p := range parts {
+				require.NoError(b, send.PreadyOnStream(s, p))
+			}
+			require.NoError(b, recv.Wait(ctx))
+			require.NoError(b, send.Wait(ctx))
+		}
+		iteration() // warm: mappings, staging memory
+		t0 := time.Now()
+		for range iters {
+			iteration()
+		}
+		gbps := float64(n) * float64(iters) / time.Since(t0).Seconds() / 1e9
+		sum := g.deviceSum(b, s, dst.Ptr(), n)
+		require.NoError(b, s.Synchronize())
+		require.Equal(b, want, sum(), "the receiver's buffer (device=%v)", device)
+		staged := ws.StagingStats().Bytes + wr.StagingStats().Bytes
+		if device {
+			require.Zero(b, staged, "the direct path stages nothing")
+		}
+		return gbps
+	}
+	direct := run(true)
+	staged := run(false)
+	b.ReportMetric(direct, "direct-GBps")
+	b.ReportMetric(staged, "staged-GBps")
+	b.ReportMetric(copyGBps, "copy-GBps")
+	b.ReportMetric(direct/copyGBps, "ratio")
+	b.ReportMetric(direct/staged, "ratio-staged")
 }
