@@ -416,21 +416,35 @@ func preparedBandwidth(b *testing.B, n int) {
 		stopS, stopR := spinProgress(ws), spinProgress(wr)
 		defer stopS()
 		defer stopR()
+		var enq, rwait, swait time.Duration
 		iteration := func() {
+			t0 := time.Now()
 			require.NoError(b, recv.Start())
 			require.NoError(b, send.Start())
 			for p := range parts {
 				require.NoError(b, send.PreadyOnStream(s, p))
 			}
+			t1 := time.Now()
 			require.NoError(b, recv.Wait(ctx))
+			t2 := time.Now()
 			require.NoError(b, send.Wait(ctx))
+			enq, rwait, swait = enq+t1.Sub(t0), rwait+time.Since(t1)-time.Since(t2), swait+time.Since(t2)
 		}
 		iteration() // warm: mappings, staging memory
+		enq, rwait, swait = 0, 0, 0
 		t0 := time.Now()
 		for range iters {
 			iteration()
 		}
 		gbps := float64(n) * float64(iters) / time.Since(t0).Seconds() / 1e9
+		mode := "staged"
+		if device {
+			mode = "direct"
+		}
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(iters) }
+		b.ReportMetric(per(enq), mode+"-enqueue-us")
+		b.ReportMetric(per(rwait), mode+"-recv-wait-us")
+		b.ReportMetric(per(swait), mode+"-send-wait-us")
 		sum := g.deviceSum(b, s, dst.Ptr(), n)
 		require.NoError(b, s.Synchronize())
 		require.Equal(b, want, sum(), "the receiver's buffer (device=%v)", device)
