@@ -386,9 +386,11 @@ func preparedBandwidth(b *testing.B, n int) {
 		uctx, err := ucp.NewContext(cp)
 		require.NoError(b, err)
 		defer uctx.Close()
-		ws, err := uctx.NewWorker(ucp.WorkerParams{})
+		// The library's progress threads (they park on the event fd): spinning
+		// goroutines would take the worker's lock from every enqueue.
+		ws, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: true})
 		require.NoError(b, err)
-		wr, err := uctx.NewWorker(ucp.WorkerParams{})
+		wr, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: true})
 		require.NoError(b, err)
 		as, err := ws.Address()
 		require.NoError(b, err)
@@ -405,17 +407,12 @@ func preparedBandwidth(b *testing.B, n int) {
 		recv, err := prepare.PrecvInit(wr, ucp.DeviceBuffer(dst.Ptr(), n), prepare.Params{Peer: toS, Tag: 0xb1, Partitions: parts, Backend: g.backend, MemoryType: ucp.MemoryCUDA})
 		require.NoError(b, err)
 		defer func() {
-			stop := progressWhile(ws)
 			_ = recv.Free()
-			stop()
 			_ = send.Free()
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		require.NoError(b, prepare.PrepareAll(ctx, send, recv))
-		stopS, stopR := spinProgress(ws), spinProgress(wr)
-		defer stopS()
-		defer stopR()
 		var enq, rwait, swait time.Duration
 		iteration := func() {
 			t0 := time.Now()
