@@ -408,7 +408,9 @@ func preparedBandwidth(b *testing.B, n int) {
 		recv, err := prepare.PrecvInit(wr, ucp.DeviceBuffer(dst.Ptr(), n), prepare.Params{Peer: toS, Tag: 0xb1, Partitions: parts, Backend: g.backend, MemoryType: ucp.MemoryCUDA})
 		require.NoError(b, err)
 		defer func() {
+			stop := progressWhile(ws) // the sender acknowledges the revocation of the receiver's buffer
 			_ = recv.Free()
+			stop()
 			_ = send.Free()
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
