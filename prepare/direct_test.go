@@ -191,3 +191,53 @@ func TestDirectKernelHandle(t *testing.T) {
 
 // word is the 8-byte word at a fake device address (host memory).
 func word(addr uintptr) *uint64 { return (*uint64)(unsafe.Pointer(&ucp.DeviceBuffer(addr, 8)[0])) }
+
+// A device buffer sent to a host buffer, and a host buffer sent to a device buffer,
+// on contexts with the fake device: each side decides alone, and ucp moves what the
+// other side's key allows (staging the device side for the host receiver, copying
+// into the mapped device buffer for the host sender). Partitions made ready together
+// move as runs.
+func TestDirectMixedSides(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		sendDev, recvDev   bool
+		wantSend, wantRecv bool
+	}{
+		{"device to host", true, false, true, false},
+		{"host to device", false, true, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, dev := ipcLink(t)
+			const parts, size = 8, 1024
+			buf := func(device bool) ([]byte, ucp.MemoryType) {
+				if !device {
+					return make([]byte, parts*size), ucp.MemoryHost
+				}
+				a := fakeipc.Malloc(parts * size)
+				t.Cleanup(a.Free)
+				return a.Bytes(), ucp.MemoryCUDA
+			}
+			sbuf, smt := buf(tc.sendDev)
+			rbuf, rmt := buf(tc.recvDev)
+			send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 12, Partitions: parts, Backend: dev, MemoryType: smt})
+			require.NoError(t, err)
+			recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 12, Partitions: parts / 2, Backend: dev, MemoryType: rmt})
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				stop := progressWhile(l.s)
+				_ = recv.Free()
+				stop()
+				_ = send.Free()
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			require.NoError(t, prepare.PrepareAll(ctx, send, recv))
+			require.Equal(t, tc.wantSend, prepare.Direct(send))
+			require.Equal(t, tc.wantRecv, prepare.Direct(recv))
+			// In order: the partitions ready before the receiver's readiness move as
+			// runs; reversed: one by one.
+			iterate(t, send, recv, sbuf, rbuf, 5, reverse(parts))
+			iterate(t, send, recv, sbuf, rbuf, 10, inOrder(parts))
+		})
+	}
+}

@@ -604,9 +604,10 @@ func (r *Request) pumpLocked() error {
 // the receiver's readiness arrived, cost two operations instead of three each.
 // Caller holds r.mu.
 func (r *Request) moveRunLocked(lo, hi int) error {
-	if lo < hi && r.remote.bufKey.Device() {
-		// A copy on a stream and a UCX put of the counters are not ordered: each
-		// partition is one put-with-signal, its word written by the copy's stream.
+	if lo < hi && (r.direct || r.remote.bufKey.Device()) {
+		// A copy on a stream (into a mapped device buffer, or ucp's staging of this
+		// side's device buffer) and a UCX put of the counters are not ordered by a
+		// fence: each partition is one put-with-signal, which orders its own two.
 		for p := lo; p <= hi; p++ {
 			if err := r.moveRunLocked(p, p); err != nil {
 				return err

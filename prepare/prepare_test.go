@@ -157,21 +157,20 @@ func iterate(t testing.TB, send, recv *prepare.Request, sbuf, rbuf []byte, iters
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 1; i <= iters; i++ {
-			if err := recv.Start(); err != nil {
-				recvErr <- err
-				return
+		recvErr <- func() error {
+			for i := 1; i <= iters; i++ {
+				if err := recv.Start(); err != nil {
+					return err
+				}
+				if err := recv.Wait(ctx); err != nil {
+					return err
+				}
+				if err := checkFilled(rbuf, i); err != nil {
+					return err
+				}
 			}
-			if err := recv.Wait(ctx); err != nil {
-				recvErr <- err
-				return
-			}
-			if err := checkFilled(rbuf, i); err != nil {
-				recvErr <- err
-				return
-			}
-		}
-		recvErr <- nil
+			return nil
+		}()
 	}()
 	for i := 1; i <= iters; i++ {
 		require.NoError(t, send.Start())
@@ -179,7 +178,14 @@ func iterate(t testing.TB, send, recv *prepare.Request, sbuf, rbuf []byte, iters
 		for _, p := range order(i) {
 			require.NoError(t, send.Pready(p))
 		}
-		require.NoError(t, send.Wait(ctx))
+		if err := send.Wait(ctx); err != nil {
+			select {
+			case rerr := <-recvErr: // the receiver stopped first: its error is the cause
+				require.NoError(t, rerr, "receiver")
+			default:
+			}
+			require.NoError(t, err, "iteration %d", i)
+		}
 	}
 	wg.Wait()
 	require.NoError(t, <-recvErr)

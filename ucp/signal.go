@@ -81,6 +81,12 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 			return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
 		})
 	}
+	if ep.w.stagesPlain(p) {
+		// A device buffer (or StageAlways) to a key UCX moves: through staging, as PutNbx.
+		return ep.w.stagedPlain(op, p, buf, protocol.Out, func(b []byte, ip *RequestParam) (*Request, error) {
+			return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
+		})
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
