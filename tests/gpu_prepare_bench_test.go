@@ -347,6 +347,9 @@ func echoFlag(trig, done *stream.Word) (stop func()) {
 //	ratio         direct / copy (the copy engine is the floor)
 //	ratio-staged  direct / staged
 //
+// and each mode's enqueue (Start on both sides and the PreadyOnStream calls), and the
+// direct mode again with goroutines polling both workers (direct-polled-*).
+//
 // The receiver's buffer is checksummed on the device after the last iteration.
 func BenchmarkGPUPreparedDirectBandwidth(b *testing.B) {
 	for _, size := range []int{4 << 20, 64 << 20, 256 << 20} {
@@ -378,7 +381,7 @@ func preparedBandwidth(b *testing.B, n int) {
 	require.NoError(b, s.Synchronize())
 	copyGBps := float64(n) * float64(iters) / time.Since(t0).Seconds() / 1e9
 
-	run := func(device bool) float64 {
+	run := func(device, polled bool) float64 {
 		cp := ucp.ContextParams{}
 		if device {
 			cp.Device = g.backend
@@ -416,6 +419,13 @@ func preparedBandwidth(b *testing.B, n int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		require.NoError(b, prepare.PrepareAll(ctx, send, recv))
+		if polled {
+			// Goroutines polling both workers meanwhile, as a user's progress loop
+			// would: every enqueue contends with them for the worker's lock.
+			stopS, stopR := spinProgress(ws), spinProgress(wr)
+			defer stopS()
+			defer stopR()
+		}
 		var enq, rwait, swait time.Duration
 		iteration := func() {
 			t0 := time.Now()
@@ -448,6 +458,9 @@ func preparedBandwidth(b *testing.B, n int) {
 		if device {
 			mode = "direct"
 		}
+		if polled {
+			mode += "-polled"
+		}
 		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(iters) }
 		b.ReportMetric(per(enq), mode+"-enqueue-us")
 		b.ReportMetric(per(rwait), mode+"-recv-done-us")
@@ -461,8 +474,9 @@ func preparedBandwidth(b *testing.B, n int) {
 		}
 		return gbps
 	}
-	direct := run(true)
-	staged := run(false)
+	direct := run(true, false)
+	run(true, true)
+	staged := run(false, false)
 	b.ReportMetric(direct, "direct-GBps")
 	b.ReportMetric(staged, "staged-GBps")
 	b.ReportMetric(copyGBps, "copy-GBps")

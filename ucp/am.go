@@ -218,7 +218,7 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 		})
 	}
 	w := ep.w
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, err

@@ -318,7 +318,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		r.pin.Pin(&buf[0])
 		r.pinned = true
 	}
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	fail := func(err error) (*Request, error) {
 		r.unpinIPC(nil)

@@ -100,7 +100,7 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 		})
 	}
 	w := ep.w
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked("tag_send_nbx"); err != nil {
 		return nil, err
@@ -136,7 +136,7 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 			return w.TagRecvNbx(b, tag, mask, ip)
 		})
 	}
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
 		return nil, opErr("tag_recv_nbx", ErrClosed, "")
@@ -206,7 +206,7 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 		})
 	}
 	w := ep.w
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, err
@@ -282,7 +282,7 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 		})
 	}
 	w := ep.w
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, err
@@ -360,7 +360,7 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 		})
 	}
 	w := ep.w
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked("ep_flush_nbx"); err != nil {
 		return nil, err
@@ -384,7 +384,7 @@ func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
 			return w.FlushNbx(ip)
 		})
 	}
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
 		return nil, opErr("worker_flush_nbx", ErrClosed, "")

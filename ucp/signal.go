@@ -88,7 +88,7 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 		})
 	}
 	w := ep.w
-	w.mu.Lock()
+	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, err

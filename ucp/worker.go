@@ -209,6 +209,18 @@ func (w *Worker) stepAside() {
 	}
 }
 
+// lockIssue takes mu for an nbx call. When mu is busy it sets the yield word while it
+// waits, so that polling loops (a progress thread, a user's Progress loop, a Wait's
+// spin) step aside instead of retaking mu ahead of the call again and again.
+func (w *Worker) lockIssue() {
+	if w.mu.TryLock() {
+		return
+	}
+	atomic.AddUint32(w.yield, 1)
+	w.mu.Lock()
+	atomic.AddUint32(w.yield, ^uint32(0))
+}
+
 // issueLocking runs issue, an nbx call that takes mu, with the yield word set so that
 // waits holding mu in a spin let go within one progress call.
 func (w *Worker) issueLocking(issue func() (*Request, error)) (*Request, error) {
