@@ -450,6 +450,8 @@ func PreadyHandle(h DeviceHandle, p int) error {
 			req, err := r.putLocked(p, nil, false)
 			if err == nil {
 				r.inflight = append(r.inflight, req)
+			} else if r.iterErr == nil {
+				r.iterErr = fmt.Errorf("%s: partition %d: %w", op, p, err) // marked moved, but it did not
 			}
 			r.mu.Unlock()
 			return err

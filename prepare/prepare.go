@@ -106,8 +106,9 @@ type Request struct {
 	copyWord *cuda.Function
 
 	// Words of this side: a sender's ready flags (one per own partition, set to the
-	// iteration by the receiver's Start, taken by storing 0), a receiver's arrival counters (one per sender partition,
-	// incremented by each partition's put).
+	// iteration by the receiver's Start, taken by storing 0), a receiver's arrival
+	// counters (one per sender partition, set to the iteration by each partition's
+	// put).
 	words *ucp.Signals
 	// Sender: its ack word (see ackWord), a slot of the worker's registry.
 	ack ackSlot
@@ -197,7 +198,7 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: a %s buffer needs a CUDA Params.Backend: %w", op, p.MemoryType, ErrInvalidParam)
 	case isDevice(p.MemoryType) && p.MemH != nil:
 		return nil, fmt.Errorf("%s: MemH with a %s buffer (the request registers its own host copy): %w", op, p.MemoryType, ErrInvalidParam)
-	case (isDevice(p.MemoryType) || p.stage) && p.Partitions > maxStagedPartitions:
+	case (isDevice(p.MemoryType) || p.stage) && p.Partitions > maxStagedPartitions && !directPath(w, p):
 		return nil, fmt.Errorf("%s: %d partitions of a %s buffer (at most %d: each is staged on a stream): %w", op, p.Partitions, p.MemoryType, maxStagedPartitions, ErrInvalidParam)
 	case p.MemH != nil && (p.MemH.Address() > ptrOf(buf) || ptrOf(buf)+uintptr(len(buf)) > p.MemH.Address()+uintptr(p.MemH.Len())):
 		return nil, fmt.Errorf("%s: MemH does not cover the buffer: %w", op, ErrInvalidParam)
@@ -327,7 +328,7 @@ func (r *Request) fail(err error) {
 		r.err = fmt.Errorf("prepared %s tag %#x: %w", r.role, r.tag, err)
 	}
 	// Under r.mu, so Free cannot release the words meanwhile. failedWord satisfies a
-	// receiver stream's GEQ wait and a sender stream's AND 1 wait, so no stream stays
+	// receiver stream's GEQ wait and a sender stream's GEQ 1 wait, so no stream stays
 	// blocked on a dead peer.
 	r.storeFailedLocked()
 	hold := r.directGraph || (r.dev != nil && r.dev.direct)
