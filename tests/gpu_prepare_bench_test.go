@@ -84,21 +84,7 @@ func preparedHalfRoundTrip(b *testing.B, progressThread, syncFirst, direct bool)
 	if direct {
 		cp.Device = g.backend
 	}
-	uctx, err := ucp.NewContext(cp)
-	require.NoError(b, err)
-	defer uctx.Close()
-	wa, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: progressThread})
-	require.NoError(b, err)
-	wb, err := uctx.NewWorker(ucp.WorkerParams{ProgressThread: progressThread})
-	require.NoError(b, err)
-	aa, err := wa.Address()
-	require.NoError(b, err)
-	ab, err := wb.Address()
-	require.NoError(b, err)
-	toB, err := wa.ConnectAddress(ab, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(b, err)
-	toA, err := wb.ConnectAddress(aa, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(b, err)
+	wa, wb, toB, toA := contextWorkers(b, cp, ucp.WorkerParams{ProgressThread: progressThread})
 
 	// The UCX put latency: an 8-byte put-with-signal ping-pong.
 	put := putPingPong(b, wa, wb, toA, toB, n, nil)
@@ -386,24 +372,10 @@ func preparedBandwidth(b *testing.B, n int) {
 		if device {
 			cp.Device = g.backend
 		}
-		uctx, err := ucp.NewContext(cp)
-		require.NoError(b, err)
-		defer uctx.Close()
 		// Each side's Wait progresses its worker, in a goroutine of its own: a
 		// progress thread or a spinning goroutine would contend for the worker's lock
-		// with every enqueue (run 108: ~270 µs of enqueue per iteration).
-		ws, err := uctx.NewWorker(ucp.WorkerParams{})
-		require.NoError(b, err)
-		wr, err := uctx.NewWorker(ucp.WorkerParams{})
-		require.NoError(b, err)
-		as, err := ws.Address()
-		require.NoError(b, err)
-		ar, err := wr.Address()
-		require.NoError(b, err)
-		toR, err := ws.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
-		require.NoError(b, err)
-		toS, err := wr.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
-		require.NoError(b, err)
+		// with every enqueue (runs 110, 113).
+		ws, wr, toR, toS := contextWorkers(b, cp, ucp.WorkerParams{})
 		require.NoError(b, cs.MemsetD8(dst.Ptr(), 0, n))
 		require.NoError(b, s.Synchronize())
 		send, err := prepare.PsendInit(ws, ucp.DeviceBuffer(src.Ptr(), n), prepare.Params{Peer: toR, Tag: 0xb1, Partitions: parts, Backend: g.backend, MemoryType: ucp.MemoryCUDA})
@@ -482,4 +454,26 @@ func preparedBandwidth(b *testing.B, n int) {
 	b.ReportMetric(copyGBps, "copy-GBps")
 	b.ReportMetric(direct/copyGBps, "ratio")
 	b.ReportMetric(direct/staged, "ratio-staged")
+}
+
+// contextWorkers makes a context with cp and two workers of it with wp, connected both
+// ways by worker address; the context closes when the test ends.
+func contextWorkers(tb testing.TB, cp ucp.ContextParams, wp ucp.WorkerParams) (wa, wb *ucp.Worker, toB, toA *ucp.Endpoint) {
+	tb.Helper()
+	uctx, err := ucp.NewContext(cp)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = uctx.Close() })
+	wa, err = uctx.NewWorker(wp)
+	require.NoError(tb, err)
+	wb, err = uctx.NewWorker(wp)
+	require.NoError(tb, err)
+	aa, err := wa.Address()
+	require.NoError(tb, err)
+	ab, err := wb.Address()
+	require.NoError(tb, err)
+	toB, err = wa.ConnectAddress(ab, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(tb, err)
+	toA, err = wb.ConnectAddress(aa, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(tb, err)
+	return wa, wb, toB, toA
 }
