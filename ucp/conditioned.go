@@ -110,7 +110,9 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	c.operation.param = *p
 	c.operation.param.Condition, c.operation.param.Callback = nil, nil
 	c.operation.param.Flags &^= ucpxOnlyFlags
-	c.operation.param.Staging = protocol.StageWhenNeeded // the plan applied the policy
+	if !direct {
+		c.operation.param.Staging = protocol.StageWhenNeeded // the plan applied the policy
+	} // else the call at the trigger applies it (the IPC path's stagedIPC)
 	sub := condition.Submission{
 		What: op,
 		Transfer: protocol.Transfer{

@@ -199,8 +199,8 @@ type ipcWait struct {
 }
 
 // rmaIPC moves an RMA on a same-host device region by the copy engine. The region
-// has no UCX registration, so the staging policy does not apply to it: a device
-// region's key always takes this path.
+// has no UCX registration: a device region's key always takes this path, through the
+// staging workspace under StageAlways (stagedIPC).
 func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
 	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
 		return nil, err
@@ -210,20 +210,82 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 		return completedRequest, nil
 	}
 	copyTo := ep.w.ipcCopier(p)
-	enqueue := func(s streamcore.Stream) error {
+	remote := func() uintptr { return rkey.ipc.mapped + uintptr(raddr-rkey.base) }
+	copyData := func(s streamcore.Stream, stage uintptr) error {
 		if len(buf) == 0 {
 			return nil
 		}
-		dst, src := rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf))
+		dst, src := remote(), uintptr(bufPtr(buf))
 		if !put {
 			dst, src = src, dst
 		}
-		return copyTo(s, dst, src, len(buf))
+		if stage == 0 {
+			return copyTo(s, dst, src, len(buf))
+		}
+		return stagedCopy(s, dst, src, stage, len(buf))
 	}
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
 	}
-	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
+	return ep.stagedIPC(op, p, buf, check, copyData, reissue)
+}
+
+// stagedCopy copies n bytes from src to dst in two hops through the staging buffer
+// (pinned host memory), in stream order; Stream.Copy, since one side of each hop is
+// host memory.
+func stagedCopy(s streamcore.Stream, dst, src, stage uintptr, n int) error {
+	if err := s.Copy(stage, src, n); err != nil {
+		return err
+	}
+	return s.Copy(dst, stage, n)
+}
+
+// stagedIPC issues an IPC operation (ipcIssue), through the staging workspace under
+// StageAlways: a pinned buffer from the device's pool is lent at the call (counted in
+// StagingStats), enqueue copies through it in two hops on the operation's stream, and
+// the Request's completion gives it back. Under a condition the engine issues (not a
+// Stream condition on the device), the buffer is reserved now and lent when the call
+// without a condition comes back here; a capturing stream is not staged (a graph
+// would reuse a buffer given back after the capture).
+func (ep *Endpoint) stagedIPC(op string, p *RequestParam, buf []byte, check func() error, enqueue func(s streamcore.Stream, stage uintptr) error, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
+	w := ep.w
+	direct := func(s streamcore.Stream) error { return enqueue(s, 0) }
+	if len(buf) == 0 || p.Staging.Or(w.ctx.protocol.Staging) != protocol.StageAlways {
+		return ep.ipcIssue(op, p, buf, check, direct, reissue)
+	}
+	if cond := p.Condition; cond != nil {
+		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
+			if err := w.prepareDevice(len(buf)); err != nil {
+				return nil, opErr(op, err, "staging memory")
+			}
+			return ep.ipcIssue(op, p, buf, check, direct, reissue)
+		}
+		capturing, err := cond.Stream().Capturing()
+		if err != nil {
+			return nil, opErr(op, err, "")
+		}
+		if capturing {
+			return ep.ipcIssue(op, p, buf, check, direct, reissue)
+		}
+	}
+	mem, release, err := w.devicePool().Lend(len(buf), &w.staging)
+	if err != nil {
+		return nil, opErr(op, err, "staging memory")
+	}
+	ip := *p
+	user := p.Callback
+	ip.Callback = func(r *Request) {
+		release()
+		if user != nil {
+			user(r)
+		}
+	}
+	stage := mem.Addr()
+	r, err := ep.ipcIssue(op, &ip, buf, check, func(s streamcore.Stream) error { return enqueue(s, stage) }, reissue)
+	if err != nil {
+		release()
+	}
+	return r, err
 }
 
 // declaredDevice reports whether the caller said the buffer is device memory.
@@ -261,9 +323,16 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 		return sig.Rkey.liveLocked(op)
 	}
 	sigAddr := sig.Rkey.signalAddr(sig.Addr)
-	enqueue := func(s streamcore.Stream) error {
+	enqueue := func(s streamcore.Stream, stage uintptr) error {
 		if len(buf) > 0 {
-			if err := copyTo(s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf)); err != nil {
+			dst, src := rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf))
+			var err error
+			if stage == 0 {
+				err = copyTo(s, dst, src, len(buf))
+			} else {
+				err = stagedCopy(s, dst, src, stage, len(buf))
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -272,7 +341,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
 	}
-	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
+	return ep.stagedIPC(op, p, buf, check, enqueue, reissue)
 }
 
 // ipcIssue runs enqueue (the copy, and a flag) in stream order where the condition

@@ -7,7 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -173,4 +175,86 @@ func TestPeerFailureKeepsAddressedMappings(t *testing.T) {
 		st := fakeipc.Stats()
 		return st.Closes-before.Closes == 2 && st.SharedUnmaps-before.SharedUnmaps == 1
 	}, 5*time.Second, time.Millisecond, "closing the keys unmaps")
+}
+
+// StageAlways on the IPC path really stages: the copy goes through a pinned buffer
+// of the device's pool in two hops on the operation's stream (counted in
+// StagingStats, given back on completion), with the same data; without it nothing is
+// staged.
+func TestIPCStageAlways(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc, _, rk := mappedRegion(t, p, 256<<10)
+	stage := &RequestParam{Staging: protocol.StageAlways}
+
+	before := p.a.StagingStats()
+	src := pattern(64<<10, 21)
+	r, err := p.epA.PutNbx(src, rk.Base(), rk, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, before, p.a.StagingStats(), "the default moves directly")
+
+	// No condition: the worker's stream.
+	r, err = p.epA.PutNbx(src, rk.Base(), rk, stage)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, checksum(src), checksum(alloc.Bytes()[:64<<10]))
+	st := p.a.StagingStats()
+	require.EqualValues(t, 64<<10, st.Bytes-before.Bytes, "the put was staged")
+	require.EqualValues(t, 1, st.Parts-before.Parts)
+
+	// A get, and a callback that still runs.
+	back := make([]byte, 64<<10)
+	called := 0
+	g, err := p.epA.GetNbx(back, rk.Base(), rk, &RequestParam{Staging: protocol.StageAlways, Callback: func(*Request) { called++ }})
+	require.NoError(t, err)
+	require.NoError(t, g.Wait(ctx))
+	require.Equal(t, src, back)
+	require.Equal(t, 1, called)
+
+	// A Stream condition: both hops on its stream.
+	s, sc := streamCondition(t, dev)
+	src2 := pattern(100<<10, 22)
+	r, err = p.epA.PutNbx(src2, rk.Base()+4096, rk, &RequestParam{Condition: sc, Staging: protocol.StageAlways})
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, checksum(src2), checksum(alloc.Bytes()[4096:4096+100<<10]))
+
+	// Put with signal into shared words.
+	words, err := p.b.NewSignals(dev, 1)
+	require.NoError(t, err)
+	defer func() {
+		stop := background(p.a)
+		_ = words.Close()
+		stop()
+	}()
+	packed, err := words.PackRkey()
+	require.NoError(t, err)
+	wk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	r, err = p.epA.PutSignalNbx(src, rk.Base()+128<<10, rk, Signal{Op: SignalStore, Value: 5, Addr: wk.Base(), Rkey: wk}, stage)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.EqualValues(t, 5, words.Word(0).Load())
+	require.Equal(t, checksum(src), checksum(alloc.Bytes()[128<<10:192<<10]))
+
+	// A kernel-triggered put: the buffer is reserved at the call, the engine stages
+	// it at the trigger.
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, kc.Destroy()) }()
+	src3 := pattern(32<<10, 23)
+	r, err = p.epA.PutNbx(src3, rk.Base()+192<<10, rk, &RequestParam{Condition: kc, MemoryType: MemoryCUDA, Staging: protocol.StageAlways})
+	require.NoError(t, err)
+	h, err := kc.DeviceHandle()
+	require.NoError(t, err)
+	require.NoError(t, condition.Trigger(h))
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, checksum(src3), checksum(alloc.Bytes()[192<<10:224<<10]))
+
+	st = p.a.StagingStats()
+	require.EqualValues(t, 5, st.Parts-before.Parts, "every staged operation counted")
+	require.NotZero(t, st.HighWater)
 }
