@@ -192,8 +192,8 @@ func (r *Request) armDeviceLocked() error {
 		return r.armStagedLocked()
 	}
 	if d.direct {
-		// The kernel moves every partition; Test sees them moved through the
-		// receiver's acknowledgement.
+		// The kernel moves every partition; Test sees them moved in the flags the
+		// kernel marks (movedLocked).
 		for p := range r.parts {
 			r.markReadyLocked(p)
 		}

@@ -27,12 +27,12 @@ import (
 //
 // On the direct path (a receiver's device buffer that CUDA IPC maps here, direct.go)
 // the nodes are the transfer itself, with no engine and no CPU per launch: a memop
-// wait for the ready flag, a memcpy node into the receiver's mapped buffer, a memcpy
-// node of the flag (the iteration the receiver started) into its mapped arrival
-// counter (a one-thread kernel: both are host memory), a memop write taking the flag. Launch the graph only for iterations the
-// receiver starts, and Free the request only after its launches completed: the
-// nodes hold the receiver's mapped addresses, which Free (and the receiver's Free)
-// unmap.
+// wait for the ready flag, a memcpy node into the receiver's mapped buffer, a
+// one-thread kernel node copying the flag (the iteration the receiver started) into
+// its mapped arrival counter (both are host memory), a memop write taking the flag.
+// Launch the graph only for iterations the receiver starts, and Free the request only
+// after its launches completed: the nodes hold the receiver's mapped addresses, which
+// Free (and the receiver's Free) unmap.
 func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
 	if err := r.ensurePrepared(); err != nil {
 		return nil, err
