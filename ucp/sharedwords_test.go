@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -257,4 +258,46 @@ func TestIPCStageAlways(t *testing.T) {
 	st = p.a.StagingStats()
 	require.EqualValues(t, 5, st.Parts-before.Parts, "every staged operation counted")
 	require.NotZero(t, st.HighWater)
+}
+
+// A peer's key that names shared words which are not what it says (a plain file, a
+// size larger than the segment, an fd that does not exist) unpacks as a UCX key with
+// no mapping: nothing is mapped, the words get no device address, and a device
+// put-with-signal on it is refused at the call.
+func TestSharedWordsForgedKey(t *testing.T) {
+	p, dev := ipcPair(t)
+	before := fakeipc.Stats()
+	words, err := p.b.NewSignals(dev, 2)
+	require.NoError(t, err)
+	defer func() {
+		stop := background(p.a)
+		_ = words.Close()
+		stop()
+	}()
+	packed, err := words.PackRkey()
+	require.NoError(t, err)
+	kb := p.ctxB.trust
+	k, err := openRkey(kb.seal, packed)
+	require.NoError(t, err)
+	require.NotNil(t, k.shared)
+	plain, err := os.CreateTemp(t.TempDir(), "plain")
+	require.NoError(t, err)
+	defer plain.Close()
+	require.NoError(t, plain.Truncate(int64(k.shared.Size)))
+	_, _, rk := mappedRegion(t, p, 4096)
+	for name, sw := range map[string]stream.SharedWords{
+		"a plain file":     {FD: int(plain.Fd()), Size: k.shared.Size},
+		"a larger segment": {FD: k.shared.FD, Size: 2 * k.shared.Size},
+		"no such fd":       {FD: 1 << 20, Size: k.shared.Size},
+	} {
+		forged := sealRkey(kb.seal, kb.id, k.keyID, k.base, k.length, sharedWordsPayload(sw, k.payload))
+		wk, err := p.epA.UnpackRkey(forged)
+		require.NoError(t, err, name)
+		_, err = wk.DeviceAddress(wk.Base(), 8)
+		require.ErrorIs(t, err, ErrUnsupported, name)
+		_, err = p.epA.PutSignalNbx(pattern(64, 1), rk.Base(), rk, Signal{Op: SignalStore, Value: 1, Addr: wk.Base(), Rkey: wk}, nil)
+		require.ErrorIs(t, err, ErrUnsupported, name)
+		require.NoError(t, wk.Close())
+	}
+	require.Equal(t, before.SharedMaps, fakeipc.Stats().SharedMaps, "nothing was mapped")
 }
