@@ -199,8 +199,8 @@ type ipcWait struct {
 }
 
 // rmaIPC moves an RMA on a same-host device region by the copy engine. The region
-// has no UCX registration: a device region's key always takes this path, through the
-// staging workspace under StageAlways (stagedIPC).
+// has no UCX registration: a device region's key always takes this path (through the
+// staging workspace under StageAlways, see ipcIssue).
 func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
 	if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
 		return nil, err
@@ -210,82 +210,33 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 		return completedRequest, nil
 	}
 	copyTo := ep.w.ipcCopier(p)
-	remote := func() uintptr { return rkey.ipc.mapped + uintptr(raddr-rkey.base) }
-	copyData := func(s streamcore.Stream, stage uintptr) error {
+	enqueue := func(s streamcore.Stream, stage uintptr) error {
 		if len(buf) == 0 {
 			return nil
 		}
-		dst, src := remote(), uintptr(bufPtr(buf))
+		dst, src := rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf))
 		if !put {
 			dst, src = src, dst
 		}
-		if stage == 0 {
-			return copyTo(s, dst, src, len(buf))
-		}
-		return stagedCopy(s, dst, src, stage, len(buf))
+		return ipcCopy(copyTo, s, dst, src, len(buf), stage)
 	}
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
 	}
-	return ep.stagedIPC(op, p, buf, check, copyData, reissue)
+	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
 }
 
-// stagedCopy copies n bytes from src to dst in two hops through the staging buffer
-// (pinned host memory), in stream order; Stream.Copy, since one side of each hop is
-// host memory.
-func stagedCopy(s streamcore.Stream, dst, src, stage uintptr, n int) error {
+// ipcCopy copies n bytes from src to dst in stream order: with copyTo, or (stage set)
+// in two hops through the staging buffer at stage, pinned host memory, by
+// Stream.Copy since one side of each hop is host memory.
+func ipcCopy(copyTo func(s streamcore.Stream, dst, src uintptr, n int) error, s streamcore.Stream, dst, src uintptr, n int, stage uintptr) error {
+	if stage == 0 {
+		return copyTo(s, dst, src, n)
+	}
 	if err := s.Copy(stage, src, n); err != nil {
 		return err
 	}
 	return s.Copy(dst, stage, n)
-}
-
-// stagedIPC issues an IPC operation (ipcIssue), through the staging workspace under
-// StageAlways: a pinned buffer from the device's pool is lent at the call (counted in
-// StagingStats), enqueue copies through it in two hops on the operation's stream, and
-// the Request's completion gives it back. Under a condition the engine issues (not a
-// Stream condition on the device), the buffer is reserved now and lent when the call
-// without a condition comes back here; a capturing stream is not staged (a graph
-// would reuse a buffer given back after the capture).
-func (ep *Endpoint) stagedIPC(op string, p *RequestParam, buf []byte, check func() error, enqueue func(s streamcore.Stream, stage uintptr) error, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
-	w := ep.w
-	direct := func(s streamcore.Stream) error { return enqueue(s, 0) }
-	if len(buf) == 0 || p.Staging.Or(w.ctx.protocol.Staging) != protocol.StageAlways {
-		return ep.ipcIssue(op, p, buf, check, direct, reissue)
-	}
-	if cond := p.Condition; cond != nil {
-		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
-			if err := w.prepareDevice(len(buf)); err != nil {
-				return nil, opErr(op, err, "staging memory")
-			}
-			return ep.ipcIssue(op, p, buf, check, direct, reissue)
-		}
-		capturing, err := cond.Stream().Capturing()
-		if err != nil {
-			return nil, opErr(op, err, "")
-		}
-		if capturing {
-			return ep.ipcIssue(op, p, buf, check, direct, reissue)
-		}
-	}
-	mem, release, err := w.devicePool().Lend(len(buf), &w.staging)
-	if err != nil {
-		return nil, opErr(op, err, "staging memory")
-	}
-	ip := *p
-	user := p.Callback
-	ip.Callback = func(r *Request) {
-		release()
-		if user != nil {
-			user(r)
-		}
-	}
-	stage := mem.Addr()
-	r, err := ep.ipcIssue(op, &ip, buf, check, func(s streamcore.Stream) error { return enqueue(s, stage) }, reissue)
-	if err != nil {
-		release()
-	}
-	return r, err
 }
 
 // declaredDevice reports whether the caller said the buffer is device memory.
@@ -325,14 +276,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 	sigAddr := sig.Rkey.signalAddr(sig.Addr)
 	enqueue := func(s streamcore.Stream, stage uintptr) error {
 		if len(buf) > 0 {
-			dst, src := rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf))
-			var err error
-			if stage == 0 {
-				err = copyTo(s, dst, src, len(buf))
-			} else {
-				err = stagedCopy(s, dst, src, stage, len(buf))
-			}
-			if err != nil {
+			if err := ipcCopy(copyTo, s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf), stage); err != nil {
 				return err
 			}
 		}
@@ -341,7 +285,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.PutSignalNbx(b, raddr, rkey, sig, ip)
 	}
-	return ep.stagedIPC(op, p, buf, check, enqueue, reissue)
+	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
 }
 
 // ipcIssue runs enqueue (the copy, and a flag) in stream order where the condition
@@ -352,15 +296,26 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 //     NonBlockingEnqueue on the worker's stream, after the condition's stream got
 //     there, so the condition's stream does not wait for it);
 //   - any other condition: the engine calls reissue at the trigger, which comes back
-//     here with no condition; nothing is staged.
+//     here with no condition.
 //
-// check runs under the worker's lock (the keys' revocation).
-func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func() error, enqueue func(s streamcore.Stream) error, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
+// Under StageAlways enqueue copies through a pinned buffer of the device's pool (its
+// stage argument), lent here, counted in StagingStats and given back when the Request
+// completes; for the engine's call at the trigger it is reserved here, so the engine
+// allocates nothing; a capturing stream is not staged (a graph would reuse a buffer
+// given back after the capture). check runs under the worker's lock (the keys'
+// revocation).
+func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func() error, enqueue func(s streamcore.Stream, stage uintptr) error, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
 	w := ep.w
+	staged := len(buf) > 0 && p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
 	cond := p.Condition
 	var s streamcore.Stream
 	if cond != nil {
 		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
+			if staged {
+				if err := w.prepareDevice(len(buf)); err != nil {
+					return nil, opErr(op, err, "staging memory")
+				}
+			}
 			return w.submitDirect(op, p, buf, reissue)
 		}
 		s = cond.Stream()
@@ -369,7 +324,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 			return nil, opErr(op, err, "")
 		}
 		if capturing {
-			return ep.ipcCapture(op, p, s, check, enqueue)
+			return ep.ipcCapture(op, p, s, check, func(s streamcore.Stream) error { return enqueue(s, 0) })
 		}
 	}
 	var side streamcore.Stream
@@ -378,6 +333,24 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		if side, err = w.ipcSideStream(); err != nil {
 			return nil, opErr(op, err, "")
 		}
+	}
+	var stage uintptr
+	release := func() {}
+	if staged {
+		mem, give, err := w.devicePool().Lend(len(buf), &w.staging)
+		if err != nil {
+			return nil, opErr(op, err, "staging memory")
+		}
+		stage, release = mem.Addr(), give
+		ip := *p
+		user := p.Callback
+		ip.Callback = func(r *Request) {
+			give()
+			if user != nil {
+				user(r)
+			}
+		}
+		p = &ip
 	}
 	r, x := w.newIPCRequest(op, p)
 	x.ep = ep
@@ -391,6 +364,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	defer w.mu.Unlock()
 	fail := func(err error) (*Request, error) {
 		r.unpinIPC(nil)
+		release()
 		return nil, err
 	}
 	if err := ep.usableLocked(op); err != nil {
@@ -416,7 +390,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		}
 		on = side
 	}
-	if err := enqueue(on); err != nil {
+	if err := enqueue(on, stage); err != nil {
 		return fail(opErr(op, err, ""))
 	}
 	// The Request completes with an event recorded after the copy: one of its own on
