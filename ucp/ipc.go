@@ -133,17 +133,6 @@ func (ep *Endpoint) unpackIPC(k rkeyInfo) (*rkeyIPC, error) {
 	return &rkeyIPC{mapped: p, peer: peer, alloc: k.ipc.Alloc}, nil
 }
 
-// takeMappingLocked returns the key's mapping reference for its one release (nil if
-// there is none, or it was taken).
-func (r *Rkey) takeMappingLocked() *rkeyIPC {
-	x := r.ipc
-	if x == nil || x.released {
-		return nil
-	}
-	x.released = true
-	return x
-}
-
 // releaseIPCLocked gives the key's mapping reference back, off the caller's goroutine
 // (cuIpcCloseMemHandle may wait for the device; the caller may be the engine).
 func (r *Rkey) releaseIPCLocked() {

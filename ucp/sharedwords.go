@@ -100,15 +100,14 @@ func (x *rkeyIPC) release(c *Context) {
 }
 
 // takeMappingsLocked takes the key's mapping references (device region, shared
-// words) for their one release.
+// words) for their one release each.
 func (r *Rkey) takeMappingsLocked() []*rkeyIPC {
 	var out []*rkeyIPC
-	if x := r.takeMappingLocked(); x != nil {
-		out = append(out, x)
-	}
-	if x := r.shared; x != nil && !x.released {
-		x.released = true
-		out = append(out, x)
+	for _, x := range [...]*rkeyIPC{r.ipc, r.shared} {
+		if x != nil && !x.released {
+			x.released = true
+			out = append(out, x)
+		}
 	}
 	return out
 }
