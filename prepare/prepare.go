@@ -133,7 +133,8 @@ type Request struct {
 	// waiting for the receiver's flag, and the puts in flight.
 	readied []bool
 	nready  int // partitions readied this iteration
-	// Receiver: partitions 0..nlanded-1 of this iteration are known to be in place.
+	// Partitions 0..nlanded-1 of this iteration are known to be in place (receiver)
+	// or moved by a kernel (a direct sender, movedLocked).
 	nlanded  int
 	waiting  []int
 	taken    []int // pumpLocked's scratch
@@ -375,10 +376,11 @@ func readyValue(v uint64) bool { return v != 0 && v != failedWord && v&movedBit 
 
 // movedLocked reports whether a kernel moved every partition of the current iteration
 // on the direct path: each flag holds movedBit|iteration, or already a later iteration
-// the receiver started after seeing it. Caller holds r.mu.
+// the receiver started after seeing it. A partition seen moved stays so for the
+// iteration: it resumes where the last call stopped (nlanded). Caller holds r.mu.
 func (r *Request) movedLocked() bool {
-	for p := range r.parts {
-		v := r.words.Word(p).Load()
+	for ; r.nlanded < r.parts; r.nlanded++ {
+		v := r.words.Word(r.nlanded).Load()
 		if v != movedBit|r.iter && (!readyValue(v) || int64(v-r.iter) <= 0) {
 			return false
 		}
