@@ -199,10 +199,13 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: a %s buffer needs a CUDA Params.Backend: %w", op, p.MemoryType, ErrInvalidParam)
 	case isDevice(p.MemoryType) && p.MemH != nil:
 		return nil, fmt.Errorf("%s: MemH with a %s buffer (the request registers its own host copy): %w", op, p.MemoryType, ErrInvalidParam)
-	case (isDevice(p.MemoryType) || p.stage) && p.Partitions > maxStagedPartitions && !directPath(w, p):
-		return nil, fmt.Errorf("%s: %d partitions of a %s buffer (at most %d: each is staged on a stream): %w", op, p.Partitions, p.MemoryType, maxStagedPartitions, ErrInvalidParam)
 	case p.MemH != nil && (p.MemH.Address() > ptrOf(buf) || ptrOf(buf)+uintptr(len(buf)) > p.MemH.Address()+uintptr(p.MemH.Len())):
 		return nil, fmt.Errorf("%s: MemH does not cover the buffer: %w", op, ErrInvalidParam)
+	}
+	direct := directPath(w, p)
+	staged := !direct && (isDevice(p.MemoryType) || p.stage)
+	if staged && p.Partitions > maxStagedPartitions {
+		return nil, fmt.Errorf("%s: %d partitions of a %s buffer (at most %d: each is staged on a stream): %w", op, p.Partitions, p.MemoryType, maxStagedPartitions, ErrInvalidParam)
 	}
 	r := &Request{
 		role: ro, w: w, peer: p.Peer, tag: p.Tag, buf: buf, xfer: buf, parts: p.Partitions,
@@ -216,10 +219,8 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		}
 		r.backend, r.ownBack = b, true
 	}
-	switch {
-	case directPath(w, p):
-		r.direct = true
-	case isDevice(p.MemoryType) || p.stage:
+	r.direct = direct
+	if staged {
 		r.st = &staging{}
 	}
 	if err := r.allocate(); err != nil {
