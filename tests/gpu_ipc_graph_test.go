@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -175,8 +174,18 @@ func runIPCPeer() error {
 	return r.Wait(ctx)
 }
 
-func loadTestKernels(cctx *cuda.Context) (*cuda.Module, error) {
-	return cctx.LoadModule(device.TestKernelsPTX())
+// testKernel loads the test kernels into cctx (a child process has no gpu helper) and
+// returns the one named; unload releases the module.
+func testKernel(cctx *cuda.Context, name string) (fn *cuda.Function, unload func(), err error) {
+	mod, err := cctx.LoadModule(device.TestKernelsPTX())
+	if err != nil {
+		return nil, nil, err
+	}
+	if fn, err = mod.Function(name); err != nil {
+		_ = mod.Close()
+		return nil, nil, err
+	}
+	return fn, func() { _ = mod.Close() }, nil
 }
 
 // launchAll launches exec iters times on s, never more than ipcWindow ahead of the
@@ -216,15 +225,11 @@ func launchAll(gx *cuda.GraphExec, s *cuda.Stream, iters int) (time.Duration, er
 // graphReceiver: wait for the flag, checksum the data, acknowledge into the
 // sender's word; iters launches. It returns the running checksum.
 func (x *ipcSide) graphReceiver(iters, n int) (uint64, error) {
-	mod, err := loadTestKernels(x.cctx)
+	sum, unload, err := testKernel(x.cctx, device.KernelChecksum)
 	if err != nil {
 		return 0, err
 	}
-	defer mod.Close()
-	sum, err := mod.Function(device.KernelChecksum)
-	if err != nil {
-		return 0, err
-	}
+	defer unload()
 	g, err := x.cctx.NewGraph()
 	if err != nil {
 		return 0, err
@@ -285,15 +290,11 @@ const ipcFlags = 64
 // kernelReceiver: blocks blocks wait for their flags (set by the peer's
 // ucpx_put_signal kernel), then checksum their chunks of the data.
 func (x *ipcSide) kernelReceiver(blocks, chunk int) (uint64, error) {
-	mod, err := loadTestKernels(x.cctx)
+	wait, unload, err := testKernel(x.cctx, device.KernelWaitFlags)
 	if err != nil {
 		return 0, err
 	}
-	defer mod.Close()
-	wait, err := mod.Function(device.KernelWaitFlags)
-	if err != nil {
-		return 0, err
-	}
+	defer unload()
 	s, err := x.cctx.NewStream(cuda.StreamNonBlocking, 0)
 	if err != nil {
 		return 0, err
@@ -400,18 +401,22 @@ func (x *ipcSide) rawPingPong(iters int, initiator, withCopy bool) error {
 }
 
 // startIPCPeer starts the child in a scenario and exchanges keys with it.
-func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide, *exec.Cmd, *strings.Builder, chan struct{}) {
+func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide, *strings.Builder, chan struct{}) {
 	t.Helper()
 	x := &ipcSide{b: g.backend, cctx: g.ctx}
 	var err error
 	x.uctx, err = ucp.NewContext(ucp.ContextParams{Device: g.backend})
 	require.NoError(t, err)
+	t.Cleanup(func() { // after the child is gone
+		if x.mem != nil {
+			_ = x.mem.Close()
+		}
+		_ = x.uctx.Close()
+	})
 	x.w, err = x.uctx.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
 	l, err := x.w.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
-	out := &strings.Builder{}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	childGPU := 0
 	if os.Getenv(envIPCTwoGPUs) == "1" {
 		n, err := cuda.DeviceCount()
@@ -419,28 +424,16 @@ func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide
 		require.GreaterOrEqual(t, n, 2, "%s=1 needs two GPUs", envIPCTwoGPUs)
 		childGPU = 1
 	}
-	cmd.Env = append(os.Environ(), envRole+"=ipc-peer", envListenAddr+"="+l.Addr(), envIPCScenario+"="+scenario,
+	var out *strings.Builder
+	var done chan struct{}
+	x.ep, out, done = spawnRole(t, l, "ipc-peer", nil, envIPCScenario+"="+scenario,
 		envIPCIters+"="+strconv.Itoa(iters), envIPCBytes+"="+strconv.Itoa(n), envIPCGPU+"="+strconv.Itoa(childGPU))
-	cmd.Stdout, cmd.Stderr = out, out
-	require.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-		if x.mem != nil {
-			_ = x.mem.Close()
-		}
-		_ = x.uctx.Close()
-	})
+	require.NoError(t, l.Close())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	x.ep, err = l.Accept(ctx, nil)
-	require.NoError(t, err, "child output:\n%s", out)
-	require.NoError(t, l.Close())
 	require.NoError(t, x.exchange(ctx), "child output:\n%s", out)
 	require.True(t, x.peer.Device(), "the GPU is here: the peer's device region must map")
-	return x, cmd, out, done
+	return x, out, done
 }
 
 func (x *ipcSide) result(t testing.TB, out *strings.Builder) uint64 {
@@ -462,7 +455,7 @@ func (x *ipcSide) result(t testing.TB, out *strings.Builder) uint64 {
 func TestGPUIPCGraphRelaunch(t *testing.T) {
 	g := requireGPU(t)
 	const iters, n = 1000, 64 << 10
-	x, _, out, done := startIPCPeer(t, g, "graph", iters, n)
+	x, out, done := startIPCPeer(t, g, "graph", iters, n)
 	fill, err := g.module.Function(device.KernelFillAt)
 	require.NoError(t, err)
 	tick, err := g.module.Function(device.KernelTick)
@@ -573,7 +566,7 @@ func BenchmarkGPUIPCPingPong(b *testing.B) {
 	ref := memop()
 	close(stop)
 
-	x, _, out, _ := startIPCPeer(b, g, "pingpong", iters, 8)
+	x, out, _ := startIPCPeer(b, g, "pingpong", iters, 8)
 	t0 := time.Now()
 	require.NoError(b, x.pingpong(context.Background(), iters, true), "child output:\n%s", out)
 	ipc := time.Since(t0)
@@ -605,7 +598,7 @@ func BenchmarkGPUIPCPingPong(b *testing.B) {
 func TestGPUIPCKernelPutSignal(t *testing.T) {
 	g := requireGPU(t)
 	const blocks, chunk = 16, 64<<10 + 48 // not a multiple of 16: the byte path too
-	x, _, out, done := startIPCPeer(t, g, "kernel", blocks, chunk)
+	x, out, done := startIPCPeer(t, g, "kernel", blocks, chunk)
 	fill, err := g.module.Function(device.KernelFill)
 	require.NoError(t, err)
 	put, err := g.module.Function(device.KernelPutSignal)
@@ -638,7 +631,7 @@ func TestGPUIPCKernelPutSignal(t *testing.T) {
 func TestGPUIPCCapturedGraph(t *testing.T) {
 	g := requireGPU(t)
 	const iters, n = 1000, 64 << 10
-	x, _, out, done := startIPCPeer(t, g, "graph", iters, n)
+	x, out, done := startIPCPeer(t, g, "graph", iters, n)
 	fill, err := g.module.Function(device.KernelFillAt)
 	require.NoError(t, err)
 	tick, err := g.module.Function(device.KernelTick)

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -331,16 +330,8 @@ func TestGPUIPCRingAllgatherRealloc(t *testing.T) {
 	outs := make([]*strings.Builder, ipcRingRanks)
 	var children []*ucp.Endpoint
 	for r := 1; r < ipcRingRanks; r++ {
-		outs[r] = &strings.Builder{}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envRole+"=ring", envListenAddr+"="+l.Addr(), envRingRank+"="+strconv.Itoa(r))
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		require.NoError(t, cmd.Start())
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		defer func() { _ = cmd.Process.Kill(); <-done }()
-		ep, err := l.Accept(ctx, nil)
-		require.NoError(t, err, "rank %d output:\n%s", r, outs[r])
+		var ep *ucp.Endpoint
+		ep, outs[r], _ = spawnRole(t, l, "ring", nil, envRingRank+"="+strconv.Itoa(r))
 		children = append(children, ep)
 	}
 	table := make([][]byte, ipcRingRanks)

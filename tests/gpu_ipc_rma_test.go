@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,7 +119,6 @@ type ipcExporter struct {
 	w     *ucp.Worker
 	ep    *ucp.Endpoint
 	rk    *ucp.Rkey
-	cmd   *exec.Cmd
 	out   *strings.Builder
 	epErr chan error
 	done  chan struct{}
@@ -128,29 +126,20 @@ type ipcExporter struct {
 
 func startIPCExporter(t testing.TB, g *gpu, region int) *ipcExporter {
 	t.Helper()
-	x := &ipcExporter{out: &strings.Builder{}, epErr: make(chan error, 1), done: make(chan struct{})}
+	x := &ipcExporter{epErr: make(chan error, 1)}
 	var err error
 	x.uctx, err = ucp.NewContext(ucp.ContextParams{Device: g.backend})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = x.uctx.Close() }) // after the child is gone
 	x.w, err = x.uctx.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
 	l, err := x.w.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
-	x.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	x.cmd.Env = append(os.Environ(), envRole+"=ipc-exporter", envListenAddr+"="+l.Addr(), envIPCRegion+"="+strconv.Itoa(region))
-	x.cmd.Stdout, x.cmd.Stderr = x.out, x.out
-	require.NoError(t, x.cmd.Start())
-	go func() { _ = x.cmd.Wait(); close(x.done) }()
-	t.Cleanup(func() {
-		_ = x.cmd.Process.Kill()
-		<-x.done
-		_ = x.uctx.Close()
-	})
+	x.ep, x.out, x.done = spawnRole(t, l, "ipc-exporter", &ucp.EndpointParams{ErrorHandler: func(_ *ucp.Endpoint, err error) { x.epErr <- err }},
+		envIPCRegion+"="+strconv.Itoa(region))
+	require.NoError(t, l.Close())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	x.ep, err = l.Accept(ctx, &ucp.EndpointParams{ErrorHandler: func(_ *ucp.Endpoint, err error) { x.epErr <- err }})
-	require.NoError(t, err, "child output:\n%s", x.out)
-	require.NoError(t, l.Close())
 	buf := make([]byte, 4096)
 	r, err := x.w.TagRecvNbx(buf, tagRkey, ^uint64(0), nil)
 	require.NoError(t, err)

@@ -47,15 +47,11 @@ func (x *ipcSide) preparedReceiver(ctx context.Context, iters, n int) (uint64, e
 	if err := prepare.PrepareAll(ctx, recv); err != nil {
 		return 0, err
 	}
-	mod, err := loadTestKernels(x.cctx)
+	parrived, unload, err := testKernel(x.cctx, device.KernelParrived)
 	if err != nil {
 		return 0, err
 	}
-	defer mod.Close()
-	parrived, err := mod.Function(device.KernelParrived)
-	if err != nil {
-		return 0, err
-	}
+	defer unload()
 	sums, err := x.cctx.MemHostAlloc(8*prepIPCRecvPts, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
 	if err != nil {
 		return 0, err
@@ -109,7 +105,7 @@ func TestGPUPreparedIPC(t *testing.T) {
 	g := requireGPU(t)
 	const sparts, n, phase = 16, 4 << 20, 50
 	const iters = 4 * phase
-	x, _, out, done := startIPCPeer(t, g, "prepare", iters, n)
+	x, out, done := startIPCPeer(t, g, "prepare", iters, n)
 	sbuf, err := g.ctx.MemAlloc(n)
 	require.NoError(t, err)
 	defer sbuf.Close()

@@ -461,3 +461,26 @@ func TestPeerExitOverSharedMemoryIsBounded(t *testing.T) {
 	pendingRecv.Cancel()
 	require.ErrorIs(t, pendingRecv.Wait(ctx), ucp.ErrCanceled, "after cancel")
 }
+
+// spawnRole starts this test binary as a peer process in role (runPeer), told to
+// connect to l, with env added; it accepts the child's endpoint with p and returns it
+// with the child's output and a channel closed when the child exited. The child is
+// killed when the test ends (cleanups registered before this call run after that).
+func spawnRole(t testing.TB, l *ucp.Listener, role string, p *ucp.EndpointParams, env ...string) (ep *ucp.Endpoint, out *strings.Builder, done chan struct{}) {
+	t.Helper()
+	out, done = &strings.Builder{}, make(chan struct{})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), envRole+"="+role, envListenAddr+"="+l.Addr()), env...)
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ep, err := l.Accept(ctx, p)
+	require.NoError(t, err, "%s output:\n%s", role, out)
+	return ep, out, done
+}
