@@ -24,10 +24,7 @@ func TestSharedSignalWords(t *testing.T) {
 	before := fakeipc.Stats()
 	alloc, _, rk := mappedRegion(t, p, 64<<10)
 
-	words, err := p.b.NewSignals(dev, 4)
-	require.NoError(t, err)
-	packed, err := words.PackRkey()
-	require.NoError(t, err)
+	words, packed := peerSignals(t, p, dev, 4)
 	wk, err := p.epA.UnpackRkey(packed)
 	require.NoError(t, err)
 	st := fakeipc.Stats()
@@ -143,11 +140,7 @@ func TestPeerFailureKeepsAddressedMappings(t *testing.T) {
 	defer m2.Close()
 	held, err := p.epA.UnpackRkey(k2)
 	require.NoError(t, err)
-	words, err := p.b.NewSignals(dev, 2)
-	require.NoError(t, err)
-	defer words.Close()
-	wpacked, err := words.PackRkey()
-	require.NoError(t, err)
+	_, wpacked := peerSignals(t, p, dev, 2)
 	wk, err := p.epA.UnpackRkey(wpacked)
 	require.NoError(t, err)
 	_, err = held.DeviceAddress(held.Base(), 8)
@@ -224,15 +217,7 @@ func TestIPCStageAlways(t *testing.T) {
 	require.Equal(t, checksum(src2), checksum(alloc.Bytes()[4096:4096+100<<10]))
 
 	// Put with signal into shared words.
-	words, err := p.b.NewSignals(dev, 1)
-	require.NoError(t, err)
-	defer func() {
-		stop := background(p.a)
-		_ = words.Close()
-		stop()
-	}()
-	packed, err := words.PackRkey()
-	require.NoError(t, err)
+	words, packed := peerSignals(t, p, dev, 1)
 	wk, err := p.epA.UnpackRkey(packed)
 	require.NoError(t, err)
 	r, err = p.epA.PutSignalNbx(src, rk.Base()+128<<10, rk, Signal{Op: SignalStore, Value: 5, Addr: wk.Base(), Rkey: wk}, stage)
@@ -267,15 +252,7 @@ func TestIPCStageAlways(t *testing.T) {
 func TestSharedWordsForgedKey(t *testing.T) {
 	p, dev := ipcPair(t)
 	before := fakeipc.Stats()
-	words, err := p.b.NewSignals(dev, 2)
-	require.NoError(t, err)
-	defer func() {
-		stop := background(p.a)
-		_ = words.Close()
-		stop()
-	}()
-	packed, err := words.PackRkey()
-	require.NoError(t, err)
+	_, packed := peerSignals(t, p, dev, 2)
 	kb := p.ctxB.trust
 	k, err := openRkey(kb.seal, packed)
 	require.NoError(t, err)
@@ -300,4 +277,21 @@ func TestSharedWordsForgedKey(t *testing.T) {
 		require.NoError(t, wk.Close())
 	}
 	require.Equal(t, before.SharedMaps, fakeipc.Stats().SharedMaps, "nothing was mapped")
+}
+
+// peerSignals makes n Signals words of dev at B and packs their key; they are closed
+// (with A progressing, to acknowledge the revocation) when the test ends, unless the
+// test closed them.
+func peerSignals(t *testing.T, p *pair, dev *fakeipc.Device, n int) (*Signals, []byte) {
+	t.Helper()
+	words, err := p.b.NewSignals(dev, n)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		stop := background(p.a)
+		_ = words.Close() // ErrClosed where the test closed them
+		stop()
+	})
+	packed, err := words.PackRkey()
+	require.NoError(t, err)
+	return words, packed
 }
