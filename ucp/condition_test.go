@@ -37,6 +37,21 @@ func streamCondition(t *testing.T, b stream.Backend) (stream.Stream, *condition.
 	return s, c
 }
 
+// kernelCondition is a KernelTriggered condition on host streams (destroyed when the
+// test ends) and the host-side trigger a kernel would store.
+func kernelCondition(t *testing.T) (*condition.Condition, func()) {
+	t.Helper()
+	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, kc.Destroy()) })
+	return kc, func() {
+		t.Helper()
+		h, err := kc.DeviceHandle()
+		require.NoError(t, err)
+		require.NoError(t, condition.Trigger(h))
+	}
+}
+
 // A receive enqueued on a stream completes in stream order: a host function enqueued
 // after it sees the data, and an event recorded after it is not done until the data
 // arrived, even while the sender is held back.

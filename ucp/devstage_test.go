@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 )
 
@@ -67,18 +66,14 @@ func TestDeviceStagingWithoutStream(t *testing.T) {
 	require.Equal(t, pattern(n, 3), mem.Bytes()[3*n:4*n])
 
 	// A kernel-triggered receive into device memory: nothing before the trigger.
-	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, kc.Destroy()) }()
+	kc, trigger := kernelCondition(t)
 	r, err = p.a.TagRecvNbx(dbuf(0), 7, ^uint64(0), &RequestParam{Condition: kc, MemoryType: MemoryCUDA})
 	require.NoError(t, err)
 	sb, err = p.epB.TagSendNbx(pattern(n, 4), 7, nil)
 	require.NoError(t, err)
 	time.Sleep(10 * time.Millisecond)
 	require.False(t, r.Done(), "ran before its trigger")
-	h, err := kc.DeviceHandle()
-	require.NoError(t, err)
-	require.NoError(t, condition.Trigger(h))
+	trigger()
 	require.NoError(t, r.Wait(ctx))
 	require.NoError(t, sb.Wait(ctx))
 	require.Equal(t, pattern(n, 4), mem.Bytes()[:n])

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
@@ -177,17 +176,13 @@ func TestIPCKernelTriggered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	alloc, _, rk := mappedRegion(t, p, 64<<10)
-	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, kc.Destroy()) }()
+	kc, trigger := kernelCondition(t)
 	src := pattern(64<<10, 5)
 	r, err := p.epA.PutNbx(src, rk.Base(), rk, &RequestParam{Condition: kc, MemoryType: MemoryCUDA})
 	require.NoError(t, err)
 	time.Sleep(10 * time.Millisecond)
 	require.False(t, r.Done(), "ran before its trigger")
-	h, err := kc.DeviceHandle()
-	require.NoError(t, err)
-	require.NoError(t, condition.Trigger(h))
+	trigger()
 	require.NoError(t, r.Wait(ctx))
 	require.Equal(t, checksum(src), checksum(alloc.Bytes()))
 	require.Zero(t, p.a.StagingStats().Bytes, "nothing staged")

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
@@ -228,15 +227,11 @@ func TestIPCStageAlways(t *testing.T) {
 
 	// A kernel-triggered put: the buffer is reserved at the call, the engine stages
 	// it at the trigger.
-	kc, err := condition.Create(condition.Param{Category: condition.KernelTriggered, Backend: hostBackend(t)})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, kc.Destroy()) }()
+	kc, trigger := kernelCondition(t)
 	src3 := pattern(32<<10, 23)
 	r, err = p.epA.PutNbx(src3, rk.Base()+192<<10, rk, &RequestParam{Condition: kc, MemoryType: MemoryCUDA, Staging: protocol.StageAlways})
 	require.NoError(t, err)
-	h, err := kc.DeviceHandle()
-	require.NoError(t, err)
-	require.NoError(t, condition.Trigger(h))
+	trigger()
 	require.NoError(t, r.Wait(ctx))
 	require.Equal(t, checksum(src3), checksum(alloc.Bytes()[192<<10:224<<10]))
 
