@@ -64,7 +64,7 @@ fi
 # ucx_perftest (ucx_info names the UCX version in the script's header) and the script;
 # copy_deps below bundles their libraries (ucx_perftest also needs libgomp).
 mkdir -p "$bundle/bench"
-cp bench/vs-ucx-perftest.sh "$bundle/bench/"
+cp bench/vs-ucx-perftest.sh bench/nccl-ref.py "$bundle/bench/"
 if $GO build -ldflags='-s -w' -o "$bundle/bin/chainpp" ./bench/chainpp; then
 	echo "built chainpp"
 else

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -36,8 +37,8 @@ const (
 	envIPCScenario = "UCPX_TEST_IPC_SCENARIO"
 	envIPCIters    = "UCPX_TEST_IPC_ITERS"
 	envIPCBytes    = "UCPX_TEST_IPC_BYTES"
-	// envIPCTwoGPUs=1 puts the child on GPU 1 (where there are two): the scenarios
-	// then measure two processes on two GPUs instead of sharing one.
+	// envIPCTwoGPUs=1 puts the children on GPU 1 (where there are two; the ring
+	// alternates): the tests then run two processes on two GPUs instead of sharing one.
 	envIPCTwoGPUs = "UCPX_TEST_IPC_TWO_GPUS"
 	envIPCGPU     = "UCPX_TEST_IPC_GPU" // the child's device ordinal
 	tagIPCResult  = 7 << 44             // child -> parent: its result (8 bytes)
@@ -61,12 +62,22 @@ type ipcSide struct {
 	mem  *cuda.DeviceMemory
 	mh   *ucp.MemH
 	peer *ucp.Rkey
+	size int // of the exported allocation; 0 means ipcMemSize
+}
+
+// ipcRegion is the exported allocation's size in scenario for n bytes.
+func ipcRegion(scenario string, n int) int {
+	if scenario == "allgather" {
+		return ipcDataOff + n
+	}
+	return ipcMemSize
 }
 
 // exchange exports this side's allocation and unpacks the peer's.
 func (x *ipcSide) exchange(ctx context.Context) error {
 	var err error
-	if x.mem, err = x.cctx.MemAlloc(ipcMemSize); err != nil {
+	size := cmp.Or(x.size, ipcMemSize)
+	if x.mem, err = x.cctx.MemAlloc(size); err != nil {
 		return err
 	}
 	s, err := x.cctx.NewStream(cuda.StreamNonBlocking, 0)
@@ -74,13 +85,13 @@ func (x *ipcSide) exchange(ctx context.Context) error {
 		return err
 	}
 	defer s.Close()
-	if err := s.MemsetD8(x.mem.Ptr(), 0, ipcMemSize); err != nil {
+	if err := s.MemsetD8(x.mem.Ptr(), 0, size); err != nil {
 		return err
 	}
 	if err := s.Synchronize(); err != nil {
 		return err
 	}
-	if x.mh, err = x.uctx.MemMapPtr(x.mem.Ptr(), ipcMemSize, ucp.MemoryCUDA); err != nil {
+	if x.mh, err = x.uctx.MemMapPtr(x.mem.Ptr(), size, ucp.MemoryCUDA); err != nil {
 		return err
 	}
 	packed, err := x.mh.PackRkey()
@@ -112,15 +123,37 @@ func (x *ipcSide) peerAddr(off int, n int) uintptr {
 
 func (x *ipcSide) own(off int) uintptr { return x.mem.Ptr() + uintptr(off) }
 
+// childGPU is the device ordinal for the i-th child process (from 1): 0, or under
+// UCPX_TEST_IPC_TWO_GPUS=1 alternately GPU 1 and GPU 0 (the parent is on GPU 0), and
+// the environment entry that tells the child.
+func childGPU(t testing.TB, i int) (ordinal int, env string) {
+	t.Helper()
+	if os.Getenv(envIPCTwoGPUs) == "1" {
+		n, err := cuda.DeviceCount()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, n, 2, "%s=1 needs two GPUs", envIPCTwoGPUs)
+		ordinal = i % 2
+	}
+	return ordinal, envIPCGPU + "=" + strconv.Itoa(ordinal)
+}
+
+// openChildBackend opens the CUDA backend of the device childGPU placed this child on.
+func openChildBackend() (stream.Backend, error) {
+	ordinal, _ := strconv.Atoi(os.Getenv(envIPCGPU))
+	return stream.OpenCUDADevice(ordinal)
+}
+
 // runIPCPeer is the child of the scenarios.
 func runIPCPeer() error {
-	ordinal, _ := strconv.Atoi(os.Getenv(envIPCGPU))
-	b, err := stream.OpenCUDADevice(ordinal)
+	b, err := openChildBackend()
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	x := &ipcSide{b: b}
+	iters, _ := strconv.Atoi(os.Getenv(envIPCIters))
+	n, _ := strconv.Atoi(os.Getenv(envIPCBytes))
+	scenario := os.Getenv(envIPCScenario)
+	x := &ipcSide{b: b, size: ipcRegion(scenario, n)}
 	x.cctx, _, _ = stream.CUDAContext(b)
 	if x.uctx, err = ucp.NewContext(ucp.ContextParams{Device: b}); err != nil {
 		return err
@@ -138,10 +171,8 @@ func runIPCPeer() error {
 		return err
 	}
 	defer x.mem.Close()
-	iters, _ := strconv.Atoi(os.Getenv(envIPCIters))
-	n, _ := strconv.Atoi(os.Getenv(envIPCBytes))
 	var result uint64
-	switch os.Getenv(envIPCScenario) {
+	switch scenario {
 	case "graph":
 		result, err = x.graphReceiver(iters, n)
 	case "pingpong":
@@ -154,6 +185,10 @@ func runIPCPeer() error {
 		result, err = x.kernelReceiver(iters, n)
 	case "prepare":
 		result, err = x.preparedReceiver(ctx, iters, n)
+	case "allgather":
+		var bad int
+		_, bad, err = x.allgather(ctx, 1, n)
+		result = uint64(bad)
 	default:
 		err = fmt.Errorf("unknown scenario")
 	}
@@ -403,7 +438,7 @@ func (x *ipcSide) rawPingPong(iters int, initiator, withCopy bool) error {
 // startIPCPeer starts the child in a scenario and exchanges keys with it.
 func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide, *strings.Builder, chan struct{}) {
 	t.Helper()
-	x := &ipcSide{b: g.backend, cctx: g.ctx}
+	x := &ipcSide{b: g.backend, cctx: g.ctx, size: ipcRegion(scenario, n)}
 	var err error
 	x.uctx, err = ucp.NewContext(ucp.ContextParams{Device: g.backend})
 	require.NoError(t, err)
@@ -417,17 +452,11 @@ func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide
 	require.NoError(t, err)
 	l, err := x.w.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
-	childGPU := 0
-	if os.Getenv(envIPCTwoGPUs) == "1" {
-		n, err := cuda.DeviceCount()
-		require.NoError(t, err)
-		require.GreaterOrEqual(t, n, 2, "%s=1 needs two GPUs", envIPCTwoGPUs)
-		childGPU = 1
-	}
+	_, onGPU := childGPU(t, 1)
 	var out *strings.Builder
 	var done chan struct{}
 	x.ep, out, done = spawnRole(t, l, "ipc-peer", nil, envIPCScenario+"="+scenario,
-		envIPCIters+"="+strconv.Itoa(iters), envIPCBytes+"="+strconv.Itoa(n), envIPCGPU+"="+strconv.Itoa(childGPU))
+		envIPCIters+"="+strconv.Itoa(iters), envIPCBytes+"="+strconv.Itoa(n), onGPU)
 	require.NoError(t, l.Close())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

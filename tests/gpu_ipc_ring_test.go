@@ -261,7 +261,7 @@ func runRingChild() error {
 	if err != nil {
 		return err
 	}
-	b, err := stream.Open(stream.CUDA)
+	b, err := openChildBackend()
 	if err != nil {
 		return err
 	}
@@ -331,7 +331,8 @@ func TestGPUIPCRingAllgatherRealloc(t *testing.T) {
 	var children []*ucp.Endpoint
 	for r := 1; r < ipcRingRanks; r++ {
 		var ep *ucp.Endpoint
-		ep, outs[r], _ = spawnRole(t, l, "ring", nil, envRingRank+"="+strconv.Itoa(r))
+		_, onGPU := childGPU(t, r)
+		ep, outs[r], _ = spawnRole(t, l, "ring", nil, envRingRank+"="+strconv.Itoa(r), onGPU)
 		children = append(children, ep)
 	}
 	table := make([][]byte, ipcRingRanks)

@@ -31,7 +31,7 @@ const (
 // runIPCExporter is the child: a CUDA context, a device region published to the
 // parent, then checksums on request until told to quit (or to die).
 func runIPCExporter() error {
-	b, err := stream.Open(stream.CUDA)
+	b, err := openChildBackend()
 	if err != nil {
 		return err
 	}
@@ -122,6 +122,7 @@ type ipcExporter struct {
 	out   *strings.Builder
 	epErr chan error
 	done  chan struct{}
+	gpu   int // the child's device ordinal
 }
 
 func startIPCExporter(t testing.TB, g *gpu, region int) *ipcExporter {
@@ -135,8 +136,10 @@ func startIPCExporter(t testing.TB, g *gpu, region int) *ipcExporter {
 	require.NoError(t, err)
 	l, err := x.w.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
+	var onGPU string
+	x.gpu, onGPU = childGPU(t, 1)
 	x.ep, x.out, x.done = spawnRole(t, l, "ipc-exporter", &ucp.EndpointParams{ErrorHandler: func(_ *ucp.Endpoint, err error) { x.epErr <- err }},
-		envIPCRegion+"="+strconv.Itoa(region))
+		envIPCRegion+"="+strconv.Itoa(region), onGPU)
 	require.NoError(t, l.Close())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -290,6 +293,8 @@ func TestGPUIPCRMA(t *testing.T) {
 // one GPU (Stream condition: the copy on the user's stream) with a same-process
 // cuMemcpyAsync device-to-device copy of the same size on the same stream, measured
 // in the same run. ratio = local copy time / IPC put time (the target is >= 0.95).
+// With the child on GPU 1 (UCPX_TEST_IPC_TWO_GPUS=1) the reference is a same-process
+// cuMemcpyPeerAsync from GPU 0 to GPU 1 with peer access on (peer_GB/s, ratio_vs_peer).
 func BenchmarkGPUIPCPut(b *testing.B) {
 	g := requireGPU(b)
 	const region = 1 << 30
@@ -306,6 +311,21 @@ func BenchmarkGPUIPCPut(b *testing.B) {
 	require.NoError(b, err)
 	defer func() { require.NoError(b, sc.Destroy()) }()
 	ctx := context.Background()
+	var peerCtx *cuda.Context
+	var peerDst *cuda.DeviceMemory
+	if x.gpu != 0 {
+		dev, err := cuda.GetDevice(x.gpu)
+		require.NoError(b, err)
+		peerCtx, err = dev.RetainPrimaryContext()
+		require.NoError(b, err)
+		defer peerCtx.Close()
+		if err := g.ctx.EnablePeerAccess(peerCtx); err != nil {
+			require.ErrorIs(b, err, cuda.ErrPeerAccessAlreadyOn)
+		}
+		peerDst, err = peerCtx.MemAlloc(region)
+		require.NoError(b, err)
+		defer peerDst.Close()
+	}
 	for _, n := range []int{4 << 20, 64 << 20, 256 << 20, 1 << 30} {
 		b.Run(fmt.Sprintf("%dMiB", n>>20), func(b *testing.B) {
 			reps := max(4, (2<<30)/n)
@@ -349,6 +369,11 @@ func BenchmarkGPUIPCPut(b *testing.B) {
 				rawCalls++
 				return err
 			})
+			if peerDst != nil {
+				peer := timeIt(func() error { return cs.MemcpyPeer(peerDst.Ptr(), peerCtx, src.Ptr(), g.ctx, n) })
+				b.ReportMetric(float64(n)/peer.Seconds()/1e9, "peer_GB/s")
+				b.ReportMetric(peer.Seconds()/ipc.Seconds(), "ratio_vs_peer")
+			}
 			b.ReportMetric(float64(n)/ipc.Seconds()/1e9, "ipc_GB/s")
 			b.ReportMetric(float64(n)/raw.Seconds()/1e9, "raw_ipc_GB/s")
 			b.ReportMetric(float64(n)/copyLocal.Seconds()/1e9, "local_GB/s")
