@@ -128,10 +128,13 @@ def rank_main(rank, init_file, quick):
         say(f"nccl pingpong     8 B {sec / 100 / 2 * 1e6:9.2f} us half round trip (CUDA graph)")
     except Exception as e:  # report, do not hide: the eager rows stand
         say(f"nccl pingpong in a CUDA graph: not measured: {e}")
-    dist.barrier()
-    dist.destroy_process_group()
+    torch.cuda.synchronize()
     if rank == 0:
         print("OK nccl-ref", flush=True)
+    # No barrier or destroy_process_group after the captured exchanges: with the graph
+    # still holding the communicator, both hung in torch 2.x on the device machine.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main():
