@@ -173,14 +173,24 @@ func (ep *Endpoint) GetNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam
 
 func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam, put bool) (*Request, error) {
 	p = param(p)
-	if rkey != nil && rkey.ipc != nil {
+	direct := rkey != nil && rkey.ipc != nil
+	if direct {
 		if err := p.checkCommon(op, ep.w.ctx); err != nil {
 			return nil, err
 		}
-		return ep.rmaIPC(op, buf, raddr, rkey, p, put)
-	}
-	if err := p.check(op, ep.w.ctx); err != nil {
+	} else if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
+	}
+	if ep.w.fenceOn.Load() && p.Condition == nil {
+		if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
+			return nil, err
+		}
+		if r, ok := ep.w.fenced(op, p, direct, func(ip *RequestParam) (*Request, error) { return ep.rma(op, buf, raddr, rkey, ip, put) }); ok {
+			return r, nil
+		}
+	}
+	if direct {
+		return ep.rmaIPC(op, buf, raddr, rkey, p, put)
 	}
 	if p.Condition != nil {
 		// The range is checked at the call: a bad one would otherwise fail only when
@@ -272,6 +282,14 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 	}
 	if raddr%uint64(a.Size) != 0 {
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
+	}
+	if ep.w.fenceOn.Load() && p.Condition == nil {
+		if err := rkey.checkRange(op, ep, raddr, a.Size); err != nil {
+			return nil, err
+		}
+		if r, ok := ep.w.fenced(op, p, false, func(ip *RequestParam) (*Request, error) { return ep.AtomicNbx(a, raddr, rkey, ip) }); ok {
+			return r, nil
+		}
 	}
 	if p.Condition != nil {
 		if err := rkey.checkRange(op, ep, raddr, a.Size); err != nil {

@@ -77,6 +77,9 @@ type RequestParam struct {
 	// staged runs once on completion of an operation moved through staging memory
 	// with CPU copies (no condition): it copies a receive out and gives the memory back.
 	staged func(r *Request)
+	// unfenced: the operation is issued by a Fence's gate (fence.go), which already
+	// waited for what came before the fence.
+	unfenced bool
 }
 
 var defaultParam RequestParam

@@ -65,6 +65,10 @@ type Worker struct {
 	nextID    uint64
 	events    []ucx.Event
 	deferred  []func() // user callbacks to run after mu is released
+	// fence: what the last Fence holds later operations back for (fence.go);
+	// fenceOn: fence is set, read without the lock on the issue paths.
+	fence   *fenceGate
+	fenceOn atomic.Bool
 
 	efd      int           // -1 without wakeup
 	spinTime time.Duration // WorkerParams.SpinTime, resolved
