@@ -3,11 +3,11 @@ package prepare
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
+	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -434,6 +434,7 @@ func PreadyHandle(h DeviceHandle, p int) error {
 	}
 	d.taken[p] = h.Iteration
 	r.mu.Unlock()
+	start := time.Now()
 	for i := 0; ; i++ {
 		r.mu.Lock()
 		// Checked again each time: the words are freed with the request.
@@ -472,8 +473,8 @@ func PreadyHandle(h DeviceHandle, p int) error {
 		}
 		r.mu.Unlock()
 		// The receiver's write may need this worker's progress (tcp).
-		if !flag.Block().Drive() {
-			backoff(i)
+		if !flag.Block().Drive() && i >= 64 {
+			backoff.Pause(start)
 		}
 	}
 }
@@ -513,15 +514,4 @@ func (h DeviceHandle) parrived(op string, q int) (bool, error) {
 		return false, r.peerFailedLocked(op, q)
 	}
 	return ok, nil
-}
-
-// backoff paces a host wait: spin, then yield, then sleep briefly.
-func backoff(i int) {
-	switch {
-	case i < 64:
-	case i < 1024:
-		runtime.Gosched()
-	default:
-		time.Sleep(10 * time.Microsecond)
-	}
 }

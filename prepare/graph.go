@@ -2,7 +2,6 @@ package prepare
 
 import (
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -11,6 +10,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -110,7 +110,8 @@ func (r *Request) gateNodeLocked(g condition.GraphBuilder, deps []condition.Node
 // awaitReady waits for ready flag p of a host graph's launch and takes it, returning
 // the iteration it held.
 func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
-	for i := 0; ; i++ {
+	start := time.Now()
+	for {
 		v := flag.Load()
 		if v == failedWord {
 			r.mu.Lock()
@@ -123,11 +124,7 @@ func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
 		}
 		// The receiver's write may need this worker's progress (tcp).
 		if r.w.Progress() == 0 {
-			if i < 256 {
-				runtime.Gosched()
-			} else {
-				time.Sleep(10 * time.Microsecond)
-			}
+			backoff.Pause(start)
 		}
 	}
 }

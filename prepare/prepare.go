@@ -12,6 +12,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
@@ -926,6 +927,7 @@ func (r *Request) ackLocked() error {
 // Wait waits until the current iteration completed (see Test) or ctx ends. It drives
 // the worker's progress itself.
 func (r *Request) Wait(ctx context.Context) error {
+	start := time.Now()
 	for i := 0; ; i++ {
 		done, err := r.Test()
 		if done {
@@ -935,10 +937,13 @@ func (r *Request) Wait(ctx context.Context) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if i > 4096 {
-				_ = r.w.WaitForEvents(ctx, 100*time.Microsecond)
-			} else {
+			// Arrivals are one-sided writes (by UCX or a GPU) that wake nobody:
+			// spin first (internal/backoff), then sleep on the worker's events, which
+			// still wakes at once for what UCX does deliver.
+			if backoff.Spinning(start) {
 				runtime.Gosched()
+			} else {
+				_ = r.w.WaitForEvents(ctx, time.Millisecond)
 			}
 		}
 	}

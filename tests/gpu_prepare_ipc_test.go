@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +30,10 @@ import (
 const (
 	tagPrepIPC     = 0x1bc
 	prepIPCRecvPts = 8
+	prepIPCPhase   = 50 // iterations of each of the sender's four phases
 )
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // preparedReceiver is the child's side.
 func (x *ipcSide) preparedReceiver(ctx context.Context, iters, n int) (uint64, error) {
@@ -69,12 +73,16 @@ func (x *ipcSide) preparedReceiver(ctx context.Context, iters, n int) (uint64, e
 	defer s.Close()
 	cs, _ := stream.CUDAStream(s)
 	var total uint64
+	// Where each phase's time goes on this side (printed; the parent logs it).
+	var inStart, inWait, inSync time.Duration
 	for it := 1; it <= iters; it++ {
 		clear(sums.Bytes())
 		clear(status.Bytes())
+		t0 := time.Now()
 		if err := recv.Start(); err != nil {
 			return 0, err
 		}
+		inStart += time.Since(t0)
 		rh, err := recv.DeviceHandle()
 		if err != nil {
 			return 0, err
@@ -82,11 +90,20 @@ func (x *ipcSide) preparedReceiver(ctx context.Context, iters, n int) (uint64, e
 		if err := cs.LaunchKernel(parrived, cuda.Linear(prepIPCRecvPts, 256), rh.Kernel(), rbuf.Ptr(), sums.DevicePtr(), status.DevicePtr()); err != nil {
 			return 0, err
 		}
+		t1 := time.Now()
 		if err := recv.Wait(ctx); err != nil {
 			return 0, fmt.Errorf("iteration %d: %w", it, err)
 		}
+		t2 := time.Now()
+		inWait += t2.Sub(t1)
 		if err := s.Synchronize(); err != nil {
 			return 0, err
+		}
+		inSync += time.Since(t2)
+		if it%prepIPCPhase == 0 {
+			fmt.Printf("receiver, iterations %d-%d: Start %.1f us, Wait %.1f us, Synchronize %.1f us per iteration\n",
+				it-prepIPCPhase+1, it, us(inStart)/prepIPCPhase, us(inWait)/prepIPCPhase, us(inSync)/prepIPCPhase)
+			inStart, inWait, inSync = 0, 0, 0
 		}
 		for q := range prepIPCRecvPts {
 			if st := binary.LittleEndian.Uint64(status.Bytes()[16*q+8:]); st != 1 {
@@ -103,7 +120,7 @@ func (x *ipcSide) preparedReceiver(ctx context.Context, iters, n int) (uint64, e
 
 func TestGPUPreparedIPC(t *testing.T) {
 	g := requireGPU(t)
-	const sparts, n, phase = 16, 4 << 20, 50
+	const sparts, n, phase = 16, 4 << 20, prepIPCPhase
 	const iters = 4 * phase
 	x, out, done := startIPCPeer(t, g, "prepare", iters, n)
 	sbuf, err := g.ctx.MemAlloc(n)
@@ -216,6 +233,11 @@ func TestGPUPreparedIPC(t *testing.T) {
 	require.Equal(t, puts+sparts, send.Stats().Puts, "the graph's nodes were made once")
 
 	got := x.result(t, out)
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "receiver, ") {
+			t.Log(line)
+		}
+	}
 	var want uint64
 	for i := 1; i <= iters; i++ {
 		want += partSum(0, n, uint32(i))

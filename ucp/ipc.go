@@ -3,11 +3,11 @@ package ucp
 import (
 	"context"
 	"encoding/binary"
-	"runtime"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 )
@@ -723,7 +723,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 }
 
 // waitIPC waits for an IPC request: it polls (the copy engine signals nothing the
-// worker's event descriptor would show), spinning briefly and then sleeping.
+// worker's event descriptor would show), paced by internal/backoff.
 func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
 	start := time.Now()
 	for {
@@ -734,14 +734,7 @@ func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		switch since := time.Since(start); {
-		case since < 50*time.Microsecond:
-			runtime.Gosched()
-		case since < 10*time.Millisecond:
-			time.Sleep(5 * time.Microsecond)
-		default:
-			time.Sleep(200 * time.Microsecond)
-		}
+		backoff.Pause(start)
 	}
 }
 

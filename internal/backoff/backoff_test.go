@@ -1,0 +1,20 @@
+package backoff
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestPause(t *testing.T) {
+	start := time.Now()
+	require.True(t, Spinning(start))
+	Pause(start) // a yield
+
+	old := time.Now().Add(-2 * SpinFor)
+	require.False(t, Spinning(old))
+	t0 := time.Now()
+	Pause(old)
+	require.GreaterOrEqual(t, time.Since(t0), time.Millisecond, "after the spin phase a pause sleeps")
+}
