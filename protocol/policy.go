@@ -30,10 +30,11 @@ const (
 	// fails at the call with an error matching ErrUnsupported (the input is valid, the
 	// machinery to move it without staging is missing), instead of staging.
 	StageNever
-	// PreferPull stages as StageWhenNeeded; where the direct (CUDA-IPC) path carries a
-	// tag or AM message with device buffers on both sides, the receiver pulls from the
-	// sender's exported buffer after matching rather than the sender pushing. Until
-	// that path is wired, it behaves as StageWhenNeeded.
+	// PreferPull stages as StageWhenNeeded, and a message whose device buffer the
+	// direct (CUDA-IPC) path can carry moves by the receiver pulling from the sender's
+	// exported buffer. Active messages already move so under StageWhenNeeded; tag
+	// messages are staged under both (their receiver cannot tell a pulled message from
+	// data: UCX's tag messages carry no header of ours).
 	PreferPull
 )
 

@@ -185,6 +185,8 @@ func runIPCPeer() error {
 		result, err = x.kernelReceiver(iters, n)
 	case "prepare":
 		result, err = x.preparedReceiver(ctx, iters, n)
+	case "am":
+		err = x.amReceiver(ctx)
 	case "allgather":
 		var bad int
 		_, bad, err = x.allgather(ctx, 1, n)

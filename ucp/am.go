@@ -43,7 +43,8 @@ type AmMessage struct {
 	flags    uint64
 	replyEP  *Endpoint
 	retained bool
-	consumed bool // under w.mu
+	consumed bool     // under w.mu
+	pull     *pullRef // the data lies in the sender's device buffer (ampull.go)
 }
 
 // SetAmHandler installs fn for messages sent with id (nil removes the handler).
@@ -51,8 +52,8 @@ func (w *Worker) SetAmHandler(id uint, fn AmHandler) error {
 	if id > 0xffff {
 		return opErr("set_am_recv_handler", ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
-	if id == RevokeAM {
-		return opErr("set_am_recv_handler", ErrInvalidParam, "id %#x is reserved by ucpx (RevokeAM)", id)
+	if id == RevokeAM || id == PullAM {
+		return opErr("set_am_recv_handler", ErrInvalidParam, "id %#x is reserved by ucpx (RevokeAM, PullAM)", id)
 	}
 	return w.setAmHandler(id, fn)
 }
@@ -147,6 +148,18 @@ func (m *AmMessage) RecvData(buf []byte, p *RequestParam) (*Request, error) {
 		return nil, err
 	}
 	w := m.w
+	if m.pull != nil || w.devicePlain(p) {
+		if len(buf) < m.length {
+			return nil, opErr(op, ErrMessageTruncated, "buffer %d < message %d", len(buf), m.length)
+		}
+		if m.pull != nil {
+			return m.recvPulled(op, buf, p)
+		}
+		// UCX cannot write device memory here: received into staging, copied in.
+		return w.stagedDevice(op, p, buf, protocol.In, func(b []byte, ip *RequestParam) (*Request, error) {
+			return m.RecvData(b, ip)
+		})
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if m.consumed || w.closed.Load() {
@@ -178,6 +191,10 @@ func (m *AmMessage) releaseLocked() {
 		return
 	}
 	m.consumed = true
+	if m.pull != nil {
+		m.releasePulledLocked()
+		return
+	}
 	switch {
 	case m.flags&ucx.AmRecvCopied != 0:
 		ucx.Free(m.data)
@@ -200,17 +217,25 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 	if id > 0xffff {
 		return nil, opErr(op, ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
-	if id == RevokeAM {
-		return nil, opErr(op, ErrInvalidParam, "id %#x is reserved by ucpx (RevokeAM)", id)
+	if id == RevokeAM || id == PullAM {
+		return nil, opErr(op, ErrInvalidParam, "id %#x is reserved by ucpx (RevokeAM, PullAM)", id)
 	}
 	if m := ep.w.maxAmHeader; m > 0 && len(header) > m {
 		// UCX aborts the process on a header its transports cannot carry.
 		return nil, opErr(op, ErrInvalidParam, "header of %d bytes exceeds the worker's max_am_header (%d)", len(header), m)
 	}
 	if p.Condition != nil {
-		return ep.w.submit(op, p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
-			return ep.AmSendNbx(id, header, b, ip)
-		})
+		reissue := func(_ int, b []byte, ip *RequestParam) (*Request, error) { return ep.AmSendNbx(id, header, b, ip) }
+		if ep.pullable(p, buf, true) {
+			// Issued at the trigger as a send without a condition: the receiver pulls.
+			return ep.w.submitDirect(op, p, buf, reissue)
+		}
+		return ep.w.submit(op, p, buf, protocol.Out, false, reissue)
+	}
+	if ep.pullable(p, buf, false) {
+		if r, ok, err := ep.amPull(op, id, header, buf, p); ok {
+			return r, err
+		}
 	}
 	if ep.w.stagesPlain(p) {
 		return ep.w.stagedPlain(op, p, buf, protocol.Out, func(b []byte, ip *RequestParam) (*Request, error) {

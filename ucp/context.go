@@ -109,8 +109,9 @@ type Context struct {
 	protocol protocol.Config
 	workers  map[*Worker]struct{}
 	memhs    map[*MemH]struct{}
-	exports  map[uint64]*MemH // by key id, once packed
-	ipc      *ctxIPC          // the CUDA IPC path, with ContextParams.Device
+	exports  map[uint64]*MemH       // by key id, once packed
+	ipc      *ctxIPC                // the CUDA IPC path, with ContextParams.Device
+	pulls    map[uint64]*pullExport // allocations exported for pulled active messages, by base
 	closed   bool
 	trust    *trust
 	// revokeTimeout is ContextParams.RevokeTimeout, resolved.

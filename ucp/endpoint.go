@@ -47,6 +47,8 @@ type Endpoint struct {
 	rawClosed bool
 	watch     *pidWatch // same-host peer watching, nil if none
 	source    uint64    // the peer's source id (unmatched.go), when peerKnown
+	// pullKeys: the peer's keys of pulled active messages, unpacked (under w.mu).
+	pullKeys map[string]*Rkey
 }
 
 func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
@@ -244,6 +246,7 @@ func (ep *Endpoint) failLocked(st error) {
 	}
 	ep.err = st
 	ep.ipcPeerFailedLocked()
+	ep.w.failPullsLocked(ep, st)
 	for r := range ep.recvs {
 		if r.req != nil {
 			ep.w.raw.Cancel(r.req)

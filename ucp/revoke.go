@@ -30,6 +30,7 @@ const (
 	ctlRelease = 2 // importer -> exporter: the key's last Rkey was closed
 	ctlRevoke  = 3 // exporter -> importer: the key is revoked
 	ctlAck     = 4 // importer -> exporter: revoked keys are unusable and flushed
+	ctlPulled  = 5 // receiver -> sender: a pulled message's data was copied or dropped (ampull.go)
 	ctlLen     = 1 + 8
 )
 
@@ -62,7 +63,7 @@ func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, keyID
 	if err != nil {
 		return sender, 0, 0, err
 	}
-	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlAck {
+	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlPulled {
 		return sender, 0, 0, fmt.Errorf("control message of %d bytes: %w", len(plain), ErrInvalidParam)
 	}
 	return sender, plain[0], binary.LittleEndian.Uint64(plain[1:]), nil
@@ -94,6 +95,10 @@ func (w *Worker) onControl(msg *AmMessage) {
 		w.ctx.noteAck(sender, keyID)
 	case ctlRevoke:
 		w.revokeImported(sender, keyID, nil)
+	case ctlPulled:
+		w.mu.Lock()
+		w.onPulledLocked(sender, keyID)
+		w.mu.Unlock()
 	}
 }
 

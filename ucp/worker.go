@@ -69,6 +69,10 @@ type Worker struct {
 	// fenceOn: fence is set, read without the lock on the issue paths.
 	fence   *fenceGate
 	fenceOn atomic.Bool
+	// pullsOut: sends of pulled active messages waiting for their receiver, by op id
+	// (ampull.go; under mu); pullSeq numbers them.
+	pullsOut map[uint64]*Request
+	pullSeq  atomic.Uint64
 
 	efd      int           // -1 without wakeup
 	spinTime time.Duration // WorkerParams.SpinTime, resolved
@@ -155,6 +159,13 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		if err := w.setAmHandler(RevokeAM, w.onControl); err != nil {
 			_ = w.Close()
 			return nil, err
+		}
+		// Pulled active messages (ampull.go): only a peer IPC reaches sends them.
+		if c.ipc != nil {
+			if err := w.setAmHandler(PullAM, w.onPull); err != nil {
+				_ = w.Close()
+				return nil, err
+			}
 		}
 	}
 	if p.ProgressThread {
@@ -479,6 +490,7 @@ func (w *Worker) Close() error {
 	for _, ep := range w.eps {
 		ep.forceCloseLocked()
 	}
+	w.failPullsLocked(nil, opErr("worker_destroy", ErrCanceled, "worker closed"))
 	for _, r := range w.pending {
 		if r != nil && r.req != nil {
 			w.raw.Cancel(r.req)

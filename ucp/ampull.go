@@ -1,0 +1,292 @@
+package ucp
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
+)
+
+// Active messages whose data the receiver pulls. An active message of a device buffer
+// (MemoryCUDA, no condition) to a peer that CUDA IPC reaches does not carry its data:
+// the sender exports the buffer's allocation once (one MemH over the whole allocation,
+// kept while the allocation is the same one: its buffer id) and sends, on PullAM, a
+// sealed header naming the message's id, header, offset and length and the packed key.
+// The receiver's handler sees a rendezvous message (IsRendezvous, Length);
+// RecvData is a get of the sender's mapped buffer by the copy engine (any buffer, any
+// condition a get takes), and once it completed, or once the message was released
+// unreceived, the receiver tells the sender (ctlPulled) and the send completes. A send
+// whose peer fails completes with the failure.
+
+// PullAM is the active-message id ucpx reserves for messages whose data the receiver
+// pulls; SetAmHandler and AmSendNbx refuse it.
+const PullAM = 0xfffc
+
+const (
+	pullMagic = "UCP2"
+	pullFixed = 2 + 4 + 8 + 8 + 8 + 4 // id, flags, op, offset, length, key length
+)
+
+// pullExport is an allocation exported for pulls.
+type pullExport struct {
+	base, size uint64
+	bufferID   uint64
+	memh       *MemH
+	packed     []byte
+}
+
+// pullRef is what a pulled message's receiver needs: the sender's endpoint and key,
+// where the data lies in its allocation, and the send it completes.
+type pullRef struct {
+	ep          *Endpoint
+	packed      []byte
+	off, length uint64
+	op          uint64
+}
+
+// pullable reports whether an active message of buf goes by pull (conditioned: the
+// engine issues it at its trigger).
+func (ep *Endpoint) pullable(p *RequestParam, buf []byte, conditioned bool) bool {
+	c := ep.w.ctx
+	return len(buf) > 0 && (p.Condition != nil) == conditioned && c.ipc != nil && !c.SupportsMemoryType(MemoryCUDA) &&
+		declaredDevice(p) && p.Staging.Or(c.protocol.Staging) != protocol.StageAlways &&
+		c.features&FeatureAM != 0 && ep.Reach(c.ipc.dev.CanAccessPeer).IPC()
+}
+
+// pullKey is the export of the allocation holding ptr, made on first use (and again
+// when the allocation at that base is another one than the export's).
+func (c *Context) pullKey(ptr uintptr) (*pullExport, error) {
+	a, err := c.ipc.dev.IPCAllocation(ptr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	old := c.pulls[a.Base]
+	if old != nil && old.bufferID == a.BufferID && old.size == a.Size {
+		c.mu.Unlock()
+		return old, nil
+	}
+	c.mu.Unlock()
+	m, err := c.MemMapPtr(uintptr(a.Base), int(a.Size), MemoryCUDA)
+	if err != nil {
+		return nil, err
+	}
+	packed, err := m.PackRkey()
+	if err != nil {
+		_ = m.Close()
+		return nil, err
+	}
+	e := &pullExport{base: a.Base, size: a.Size, bufferID: a.BufferID, memh: m, packed: packed}
+	c.mu.Lock()
+	if cur := c.pulls[a.Base]; cur != nil && cur != old && cur.bufferID == a.BufferID && cur.size == a.Size {
+		c.mu.Unlock() // another send made it meanwhile
+		go m.Close()
+		return cur, nil
+	}
+	if c.pulls == nil {
+		c.pulls = map[uint64]*pullExport{}
+	}
+	c.pulls[a.Base] = e
+	c.mu.Unlock()
+	if old != nil {
+		// The allocation was freed and another made at its base: its importers are
+		// told (revocation waits for their acknowledgements, so not here).
+		go old.memh.Close()
+	}
+	return e, nil
+}
+
+// amPull sends an active message of a device buffer for the receiver to pull. It
+// reports false (nothing sent) where the message cannot go so: the caller stages it.
+func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestParam) (*Request, bool, error) {
+	w := ep.w
+	ptr := uintptr(bufPtr(buf))
+	e, err := w.ctx.pullKey(ptr)
+	if err != nil {
+		return nil, false, nil // memory IPC cannot export (VMM): staged
+	}
+	opID := w.pullSeq.Add(1)
+	plain := make([]byte, pullFixed, pullFixed+len(e.packed)+len(header))
+	binary.LittleEndian.PutUint16(plain, uint16(id))
+	binary.LittleEndian.PutUint32(plain[2:], uint32(p.AmFlags))
+	binary.LittleEndian.PutUint64(plain[6:], opID)
+	binary.LittleEndian.PutUint64(plain[14:], uint64(ptr)-e.base)
+	binary.LittleEndian.PutUint64(plain[22:], uint64(len(buf)))
+	binary.LittleEndian.PutUint32(plain[30:], uint32(len(e.packed)))
+	plain = append(append(plain, e.packed...), header...)
+	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, plain)
+	if m := w.maxAmHeader; m > 0 && len(h) > m {
+		return nil, false, nil // the key and the header do not fit one: staged
+	}
+	var flags uint32
+	if p.AmFlags&AmReply != 0 {
+		flags = uint32(AmReply)
+	}
+	r, x := w.newIPCRequest(op, p)
+	x.ep = ep
+	x.held = true // until the receiver says it pulled (onPulledLocked)
+	w.lockIssue()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, true, err
+	}
+	// The message itself is done once UCX sent it; the send completes with the
+	// receiver's word.
+	if _, err := w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(h), len(h), nil, 0, 0, flags, -1, nil), &defaultParam, nil, bufPtr(h)); err != nil {
+		return nil, true, opErr(op, unwrapOp(err), "")
+	}
+	if w.pullsOut == nil {
+		w.pullsOut = map[uint64]*Request{}
+	}
+	w.pullsOut[opID] = r
+	w.trackIPCLocked(r)
+	return r, true, nil
+}
+
+// onPulled completes the send opID of sender's once the receiver pulled its data.
+// Caller holds w.mu.
+func (w *Worker) onPulledLocked(sender [idLen]byte, opID uint64) {
+	r := w.pullsOut[opID]
+	if r == nil || r.ipc.ep == nil || r.ipc.ep.peer.id != sender {
+		return // not ours, or another peer's claim: ignored
+	}
+	delete(w.pullsOut, opID)
+	r.ipc.held = false
+}
+
+// failPullsLocked fails ep's sends still waiting for their receiver (the peer failed)
+// or every one (ep nil: the worker closes). Caller holds w.mu.
+func (w *Worker) failPullsLocked(ep *Endpoint, err error) {
+	for id, r := range w.pullsOut {
+		if ep == nil || r.ipc.ep == ep {
+			delete(w.pullsOut, id)
+			r.ipc.failed = err
+			r.ipc.held = false
+		}
+	}
+}
+
+// onPull delivers a pulled message (the internal handler of PullAM) to the handler of
+// its id, as a rendezvous message whose data RecvData pulls.
+func (w *Worker) onPull(msg *AmMessage) {
+	sender, plain, err := w.ctx.trust.seal.open(pullMagic, msg.Header)
+	if err != nil || len(plain) < pullFixed {
+		return // not from a peer of ours: dropped
+	}
+	id := uint(binary.LittleEndian.Uint16(plain))
+	flags := binary.LittleEndian.Uint32(plain[2:])
+	ref := &pullRef{
+		op:     binary.LittleEndian.Uint64(plain[6:]),
+		off:    binary.LittleEndian.Uint64(plain[14:]),
+		length: binary.LittleEndian.Uint64(plain[22:]),
+	}
+	keyLen := uint64(binary.LittleEndian.Uint32(plain[30:]))
+	if keyLen > uint64(len(plain)-pullFixed) || ref.length > 1<<62 {
+		return
+	}
+	ref.packed = plain[pullFixed : pullFixed+keyLen]
+	header := plain[pullFixed+keyLen:]
+	if ref.ep = w.endpointTo(sender); ref.ep == nil {
+		return // no endpoint to it: nobody to pull from or to tell
+	}
+	um := &AmMessage{w: w, ID: id, Header: header, length: int(ref.length), flags: ucx.AmRecvRndv, pull: ref}
+	if AmSendFlags(flags)&AmReply != 0 {
+		um.replyEP = msg.replyEP
+	}
+	w.mu.Lock()
+	h := w.am[uint64(id)]
+	w.mu.Unlock()
+	if h == nil {
+		um.Release()
+		return
+	}
+	defer func() {
+		if !um.retained {
+			um.Release()
+		}
+	}()
+	h.fn(um)
+}
+
+// pulledKey is the receiver's Rkey of a pull's key, unpacked once per key and kept
+// while it is not revoked.
+func (ep *Endpoint) pulledKey(packed []byte) (*Rkey, error) {
+	w := ep.w
+	w.mu.Lock()
+	rk := ep.pullKeys[string(packed)]
+	if rk != nil && (rk.revoked || rk.closed) {
+		delete(ep.pullKeys, string(packed))
+		rk = nil
+	}
+	w.mu.Unlock()
+	if rk != nil {
+		return rk, nil
+	}
+	rk, err := ep.UnpackRkey(packed)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	if ep.pullKeys == nil {
+		ep.pullKeys = map[string]*Rkey{}
+	}
+	if cur := ep.pullKeys[string(packed)]; cur != nil && !cur.revoked && !cur.closed {
+		w.mu.Unlock()
+		_ = rk.Close()
+		return cur, nil
+	}
+	ep.pullKeys[string(packed)] = rk
+	w.mu.Unlock()
+	return rk, nil
+}
+
+// recvPulled is RecvData of a pulled message: a get of the sender's buffer, after
+// which the sender is told.
+func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request, error) {
+	w, ref := m.w, m.pull
+	rk, err := ref.ep.pulledKey(ref.packed)
+	if err != nil {
+		return nil, opErr(op, unwrapOp(err), "the sender's key")
+	}
+	if ref.off > rk.length || ref.length > rk.length-ref.off {
+		return nil, opErr(op, ErrInvalidParam, "pulled range [%d,+%d) outside the sender's allocation of %d bytes", ref.off, ref.length, rk.length)
+	}
+	w.mu.Lock()
+	if m.consumed || w.closed.Load() {
+		w.mu.Unlock()
+		return nil, opErr(op, ErrClosed, "message already received or released")
+	}
+	m.consumed = true
+	w.mu.Unlock()
+	gp := *p
+	gp.Callback, gp.Request = nil, nil
+	get, err := ref.ep.GetNbx(buf[:ref.length], rk.Base()+ref.off, rk, &gp)
+	if err != nil {
+		w.mu.Lock()
+		m.consumed = false // the caller may try again or release it
+		w.mu.Unlock()
+		return nil, opErr(op, unwrapOp(err), "")
+	}
+	r, x := w.newIPCRequest(op, p)
+	x.deps = []*Request{get}
+	x.length = int(ref.length)
+	x.then = func(x *ipcWait, err error) (bool, error) {
+		ref.ep.sendControlLocked(ctlPulled, ref.op)
+		return true, err
+	}
+	w.mu.Lock()
+	w.trackIPCLocked(r)
+	w.mu.Unlock()
+	return r, nil
+}
+
+// releasePulledLocked tells the sender of a pulled message nobody received that it
+// may complete. Caller holds w.mu.
+func (m *AmMessage) releasePulledLocked() {
+	m.pull.ep.sendControlLocked(ctlPulled, m.pull.op)
+}
+
+func (r *pullRef) String() string {
+	return fmt.Sprintf("pull op %d of %s [%d,+%d)", r.op, r.ep, r.off, r.length)
+}
