@@ -3,6 +3,7 @@ package ucp
 import (
 	"context"
 	"encoding/binary"
+	"runtime"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -723,7 +724,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 }
 
 // waitIPC waits for an IPC request: it polls (the copy engine signals nothing the
-// worker's event descriptor would show), paced by internal/backoff.
+// worker's event descriptor would show), spinning for internal/backoff's spin phase.
 func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
 	start := time.Now()
 	for {
@@ -734,7 +735,14 @@ func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		backoff.Pause(start)
+		if backoff.Spinning(start) {
+			runtime.Gosched()
+			continue
+		}
+		// A copy signals nothing, but the UCX step of a staged operation (a message
+		// moving in many fragments, each needing a progress call) does: sleep on the
+		// worker's events, a millisecond at most.
+		_ = w.WaitForEvents(ctx, time.Millisecond)
 	}
 }
 
