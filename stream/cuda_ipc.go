@@ -234,24 +234,24 @@ func (b *cudaBackend) AllocSharedWords(n int) (*WordBlock, SharedWords, error) {
 }
 
 // MapSharedWords maps another process's shared words for this device.
-func (b *cudaBackend) MapSharedWords(pid int, w SharedWords) (uintptr, func() error, error) {
+func (b *cudaBackend) MapSharedWords(pid int, w SharedWords) (uintptr, uintptr, func() error, error) {
 	seg, err := shm.Open(pid, w.FD, w.Size)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
 	if err := b.acquire(); err != nil {
 		_ = seg.Close()
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
 	reg, err := b.ctx.MemHostRegister(uintptr(unsafe.Pointer(&seg.Mem[0])), len(seg.Mem), cuda.HostRegisterPortable|cuda.HostRegisterDeviceMap)
 	if err != nil {
 		_ = seg.Close()
 		_ = b.release()
-		return 0, nil, cudaErr("MapSharedWords", err)
+		return 0, 0, nil, cudaErr("MapSharedWords", err)
 	}
 	unmap := func() error {
 		err := cudaErr("MapSharedWords unmap", reg.Close())
 		return errors.Join(err, seg.Close(), b.release())
 	}
-	return reg.DevicePtr(), unmap, nil
+	return uintptr(unsafe.Pointer(&seg.Mem[0])), reg.DevicePtr(), unmap, nil
 }

@@ -106,8 +106,9 @@ type rkeyIPC struct {
 	// released: the mapping reference was given back (under w.mu).
 	released bool
 	// unmap: shared signal words (sharedwords.go) are unmapped, not released to
-	// the importer.
+	// the importer; host is their address for this process's CPU.
 	unmap func() error
+	host  uintptr
 }
 
 // unpackIPC maps the allocation of an IPC key (a driver call: the caller's goroutine,

@@ -181,16 +181,20 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 	} else if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
 	}
+	shared := put && !direct && rkey.sharedStore(p)
 	if ep.w.fenceOn.Load() && p.Condition == nil {
 		if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
 			return nil, err
 		}
-		if r, ok := ep.w.fenced(op, p, direct, func(ip *RequestParam) (*Request, error) { return ep.rma(op, buf, raddr, rkey, ip, put) }); ok {
+		if r, ok := ep.w.fenced(op, p, direct || shared, func(ip *RequestParam) (*Request, error) { return ep.rma(op, buf, raddr, rkey, ip, put) }); ok {
 			return r, nil
 		}
 	}
 	if direct {
 		return ep.rmaIPC(op, buf, raddr, rkey, p, put)
+	}
+	if shared {
+		return ep.putShared(op, buf, raddr, rkey, p)
 	}
 	if p.Condition != nil {
 		// The range is checked at the call: a bad one would otherwise fail only when

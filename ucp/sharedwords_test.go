@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"testing"
 	"time"
@@ -289,4 +290,64 @@ func peerSignals(t *testing.T, p *pair, dev *fakeipc.Device, n int) (*Signals, [
 	packed, err := words.PackRkey()
 	require.NoError(t, err)
 	return words, packed
+}
+
+// A put of host memory into a peer's shared words is CPU stores into the mapping: it
+// lands at once and completes in place, with no UCX and no progress of the peer's,
+// which here has none (over tcp, UCX's put is an active message the peer would have
+// to progress). Undeclared memory still goes through UCX.
+func TestPutIntoSharedWordsByStores(t *testing.T) {
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	tcp := map[string]string{"UCX_TLS": "tcp,self"}
+	p, l, err := listenPair(t, ContextParams{Device: dev, Config: tcp}, ContextParams{Device: dev, Config: tcp})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	words, err := p.b.NewSignals(dev, 4)
+	require.NoError(t, err)
+	defer func() {
+		stop := background(p.a)
+		_ = words.Close()
+		stop()
+	}()
+	packed, err := words.PackRkey()
+	require.NoError(t, err)
+	wk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+
+	src := make([]byte, 24) // words 1..3 (the third from bytes at an odd offset)
+	binary.NativeEndian.PutUint64(src, 11)
+	binary.NativeEndian.PutUint64(src[8:], 12)
+	binary.NativeEndian.PutUint64(src[16:], 13)
+	r, err := p.epA.PutNbx(src, wk.Base()+8, wk, &RequestParam{MemoryType: MemoryHost})
+	require.NoError(t, err)
+	require.True(t, r.Done(), "completed in place")
+	require.Equal(t, []uint64{0, 11, 12, 13}, []uint64{words.Word(0).Load(), words.Word(1).Load(), words.Word(2).Load(), words.Word(3).Load()},
+		"in place before the owner progressed at all")
+
+	// A registered host buffer (MemH) counts as host memory too; past the words, the
+	// range check still refuses.
+	m, err := p.ctxA.MemAlloc(8)
+	require.NoError(t, err)
+	defer m.Close()
+	binary.NativeEndian.PutUint64(m.Bytes(), 99)
+	r, err = p.epA.PutNbx(m.Bytes(), wk.Base(), wk, &RequestParam{MemH: m})
+	require.NoError(t, err)
+	require.True(t, r.Done())
+	require.Equal(t, uint64(99), words.Word(0).Load())
+	_, err = p.epA.PutNbx(src, wk.Base()+16, wk, &RequestParam{MemoryType: MemoryHost})
+	require.ErrorIs(t, err, ErrOutOfRange)
+
+	// Undeclared memory is UCX's to move: it lands once the owner progresses.
+	binary.NativeEndian.PutUint64(src, 21)
+	r, err = p.epA.PutNbx(src[:8], wk.Base()+24, wk, nil)
+	require.NoError(t, err)
+	stop := background(p.b)
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, r.Wait(ctx))
+	fr, err := p.epA.FlushNbx(nil)
+	require.NoError(t, err)
+	require.NoError(t, fr.Wait(ctx))
+	require.Equal(t, uint64(21), words.Word(3).Load())
 }

@@ -43,9 +43,10 @@ type DeviceIPC interface {
 	// outlives a peer that died. Freeing the block unmaps it here.
 	AllocSharedWords(n int) (*WordBlock, SharedWords, error)
 	// MapSharedWords maps the words process pid shared (what AllocSharedWords
-	// returned there) and returns the device address of its first word here, for
-	// WriteValueAt. unmap releases the mapping; nothing may still write through it.
-	MapSharedWords(pid int, w SharedWords) (addr uintptr, unmap func() error, err error)
+	// returned there) and returns the address of its first word here for this
+	// process's CPU (host) and for the device (dev, for WriteValueAt). unmap releases
+	// the mapping; nothing may still write through it.
+	MapSharedWords(pid int, w SharedWords) (host, dev uintptr, unmap func() error, err error)
 }
 
 // SharedWords names the segment of an AllocSharedWords block for the processes that

@@ -185,10 +185,10 @@ func (d *Device) AllocSharedWords(n int) (*streamcore.WordBlock, streamcore.Shar
 
 // MapSharedWords maps a process's shared words (this process's, in tests) at a
 // second address.
-func (d *Device) MapSharedWords(pid int, w streamcore.SharedWords) (uintptr, func() error, error) {
+func (d *Device) MapSharedWords(pid int, w streamcore.SharedWords) (uintptr, uintptr, func() error, error) {
 	seg, err := shm.Open(pid, w.FD, w.Size)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
 	mu.Lock()
 	counts.SharedMaps++
@@ -199,5 +199,6 @@ func (d *Device) MapSharedWords(pid int, w streamcore.SharedWords) (uintptr, fun
 		mu.Unlock()
 		return seg.Close()
 	}
-	return uintptr(unsafe.Pointer(&seg.Mem[0])), unmap, nil
+	addr := uintptr(unsafe.Pointer(&seg.Mem[0]))
+	return addr, addr, unmap, nil
 }
