@@ -22,6 +22,19 @@ func amInbox(t *testing.T, w *Worker, id uint) <-chan *AmMessage {
 	return msgs
 }
 
+// amPullPair is an IPC pair whose A side progresses in the background, a context
+// that ends with the test, and n bytes of fake device memory for each side.
+func amPullPair(t *testing.T, n int) (p *pair, ctx context.Context, src, dst *fakeipc.Alloc) {
+	t.Helper()
+	p, _ = ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	t.Cleanup(background(p.a))
+	src, dst = fakeipc.Malloc(n), fakeipc.Malloc(n)
+	t.Cleanup(func() { src.Free(); dst.Free() })
+	return p, ctx, src, dst
+}
+
 func nextMessage(t *testing.T, msgs <-chan *AmMessage) *AmMessage {
 	t.Helper()
 	select {
@@ -38,15 +51,8 @@ func nextMessage(t *testing.T, msgs <-chan *AmMessage) *AmMessage {
 // only once it did. One export and one mapping serve every message of an allocation;
 // nothing is staged.
 func TestAMPull(t *testing.T) {
-	p, _ := ipcPair(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	stop := background(p.a)
-	defer stop()
 	const size = 1 << 20
-	src, dst := fakeipc.Malloc(size), fakeipc.Malloc(size)
-	defer src.Free()
-	defer dst.Free()
+	p, ctx, src, dst := amPullPair(t, size)
 	data := pattern(size, 3)
 	copy(src.Bytes(), data)
 	msgs := amInbox(t, p.b, 5)
@@ -115,15 +121,8 @@ func TestAMPull(t *testing.T) {
 // StageAlways stages the device buffer instead; the receiver's RecvData into device
 // memory then copies it in from staging (UCX cannot write device memory here).
 func TestAMPullStageAlways(t *testing.T) {
-	p, _ := ipcPair(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	stop := background(p.a)
-	defer stop()
 	const n = 256 << 10
-	src, dst := fakeipc.Malloc(n), fakeipc.Malloc(n)
-	defer src.Free()
-	defer dst.Free()
+	p, ctx, src, dst := amPullPair(t, n)
 	copy(src.Bytes(), pattern(n, 4))
 	msgs := amInbox(t, p.b, 7)
 	sr, err := p.epA.AmSendNbx(7, nil, DeviceBuffer(src.Ptr(), n), &RequestParam{MemoryType: MemoryCUDA, Staging: protocol.StageAlways})

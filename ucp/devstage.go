@@ -100,22 +100,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 				release()
 				return true, err
 			}
-			x.held = true // until the issue below ran
-			w.deferred = append(w.deferred, func() {
-				in, err := issue(staged, &ip)
-				w.mu.Lock()
-				defer w.mu.Unlock()
-				x.held = false
-				if err != nil {
-					x.failed = err
-					return
-				}
-				x.deps = []*Request{in}
-				x.then = func(x *ipcWait, err error) (bool, error) {
-					release()
-					return true, err
-				}
-			})
+			w.issueLaterLocked(x, func() (*Request, error) { return issue(staged, &ip) }, func(*Request) { release() })
 			return false, nil
 		}
 		w.trackIPCLocked(r)

@@ -126,20 +126,9 @@ func (w *Worker) fenced(op string, p *RequestParam, direct bool, issue func(ip *
 	x.deps = deps
 	x.then = func(x *ipcWait, _ error) (bool, error) {
 		// What came before the fence is done (its failures are its own): issue.
-		x.held = true
-		w.deferred = append(w.deferred, func() {
-			in, err := issue(&ip)
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			x.held = false
-			if err != nil {
-				x.failed = err
-				return
-			}
-			x.deps = []*Request{in}
-			x.then = func(x *ipcWait, err error) (bool, error) {
+		w.issueLaterLocked(x, func() (*Request, error) { return issue(&ip) }, func(in *Request) {
+			if in != nil {
 				r.fetched = in.Fetched()
-				return true, err
 			}
 		})
 		return false, nil

@@ -655,6 +655,30 @@ func (w *Worker) stepIPCLocked(r *Request) bool {
 	return true
 }
 
+// issueLaterLocked holds x's Request pending while issue runs on the goroutine that
+// drove progress (outside the lock), then makes it follow the Request issue returned;
+// finish runs under the lock once that is done, or with nil once issue failed (x then
+// completes with the failure). Caller holds w.mu.
+func (w *Worker) issueLaterLocked(x *ipcWait, issue func() (*Request, error), finish func(in *Request)) {
+	x.held = true
+	w.deferred = append(w.deferred, func() {
+		in, err := issue()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		x.held = false
+		if err != nil {
+			x.failed = err
+			finish(nil)
+			return
+		}
+		x.deps = []*Request{in}
+		x.then = func(x *ipcWait, err error) (bool, error) {
+			finish(in)
+			return true, err
+		}
+	})
+}
+
 // completeIPCLocked completes a pending IPC request with err (or its peer's failure).
 func (w *Worker) completeIPCLocked(r *Request, err error) {
 	x := r.ipc
