@@ -223,10 +223,28 @@ func TestGPUPreparedIPC(t *testing.T) {
 	fl, err := gr.AddKernelNode([]cuda.Node{tk}, fillAt, cuda.Linear(256, 256), sbuf.Ptr(), uint64(n), uint64(0), seed.DevicePtr())
 	require.NoError(t, err)
 	puts := send.Stats().Puts
-	for p := range sparts {
-		_, err := send.PreadyNode(graph.CUDA{Graph: gr}, []condition.Node{fl}, p)
+	// Timing events: after the fill, after every partition's nodes (the last launch's
+	// split of GPU time between its fill and the partitions' gates and copies).
+	var stamps [3]*cuda.Event
+	for i := range stamps {
+		stamps[i], err = g.ctx.NewEvent(cuda.EventDefault)
 		require.NoError(t, err)
+		defer stamps[i].Close()
 	}
+	_, err = gr.AddEventRecordNode([]cuda.Node{tk}, stamps[0])
+	require.NoError(t, err)
+	_, err = gr.AddEventRecordNode([]cuda.Node{fl}, stamps[1])
+	require.NoError(t, err)
+	var tails []cuda.Node
+	for p := range sparts {
+		tail, err := send.PreadyNode(graph.CUDA{Graph: gr}, []condition.Node{fl}, p)
+		require.NoError(t, err)
+		nodes, err := graph.CUDANodes(tail)
+		require.NoError(t, err)
+		tails = append(tails, nodes...)
+	}
+	_, err = gr.AddEventRecordNode(tails, stamps[2])
+	require.NoError(t, err)
 	gx, err := gr.Instantiate(0)
 	require.NoError(t, err)
 	defer gx.Close()
@@ -241,6 +259,11 @@ func TestGPUPreparedIPC(t *testing.T) {
 	require.NoError(t, err, "child output:\n%s", out)
 	t.Logf("PreadyNode graph: %d launches: %.1f us per launch (cuGraphLaunch %.1f us CPU), %.2f GB/s; no ucpx call per launch",
 		phase, float64(el.Microseconds())/phase, float64(inLaunch.Microseconds())/phase, float64(n)*phase/el.Seconds()/1e9)
+	fill, err := cuda.ElapsedTime(stamps[0], stamps[1])
+	require.NoError(t, err)
+	parts, err := cuda.ElapsedTime(stamps[1], stamps[2])
+	require.NoError(t, err)
+	t.Logf("PreadyNode graph, last launch on the GPU: fill %.1f us, then the partitions' nodes %.1f us", us(fill), us(parts))
 	require.Equal(t, puts+sparts, send.Stats().Puts, "the graph's nodes were made once")
 
 	got := x.result(t, out)
