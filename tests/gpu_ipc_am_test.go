@@ -99,13 +99,15 @@ func boolWord(b bool) uint32 {
 	return 0
 }
 
-// TestGPUIPCActiveMessages: device buffers as active messages, 4 B to 64 MiB, sent
-// plain and under a Stream condition (after a fill kernel on the stream), received
-// into device memory by the child: by pull (nothing staged on the sender), and staged
-// under StageAlways; every message's crc32 compared with the source's.
+// TestGPUIPCActiveMessages: device buffers as active messages, 4 B to 1 GiB, sent
+// plain, under a Stream condition (after a fill kernel on the stream) and under a
+// KernelTriggered condition (a kernel after the fill triggers it and waits for its
+// completion), received into device memory by the child: by pull (nothing staged on
+// the sender), and staged under StageAlways (to 64 MiB); every message's crc32
+// compared with the source's.
 func TestGPUIPCActiveMessages(t *testing.T) {
 	g := requireGPU(t)
-	const most = 64 << 20
+	const most = 1 << 30
 	t.Setenv(envAMBytes, strconv.Itoa(most)) // the child inherits it
 	x, out, done := startIPCPeer(t, g, "am", 0, 0)
 	src, err := g.ctx.MemAlloc(most)
@@ -121,18 +123,28 @@ func TestGPUIPCActiveMessages(t *testing.T) {
 	defer func() { require.NoError(t, sc.Destroy()) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	ks, kcs, kc, result := g.kernelTriggered(t)
 	reply := make([]byte, 16)
 	seed := uint32(0)
-	for _, n := range []int{4, 4096, 64 << 10, 4 << 20, most} {
-		for _, mode := range []string{"plain", "stream", "staged"} {
+	for _, n := range []int{4, 4096, 64 << 10, 4 << 20, 64 << 20, most} {
+		for _, mode := range []string{"plain", "stream", "kernel", "staged"} {
+			if mode == "staged" && n > 64<<20 {
+				continue // pinned staging of a GiB on both sides: nothing more to learn
+			}
 			seed++
-			require.NoError(t, cs.LaunchKernel(g.fill, cuda.Linear(256, 256), src.Ptr(), uint64(n), seed))
+			fillOn := cs
+			if mode == "kernel" {
+				fillOn = kcs
+			}
+			require.NoError(t, fillOn.LaunchKernel(g.fill, cuda.Linear(256, 256), src.Ptr(), uint64(n), seed))
 			prm := &ucp.RequestParam{MemoryType: ucp.MemoryCUDA}
 			switch mode {
 			case "plain":
 				require.NoError(t, s.Synchronize())
 			case "stream":
 				prm.Condition = sc // issued when the stream got past the fill
+			case "kernel":
+				prm.Condition = kc // issued when the kernel after the fill triggers it
 			case "staged":
 				require.NoError(t, s.Synchronize())
 				prm.Staging = protocol.StageAlways
@@ -143,9 +155,17 @@ func TestGPUIPCActiveMessages(t *testing.T) {
 			t0 := time.Now()
 			sr, err := x.ep.AmSendNbx(amPullID, []byte(mode), ucp.DeviceBuffer(src.Ptr(), n), prm)
 			require.NoError(t, err, "%s %d", mode, n)
+			if mode == "kernel" {
+				h, err := kc.DeviceHandle()
+				require.NoError(t, err)
+				require.NoError(t, kcs.LaunchKernel(g.handle, cuda.Linear(1, 1), h.Kernel(), result.DevicePtr()))
+			}
 			require.NoError(t, sr.Wait(ctx), "%s %d; child output:\n%s", mode, n, out)
 			el := time.Since(t0)
 			require.NoError(t, rr.Wait(ctx), "child output:\n%s", out)
+			if mode == "kernel" {
+				require.NoError(t, ks.Synchronize()) // the kernel saw the completion
+			}
 			require.NoError(t, cs.MemcpyDtoH(host.Addr(), src.Ptr(), n))
 			require.NoError(t, s.Synchronize())
 			want := crc32.ChecksumIEEE(host.Bytes()[:n])
@@ -158,7 +178,7 @@ func TestGPUIPCActiveMessages(t *testing.T) {
 				require.True(t, pulled, "%s %d: pulled", mode, n)
 				require.Equal(t, staged, x.w.StagingStats().Bytes, "%s %d: nothing staged", mode, n)
 			}
-			if n >= 4<<20 {
+			if n >= 64<<20 {
 				t.Logf("%-6s %5d MiB: send to completion %8.1f us (%.1f GB/s)", mode, n>>20,
 					float64(el.Nanoseconds())/1e3, float64(n)/el.Seconds()/1e9)
 			}
