@@ -107,15 +107,7 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 		return nil, false, nil // memory IPC cannot export (VMM): staged
 	}
 	opID := w.pullSeq.Add(1)
-	plain := make([]byte, pullFixed, pullFixed+len(e.packed)+len(header))
-	binary.LittleEndian.PutUint16(plain, uint16(id))
-	binary.LittleEndian.PutUint32(plain[2:], uint32(p.AmFlags))
-	binary.LittleEndian.PutUint64(plain[6:], opID)
-	binary.LittleEndian.PutUint64(plain[14:], uint64(ptr)-e.base)
-	binary.LittleEndian.PutUint64(plain[22:], uint64(len(buf)))
-	binary.LittleEndian.PutUint32(plain[30:], uint32(len(e.packed)))
-	plain = append(append(plain, e.packed...), header...)
-	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, plain)
+	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(id, p.AmFlags, &pullRef{op: opID, off: uint64(ptr) - e.base, length: uint64(len(buf)), packed: e.packed}, header))
 	if m := w.maxAmHeader; m > 0 && len(h) > m {
 		return nil, false, nil // the key and the header do not fit one: staged
 	}
@@ -142,6 +134,19 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 	w.pullsOut[opID] = r
 	w.trackIPCLocked(r)
 	return r, true, nil
+}
+
+// encodePull is the plain text of a pulled message's header: id, flags, op, offset,
+// length, the key's length, the key, the message's own header.
+func encodePull(id uint, flags AmSendFlags, ref *pullRef, header []byte) []byte {
+	b := make([]byte, pullFixed, pullFixed+len(ref.packed)+len(header))
+	binary.LittleEndian.PutUint16(b, uint16(id))
+	binary.LittleEndian.PutUint32(b[2:], uint32(flags))
+	binary.LittleEndian.PutUint64(b[6:], ref.op)
+	binary.LittleEndian.PutUint64(b[14:], ref.off)
+	binary.LittleEndian.PutUint64(b[22:], ref.length)
+	binary.LittleEndian.PutUint32(b[30:], uint32(len(ref.packed)))
+	return append(append(b, ref.packed...), header...)
 }
 
 // onPulled completes the send opID of sender's once the receiver pulled its data.
@@ -189,6 +194,16 @@ func (w *Worker) onPull(msg *AmMessage) {
 	header := plain[pullFixed+keyLen:]
 	if ref.ep = w.endpointTo(sender); ref.ep == nil {
 		return // no endpoint to it: nobody to pull from or to tell
+	}
+	// The length is the sender's word: it must lie in the allocation its key names
+	// before a handler sizes a buffer by it. A message that does not is dropped (and
+	// its send completed, so that nothing waits on it).
+	rk, err := ref.ep.pulledKey(ref.packed)
+	if err != nil || ref.off > rk.length || ref.length > rk.length-ref.off {
+		w.mu.Lock()
+		ref.ep.sendControlLocked(ctlPulled, ref.op)
+		w.mu.Unlock()
+		return
 	}
 	um := &AmMessage{w: w, ID: id, Header: header, length: int(ref.length), flags: ucx.AmRecvRndv, pull: ref}
 	if AmSendFlags(flags)&AmReply != 0 {

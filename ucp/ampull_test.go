@@ -154,3 +154,35 @@ func TestAMPullSenderCloses(t *testing.T) {
 	require.ErrorIs(t, sr.Err(), ErrCanceled)
 	m.Release()
 }
+
+// A pulled message whose length lies outside the allocation its key names (what a
+// broken or hostile peer could send) never reaches the handler.
+func TestAMPullLengthOutsideAllocation(t *testing.T) {
+	const n = 4096
+	p, _, src, _ := amPullPair(t, n)
+	msgs := amInbox(t, p.b, 9)
+	e, err := p.ctxA.pullKey(src.Ptr())
+	require.NoError(t, err)
+	for _, ref := range []*pullRef{{op: 1, off: 0, length: n + 1}, {op: 2, off: n + 8, length: 1}, {op: 3, off: 8, length: 1 << 62}} {
+		ref.packed = e.packed
+		h := p.ctxA.trust.seal.seal(pullMagic, p.ctxA.trust.id, encodePull(9, 0, ref, nil))
+		p.a.mu.Lock()
+		_, err = p.a.postLocked("am_send_nbx", p.a.raw.AmSend(p.epA.raw, PullAM, bufPtr(h), len(h), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(h))
+		p.a.mu.Unlock()
+		require.NoError(t, err)
+	}
+	// A good one after them arrives: the bad ones were handled (dropped) first.
+	sr, err := p.epA.AmSendNbx(9, nil, DeviceBuffer(src.Ptr(), n), &RequestParam{MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	m := nextMessage(t, msgs)
+	require.Equal(t, n, m.Length(), "only the well-formed message reached the handler")
+	m.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, sr.Wait(ctx))
+	select {
+	case m := <-msgs:
+		t.Fatalf("a message of %d bytes outside the allocation was delivered", m.Length())
+	default:
+	}
+}
