@@ -193,9 +193,6 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 	if direct {
 		return ep.rmaIPC(op, buf, raddr, rkey, p, put)
 	}
-	if shared {
-		return ep.putShared(op, buf, raddr, rkey, p)
-	}
 	if p.Condition != nil {
 		// The range is checked at the call: a bad one would otherwise fail only when
 		// the stream gets there.
@@ -227,6 +224,10 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 	}
 	if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
 		return nil, err
+	}
+	if shared {
+		rkey.storeShared(raddr, buf) // lands at once: done in place
+		return w.postLocked(op, nil, p, nil)
 	}
 	var ptr unsafe.Pointer
 	if put {

@@ -93,31 +93,24 @@ func (ep *Endpoint) mapSharedWords(sw streamcore.SharedWords) *rkeyIPC {
 }
 
 // sharedStore reports whether a put into r goes as CPU stores into the peer's shared
-// words mapped here: host memory (declared, or a host MemH), no condition, nothing
-// staged. The words are
-// shared memory: the stores land at once, with no UCX and no progress of the peer's
-// (a peer whose streams or graphs alone wait on the words has no CPU that would
-// progress).
+// words mapped here (storeShared): host memory (declared, or a host MemH), no
+// condition, nothing staged. The words are shared memory: the stores land at once,
+// with no UCX and no progress of the peer's (a peer whose streams or graphs alone wait
+// on the words has no CPU that would progress).
 func (r *Rkey) sharedStore(p *RequestParam) bool {
+	if r == nil || r.shared == nil || r.shared.host == 0 || p.Condition != nil {
+		return false
+	}
 	host := p.MemoryType == MemoryHost || (p.MemoryType == MemoryUnknown && p.MemH != nil && p.MemH.memType == MemoryHost)
-	return r != nil && r.shared != nil && r.shared.host != 0 && p.Condition == nil && host &&
-		p.Staging.Or(r.ep.w.ctx.protocol.Staging) != protocol.StageAlways
+	return host && p.Staging.Or(r.ep.w.ctx.protocol.Staging) != protocol.StageAlways
 }
 
-// putShared is a put into a peer's shared words by CPU stores: each aligned 8-byte
-// word in one store (a signal word is never seen torn), the rest bytewise. It
-// completes in place.
-func (ep *Endpoint) putShared(op string, buf []byte, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
-	w := ep.w
-	w.lockIssue()
-	defer w.mu.Unlock()
-	if err := ep.usableLocked(op); err != nil {
-		return nil, err
-	}
-	if err := rkey.checkLocked(op, ep, raddr, len(buf)); err != nil {
-		return nil, err
-	}
-	dst := rkey.shared.host + uintptr(raddr-rkey.base)
+// storeShared writes buf at raddr of the peer's shared words by CPU stores: each
+// aligned 8-byte word in one store (a signal word is never seen torn), the rest
+// bytewise. The caller checked the key and the range under the worker's lock, which
+// keeps the mapping.
+func (r *Rkey) storeShared(raddr uint64, buf []byte) {
+	dst := r.shared.host + uintptr(raddr-r.base)
 	for i := 0; i < len(buf); {
 		if (dst+uintptr(i))%8 == 0 && len(buf)-i >= 8 {
 			atomic.StoreUint64((*uint64)(ucx.Addr(dst+uintptr(i))), binary.NativeEndian.Uint64(buf[i:]))
@@ -127,7 +120,6 @@ func (ep *Endpoint) putShared(op string, buf []byte, raddr uint64, rkey *Rkey, p
 		*(*byte)(ucx.Addr(dst + uintptr(i))) = buf[i]
 		i++
 	}
-	return w.postLocked(op, nil, p, nil)
 }
 
 // release gives a mapping back: a shared segment is unmapped, a device allocation's
