@@ -32,27 +32,28 @@ func (w *Worker) Fence() error {
 	if w.ctx.ipc == nil {
 		return nil // everything this worker moves, UCX carries
 	}
-	g := &fenceGate{needFlush: true}
+	var before []*Request
 	w.eachIPCLocked(func(r *Request) {
 		if !r.done.Load() && fenceOrders(r.op) {
-			g.before = append(g.before, r)
+			before = append(before, r)
 		}
 	})
-	w.fence = g
-	w.fenceOn.Store(true)
+	w.fenceBefore = before
+	w.fenceHeld.Store(len(before) > 0)
+	// UCX's operations before the fence may still be on their way: the first copy
+	// after it waits for a worker flush made then (a new one: one an earlier fence
+	// made covers less).
+	w.fenceFlush = nil
+	w.fenceFlushes.Store(true)
 	return nil
 }
 
-// fenceGate is what the last Fence holds later operations back for.
-type fenceGate struct {
-	// before: operations UCX does not carry (or not yet), issued before the fence.
-	before []*Request
-	// needFlush: UCX operations issued before the fence may still be on their way,
-	// which a copy on a stream would overtake; flush is the worker flush the first copy
-	// after the fence started for them.
-	needFlush bool
-	flush     *Request
-}
+// The state of the last Fence (under w.mu): fenceBefore are the operations UCX does
+// not carry (or not yet) issued before it, which every later RMA and atomic waits for
+// while fenceHeld; fenceFlushes: a copy on a stream issued later waits for fenceFlush,
+// a worker flush it starts, since UCX's fence does not order copies. The atomics are
+// read without the lock on the issue paths: after a fence with nothing pending, an
+// operation UCX carries takes no detour.
 
 // fenceOrders reports whether Fence orders operations named op (RMA and atomics).
 func fenceOrders(op string) bool {
@@ -63,47 +64,47 @@ func fenceOrders(op string) bool {
 	return false
 }
 
+// fenceBinds reports whether the last Fence may hold back an operation without a
+// condition issued now (direct: a copy on a stream or a CPU store, which UCX's fence
+// does not order).
+func (w *Worker) fenceBinds(direct bool) bool {
+	return w.fenceHeld.Load() || (direct && w.fenceFlushes.Load())
+}
+
 // fenceHoldLocked returns what an operation issued now must wait for under the last
-// Fence (nil: nothing); direct: it is a copy on a stream, which UCX's fence does not
-// order. It drops the gate once nothing is left to wait for.
+// Fence (nil: nothing), and lets go of what is done.
 func (w *Worker) fenceHoldLocked(direct bool) []*Request {
-	g := w.fence
-	if g == nil {
-		return nil
-	}
-	live := g.before[:0]
-	for _, r := range g.before {
-		if !r.done.Load() {
-			live = append(live, r)
+	var deps []*Request
+	if w.fenceHeld.Load() {
+		live := w.fenceBefore[:0]
+		for _, r := range w.fenceBefore {
+			if !r.done.Load() {
+				live = append(live, r)
+			}
 		}
+		clear(w.fenceBefore[len(live):])
+		w.fenceBefore = live
+		w.fenceHeld.Store(len(live) > 0)
+		deps = slices.Clone(live)
 	}
-	clear(g.before[len(live):])
-	g.before = live
-	if g.flush != nil && g.flush.done.Load() {
-		g.flush, g.needFlush = nil, false
+	if !direct || !w.fenceFlushes.Load() {
+		return deps
 	}
-	if len(g.before) == 0 && !g.needFlush {
-		w.fence = nil
-		w.fenceOn.Store(false)
-		return nil
-	}
-	if !direct {
-		return slices.Clone(g.before)
-	}
-	if g.needFlush && g.flush == nil {
+	if w.fenceFlush == nil {
 		r, err := w.postLocked("worker_flush_nbx", w.raw.Flush(defaultParam.flags()), &defaultParam, nil)
 		if err != nil || r.done.Load() {
 			// Nothing on its way (or the worker failed, which later operations see).
-			g.needFlush = false
-		} else {
-			g.flush = r
+			w.fenceFlushes.Store(false)
+			return deps
 		}
+		w.fenceFlush = r
 	}
-	deps := slices.Clone(g.before)
-	if g.flush != nil {
-		deps = append(deps, g.flush)
+	if w.fenceFlush.done.Load() {
+		w.fenceFlush = nil
+		w.fenceFlushes.Store(false)
+		return deps
 	}
-	return deps
+	return append(deps, w.fenceFlush)
 }
 
 // fenced issues an operation without a condition (issue, with the caller's param p)
@@ -111,7 +112,7 @@ func (w *Worker) fenceHoldLocked(direct bool) []*Request {
 // false), else as a Request that issues it once that is done. direct: the operation
 // is a copy on a stream.
 func (w *Worker) fenced(op string, p *RequestParam, direct bool, issue func(ip *RequestParam) (*Request, error)) (r *Request, handled bool) {
-	if p.Condition != nil || p.unfenced || !w.fenceOn.Load() {
+	if p.Condition != nil || p.unfenced || !w.fenceBinds(direct) {
 		return nil, false
 	}
 	w.mu.Lock()

@@ -78,6 +78,7 @@ func TestFenceOrdersCopiesBeforeUCX(t *testing.T) {
 	// the call, and the gate is gone once nothing is left to wait for.
 	require.NoError(t, p.a.Fence())
 	binary.NativeEndian.PutUint64(one, 2)
+	require.False(t, p.a.fenceHeld.Load(), "nothing pending at the fence: UCX's operations take no detour")
 	put, err = p.epA.PutNbx(one, fk.Base(), fk, nil)
 	require.NoError(t, err)
 	require.Nil(t, put.ipc, "issued at the call, not held")
@@ -111,7 +112,7 @@ func TestFenceOrdersUCXBeforeCopies(t *testing.T) {
 		p.a.mu.Lock()
 		defer p.a.mu.Unlock()
 		p.a.fenceHoldLocked(true)
-		return !p.a.fenceOn.Load()
+		return !p.a.fenceHeld.Load() && !p.a.fenceFlushes.Load()
 	}, 5*time.Second, time.Millisecond, "the gate goes once the flush is done")
 }
 
@@ -121,7 +122,7 @@ func TestFenceHostOnly(t *testing.T) {
 	defer p.close(t)
 	_, rk := hostWord(t, p, 0)
 	require.NoError(t, p.a.Fence())
-	require.False(t, p.a.fenceOn.Load())
+	require.False(t, p.a.fenceHeld.Load() || p.a.fenceFlushes.Load())
 	r, err := p.epA.PutNbx(make([]byte, 8), rk.Base(), rk, nil)
 	require.NoError(t, err)
 	require.Nil(t, r.ipc)

@@ -182,7 +182,7 @@ func (ep *Endpoint) rma(op string, buf []byte, raddr uint64, rkey *Rkey, p *Requ
 		return nil, err
 	}
 	shared := put && !direct && rkey.sharedStore(p)
-	if ep.w.fenceOn.Load() && p.Condition == nil {
+	if p.Condition == nil && ep.w.fenceBinds(direct || shared) {
 		if err := rkey.checkRange(op, ep, raddr, len(buf)); err != nil {
 			return nil, err
 		}
@@ -288,7 +288,7 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 	if raddr%uint64(a.Size) != 0 {
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)
 	}
-	if ep.w.fenceOn.Load() && p.Condition == nil {
+	if p.Condition == nil && ep.w.fenceBinds(false) {
 		if err := rkey.checkRange(op, ep, raddr, a.Size); err != nil {
 			return nil, err
 		}

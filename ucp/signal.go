@@ -73,7 +73,7 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	if err := sig.Rkey.checkRange(op, ep, sig.Addr, 8); err != nil {
 		return nil, err
 	}
-	if ep.w.fenceOn.Load() {
+	if ep.w.fenceBinds(ipc) {
 		if r, ok := ep.w.fenced(op, p, ipc, func(ip *RequestParam) (*Request, error) { return ep.PutSignalNbx(buf, raddr, rkey, sig, ip) }); ok {
 			return r, nil
 		}

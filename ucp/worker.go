@@ -65,10 +65,11 @@ type Worker struct {
 	nextID    uint64
 	events    []ucx.Event
 	deferred  []func() // user callbacks to run after mu is released
-	// fence: what the last Fence holds later operations back for (fence.go);
-	// fenceOn: fence is set, read without the lock on the issue paths.
-	fence   *fenceGate
-	fenceOn atomic.Bool
+	// The last Fence's gate (fence.go).
+	fenceBefore  []*Request
+	fenceFlush   *Request
+	fenceHeld    atomic.Bool
+	fenceFlushes atomic.Bool
 	// pullsOut: sends of pulled active messages waiting for their receiver, by op id
 	// (ampull.go; under mu); pullSeq numbers them.
 	pullsOut map[uint64]*Request
