@@ -2,7 +2,6 @@ package ucp
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/protocol"
@@ -36,11 +35,12 @@ type pullExport struct {
 	packed     []byte
 }
 
-// pullRef is what a pulled message's receiver needs: the sender's endpoint and key,
-// where the data lies in its allocation, and the send it completes.
+// pullRef is what a pulled message's receiver needs: the sender's endpoint and key
+// (unpacked, the range checked against it), where the data lies in the allocation,
+// and the send it completes.
 type pullRef struct {
 	ep          *Endpoint
-	packed      []byte
+	rk          *Rkey
 	off, length uint64
 	op          uint64
 }
@@ -107,7 +107,7 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 		return nil, false, nil // memory IPC cannot export (VMM): staged
 	}
 	opID := w.pullSeq.Add(1)
-	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(id, p.AmFlags, &pullRef{op: opID, off: uint64(ptr) - e.base, length: uint64(len(buf)), packed: e.packed}, header))
+	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(id, p.AmFlags, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, header))
 	if m := w.maxAmHeader; m > 0 && len(h) > m {
 		return nil, false, nil // the key and the header do not fit one: staged
 	}
@@ -138,15 +138,15 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 
 // encodePull is the plain text of a pulled message's header: id, flags, op, offset,
 // length, the key's length, the key, the message's own header.
-func encodePull(id uint, flags AmSendFlags, ref *pullRef, header []byte) []byte {
-	b := make([]byte, pullFixed, pullFixed+len(ref.packed)+len(header))
+func encodePull(id uint, flags AmSendFlags, op, off, length uint64, packed, header []byte) []byte {
+	b := make([]byte, pullFixed, pullFixed+len(packed)+len(header))
 	binary.LittleEndian.PutUint16(b, uint16(id))
 	binary.LittleEndian.PutUint32(b[2:], uint32(flags))
-	binary.LittleEndian.PutUint64(b[6:], ref.op)
-	binary.LittleEndian.PutUint64(b[14:], ref.off)
-	binary.LittleEndian.PutUint64(b[22:], ref.length)
-	binary.LittleEndian.PutUint32(b[30:], uint32(len(ref.packed)))
-	return append(append(b, ref.packed...), header...)
+	binary.LittleEndian.PutUint64(b[6:], op)
+	binary.LittleEndian.PutUint64(b[14:], off)
+	binary.LittleEndian.PutUint64(b[22:], length)
+	binary.LittleEndian.PutUint32(b[30:], uint32(len(packed)))
+	return append(append(b, packed...), header...)
 }
 
 // onPulled completes the send opID of sender's once the receiver pulled its data.
@@ -190,7 +190,6 @@ func (w *Worker) onPull(msg *AmMessage) {
 	if keyLen > uint64(len(plain)-pullFixed) || ref.length > 1<<62 {
 		return
 	}
-	ref.packed = plain[pullFixed : pullFixed+keyLen]
 	header := plain[pullFixed+keyLen:]
 	if ref.ep = w.endpointTo(sender); ref.ep == nil {
 		return // no endpoint to it: nobody to pull from or to tell
@@ -198,8 +197,8 @@ func (w *Worker) onPull(msg *AmMessage) {
 	// The length is the sender's word: it must lie in the allocation its key names
 	// before a handler sizes a buffer by it. A message that does not is dropped (and
 	// its send completed, so that nothing waits on it).
-	rk, err := ref.ep.pulledKey(ref.packed)
-	if err != nil || ref.off > rk.length || ref.length > rk.length-ref.off {
+	ref.rk, err = ref.ep.pulledKey(plain[pullFixed : pullFixed+keyLen])
+	if err != nil || ref.off > ref.rk.length || ref.length > ref.rk.length-ref.off {
 		w.mu.Lock()
 		ref.ep.sendControlLocked(ctlPulled, ref.op)
 		w.mu.Unlock()
@@ -260,13 +259,6 @@ func (ep *Endpoint) pulledKey(packed []byte) (*Rkey, error) {
 // which the sender is told.
 func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request, error) {
 	w, ref := m.w, m.pull
-	rk, err := ref.ep.pulledKey(ref.packed)
-	if err != nil {
-		return nil, opErr(op, unwrapOp(err), "the sender's key")
-	}
-	if ref.off > rk.length || ref.length > rk.length-ref.off {
-		return nil, opErr(op, ErrInvalidParam, "pulled range [%d,+%d) outside the sender's allocation of %d bytes", ref.off, ref.length, rk.length)
-	}
 	w.mu.Lock()
 	if m.consumed || w.closed.Load() {
 		w.mu.Unlock()
@@ -276,7 +268,7 @@ func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request
 	w.mu.Unlock()
 	gp := *p
 	gp.Callback, gp.Request = nil, nil
-	get, err := ref.ep.GetNbx(buf[:ref.length], rk.Base()+ref.off, rk, &gp)
+	get, err := ref.ep.GetNbx(buf[:ref.length], ref.rk.Base()+ref.off, ref.rk, &gp)
 	if err != nil {
 		w.mu.Lock()
 		m.consumed = false // the caller may try again or release it
@@ -300,8 +292,4 @@ func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request
 // may complete. Caller holds w.mu.
 func (m *AmMessage) releasePulledLocked() {
 	m.pull.ep.sendControlLocked(ctlPulled, m.pull.op)
-}
-
-func (r *pullRef) String() string {
-	return fmt.Sprintf("pull op %d of %s [%d,+%d)", r.op, r.ep, r.off, r.length)
 }

@@ -112,7 +112,7 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	c.operation.param.Flags &^= ucpxOnlyFlags
 	if !direct {
 		c.operation.param.Staging = protocol.StageWhenNeeded // the plan applied the policy
-	} // else the call at the trigger applies it (the IPC path's stagedIPC)
+	} // else the call at the trigger applies it (ipcIssue)
 	sub := condition.Submission{
 		What: op,
 		Transfer: protocol.Transfer{
