@@ -187,6 +187,8 @@ func runIPCPeer() error {
 		result, err = x.preparedReceiver(ctx, iters, n)
 	case "am":
 		err = x.amReceiver(ctx)
+	case "tag":
+		err = x.tagReceiver(ctx)
 	case "allgather":
 		var bad int
 		_, bad, err = x.allgather(ctx, 1, n)

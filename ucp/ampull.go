@@ -176,29 +176,20 @@ func (w *Worker) failPullsLocked(ep *Endpoint, err error) {
 // its id, as a rendezvous message whose data RecvData pulls.
 func (w *Worker) onPull(msg *AmMessage) {
 	sender, plain, err := w.ctx.trust.seal.open(pullMagic, msg.Header)
-	if err != nil || len(plain) < pullFixed {
+	if err != nil {
 		return // not from a peer of ours: dropped
 	}
-	id := uint(binary.LittleEndian.Uint16(plain))
-	flags := binary.LittleEndian.Uint32(plain[2:])
-	ref := &pullRef{
-		op:     binary.LittleEndian.Uint64(plain[6:]),
-		off:    binary.LittleEndian.Uint64(plain[14:]),
-		length: binary.LittleEndian.Uint64(plain[22:]),
-	}
-	keyLen := uint64(binary.LittleEndian.Uint32(plain[30:]))
-	if keyLen > uint64(len(plain)-pullFixed) || ref.length > 1<<62 {
+	id, flags, ref, packed, header, ok := decodePull(plain)
+	if !ok {
 		return
 	}
-	header := plain[pullFixed+keyLen:]
 	if ref.ep = w.endpointTo(sender); ref.ep == nil {
 		return // no endpoint to it: nobody to pull from or to tell
 	}
 	// The length is the sender's word: it must lie in the allocation its key names
 	// before a handler sizes a buffer by it. A message that does not is dropped (and
 	// its send completed, so that nothing waits on it).
-	ref.rk, err = ref.ep.pulledKey(plain[pullFixed : pullFixed+keyLen])
-	if err != nil || ref.off > ref.rk.length || ref.length > ref.rk.length-ref.off {
+	if ref.rk, err = ref.ep.pulledRange(packed, ref); err != nil {
 		w.mu.Lock()
 		ref.ep.sendControlLocked(ctlPulled, ref.op)
 		w.mu.Unlock()
@@ -221,6 +212,39 @@ func (w *Worker) onPull(msg *AmMessage) {
 		}
 	}()
 	h.fn(um)
+}
+
+// decodePull reads encodePull's fields; ok is false for what is too short or
+// inconsistent.
+func decodePull(plain []byte) (id uint, flags uint32, ref *pullRef, packed, header []byte, ok bool) {
+	if len(plain) < pullFixed {
+		return 0, 0, nil, nil, nil, false
+	}
+	id = uint(binary.LittleEndian.Uint16(plain))
+	flags = binary.LittleEndian.Uint32(plain[2:])
+	ref = &pullRef{
+		op:     binary.LittleEndian.Uint64(plain[6:]),
+		off:    binary.LittleEndian.Uint64(plain[14:]),
+		length: binary.LittleEndian.Uint64(plain[22:]),
+	}
+	keyLen := uint64(binary.LittleEndian.Uint32(plain[30:]))
+	if keyLen > uint64(len(plain)-pullFixed) || ref.length > 1<<62 {
+		return 0, 0, nil, nil, nil, false
+	}
+	return id, flags, ref, plain[pullFixed : pullFixed+keyLen], plain[pullFixed+keyLen:], true
+}
+
+// pulledRange is pulledKey, with ref's range checked against the allocation the key
+// names.
+func (ep *Endpoint) pulledRange(packed []byte, ref *pullRef) (*Rkey, error) {
+	rk, err := ep.pulledKey(packed)
+	if err != nil {
+		return nil, err
+	}
+	if ref.off > rk.length || ref.length > rk.length-ref.off {
+		return nil, opErr("pull", ErrInvalidParam, "%d bytes at offset %d lie outside the sender's allocation of %d", ref.length, ref.off, rk.length)
+	}
+	return rk, nil
 }
 
 // pulledKey is the receiver's Rkey of a pull's key, unpacked once per key and kept

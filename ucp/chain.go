@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"time"
 
@@ -25,6 +26,11 @@ type chainRunner struct {
 	pinned    bool
 	parked    int
 	destroyed bool
+	// pulling: the pulls of the receives a paused run waits for, by operation
+	// (tagpull.go); the goroutine that waits on the run drives them.
+	pulling map[int]*Request
+	// bufs: each operation's buffer, in the C side's order.
+	bufs [][]byte
 }
 
 // chainAdd enqueues a tag send (ep set) or receive into p.Chain.
@@ -64,6 +70,7 @@ func (w *Worker) chainAdd(op string, p *RequestParam, kind int, ep *Endpoint, bu
 		if err := statusErr(r.raw.Add(step, kind, rawEP, bufPtr(buf), len(buf), tag, mask, p.memType(), p.MemH.rawOrNil())); err != nil {
 			return opErr(op, err, "chain step %d", step)
 		}
+		r.bufs = append(r.bufs, buf)
 		if b := bufPtr(buf); b != nil && p.MemH == nil {
 			r.pin.Pin(b) // C keeps the address for the chain's life
 			r.pinned = true
@@ -130,6 +137,12 @@ func (r *chainRunner) Test() (bool, error) {
 	if running {
 		return false, nil
 	}
+	if r.paused() {
+		resumed, err := r.settlePulls(nil)
+		if err != nil || resumed || r.paused() {
+			return false, err
+		}
+	}
 	return true, r.Err()
 }
 
@@ -150,6 +163,13 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 		}
 		running := r.raw.Wait(spinRounds)
 		w.afterCallUnlock()
+		if !running && r.paused() {
+			resumed, err := r.settlePulls(ctx)
+			if err != nil {
+				return err
+			}
+			running = resumed
+		}
 		if !running {
 			return r.Err()
 		}
@@ -182,6 +202,78 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 		}
 		started, i = false, 0
 	}
+}
+
+// paused reports whether the run stopped for pulled messages.
+func (r *chainRunner) paused() bool {
+	w := r.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.destroyed || r.raw.Detached() || r.raw.Running() {
+		return false
+	}
+	for i := 0; i < r.raw.Ops(); i++ {
+		if pulled, _, _, _ := r.raw.PullInfo(i); pulled {
+			return true
+		}
+	}
+	return false
+}
+
+// settlePulls pulls the data of the messages a paused run's receives got, then
+// resumes the run; it reports whether it runs again. A nil ctx only starts the pulls
+// and settles those that are done (Test).
+func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
+	w := r.w
+	w.mu.Lock()
+	if err := r.usableLocked("chain_wait"); err != nil {
+		w.mu.Unlock()
+		return false, err
+	}
+	for i := 0; i < r.raw.Ops(); i++ {
+		pulled, st, tag, n := r.raw.PullInfo(i)
+		if !pulled || r.pulling[i] != nil || i >= len(r.bufs) {
+			continue
+		}
+		q := &Request{w: w, op: "chain_recv"}
+		q.setRecvBuf(r.bufs[i], 0)
+		if r.pulling == nil {
+			r.pulling = map[int]*Request{}
+		}
+		r.pulling[i] = q
+		w.pullArrivedLocked(q, st, n, tag)
+	}
+	cbs := w.takeDeferredLocked()
+	w.mu.Unlock()
+	runDeferred(cbs)
+	for i, q := range r.pulling {
+		if ctx != nil {
+			if err := q.Wait(ctx); err != nil && !q.Done() {
+				return false, err
+			}
+		} else if done, _ := q.Test(); !done {
+			continue
+		}
+		w.mu.Lock()
+		st := ucx.OK
+		if q.err != nil {
+			st = ucx.ErrIOError
+			var s Status
+			if errors.As(q.err, &s) {
+				st = ucx.Status(s)
+			}
+		}
+		r.raw.Pulled(i, st, q.length)
+		delete(r.pulling, i)
+		w.mu.Unlock()
+	}
+	if len(r.pulling) > 0 {
+		return false, nil
+	}
+	w.mu.Lock()
+	resumed := r.raw.Resume()
+	w.afterCallUnlock()
+	return resumed, nil
 }
 
 // park arms the worker and sleeps until the event fd fires (the chain's end signals it

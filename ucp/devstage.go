@@ -108,7 +108,9 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		return r, nil
 	}
 
-	// Receive into the staging buffer, then copy in.
+	// Receive into the staging buffer, then copy in (a pulled tag message's data goes
+	// to the device memory directly).
+	ip.pullDev = dev
 	in, err := issue(staged, &ip)
 	if err != nil {
 		return fail(err)
@@ -128,7 +130,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		}
 		x.length, x.tag = in.length, in.tag
 		x.deps = nil
-		if n == 0 {
+		if n == 0 || in.pulled {
 			release()
 			w.putIPCEvent(ev)
 			return true, nil

@@ -18,11 +18,12 @@
 //
 // # Tags
 //
-// Tags are 48 bits (MaxTag): the top 16 bits of UCX's tag carry the sending worker's
-// source id, so that a receiver can bound what each peer leaves unmatched
-// (WorkerParams.UnmatchedLimit: a peer past it is cut off with an
-// *UnmatchedLimitError). Receive masks may have any bits set; SenderTag never shows
-// the source bits.
+// Tags are 48 bits (MaxTag): the top 16 bits of UCX's tag are ucpx's: 15 carry the
+// sending worker's source id, so that a receiver can bound what each peer leaves
+// unmatched (WorkerParams.UnmatchedLimit: a peer past it is cut off with an
+// *UnmatchedLimitError), and the top one marks a message of device memory whose data
+// the receiver pulls by CUDA IPC after matching (below). Receive masks may have any
+// bits set; SenderTag never shows ucpx's bits.
 //
 // # Progress model
 //

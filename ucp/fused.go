@@ -72,8 +72,12 @@ func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n i
 	var r *Request
 	if st == ucx.InProgress {
 		r = w.trackPooledLocked(op, req, bufPtr(buf))
+		r.setRecvBuf(buf, 0)
 	} else {
 		senderTag, n = w.raw.RecvInfo()
+		if senderTag&ucx.PullBit != 0 {
+			r, st = w.pulledNowLocked(op, buf, st, n, senderTag), ucx.InProgress
+		}
 	}
 	w.afterCallUnlock()
 	switch st {
@@ -119,8 +123,12 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 	}
 	if rst == ucx.InProgress {
 		rr = w.trackPooledLocked(op, rreq, bufPtr(rbuf))
+		rr.setRecvBuf(rbuf, 0)
 	} else {
 		senderTag, n = w.raw.RecvInfo()
+		if senderTag&ucx.PullBit != 0 {
+			rr, rst = w.pulledNowLocked(op, rbuf, rst, n, senderTag), ucx.InProgress
+		}
 	}
 	w.afterCallUnlock()
 	if rst != ucx.OK && rst != ucx.InProgress {
@@ -138,6 +146,16 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 		return 0, 0, err
 	}
 	return n, senderTag, nil
+}
+
+// pulledNowLocked is the Request of a fused receive that completed in the call with a
+// pulled message (its tag has the pull bit): pending until the data is pulled, or
+// completed with the reason it cannot be. Caller holds w.mu.
+func (w *Worker) pulledNowLocked(op string, buf []byte, st ucx.Status, n int, tag uint64) *Request {
+	r := w.pooledLocked(op)
+	r.setRecvBuf(buf, 0)
+	w.pullArrivedLocked(r, st, n, tag)
+	return r
 }
 
 // afterCallUnlock handles what a fused call reaped and queued, releases w.mu and runs
@@ -158,6 +176,17 @@ func (w *Worker) afterCallUnlock() {
 // trackPooledLocked tracks a pending operation of a fused call in one of the worker's
 // own requests, pinning buf (a Go buffer UCX keeps while the operation is pending).
 func (w *Worker) trackPooledLocked(op string, req, buf unsafe.Pointer) *Request {
+	r := w.pooledLocked(op)
+	if buf != nil {
+		r.pin.Pin(buf)
+		r.pinned = true
+	}
+	w.trackLocked(r, req)
+	return r
+}
+
+// pooledLocked is one of the worker's own requests, reset for op.
+func (w *Worker) pooledLocked(op string) *Request {
 	var r *Request
 	if n := len(w.reqPool); n > 0 {
 		r = w.reqPool[n-1]
@@ -167,11 +196,6 @@ func (w *Worker) trackPooledLocked(op string, req, buf unsafe.Pointer) *Request 
 		r = &Request{pooled: true}
 	}
 	r.reset(w, op, nil)
-	if buf != nil {
-		r.pin.Pin(buf)
-		r.pinned = true
-	}
-	w.trackLocked(r, req)
 	return r
 }
 

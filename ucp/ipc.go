@@ -187,6 +187,9 @@ type ipcWait struct {
 	failed error
 	length int
 	tag    uint64
+	// tagged, sentTag: a pulled tag send and its tag (tagpull.go).
+	tagged  bool
+	sentTag uint64
 }
 
 // rmaIPC moves an RMA on a same-host device region by the copy engine. The region

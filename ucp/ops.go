@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"encoding/binary"
+	"errors"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -90,9 +91,17 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 		return nil, ep.w.chainAdd("tag_send_nbx", p, ucx.ChainSend, ep, buf, tag, ^uint64(0))
 	}
 	if p.Condition != nil {
-		return ep.w.submit("tag_send_nbx", p, buf, protocol.Out, false, func(_ int, b []byte, ip *RequestParam) (*Request, error) {
-			return ep.TagSendNbx(b, tag, ip)
-		})
+		reissue := func(_ int, b []byte, ip *RequestParam) (*Request, error) { return ep.TagSendNbx(b, tag, ip) }
+		if ep.tagPullable(p, buf, true) {
+			// Issued at the trigger as a send without a condition: the receiver pulls.
+			return ep.w.submitDirect("tag_send_nbx", p, buf, reissue)
+		}
+		return ep.w.submit("tag_send_nbx", p, buf, protocol.Out, false, reissue)
+	}
+	if ep.tagPullable(p, buf, false) {
+		if r, ok, err := ep.tagPull("tag_send_nbx", buf, tag, p); ok {
+			return r, err
+		}
 	}
 	if ep.w.stagesPlain(p) {
 		return ep.w.stagedPlain("tag_send_nbx", p, buf, protocol.Out, func(b []byte, ip *RequestParam) (*Request, error) {
@@ -150,6 +159,20 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 	r, err := w.postLocked("tag_recv_nbx", ptr, p, func(r *Request) {
 		r.tag, r.length = w.raw.RecvInfo()
 	}, bufPtr(buf))
+	switch {
+	case err == nil && r.done.Load() && r.tag&ucx.PullBit != 0:
+		// Completed in the call with a pulled message: pending until the data is here.
+		r.done.Store(false)
+		r.cb, r.notify = p.Callback, p.Callback != nil
+		r.setRecvBuf(buf, p.pullDev)
+		w.pullArrivedLocked(r, ucx.OK, r.length, r.tag)
+	case err == nil:
+		r.setRecvBuf(buf, p.pullDev)
+	case errors.Is(err, ErrMessageTruncated):
+		if tag, n := w.raw.RecvInfo(); tag&ucx.PullBit != 0 {
+			w.pullArrivedLocked(&Request{w: w, op: "tag_recv_nbx"}, ucx.ErrMessageTruncated, n, tag)
+		}
+	}
 	if err == nil && p.Peer != nil && !r.done.Load() {
 		r.peer = p.Peer
 		p.Peer.recvs[r] = struct{}{}

@@ -80,6 +80,9 @@ type RequestParam struct {
 	// unfenced: the operation is issued by a Fence's gate (fence.go), which already
 	// waited for what came before the fence.
 	unfenced bool
+	// pullDev: a tag receive into a staging buffer standing for this device memory,
+	// where a pulled message's data goes directly (devstage.go, tagpull.go).
+	pullDev uintptr
 }
 
 var defaultParam RequestParam
@@ -118,6 +121,13 @@ type Request struct {
 	// ipc: a copy of the same-host device path, or a flush waiting for such copies
 	// (ipc.go); completed by the worker's progress polling it.
 	ipc *ipcWait
+	// rbuf, rcap: where a tag receive lands (a pulled message's descriptor, then its
+	// data); rdev: the device memory a staging rbuf stands for, which a pull fills
+	// directly (pulled then says so). tagpull.go.
+	rbuf   unsafe.Pointer
+	rcap   int
+	rdev   uintptr
+	pulled bool
 }
 
 // issued is the UCX request a one-part conditioned operation ran as, once done (nil
@@ -291,6 +301,7 @@ func (r *Request) reset(w *Worker, op string, cb func(*Request)) {
 	r.w, r.op, r.req = w, op, nil
 	r.err, r.length, r.tag, r.fetched = nil, 0, 0, 0
 	r.cb, r.peer, r.finish, r.ipc = cb, nil, nil, nil
+	r.rbuf, r.rcap, r.rdev, r.pulled = nil, 0, 0, false
 	r.notify = cb != nil
 	r.done.Store(false)
 }

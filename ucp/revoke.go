@@ -31,7 +31,10 @@ const (
 	ctlRevoke  = 3 // exporter -> importer: the key is revoked
 	ctlAck     = 4 // importer -> exporter: revoked keys are unusable and flushed
 	ctlPulled  = 5 // receiver -> sender: a pulled message's data was copied or dropped (ampull.go)
-	ctlLen     = 1 + 8
+	// ctlPullTrunc: receiver -> sender: a pulled tag message (the value: its tag) met a
+	// receive too short for its descriptor (tagpull.go).
+	ctlPullTrunc = 6
+	ctlLen       = 1 + 8
 )
 
 // contexts is every open context of this process by identity: importers here are
@@ -63,7 +66,7 @@ func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, keyID
 	if err != nil {
 		return sender, 0, 0, err
 	}
-	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlPulled {
+	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlPullTrunc {
 		return sender, 0, 0, fmt.Errorf("control message of %d bytes: %w", len(plain), ErrInvalidParam)
 	}
 	return sender, plain[0], binary.LittleEndian.Uint64(plain[1:]), nil
@@ -98,6 +101,10 @@ func (w *Worker) onControl(msg *AmMessage) {
 	case ctlPulled:
 		w.mu.Lock()
 		w.onPulledLocked(sender, keyID)
+		w.mu.Unlock()
+	case ctlPullTrunc:
+		w.mu.Lock()
+		w.onPullTruncLocked(sender, keyID)
 		w.mu.Unlock()
 	}
 }

@@ -47,14 +47,14 @@ func checkTag(op string, tag uint64) error {
 
 // sourceOf is the source id a worker's sends carry, from what its peers learn about
 // it (the handshake or its sealed address): the context's identity and the worker's
-// UCX address. Two workers share an id with probability 2^-16 per pair; they then
-// share one budget.
+// UCX address: 15 bits (the tag's top bit marks pulled messages, tagpull.go). Two
+// workers share an id with probability 2^-15 per pair; they then share one budget.
 func sourceOf(id [idLen]byte, addr []byte) uint64 {
 	h := sha256.New()
 	h.Write(id[:])
 	h.Write(addr)
 	var sum [sha256.Size]byte
-	return uint64(binary.LittleEndian.Uint16(h.Sum(sum[:0])))
+	return uint64(binary.LittleEndian.Uint16(h.Sum(sum[:0]))) & (1<<(63-TagBits) - 1)
 }
 
 // startUnmatched sets this worker's source id and its ledger's limit.

@@ -21,7 +21,8 @@ import (
 //     the processor to other threads (sched_yield), so a peer that needs the core runs;
 //  2. then, on a worker with wakeup, arm the event fd (ucp_worker_arm) and park until
 //     it fires, the request completes on another goroutine, ctx ends or the worker
-//     closes: no timed slices, no sleeps. The first goroutine to park sleeps in Go's
+//     closes: no timed slices, no sleeps (but a millisecond at most while a copy of
+//     the CUDA-IPC path, which the fd does not show, is pending). The first goroutine to park sleeps in Go's
 //     netpoller on the event fd; others park on a channel it closes when it wakes. No
 //     OS thread blocks;
 //  3. without wakeup, keep polling, yielding the processor to other threads
@@ -170,8 +171,14 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 			return r.done.Load(), r.errOr(nil)
 		}
 	}
+	// A copy of the IPC path (a pulled receive's data, tagpull.go) signals nothing
+	// the event fd shows: with one pending, sleep a millisecond at most.
+	var deadline time.Time
+	if w.ipcBusyLocked() {
+		deadline = time.Now().Add(time.Millisecond)
+	}
 	r.parked.Add(1)
-	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Time{})
+	w.sleepUnlock(ctx, w.takeDeferredLocked(), deadline)
 	r.parked.Add(-1)
 	if r.done.Load() {
 		return true, r.err

@@ -74,6 +74,10 @@ type Worker struct {
 	// (ampull.go; under mu); pullSeq numbers them.
 	pullsOut map[uint64]*Request
 	pullSeq  atomic.Uint64
+	// pullsIn: pulled tag messages being copied here; truncOwed: answers to senders
+	// whose pulled message did not fit its receive (tagpull.go; under mu).
+	pullsIn   []pullIn
+	truncOwed []truncAnswer
 
 	efd      int           // -1 without wakeup
 	spinTime time.Duration // WorkerParams.SpinTime, resolved
@@ -310,6 +314,10 @@ func (w *Worker) completeTrackedLocked(r *Request, st ucx.Status, length int, ta
 	w.pending[r.slot] = nil
 	w.freeSlots = append(w.freeSlots, int(r.slot))
 	r.req = nil
+	if tag&ucx.PullBit != 0 {
+		w.pullArrivedLocked(r, st, length, tag)
+		return
+	}
 	r.completeLocked(statusErr(st), length, tag)
 }
 

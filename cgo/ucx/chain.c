@@ -137,6 +137,14 @@ static void chain_recv_cb(void *request, ucs_status_t st, const ucp_tag_recv_inf
     if (info != NULL) {
         op->recv_tag = tag;
         op->recv_len = len;
+        if (info->sender_tag & UCPXU_PULL_BIT) {
+            /* Its data waits in the sender's memory: the run pauses after this step
+             * and Go pulls it (ucpxu_chain_pulled), then resumes. */
+            op->pull = 1;
+            op->recv_status = st;
+            op->chain->npull++;
+            st = UCS_OK;
+        }
     }
     completed(op, request, st);
 }
@@ -217,7 +225,7 @@ static void run(ucpxu_chain_t *c)
 {
     while (c->outstanding == 0) {
         int next;
-        if (c->status != UCS_OK || c->stopping) {
+        if (c->status != UCS_OK || c->stopping || c->npull > 0) {
             finish(c);
             return;
         }
@@ -247,6 +255,7 @@ ucs_status_t ucpxu_chain_start(uintptr_t cp, uint64_t repeat)
     c->iters = 0;
     c->status = UCS_OK;
     c->stopping = 0;
+    c->npull = 0;
     c->running = 1;
     c->ns0 = mono_ns();
     c->tsc0 = ucpxu_ticks();
@@ -289,6 +298,35 @@ int ucpxu_chain_stop(uintptr_t cp, unsigned rounds)
     }
     ucpxu_reap((uintptr_t)c->w);
     return c->running ? c->outstanding : 0;
+}
+
+void ucpxu_chain_pulled(uintptr_t cp, int i, int st, size_t len)
+{
+    ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
+    ucpxu_chain_op_t *op;
+    if (i < 0 || i >= c->nops || !c->ops[i].pull) {
+        return;
+    }
+    op = &c->ops[i];
+    op->pull = 0;
+    op->recv_tag &= UCPXU_TAG_MASK;
+    op->recv_len = len;
+    c->npull--;
+    if (st != UCS_OK && c->status == UCS_OK) {
+        c->status = st;
+    }
+}
+
+int ucpxu_chain_resume(uintptr_t cp)
+{
+    ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
+    if (c->running || c->npull > 0 || c->status != UCS_OK || c->stopping || c->w == NULL ||
+        c->iters >= c->repeat) {
+        return 0;
+    }
+    __atomic_store_n(&c->running, 1, __ATOMIC_RELEASE);
+    run(c);
+    return __atomic_load_n(&c->running, __ATOMIC_ACQUIRE);
 }
 
 /* chain_detach takes c off its worker's list. */

@@ -24,12 +24,15 @@ enum {
     UCPX_EV_CUT_OFF  = 5  /* a source's unmatched data passed the limit (id: source) */
 };
 
-/* Tags: users have the low UCPXU_TAG_BITS; the bits above carry the sender's source
- * id (ucpxu_worker_t.tag_source), which the unmatched-data ledger charges. Every send
- * sets them and every receive mask ignores them. */
+/* Tags: users have the low UCPXU_TAG_BITS; the 15 bits above carry the sender's
+ * source id (ucpxu_worker_t.tag_source), which the unmatched-data ledger charges, and
+ * the top bit marks a message whose data the receiver pulls (its payload is a
+ * descriptor, Go's tagpull.go). Every send sets the source and every receive mask
+ * ignores all 16. */
 #define UCPXU_TAG_BITS   48
 #define UCPXU_TAG_MASK   ((1ull << UCPXU_TAG_BITS) - 1)
-#define UCPXU_SOURCES    (1u << (64 - UCPXU_TAG_BITS))
+#define UCPXU_PULL_BIT   (1ull << 63)
+#define UCPXU_SOURCES    (1u << (63 - UCPXU_TAG_BITS))
 
 /* UCPXU_NOTIFY in an operation's flags: its completion goes to the event queue (a Go
  * callback waits for it) instead of the done list. Never passed to UCX. */
@@ -160,13 +163,14 @@ void ucpxu_push_event(ucpxu_worker_t *w, const ucpxu_event_t *ev);
  * source id above them. */
 static inline uint64_t ucpxu_send_tag(const ucpxu_worker_t *w, uint64_t tag)
 {
-    return (tag & UCPXU_TAG_MASK) | w->tag_source;
+    return (tag & (UCPXU_TAG_MASK | UCPXU_PULL_BIT)) | w->tag_source;
 }
 
 /* ucpxu_recv_seen is what a tag receive's callback reports of the message it got:
  * its status (UCS_ERR_EXCEEDS_LIMIT for a message of a cut-off source; w NULL: the
  * worker is being destroyed, nothing to check) and, in *tag and *len, the sender's
- * tag without the source bits and the length (0 without info). */
+ * tag without the source bits (a pulled message's keeps them: Go answers its sender)
+ * and the length (0 without info). */
 static inline ucs_status_t ucpxu_recv_seen(ucpxu_worker_t *w, ucs_status_t st,
                                            const ucp_tag_recv_info_t *info, uint64_t *tag,
                                            size_t *len)
@@ -176,7 +180,8 @@ static inline ucs_status_t ucpxu_recv_seen(ucpxu_worker_t *w, ucs_status_t st,
         *len = 0;
         return st;
     }
-    *tag = info->sender_tag & UCPXU_TAG_MASK;
+    *tag = (info->sender_tag & UCPXU_PULL_BIT) ? info->sender_tag
+                                               : info->sender_tag & UCPXU_TAG_MASK;
     *len = info->length;
     if (w != NULL && ucpxu_um_is_cut(w, info->sender_tag)) {
         return UCS_ERR_EXCEEDS_LIMIT;
@@ -291,6 +296,8 @@ typedef struct {
     int            cb_status;
     uint64_t       recv_tag;  /* RECV: the last message's sender tag and length */
     size_t         recv_len;
+    int            pull;        /* RECV: got a pulled message, Go is to pull its data */
+    int            recv_status; /* RECV: its status */
 } ucpxu_chain_op_t;
 
 struct ucpxu_chain {
@@ -304,6 +311,7 @@ struct ucpxu_chain {
     int               step, outstanding;
     int               status;
     int               posting, stopping, parked;
+    int               npull;   /* receives that got a pulled message: the run pauses */
     volatile int      running;
     uint64_t          tsc0, tsc1, ns0, ns1; /* start and end: clock ticks and ns */
     uint64_t          times[UCPXU_CHAIN_TIMES]; /* tick count at the end of iteration i */
@@ -321,6 +329,11 @@ int          ucpxu_chain_wait(uintptr_t c, unsigned spins);
  * (bounded by rounds); returns the number still pending. */
 int          ucpxu_chain_stop(uintptr_t c, unsigned rounds);
 void         ucpxu_chain_free(uintptr_t c);
+/* ucpxu_chain_pulled records Go's pull of operation i's message (st, len); once every
+ * pulled receive is recorded, ucpxu_chain_resume goes on with the paused run
+ * (returns 1 if it runs). */
+void         ucpxu_chain_pulled(uintptr_t c, int i, int st, size_t len);
+int          ucpxu_chain_resume(uintptr_t c);
 void         ucpxu_chains_shutdown(ucpxu_worker_t *w);
 uint64_t     ucpxu_ticks(void);
 

@@ -266,7 +266,11 @@ func (w *Worker) Address() ([]byte, Status) {
 // sender's source id.
 const TagBits = C.UCPXU_TAG_BITS
 
-// SetUnmatched sets this worker's source id (below 1<<(64-TagBits)), which its sends
+// PullBit marks a tag message whose payload is a pull descriptor (ucp's tagpull.go):
+// sends keep it, receives report it with the sender's source bits.
+const PullBit = uint64(1) << 63
+
+// SetUnmatched sets this worker's source id (below 1<<(63-TagBits)), which its sends
 // carry, and turns the unmatched-data ledger on with limit bytes per source (0: off).
 func (w *Worker) SetUnmatched(limit uint64, source uint64) {
 	C.ucpxu_um_set(w.h, C.uint64_t(limit), C.uint64_t(source))
@@ -709,6 +713,24 @@ func (c *Chain) RecvInfo(i int) (uint64, int) {
 	op := (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i]
 	return uint64(op.recv_tag), int(op.recv_len)
 }
+
+// PullInfo is operation i's pulled message, if it got one the run paused for: its
+// status, sender tag (with the source bits) and length.
+func (c *Chain) PullInfo(i int) (pulled bool, st Status, tag uint64, n int) {
+	op := (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i]
+	return op.pull != 0, Status(op.recv_status), uint64(op.recv_tag), int(op.recv_len)
+}
+
+// Ops is the number of operations of the chain.
+func (c *Chain) Ops() int { return int(c.c.nops) }
+
+// Pulled records Go's pull of operation i's message.
+func (c *Chain) Pulled(i int, st Status, n int) {
+	C.ucpxu_chain_pulled(c.h, C.int(i), C.int(st), C.size_t(n))
+}
+
+// Resume goes on with a run paused for pulls; it reports whether it runs.
+func (c *Chain) Resume() bool { return C.ucpxu_chain_resume(c.h) != 0 }
 
 // Times returns the end tick counts of the last min(iters, ChainTimes) iterations in
 // order, and the ticks per nanosecond over the run (start to end).

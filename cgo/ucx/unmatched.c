@@ -29,7 +29,10 @@ static inline uint64_t um_charge(size_t len)
     return (len < UM_CHARGE_CAP ? len : UM_CHARGE_CAP) + UM_CHARGE_BASE;
 }
 
-static inline unsigned um_source(uint64_t tag) { return (unsigned)(tag >> UCPXU_TAG_BITS); }
+static inline unsigned um_source(uint64_t tag)
+{
+    return (unsigned)((tag & ~UCPXU_PULL_BIT) >> UCPXU_TAG_BITS);
+}
 
 /* um_discard receives a message into nothing: UCX truncates it and releases its data
  * (a rendezvous one completes the sender's side as well). */

@@ -45,6 +45,7 @@ var (
 type Counts struct {
 	Exports, Opens, Closes                 int
 	SharedAllocs, SharedMaps, SharedUnmaps int // shared signal words
+	DeviceCopies                           int // CopyDevice calls
 }
 
 // Stats returns the counts so far (process-wide).
@@ -142,6 +143,9 @@ func (d *Device) IPCCloseMemHandle(p uintptr) error {
 
 // CopyDevice is the stream's Copy (fake device memory is host memory).
 func (d *Device) CopyDevice(s streamcore.Stream, dst, src uintptr, n int) error {
+	mu.Lock()
+	counts.DeviceCopies++
+	mu.Unlock()
 	return s.Copy(dst, src, n)
 }
 

@@ -1,0 +1,275 @@
+package ucp
+
+import (
+	"errors"
+	"unsafe"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/protocol"
+)
+
+// Tag messages whose data the receiver pulls. A tag send of a device buffer
+// (MemoryCUDA, no chain) to a peer CUDA IPC reaches carries, instead of its data, a
+// sealed descriptor: the allocation's key (exported once, as for pulled active
+// messages), the offset, the length and the send's id; the tag's pull bit (ucpx's
+// top bit) says so. Matching is UCX's, unchanged: the message matches the receives
+// its tag matches, in order. The receive that gets it (any: nbx, blocking, chained,
+// staged, conditioned) copies the data out of the sender's mapped buffer by the copy
+// engine, into the device memory itself for a staged receive of device memory, and
+// completes only then; the receiver tells the sender (ctlPulled) and the send
+// completes. A receive shorter than the message completes with ErrMessageTruncated
+// and copies nothing. One too short even for the descriptor answers the sender by tag
+// (ctlPullTrunc) once the pulls of that tag it is doing from that sender are done; the
+// sender then completes its oldest send of the tag, which is the truncated one:
+// messages of one tag from one sender match in order. A send falls back to staging
+// where the descriptor would be longer than the data.
+
+const tagPullMagic = "UCT2"
+
+// tagPullConditioned is the smallest conditioned send that goes by pull: the engine
+// issues it at the trigger, where falling back to staging (the descriptor longer than
+// the data) would allocate. Descriptors are a few hundred bytes.
+const tagPullConditioned = 4096
+
+// pullIn is a pulled tag message being copied here (w.pullsIn, under w.mu).
+type pullIn struct {
+	r   *Request
+	ep  *Endpoint
+	tag uint64
+}
+
+// truncAnswer is owed to the sender(s) of source id src: a pulled message of tag
+// matched a receive too short for its descriptor.
+type truncAnswer struct{ src, tag uint64 }
+
+// tagPullable reports whether a tag send of buf goes by pull (conditioned: the engine
+// issues it at the trigger).
+func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) bool {
+	c := ep.w.ctx
+	if len(buf) == 0 || (p.Condition != nil) != conditioned || c.ipc == nil || c.SupportsMemoryType(MemoryCUDA) ||
+		!declaredDevice(p) || p.Staging.Or(c.protocol.Staging) == protocol.StageAlways ||
+		c.features&FeatureAM == 0 || (conditioned && len(buf) < tagPullConditioned) {
+		return false
+	}
+	return ep.Reach(c.ipc.dev.CanAccessPeer).IPC()
+}
+
+// tagPull sends a tag message of a device buffer for the receiver to pull. It reports
+// false (nothing sent) where the message cannot go so: the caller stages it.
+func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) (*Request, bool, error) {
+	w := ep.w
+	ptr := uintptr(bufPtr(buf))
+	e, err := w.ctx.pullKey(ptr)
+	if err != nil {
+		return nil, false, nil // memory IPC cannot export (VMM): staged
+	}
+	opID := w.pullSeq.Add(1)
+	h := w.ctx.trust.seal.seal(tagPullMagic, w.ctx.trust.id, encodePull(0, 0, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, nil))
+	if len(h) > len(buf) {
+		return nil, false, nil // a receive that fits the data must fit the descriptor
+	}
+	r, x := w.newIPCRequest(op, p)
+	x.ep = ep
+	x.held = true // until the receiver says it pulled (onPulledLocked, onPullTruncLocked)
+	x.tagged, x.sentTag = true, tag
+	w.lockIssue()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, true, err
+	}
+	ptrH := w.raw.TagSend(ep.raw, bufPtr(h), len(h), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
+	if _, err := w.postLocked(op, ptrH, &defaultParam, nil, bufPtr(h)); err != nil {
+		return nil, true, opErr(op, unwrapOp(err), "")
+	}
+	if w.pullsOut == nil {
+		w.pullsOut = map[uint64]*Request{}
+	}
+	w.pullsOut[opID] = r
+	w.trackIPCLocked(r)
+	return r, true, nil
+}
+
+// onPullTruncLocked completes sender's oldest pulled send of tag: its receiver was
+// too short for the descriptor. Caller holds w.mu.
+func (w *Worker) onPullTruncLocked(sender [idLen]byte, tag uint64) {
+	var oldest uint64
+	found := false
+	for id, r := range w.pullsOut {
+		x := r.ipc
+		if x.tagged && x.sentTag == tag && x.ep != nil && x.ep.peer.id == sender && (!found || id < oldest) {
+			oldest, found = id, true
+		}
+	}
+	if found {
+		r := w.pullsOut[oldest]
+		delete(w.pullsOut, oldest)
+		r.ipc.held = false
+	}
+}
+
+// setRecvBuf records where a tag receive lands, for a pulled message's descriptor and
+// data (dev: the device memory a staging buffer stands for).
+func (r *Request) setRecvBuf(buf []byte, dev uintptr) {
+	r.rbuf, r.rcap, r.rdev = bufPtr(buf), len(buf), dev
+}
+
+// pullArrivedLocked completes a tag receive whose message has the pull bit: where the
+// data cannot be pulled (truncated, forged, no device here) at once, with the error;
+// else r stays pending while the data is pulled (pullRecv runs after the round that
+// completed it, outside the lock) and completes once it is in place. Caller holds w.mu.
+func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag uint64) {
+	src, utag := (tag&^ucx.PullBit)>>TagBits, tag&MaxTag
+	if st != ucx.OK {
+		if st == ucx.ErrMessageTruncated {
+			w.owePullTruncLocked(src, utag)
+		}
+		r.completeLocked(statusErr(st), length, utag)
+		return
+	}
+	if r.rbuf == nil {
+		r.completeLocked(opErr(r.op, ErrUnsupported, "a pulled message matched a receive that cannot take one"), 0, utag)
+		return
+	}
+	desc := unsafe.Slice((*byte)(r.rbuf), min(length, r.rcap))
+	sender, plain, err := w.ctx.trust.seal.open(tagPullMagic, desc)
+	if err != nil {
+		r.completeLocked(opErr(r.op, err, "a message marked pulled"), 0, utag)
+		return
+	}
+	_, _, ref, packed, _, ok := decodePull(plain)
+	if !ok {
+		r.completeLocked(opErr(r.op, ErrInvalidParam, "a pulled message's descriptor is malformed"), 0, utag)
+		return
+	}
+	if ref.ep = w.pullSenderLocked(sender, src); ref.ep == nil {
+		r.completeLocked(opErr(r.op, ErrPeerFailed, "the sender of a pulled message has no endpoint here"), 0, utag)
+		return
+	}
+	switch {
+	case ref.length > uint64(r.rcap):
+		ref.ep.sendControlLocked(ctlPulled, ref.op)
+		r.completeLocked(statusErr(ucx.ErrMessageTruncated), int(ref.length), utag)
+		return
+	case w.ctx.ipc == nil:
+		ref.ep.sendControlLocked(ctlPulled, ref.op)
+		r.completeLocked(opErr(r.op, ErrUnsupported, "a pulled message of device memory, and this context has no device"), 0, utag)
+		return
+	}
+	// The pull is tracked as an IPC request of its own (polled by every progress
+	// call); r, whose waiters know nothing of it, completes when it does.
+	pr := &Request{}
+	pr.reset(w, "tag_pull", nil)
+	pr.ipc = &ipcWait{held: true, ep: ref.ep}
+	w.trackIPCLocked(pr)
+	w.pullsIn = append(w.pullsIn, pullIn{r: r, ep: ref.ep, tag: utag})
+	packed = append([]byte(nil), packed...) // the receive buffer may be a staging buffer lent again
+	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, packed, utag) })
+}
+
+// pullSenderLocked is the endpoint to the worker that sent a pulled message: of the
+// sender's context, with its source id.
+func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
+	var any *Endpoint
+	for _, ep := range w.eps {
+		if !ep.peerKnown || ep.peer.id != sender || ep.usableLocked("") != nil {
+			continue
+		}
+		if ep.source == src {
+			return ep
+		}
+		any = ep
+	}
+	return any
+}
+
+// pullRecv copies a pulled message into r's buffer (or the device memory it stands
+// for) and completes r, through pr, once the copy is done.
+func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, packed []byte, tag uint64) {
+	rk, err := ref.ep.pulledRange(packed, ref)
+	var get *Request
+	direct := false
+	if err == nil {
+		n := int(ref.length)
+		dst, gp := unsafe.Slice((*byte)(r.rbuf), n), &RequestParam{MemoryType: MemoryHost}
+		if r.rdev != 0 {
+			dst, gp, direct = DeviceBuffer(r.rdev, n), &RequestParam{MemoryType: MemoryCUDA}, true
+		}
+		get, err = ref.ep.GetNbx(dst, rk.Base()+ref.off, rk, gp)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	x := pr.ipc
+	x.held = false
+	finish := func(err error) {
+		w.pullDoneLocked(r, ref, err == nil && direct, err, tag)
+	}
+	if err != nil {
+		x.failed = err
+		finish(err)
+		return
+	}
+	x.deps = []*Request{get}
+	x.then = func(x *ipcWait, err error) (bool, error) {
+		finish(err)
+		return true, err
+	}
+}
+
+// pullDoneLocked completes a pulled receive, tells its sender, and sends the
+// truncation answers that waited for it. Caller holds w.mu.
+func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error, tag uint64) {
+	for i, in := range w.pullsIn {
+		if in.r == r {
+			w.pullsIn = append(w.pullsIn[:i], w.pullsIn[i+1:]...)
+			break
+		}
+	}
+	ref.ep.sendControlLocked(ctlPulled, ref.op)
+	if err != nil && !errors.Is(err, ErrPeerFailed) && ref.ep.err != nil {
+		err = ref.ep.err
+	}
+	r.pulled = direct
+	r.completeLocked(err, int(ref.length), tag)
+	w.answerTruncLocked()
+}
+
+// owePullTruncLocked queues a truncation answer; it goes once the round's other
+// completions were seen (a pull of the same tag they start comes first). Caller holds
+// w.mu.
+func (w *Worker) owePullTruncLocked(src, tag uint64) {
+	w.truncOwed = append(w.truncOwed, truncAnswer{src: src, tag: tag})
+	w.deferred = append(w.deferred, func() {
+		w.mu.Lock()
+		w.answerTruncLocked()
+		w.mu.Unlock()
+	})
+}
+
+// answerTruncLocked sends the owed truncation answers whose sender has no pull of
+// the same tag still being copied here (its ack must reach the sender first).
+func (w *Worker) answerTruncLocked() {
+	if len(w.truncOwed) == 0 {
+		return
+	}
+	kept := w.truncOwed[:0]
+	for _, t := range w.truncOwed {
+		busy := false
+		for _, in := range w.pullsIn {
+			if in.tag == t.tag && in.ep.source == t.src {
+				busy = true
+				break
+			}
+		}
+		if busy {
+			kept = append(kept, t)
+			continue
+		}
+		for _, ep := range w.eps {
+			if ep.peerKnown && ep.source == t.src {
+				ep.sendControlLocked(ctlPullTrunc, t.tag)
+			}
+		}
+	}
+	clear(w.truncOwed[len(kept):])
+	w.truncOwed = kept
+}

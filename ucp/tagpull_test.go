@@ -1,0 +1,235 @@
+package ucp
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/protocol"
+)
+
+var devParam = &RequestParam{MemoryType: MemoryCUDA}
+
+// A tag message of a device buffer to a peer CUDA IPC reaches carries a descriptor:
+// whatever receive matches it pulls the data (into host memory, into device memory
+// without staging copies, posted before or after the message came), and the send
+// completes only once it did. One export and one mapping serve every message of an
+// allocation.
+func TestTagPull(t *testing.T) {
+	const size = 1 << 20
+	p, ctx, src, dst := amPullPair(t, size)
+	data := pattern(size, 11)
+	copy(src.Bytes(), data)
+	before := fakeipc.Stats()
+	for i, n := range []int{4096, 64<<10 + 3, size - 4096} {
+		off := 4096 * (i % 2)
+		want := checksum(data[off : off+n])
+		tag := uint64(100 + i)
+		sbuf := DeviceBuffer(src.Ptr()+uintptr(off), n)
+
+		// Unexpected: the send first; it waits for its receiver.
+		sr, err := p.epA.TagSendNbx(sbuf, tag, devParam)
+		require.NoError(t, err)
+		time.Sleep(10 * time.Millisecond)
+		require.False(t, sr.Done(), "the send completes once its receiver pulled")
+		host := make([]byte, n+7)
+		rr, err := p.b.TagRecvNbx(host, tag, MaxTag, nil)
+		require.NoError(t, err)
+		require.NoError(t, rr.Wait(ctx))
+		require.Equal(t, n, rr.Length())
+		require.Equal(t, tag, rr.SenderTag(), "ucpx's bits never show")
+		require.Equal(t, want, checksum(host[:n]), "size %d into host memory", n)
+		require.NoError(t, sr.Wait(ctx))
+
+		// Expected, into device memory: staged in name only, the pull fills it.
+		clear(dst.Bytes())
+		copiesBefore := fakeipc.Stats().DeviceCopies
+		rr, err = p.b.TagRecvNbx(DeviceBuffer(dst.Ptr(), n), tag, MaxTag, devParam)
+		require.NoError(t, err)
+		sr, err = p.epA.TagSendNbx(sbuf, tag, devParam)
+		require.NoError(t, err)
+		require.NoError(t, rr.Wait(ctx))
+		require.NoError(t, sr.Wait(ctx))
+		require.Equal(t, n, rr.Length())
+		require.Equal(t, want, checksum(dst.Bytes()[:n]), "size %d into device memory", n)
+		require.Equal(t, 1, fakeipc.Stats().DeviceCopies-copiesBefore, "one device-to-device copy, none through staging")
+
+		// The blocking receive.
+		sr, err = p.epA.TagSendNbx(sbuf, tag, devParam)
+		require.NoError(t, err)
+		clear(host)
+		got, stag, err := p.b.TagRecv(ctx, host, tag, MaxTag)
+		require.NoError(t, err)
+		require.Equal(t, n, got)
+		require.Equal(t, tag, stag)
+		require.Equal(t, want, checksum(host[:n]), "size %d, blocking receive", n)
+		require.NoError(t, sr.Wait(ctx))
+	}
+	st := fakeipc.Stats()
+	require.Equal(t, 1, st.Exports-before.Exports, "one export per allocation")
+	require.Equal(t, 1, st.Opens-before.Opens, "one mapping per allocation")
+	require.Zero(t, p.a.StagingStats().Bytes, "the sender staged nothing")
+}
+
+// Receives shorter than a pulled message complete with ErrMessageTruncated and copy
+// nothing; the sends complete, also where the receive could not hold even the
+// descriptor (answered by tag), and also when that one sits between two good
+// messages of the same tag.
+func TestTagPullTruncated(t *testing.T) {
+	const n = 64 << 10
+	p, ctx, src, _ := amPullPair(t, n)
+	data := pattern(n, 12)
+	copy(src.Bytes(), data)
+	sbuf := DeviceBuffer(src.Ptr(), n)
+	for _, short := range []int{n - 1, 8, 0} {
+		sr, err := p.epA.TagSendNbx(sbuf, 7, devParam)
+		require.NoError(t, err)
+		buf := make([]byte, short)
+		rr, err := p.b.TagRecvNbx(buf, 7, MaxTag, nil)
+		if err == nil {
+			err = rr.Wait(ctx)
+		}
+		require.ErrorIs(t, err, ErrMessageTruncated, "a %d-byte receive", short)
+		require.NoError(t, sr.Wait(ctx), "the send of a message received %d bytes short", n-short)
+	}
+
+	// Three sends of one tag; the middle one's receive is too short for its
+	// descriptor. Each send completes, the good ones with their data.
+	var sends [3]*Request
+	for i := range sends {
+		var err error
+		sends[i], err = p.epA.TagSendNbx(sbuf, 9, devParam)
+		require.NoError(t, err)
+	}
+	first, last := make([]byte, n), make([]byte, n)
+	r1, err := p.b.TagRecvNbx(first, 9, MaxTag, nil)
+	require.NoError(t, err)
+	r2, err := p.b.TagRecvNbx(make([]byte, 16), 9, MaxTag, nil)
+	if err == nil {
+		err = r2.Wait(ctx)
+	}
+	require.ErrorIs(t, err, ErrMessageTruncated)
+	r3, err := p.b.TagRecvNbx(last, 9, MaxTag, nil)
+	require.NoError(t, err)
+	require.NoError(t, r1.Wait(ctx))
+	require.NoError(t, r3.Wait(ctx))
+	for i, s := range sends {
+		require.NoError(t, s.Wait(ctx), "send %d", i)
+	}
+	require.Equal(t, checksum(data), checksum(first))
+	require.Equal(t, checksum(data), checksum(last))
+	require.Zero(t, p.a.StagingStats().Bytes, "every send went by pull")
+}
+
+// A chain's receive that gets a pulled message pauses the run, pulls the data on the
+// goroutine that waits for the chain, and goes on: the chain's next step sends back
+// what was pulled.
+func TestTagPullChain(t *testing.T) {
+	const n = 256 << 10
+	p, ctx, src, _ := amPullPair(t, n)
+	data := pattern(n, 13)
+	copy(src.Bytes(), data)
+	const iters = 3
+	ch, err := condition.NewChain(condition.ChainParam{Repeat: iters})
+	require.NoError(t, err)
+	in := make([]byte, n)
+	_, err = p.b.TagRecvNbx(in, 1, MaxTag, &RequestParam{Chain: ch})
+	require.NoError(t, err)
+	require.NoError(t, ch.Then())
+	_, err = p.epB.TagSendNbx(in, 2, &RequestParam{Chain: ch})
+	require.NoError(t, err)
+	stop := make(chan error, 1)
+	go func() { stop <- ch.Wait(ctx) }()
+	require.NoError(t, ch.Start())
+	for i := 0; i < iters; i++ {
+		sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 1, devParam)
+		require.NoError(t, err)
+		echo := make([]byte, n)
+		got, _, err := p.a.TagRecv(ctx, echo, 2, MaxTag)
+		require.NoError(t, err)
+		require.Equal(t, n, got)
+		require.Equal(t, checksum(data), checksum(echo), "iteration %d: the chain sent on what it pulled", i)
+		require.NoError(t, sr.Wait(ctx))
+	}
+	require.NoError(t, <-stop)
+	require.Equal(t, uint64(iters), ch.Iterations())
+	require.NoError(t, ch.Destroy())
+	require.Zero(t, p.a.StagingStats().Bytes, "every send went by pull")
+}
+
+// A conditioned send is issued by the engine at its trigger, and goes by pull too;
+// StageAlways stages instead, with the same data.
+func TestTagPullConditionedAndStaged(t *testing.T) {
+	const n = 64 << 10
+	p, ctx, src, _ := amPullPair(t, n)
+	data := pattern(n, 14)
+	copy(src.Bytes(), data)
+	kc, trigger := kernelCondition(t)
+	sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 3, &RequestParam{Condition: kc, MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	host := make([]byte, n)
+	rr, err := p.b.TagRecvNbx(host, 3, MaxTag, nil)
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	require.False(t, rr.Done(), "sent before its trigger")
+	trigger()
+	require.NoError(t, rr.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx))
+	require.Equal(t, checksum(data), checksum(host))
+	require.Zero(t, p.a.StagingStats().Bytes, "pulled, not staged")
+
+	clear(host)
+	sr, err = p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, &RequestParam{MemoryType: MemoryCUDA, Staging: protocol.StageAlways})
+	require.NoError(t, err)
+	rr, err = p.b.TagRecvNbx(host, 4, MaxTag, nil)
+	require.NoError(t, err)
+	require.NoError(t, rr.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx))
+	require.Equal(t, checksum(data), checksum(host))
+	require.NotZero(t, p.a.StagingStats().Bytes, "StageAlways staged")
+}
+
+// A send whose peer fails before it pulled completes with the failure; one whose
+// worker closes, with ErrCanceled.
+func TestTagPullSenderCloses(t *testing.T) {
+	p, _ := ipcPair(t)
+	src := fakeipc.Malloc(8192)
+	defer src.Free()
+	stop := background(p.a)
+	sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), 8192), 5, devParam)
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	stop()
+	require.False(t, sr.Done())
+	require.NoError(t, p.a.Close())
+	require.True(t, sr.Done())
+	require.ErrorIs(t, sr.Err(), ErrCanceled)
+}
+
+// A message with the pull bit whose descriptor is not sealed by a peer (what a
+// broken or hostile peer could send) fails its receive with ErrAuth; the next
+// message of the tag is received normally.
+func TestTagPullForged(t *testing.T) {
+	p, ctx, _, _ := amPullPair(t, 4096)
+	forged := make([]byte, 300)
+	copy(forged, tagPullMagic)
+	p.a.mu.Lock()
+	_, err := p.a.postLocked("tag_send_nbx", p.a.raw.TagSend(p.epA.raw, bufPtr(forged), len(forged), 5|ucx.PullBit, 0, int(MemoryHost), nil, 0), &defaultParam, nil, bufPtr(forged))
+	p.a.mu.Unlock()
+	require.NoError(t, err)
+	buf := make([]byte, 4096)
+	rr, err := p.b.TagRecvNbx(buf, 5, MaxTag, nil)
+	if err == nil {
+		err = rr.Wait(ctx)
+	}
+	require.ErrorIs(t, err, ErrAuth)
+	_, err = p.epA.TagSendNbx([]byte("plain"), 5, nil)
+	require.NoError(t, err)
+	n, _, err := p.b.TagRecv(ctx, buf, 5, MaxTag)
+	require.NoError(t, err)
+	require.Equal(t, "plain", string(buf[:n]))
+}
