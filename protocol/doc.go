@@ -15,9 +15,8 @@
 //     choice); on host streams host buffers too, which is how CI exercises staging;
 //   - StageNever: never; a device buffer with no direct path fails at the call with an
 //     error matching ErrUnsupported;
-//   - PreferPull: as StageWhenNeeded; active messages of device buffers on the
-//     CUDA-IPC path move by the receiver pulling (as under StageWhenNeeded); tag
-//     messages are staged.
+//   - PreferPull: as StageWhenNeeded; tag and active messages of device buffers on
+//     the CUDA-IPC path move by the receiver pulling (as under StageWhenNeeded).
 //
 // Staged operations draw on a pool that grows with demand, or on a Workspace
 // (NewWorkspace, Config.Workspace): fixed memory with back-pressure, through which an

@@ -32,9 +32,7 @@ const (
 	StageNever
 	// PreferPull stages as StageWhenNeeded, and a message whose device buffer the
 	// direct (CUDA-IPC) path can carry moves by the receiver pulling from the sender's
-	// exported buffer. Active messages already move so under StageWhenNeeded; tag
-	// messages are staged under both (their receiver cannot tell a pulled message from
-	// data: UCX's tag messages carry no header of ours).
+	// exported buffer. Tag and active messages already move so under StageWhenNeeded.
 	PreferPull
 )
 

@@ -142,9 +142,9 @@ func TestTagPullChain(t *testing.T) {
 	require.NoError(t, ch.Then())
 	_, err = p.epB.TagSendNbx(in, 2, &RequestParam{Chain: ch})
 	require.NoError(t, err)
+	require.NoError(t, ch.Start())
 	stop := make(chan error, 1)
 	go func() { stop <- ch.Wait(ctx) }()
-	require.NoError(t, ch.Start())
 	for i := 0; i < iters; i++ {
 		sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 1, devParam)
 		require.NoError(t, err)
