@@ -44,17 +44,28 @@ func (x *ipcSide) tagReceiver(ctx context.Context) error {
 		return err
 	}
 	defer host.Close()
-	s, err := x.cctx.NewStream(cuda.StreamNonBlocking, 0)
+	s, err := x.b.NewStream()
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	cs, _ := stream.CUDAStream(s)
+	sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: x.b, Stream: s})
+	if err != nil {
+		return err
+	}
+	defer sc.Destroy()
 	quit, err := x.w.TagRecvNbx(make([]byte, 8), tagQuit, ^uint64(0), nil)
 	if err != nil {
 		return err
 	}
-	for {
-		r, err := x.w.TagRecvNbx(ucp.DeviceBuffer(dst.Ptr(), most), tagPullData, ^uint64(0), &ucp.RequestParam{MemoryType: ucp.MemoryCUDA})
+	for i := 0; ; i++ {
+		// Every other message is received in stream order on s.
+		prm := &ucp.RequestParam{MemoryType: ucp.MemoryCUDA}
+		if i%2 == 1 {
+			prm.Condition = sc
+		}
+		r, err := x.w.TagRecvNbx(ucp.DeviceBuffer(dst.Ptr(), most), tagPullData, ^uint64(0), prm)
 		if err != nil {
 			return err
 		}
@@ -70,10 +81,10 @@ func (x *ipcSide) tagReceiver(ctx context.Context) error {
 			return err
 		}
 		n := r.Length()
-		if err := s.MemcpyDtoH(host.Addr(), dst.Ptr(), n); err != nil {
+		if err := cs.MemcpyDtoH(host.Addr(), dst.Ptr(), n); err != nil {
 			return err
 		}
-		if err := s.Synchronize(); err != nil {
+		if err := cs.Synchronize(); err != nil {
 			return err
 		}
 		var out [16]byte

@@ -95,6 +95,10 @@ func (w *Worker) deliverAmLocked(ev *ucx.Event) {
 	if ev.Flags&ucx.AmRecvReplyEP != 0 {
 		msg.replyEP = w.replyEndpointLocked(ev.ReplyEP)
 	}
+	if ev.ID == RevokeAM && w.pullControlLocked(msg.Header) {
+		msg.releaseLocked()
+		return
+	}
 	h := w.am[ev.ID]
 	if h == nil { // removed after UCX queued the message
 		msg.releaseLocked()

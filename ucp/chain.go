@@ -289,7 +289,7 @@ func (r *chainRunner) park(ctx context.Context) (bool, error) {
 		}
 		if !r.raw.Running() {
 			w.mu.Unlock()
-			return true, r.Err()
+			return false, nil // ended or paused for pulls: Wait's loop tells which
 		}
 		if w.raw.Arm() == ucx.OK {
 			break

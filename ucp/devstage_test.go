@@ -137,3 +137,18 @@ func TestDeviceStagedWaitOnStreamRefused(t *testing.T) {
 	require.Equal(t, pattern(4096, 8), in)
 	require.NoError(t, r.WaitOnStream(s), "a done request needs no wait")
 }
+
+// Canceling a staged receive of device memory cancels the receive into staging
+// memory it waits for: it completes with ErrCanceled instead of waiting forever.
+func TestDeviceStagedReceiveCancel(t *testing.T) {
+	p, _ := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mem := fakeipc.Malloc(4096)
+	defer mem.Free()
+	r, err := p.a.TagRecvNbx(DeviceBuffer(mem.Ptr(), 4096), 77, MaxTag, &RequestParam{MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	require.NotNil(t, r.ipc, "staged")
+	r.Cancel()
+	require.ErrorIs(t, r.Wait(ctx), ErrCanceled)
+}

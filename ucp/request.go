@@ -245,6 +245,20 @@ func (r *Request) Cancel() {
 		return
 	}
 	w := r.w
+	if r.ipc != nil {
+		// A staged operation: cancel the UCX operation it waits for (a receive into
+		// staging memory); copies and flushes have nothing to cancel.
+		w.mu.Lock()
+		var deps []*Request
+		if !r.ipc.flush {
+			deps = append(deps, r.ipc.deps...)
+		}
+		w.mu.Unlock()
+		for _, d := range deps {
+			d.Cancel()
+		}
+		return
+	}
 	w.mu.Lock()
 	if r.req != nil && !w.closed.Load() {
 		w.raw.Cancel(r.req)

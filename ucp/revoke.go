@@ -98,15 +98,27 @@ func (w *Worker) onControl(msg *AmMessage) {
 		w.ctx.noteAck(sender, keyID)
 	case ctlRevoke:
 		w.revokeImported(sender, keyID, nil)
-	case ctlPulled:
-		w.mu.Lock()
-		w.onPulledLocked(sender, keyID)
-		w.mu.Unlock()
-	case ctlPullTrunc:
-		w.mu.Lock()
-		w.onPullTruncLocked(sender, keyID)
-		w.mu.Unlock()
 	}
+}
+
+// pullControlLocked handles a pull's control message (ctlPulled, ctlPullTrunc) as it
+// is drained, under w.mu, so that a sender sees its receiver's words in the order
+// they were sent (a truncation answer completes the oldest send of its tag: the
+// acknowledgements sent before it must have completed theirs). It reports whether
+// the message was one. Caller holds w.mu.
+func (w *Worker) pullControlLocked(header []byte) bool {
+	sender, typ, value, err := decodeControl(w.ctx.trust.seal, header)
+	switch {
+	case err != nil:
+		return false
+	case typ == ctlPulled:
+		w.onPulledLocked(sender, value)
+	case typ == ctlPullTrunc:
+		w.onPullTruncLocked(sender, value)
+	default:
+		return false
+	}
+	return true
 }
 
 // noteImport records that peer unpacked the key keyID; a key already revoked is
