@@ -1,6 +1,7 @@
 package ucp
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -232,4 +233,39 @@ func TestTagPullForged(t *testing.T) {
 	n, _, err := p.b.TagRecv(ctx, buf, 5, MaxTag)
 	require.NoError(t, err)
 	require.Equal(t, "plain", string(buf[:n]))
+}
+
+// A receiver driven only by a loop that sleeps on the worker's events (as
+// WorkerParams.ProgressThread and the engine do) still completes a pulled receive:
+// the copy signals no event, so sleeps are bounded while it is pending.
+func TestTagPullReceiverSleeps(t *testing.T) {
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	p, l, err := listenPair(t, ContextParams{Device: dev}, ContextParams{Device: dev})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	t.Cleanup(background(p.a))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			p.b.Progress()
+			_ = p.b.WaitForEvents(ctx, time.Hour)
+		}
+	}()
+	defer func() { cancel(); <-done }()
+	const n = 64 << 10
+	src := fakeipc.Malloc(n)
+	defer src.Free()
+	copy(src.Bytes(), pattern(n, 15))
+	host := make([]byte, n)
+	rr, err := p.b.TagRecvNbx(host, 8, MaxTag, nil)
+	require.NoError(t, err)
+	sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 8, devParam)
+	require.NoError(t, err)
+	require.Eventually(t, rr.Done, 10*time.Second, time.Millisecond, "the pulled receive completes with nobody waiting on it")
+	require.NoError(t, rr.Err())
+	require.Equal(t, pattern(n, 15), host)
+	require.NoError(t, sr.Wait(ctx))
 }

@@ -22,9 +22,9 @@ import (
 //  2. then, on a worker with wakeup, arm the event fd (ucp_worker_arm) and park until
 //     it fires, the request completes on another goroutine, ctx ends or the worker
 //     closes: no timed slices, no sleeps (but a millisecond at most while a copy of
-//     the CUDA-IPC path, which the fd does not show, is pending). The first goroutine to park sleeps in Go's
-//     netpoller on the event fd; others park on a channel it closes when it wakes. No
-//     OS thread blocks;
+//     the CUDA-IPC path, which the fd does not show, is pending). The first goroutine
+//     to park sleeps in Go's netpoller on the event fd; others park on a channel it
+//     closes when it wakes. No OS thread blocks;
 //  3. without wakeup, keep polling, yielding the processor to other threads
 //     (sched_yield) between rounds: on an oversubscribed machine the peer's thread gets
 //     to run (measured: 4 MiB tag_bw over shm with a third busy process on 2 cores,
@@ -171,14 +171,8 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 			return r.done.Load(), r.errOr(nil)
 		}
 	}
-	// A copy of the IPC path (a pulled receive's data, tagpull.go) signals nothing
-	// the event fd shows: with one pending, sleep a millisecond at most.
-	var deadline time.Time
-	if w.ipcBusyLocked() {
-		deadline = time.Now().Add(time.Millisecond)
-	}
 	r.parked.Add(1)
-	w.sleepUnlock(ctx, w.takeDeferredLocked(), deadline)
+	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Time{})
 	r.parked.Add(-1)
 	if r.done.Load() {
 		return true, r.err
@@ -193,7 +187,14 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 // is released (then cbs run). It returns when the event fd fires, a request a parked
 // goroutine waits on completes (wakeParkedLocked), ctx ends, deadline passes (zero:
 // none) or the worker closes. In steady state it allocates nothing (without deadline).
+// While work of the CUDA-IPC path is pending (copies, a pulled receive's data,
+// tagpull.go), which the event fd does not show, it sleeps a millisecond at most.
 func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Time) {
+	if w.ipcBusyLocked() {
+		if d := time.Now().Add(ipcSleep); deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
 	f, lead := w.park.enter(w.efd)
 	w.mu.Unlock()
 	runDeferred(cbs)
@@ -218,6 +219,9 @@ func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Ti
 	}
 	w.park.leave(f)
 }
+
+// ipcSleep bounds a sleep on the event fd while IPC work is pending.
+const ipcSleep = time.Millisecond
 
 // wakeParkedLocked wakes every parked goroutine: followers through their channel, the
 // one in the netpoller through the event fd (ucp_worker_signal). Caller holds w.mu.
