@@ -10,21 +10,28 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
 // Graph conditions on device buffers (declared MemoryCUDA) have no stream to stage
 // on: with ContextParams.Device the engine issues each launch's operation as the call
-// with no condition, staged through the device's stream. A sender graph [fill ->
-// send] and a receiver graph [recv -> check] on fake device memory, relaunched, the
-// data checked at every launch.
+// with no condition, staged through the device's stream (StageAlways: to a peer CUDA
+// IPC reaches the message would be pulled, below). A sender graph [fill -> send] and
+// a receiver graph [recv -> check] on fake device memory, relaunched, the data checked
+// at every launch; then the same with the message pulled.
 func TestGraphConditionDeviceBuffers(t *testing.T) {
 	dev := fakeipc.New(stream.NewHostBackend(), [16]byte{0xd1})
 	t.Cleanup(func() { _ = dev.Close() })
+	for _, staging := range []protocol.Staging{protocol.StageAlways, protocol.StageWhenNeeded} {
+		graphDeviceBuffers(t, dev, staging)
+	}
+}
+
+func graphDeviceBuffers(t *testing.T, dev *fakeipc.Device, staging protocol.Staging) {
 	l := newLinkWith(t, ucp.ContextParams{Device: dev})
 	var err error
-
 	const launches, n = 200, 4096
 	outMem, inMem := fakeipc.Malloc(n), fakeipc.Malloc(n)
 	defer outMem.Free()
@@ -40,7 +47,7 @@ func TestGraphConditionDeviceBuffers(t *testing.T) {
 		return nil
 	})
 	send := graphCondition(t, l, sg, []condition.Node{fill}, false)
-	_, err = l.ab.TagSendNbx(ucp.DeviceBuffer(outMem.Ptr(), n), 9, &ucp.RequestParam{Condition: send, MemoryType: ucp.MemoryCUDA})
+	_, err = l.ab.TagSendNbx(ucp.DeviceBuffer(outMem.Ptr(), n), 9, &ucp.RequestParam{Condition: send, MemoryType: ucp.MemoryCUDA, Staging: staging})
 	require.NoError(t, err)
 
 	rg := graph.NewHost()
@@ -59,5 +66,9 @@ func TestGraphConditionDeviceBuffers(t *testing.T) {
 	})
 	require.NoError(t, err)
 	launchPair(t, l, sg, rg, send, recv, launches, &checked)
-	require.NotZero(t, l.a.StagingStats().Bytes, "staged through the device")
+	if staging == protocol.StageAlways {
+		require.NotZero(t, l.a.StagingStats().Bytes, "staged through the device")
+	} else {
+		require.Zero(t, l.a.StagingStats().Bytes, "pulled: the sender staged nothing")
+	}
 }

@@ -49,7 +49,7 @@ type pullRef struct {
 // engine issues it at its trigger).
 func (ep *Endpoint) pullable(p *RequestParam, buf []byte, conditioned bool) bool {
 	c := ep.w.ctx
-	return len(buf) > 0 && (p.Condition != nil) == conditioned && c.ipc != nil && !c.SupportsMemoryType(MemoryCUDA) &&
+	return len(buf) > 0 && !p.noPull && (p.Condition != nil) == conditioned && c.ipc != nil && !c.SupportsMemoryType(MemoryCUDA) &&
 		declaredDevice(p) && p.Staging.Or(c.protocol.Staging) != protocol.StageAlways &&
 		c.features&FeatureAM != 0 && ep.Reach(c.ipc.dev.CanAccessPeer).IPC()
 }

@@ -111,7 +111,10 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	c.operation.param.Condition, c.operation.param.Callback = nil, nil
 	c.operation.param.Flags &^= ucpxOnlyFlags
 	if !direct {
-		c.operation.param.Staging = protocol.StageWhenNeeded // the plan applied the policy
+		// The plan applied the policy; a StageAlways message the call stages itself
+		// (no stream to stage on) must not go by pull either.
+		c.operation.param.noPull = p.noPull || p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
+		c.operation.param.Staging = protocol.StageWhenNeeded
 	} // else the call at the trigger applies it (ipcIssue)
 	sub := condition.Submission{
 		What: op,

@@ -146,7 +146,18 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 		})
 	}
 	w.lockIssue()
-	defer w.mu.Unlock()
+	pulled := false
+	defer func() {
+		if !pulled {
+			w.mu.Unlock()
+			return
+		}
+		// The pull starts here: the call may come from a goroutine that drives no
+		// progress (the engine's issue) while every other sleeps.
+		cbs := w.takeDeferredLocked()
+		w.mu.Unlock()
+		runDeferred(cbs)
+	}()
 	if w.closed.Load() {
 		return nil, opErr("tag_recv_nbx", ErrClosed, "")
 	}
@@ -166,11 +177,13 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 		r.cb, r.notify = p.Callback, p.Callback != nil
 		r.setRecvBuf(buf, p.pullDev)
 		w.pullArrivedLocked(r, ucx.OK, r.length, r.tag)
+		pulled = true
 	case err == nil:
 		r.setRecvBuf(buf, p.pullDev)
 	case errors.Is(err, ErrMessageTruncated):
 		if tag, n := w.raw.RecvInfo(); tag&ucx.PullBit != 0 {
 			w.pullArrivedLocked(&Request{w: w, op: "tag_recv_nbx"}, ucx.ErrMessageTruncated, n, tag)
+			pulled = true
 		}
 	}
 	if err == nil && p.Peer != nil && !r.done.Load() {

@@ -83,6 +83,8 @@ type RequestParam struct {
 	// pullDev: a tag receive into a staging buffer standing for this device memory,
 	// where a pulled message's data goes directly (devstage.go, tagpull.go).
 	pullDev uintptr
+	// noPull: a message the engine issues under StageAlways is staged, not pulled.
+	noPull bool
 }
 
 var defaultParam RequestParam

@@ -46,7 +46,7 @@ type truncAnswer struct{ src, tag uint64 }
 // issues it at the trigger).
 func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) bool {
 	c := ep.w.ctx
-	if len(buf) == 0 || (p.Condition != nil) != conditioned || c.ipc == nil || c.SupportsMemoryType(MemoryCUDA) ||
+	if len(buf) == 0 || p.noPull || (p.Condition != nil) != conditioned || c.ipc == nil || c.SupportsMemoryType(MemoryCUDA) ||
 		!declaredDevice(p) || p.Staging.Or(c.protocol.Staging) == protocol.StageAlways ||
 		c.features&FeatureAM == 0 || (conditioned && len(buf) < tagPullConditioned) {
 		return false
@@ -161,6 +161,9 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 	pr.reset(w, "tag_pull", nil)
 	pr.ipc = &ipcWait{held: true, ep: ref.ep}
 	w.trackIPCLocked(pr)
+	// A goroutine asleep on the event fd would not see the pull (no event comes of
+	// it): wake it, so that it sleeps again with the bound IPC work sets.
+	w.park.signal(w.raw.Signal)
 	w.pullsIn = append(w.pullsIn, pullIn{r: r, ep: ref.ep, tag: utag})
 	packed = append([]byte(nil), packed...) // the receive buffer may be a staging buffer lent again
 	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, packed, utag) })

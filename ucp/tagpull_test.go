@@ -268,4 +268,17 @@ func TestTagPullReceiverSleeps(t *testing.T) {
 	require.NoError(t, rr.Err())
 	require.Equal(t, pattern(n, 15), host)
 	require.NoError(t, sr.Wait(ctx))
+
+	// The message there first: the receive completes in its call, from a goroutine
+	// that drives no progress afterwards (as the engine's issue).
+	clear(host)
+	sr, err = p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 9, devParam)
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond) // the descriptor arrives, unexpected
+	rr, err = p.b.TagRecvNbx(host, 9, MaxTag, nil)
+	require.NoError(t, err)
+	require.Eventually(t, rr.Done, 10*time.Second, time.Millisecond, "a pulled receive that completed in its call completes")
+	require.NoError(t, rr.Err())
+	require.Equal(t, pattern(n, 15), host)
+	require.NoError(t, sr.Wait(ctx))
 }
