@@ -24,7 +24,7 @@ const PullAM = 0xfffc
 
 const (
 	pullMagic = "UCP2"
-	pullFixed = 2 + 4 + 8 + 8 + 8 + 4 // id, flags, op, offset, length, key length
+	pullFixed = 2 + 4 + 8 + 8 + 8 + 4 + 4 // id, flags, op, offset, length, key and address lengths
 )
 
 // pullExport is an allocation exported for pulls.
@@ -107,7 +107,11 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 		return nil, false, nil // memory IPC cannot export (VMM): staged
 	}
 	opID := w.pullSeq.Add(1)
-	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(id, p.AmFlags, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, header))
+	self, err := w.Address()
+	if err != nil {
+		return nil, false, nil
+	}
+	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(id, p.AmFlags, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, header))
 	if m := w.maxAmHeader; m > 0 && len(h) > m {
 		return nil, false, nil // the key and the header do not fit one: staged
 	}
@@ -136,17 +140,20 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 	return r, true, nil
 }
 
-// encodePull is the plain text of a pulled message's header: id, flags, op, offset,
-// length, the key's length, the key, the message's own header.
-func encodePull(id uint, flags AmSendFlags, op, off, length uint64, packed, header []byte) []byte {
-	b := make([]byte, pullFixed, pullFixed+len(packed)+len(header))
+// encodePull is the plain text of a pulled message's descriptor: id, flags, op,
+// offset, length, the key's and the address's lengths, the key, the sender's sealed
+// worker address (the receiver may hold no endpoint to answer on: it makes one from
+// it), the message's own header.
+func encodePull(id uint, flags AmSendFlags, op, off, length uint64, packed, addr, header []byte) []byte {
+	b := make([]byte, pullFixed, pullFixed+len(packed)+len(addr)+len(header))
 	binary.LittleEndian.PutUint16(b, uint16(id))
 	binary.LittleEndian.PutUint32(b[2:], uint32(flags))
 	binary.LittleEndian.PutUint64(b[6:], op)
 	binary.LittleEndian.PutUint64(b[14:], off)
 	binary.LittleEndian.PutUint64(b[22:], length)
 	binary.LittleEndian.PutUint32(b[30:], uint32(len(packed)))
-	return append(append(b, packed...), header...)
+	binary.LittleEndian.PutUint32(b[34:], uint32(len(addr)))
+	return append(append(append(b, packed...), addr...), header...)
 }
 
 // onPulled completes the send opID of sender's once the receiver pulled its data.
@@ -179,12 +186,15 @@ func (w *Worker) onPull(msg *AmMessage) {
 	if err != nil {
 		return // not from a peer of ours: dropped
 	}
-	id, flags, ref, packed, header, ok := decodePull(plain)
+	id, flags, ref, packed, addr, header, ok := decodePull(plain)
 	if !ok {
 		return
 	}
 	if ref.ep = w.endpointTo(sender); ref.ep == nil {
-		return // no endpoint to it: nobody to pull from or to tell
+		// None yet: made from the sender's address (a forged one is refused).
+		if ref.ep, err = w.replyEndpoint(sender, addrSource(w.ctx.trust.seal, addr), addr); err != nil {
+			return
+		}
 	}
 	// The length is the sender's word: it must lie in the allocation its key names
 	// before a handler sizes a buffer by it. A message that does not is dropped (and
@@ -216,9 +226,9 @@ func (w *Worker) onPull(msg *AmMessage) {
 
 // decodePull reads encodePull's fields; ok is false for what is too short or
 // inconsistent.
-func decodePull(plain []byte) (id uint, flags uint32, ref *pullRef, packed, header []byte, ok bool) {
+func decodePull(plain []byte) (id uint, flags uint32, ref *pullRef, packed, addr, header []byte, ok bool) {
 	if len(plain) < pullFixed {
-		return 0, 0, nil, nil, nil, false
+		return 0, 0, nil, nil, nil, nil, false
 	}
 	id = uint(binary.LittleEndian.Uint16(plain))
 	flags = binary.LittleEndian.Uint32(plain[2:])
@@ -228,10 +238,12 @@ func decodePull(plain []byte) (id uint, flags uint32, ref *pullRef, packed, head
 		length: binary.LittleEndian.Uint64(plain[22:]),
 	}
 	keyLen := uint64(binary.LittleEndian.Uint32(plain[30:]))
-	if keyLen > uint64(len(plain)-pullFixed) || ref.length > 1<<62 {
-		return 0, 0, nil, nil, nil, false
+	addrLen := uint64(binary.LittleEndian.Uint32(plain[34:]))
+	if keyLen+addrLen > uint64(len(plain)-pullFixed) || ref.length > 1<<62 {
+		return 0, 0, nil, nil, nil, nil, false
 	}
-	return id, flags, ref, plain[pullFixed : pullFixed+keyLen], plain[pullFixed+keyLen:], true
+	rest := plain[pullFixed:]
+	return id, flags, ref, rest[:keyLen], rest[keyLen : keyLen+addrLen], rest[keyLen+addrLen:], true
 }
 
 // pulledRange is pulledKey, with ref's range checked against the allocation the key

@@ -31,11 +31,11 @@ const tagPullMagic = "UCT2"
 // the data) would allocate. Descriptors are a few hundred bytes.
 const tagPullConditioned = 4096
 
-// pullIn is a pulled tag message being copied here (w.pullsIn, under w.mu).
+// pullIn is a pulled tag message being copied here (w.pullsIn, under w.mu): its
+// receive, and its sender's source id and tag.
 type pullIn struct {
-	r   *Request
-	ep  *Endpoint
-	tag uint64
+	r        *Request
+	src, tag uint64
 }
 
 // truncAnswer is owed to the sender(s) of source id src: a pulled message of tag
@@ -63,8 +63,14 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 	if err != nil {
 		return nil, false, nil // memory IPC cannot export (VMM): staged
 	}
+	self, err := w.Address()
+	if err != nil {
+		return nil, false, nil
+	}
 	opID := w.pullSeq.Add(1)
-	h := w.ctx.trust.seal.seal(tagPullMagic, w.ctx.trust.id, encodePull(0, 0, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, nil))
+	// The descriptor carries this worker's sealed address: the receiver may hold no
+	// endpoint to answer on.
+	h := w.ctx.trust.seal.seal(tagPullMagic, w.ctx.trust.id, encodePull(0, 0, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, nil))
 	if len(h) > len(buf) {
 		return nil, false, nil // a receive that fits the data must fit the descriptor
 	}
@@ -114,9 +120,9 @@ func (r *Request) setRecvBuf(buf []byte, dev uintptr) {
 }
 
 // pullArrivedLocked completes a tag receive whose message has the pull bit: where the
-// data cannot be pulled (truncated, forged, no device here) at once, with the error;
-// else r stays pending while the data is pulled (pullRecv runs after the round that
-// completed it, outside the lock) and completes once it is in place. Caller holds w.mu.
+// data cannot be pulled (truncated, forged) at once, with the error; else r stays
+// pending while the data is pulled (pullRecv runs after the round that completed it,
+// outside the lock) and completes once it is in place. Caller holds w.mu.
 func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag uint64) {
 	src, utag := (tag&^ucx.PullBit)>>TagBits, tag&MaxTag
 	if st != ucx.OK {
@@ -136,25 +142,12 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 		r.completeLocked(opErr(r.op, err, "a message marked pulled"), 0, utag)
 		return
 	}
-	_, _, ref, packed, _, ok := decodePull(plain)
+	_, _, ref, packed, addr, _, ok := decodePull(plain)
 	if !ok {
 		r.completeLocked(opErr(r.op, ErrInvalidParam, "a pulled message's descriptor is malformed"), 0, utag)
 		return
 	}
-	if ref.ep = w.pullSenderLocked(sender, src); ref.ep == nil {
-		r.completeLocked(opErr(r.op, ErrPeerFailed, "the sender of a pulled message has no endpoint here"), 0, utag)
-		return
-	}
-	switch {
-	case ref.length > uint64(r.rcap):
-		ref.ep.sendControlLocked(ctlPulled, ref.op)
-		r.completeLocked(statusErr(ucx.ErrMessageTruncated), int(ref.length), utag)
-		return
-	case w.ctx.ipc == nil:
-		ref.ep.sendControlLocked(ctlPulled, ref.op)
-		r.completeLocked(opErr(r.op, ErrUnsupported, "a pulled message of device memory, and this context has no device"), 0, utag)
-		return
-	}
+	ref.ep = w.pullSenderLocked(sender, src) // nil: made from addr, outside the lock
 	// The pull is tracked as an IPC request of its own (polled by every progress
 	// call); r, whose waiters know nothing of it, completes when it does.
 	pr := &Request{}
@@ -164,9 +157,10 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 	// A goroutine asleep on the event fd would not see the pull (no event comes of
 	// it): wake it, so that it sleeps again with the bound IPC work sets.
 	w.park.signal(w.raw.Signal)
-	w.pullsIn = append(w.pullsIn, pullIn{r: r, ep: ref.ep, tag: utag})
-	packed = append([]byte(nil), packed...) // the receive buffer may be a staging buffer lent again
-	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, packed, utag) })
+	w.pullsIn = append(w.pullsIn, pullIn{r: r, src: src, tag: utag})
+	// The receive buffer may be a staging buffer lent again: keep copies.
+	packed, addr = append([]byte(nil), packed...), append([]byte(nil), addr...)
+	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, sender, src, packed, addr, utag) })
 }
 
 // pullSenderLocked is the endpoint to the worker that sent a pulled message: of the
@@ -185,13 +179,57 @@ func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
 	return any
 }
 
+// replyEndpoint is an endpoint to the sender of a pulled message (its context id and
+// source), made from the sealed worker address its descriptor carries where this
+// worker has none: a receiver need not hold an endpoint to whoever sends to it (UCX
+// tag matching takes messages from anyone), but a pull must be answered.
+func (w *Worker) replyEndpoint(sender [idLen]byte, src uint64, addr []byte) (*Endpoint, error) {
+	w.mu.Lock()
+	ep := w.pullSenderLocked(sender, src)
+	w.mu.Unlock()
+	if ep != nil {
+		return ep, nil
+	}
+	peer, err := openAddress(w.ctx.trust.seal, addr)
+	if err != nil {
+		return nil, err
+	}
+	if peer.id != sender || sourceOf(peer.id, peer.addr) != src {
+		return nil, opErr("tag_recv_nbx", ErrInvalidParam, "a pulled message's address is not its sender's")
+	}
+	return w.ConnectAddress(addr, nil)
+}
+
+// addrSource is the source id of the worker whose sealed address addr is (none: an
+// id no worker has).
+func addrSource(s sealer, addr []byte) uint64 {
+	peer, err := openAddress(s, addr)
+	if err != nil {
+		return 1 << 16
+	}
+	return sourceOf(peer.id, peer.addr)
+}
+
 // pullRecv copies a pulled message into r's buffer (or the device memory it stands
 // for) and completes r, through pr, once the copy is done.
-func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, packed []byte, tag uint64) {
-	rk, err := ref.ep.pulledRange(packed, ref)
-	var get *Request
-	direct := false
+func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src uint64, packed, addr []byte, tag uint64) {
+	var err error
+	if ref.ep == nil {
+		ref.ep, err = w.replyEndpoint(sender, src, addr)
+	}
+	var rk *Rkey
 	if err == nil {
+		rk, err = ref.ep.pulledRange(packed, ref)
+	}
+	var get *Request
+	direct, truncated := false, false
+	switch {
+	case err != nil:
+	case ref.length > uint64(r.rcap):
+		truncated = true
+	case w.ctx.ipc == nil:
+		err = opErr(r.op, ErrUnsupported, "a pulled message of device memory, and this context has no device")
+	default:
 		n := int(ref.length)
 		dst, gp := unsafe.Slice((*byte)(r.rbuf), n), &RequestParam{MemoryType: MemoryHost}
 		if r.rdev != 0 {
@@ -202,11 +240,15 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, packed []byte, tag uint6
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	x := pr.ipc
-	x.held = false
+	x.held, x.ep = false, ref.ep
 	finish := func(err error) {
 		w.pullDoneLocked(r, ref, err == nil && direct, err, tag)
 	}
-	if err != nil {
+	switch {
+	case truncated:
+		err = statusErr(ucx.ErrMessageTruncated)
+		fallthrough
+	case err != nil:
 		x.failed = err
 		finish(err)
 		return
@@ -218,8 +260,9 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, packed []byte, tag uint6
 	}
 }
 
-// pullDoneLocked completes a pulled receive, tells its sender, and sends the
-// truncation answers that waited for it. Caller holds w.mu.
+// pullDoneLocked completes a pulled receive, tells its sender (where there is an
+// endpoint to it), and sends the truncation answers that waited for it. Caller holds
+// w.mu.
 func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error, tag uint64) {
 	for i, in := range w.pullsIn {
 		if in.r == r {
@@ -227,9 +270,11 @@ func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error
 			break
 		}
 	}
-	ref.ep.sendControlLocked(ctlPulled, ref.op)
-	if err != nil && !errors.Is(err, ErrPeerFailed) && ref.ep.err != nil {
-		err = ref.ep.err
+	if ref.ep != nil {
+		ref.ep.sendControlLocked(ctlPulled, ref.op)
+		if err != nil && !errors.Is(err, ErrPeerFailed) && ref.ep.err != nil {
+			err = ref.ep.err
+		}
 	}
 	r.pulled = direct
 	r.completeLocked(err, int(ref.length), tag)
@@ -258,7 +303,7 @@ func (w *Worker) answerTruncLocked() {
 	for _, t := range w.truncOwed {
 		busy := false
 		for _, in := range w.pullsIn {
-			if in.tag == t.tag && in.ep.source == t.src {
+			if in.tag == t.tag && in.src == t.src {
 				busy = true
 				break
 			}

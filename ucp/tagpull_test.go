@@ -282,3 +282,57 @@ func TestTagPullReceiverSleeps(t *testing.T) {
 	require.Equal(t, pattern(n, 15), host)
 	require.NoError(t, sr.Wait(ctx))
 }
+
+// A receiver with no endpoint to the sender (only the sender connected, by worker
+// address) still answers, tag and active messages alike: the descriptor carries the
+// sender's sealed address, and the receiver makes an endpoint from it once.
+func TestTagPullOneWayEndpoint(t *testing.T) {
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	ca, err := NewContext(ContextParams{Device: dev})
+	require.NoError(t, err)
+	defer ca.Close()
+	cb, err := NewContext(ContextParams{Device: dev})
+	require.NoError(t, err)
+	defer cb.Close()
+	wa, err := ca.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	wb, err := cb.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	addr, err := wb.Address()
+	require.NoError(t, err)
+	ep, err := wa.ConnectAddress(addr, nil)
+	require.NoError(t, err)
+	defer background(wa)()
+	defer background(wb)()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 64 << 10
+	src := fakeipc.Malloc(n)
+	defer src.Free()
+	copy(src.Bytes(), pattern(n, 16))
+	for i := 0; i < 3; i++ {
+		host := make([]byte, n)
+		rr, err := wb.TagRecvNbx(host, 4, MaxTag, nil)
+		require.NoError(t, err)
+		sr, err := ep.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, devParam)
+		require.NoError(t, err)
+		require.NoError(t, rr.Wait(ctx))
+		require.Equal(t, pattern(n, 16), host)
+		require.NoError(t, sr.Wait(ctx), "send %d completes: the receiver answered", i)
+	}
+	msgs := amInbox(t, wb, 3)
+	sr, err := ep.AmSendNbx(3, nil, DeviceBuffer(src.Ptr(), n), devParam)
+	require.NoError(t, err)
+	m := nextMessage(t, msgs)
+	host := make([]byte, n)
+	rr, err := m.RecvData(host, nil)
+	require.NoError(t, err)
+	require.NoError(t, rr.Wait(ctx))
+	require.Equal(t, pattern(n, 16), host)
+	require.NoError(t, sr.Wait(ctx), "the active message's send completes")
+	wb.mu.Lock()
+	eps := len(wb.eps)
+	wb.mu.Unlock()
+	require.Equal(t, 1, eps, "one endpoint back, made once")
+	require.Zero(t, wa.StagingStats().Bytes, "pulled")
+}
