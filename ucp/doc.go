@@ -86,6 +86,18 @@
 // remote region before UCX sees them (ErrOutOfRange). MemH.Close revokes the region's key:
 // peers' later use fails with ErrRevoked (README, "Trust model").
 //
+// # Device memory on one host
+//
+// With ContextParams.Device, device regions of a peer on the same host (CUDA IPC) are
+// reached by the copy engine: RMA on them is a copy into the peer's mapping. Tag and
+// active messages of a MemoryCUDA buffer to such a peer carry no data: the sender
+// sends a sealed descriptor (under the tag's pull bit for tags), and the receive that
+// matches it (any receive: nbx, blocking, chained, staged, conditioned; for active
+// messages, RecvData) copies the data out of the sender's buffer before it completes;
+// the send completes once the receiver said so. A receive shorter than the message
+// completes with ErrMessageTruncated and the send still completes; a message shorter
+// than its descriptor (a few hundred bytes) is staged instead.
+//
 // # Peer failure
 //
 // Endpoints use UCP_ERR_HANDLING_MODE_PEER unless EndpointParams.NoPeerErrorHandling is
