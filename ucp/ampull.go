@@ -107,7 +107,7 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 		return nil, false, nil // memory IPC cannot export (VMM): staged
 	}
 	opID := w.pullSeq.Add(1)
-	self, err := w.Address()
+	self, err := w.pullAddress()
 	if err != nil {
 		return nil, false, nil
 	}

@@ -63,7 +63,7 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 	if err != nil {
 		return nil, false, nil // memory IPC cannot export (VMM): staged
 	}
-	self, err := w.Address()
+	self, err := w.pullAddress()
 	if err != nil {
 		return nil, false, nil
 	}
@@ -93,6 +93,26 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 	w.pullsOut[opID] = r
 	w.trackIPCLocked(r)
 	return r, true, nil
+}
+
+// pullAddress is this worker's sealed address for pull descriptors, made once.
+func (w *Worker) pullAddress() ([]byte, error) {
+	w.mu.Lock()
+	a := w.pullAddr
+	w.mu.Unlock()
+	if a != nil {
+		return a, nil
+	}
+	a, err := w.Address()
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pullAddr == nil {
+		w.pullAddr = a
+	}
+	return w.pullAddr, nil
 }
 
 // onPullTruncLocked completes sender's oldest pulled send of tag: its receiver was

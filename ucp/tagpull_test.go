@@ -69,6 +69,20 @@ func TestTagPull(t *testing.T) {
 		require.Equal(t, tag, stag)
 		require.Equal(t, want, checksum(host[:n]), "size %d, blocking receive", n)
 		require.NoError(t, sr.Wait(ctx))
+
+		// The fused send-then-receive, its reply pulled.
+		sr, err = p.epA.TagSendNbx(sbuf, tag, devParam)
+		require.NoError(t, err)
+		ping, err := p.a.TagRecvNbx(make([]byte, 4), 99, MaxTag, nil)
+		require.NoError(t, err)
+		clear(host)
+		got, stag, err = p.epB.TagSendRecv(ctx, []byte("ping"), 99, host, tag, MaxTag)
+		require.NoError(t, err)
+		require.Equal(t, n, got)
+		require.Equal(t, tag, stag)
+		require.Equal(t, want, checksum(host[:n]), "size %d, TagSendRecv", n)
+		require.NoError(t, ping.Wait(ctx))
+		require.NoError(t, sr.Wait(ctx))
 	}
 	st := fakeipc.Stats()
 	require.Equal(t, 1, st.Exports-before.Exports, "one export per allocation")

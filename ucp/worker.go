@@ -78,6 +78,7 @@ type Worker struct {
 	// whose pulled message did not fit its receive (tagpull.go; under mu).
 	pullsIn   []pullIn
 	truncOwed []truncAnswer
+	pullAddr  []byte // this worker's sealed address, for pull descriptors
 
 	efd      int           // -1 without wakeup
 	spinTime time.Duration // WorkerParams.SpinTime, resolved
