@@ -122,6 +122,7 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 	r, x := w.newIPCRequest(op, p)
 	x.ep = ep
 	x.held = true // until the receiver says it pulled (onPulledLocked)
+	x.pullSend = true
 	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {

@@ -187,9 +187,12 @@ type ipcWait struct {
 	failed error
 	length int
 	tag    uint64
-	// tagged, sentTag: a pulled tag send and its tag (tagpull.go).
-	tagged  bool
-	sentTag uint64
+	// pullSend: a send whose receiver pulls (ampull.go, tagpull.go), which a flush
+	// does not wait for (UCX's flushes do not wait for message sends either);
+	// tagged, sentTag: a pulled tag send and its tag.
+	pullSend bool
+	tagged   bool
+	sentTag  uint64
 }
 
 // rmaIPC moves an RMA on a same-host device region by the copy engine. The region
@@ -731,7 +734,7 @@ func (w *Worker) flushIPCLocked(op string, flush *Request, ep *Endpoint, p *Requ
 		deps = append(deps, newest)
 	}
 	for _, r := range w.ipcPending {
-		if ep == nil || r.ipc.ep == ep {
+		if (ep == nil || r.ipc.ep == ep) && !r.ipc.pullSend {
 			deps = append(deps, r)
 		}
 	}

@@ -77,7 +77,7 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 	r, x := w.newIPCRequest(op, p)
 	x.ep = ep
 	x.held = true // until the receiver says it pulled (onPulledLocked, onPullTruncLocked)
-	x.tagged, x.sentTag = true, tag
+	x.pullSend, x.tagged, x.sentTag = true, true, tag
 	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {

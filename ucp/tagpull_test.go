@@ -350,3 +350,23 @@ func TestTagPullOneWayEndpoint(t *testing.T) {
 	require.Equal(t, 1, eps, "one endpoint back, made once")
 	require.Zero(t, wa.StagingStats().Bytes, "pulled")
 }
+
+// A flush does not wait for a pulled send's receiver (UCX's flushes do not wait for
+// message sends): a sender may flush before its peer posts the receive.
+func TestTagPullFlushDoesNotWait(t *testing.T) {
+	const n = 64 << 10
+	p, ctx, src, _ := amPullPair(t, n)
+	sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 6, devParam)
+	require.NoError(t, err)
+	fr, err := p.epA.FlushNbx(nil)
+	require.NoError(t, err)
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, fr.Wait(fctx), "the flush completes with the message unmatched")
+	require.False(t, sr.Done())
+	host := make([]byte, n)
+	rr, err := p.b.TagRecvNbx(host, 6, MaxTag, nil)
+	require.NoError(t, err)
+	require.NoError(t, rr.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx))
+}
