@@ -31,20 +31,11 @@ const (
 // amReceiver is the child's side: every message on amPullID is received into device
 // memory (RecvData, MemoryCUDA) and its crc32 sent back, until the parent says quit.
 func (x *ipcSide) amReceiver(ctx context.Context) error {
-	most, err := strconv.Atoi(os.Getenv(envAMBytes))
+	dst, host, release, err := x.sinkBuffers()
 	if err != nil {
 		return err
 	}
-	dst, err := x.cctx.MemAlloc(most)
-	if err != nil {
-		return err
-	}
-	defer dst.Close()
-	host, err := x.cctx.MemHostAlloc(most, cuda.HostAllocPortable)
-	if err != nil {
-		return err
-	}
-	defer host.Close()
+	defer release()
 	s, err := x.cctx.NewStream(cuda.StreamNonBlocking, 0)
 	if err != nil {
 		return err
@@ -92,6 +83,23 @@ func (x *ipcSide) amReceiver(ctx context.Context) error {
 	return nil
 }
 
+// sinkBuffers are a receiving child's device buffer for messages of up to
+// UCPX_TEST_AM_BYTES and the pinned host memory it copies them to for their crc32.
+func (x *ipcSide) sinkBuffers() (dst *cuda.DeviceMemory, host *cuda.HostMemory, release func(), err error) {
+	most, err := strconv.Atoi(os.Getenv(envAMBytes))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if dst, err = x.cctx.MemAlloc(most); err != nil {
+		return nil, nil, nil, err
+	}
+	if host, err = x.cctx.MemHostAlloc(most, cuda.HostAllocPortable); err != nil {
+		_ = dst.Close()
+		return nil, nil, nil, err
+	}
+	return dst, host, func() { _ = host.Close(); _ = dst.Close() }, nil
+}
+
 func boolWord(b bool) uint32 {
 	if b {
 		return 1
@@ -99,17 +107,39 @@ func boolWord(b bool) uint32 {
 	return 0
 }
 
-// TestGPUIPCActiveMessages: device buffers as active messages, 4 B to 1 GiB, sent
-// plain, under a Stream condition (after a fill kernel on the stream) and under a
-// KernelTriggered condition (a kernel after the fill triggers it and waits for its
-// completion), received into device memory by the child: by pull (nothing staged on
-// the sender), and staged under StageAlways (to 64 MiB); every message's crc32
-// compared with the source's.
+// TestGPUIPCActiveMessages: device buffers as active messages (deviceMessageSweep),
+// received into device memory by the child's RecvData: by pull (nothing staged on
+// the sender), and staged under StageAlways.
 func TestGPUIPCActiveMessages(t *testing.T) {
+	deviceMessageSweep(t, "am", tagAMSum,
+		func(x *ipcSide, mode string, buf []byte, prm *ucp.RequestParam) (*ucp.Request, error) {
+			return x.ep.AmSendNbx(amPullID, []byte(mode), buf, prm)
+		},
+		func(t *testing.T, x *ipcSide, mode string, n int, reply []byte, staged uint64) {
+			pulled := binary.LittleEndian.Uint32(reply[4:]) == 1
+			if mode == "staged" {
+				require.Greater(t, x.w.StagingStats().Bytes, staged, "StageAlways stages")
+			} else {
+				require.True(t, pulled, "%s %d: pulled", mode, n)
+				require.Equal(t, staged, x.w.StagingStats().Bytes, "%s %d: nothing staged", mode, n)
+			}
+		})
+}
+
+// deviceMessageSweep sends the child (started with scenario, which receives into
+// device memory and answers each message with its crc32 and length on sumTag) device
+// buffers of 4 B to 1 GiB with sendMsg: plain, under a Stream condition (after a fill
+// kernel on the stream), under a KernelTriggered condition (a kernel after the fill
+// triggers the send and waits for its completion) and under StageAlways (to 64 MiB).
+// Every message's crc32 is compared with the source's; check sees each reply with the
+// sender's staged bytes before the send.
+func deviceMessageSweep(t *testing.T, scenario string, sumTag uint64,
+	sendMsg func(x *ipcSide, mode string, buf []byte, prm *ucp.RequestParam) (*ucp.Request, error),
+	check func(t *testing.T, x *ipcSide, mode string, n int, reply []byte, staged uint64)) {
 	g := requireGPU(t)
 	const most = 1 << 30
 	t.Setenv(envAMBytes, strconv.Itoa(most)) // the child inherits it
-	x, out, done := startIPCPeer(t, g, "am", 0, 0)
+	x, out, done := startIPCPeer(t, g, scenario, 0, 0)
 	src, err := g.ctx.MemAlloc(most)
 	require.NoError(t, err)
 	defer src.Close()
@@ -149,11 +179,11 @@ func TestGPUIPCActiveMessages(t *testing.T) {
 				require.NoError(t, s.Synchronize())
 				prm.Staging = protocol.StageAlways
 			}
-			rr, err := x.w.TagRecvNbx(reply, tagAMSum, ^uint64(0), nil)
+			rr, err := x.w.TagRecvNbx(reply, sumTag, ^uint64(0), nil)
 			require.NoError(t, err)
 			staged := x.w.StagingStats().Bytes
 			t0 := time.Now()
-			sr, err := x.ep.AmSendNbx(amPullID, []byte(mode), ucp.DeviceBuffer(src.Ptr(), n), prm)
+			sr, err := sendMsg(x, mode, ucp.DeviceBuffer(src.Ptr(), n), prm)
 			require.NoError(t, err, "%s %d", mode, n)
 			if mode == "kernel" {
 				h, err := kc.DeviceHandle()
@@ -171,14 +201,8 @@ func TestGPUIPCActiveMessages(t *testing.T) {
 			want := crc32.ChecksumIEEE(host.Bytes()[:n])
 			require.Equal(t, uint64(n), binary.LittleEndian.Uint64(reply[8:]), "%s %d", mode, n)
 			require.Equal(t, want, binary.LittleEndian.Uint32(reply), "%s %d: the data the child received", mode, n)
-			pulled := binary.LittleEndian.Uint32(reply[4:]) == 1
-			if mode == "staged" {
-				require.Greater(t, x.w.StagingStats().Bytes, staged, "StageAlways stages")
-			} else {
-				require.True(t, pulled, "%s %d: pulled", mode, n)
-				require.Equal(t, staged, x.w.StagingStats().Bytes, "%s %d: nothing staged", mode, n)
-			}
-			if n >= 64<<20 {
+			check(t, x, mode, n, reply, staged)
+			if n >= 4<<20 {
 				t.Logf("%-6s %5d MiB: send to completion %8.1f us (%.1f GB/s)", mode, n>>20,
 					float64(el.Nanoseconds())/1e3, float64(n)/el.Seconds()/1e9)
 			}

@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/protocol"
@@ -128,9 +129,14 @@ func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestPar
 	if err := ep.usableLocked(op); err != nil {
 		return nil, true, err
 	}
-	// The message itself is done once UCX sent it; the send completes with the
-	// receiver's word.
-	if _, err := w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(h), len(h), nil, 0, 0, flags, -1, nil), &defaultParam, nil, bufPtr(h)); err != nil {
+	return w.sentPullLocked(op, opID, r, w.raw.AmSend(ep.raw, PullAM, bufPtr(h), len(h), nil, 0, 0, flags, -1, nil), h)
+}
+
+// sentPullLocked finishes the send of a pulled message's descriptor h (ptr: UCX's
+// status of it) and records r, the send, which completes with the receiver's word (the
+// descriptor's own send is done once UCX sent it). Caller holds w.mu.
+func (w *Worker) sentPullLocked(op string, opID uint64, r *Request, ptr unsafe.Pointer, h []byte) (*Request, bool, error) {
+	if _, err := w.postLocked(op, ptr, &defaultParam, nil, bufPtr(h)); err != nil {
 		return nil, true, opErr(op, unwrapOp(err), "")
 	}
 	if w.pullsOut == nil {

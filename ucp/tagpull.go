@@ -83,16 +83,7 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 	if err := ep.usableLocked(op); err != nil {
 		return nil, true, err
 	}
-	ptrH := w.raw.TagSend(ep.raw, bufPtr(h), len(h), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
-	if _, err := w.postLocked(op, ptrH, &defaultParam, nil, bufPtr(h)); err != nil {
-		return nil, true, opErr(op, unwrapOp(err), "")
-	}
-	if w.pullsOut == nil {
-		w.pullsOut = map[uint64]*Request{}
-	}
-	w.pullsOut[opID] = r
-	w.trackIPCLocked(r)
-	return r, true, nil
+	return w.sentPullLocked(op, opID, r, w.raw.TagSend(ep.raw, bufPtr(h), len(h), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0), h)
 }
 
 // pullAddress is this worker's sealed address for pull descriptors, made once.
