@@ -250,6 +250,9 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src 
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if pr.done.Load() {
+		return // the worker closed meanwhile: r was failed
+	}
 	x := pr.ipc
 	x.held, x.ep = false, ref.ep
 	finish := func(err error) {
@@ -280,6 +283,9 @@ func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error
 			w.pullsIn = append(w.pullsIn[:i], w.pullsIn[i+1:]...)
 			break
 		}
+	}
+	if r.done.Load() {
+		return // failed already (the worker closed)
 	}
 	if ref.ep != nil {
 		ref.ep.sendControlLocked(ctlPulled, ref.op)

@@ -370,3 +370,38 @@ func TestTagPullFlushDoesNotWait(t *testing.T) {
 	require.NoError(t, rr.Wait(ctx))
 	require.NoError(t, sr.Wait(ctx))
 }
+
+// A receiver's worker that closes while a pulled message is being copied fails the
+// receive with ErrCanceled instead of leaving it pending.
+func TestTagPullReceiverCloses(t *testing.T) {
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	p, l, err := listenPair(t, ContextParams{Device: dev}, ContextParams{Device: dev})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	stopA := background(p.a)
+	defer stopA()
+	const n = 1 << 20
+	src := fakeipc.Malloc(n)
+	defer src.Free()
+	host := make([]byte, n)
+	rr, err := p.b.TagRecvNbx(host, 8, MaxTag, nil)
+	require.NoError(t, err)
+	_, err = p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 8, devParam)
+	require.NoError(t, err)
+	// Progress B until the descriptor matched; its pull is then under way (or done).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.b.mu.Lock()
+		matched := len(p.b.pullsIn) > 0 || rr.done.Load()
+		p.b.mu.Unlock()
+		if matched || time.Now().After(deadline) {
+			break
+		}
+		p.b.mu.Lock()
+		p.b.progressLocked(nil, 1) // completions only: the deferred pull does not start
+		p.b.mu.Unlock()
+	}
+	require.NoError(t, p.b.Close())
+	require.True(t, rr.Done(), "the receive completed")
+	require.ErrorIs(t, rr.Err(), ErrCanceled)
+}

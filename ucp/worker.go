@@ -535,6 +535,12 @@ func (w *Worker) Close() error {
 		r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed with a CUDA IPC copy in flight"), 0, 0)
 	})
 	w.ipcQueues, w.ipcPending = nil, nil
+	for _, in := range w.pullsIn { // receives whose pull did not finish
+		if !in.r.done.Load() {
+			in.r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed while a pulled message was copied"), 0, in.tag)
+		}
+	}
+	w.pullsIn, w.truncOwed = nil, nil
 	ipcClose := w.closeIPCLocked()
 	for rk := range w.rkeys {
 		rk.destroyLocked()
