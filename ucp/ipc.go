@@ -574,6 +574,21 @@ func (w *Worker) trackIPCLocked(r *Request) {
 // it is empty).
 func (w *Worker) ipcBusyLocked() bool { return len(w.ipcQueues) > 0 || len(w.ipcPending) > 0 }
 
+// ipcPollsLocked reports whether pending IPC work needs polling: copies, and the
+// steps of staged operations and pulls, but not a pulled send waiting for its
+// receiver's word (an active message, which the event fd shows).
+func (w *Worker) ipcPollsLocked() bool {
+	if len(w.ipcQueues) > 0 {
+		return true
+	}
+	for _, r := range w.ipcPending {
+		if x := r.ipc; !(x.pullSend && x.held) {
+			return true
+		}
+	}
+	return false
+}
+
 // eachIPCLocked calls fn on every pending IPC request.
 func (w *Worker) eachIPCLocked(fn func(r *Request)) {
 	for _, q := range w.ipcQueues {

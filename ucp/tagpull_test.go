@@ -405,3 +405,29 @@ func TestTagPullReceiverCloses(t *testing.T) {
 	require.True(t, rr.Done(), "the receive completed")
 	require.ErrorIs(t, rr.Err(), ErrCanceled)
 }
+
+// A pulled send waiting for a receiver that has not posted leaves its worker nothing
+// to poll (its completion is a message, which the event fd shows), so sleepers on the
+// fd are not woken every millisecond meanwhile; it completes once the receive comes.
+func TestTagPullSendWaitsAsleep(t *testing.T) {
+	p, _ := ipcPair(t)
+	src := fakeipc.Malloc(8192)
+	defer src.Free()
+	sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), 8192), 5, devParam)
+	require.NoError(t, err)
+	p.a.Progress()
+	p.a.mu.Lock()
+	polls := p.a.ipcPollsLocked()
+	p.a.mu.Unlock()
+	require.False(t, polls, "nothing to poll")
+	require.False(t, sr.Done())
+	host := make([]byte, 8192)
+	rr, err := p.b.TagRecvNbx(host, 5, MaxTag, nil)
+	require.NoError(t, err)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	stop := background(p.a)
+	defer stop()
+	require.NoError(t, rr.Wait(ctx2))
+	require.NoError(t, sr.Wait(ctx2))
+}

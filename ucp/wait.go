@@ -190,7 +190,7 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 // While work of the CUDA-IPC path is pending (copies, a pulled receive's data,
 // tagpull.go), which the event fd does not show, it sleeps a millisecond at most.
 func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Time) {
-	if w.ipcBusyLocked() {
+	if w.ipcPollsLocked() {
 		if d := time.Now().Add(ipcSleep); deadline.IsZero() || d.Before(deadline) {
 			deadline = d
 		}
