@@ -122,6 +122,10 @@ type Transfer struct {
 	// the buffer as is, the caller staging it when the operation is issued, and
 	// StageOffStream makes what that will need, on the caller's goroutine.
 	StageOffStream func() error
+	// PullableIn: a message receive whose data a pull may put into the device buffer
+	// itself (the CUDA-IPC path): staged at the issue (StageOffStream) where it would be
+	// staged on the stream, whose copy in would overwrite what was pulled.
+	PullableIn bool
 }
 
 // Route is how the operation is triggered and completed.
@@ -292,6 +296,8 @@ func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
 		return fmt.Errorf("device buffer with StageNever: the transport here has no CUDA support and no IPC path reaches the peer, and staging is refused: %w", ErrUnsupported)
 	case !always && !noDirect:
 		return nil
+	case t.PullableIn && !always && device && t.StageOffStream != nil:
+		return t.StageOffStream()
 	case !r.OnStream:
 		if !device {
 			return nil // StageAlways, but nothing to copy on: a host buffer moves as is

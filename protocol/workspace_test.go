@@ -304,3 +304,32 @@ func randomBytes(n int) []byte {
 	}
 	return b
 }
+
+// A receive a pull may fill in place (PullableIn) is staged at the issue where it
+// would be staged on the stream: the plan moves it as is and StageOffStream runs;
+// under StageAlways, and without PullableIn, it is staged on the stream.
+func TestPullableReceiveStagedAtIssue(t *testing.T) {
+	hb := stream.NewHostBackend()
+	defer hb.Close()
+	route := Route{Backend: fakeCUDA{hb}, OnStream: true, StreamOrdered: true, What: "stream condition"}
+	pl, err := NewPlanner(Config{ReserveBuffers: 1}, false)
+	require.NoError(t, err)
+	defer pl.Close()
+	calls := 0
+	in := Transfer{Buf: make([]byte, 8192), Dir: In, DeclaredDevice: true, PullableIn: true, StageOffStream: func() error { calls++; return nil }}
+	var plan Plan
+	require.NoError(t, pl.Plan(in, route, &plan))
+	require.False(t, plan.Staged(), "moved as is: the issue stages it")
+	require.Equal(t, 1, calls)
+
+	in.Staging = StageAlways
+	require.NoError(t, pl.Plan(in, route, &plan))
+	require.True(t, plan.Staged(), "StageAlways: staged on the stream")
+	plan.Unused(0)
+
+	in.Staging, in.PullableIn = StageWhenNeeded, false
+	require.NoError(t, pl.Plan(in, route, &plan))
+	require.True(t, plan.Staged(), "not pullable: staged on the stream")
+	plan.Unused(0)
+	require.Equal(t, 1, calls)
+}

@@ -134,6 +134,9 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		// no condition at the trigger, which stages through the context's device
 		// (devstage.go); what that needs is made when the plan decides so.
 		sub.Transfer.StageOffStream = func() error { return w.prepareDevice(len(buf)) }
+		// A tag receive a pulled message can fill (tagpull.go) is staged at the issue,
+		// where the pull writes the device memory directly.
+		sub.Transfer.PullableIn = op == "tag_recv_nbx" && len(buf) >= tagPullConditioned
 	}
 	if cb := p.Callback; cb != nil {
 		sub.Callback = func() { cb(r) }
