@@ -197,6 +197,11 @@ func (w *Worker) onPull(msg *AmMessage) {
 	if !ok {
 		return
 	}
+	if flags&pullHelloFlag != 0 {
+		// A sender's address ahead of its pulled tag messages (tagpull.go).
+		_, _ = w.replyEndpoint(sender, addrSource(w.ctx.trust.seal, addr), addr)
+		return
+	}
 	if ref.ep = w.endpointTo(sender); ref.ep == nil {
 		// None yet: made from the sender's address (a forged one is refused).
 		if ref.ep, err = w.replyEndpoint(sender, addrSource(w.ctx.trust.seal, addr), addr); err != nil {

@@ -49,6 +49,9 @@ type Endpoint struct {
 	source    uint64    // the peer's source id (unmatched.go), when peerKnown
 	// pullKeys: the peer's keys of pulled active messages, unpacked (under w.mu).
 	pullKeys map[string]*Rkey
+	// pullHello: this worker's address went to the peer ahead of a pulled tag
+	// message (tagpull.go; under w.mu).
+	pullHello bool
 }
 
 func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }

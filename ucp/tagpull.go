@@ -26,6 +26,9 @@ import (
 
 const tagPullMagic = "UCT2"
 
+// pullHelloFlag marks a PullAM message that only carries its sender's address.
+const pullHelloFlag = 1 << 31
+
 // tagPullConditioned is the smallest conditioned send that goes by pull: the engine
 // issues it at the trigger, where falling back to staging (the descriptor longer than
 // the data) would allocate. Descriptors are a few hundred bytes.
@@ -82,6 +85,14 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, true, err
+	}
+	if !ep.pullHello {
+		// Once per endpoint, before its first pulled tag message: this worker's
+		// address, so that a receiver with no endpoint to it makes one (a receive too
+		// short for a descriptor can only be answered on an endpoint it has).
+		ep.pullHello = true
+		hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag, 0, 0, 0, nil, self, nil))
+		_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(hello))
 	}
 	return w.sentPullLocked(op, opID, r, w.raw.TagSend(ep.raw, bufPtr(h), len(h), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0), h)
 }
@@ -208,7 +219,13 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, src uint64, addr []byte) (*En
 	if peer.id != sender || sourceOf(peer.id, peer.addr) != src {
 		return nil, opErr("tag_recv_nbx", ErrInvalidParam, "a pulled message's address is not its sender's")
 	}
-	return w.ConnectAddress(addr, nil)
+	ep, err = w.ConnectAddress(addr, nil)
+	if err == nil {
+		w.mu.Lock()
+		w.answerTruncLocked() // answers that waited for an endpoint to this sender
+		w.mu.Unlock()
+	}
+	return ep, err
 }
 
 // addrSource is the source id of the worker whose sealed address addr is (none: an
@@ -329,12 +346,27 @@ func (w *Worker) answerTruncLocked() {
 			kept = append(kept, t)
 			continue
 		}
+		sent := false
 		for _, ep := range w.eps {
-			if ep.peerKnown && ep.source == t.src {
+			if ep.peerKnown && ep.source == t.src && ep.usableLocked("") == nil {
 				ep.sendControlLocked(ctlPullTrunc, t.tag)
+				sent = true
 			}
+		}
+		if !sent {
+			// No endpoint to the sender yet: its hello (tagPull) makes one, and the
+			// answer goes then.
+			kept = append(kept, t)
 		}
 	}
 	clear(w.truncOwed[len(kept):])
 	w.truncOwed = kept
+	if n := len(w.truncOwed); n > maxTruncOwed {
+		// Messages marked pulled from sources with no endpoint (forged, or long gone)
+		// must not grow this without bound: the oldest go.
+		w.truncOwed = append(w.truncOwed[:0], w.truncOwed[n-maxTruncOwed:]...)
+	}
 }
+
+// maxTruncOwed bounds the truncation answers kept for senders with no endpoint.
+const maxTruncOwed = 1024

@@ -301,21 +301,7 @@ func TestTagPullReceiverSleeps(t *testing.T) {
 // address) still answers, tag and active messages alike: the descriptor carries the
 // sender's sealed address, and the receiver makes an endpoint from it once.
 func TestTagPullOneWayEndpoint(t *testing.T) {
-	dev := fakeipc.New(hostBackend(t), fakeUUID)
-	ca, err := NewContext(ContextParams{Device: dev})
-	require.NoError(t, err)
-	defer ca.Close()
-	cb, err := NewContext(ContextParams{Device: dev})
-	require.NoError(t, err)
-	defer cb.Close()
-	wa, err := ca.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	wb, err := cb.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	addr, err := wb.Address()
-	require.NoError(t, err)
-	ep, err := wa.ConnectAddress(addr, nil)
-	require.NoError(t, err)
+	wa, wb, ep := oneWayPair(t)
 	defer background(wa)()
 	defer background(wb)()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -349,6 +335,50 @@ func TestTagPullOneWayEndpoint(t *testing.T) {
 	wb.mu.Unlock()
 	require.Equal(t, 1, eps, "one endpoint back, made once")
 	require.Zero(t, wa.StagingStats().Bytes, "pulled")
+}
+
+// The first pulled message of a one-way pair matched by a receive too short for its
+// descriptor: the receiver cannot read the sender's address from it, but the hello
+// the sender sent ahead gave it an endpoint, and the answer by tag completes the send.
+func TestTagPullOneWayTruncated(t *testing.T) {
+	wa, wb, ep := oneWayPair(t)
+	defer background(wa)()
+	defer background(wb)()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 64 << 10
+	src := fakeipc.Malloc(n)
+	defer src.Free()
+	sr, err := ep.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, devParam)
+	require.NoError(t, err)
+	rr, err := wb.TagRecvNbx(make([]byte, 16), 4, MaxTag, nil)
+	if err == nil {
+		err = rr.Wait(ctx)
+	}
+	require.ErrorIs(t, err, ErrMessageTruncated)
+	require.NoError(t, sr.Wait(ctx), "the send completes")
+}
+
+// oneWayPair is two workers of contexts with the fake device where only a has an
+// endpoint (to b, by b's worker address).
+func oneWayPair(t *testing.T) (wa, wb *Worker, ep *Endpoint) {
+	t.Helper()
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	ca, err := NewContext(ContextParams{Device: dev})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ca.Close() })
+	cb, err := NewContext(ContextParams{Device: dev})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cb.Close() })
+	wa, err = ca.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	wb, err = cb.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	addr, err := wb.Address()
+	require.NoError(t, err)
+	ep, err = wa.ConnectAddress(addr, nil)
+	require.NoError(t, err)
+	return wa, wb, ep
 }
 
 // A flush does not wait for a pulled send's receiver (UCX's flushes do not wait for
