@@ -21,8 +21,10 @@ import (
 // and copies nothing. One too short even for the descriptor answers the sender by tag
 // (ctlPullTrunc) once the pulls of that tag it is doing from that sender are done; the
 // sender then completes its oldest send of the tag, which is the truncated one:
-// messages of one tag from one sender match in order. A send falls back to staging
-// where the descriptor would be longer than the data.
+// messages of one tag from one sender match in order. Before its first pulled message
+// on an endpoint the sender sends its address (a hello on PullAM): a receiver with no
+// endpoint to it makes one then, so that even an answer by tag has somewhere to go. A
+// send falls back to staging where the descriptor would be longer than the data.
 
 const tagPullMagic = "UCT2"
 
