@@ -236,7 +236,7 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 			continue
 		}
 		q := &Request{w: w, op: "chain_recv"}
-		q.setRecvBuf(r.bufs[i], 0)
+		q.setRecvBuf(w.ctx, r.bufs[i], 0)
 		if r.pulling == nil {
 			r.pulling = map[int]*Request{}
 		}

@@ -130,7 +130,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		}
 		x.length, x.tag = in.length, in.tag
 		x.deps = nil
-		if n == 0 || in.pulled {
+		if n == 0 || in.pulledDirect() {
 			release()
 			w.putIPCEvent(ev)
 			return true, nil

@@ -72,7 +72,7 @@ func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n i
 	var r *Request
 	if st == ucx.InProgress {
 		r = w.trackPooledLocked(op, req, bufPtr(buf))
-		r.setRecvBuf(buf, 0)
+		r.setRecvBuf(w.ctx, buf, 0)
 	} else {
 		senderTag, n = w.raw.RecvInfo()
 		if senderTag&ucx.PullBit != 0 {
@@ -123,7 +123,7 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 	}
 	if rst == ucx.InProgress {
 		rr = w.trackPooledLocked(op, rreq, bufPtr(rbuf))
-		rr.setRecvBuf(rbuf, 0)
+		rr.setRecvBuf(w.ctx, rbuf, 0)
 	} else {
 		senderTag, n = w.raw.RecvInfo()
 		if senderTag&ucx.PullBit != 0 {
@@ -153,7 +153,7 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 // completed with the reason it cannot be. Caller holds w.mu.
 func (w *Worker) pulledNowLocked(op string, buf []byte, st ucx.Status, n int, tag uint64) *Request {
 	r := w.pooledLocked(op)
-	r.setRecvBuf(buf, 0)
+	r.setRecvBuf(w.ctx, buf, 0)
 	w.pullArrivedLocked(r, st, n, tag)
 	return r
 }

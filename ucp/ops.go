@@ -175,11 +175,11 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 		// Completed in the call with a pulled message: pending until the data is here.
 		r.done.Store(false)
 		r.cb, r.notify = p.Callback, p.Callback != nil
-		r.setRecvBuf(buf, p.pullDev)
+		r.setRecvBuf(w.ctx, buf, p.pullDev)
 		w.pullArrivedLocked(r, ucx.OK, r.length, r.tag)
 		pulled = true
 	case err == nil:
-		r.setRecvBuf(buf, p.pullDev)
+		r.setRecvBuf(w.ctx, buf, p.pullDev)
 	case errors.Is(err, ErrMessageTruncated):
 		if tag, n := w.raw.RecvInfo(); tag&ucx.PullBit != 0 {
 			w.pullArrivedLocked(&Request{w: w, op: "tag_recv_nbx"}, ucx.ErrMessageTruncated, n, tag)

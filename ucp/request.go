@@ -123,13 +123,9 @@ type Request struct {
 	// ipc: a copy of the same-host device path, or a flush waiting for such copies
 	// (ipc.go); completed by the worker's progress polling it.
 	ipc *ipcWait
-	// rbuf, rcap: where a tag receive lands (a pulled message's descriptor, then its
-	// data); rdev: the device memory a staging rbuf stands for, which a pull fills
-	// directly (pulled then says so). tagpull.go.
-	rbuf   unsafe.Pointer
-	rcap   int
-	rdev   uintptr
-	pulled bool
+	// dest: where a tag receive on a context with a device lands, for a pulled
+	// message (tagpull.go); nil elsewhere. Kept across reuse.
+	dest *recvDest
 }
 
 // issued is the UCX request a one-part conditioned operation ran as, once done (nil
@@ -317,7 +313,9 @@ func (r *Request) reset(w *Worker, op string, cb func(*Request)) {
 	r.w, r.op, r.req = w, op, nil
 	r.err, r.length, r.tag, r.fetched = nil, 0, 0, 0
 	r.cb, r.peer, r.finish, r.ipc = cb, nil, nil, nil
-	r.rbuf, r.rcap, r.rdev, r.pulled = nil, 0, 0, false
+	if r.dest != nil {
+		*r.dest = recvDest{}
+	}
 	r.notify = cb != nil
 	r.done.Store(false)
 }

@@ -137,11 +137,31 @@ func (w *Worker) onPullTruncLocked(sender [idLen]byte, tag uint64) {
 	}
 }
 
-// setRecvBuf records where a tag receive lands, for a pulled message's descriptor and
-// data (dev: the device memory a staging buffer stands for).
-func (r *Request) setRecvBuf(buf []byte, dev uintptr) {
-	r.rbuf, r.rcap, r.rdev = bufPtr(buf), len(buf), dev
+// recvDest is where a tag receive lands: a pulled message's descriptor, then its data;
+// dev: the device memory a staging buf stands for, which the pull fills directly
+// (direct then says so).
+type recvDest struct {
+	buf    unsafe.Pointer
+	n      int
+	dev    uintptr
+	direct bool
 }
+
+// setRecvBuf records where a tag receive lands, on a context where messages may be
+// pulled (one with a device); elsewhere it records nothing and allocates nothing.
+func (r *Request) setRecvBuf(c *Context, buf []byte, dev uintptr) {
+	if c.ipc == nil {
+		return
+	}
+	if r.dest == nil {
+		r.dest = &recvDest{}
+	}
+	*r.dest = recvDest{buf: bufPtr(buf), n: len(buf), dev: dev}
+}
+
+// pulledDirect reports whether a pull filled the device memory r's staging buffer
+// stands for.
+func (r *Request) pulledDirect() bool { return r.dest != nil && r.dest.direct }
 
 // pullArrivedLocked completes a tag receive whose message has the pull bit: where the
 // data cannot be pulled (truncated, forged) at once, with the error; else r stays
@@ -156,11 +176,13 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 		r.completeLocked(statusErr(st), length, utag)
 		return
 	}
-	if r.rbuf == nil {
+	d := r.dest
+	if d == nil || d.buf == nil {
+		// No device here (a sender would not pull to us), or no buffer.
 		r.completeLocked(opErr(r.op, ErrUnsupported, "a pulled message matched a receive that cannot take one"), 0, utag)
 		return
 	}
-	desc := unsafe.Slice((*byte)(r.rbuf), min(length, r.rcap))
+	desc := unsafe.Slice((*byte)(d.buf), min(length, d.n))
 	sender, plain, err := w.ctx.trust.seal.open(tagPullMagic, desc)
 	if err != nil {
 		r.completeLocked(opErr(r.op, err, "a message marked pulled"), 0, utag)
@@ -255,15 +277,15 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src 
 	direct, truncated := false, false
 	switch {
 	case err != nil:
-	case ref.length > uint64(r.rcap):
+	case ref.length > uint64(r.dest.n):
 		truncated = true
 	case w.ctx.ipc == nil:
 		err = opErr(r.op, ErrUnsupported, "a pulled message of device memory, and this context has no device")
 	default:
 		n := int(ref.length)
-		dst, gp := unsafe.Slice((*byte)(r.rbuf), n), &RequestParam{MemoryType: MemoryHost}
-		if r.rdev != 0 {
-			dst, gp, direct = DeviceBuffer(r.rdev, n), &RequestParam{MemoryType: MemoryCUDA}, true
+		dst, gp := unsafe.Slice((*byte)(r.dest.buf), n), &RequestParam{MemoryType: MemoryHost}
+		if r.dest.dev != 0 {
+			dst, gp, direct = DeviceBuffer(r.dest.dev, n), &RequestParam{MemoryType: MemoryCUDA}, true
 		}
 		get, err = ref.ep.GetNbx(dst, rk.Base()+ref.off, rk, gp)
 	}
@@ -312,7 +334,7 @@ func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error
 			err = ref.ep.err
 		}
 	}
-	r.pulled = direct
+	r.dest.direct = direct
 	r.completeLocked(err, int(ref.length), tag)
 	w.answerTruncLocked()
 }
