@@ -212,7 +212,7 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 // pullSenderLocked is the endpoint to the worker that sent a pulled message: of the
 // sender's context, with its source id.
 func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
-	var any *Endpoint
+	var other *Endpoint // of the sender's context, another worker's source
 	for _, ep := range w.eps {
 		if !ep.peerKnown || ep.peer.id != sender || ep.usableLocked("") != nil {
 			continue
@@ -220,9 +220,9 @@ func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
 		if ep.source == src {
 			return ep
 		}
-		any = ep
+		other = ep
 	}
-	return any
+	return other
 }
 
 // replyEndpoint is an endpoint to the sender of a pulled message (its context id and
