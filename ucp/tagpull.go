@@ -210,19 +210,15 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 }
 
 // pullSenderLocked is the endpoint to the worker that sent a pulled message: of the
-// sender's context, with its source id.
+// sender's context, with its source id (an endpoint to another worker of that
+// context would carry the answer to a worker that never sent it); nil if none.
 func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
-	var other *Endpoint // of the sender's context, another worker's source
 	for _, ep := range w.eps {
-		if !ep.peerKnown || ep.peer.id != sender || ep.usableLocked("") != nil {
-			continue
-		}
-		if ep.source == src {
+		if ep.peerKnown && ep.peer.id == sender && ep.source == src && ep.usableLocked("") == nil {
 			return ep
 		}
-		other = ep
 	}
-	return other
+	return nil
 }
 
 // replyEndpoint is an endpoint to the sender of a pulled message (its context id and
