@@ -15,6 +15,16 @@ import (
 
 var devParam = &RequestParam{MemoryType: MemoryCUDA}
 
+// pullSource is amPullPair with the source allocation filled with pattern(n, seed),
+// which it returns.
+func pullSource(t *testing.T, n int, seed int64) (p *pair, ctx context.Context, src, dst *fakeipc.Alloc, data []byte) {
+	t.Helper()
+	p, ctx, src, dst = amPullPair(t, n)
+	data = pattern(n, seed)
+	copy(src.Bytes(), data)
+	return p, ctx, src, dst, data
+}
+
 // A tag message of a device buffer to a peer CUDA IPC reaches carries a descriptor:
 // whatever receive matches it pulls the data (into host memory, into device memory
 // without staging copies, posted before or after the message came), and the send
@@ -22,9 +32,7 @@ var devParam = &RequestParam{MemoryType: MemoryCUDA}
 // allocation.
 func TestTagPull(t *testing.T) {
 	const size = 1 << 20
-	p, ctx, src, dst := amPullPair(t, size)
-	data := pattern(size, 11)
-	copy(src.Bytes(), data)
+	p, ctx, src, dst, data := pullSource(t, size, 11)
 	before := fakeipc.Stats()
 	for i, n := range []int{4096, 64<<10 + 3, size - 4096} {
 		off := 4096 * (i % 2)
@@ -96,9 +104,7 @@ func TestTagPull(t *testing.T) {
 // messages of the same tag.
 func TestTagPullTruncated(t *testing.T) {
 	const n = 64 << 10
-	p, ctx, src, _ := amPullPair(t, n)
-	data := pattern(n, 12)
-	copy(src.Bytes(), data)
+	p, ctx, src, _, data := pullSource(t, n, 12)
 	sbuf := DeviceBuffer(src.Ptr(), n)
 	for _, short := range []int{n - 1, 8, 0} {
 		sr, err := p.epA.TagSendNbx(sbuf, 7, devParam)
@@ -145,9 +151,7 @@ func TestTagPullTruncated(t *testing.T) {
 // what was pulled.
 func TestTagPullChain(t *testing.T) {
 	const n = 256 << 10
-	p, ctx, src, _ := amPullPair(t, n)
-	data := pattern(n, 13)
-	copy(src.Bytes(), data)
+	p, ctx, src, _, data := pullSource(t, n, 13)
 	const iters = 3
 	ch, err := condition.NewChain(condition.ChainParam{Repeat: iters})
 	require.NoError(t, err)
@@ -180,9 +184,7 @@ func TestTagPullChain(t *testing.T) {
 // StageAlways stages instead, with the same data.
 func TestTagPullConditionedAndStaged(t *testing.T) {
 	const n = 64 << 10
-	p, ctx, src, _ := amPullPair(t, n)
-	data := pattern(n, 14)
-	copy(src.Bytes(), data)
+	p, ctx, src, _, data := pullSource(t, n, 14)
 	kc, trigger := kernelCondition(t)
 	sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 3, &RequestParam{Condition: kc, MemoryType: MemoryCUDA})
 	require.NoError(t, err)
@@ -301,14 +303,8 @@ func TestTagPullReceiverSleeps(t *testing.T) {
 // address) still answers, tag and active messages alike: the descriptor carries the
 // sender's sealed address, and the receiver makes an endpoint from it once.
 func TestTagPullOneWayEndpoint(t *testing.T) {
-	wa, wb, ep := oneWayPair(t)
-	defer background(wa)()
-	defer background(wb)()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	const n = 64 << 10
-	src := fakeipc.Malloc(n)
-	defer src.Free()
+	wa, wb, ep, ctx, src := oneWayPair(t, n)
 	copy(src.Bytes(), pattern(n, 16))
 	for i := 0; i < 3; i++ {
 		host := make([]byte, n)
@@ -341,14 +337,8 @@ func TestTagPullOneWayEndpoint(t *testing.T) {
 // descriptor: the receiver cannot read the sender's address from it, but the hello
 // the sender sent ahead gave it an endpoint, and the answer by tag completes the send.
 func TestTagPullOneWayTruncated(t *testing.T) {
-	wa, wb, ep := oneWayPair(t)
-	defer background(wa)()
-	defer background(wb)()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	const n = 64 << 10
-	src := fakeipc.Malloc(n)
-	defer src.Free()
+	_, wb, ep, ctx, src := oneWayPair(t, n)
 	sr, err := ep.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, devParam)
 	require.NoError(t, err)
 	rr, err := wb.TagRecvNbx(make([]byte, 16), 4, MaxTag, nil)
@@ -360,8 +350,9 @@ func TestTagPullOneWayTruncated(t *testing.T) {
 }
 
 // oneWayPair is two workers of contexts with the fake device where only a has an
-// endpoint (to b, by b's worker address).
-func oneWayPair(t *testing.T) (wa, wb *Worker, ep *Endpoint) {
+// endpoint (to b, by b's worker address), both progressing in the background, a
+// context that ends with the test, and n bytes of fake device memory.
+func oneWayPair(t *testing.T, n int) (wa, wb *Worker, ep *Endpoint, ctx context.Context, src *fakeipc.Alloc) {
 	t.Helper()
 	dev := fakeipc.New(hostBackend(t), fakeUUID)
 	ca, err := NewContext(ContextParams{Device: dev})
@@ -378,7 +369,13 @@ func oneWayPair(t *testing.T) (wa, wb *Worker, ep *Endpoint) {
 	require.NoError(t, err)
 	ep, err = wa.ConnectAddress(addr, nil)
 	require.NoError(t, err)
-	return wa, wb, ep
+	t.Cleanup(background(wa))
+	t.Cleanup(background(wb))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	src = fakeipc.Malloc(n)
+	t.Cleanup(src.Free)
+	return wa, wb, ep, ctx, src
 }
 
 // A flush does not wait for a pulled send's receiver (UCX's flushes do not wait for
