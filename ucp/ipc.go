@@ -297,7 +297,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 //
 // Under StageAlways enqueue copies through a pinned buffer of the device's pool (its
 // stage argument), lent here, counted in StagingStats and given back when the Request
-// completes; for the engine's call at the trigger it is reserved here, so the engine
+// completes (its finish); for the engine's call at the trigger it is reserved here, so the engine
 // allocates nothing; a capturing stream is not staged (a graph would reuse a buffer
 // given back after the capture). check runs under the worker's lock (the keys'
 // revocation).
@@ -339,18 +339,12 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 			return nil, opErr(op, err, "staging memory")
 		}
 		stage, release = mem.Addr(), give
-		ip := *p
-		user := p.Callback
-		ip.Callback = func(r *Request) {
-			give()
-			if user != nil {
-				user(r)
-			}
-		}
-		p = &ip
 	}
 	r, x := w.newIPCRequest(op, p)
 	x.ep = ep
+	if staged {
+		r.finish = func(*Request) { release() } // the copies are done
+	}
 	if len(buf) > 0 && !declaredDevice(p) {
 		// Go memory stays put until the copy is done (declared device memory is not
 		// Go's, and pinning costs a finalizer).

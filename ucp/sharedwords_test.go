@@ -239,6 +239,9 @@ func TestIPCStageAlways(t *testing.T) {
 	st = p.a.StagingStats()
 	require.EqualValues(t, 5, st.Parts-before.Parts, "every staged operation counted")
 	require.NotZero(t, st.HighWater)
+	// One after another, each given back on completion: never more than the largest
+	// (100 KiB, in its size class) lent at once, where keeping them would be 352 KiB.
+	require.LessOrEqual(t, st.HighWater, uint64(128<<10), "staging buffers given back on completion")
 }
 
 // A peer's key that names shared words which are not what it says (a plain file, a
