@@ -102,47 +102,66 @@ func (c *Context) pullKey(ptr uintptr) (*pullExport, error) {
 // reports false (nothing sent) where the message cannot go so: the caller stages it.
 func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestParam) (*Request, bool, error) {
 	w := ep.w
-	ptr := uintptr(bufPtr(buf))
-	e, err := w.ctx.pullKey(ptr)
-	if err != nil {
-		return nil, false, nil // memory IPC cannot export (VMM): staged
-	}
-	opID := w.pullSeq.Add(1)
-	self, err := w.pullAddress()
-	if err != nil {
-		return nil, false, nil
-	}
-	h := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(id, p.AmFlags, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, header))
-	if m := w.maxAmHeader; m > 0 && len(h) > m {
+	d, ok := ep.pullDescriptor(pullMagic, buf, id, p.AmFlags, header)
+	if !ok || (w.maxAmHeader > 0 && len(d.sealed) > w.maxAmHeader) {
 		return nil, false, nil // the key and the header do not fit one: staged
 	}
 	var flags uint32
 	if p.AmFlags&AmReply != 0 {
 		flags = uint32(AmReply)
 	}
+	return ep.postPull(op, p, d, func(*ipcWait) unsafe.Pointer {
+		return w.raw.AmSend(ep.raw, PullAM, bufPtr(d.sealed), len(d.sealed), nil, 0, 0, flags, -1, nil)
+	})
+}
+
+// pullDesc is a pulled message's sealed descriptor, its send's id and this worker's
+// sealed address (which it carries).
+type pullDesc struct {
+	sealed, self []byte
+	op           uint64
+}
+
+// pullDescriptor seals the descriptor of a pulled message of buf (magic: its kind;
+// id, flags and header: an active message's) under a new send id. ok is false where
+// buf's allocation cannot be exported (VMM memory): the message is staged.
+func (ep *Endpoint) pullDescriptor(magic string, buf []byte, id uint, flags AmSendFlags, header []byte) (pullDesc, bool) {
+	w := ep.w
+	ptr := uintptr(bufPtr(buf))
+	e, err := w.ctx.pullKey(ptr)
+	if err != nil {
+		return pullDesc{}, false
+	}
+	self, err := w.pullAddress()
+	if err != nil {
+		return pullDesc{}, false
+	}
+	d := pullDesc{self: self, op: w.pullSeq.Add(1)}
+	d.sealed = w.ctx.trust.seal.seal(magic, w.ctx.trust.id, encodePull(id, flags, d.op, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, header))
+	return d, true
+}
+
+// postPull sends a pulled message's descriptor d (post posts it, under w.mu, after
+// filling in the send's wait) and returns the send's Request, which completes with the
+// receiver's word (the descriptor's own send is done once UCX sent it).
+func (ep *Endpoint) postPull(op string, p *RequestParam, d pullDesc, post func(x *ipcWait) unsafe.Pointer) (*Request, bool, error) {
+	w := ep.w
 	r, x := w.newIPCRequest(op, p)
 	x.ep = ep
-	x.held = true // until the receiver says it pulled (onPulledLocked)
+	x.held = true // until the receiver says it pulled (onPulledLocked, onPullTruncLocked)
 	x.pullSend = true
 	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, true, err
 	}
-	return w.sentPullLocked(op, opID, r, w.raw.AmSend(ep.raw, PullAM, bufPtr(h), len(h), nil, 0, 0, flags, -1, nil), h)
-}
-
-// sentPullLocked finishes the send of a pulled message's descriptor h (ptr: UCX's
-// status of it) and records r, the send, which completes with the receiver's word (the
-// descriptor's own send is done once UCX sent it). Caller holds w.mu.
-func (w *Worker) sentPullLocked(op string, opID uint64, r *Request, ptr unsafe.Pointer, h []byte) (*Request, bool, error) {
-	if _, err := w.postLocked(op, ptr, &defaultParam, nil, bufPtr(h)); err != nil {
+	if _, err := w.postLocked(op, post(x), &defaultParam, nil, bufPtr(d.sealed)); err != nil {
 		return nil, true, opErr(op, unwrapOp(err), "")
 	}
 	if w.pullsOut == nil {
 		w.pullsOut = map[uint64]*Request{}
 	}
-	w.pullsOut[opID] = r
+	w.pullsOut[d.op] = r
 	w.trackIPCLocked(r)
 	return r, true, nil
 }

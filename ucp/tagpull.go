@@ -5,7 +5,6 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
-	"github.com/ucpx/ucpx/protocol"
 )
 
 // Tag messages whose data the receiver pulls. A tag send of a device buffer
@@ -47,56 +46,32 @@ type pullIn struct {
 // matched a receive too short for its descriptor.
 type truncAnswer struct{ src, tag uint64 }
 
-// tagPullable reports whether a tag send of buf goes by pull (conditioned: the engine
-// issues it at the trigger).
+// tagPullable reports whether a tag send of buf goes by pull: as an active message
+// does, and a conditioned one from tagPullConditioned bytes.
 func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) bool {
-	c := ep.w.ctx
-	if len(buf) == 0 || p.noPull || (p.Condition != nil) != conditioned || c.ipc == nil || c.SupportsMemoryType(MemoryCUDA) ||
-		!declaredDevice(p) || p.Staging.Or(c.protocol.Staging) == protocol.StageAlways ||
-		c.features&FeatureAM == 0 || (conditioned && len(buf) < tagPullConditioned) {
-		return false
-	}
-	return ep.Reach(c.ipc.dev.CanAccessPeer).IPC()
+	return !(conditioned && len(buf) < tagPullConditioned) && ep.pullable(p, buf, conditioned)
 }
 
 // tagPull sends a tag message of a device buffer for the receiver to pull. It reports
 // false (nothing sent) where the message cannot go so: the caller stages it.
 func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) (*Request, bool, error) {
 	w := ep.w
-	ptr := uintptr(bufPtr(buf))
-	e, err := w.ctx.pullKey(ptr)
-	if err != nil {
-		return nil, false, nil // memory IPC cannot export (VMM): staged
-	}
-	self, err := w.pullAddress()
-	if err != nil {
-		return nil, false, nil
-	}
-	opID := w.pullSeq.Add(1)
-	// The descriptor carries this worker's sealed address: the receiver may hold no
-	// endpoint to answer on.
-	h := w.ctx.trust.seal.seal(tagPullMagic, w.ctx.trust.id, encodePull(0, 0, opID, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, nil))
-	if len(h) > len(buf) {
+	d, ok := ep.pullDescriptor(tagPullMagic, buf, 0, 0, nil)
+	if !ok || len(d.sealed) > len(buf) {
 		return nil, false, nil // a receive that fits the data must fit the descriptor
 	}
-	r, x := w.newIPCRequest(op, p)
-	x.ep = ep
-	x.held = true // until the receiver says it pulled (onPulledLocked, onPullTruncLocked)
-	x.pullSend, x.tagged, x.sentTag = true, true, tag
-	w.lockIssue()
-	defer w.mu.Unlock()
-	if err := ep.usableLocked(op); err != nil {
-		return nil, true, err
-	}
-	if !ep.pullHello {
-		// Once per endpoint, before its first pulled tag message: this worker's
-		// address, so that a receiver with no endpoint to it makes one (a receive too
-		// short for a descriptor can only be answered on an endpoint it has).
-		ep.pullHello = true
-		hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag, 0, 0, 0, nil, self, nil))
-		_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(hello))
-	}
-	return w.sentPullLocked(op, opID, r, w.raw.TagSend(ep.raw, bufPtr(h), len(h), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0), h)
+	return ep.postPull(op, p, d, func(x *ipcWait) unsafe.Pointer {
+		x.tagged, x.sentTag = true, tag
+		if !ep.pullHello {
+			// Once per endpoint, before its first pulled tag message: this worker's
+			// address, so that a receiver with no endpoint to it makes one (a receive
+			// too short for a descriptor can only be answered on an endpoint it has).
+			ep.pullHello = true
+			hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag, 0, 0, 0, nil, d.self, nil))
+			_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(hello))
+		}
+		return w.raw.TagSend(ep.raw, bufPtr(d.sealed), len(d.sealed), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
+	})
 }
 
 // pullAddress is this worker's sealed address for pull descriptors, made once.
