@@ -216,16 +216,10 @@ func (w *Worker) onPull(msg *AmMessage) {
 	if !ok {
 		return
 	}
-	if flags&pullHelloFlag != 0 {
-		// A sender's address ahead of its pulled tag messages (tagpull.go).
-		_, _ = w.replyEndpoint(sender, addrSource(w.ctx.trust.seal, addr), addr)
+	// The endpoint to the worker that sent it (made from its address if there is
+	// none; a forged address is refused): a hello only asks for that.
+	if ref.ep, err = w.replyEndpoint(sender, addr, anySource); err != nil || flags&pullHelloFlag != 0 {
 		return
-	}
-	if ref.ep = w.endpointTo(sender); ref.ep == nil {
-		// None yet: made from the sender's address (a forged one is refused).
-		if ref.ep, err = w.replyEndpoint(sender, addrSource(w.ctx.trust.seal, addr), addr); err != nil {
-			return
-		}
 	}
 	// The length is the sender's word: it must lie in the allocation its key names
 	// before a handler sizes a buffer by it. A message that does not is dropped (and

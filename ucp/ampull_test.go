@@ -163,8 +163,10 @@ func TestAMPullLengthOutsideAllocation(t *testing.T) {
 	msgs := amInbox(t, p.b, 9)
 	e, err := p.ctxA.pullKey(src.Ptr())
 	require.NoError(t, err)
+	self, err := p.a.pullAddress() // a well-formed sender: only the range is wrong
+	require.NoError(t, err)
 	for _, ref := range []*pullRef{{op: 1, off: 0, length: n + 1}, {op: 2, off: n + 8, length: 1}, {op: 3, off: 8, length: 1 << 62}} {
-		h := p.ctxA.trust.seal.seal(pullMagic, p.ctxA.trust.id, encodePull(9, 0, ref.op, ref.off, ref.length, e.packed, nil, nil))
+		h := p.ctxA.trust.seal.seal(pullMagic, p.ctxA.trust.id, encodePull(9, 0, ref.op, ref.off, ref.length, e.packed, self, nil))
 		p.a.mu.Lock()
 		_, err = p.a.postLocked("am_send_nbx", p.a.raw.AmSend(p.epA.raw, PullAM, bufPtr(h), len(h), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(h))
 		p.a.mu.Unlock()

@@ -196,23 +196,28 @@ func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
 	return nil
 }
 
-// replyEndpoint is an endpoint to the sender of a pulled message (its context id and
-// source), made from the sealed worker address its descriptor carries where this
-// worker has none: a receiver need not hold an endpoint to whoever sends to it (UCX
-// tag matching takes messages from anyone), but a pull must be answered.
-func (w *Worker) replyEndpoint(sender [idLen]byte, src uint64, addr []byte) (*Endpoint, error) {
+// anySource: replyEndpoint's caller knows no source id to check (an active message).
+const anySource = 1 << 16
+
+// replyEndpoint is the endpoint to the worker that sent a pulled message, found by the
+// sealed address its descriptor carries (of the sender's context; its source id want
+// unless anySource): the one this worker has, or one made from the address. A
+// receiver need not hold an endpoint to whoever sends to it (UCX tag matching takes
+// messages from anyone), but a pull must be answered, and to that worker only.
+func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want uint64) (*Endpoint, error) {
+	peer, err := openAddress(w.ctx.trust.seal, addr)
+	if err != nil {
+		return nil, err
+	}
+	src := sourceOf(peer.id, peer.addr)
+	if peer.id != sender || (want != anySource && src != want) {
+		return nil, opErr("pull", ErrInvalidParam, "a pulled message's address is not its sender's")
+	}
 	w.mu.Lock()
 	ep := w.pullSenderLocked(sender, src)
 	w.mu.Unlock()
 	if ep != nil {
 		return ep, nil
-	}
-	peer, err := openAddress(w.ctx.trust.seal, addr)
-	if err != nil {
-		return nil, err
-	}
-	if peer.id != sender || sourceOf(peer.id, peer.addr) != src {
-		return nil, opErr("tag_recv_nbx", ErrInvalidParam, "a pulled message's address is not its sender's")
 	}
 	ep, err = w.ConnectAddress(addr, nil)
 	if err == nil {
@@ -223,22 +228,12 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, src uint64, addr []byte) (*En
 	return ep, err
 }
 
-// addrSource is the source id of the worker whose sealed address addr is (none: an
-// id no worker has).
-func addrSource(s sealer, addr []byte) uint64 {
-	peer, err := openAddress(s, addr)
-	if err != nil {
-		return 1 << 16
-	}
-	return sourceOf(peer.id, peer.addr)
-}
-
 // pullRecv copies a pulled message into r's buffer (or the device memory it stands
 // for) and completes r, through pr, once the copy is done.
 func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src uint64, packed, addr []byte, tag uint64) {
 	var err error
 	if ref.ep == nil {
-		ref.ep, err = w.replyEndpoint(sender, src, addr)
+		ref.ep, err = w.replyEndpoint(sender, addr, src)
 	}
 	var rk *Rkey
 	if err == nil {

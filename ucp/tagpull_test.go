@@ -458,3 +458,39 @@ func TestTagPullSendWaitsAsleep(t *testing.T) {
 	require.NoError(t, rr.Wait(ctx2))
 	require.NoError(t, sr.Wait(ctx2))
 }
+
+// A pull is answered to the very worker that sent it: the receiver's endpoint to
+// another worker of the sender's context would carry the answer to a worker that never
+// sent anything, and the send would wait forever.
+func TestPullAnsweredToItsWorker(t *testing.T) {
+	const n = 64 << 10
+	p, ctx, src, _, data := pullSource(t, n, 17)
+	// a2: a second worker of A's context, connected to B by address only; B's one
+	// endpoint to A's context is to p.a.
+	a2, err := p.ctxA.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	addr, err := p.b.Address()
+	require.NoError(t, err)
+	ep2, err := a2.ConnectAddress(addr, nil)
+	require.NoError(t, err)
+	t.Cleanup(background(a2))
+	msgs := amInbox(t, p.b, 11)
+
+	sr, err := ep2.AmSendNbx(11, nil, DeviceBuffer(src.Ptr(), n), devParam)
+	require.NoError(t, err)
+	m := nextMessage(t, msgs)
+	host := make([]byte, n)
+	rr, err := m.RecvData(host, nil)
+	require.NoError(t, err)
+	require.NoError(t, rr.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx), "the active message's send completes")
+
+	clear(host)
+	tr, err := p.b.TagRecvNbx(host, 12, MaxTag, nil)
+	require.NoError(t, err)
+	sr, err = ep2.TagSendNbx(DeviceBuffer(src.Ptr(), n), 12, devParam)
+	require.NoError(t, err)
+	require.NoError(t, tr.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx), "the tag send completes")
+	require.Equal(t, data, host)
+}
