@@ -209,15 +209,7 @@ func (r *chainRunner) paused() bool {
 	w := r.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if r.destroyed || r.raw.Detached() || r.raw.Running() {
-		return false
-	}
-	for i := 0; i < r.raw.Ops(); i++ {
-		if pulled, _, _, _ := r.raw.PullInfo(i); pulled {
-			return true
-		}
-	}
-	return false
+	return !r.destroyed && !r.raw.Detached() && !r.raw.Running() && r.raw.Pulls() > 0
 }
 
 // settlePulls pulls the data of the messages a paused run's receives got, then

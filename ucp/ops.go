@@ -181,8 +181,8 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 	case err == nil:
 		r.setRecvBuf(w.ctx, buf, p.pullDev)
 	case errors.Is(err, ErrMessageTruncated):
-		if tag, n := w.raw.RecvInfo(); tag&ucx.PullBit != 0 {
-			w.pullArrivedLocked(&Request{w: w, op: "tag_recv_nbx"}, ucx.ErrMessageTruncated, n, tag)
+		if tag, _ := w.raw.RecvInfo(); tag&ucx.PullBit != 0 {
+			w.owePullTruncLocked(splitPullTag(tag)) // the call fails; its sender is answered
 			pulled = true
 		}
 	}

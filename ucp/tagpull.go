@@ -143,7 +143,7 @@ func (r *Request) pulledDirect() bool { return r.dest != nil && r.dest.direct }
 // pending while the data is pulled (pullRecv runs after the round that completed it,
 // outside the lock) and completes once it is in place. Caller holds w.mu.
 func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag uint64) {
-	src, utag := (tag&^ucx.PullBit)>>TagBits, tag&MaxTag
+	src, utag := splitPullTag(tag)
 	if st != ucx.OK {
 		if st == ucx.ErrMessageTruncated {
 			w.owePullTruncLocked(src, utag)
@@ -182,6 +182,12 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 	// The receive buffer may be a staging buffer lent again: keep copies.
 	packed, addr = append([]byte(nil), packed...), append([]byte(nil), addr...)
 	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, sender, src, packed, addr, utag) })
+}
+
+// splitPullTag splits a pulled message's sender tag into its sender's source id and
+// the user's tag.
+func splitPullTag(tag uint64) (src, user uint64) {
+	return (tag &^ ucx.PullBit) >> TagBits, tag & MaxTag
 }
 
 // pullSenderLocked is the endpoint to the worker that sent a pulled message: of the
@@ -245,8 +251,6 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src 
 	case err != nil:
 	case ref.length > uint64(r.dest.n):
 		truncated = true
-	case w.ctx.ipc == nil:
-		err = opErr(r.op, ErrUnsupported, "a pulled message of device memory, and this context has no device")
 	default:
 		n := int(ref.length)
 		dst, gp := unsafe.Slice((*byte)(r.dest.buf), n), &RequestParam{MemoryType: MemoryHost}

@@ -721,6 +721,10 @@ func (c *Chain) PullInfo(i int) (pulled bool, st Status, tag uint64, n int) {
 	return op.pull != 0, Status(op.recv_status), uint64(op.recv_tag), int(op.recv_len)
 }
 
+// Pulls is the number of receives whose pulled message Go has yet to pull (the run
+// pauses while it is not 0).
+func (c *Chain) Pulls() int { return int(c.c.npull) }
+
 // Ops is the number of operations of the chain.
 func (c *Chain) Ops() int { return int(c.c.nops) }
 
