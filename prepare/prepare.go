@@ -937,14 +937,10 @@ func (r *Request) Wait(ctx context.Context) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			// Arrivals are one-sided writes (by UCX or a GPU) that wake nobody:
-			// spin first (internal/backoff), then sleep on the worker's events, which
-			// still wakes at once for what UCX does deliver.
-			if backoff.Spinning(start) {
-				runtime.Gosched()
-			} else {
-				_ = r.w.WaitForEvents(ctx, time.Millisecond)
-			}
+			// Arrivals are one-sided writes (by UCX or a GPU) that wake nobody: spin
+			// first, then sleep on the worker's events, which still wake at once for
+			// what UCX does deliver.
+			backoff.PauseOn(start, func() { _ = r.w.WaitForEvents(ctx, time.Millisecond) })
 		}
 	}
 }

@@ -3,7 +3,6 @@ package ucp
 import (
 	"context"
 	"encoding/binary"
-	"runtime"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -775,14 +774,10 @@ func (w *Worker) waitIPC(ctx context.Context, r *Request) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if backoff.Spinning(start) {
-			runtime.Gosched()
-			continue
-		}
 		// A copy signals nothing, but the UCX step of a staged operation (a message
 		// moving in many fragments, each needing a progress call) does: sleep on the
-		// worker's events, a millisecond at most.
-		_ = w.WaitForEvents(ctx, time.Millisecond)
+		// worker's events.
+		backoff.PauseOn(start, func() { _ = w.WaitForEvents(ctx, time.Millisecond) })
 	}
 }
 

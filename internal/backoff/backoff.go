@@ -21,10 +21,16 @@ func Spinning(start time.Time) bool { return time.Since(start) < SpinFor }
 
 // Pause paces the next poll of a wait that started at start: a yield while it is
 // spinning, then a sleep of a millisecond.
-func Pause(start time.Time) {
+func Pause(start time.Time) { PauseOn(start, sleepMillisecond) }
+
+// PauseOn is Pause whose sleep is sleep (a millisecond at most), for a wait that
+// something may also end early: a worker's event fd, for what UCX delivers.
+func PauseOn(start time.Time, sleep func()) {
 	if Spinning(start) {
 		runtime.Gosched()
 		return
 	}
-	time.Sleep(time.Millisecond)
+	sleep()
 }
+
+func sleepMillisecond() { time.Sleep(time.Millisecond) }

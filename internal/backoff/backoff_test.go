@@ -18,3 +18,12 @@ func TestPause(t *testing.T) {
 	Pause(old)
 	require.GreaterOrEqual(t, time.Since(t0), time.Millisecond, "after the spin phase a pause sleeps")
 }
+
+func TestPauseOn(t *testing.T) {
+	slept := 0
+	sleep := func() { slept++ }
+	PauseOn(time.Now(), sleep)
+	require.Zero(t, slept, "spinning: a yield, no sleep")
+	PauseOn(time.Now().Add(-2*SpinFor), sleep)
+	require.Equal(t, 1, slept, "after the spin phase the wait's own sleep")
+}
