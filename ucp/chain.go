@@ -235,9 +235,7 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 		r.pulling[i] = q
 		w.pullArrivedLocked(q, st, n, tag)
 	}
-	cbs := w.takeDeferredLocked()
-	w.mu.Unlock()
-	runDeferred(cbs)
+	w.unlockDeferred()
 	for i, q := range r.pulling {
 		if ctx != nil {
 			if err := q.Wait(ctx); err != nil && !q.Done() {

@@ -223,9 +223,7 @@ func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, er
 			r = l.backlog[0]
 			l.backlog = l.backlog[1:]
 		}
-		cbs := w.takeDeferredLocked()
-		w.mu.Unlock()
-		runDeferred(cbs)
+		w.unlockDeferred()
 		if r != nil {
 			return r.Accept(p)
 		}

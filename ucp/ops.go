@@ -154,9 +154,7 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 		}
 		// The pull starts here: the call may come from a goroutine that drives no
 		// progress (the engine's issue) while every other sleeps.
-		cbs := w.takeDeferredLocked()
-		w.mu.Unlock()
-		runDeferred(cbs)
+		w.unlockDeferred()
 	}()
 	if w.closed.Load() {
 		return nil, opErr("tag_recv_nbx", ErrClosed, "")

@@ -263,9 +263,7 @@ func (r *Request) Cancel() {
 		w.raw.Reap()
 		w.afterLocked()
 	}
-	cbs := w.takeDeferredLocked()
-	w.mu.Unlock()
-	runDeferred(cbs)
+	w.unlockDeferred()
 }
 
 func (r *Request) errOr(err error) error {

@@ -154,9 +154,7 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 	w.mu.Lock()
 	for try := 0; ; try++ {
 		if r.done.Load() || w.closed.Load() {
-			cbs := w.takeDeferredLocked()
-			w.mu.Unlock()
-			runDeferred(cbs)
+			w.unlockDeferred()
 			return true, r.errOr(opErr(r.op, ErrClosed, "worker closed"))
 		}
 		if w.raw.Arm() == ucx.OK {
@@ -165,9 +163,7 @@ func (w *Worker) parkOn(ctx context.Context, r *Request) (bool, error) {
 		// Busy: events are pending.
 		w.progressLocked(r, 1)
 		if try == parkTries-1 {
-			cbs := w.takeDeferredLocked()
-			w.mu.Unlock()
-			runDeferred(cbs)
+			w.unlockDeferred()
 			return r.done.Load(), r.errOr(nil)
 		}
 	}
@@ -491,9 +487,7 @@ func (t workerTransport) WaitProgress(done <-chan struct{}, max time.Duration) b
 		// not issued yet, which its rounds (nothing in flight) do not progress. Move
 		// them on, else every arm finds them again and the engine never sleeps.
 		if w.progressLocked(nil, 1) > 0 || try == parkTries-1 {
-			cbs := w.takeDeferredLocked()
-			w.mu.Unlock()
-			runDeferred(cbs)
+			w.unlockDeferred()
 			return true
 		}
 	}

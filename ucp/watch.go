@@ -110,9 +110,7 @@ func (ep *Endpoint) peerDied() {
 	if ep.orphanRecvsLocked() {
 		w.afterLocked() // wake whoever is parked on them
 	}
-	cbs := w.takeDeferredLocked()
-	w.mu.Unlock()
-	runDeferred(cbs)
+	w.unlockDeferred()
 	_ = w.Signal()
 }
 

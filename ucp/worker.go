@@ -210,9 +210,7 @@ func (w *Worker) progressFor(r *Request, spins uint) int {
 	}
 	n := w.progressLocked(r, spins)
 	tick := w.tickLocked()
-	cbs := w.takeDeferredLocked()
-	w.mu.Unlock()
-	runDeferred(cbs)
+	w.unlockDeferred()
 	if tick {
 		w.reschedule()
 	}
@@ -443,6 +441,13 @@ func (w *Worker) takeDeferredLocked() []func() {
 	cbs := w.deferred
 	w.deferred = nil
 	return cbs
+}
+
+// unlockDeferred releases w.mu and runs the callbacks that became due under it.
+func (w *Worker) unlockDeferred() {
+	cbs := w.takeDeferredLocked()
+	w.mu.Unlock()
+	runDeferred(cbs)
 }
 
 func runDeferred(cbs []func()) {
