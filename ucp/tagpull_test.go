@@ -316,16 +316,7 @@ func TestTagPullOneWayEndpoint(t *testing.T) {
 		require.Equal(t, pattern(n, 16), host)
 		require.NoError(t, sr.Wait(ctx), "send %d completes: the receiver answered", i)
 	}
-	msgs := amInbox(t, wb, 3)
-	sr, err := ep.AmSendNbx(3, nil, DeviceBuffer(src.Ptr(), n), devParam)
-	require.NoError(t, err)
-	m := nextMessage(t, msgs)
-	host := make([]byte, n)
-	rr, err := m.RecvData(host, nil)
-	require.NoError(t, err)
-	require.NoError(t, rr.Wait(ctx))
-	require.Equal(t, pattern(n, 16), host)
-	require.NoError(t, sr.Wait(ctx), "the active message's send completes")
+	require.Equal(t, pattern(n, 16), pullAMToHost(t, ctx, ep, wb, 3, src, n))
 	wb.mu.Lock()
 	eps := len(wb.eps)
 	wb.mu.Unlock()
@@ -474,9 +465,24 @@ func TestPullAnsweredToItsWorker(t *testing.T) {
 	ep2, err := a2.ConnectAddress(addr, nil)
 	require.NoError(t, err)
 	t.Cleanup(background(a2))
-	msgs := amInbox(t, p.b, 11)
+	require.Equal(t, data, pullAMToHost(t, ctx, ep2, p.b, 11, src, n))
 
-	sr, err := ep2.AmSendNbx(11, nil, DeviceBuffer(src.Ptr(), n), devParam)
+	host := make([]byte, n)
+	tr, err := p.b.TagRecvNbx(host, 12, MaxTag, nil)
+	require.NoError(t, err)
+	sr, err := ep2.TagSendNbx(DeviceBuffer(src.Ptr(), n), 12, devParam)
+	require.NoError(t, err)
+	require.NoError(t, tr.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx), "the tag send completes")
+	require.Equal(t, data, host)
+}
+
+// pullAMToHost sends n bytes of src as a pulled active message id from ep to recv,
+// receives it into host memory and waits for both sides; it returns what arrived.
+func pullAMToHost(t *testing.T, ctx context.Context, ep *Endpoint, recv *Worker, id uint, src *fakeipc.Alloc, n int) []byte {
+	t.Helper()
+	msgs := amInbox(t, recv, id)
+	sr, err := ep.AmSendNbx(id, nil, DeviceBuffer(src.Ptr(), n), devParam)
 	require.NoError(t, err)
 	m := nextMessage(t, msgs)
 	host := make([]byte, n)
@@ -484,13 +490,5 @@ func TestPullAnsweredToItsWorker(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, rr.Wait(ctx))
 	require.NoError(t, sr.Wait(ctx), "the active message's send completes")
-
-	clear(host)
-	tr, err := p.b.TagRecvNbx(host, 12, MaxTag, nil)
-	require.NoError(t, err)
-	sr, err = ep2.TagSendNbx(DeviceBuffer(src.Ptr(), n), 12, devParam)
-	require.NoError(t, err)
-	require.NoError(t, tr.Wait(ctx))
-	require.NoError(t, sr.Wait(ctx), "the tag send completes")
-	require.Equal(t, data, host)
+	return host
 }
