@@ -177,7 +177,7 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 	w.trackIPCLocked(pr)
 	// A goroutine asleep on the event fd would not see the pull (no event comes of
 	// it): wake it, so that it sleeps again with the bound IPC work sets.
-	w.park.signal(w.raw.Signal)
+	w.park.wake()
 	w.pullsIn = append(w.pullsIn, pullIn{r: r, src: src, tag: utag})
 	// The receive buffer may be a staging buffer lent again: keep copies.
 	packed, addr = append([]byte(nil), packed...), append([]byte(nil), addr...)

@@ -220,12 +220,8 @@ func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Ti
 const ipcSleep = time.Millisecond
 
 // wakeParkedLocked wakes every parked goroutine: followers through their channel, the
-// one in the netpoller through the event fd (ucp_worker_signal). Caller holds w.mu.
-func (w *Worker) wakeParkedLocked() {
-	if w.park.wake() && !w.closed.Load() {
-		_ = w.raw.Signal()
-	}
-}
+// one in the netpoller through its read deadline. Caller holds w.mu.
+func (w *Worker) wakeParkedLocked() { w.park.wake() }
 
 // parker is where the waiters of a worker with wakeup sleep. One of them, the leader,
 // waits in Go's netpoller for the worker's event fd (a duplicate of it, non-blocking,
@@ -241,6 +237,14 @@ type parker struct {
 	leading   bool
 	opened    bool
 	closed    bool
+	// sleeping: the leader is in (or about to enter) its read in the netpoller;
+	// kicked: a wake for the leader it has not seen yet. A wake ends the leader's read
+	// through its deadline, not through the event fd: signalling the worker
+	// (ucp_worker_signal) is not enough, because any goroutine that arms the worker
+	// before the netpoller reports the signal drains it (ucp_worker_arm reads the
+	// signal fd and returns busy), and the leader would sleep on with its request done.
+	sleeping bool
+	kicked   bool
 	// Set once, when the first goroutine parks.
 	file   *os.File        // the event fd's duplicate
 	rc     syscall.RawConn // file's
@@ -329,6 +333,19 @@ func (pk *parker) poll(ctx context.Context, deadline time.Time) {
 	if file.SetReadDeadline(deadline) != nil {
 		return // closed
 	}
+	pk.mu.Lock()
+	if pk.kicked {
+		pk.kicked = false
+		pk.mu.Unlock()
+		return
+	}
+	pk.sleeping = true
+	pk.mu.Unlock()
+	defer func() {
+		pk.mu.Lock()
+		pk.sleeping, pk.kicked = false, false
+		pk.mu.Unlock()
+	}()
 	watched := false
 	if done := ctx.Done(); done != nil {
 		select {
@@ -393,13 +410,23 @@ func (pk *parker) wakeFollowersLocked() {
 	pk.followers = pk.followers[:0]
 }
 
-// wake wakes the followers and reports whether a leader sleeps on the event fd (the
-// caller signals the worker to wake it).
-func (pk *parker) wake() bool {
+// wake wakes every parked goroutine: the followers, and the leader (kickLocked).
+func (pk *parker) wake() {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
 	pk.wakeFollowersLocked()
-	return pk.leading
+	pk.kickLocked()
+}
+
+// kickLocked ends the leader's sleep, or the one it is about to begin (see kicked).
+func (pk *parker) kickLocked() {
+	if !pk.leading || pk.closed {
+		return
+	}
+	pk.kicked = true
+	if pk.sleeping {
+		_ = pk.file.SetReadDeadline(aLongTimeAgo)
+	}
 }
 
 // shutdown wakes everyone for good (worker closing; caller holds w.mu).
@@ -501,7 +528,7 @@ func (t workerTransport) WaitProgress(done <-chan struct{}, max time.Duration) b
 }
 
 // Wake ends the engine's WaitProgress (condition.TransportWaiter): it wakes the parked
-// goroutines, signalling the worker if one sleeps on the event fd. Under w.mu: between
+// goroutines. Under w.mu: between
 // its check of engineWake and its registration in the parker WaitProgress holds w.mu,
 // so a wake either comes before the check or finds the engine parked (else it could
 // signal another parked goroutine and leave the engine asleep with the flag unread).
@@ -509,9 +536,7 @@ func (t workerTransport) Wake() {
 	w := t.w
 	w.park.engineWake.Store(true)
 	w.mu.Lock()
-	if !w.closed.Load() {
-		w.park.signal(w.raw.Signal)
-	}
+	w.park.wake()
 	w.mu.Unlock()
 }
 
@@ -530,17 +555,3 @@ func (c doneCtx) Err() error {
 	}
 }
 
-// signal wakes the followers and, if a leader sleeps on the event fd, calls sig (the
-// worker's ucp_worker_signal) to wake it; not after shutdown, which precedes the
-// worker's destruction under the same lock, so sig never runs on a destroyed worker.
-func (pk *parker) signal(sig func() ucx.Status) {
-	pk.mu.Lock()
-	defer pk.mu.Unlock()
-	if pk.closed {
-		return
-	}
-	pk.wakeFollowersLocked()
-	if pk.leading {
-		_ = sig()
-	}
-}

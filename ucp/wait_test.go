@@ -1,7 +1,10 @@
 package ucp
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -158,6 +161,111 @@ func TestCompletionWakesParkedWaiter(t *testing.T) {
 		require.ErrorIs(t, err, ErrCanceled)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the parked waiter was not woken by the completion")
+	}
+}
+
+// A goroutine that arms the worker right after a request of the parked leader
+// completed does not leave the leader asleep. Signalling the worker to wake the leader
+// was not enough: ucp_worker_arm drains the signal, and when it does so before the
+// netpoller reports it, the leader slept on with its request done (concurrent blocking
+// calls on one worker hung that way).
+func TestArmDoesNotSwallowLeaderWake(t *testing.T) {
+	p := newShmPair(t)
+	for i := 0; i < 50; i++ {
+		r, err := p.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Wait(context.Background()) }()
+		waitParked(t, "ucp.(*Worker).waitRequest", 1, 0)
+		r.Cancel()
+		_ = p.b.Arm() // what a waiter about to park does
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, ErrCanceled)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: the parked leader was not woken by its request's completion", i)
+		}
+	}
+}
+
+// Concurrent blocking and nbx calls of several goroutines on both workers of a pair:
+// every waiter is woken when its request completes, whoever completes it.
+func TestConcurrentWaitersAllWake(t *testing.T) {
+	for run := 0; run < 3; run++ {
+		p := newShmPair(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		const rounds = 1000
+		errc := make(chan error, 4)
+		go func() { // b: answers tag 1 on tag 2, fused calls
+			buf := make([]byte, 8)
+			for i := 0; i < rounds; i++ {
+				n, _, err := p.b.TagRecv(ctx, buf, 1, ^uint64(0))
+				if err == nil {
+					err = p.epB.TagSend(ctx, buf[:n], 2)
+				}
+				if err != nil {
+					errc <- fmt.Errorf("b fused, round %d: %w", i, err)
+					return
+				}
+			}
+			errc <- nil
+		}()
+		go func() { // b: answers tag 10 on tag 11, fused calls
+			buf := make([]byte, 256)
+			for i := 0; i < rounds/4; i++ {
+				n, _, err := p.b.TagRecv(ctx, buf, 10, ^uint64(0))
+				if err == nil {
+					err = p.epB.TagSend(ctx, buf[:n], 11)
+				}
+				if err != nil {
+					errc <- fmt.Errorf("b echo, round %d: %w", i, err)
+					return
+				}
+			}
+			errc <- nil
+		}()
+		go func() { // a: nbx exchanges on tags 10/11
+			buf := make([]byte, 256)
+			for i := 0; i < rounds/4; i++ {
+				msg := pattern(256, int64(i))
+				sr, err := p.epA.TagSendNbx(msg, 10, nil)
+				if err == nil {
+					var rr *Request
+					if rr, err = p.a.TagRecvNbx(buf, 11, ^uint64(0), nil); err == nil {
+						if err = sr.Wait(ctx); err == nil {
+							err = rr.Wait(ctx)
+						}
+					}
+				}
+				if err == nil && !bytes.Equal(buf, msg) {
+					err = errors.New("reply differs")
+				}
+				if err != nil {
+					errc <- fmt.Errorf("a nbx, round %d: %w", i, err)
+					return
+				}
+			}
+			errc <- nil
+		}()
+		go func() { // a: fused ping-pong on tags 1/2
+			rbuf := make([]byte, 8)
+			for i := 0; i < rounds; i++ {
+				ping := pattern(8, int64(i))
+				n, _, err := p.epA.TagSendRecv(ctx, ping, 1, rbuf, 2, ^uint64(0))
+				if err == nil && !bytes.Equal(ping, rbuf[:n]) {
+					err = errors.New("reply differs")
+				}
+				if err != nil {
+					errc <- fmt.Errorf("a fused, round %d: %w", i, err)
+					return
+				}
+			}
+			errc <- nil
+		}()
+		for k := 0; k < 4; k++ {
+			require.NoError(t, <-errc, "run %d", run)
+		}
+		cancel()
 	}
 }
 

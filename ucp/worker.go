@@ -357,9 +357,10 @@ func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error
 	return ctx.Err()
 }
 
-// Signal wakes a goroutine blocked in WaitForEvents. A worker without wakeup has no
-// event fd to block on (WaitForEvents only yields): there is nothing to wake, and UCX
-// would print an error for the call.
+// Signal wakes the goroutines blocked in WaitForEvents (and the library's own waits),
+// and a thread of the program's blocked on EventFD (ucp_worker_signal). A worker
+// without wakeup has no event fd to block on (WaitForEvents only yields): there is
+// nothing to wake, and UCX would print an error for the call.
 func (w *Worker) Signal() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -369,6 +370,7 @@ func (w *Worker) Signal() error {
 	if w.efd < 0 {
 		return nil
 	}
+	w.park.wake()
 	return opErr("worker_signal", statusErr(w.raw.Signal()), "")
 }
 
