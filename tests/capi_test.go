@@ -131,21 +131,47 @@ func TestCAPI(t *testing.T) {
 		for name := range declared {
 			assert.True(t, exported[name], "include/ucpx.h declares %s, which libucpx.so does not export", name)
 		}
+		// Every //export is declared: a public call in include/ucpx.h, or one only
+		// the library's own C calls (ucpxi_*, capi/libucpx/internal.h). The public
+		// calls not exported from Go are defined in the library's C files.
+		internal := headerFunctions(t, "../capi/libucpx/internal.h")
 		files, err := filepath.Glob("../capi/libucpx/*.go")
 		require.NoError(t, err)
 		export := regexp.MustCompile(`^//export (\w+)$`)
-		n := 0
+		goExports := map[string]bool{}
 		for _, file := range files {
 			src, err := os.ReadFile(file)
 			require.NoError(t, err)
 			for _, line := range strings.Split(string(src), "\n") {
 				if m := export.FindStringSubmatch(line); m != nil {
-					n++
-					assert.True(t, declared[m[1]], "%s exports %s, which include/ucpx.h does not declare", filepath.Base(file), m[1])
+					goExports[m[1]] = true
+					if strings.HasPrefix(m[1], "ucpxi_") {
+						assert.True(t, internal[m[1]], "%s exports %s, which capi/libucpx/internal.h does not declare", filepath.Base(file), m[1])
+					} else {
+						assert.True(t, declared[m[1]], "%s exports %s, which include/ucpx.h does not declare", filepath.Base(file), m[1])
+					}
 				}
 			}
 		}
-		assert.Equal(t, len(declared)-1, n, "every declared function but ucpx_strerror (C) is a Go export")
+		cFiles, err := filepath.Glob("../capi/libucpx/*.c")
+		require.NoError(t, err)
+		defined := map[string]bool{}
+		definition := regexp.MustCompile(`(?m)^(?:int|const char \*)\s*(ucpx_\w+)\(`)
+		for _, file := range cFiles {
+			src, err := os.ReadFile(file)
+			require.NoError(t, err)
+			for _, m := range definition.FindAllStringSubmatch(string(src), -1) {
+				defined[m[1]] = true
+			}
+		}
+		for name := range declared {
+			assert.True(t, goExports[name] != defined[name], "%s must be either a Go export or defined in capi/libucpx/*.c, once", name)
+		}
+		for name := range internal {
+			if strings.HasPrefix(name, "ucpxi_") {
+				assert.True(t, exported[name], "capi/libucpx/internal.h declares %s, which libucpx.so does not export", name)
+			}
+		}
 		// python/ucpx.py declares every call's argument types for ctypes.
 		py, err := os.ReadFile("../python/ucpx.py")
 		require.NoError(t, err)
@@ -190,7 +216,7 @@ func headerFunctions(t *testing.T, path string) map[string]bool {
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
-	decl := regexp.MustCompile(`^(?:const\s+)?(?:int|size_t|char|void)\s*\*?\s*(ucpx_\w+)\(`)
+	decl := regexp.MustCompile(`^(?:const\s+)?(?:int|size_t|char|void)\s*\*?\s*(ucpxi?_\w+)\(`)
 	names := map[string]bool{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {

@@ -52,6 +52,9 @@ type Endpoint struct {
 	// pullHello: this worker's address went to the peer ahead of a pulled tag
 	// message (tagpull.go; under w.mu).
 	pullHello bool
+	// fast: the endpoint's record for C callers (cshare.go; under w.mu), retired
+	// once the endpoint is no longer usable.
+	fast *ucx.Fast
 }
 
 func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
@@ -248,6 +251,7 @@ func (ep *Endpoint) failLocked(st error) {
 		return
 	}
 	ep.err = st
+	retireFast(&ep.fast)
 	ep.ipcPeerFailedLocked()
 	ep.w.failPullsLocked(ep, st)
 	for r := range ep.recvs {
@@ -314,6 +318,7 @@ func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
 
 func (ep *Endpoint) markClosedLocked() {
 	ep.closed = true
+	retireFast(&ep.fast)
 	if ep.watch != nil {
 		ep.watch.stop()
 	}

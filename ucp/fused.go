@@ -34,6 +34,14 @@ func (ep *Endpoint) TagSend(ctx context.Context, buf []byte, tag uint64) error {
 		return err
 	}
 	ptr := w.raw.TagSend(ep.raw, bufPtr(buf), len(buf), tag, 0, int(MemoryHost), nil, fusedSpins)
+	return ep.tagSendAfterLocked(ctx, ptr, buf, tag)
+}
+
+// tagSendAfterLocked is TagSend once its cgo call returned ptr (or a C caller's, which
+// resumes here): it releases w.mu and waits.
+func (ep *Endpoint) tagSendAfterLocked(ctx context.Context, ptr unsafe.Pointer, buf []byte, tag uint64) error {
+	const op = "tag_send"
+	w := ep.w
 	req, st := ucx.PtrStatus(ptr)
 	var r *Request
 	if st == ucx.InProgress {
@@ -68,6 +76,13 @@ func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n i
 		return 0, 0, opErr(op, ErrClosed, "")
 	}
 	ptr := w.raw.TagRecv(bufPtr(buf), len(buf), tag, mask, 0, int(MemoryHost), nil, fusedSpins)
+	return w.tagRecvAfterLocked(ctx, ptr, buf, tag, mask)
+}
+
+// tagRecvAfterLocked is TagRecv once its cgo call returned ptr (or a C caller's, which
+// resumes here): it releases w.mu and waits.
+func (w *Worker) tagRecvAfterLocked(ctx context.Context, ptr unsafe.Pointer, buf []byte, tag, mask uint64) (n int, senderTag uint64, err error) {
+	const op = "tag_recv"
 	req, st := ucx.PtrStatus(ptr)
 	var r *Request
 	if st == ucx.InProgress {
@@ -111,6 +126,14 @@ func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, r
 		return 0, 0, err
 	}
 	rptr := w.raw.TagSendRecv(ep.raw, bufPtr(sbuf), len(sbuf), stag, bufPtr(rbuf), len(rbuf), rtag, rmask, 0, fusedSpins)
+	return ep.tagSendRecvAfterLocked(ctx, rptr, sbuf, stag, rbuf, rtag, rmask)
+}
+
+// tagSendRecvAfterLocked is TagSendRecv once its cgo call returned rptr (or a C
+// caller's, which resumes here): it releases w.mu and waits.
+func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Pointer, sbuf []byte, stag uint64, rbuf []byte, rtag, rmask uint64) (n int, senderTag uint64, err error) {
+	const op = "tag_send_recv"
+	w := ep.w
 	sreq, sst := ucx.PtrStatus(w.raw.SendReq())
 	if sst != ucx.OK && sst != ucx.InProgress {
 		w.afterCallUnlock()

@@ -554,4 +554,3 @@ func (c doneCtx) Err() error {
 		return nil
 	}
 }
-

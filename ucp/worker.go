@@ -3,7 +3,6 @@ package ucp
 import (
 	"context"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -45,7 +44,7 @@ type WorkerParams struct {
 type Worker struct {
 	ctx    *Context
 	raw    *ucx.Worker
-	mu     sync.Mutex
+	mu     workerLock
 	closed atomic.Bool
 	// yield is raw's yield word: nonzero while the engine waits for mu to issue an
 	// operation (issueLocking). Waits step aside for it.
@@ -100,6 +99,8 @@ type Worker struct {
 	completions atomic.Uint64
 
 	progress *progressThread // WorkerParams.ProgressThread, nil without
+	// fast: the worker's record for C callers once shared with C (cshare.go; under mu).
+	fast *ucx.Fast
 	// maxAmHeader is UCX's limit on an active message's header (0: unknown).
 	maxAmHeader int
 	// orphans are the stand-ins of operations failed while UCX still held them
@@ -143,6 +144,7 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		}
 		w.raw = raw
 		w.yield = raw.YieldWord()
+		w.mu.yield = w.yield
 		w.maxAmHeader = raw.MaxAmHeader()
 		c.workers[w] = struct{}{}
 		return nil
@@ -492,6 +494,7 @@ func (w *Worker) Close() error {
 		return opErr("worker_destroy", ErrClosed, "")
 	}
 	w.closed.Store(true)
+	retireFast(&w.fast)
 	w.park.shutdown() // parked waiters wake, and find the worker closed
 	for _, l := range w.listeners {
 		l.destroyLocked()

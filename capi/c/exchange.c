@@ -6,6 +6,8 @@
  * Two processes (RANK 0 and 1) wire up through worker address strings exchanged as
  * files in DIR, then check, through the C ABI only: tag send/receive of several sizes
  * (request handles and the blocking calls), concurrent exchanges from several threads,
+ * the blocking calls beside request-handle exchanges on one worker (late replies,
+ * rendezvous sizes, the handles and arguments they refuse),
  * RMA put and get on registered memory with packed remote keys, prepared partitioned
  * iterations, and error codes with their messages. Prints "OK rank N" on success;
  * any failure prints the call, its code and ucpx_last_error, and exits 1.
@@ -112,6 +114,109 @@ static void threads(void) {
 		EXPECT(pthread_create(&t[i], NULL, thread_exchange, &a[i]) == 0, "pthread_create");
 	}
 	for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+}
+
+/* The blocking calls complete in C while they can and finish in Go otherwise: a
+ * ping-pong on one thread while another thread's request-handle exchanges run on the
+ * same worker, replies late enough to outlast the call's spin, rendezvous sizes, and
+ * the handles they refuse. */
+struct mixed_arg {
+	int failed;
+};
+
+static void *mixed_requests(void *p) {
+	struct mixed_arg *a = p; /* failures exit the process (CHECK): reaching the end is success */
+	unsigned char buf[512];
+	for (int i = 0; i < 200; i++) {
+		ucpx_handle_t sreq, rreq;
+		uint64_t tag = 0xB000 + i;
+		if (rank == 0) {
+			unsigned char out[512];
+			fill(out, sizeof out, 300 + i);
+			CHECK(ucpx_tag_send(ep, out, sizeof out, tag, UCPX_MEMORY_HOST, 0, 0, &sreq));
+			CHECK(ucpx_tag_recv(worker, buf, sizeof buf, tag | 0x800, ~0ull, UCPX_MEMORY_HOST, 0, 0, &rreq));
+			CHECK(ucpx_request_wait(sreq, TIMEOUT));
+			CHECK(ucpx_request_wait(rreq, TIMEOUT));
+			CHECK(ucpx_request_free(sreq));
+			CHECK(ucpx_request_free(rreq));
+			verify(buf, sizeof buf, 300 + i + 1, "request exchange reply");
+		} else {
+			CHECK(ucpx_tag_recv(worker, buf, sizeof buf, tag, ~0ull, UCPX_MEMORY_HOST, 0, 0, &rreq));
+			CHECK(ucpx_request_wait(rreq, TIMEOUT));
+			CHECK(ucpx_request_free(rreq));
+			verify(buf, sizeof buf, 300 + i, "request exchange");
+			fill(buf, sizeof buf, 300 + i + 1);
+			CHECK(ucpx_tag_send(ep, buf, sizeof buf, tag | 0x800, UCPX_MEMORY_HOST, 0, 0, &sreq));
+			CHECK(ucpx_request_wait(sreq, TIMEOUT));
+			CHECK(ucpx_request_free(sreq));
+		}
+	}
+	a->failed = 0;
+	return NULL;
+}
+
+static void blocking(char *peer_addr) {
+	enum { ROUNDS = 3000 };
+	unsigned char out[8], in[8];
+	size_t got;
+	uint64_t stag;
+	pthread_t t;
+	struct mixed_arg a = {1};
+	EXPECT(pthread_create(&t, NULL, mixed_requests, &a) == 0, "pthread_create");
+	if (rank == 1) CHECK(ucpx_tag_recv_wait(worker, in, sizeof in, 0xA000, ~0ull, TIMEOUT, NULL, NULL));
+	for (int i = 0; i < ROUNDS; i++) {
+		if (rank == 0) {
+			fill(out, sizeof out, i);
+			CHECK(ucpx_tag_sendrecv(ep, out, sizeof out, 0xA000, in, sizeof in, 0xA001, ~0ull, TIMEOUT, &got, &stag));
+			EXPECT(got == sizeof in && stag == 0xA001, "ping-pong %d: got %zu tag %#llx", i, got, (unsigned long long)stag);
+			verify(in, sizeof in, i + 1, "ping-pong reply");
+		} else {
+			verify(in, sizeof in, i, "ping");
+			fill(out, sizeof out, i + 1);
+			if (i + 1 < ROUNDS)
+				CHECK(ucpx_tag_sendrecv(ep, out, sizeof out, 0xA001, in, sizeof in, 0xA000, ~0ull, TIMEOUT, NULL, NULL));
+			else
+				CHECK(ucpx_tag_send_wait(ep, out, sizeof out, 0xA001, TIMEOUT));
+		}
+	}
+	pthread_join(t, NULL);
+	EXPECT(a.failed == 0, "request exchanges");
+
+	/* Late replies (30 ms: far past the call's spin) and 1 MiB messages (rendezvous). */
+	enum { BIG = 1 << 20 };
+	unsigned char *bout = malloc(BIG), *bin = malloc(BIG);
+	for (int i = 0; i < 3; i++) {
+		if (rank == 0) {
+			fill(bout, BIG, 500 + i);
+			CHECK(ucpx_tag_sendrecv(ep, bout, BIG, 0xA100, bin, BIG, 0xA101, ~0ull, TIMEOUT, &got, &stag));
+			EXPECT(got == BIG && stag == 0xA101, "big reply %d: %zu", i, got);
+			verify(bin, BIG, 600 + i, "big reply");
+		} else {
+			CHECK(ucpx_tag_recv_wait(worker, bin, BIG, 0xA100, ~0ull, TIMEOUT, &got, NULL));
+			EXPECT(got == BIG, "big message %d: %zu", i, got);
+			verify(bin, BIG, 500 + i, "big message");
+			usleep(30000);
+			fill(bout, BIG, 600 + i);
+			CHECK(ucpx_tag_send_wait(ep, bout, BIG, 0xA101, TIMEOUT));
+		}
+	}
+	free(bout);
+	free(bin);
+
+	/* What the blocking calls refuse, with the codes the Go path gives. */
+	EXPECT(ucpx_tag_sendrecv(ep, out, 8, 1ull << 50, in, 8, 2, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
+	       "a tag above UCPX_MAX_TAG");
+	EXPECT(ucpx_tag_send_wait(ep, NULL, 8, 1, TIMEOUT) == UCPX_ERR_INVALID_PARAM, "a NULL buffer");
+	EXPECT(ucpx_tag_sendrecv(worker, out, 8, 1, in, 8, 2, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_HANDLE,
+	       "a worker as the endpoint");
+	EXPECT(ucpx_tag_recv_wait(ep, in, 8, 1, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_HANDLE,
+	       "an endpoint as the worker");
+	ucpx_handle_t ep2;
+	CHECK(ucpx_ep_create(worker, peer_addr, 0, &ep2));
+	CHECK(ucpx_ep_destroy(ep2));
+	EXPECT(ucpx_tag_send_wait(ep2, out, 8, 1, TIMEOUT) == UCPX_ERR_INVALID_HANDLE, "a destroyed endpoint");
+	EXPECT(ucpx_tag_sendrecv(ep2, out, 8, 1, in, 8, 2, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_HANDLE,
+	       "a destroyed endpoint");
 }
 
 /* RMA: each side exposes a region; rank 0 puts into rank 1's, rank 1 gets from rank
@@ -255,6 +360,7 @@ int main(int argc, char **argv) {
 
 	tag_exchange();
 	threads();
+	blocking(peer);
 	rma(context, dir);
 	partitions();
 	errors(context);
@@ -270,6 +376,8 @@ int main(int argc, char **argv) {
 	}
 	CHECK(ucpx_ep_destroy(ep));
 	CHECK(ucpx_worker_destroy(worker));
+	EXPECT(ucpx_tag_recv_wait(worker, bye, sizeof bye, 1, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_HANDLE,
+	       "a destroyed worker");
 	CHECK(ucpx_context_destroy(context));
 	EXPECT(ucpx_context_destroy(context) == UCPX_ERR_INVALID_HANDLE, "a destroyed context");
 	free(addr);

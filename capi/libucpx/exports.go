@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/cabi"
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/prepare"
 	"github.com/ucpx/ucpx/stream"
@@ -143,7 +144,22 @@ func ucpx_worker_create(ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C
 		ProgressThread: flags&C.UCPX_WORKER_PROGRESS_THREAD != 0,
 		NoWakeup:       flags&C.UCPX_WORKER_NO_WAKEUP != 0,
 	})
-	return created(w, err, out)
+	if err != nil {
+		return status(err)
+	}
+	return createdFast(w, cabi.ShareWorker, out)
+}
+
+// createdFast stores o, a new worker or endpoint, as the handle *out with the record
+// share gives it for the blocking calls in C; o is closed if that fails.
+func createdFast[T interface{ Close() error }](o T, share func(any) (unsafe.Pointer, error), out *C.ucpx_handle_t) C.int {
+	rec, err := share(o)
+	if err != nil {
+		_ = o.Close()
+		return status(err)
+	}
+	*out = putFast(o, rec)
+	return C.UCPX_OK
 }
 
 //export ucpx_worker_destroy
@@ -190,7 +206,10 @@ func ucpx_ep_create(wh C.ucpx_handle_t, address *C.char, flags C.int, out *C.ucp
 		return status(fmt.Errorf("worker address string: %v: %w", err, ucp.ErrInvalidAddr))
 	}
 	ep, err := w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: flags&1 == 0})
-	return created(ep, err, out)
+	if err != nil {
+		return status(err)
+	}
+	return createdFast(ep, cabi.ShareEndpoint, out)
 }
 
 //export ucpx_ep_destroy
@@ -636,74 +655,4 @@ func ucpx_pfree(h C.ucpx_handle_t) C.int {
 		return status(err)
 	}
 	return status(r.Free())
-}
-
-// ---- Blocking tag calls (no request handle: the latency path)
-
-func recvInfo(n int, tag uint64, length *C.size_t, senderTag *C.uint64_t) {
-	if length != nil {
-		*length = C.size_t(n)
-	}
-	if senderTag != nil {
-		*senderTag = C.uint64_t(tag)
-	}
-}
-
-//export ucpx_tag_send_wait
-func ucpx_tag_send_wait(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag C.uint64_t, ms C.int) C.int {
-	ep, err := get[*ucp.Endpoint](eh, "endpoint")
-	if err != nil {
-		return status(err)
-	}
-	b, err := buffer(buf, n)
-	if err != nil {
-		return status(err)
-	}
-	ctx, cancel := timeoutCtx(ms)
-	defer cancel()
-	return status(ep.TagSend(ctx, b, uint64(tag)))
-}
-
-//export ucpx_tag_recv_wait
-func ucpx_tag_recv_wait(wh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag, mask C.uint64_t, ms C.int, length *C.size_t, senderTag *C.uint64_t) C.int {
-	w, err := get[*ucp.Worker](wh, "worker")
-	if err != nil {
-		return status(err)
-	}
-	b, err := buffer(buf, n)
-	if err != nil {
-		return status(err)
-	}
-	ctx, cancel := timeoutCtx(ms)
-	defer cancel()
-	got, stag, err := w.TagRecv(ctx, b, uint64(tag), uint64(mask))
-	if err != nil {
-		return status(err)
-	}
-	recvInfo(got, stag, length, senderTag)
-	return C.UCPX_OK
-}
-
-//export ucpx_tag_sendrecv
-func ucpx_tag_sendrecv(eh C.ucpx_handle_t, sbuf unsafe.Pointer, sn C.size_t, stag C.uint64_t, rbuf unsafe.Pointer, rn C.size_t, rtag, rmask C.uint64_t, ms C.int, length *C.size_t, senderTag *C.uint64_t) C.int {
-	ep, err := get[*ucp.Endpoint](eh, "endpoint")
-	if err != nil {
-		return status(err)
-	}
-	sb, err := buffer(sbuf, sn)
-	if err != nil {
-		return status(err)
-	}
-	rb, err := buffer(rbuf, rn)
-	if err != nil {
-		return status(err)
-	}
-	ctx, cancel := timeoutCtx(ms)
-	defer cancel()
-	got, tag, err := ep.TagSendRecv(ctx, sb, uint64(stag), rb, uint64(rtag), uint64(rmask))
-	if err != nil {
-		return status(err)
-	}
-	recvInfo(got, tag, length, senderTag)
-	return C.UCPX_OK
 }

@@ -1,7 +1,7 @@
 package main
 
 /*
-#include "ucpx.h"
+#include "internal.h"
 */
 import "C"
 
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/ucpx/ucpx/internal/errs"
 )
@@ -25,10 +26,22 @@ var (
 	handleNext atomic.Uint64
 )
 
+// fastNext numbers the handles of workers and endpoints: UCPXC_FAST_BIT above an
+// index of the C table that gives the blocking calls their records (fast.c).
+var fastNext atomic.Uint64
+
 // put stores o and returns its new handle.
 func put(o any) C.ucpx_handle_t {
 	h := handleNext.Add(1)
 	handles.Store(h, o)
+	return C.ucpx_handle_t(h)
+}
+
+// putFast is put for an object C callers reach through rec, a record of cgo/ucx/fast.h.
+func putFast(o any, rec unsafe.Pointer) C.ucpx_handle_t {
+	h := C.UCPXC_FAST_BIT | fastNext.Add(1)
+	handles.Store(h, o)
+	C.ucpxc_fast_set(C.uint64_t(h), rec)
 	return C.ucpx_handle_t(h)
 }
 
@@ -64,6 +77,9 @@ func take[T any](h C.ucpx_handle_t, kind string) (T, error) {
 	if err == nil && !handles.CompareAndDelete(uint64(h), o) {
 		var zero T
 		return zero, fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
+	}
+	if err == nil && h&C.UCPXC_FAST_BIT != 0 {
+		C.ucpxc_fast_set(C.uint64_t(h), nil)
 	}
 	return t, err
 }

@@ -297,6 +297,11 @@ ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t *
     if (w == NULL) {
         return UCS_ERR_NO_MEMORY;
     }
+    w->share = calloc(1, sizeof(*w->share));
+    if (w->share == NULL) {
+        free(w);
+        return UCS_ERR_NO_MEMORY;
+    }
     /* SERIALIZED: Go serialises every call on a worker with its own mutex, so
      * UCX needs no internal locks, yet calls may come from any OS thread. */
     params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -308,6 +313,7 @@ ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t *
     }
     st = ucp_worker_create(ctx, &params, &w->worker);
     if (st != UCS_OK) {
+        free(w->share);
         free(w);
         return st;
     }
@@ -343,6 +349,9 @@ void ucpxu_worker_destroy(ucpxu_worker_t *w)
     }
     ucp_worker_destroy(w->worker);
     free(w->events);
+    if (!w->share->kept) {
+        free(w->share);
+    }
     free(w);
 }
 
@@ -362,6 +371,7 @@ void ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr)
 /* spin progresses until r is done or spins rounds pass (r NULL: once). */
 static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
 {
+    const uint32_t *yield = &w->share->yield;
     unsigned i;
     if (r == NULL) {
         ucpxu_um_tick(w, ucp_worker_progress(w->worker));
@@ -371,7 +381,7 @@ static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
         if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
             return;
         }
-        if (i > 0 && __atomic_load_n(&w->yield, __ATOMIC_RELAXED)) {
+        if (i > 0 && __atomic_load_n(yield, __ATOMIC_RELAXED)) {
             return; /* an issuer waits for the lock */
         }
         ucpxu_um_tick(w, ucp_worker_progress(w->worker));
@@ -679,6 +689,7 @@ void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t sle
                          uint32_t flags, unsigned spins)
 {
     ucpxu_worker_t *w = W(wp);
+    const uint32_t *yield = &w->share->yield;
     void *sret, *rret;
     ucpxu_req_t *sr, *rr;
     unsigned i;
@@ -706,7 +717,7 @@ void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t sle
             sr = NULL;
         }
         if ((rr == NULL && sr == NULL) || i == spins ||
-            (i > 0 && __atomic_load_n(&w->yield, __ATOMIC_RELAXED))) {
+            (i > 0 && __atomic_load_n(yield, __ATOMIC_RELAXED))) {
             break;
         }
         ucpxu_um_tick(w, ucp_worker_progress(w->worker));

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <ucp/api/ucp.h>
 
+#include "fast.h"
+
 enum {
     UCPX_EV_REQ_DONE = 1, /* a request with a Go callback completed */
     UCPX_EV_EP_ERROR = 2, /* an endpoint failed (peer error handling) */
@@ -79,6 +81,17 @@ typedef struct {
 
 typedef struct ucpxu_worker ucpxu_worker_t;
 
+/* The words that serialise a worker's UCX calls across languages (fast.h): owner is
+ * held by whoever calls UCX on the worker where C callers share it (Go's worker lock
+ * takes it too then); yield is nonzero while someone waits for the worker, and the
+ * spin loops end early for it. Separate from the worker because a shared worker's
+ * words outlive it (a C caller may still look at them after it closed). */
+struct ucpxu_share {
+    uint32_t owner;
+    uint32_t yield;
+    int      kept; /* shared with C: never freed */
+};
+
 /* Per-callback argument blocks (listener, AM handler): identify the source. */
 typedef struct {
     ucpxu_worker_t *w;
@@ -104,10 +117,10 @@ struct ucpxu_worker {
     ucpxu_result_t reaped[UCPXU_REAP_MAX];
     ucpxu_event_t out[UCPXU_EVENT_BATCH];
     struct ucpxu_chain *chains; /* completion chains built on this worker (chain.c) */
-    /* Nonzero while a goroutine waits for the Go worker lock to issue an operation
-     * (the condition engine): the spin loops below end early so that it gets the
-     * lock within one progress call. Go writes it atomically. */
-    uint32_t      yield;
+    /* share->yield: nonzero while a goroutine (the condition engine, an nbx call) or
+     * a C caller waits for the worker: the spin loops below end early so that it gets
+     * the worker within one progress call. Written atomically. */
+    ucpxu_share_t *share;
     uint64_t      tag_source; /* this worker's source id, in place (above UCPXU_TAG_MASK) */
     /* The unmatched-data ledger (unmatched.c), on while limit > 0: messages that sat
      * unexpected for a look interval are taken from UCX's queue into ours and charged
@@ -230,6 +243,12 @@ ucs_status_t ucpxu_listener_reject(ucp_listener_h l, ucp_conn_request_h r);
  * The calls with spins progress the worker until the operation completes or spins
  * rounds pass, reap (as ucpxu_wait) and return NULL or an error once it completed;
  * spins 0 only posts. A receive that completed leaves its result in w->own. */
+/* fast.c: Go's side of the records (see fast.h). */
+uint32_t     *ucpxu_share_keep(ucpxu_worker_t *w);
+ucpxu_fast_t *ucpxu_fast_new(ucpxu_worker_t *w, uintptr_t ep, uintptr_t go, unsigned spins);
+void          ucpxu_fast_retire(ucpxu_fast_t *f);
+uintptr_t     ucpxu_fast_go(ucpxu_fast_t *f);
+
 void *ucpxu_tag_send(uintptr_t w, uintptr_t ep, uintptr_t buf, size_t len, uint64_t tag,
                     uint32_t flags, int mem_type, uintptr_t memh, unsigned spins);
 void *ucpxu_tag_recv(uintptr_t w, uintptr_t buf, size_t len, uint64_t tag, uint64_t mask,

@@ -327,8 +327,76 @@ func (w *Worker) Progress() { C.ucpxu_wait(w.h, 0, 1, 0) }
 
 // YieldWord is the worker's yield word: while it is nonzero the calls that spin
 // (Wait, the fused calls) return after at most one progress call. Update it with
-// sync/atomic only; it lives as long as the worker.
-func (w *Worker) YieldWord() *uint32 { return (*uint32)(unsafe.Pointer(&w.w.yield)) }
+// sync/atomic only; it lives as long as the worker (for ever, once shared).
+func (w *Worker) YieldWord() *uint32 { return (*uint32)(unsafe.Pointer(&w.w.share.yield)) }
+
+// Share makes the worker's words outlive it and returns its owner word, which C
+// callers of fast.h take to call UCX on the worker: from now on whoever calls UCX on
+// it must hold that word (sync/atomic: 0 free, 1 held).
+func (w *Worker) Share() *uint32 { return (*uint32)(unsafe.Pointer(C.ucpxu_share_keep(w.w))) }
+
+// Fast is a record of fast.h: a worker or endpoint that C callers reach without Go.
+type Fast struct{ f *C.ucpxu_fast_t }
+
+// NewFast makes the record of ep (nil: of the worker itself) for a shared worker. obj
+// is a runtime/cgo.Handle of the Go object that resumes the C calls; spins the fused
+// calls' progress rounds. Call with the owner word held; nil when out of memory.
+func (w *Worker) NewFast(ep *EP, obj uintptr, spins uint) *Fast {
+	var e C.uintptr_t
+	if ep != nil {
+		e = ep.u()
+	}
+	f := C.ucpxu_fast_new(w.w, e, C.uintptr_t(obj), C.uint(spins))
+	if f == nil {
+		return nil
+	}
+	return &Fast{f}
+}
+
+// FastAt is the record at p (a pointer C passed back).
+func FastAt(p unsafe.Pointer) *Fast { return &Fast{(*C.ucpxu_fast_t)(p)} }
+
+// Ptr is the record's address, for C.
+func (f *Fast) Ptr() unsafe.Pointer { return unsafe.Pointer(f.f) }
+
+// Object is the handle NewFast was given.
+func (f *Fast) Object() uintptr { return uintptr(C.ucpxu_fast_go(f.f)) }
+
+// What the fast calls return (UCPXU_FAST_*).
+const (
+	FastDone = C.UCPXU_FAST_DONE
+	FastGo   = C.UCPXU_FAST_GO
+	FastNone = C.UCPXU_FAST_NONE
+)
+
+// TagSendRecv is ucpxu_fast_tag_send_recv, the C callers' blocking call, from Go (the
+// C ABI calls it from C): code is FastDone (n and tag are the received message's),
+// FastGo (the worker is held: resume with ret) or FastNone. The buffers stay in use
+// while an operation is pending.
+func (f *Fast) TagSendRecv(sbuf unsafe.Pointer, sn int, stag uint64, rbuf unsafe.Pointer, rn int, rtag, rmask uint64) (code, n int, tag uint64, ret unsafe.Pointer) {
+	var l C.size_t
+	var t C.uint64_t
+	code = int(C.ucpxu_fast_tag_send_recv(f.f, sbuf, C.size_t(sn), C.uint64_t(stag), rbuf, C.size_t(rn), C.uint64_t(rtag), C.uint64_t(rmask), &l, &t, &ret))
+	return code, int(l), uint64(t), ret
+}
+
+// TagSend is ucpxu_fast_tag_send from Go; see TagSendRecv.
+func (f *Fast) TagSend(buf unsafe.Pointer, n int, tag uint64) (code int, ret unsafe.Pointer) {
+	code = int(C.ucpxu_fast_tag_send(f.f, buf, C.size_t(n), C.uint64_t(tag), &ret))
+	return code, ret
+}
+
+// TagRecv is ucpxu_fast_tag_recv from Go; see TagSendRecv.
+func (f *Fast) TagRecv(buf unsafe.Pointer, n int, tag, mask uint64) (code, got int, senderTag uint64, ret unsafe.Pointer) {
+	var l C.size_t
+	var t C.uint64_t
+	code = int(C.ucpxu_fast_tag_recv(f.f, buf, C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), &l, &t, &ret))
+	return code, int(l), uint64(t), ret
+}
+
+// Retire makes the record unusable: C callers take the Go path from now on. Call with
+// the owner word held. The record's memory is never freed.
+func (f *Fast) Retire() { C.ucpxu_fast_retire(f.f) }
 
 // Reap moves completed requests into Reaped without progressing.
 func (w *Worker) Reap() { C.ucpxu_reap(w.h) }
