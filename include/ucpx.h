@@ -200,7 +200,9 @@ int ucpx_ep_flush(ucpx_handle_t ep, ucpx_handle_t *request);
  * buffers may be reused once the call returns. timeout_ms < 0 waits forever, else
  * UCPX_ERR_TIMEOUT (a receive is then canceled; a send may still be in flight).
  * length and sender_tag may be NULL. ucpx_tag_sendrecv sends sbuf, then receives the
- * reply into rbuf. */
+ * reply into rbuf. A call whose operations complete within its spin (a ping-pong's
+ * round trip usually does) runs in C alone; the worker is then busy for other threads
+ * only while the call runs, as for any call on it. */
 int ucpx_tag_send_wait(ucpx_handle_t ep, void *buf, size_t len, uint64_t tag, int timeout_ms);
 int ucpx_tag_recv_wait(ucpx_handle_t worker, void *buf, size_t len, uint64_t tag, uint64_t mask,
                        int timeout_ms, size_t *length, uint64_t *sender_tag);
