@@ -55,7 +55,9 @@
 // Any goroutine may call any method: each worker serialises its UCX calls with one
 // mutex, and the worker is created in UCS_THREAD_MODE_SERIALIZED (UCX takes no locks of
 // its own; calls may come from any OS thread). Contexts are created with
-// mt_workers_shared so registrations may happen concurrently with worker calls.
+// mt_workers_shared so registrations may happen concurrently with worker calls. (The C
+// ABI's workers also have an owner word that its blocking calls take from C without
+// entering Go; the mutex's holder holds it too. Nothing of it shows in this API.)
 //
 // UCX callbacks never call into Go. A completion of an operation without a Callback
 // only fills its request in C: the call waiting on it (Request.Wait, the blocking calls)

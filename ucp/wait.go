@@ -528,10 +528,9 @@ func (t workerTransport) WaitProgress(done <-chan struct{}, max time.Duration) b
 }
 
 // Wake ends the engine's WaitProgress (condition.TransportWaiter): it wakes the parked
-// goroutines. Under w.mu: between
-// its check of engineWake and its registration in the parker WaitProgress holds w.mu,
-// so a wake either comes before the check or finds the engine parked (else it could
-// signal another parked goroutine and leave the engine asleep with the flag unread).
+// goroutines. Under w.mu, which WaitProgress holds from its check of engineWake to its
+// registration in the parker: a wake either comes before the check or finds the
+// engine parked.
 func (t workerTransport) Wake() {
 	w := t.w
 	w.park.engineWake.Store(true)
