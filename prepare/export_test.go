@@ -22,3 +22,11 @@ func DebugWords(r *Request) (words, landed []uint64) {
 
 // Direct reports whether r took the CUDA-IPC path (nothing staged).
 func Direct(r *Request) bool { return r.direct && r.st == nil }
+
+// DrainsEagerly reports whether r's worker registry starts its drainer at once (an
+// ack was late once).
+func DrainsEagerly(r *Request) bool {
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	return r.reg.eager
+}

@@ -41,10 +41,18 @@ type registry struct {
 	early map[matchKey]handshake // handshakes that came before their request
 	acks  *ackBlock              // the block new ack slots come from
 	host  stream.Backend         // of the ack words
-	// unacked: sender requests whose iteration (the value) completed before its ack
-	// came; draining: the drainer runs.
-	unacked  map[*Request]uint64
+	// unacked: sender requests whose iteration completed before its ack came;
+	// draining: the drainer runs or is due; eager: an ack was late once, the drainer
+	// starts at once from then on (see drain).
+	unacked  map[*Request]unackedIter
 	draining bool
+	eager    bool
+}
+
+// unackedIter is a sender's iteration waiting for its ack, since when.
+type unackedIter struct {
+	iter  uint64
+	since time.Time
 }
 
 // drain hands the registry's drainer sender r, whose iteration it completed before
@@ -52,54 +60,97 @@ type registry struct {
 // (or r failed or was freed), so that a put-with-signal UCX still holds behind its
 // fence leaves even if the application stops progressing. It parks on the worker's
 // event fd between rounds: idle, it costs nothing, and it ends when nothing is left.
+//
+// Until an ack was late once, the drainer starts only drainDelay later (drainLater):
+// where the transport completes puts at the target as it issues them (shared memory)
+// and the application goes on (the next Start, Wait or Test progresses the worker),
+// the ack is there by then, and a loop of iterations pays no goroutine and no progress
+// round of its own per iteration. An iteration still unacknowledged after the delay
+// (a transport that needs the sender's progress, such as tcp's emulated puts, or an
+// application that stopped) makes the registry eager: from then on the drainer starts
+// at once, as the data may be waiting for it.
 func (g *registry) drain(r *Request, iter uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.unacked == nil {
-		g.unacked = map[*Request]uint64{}
+		g.unacked = map[*Request]unackedIter{}
 	}
-	g.unacked[r] = iter
-	if !g.draining {
-		g.draining = true
+	g.unacked[r] = unackedIter{iter, time.Now()}
+	if g.draining {
+		return
+	}
+	g.draining = true
+	if g.eager {
 		go g.drainer()
+		return
 	}
+	time.AfterFunc(drainDelay, g.drainLater)
 }
 
-// drainer is the goroutine of drain.
-func (g *registry) drainer() {
-	ctx := context.Background()
+// drainDelay is how long an unacknowledged iteration waits for the application's own
+// progress before a registry that is not eager starts its drainer.
+const drainDelay = 200 * time.Microsecond
+
+// drainLater is a lazy registry's delayed start of the drainer.
+func (g *registry) drainLater() {
+	if g.dropAcked() == 0 {
+		return
+	}
+	g.mu.Lock()
+	late := false
+	for _, u := range g.unacked {
+		if time.Since(u.since) >= drainDelay {
+			late = true
+			break
+		}
+	}
+	g.eager = g.eager || late
+	g.mu.Unlock()
+	if late {
+		g.drainer()
+		return
+	}
+	time.AfterFunc(drainDelay, g.drainLater) // only younger iterations wait: give them their delay
+}
+
+// dropAcked forgets the senders whose ack came (or that failed or were freed) and
+// returns how many are left; at none the drainer is done (draining is cleared).
+func (g *registry) dropAcked() int {
 	type pending struct {
 		r    *Request
 		iter uint64
 	}
-	var snap, done []pending
-	for {
-		// Requests lock their own mutex before the registry's (drain): look at them
-		// with the registry unlocked.
-		g.mu.Lock()
-		snap = snap[:0]
-		for r, iter := range g.unacked {
-			snap = append(snap, pending{r, iter})
+	// Requests lock their own mutex before the registry's (drain): look at them with
+	// the registry unlocked.
+	g.mu.Lock()
+	snap := make([]pending, 0, len(g.unacked))
+	for r, u := range g.unacked {
+		snap = append(snap, pending{r, u.iter})
+	}
+	g.mu.Unlock()
+	var done []pending
+	for _, p := range snap {
+		if int64(p.r.ack.load()-p.iter) >= 0 || p.r.gone() {
+			done = append(done, p)
 		}
-		g.mu.Unlock()
-		done = done[:0]
-		for _, p := range snap {
-			if int64(p.r.ack.load()-p.iter) >= 0 || p.r.gone() {
-				done = append(done, p)
-			}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range done {
+		if g.unacked[p.r].iter == p.iter {
+			delete(g.unacked, p.r)
 		}
-		g.mu.Lock()
-		for _, p := range done {
-			if g.unacked[p.r] == p.iter {
-				delete(g.unacked, p.r)
-			}
-		}
-		if len(g.unacked) == 0 {
-			g.draining = false
-			g.mu.Unlock()
-			return
-		}
-		g.mu.Unlock()
+	}
+	if len(g.unacked) == 0 {
+		g.draining = false
+	}
+	return len(g.unacked)
+}
+
+// drainer progresses the worker until every unacknowledged sender is done with.
+func (g *registry) drainer() {
+	ctx := context.Background()
+	for g.dropAcked() > 0 {
 		if g.w.Progress() == 0 {
 			if err := g.w.WaitForEvents(ctx, drainPoll); err != nil {
 				g.mu.Lock()

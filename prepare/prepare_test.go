@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,6 +281,34 @@ func TestPartitionedPready(t *testing.T) {
 			{"send 3 recv 6", 6 * 100, 3, 6, inOrder, 10},
 		} {
 			t.Run(tc.name, func(t *testing.T) { tc.runPready(t, l, 7, nil) })
+		}
+	})
+}
+
+// A sender that stops calling anything once its Wait returned (its buffer may be
+// reused) still delivers its iterations, and its worker's drainer takes the
+// receiver's acks. Over tcp an ack is an emulated put that lands only with the
+// sender's progress: it is late for the lazy drainer's delay, and from then on the
+// registry drains at once (without a drainer the registry never turns eager: the
+// assertion fails).
+func TestSenderStopsAfterWait(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		send, recv, sbuf, rbuf := pair(t, l, 8*4096, 8, 8, 3)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for i := 1; i <= 3; i++ {
+			require.NoError(t, recv.Start())
+			require.NoError(t, send.Start())
+			fill(sbuf, i)
+			require.NoError(t, send.PreadyRange(0, 7))
+			// Wait on the sender alone, then leave its worker alone.
+			require.NoError(t, send.Wait(ctx))
+			require.NoError(t, recv.Wait(ctx), "iteration %d", i)
+			require.NoError(t, checkFilled(rbuf, i))
+		}
+		if strings.HasSuffix(t.Name(), "tcp") {
+			require.Eventually(t, func() bool { return prepare.DrainsEagerly(send) }, 10*time.Second, time.Millisecond,
+				"a late ack makes the registry drain at once")
 		}
 	})
 }
