@@ -205,29 +205,14 @@ func TestSharedWorkerMixedCallers(t *testing.T) {
 	wg.Add(1)
 	go func() { // b's echo of tag 10
 		defer wg.Done()
-		buf := make([]byte, 256)
-		for i := 0; i < rounds/10; i++ {
-			n, _, err := p.b.TagRecv(ctx, buf, 10, ^uint64(0))
-			if err == nil {
-				err = p.epB.TagSend(ctx, buf[:n], 11)
-			}
-			if err != nil {
-				errc <- err
-				return
-			}
+		if err := echoTag(ctx, p.b, p.epB, 256, 10, 11, rounds/10); err != nil {
+			errc <- err
 		}
 	}()
 	progressed := make(chan struct{})
 	go func() { // Go: progress only
 		defer close(progressed)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				p.a.Progress()
-			}
-		}
+		untilClosed(stop, func() { p.a.Progress() })
 	}()
 	wg.Wait()
 	close(stop)

@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"fmt"
 	"hash/crc32"
 	"math/rand"
 	"testing"
@@ -174,4 +175,32 @@ func checksum(b []byte) uint32 { return crc32.ChecksumIEEE(b) }
 func requireNoLeaks(t *testing.T) {
 	t.Helper()
 	require.True(t, Live().Zero(), "UCX handles left open: %+v", Live())
+}
+
+// echoTag answers rounds messages with tag in on w by sending each back on ep with tag
+// out, with the fused calls (a receive buffer of size bytes).
+func echoTag(ctx context.Context, w *Worker, ep *Endpoint, size int, in, out uint64, rounds int) error {
+	buf := make([]byte, size)
+	for i := 0; i < rounds; i++ {
+		n, _, err := w.TagRecv(ctx, buf, in, ^uint64(0))
+		if err == nil {
+			err = ep.TagSend(ctx, buf[:n], out)
+		}
+		if err != nil {
+			return fmt.Errorf("echo of tag %#x, round %d: %w", in, i, err)
+		}
+	}
+	return nil
+}
+
+// untilClosed calls f over and over until stop is closed.
+func untilClosed(stop <-chan struct{}, f func()) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+			f()
+		}
+	}
 }

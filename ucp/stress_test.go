@@ -75,27 +75,17 @@ func TestWorkerStress(t *testing.T) {
 		aux.Add(2)
 		go func() { // a goroutine that only progresses a
 			defer aux.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-					p.a.Progress()
-					time.Sleep(50 * time.Microsecond)
-				}
-			}
+			untilClosed(stop, func() {
+				p.a.Progress()
+				time.Sleep(50 * time.Microsecond)
+			})
 		}()
 		go func() { // one that sleeps on b's events, then progresses
 			defer aux.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-					_ = p.b.WaitForEvents(ctx, time.Millisecond)
-					p.b.Progress()
-				}
-			}
+			untilClosed(stop, func() {
+				_ = p.b.WaitForEvents(ctx, time.Millisecond)
+				p.b.Progress()
+			})
 		}()
 		wg.Wait()
 		close(stop)

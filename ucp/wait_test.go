@@ -196,35 +196,9 @@ func TestConcurrentWaitersAllWake(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		const rounds = 1000
 		errc := make(chan error, 4)
-		go func() { // b: answers tag 1 on tag 2, fused calls
-			buf := make([]byte, 8)
-			for i := 0; i < rounds; i++ {
-				n, _, err := p.b.TagRecv(ctx, buf, 1, ^uint64(0))
-				if err == nil {
-					err = p.epB.TagSend(ctx, buf[:n], 2)
-				}
-				if err != nil {
-					errc <- fmt.Errorf("b fused, round %d: %w", i, err)
-					return
-				}
-			}
-			errc <- nil
-		}()
-		go func() { // b: answers tag 10 on tag 11, fused calls
-			buf := make([]byte, 256)
-			for i := 0; i < rounds/4; i++ {
-				n, _, err := p.b.TagRecv(ctx, buf, 10, ^uint64(0))
-				if err == nil {
-					err = p.epB.TagSend(ctx, buf[:n], 11)
-				}
-				if err != nil {
-					errc <- fmt.Errorf("b echo, round %d: %w", i, err)
-					return
-				}
-			}
-			errc <- nil
-		}()
-		go func() { // a: nbx exchanges on tags 10/11
+		go func() { errc <- echoTag(ctx, p.b, p.epB, 8, 1, 2, rounds) }()       // b: tag 1 back on 2
+		go func() { errc <- echoTag(ctx, p.b, p.epB, 256, 10, 11, rounds/4) }() // b: tag 10 back on 11
+		go func() {                                                             // a: nbx exchanges on tags 10/11
 			buf := make([]byte, 256)
 			for i := 0; i < rounds/4; i++ {
 				msg := pattern(256, int64(i))
