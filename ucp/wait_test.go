@@ -149,19 +149,7 @@ func TestParkedLeaderHandsOver(t *testing.T) {
 // A request completed by another goroutine (here Cancel, which makes no event on the
 // fd) wakes the goroutine parked on it.
 func TestCompletionWakesParkedWaiter(t *testing.T) {
-	p := newShmPair(t)
-	r, err := p.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Wait(context.Background()) }()
-	waitParked(t, "ucp.(*Worker).waitRequest", 1, 0)
-	r.Cancel()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrCanceled)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the parked waiter was not woken by the completion")
-	}
+	cancelParked(t, newShmPair(t), false)
 }
 
 // A goroutine that arms the worker right after a request of the parked leader
@@ -171,20 +159,30 @@ func TestCompletionWakesParkedWaiter(t *testing.T) {
 // calls on one worker hung that way).
 func TestArmDoesNotSwallowLeaderWake(t *testing.T) {
 	p := newShmPair(t)
-	for i := 0; i < 50; i++ {
-		r, err := p.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Wait(context.Background()) }()
-		waitParked(t, "ucp.(*Worker).waitRequest", 1, 0)
-		r.Cancel()
-		_ = p.b.Arm() // what a waiter about to park does
-		select {
-		case err := <-done:
-			require.ErrorIs(t, err, ErrCanceled)
-		case <-time.After(5 * time.Second):
-			t.Fatalf("round %d: the parked leader was not woken by its request's completion", i)
-		}
+	for range 50 {
+		cancelParked(t, p, true)
+	}
+}
+
+// cancelParked parks a goroutine on a receive of p.b, cancels the receive from here
+// (then arms the worker, as a waiter about to park does, if arm), and requires the
+// goroutine to wake with ErrCanceled.
+func cancelParked(t *testing.T, p *pair, arm bool) {
+	t.Helper()
+	r, err := p.b.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(context.Background()) }()
+	waitParked(t, "ucp.(*Worker).waitRequest", 1, 0)
+	r.Cancel()
+	if arm {
+		_ = p.b.Arm()
+	}
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrCanceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the parked waiter was not woken by its request's completion")
 	}
 }
 
