@@ -676,6 +676,11 @@ func (s *cudaStream) Capturing() (bool, error) {
 	if err != nil {
 		return false, cudaErr("CaptureStatus", err)
 	}
+	return capturing(st)
+}
+
+// capturing is Capturing's answer for capture status st.
+func capturing(st cuda.CaptureStatus) (bool, error) {
 	switch st {
 	case cuda.CaptureNone:
 		return false, nil

@@ -165,6 +165,18 @@ func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int) error {
 	return cs.wrap("CopyDevice", cs.s.MemcpyDtoD(dst, src, n))
 }
 
+func (b *cudaBackend) CopyDeviceUncaptured(s Stream, dst, src uintptr, n int) (bool, error) {
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return false, fmt.Errorf("stream: cuda CopyDeviceUncaptured: %T is not a CUDA stream: %w", s, ErrInvalidArgument)
+	}
+	st, err := cs.s.MemcpyDtoDUncaptured(dst, src, n)
+	if err != nil {
+		return false, cs.wrap("CopyDeviceUncaptured", err)
+	}
+	return capturing(st)
+}
+
 func (b *cudaBackend) WriteValueAt(s Stream, addr uintptr, value uint64) error {
 	cs, err := b.rawStream("WriteValueAt", s, addr)
 	if err != nil {

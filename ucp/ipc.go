@@ -3,6 +3,7 @@ package ucp
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -206,7 +207,7 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 		return completedRequest, nil
 	}
 	copyTo := ep.w.ipcCopier(p)
-	enqueue := func(s streamcore.Stream, stage uintptr) error {
+	enqueue := func(s streamcore.Stream, stage uintptr, uncaptured bool) error {
 		if len(buf) == 0 {
 			return nil
 		}
@@ -214,7 +215,7 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 		if !put {
 			dst, src = src, dst
 		}
-		return ipcCopy(copyTo, s, dst, src, len(buf), stage)
+		return ep.w.ipcCopy(copyTo, s, dst, src, len(buf), stage, uncaptured)
 	}
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
@@ -224,8 +225,17 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 
 // ipcCopy copies n bytes from src to dst in stream order: with copyTo, or (stage set)
 // in two hops through the staging buffer at stage, pinned host memory, by
-// Stream.Copy since one side of each hop is host memory.
-func ipcCopy(copyTo func(s streamcore.Stream, dst, src uintptr, n int) error, s streamcore.Stream, dst, src uintptr, n int, stage uintptr) error {
+// Stream.Copy since one side of each hop is host memory. uncaptured (a declared device
+// buffer, no stage): a device-to-device copy that checks for stream capture in the same
+// driver call, and enqueues nothing but returns errStreamCapturing under capture.
+func (w *Worker) ipcCopy(copyTo func(s streamcore.Stream, dst, src uintptr, n int) error, s streamcore.Stream, dst, src uintptr, n int, stage uintptr, uncaptured bool) error {
+	if uncaptured {
+		captured, err := w.ctx.ipc.dev.CopyDeviceUncaptured(s, dst, src, n)
+		if err == nil && captured {
+			err = errStreamCapturing
+		}
+		return err
+	}
 	if stage == 0 {
 		return copyTo(s, dst, src, n)
 	}
@@ -270,9 +280,9 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 		return sig.Rkey.liveLocked(op)
 	}
 	sigAddr := sig.Rkey.signalAddr(sig.Addr)
-	enqueue := func(s streamcore.Stream, stage uintptr) error {
+	enqueue := func(s streamcore.Stream, stage uintptr, uncaptured bool) error {
 		if len(buf) > 0 {
-			if err := ipcCopy(copyTo, s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf), stage); err != nil {
+			if err := ep.w.ipcCopy(copyTo, s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf), stage, uncaptured); err != nil {
 				return err
 			}
 		}
@@ -300,11 +310,12 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 // allocates nothing; a capturing stream is not staged (a graph would reuse a buffer
 // given back after the capture). check runs under the worker's lock (the keys'
 // revocation).
-func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func() error, enqueue func(s streamcore.Stream, stage uintptr) error, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
+func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func() error, enqueue ipcEnqueue, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
 	w := ep.w
 	staged := len(buf) > 0 && p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
 	cond := p.Condition
 	var s streamcore.Stream
+	uncaptured := false
 	if cond != nil {
 		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
 			if staged {
@@ -315,14 +326,36 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 			return w.submitDirect(op, p, buf, reissue)
 		}
 		s = cond.Stream()
-		capturing, err := s.Capturing()
-		if err != nil {
-			return nil, opErr(op, err, "")
-		}
-		if capturing {
-			return ep.ipcCapture(op, p, s, check, func(s streamcore.Stream) error { return enqueue(s, 0) })
+		// The copy of a declared device buffer on the stream itself looks at capture
+		// in its own driver call (ipcCopy); anything else asks first.
+		uncaptured = !staged && p.Flags&NonBlockingEnqueue == 0 && len(buf) > 0 && declaredDevice(p)
+		if !uncaptured {
+			capturing, err := s.Capturing()
+			if err != nil {
+				return nil, opErr(op, err, "")
+			}
+			if capturing {
+				return ep.ipcCapture(op, p, s, check, enqueue)
+			}
 		}
 	}
+	r, err := ep.ipcIssueOn(op, p, buf, s, staged, uncaptured, check, enqueue)
+	if errors.Is(err, errStreamCapturing) {
+		return ep.ipcCapture(op, p, s, check, enqueue)
+	}
+	return r, err
+}
+
+// ipcEnqueue enqueues an IPC operation's stream work on s (see ipcIssue).
+type ipcEnqueue func(s streamcore.Stream, stage uintptr, uncaptured bool) error
+
+// errStreamCapturing: an uncaptured copy found its stream capturing, and enqueued
+// nothing (ipcIssue takes the capture path).
+var errStreamCapturing = errors.New("stream capturing")
+
+// ipcIssueOn is ipcIssue's enqueue outside capture: on s (nil: the worker's stream).
+func (ep *Endpoint) ipcIssueOn(op string, p *RequestParam, buf []byte, s streamcore.Stream, staged, uncaptured bool, check func() error, enqueue ipcEnqueue) (*Request, error) {
+	w := ep.w
 	var side streamcore.Stream
 	if s == nil || p.Flags&NonBlockingEnqueue != 0 {
 		var err error
@@ -339,21 +372,9 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		}
 		stage, release = mem.Addr(), give
 	}
-	r, x := w.newIPCRequest(op, p)
-	x.ep = ep
-	if staged {
-		r.finish = func(*Request) { release() } // the copies are done
-	}
-	if len(buf) > 0 && !declaredDevice(p) {
-		// Go memory stays put until the copy is done (declared device memory is not
-		// Go's, and pinning costs a finalizer).
-		r.pin.Pin(&buf[0])
-		r.pinned = true
-	}
 	w.lockIssue()
 	defer w.mu.Unlock()
 	fail := func(err error) (*Request, error) {
-		r.unpinIPC(nil)
 		release()
 		return nil, err
 	}
@@ -380,8 +401,24 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		}
 		on = side
 	}
-	if err := enqueue(on, stage); err != nil {
+	if err := enqueue(on, stage, uncaptured && on == s); err != nil {
+		if errors.Is(err, errStreamCapturing) {
+			return fail(err) // nothing enqueued: the capture path takes over
+		}
 		return fail(opErr(op, err, ""))
+	}
+	// The Request is made once the work is enqueued: a capture found by the copy
+	// leaves a caller's reusable Request untouched.
+	r, x := w.newIPCRequest(op, p)
+	x.ep = ep
+	if staged {
+		r.finish = func(*Request) { release() } // the copies are done
+	}
+	if len(buf) > 0 && !declaredDevice(p) {
+		// Go memory stays put until the copy is done (declared device memory is not
+		// Go's, and pinning costs a finalizer).
+		r.pin.Pin(&buf[0])
+		r.pinned = true
 	}
 	// The Request completes with an event recorded after the copy: one of its own on
 	// the worker's stream, with a Callback (nobody may have to ask), and every
@@ -392,6 +429,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	x.q = q
 	if side != nil || p.Callback != nil || q.sinceMark >= ipcMarkEvery-1 {
 		if err := w.markIPCLocked(q, x); err != nil {
+			r.unpinIPC(nil)
 			return fail(opErr(op, err, ""))
 		}
 	} else {
@@ -464,7 +502,7 @@ func (w *Worker) ipcSideStream() (streamcore.Stream, error) {
 // into the graph: they must outlive it (device or C memory, never Go memory).
 // Non-blocking enqueue has no meaning in a graph and is refused, as for other
 // captured operations.
-func (ep *Endpoint) ipcCapture(op string, p *RequestParam, s streamcore.Stream, check func() error, enqueue func(s streamcore.Stream) error) (*Request, error) {
+func (ep *Endpoint) ipcCapture(op string, p *RequestParam, s streamcore.Stream, check func() error, enqueue ipcEnqueue) (*Request, error) {
 	if p.Flags&NonBlockingEnqueue != 0 {
 		return nil, opErr(op, ErrInvalidParam, "NonBlockingEnqueue under stream capture: a relaunched graph has nothing to wait on later")
 	}
@@ -475,7 +513,7 @@ func (ep *Endpoint) ipcCapture(op string, p *RequestParam, s streamcore.Stream, 
 		err = check()
 	}
 	if err == nil {
-		if err = enqueue(s); err != nil {
+		if err = enqueue(s, 0, false); err != nil {
 			err = opErr(op, err, "recording into the captured graph")
 		}
 	}

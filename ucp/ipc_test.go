@@ -3,6 +3,7 @@ package ucp
 import (
 	"context"
 	"encoding/binary"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,6 +168,39 @@ func TestIPCOnStream(t *testing.T) {
 	require.NoError(t, s.LaunchHostFunc(func() { seen <- checksum(alloc.Bytes()[8 : 8+64<<10]) }))
 	require.Equal(t, checksum(src2), <-seen)
 	require.NoError(t, r.Wait(ctx))
+}
+
+// A declared device buffer under a Stream condition: the copy checks for stream
+// capture in its own driver call (CopyDeviceUncaptured) and is enqueued on the stream
+// in order, a put and a get alike.
+func TestIPCOnStreamDeclaredDevice(t *testing.T) {
+	p, dev := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc, _, rk := mappedRegion(t, p, 1<<20)
+	local := fakeipc.Malloc(1 << 20)
+	defer local.Free()
+	s, sc := streamCondition(t, dev)
+	const n = 128 << 10
+	copy(local.Bytes(), pattern(n, 9))
+	before := fakeipc.Stats()
+	gate := make(chan struct{})
+	var open sync.Once
+	defer open.Do(func() { close(gate) })
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	r, err := p.epA.PutNbx(DeviceBuffer(local.Ptr(), n), rk.Base(), rk, &RequestParam{Condition: sc, MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	g, err := p.epA.GetNbx(DeviceBuffer(local.Ptr()+n, n), rk.Base(), rk, &RequestParam{Condition: sc, MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	require.False(t, r.Done(), "the copy waits for its stream")
+	require.Zero(t, alloc.Bytes()[0])
+	open.Do(func() { close(gate) })
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, g.Wait(ctx))
+	require.Equal(t, checksum(pattern(n, 9)), checksum(alloc.Bytes()[:n]))
+	require.Equal(t, checksum(pattern(n, 9)), checksum(local.Bytes()[n:2*n]), "the get ran after the put on the stream")
+	require.Equal(t, 2, fakeipc.Stats().DeviceCopies-before.DeviceCopies, "device-to-device copies")
+	require.Nil(t, p.a.eng, "the stream path needs no engine")
 }
 
 // Under conditions whose streams cannot copy (a kernel-triggered condition here) the

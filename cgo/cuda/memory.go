@@ -328,6 +328,22 @@ func (s *Stream) MemcpyDtoD(dst, src uintptr, n int) error {
 	return check(op, C.ucpx_memcpy_dtod_async(s.ctx.h, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.h))
 }
 
+// MemcpyDtoDUncaptured is MemcpyDtoD unless s is capturing: then it enqueues nothing
+// and returns the capture status (cuStreamIsCapturing and the copy in one call).
+func (s *Stream) MemcpyDtoDUncaptured(dst, src uintptr, n int) (CaptureStatus, error) {
+	const op = "cuMemcpyDtoDAsync"
+	if err := checkCopy(op, dst, src, n); err != nil {
+		return CaptureNone, err
+	}
+	if err := s.rlock(op); err != nil {
+		return CaptureNone, err
+	}
+	defer s.mu.RUnlock()
+	var st C.CUstreamCaptureStatus
+	err := check(op, C.ucpx_memcpy_dtod_async_uncaptured(s.ctx.h, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.h, &st))
+	return CaptureStatus(st), err
+}
+
 // MemcpyPeer enqueues a copy of n bytes from src in srcCtx to dst in dstCtx
 // (cuMemcpyPeerAsync): a copy-engine transfer between GPUs, over NVLink where
 // there is one.

@@ -293,6 +293,18 @@ CUresult ucpx_memcpy_dtoh_async(CUcontext ctx, uintptr_t dst, CUdeviceptr src, s
 CUresult ucpx_memcpy_dtod_async(CUcontext ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
 	UCPX_CALL(ctx, cuMemcpyDtoDAsync, dst, src, n, s);
 }
+/* The copy unless s is capturing (then *st says how, and nothing is enqueued): the
+ * capture check of a caller that takes another path under capture, in the same call. */
+CUresult ucpx_memcpy_dtod_async_uncaptured(CUcontext ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
+	CUstreamCaptureStatus *st) {
+	UCPX_NEED(cuStreamIsCapturing);
+	UCPX_NEED(cuMemcpyDtoDAsync);
+	UCPX_ENTER(ctx);
+	CUresult r = ucpx_cu.cuStreamIsCapturing(s, st);
+	if (r != 0 || *st != 0) /* CU_STREAM_CAPTURE_STATUS_NONE */
+		UCPX_LEAVE(r);
+	UCPX_LEAVE(ucpx_cu.cuMemcpyDtoDAsync(dst, src, n, s));
+}
 CUresult ucpx_memset_d8_async(CUcontext ctx, CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
 	UCPX_CALL(ctx, cuMemsetD8Async, dst, v, n, s);
 }

@@ -114,6 +114,8 @@ CUresult ucpx_memcpy_peer_async(CUcontext ctx, CUdeviceptr dst, CUcontext dctx, 
 CUresult ucpx_memcpy_htod_async(CUcontext ctx, CUdeviceptr dst, uintptr_t src, size_t n, CUstream s);
 CUresult ucpx_memcpy_dtoh_async(CUcontext ctx, uintptr_t dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult ucpx_memcpy_dtod_async(CUcontext ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult ucpx_memcpy_dtod_async_uncaptured(CUcontext ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
+	CUstreamCaptureStatus *st);
 CUresult ucpx_memset_d8_async(CUcontext ctx, CUdeviceptr dst, unsigned char v, size_t n, CUstream s);
 CUresult ucpx_memset_d32_async(CUcontext ctx, CUdeviceptr dst, unsigned int v, size_t n, CUstream s);
 CUresult ucpx_pointer_get_attribute(CUcontext ctx, uint64_t *out, CUpointer_attribute a, CUdeviceptr p);

@@ -28,6 +28,11 @@ type DeviceIPC interface {
 	// memory or mappings of a peer's) in stream order (cuMemcpyDtoDAsync, which skips
 	// the look-up of both sides that Stream.Copy's cuMemcpyAsync makes).
 	CopyDevice(s Stream, dst, src uintptr, n int) error
+	// CopyDeviceUncaptured is CopyDevice on a stream that is not capturing; on one that
+	// is (Stream.Capturing) it enqueues nothing and reports captured. One driver call
+	// for both, where Capturing then CopyDevice make two: the copy of a put is issued
+	// as often as the hardware drains it.
+	CopyDeviceUncaptured(s Stream, dst, src uintptr, n int) (captured bool, err error)
 	// WriteValueAt stores value into the 8-byte aligned device word at addr (this
 	// process's device memory or a mapping of a peer's) once all earlier work on s is
 	// done (cuStreamWriteValue64): the flag of the same-host device path.

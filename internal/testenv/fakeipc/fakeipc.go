@@ -149,6 +149,14 @@ func (d *Device) CopyDevice(s streamcore.Stream, dst, src uintptr, n int) error 
 	return s.Copy(dst, src, n)
 }
 
+// CopyDeviceUncaptured is CopyDevice where the stream is not capturing.
+func (d *Device) CopyDeviceUncaptured(s streamcore.Stream, dst, src uintptr, n int) (bool, error) {
+	if c, err := s.Capturing(); c || err != nil {
+		return c, err
+	}
+	return false, d.CopyDevice(s, dst, src, n)
+}
+
 // WriteValueAt stores value at addr in stream order (an atomic store on the stream's
 // CPU thread).
 func (d *Device) WriteValueAt(s streamcore.Stream, addr uintptr, value uint64) error {
