@@ -125,16 +125,17 @@ func (m *AmMessage) IsRendezvous() bool { return m.flags&ucx.AmRecvRndv != 0 }
 // ReplyEndpoint is the endpoint to reply on, if the sender set AmReply.
 func (m *AmMessage) ReplyEndpoint() *Endpoint { return m.replyEP }
 
-// Data is the eager data (nil for rendezvous messages or after Release). It points
-// into UCX or C memory: copy what must outlive the handler or call Retain.
+// Data is the eager data (nil for rendezvous messages, after Release, and once the
+// worker closed unless the data was copied out of UCX's buffers). It points into UCX
+// or C memory: copy what must outlive the handler or call Retain.
 func (m *AmMessage) Data() []byte {
 	if m.IsRendezvous() || m.data == nil || m.length == 0 {
 		return nil
 	}
 	m.w.mu.Lock()
 	defer m.w.mu.Unlock()
-	if m.consumed {
-		return nil
+	if m.consumed || (m.w.rawGone && m.flags&ucx.AmRecvCopied == 0) {
+		return nil // released, or UCX's buffer went with the worker
 	}
 	return unsafe.Slice((*byte)(m.data), m.length)
 }

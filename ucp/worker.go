@@ -106,6 +106,8 @@ type Worker struct {
 	// orphans are the stand-ins of operations failed while UCX still held them
 	// (watch.go), under mu.
 	orphans map[*Request]bool
+	// rawGone: Close destroyed the UCX worker (under mu); memory UCX owned is gone.
+	rawGone bool
 
 	// staging counts what this worker's operations staged (StagingStats); plain is
 	// its staging memory for operations without a condition (ucp/staging.go).
@@ -560,7 +562,16 @@ func (w *Worker) Close() error {
 		h.arg.Free()
 		delete(w.am, id)
 	}
+	// What became due runs while the UCX worker still exists: an active message's
+	// data lives in UCX's buffers until the worker goes (a handler that ran after
+	// ucp_worker_destroy read unmapped memory). Callbacks cannot queue more now.
+	if cbs := w.takeDeferredLocked(); cbs != nil {
+		w.mu.Unlock()
+		runDeferred(cbs)
+		w.mu.Lock()
+	}
 	cbs := w.takeDeferredLocked()
+	w.rawGone = true
 	w.raw.Destroy()
 	eng := w.eng
 	w.mu.Unlock()
