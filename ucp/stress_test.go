@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,4 +195,70 @@ func stressRecv(ctx context.Context, w *Worker, how int, buf []byte, tag uint64)
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+}
+
+// Active messages from three goroutines at once, eager and rendezvous, while another
+// goroutine sleeps on the receiver's events and progresses it: every message reaches
+// the handler intact (rendezvous data pulled with RecvData).
+func TestActiveMessageStress(t *testing.T) {
+	pairs(t, func(t *testing.T, p *pair) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var bad, good atomic.Int64
+		require.NoError(t, p.b.SetAmHandler(9, func(m *AmMessage) {
+			want := pattern(m.Length(), int64(m.Header[0]))
+			if m.IsRendezvous() {
+				buf := make([]byte, m.Length())
+				r, err := m.RecvData(buf, nil)
+				if err != nil {
+					bad.Add(1)
+					return
+				}
+				go func() {
+					if r.Wait(ctx) != nil || !bytes.Equal(buf, want) {
+						bad.Add(1)
+					} else {
+						good.Add(1)
+					}
+				}()
+				return
+			}
+			if !bytes.Equal(m.Data(), want) {
+				bad.Add(1)
+			} else {
+				good.Add(1)
+			}
+		}))
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			untilClosed(stop, func() { _ = p.b.WaitForEvents(ctx, time.Millisecond); p.b.Progress() })
+		}()
+		errc := make(chan error, 4)
+		for g := 0; g < 3; g++ {
+			go func() {
+				for i := 0; i < 200; i++ {
+					n := []int{0, 8, 1000, 70000}[(i+g)%4]
+					seed := byte(i)
+					s, err := p.epA.AmSendNbx(9, []byte{seed}, pattern(n, int64(seed)), nil)
+					if err == nil {
+						err = s.Wait(ctx)
+					}
+					if err != nil {
+						errc <- fmt.Errorf("g%d i%d: %w", g, i, err)
+						return
+					}
+				}
+				errc <- nil
+			}()
+		}
+		for g := 0; g < 3; g++ {
+			require.NoError(t, <-errc)
+		}
+		require.Eventually(t, func() bool { return good.Load()+bad.Load() == 600 }, 20*time.Second, time.Millisecond, "good %d bad %d", good.Load(), bad.Load())
+		close(stop)
+		<-done
+		require.Zero(t, bad.Load())
+	})
 }
