@@ -327,7 +327,9 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 		}
 		s = cond.Stream()
 		// The copy of a declared device buffer on the stream itself looks at capture
-		// in its own driver call (ipcCopy); anything else asks first.
+		// in its own driver call (ipcCopy); anything else asks first. Under capture
+		// the Request made for it is dropped (a Condition never carries a caller's
+		// RequestParam.Request).
 		uncaptured = !staged && p.Flags&NonBlockingEnqueue == 0 && len(buf) > 0 && declaredDevice(p)
 		if !uncaptured {
 			capturing, err := s.Capturing()
@@ -372,9 +374,21 @@ func (ep *Endpoint) ipcIssueOn(op string, p *RequestParam, buf []byte, s streamc
 		}
 		stage, release = mem.Addr(), give
 	}
+	r, x := w.newIPCRequest(op, p)
+	x.ep = ep
+	if staged {
+		r.finish = func(*Request) { release() } // the copies are done
+	}
+	if len(buf) > 0 && !declaredDevice(p) {
+		// Go memory stays put until the copy is done (declared device memory is not
+		// Go's, and pinning costs a finalizer).
+		r.pin.Pin(&buf[0])
+		r.pinned = true
+	}
 	w.lockIssue()
 	defer w.mu.Unlock()
 	fail := func(err error) (*Request, error) {
+		r.unpinIPC(nil)
 		release()
 		return nil, err
 	}
@@ -401,24 +415,11 @@ func (ep *Endpoint) ipcIssueOn(op string, p *RequestParam, buf []byte, s streamc
 		}
 		on = side
 	}
-	if err := enqueue(on, stage, uncaptured && on == s); err != nil {
+	if err := enqueue(on, stage, uncaptured); err != nil {
 		if errors.Is(err, errStreamCapturing) {
 			return fail(err) // nothing enqueued: the capture path takes over
 		}
 		return fail(opErr(op, err, ""))
-	}
-	// The Request is made once the work is enqueued: a capture found by the copy
-	// leaves a caller's reusable Request untouched.
-	r, x := w.newIPCRequest(op, p)
-	x.ep = ep
-	if staged {
-		r.finish = func(*Request) { release() } // the copies are done
-	}
-	if len(buf) > 0 && !declaredDevice(p) {
-		// Go memory stays put until the copy is done (declared device memory is not
-		// Go's, and pinning costs a finalizer).
-		r.pin.Pin(&buf[0])
-		r.pinned = true
 	}
 	// The Request completes with an event recorded after the copy: one of its own on
 	// the worker's stream, with a Callback (nobody may have to ask), and every
@@ -429,7 +430,6 @@ func (ep *Endpoint) ipcIssueOn(op string, p *RequestParam, buf []byte, s streamc
 	x.q = q
 	if side != nil || p.Callback != nil || q.sinceMark >= ipcMarkEvery-1 {
 		if err := w.markIPCLocked(q, x); err != nil {
-			r.unpinIPC(nil)
 			return fail(opErr(op, err, ""))
 		}
 	} else {
