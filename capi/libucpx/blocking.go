@@ -18,21 +18,18 @@ import (
 // with the worker still held; a handle without a record, bad arguments or a worker
 // it could not take go the whole way here (the ucpxi_tag_* calls).
 
-func recvInfo(n int, tag uint64, length *C.size_t, senderTag *C.uint64_t) {
+// recvStatus returns a receive's status, and its length and sender tag through
+// length and senderTag (either may be NULL).
+func recvStatus(n int, tag uint64, err error, length *C.size_t, senderTag *C.uint64_t) C.int {
+	if err != nil {
+		return status(err)
+	}
 	if length != nil {
 		*length = C.size_t(n)
 	}
 	if senderTag != nil {
 		*senderTag = C.uint64_t(tag)
 	}
-}
-
-// recvStatus returns a receive's status, and its result through length and senderTag.
-func recvStatus(n int, tag uint64, err error, length *C.size_t, senderTag *C.uint64_t) C.int {
-	if err != nil {
-		return status(err)
-	}
-	recvInfo(n, tag, length, senderTag)
 	return C.UCPX_OK
 }
 
