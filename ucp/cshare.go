@@ -23,7 +23,10 @@ import (
 type workerLock struct {
 	mu    sync.Mutex
 	owner *uint32 // nil unless shared with C; set under mu, never unset
-	yield *uint32 // the worker's yield word
+	// yield is the worker's yield word (raw's): nonzero while someone waits for the
+	// worker (the engine to issue, an nbx call, a C caller); the C calls that spin
+	// return within a progress call then. Updated atomically.
+	yield *uint32
 }
 
 func (l *workerLock) Lock() {

@@ -347,9 +347,9 @@ func TestSpinEndsWhileIssuerWaits(t *testing.T) {
 		require.False(t, w.raw.Wait(r.req, 1<<30, false), "the receive cannot have completed")
 		return time.Since(start)
 	}
-	atomic.StoreUint32(w.yield, 1)
+	atomic.StoreUint32(w.mu.yield, 1)
 	took := spin()
-	atomic.StoreUint32(w.yield, 0)
+	atomic.StoreUint32(w.mu.yield, 0)
 	// 2^30 progress calls take minutes; one takes microseconds.
 	require.Less(t, took, time.Second, "the spin ignored the yield word")
 }

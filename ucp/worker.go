@@ -46,9 +46,6 @@ type Worker struct {
 	raw    *ucx.Worker
 	mu     workerLock
 	closed atomic.Bool
-	// yield is raw's yield word: nonzero while the engine waits for mu to issue an
-	// operation (issueLocking). Waits step aside for it.
-	yield *uint32
 	// source: the id this worker's sends carry (unmatched.go); unmatchedLimit: its
 	// ledger's limit per peer, 0 when off.
 	source         uint64
@@ -145,8 +142,7 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 			return opErr("worker_create", err, "")
 		}
 		w.raw = raw
-		w.yield = raw.YieldWord()
-		w.mu.yield = w.yield
+		w.mu.yield = raw.YieldWord()
 		w.maxAmHeader = raw.MaxAmHeader()
 		c.workers[w] = struct{}{}
 		return nil
@@ -227,7 +223,7 @@ func (w *Worker) progressFor(r *Request, spins uint) int {
 // of every conditioned operation, and polling loops would otherwise retake mu ahead
 // of it again and again.
 func (w *Worker) stepAside() {
-	for i := 0; i < 8 && atomic.LoadUint32(w.yield) != 0; i++ {
+	for i := 0; i < 8 && atomic.LoadUint32(w.mu.yield) != 0; i++ {
 		runtime.Gosched()
 	}
 }
@@ -239,16 +235,16 @@ func (w *Worker) lockIssue() {
 	if w.mu.TryLock() {
 		return
 	}
-	atomic.AddUint32(w.yield, 1)
+	atomic.AddUint32(w.mu.yield, 1)
 	w.mu.Lock()
-	atomic.AddUint32(w.yield, ^uint32(0))
+	atomic.AddUint32(w.mu.yield, ^uint32(0))
 }
 
 // issueLocking runs issue, an nbx call that takes mu, with the yield word set so that
 // waits holding mu in a spin let go within one progress call.
 func (w *Worker) issueLocking(issue func() (*Request, error)) (*Request, error) {
-	atomic.AddUint32(w.yield, 1)
-	defer atomic.AddUint32(w.yield, ^uint32(0))
+	atomic.AddUint32(w.mu.yield, 1)
+	defer atomic.AddUint32(w.mu.yield, ^uint32(0))
 	return issue()
 }
 
