@@ -203,7 +203,7 @@ func (m *AmMessage) releaseLocked() {
 	switch {
 	case m.flags&ucx.AmRecvCopied != 0:
 		ucx.Free(m.data)
-	case m.w.closed.Load():
+	case m.w.rawGone:
 		// the worker's destruction released UCX's descriptors already
 	case m.data != nil:
 		m.w.raw.AmDataRelease(m.data)

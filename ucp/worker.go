@@ -560,7 +560,8 @@ func (w *Worker) Close() error {
 	}
 	// What became due runs while the UCX worker still exists: an active message's
 	// data lives in UCX's buffers until the worker goes (a handler that ran after
-	// ucp_worker_destroy read unmapped memory). Callbacks cannot queue more now.
+	// ucp_worker_destroy read unmapped memory). The worker is closed: nothing
+	// progresses it now, so no message is delivered after this.
 	if cbs := w.takeDeferredLocked(); cbs != nil {
 		w.mu.Unlock()
 		runDeferred(cbs)
