@@ -328,9 +328,7 @@ func (e *Engine) run() {
 				if progressed, _, _ = e.round(); !progressed {
 					// The sleep is bounded: UCX signals arrivals, not everything an
 					// operation may wait for (a send queued until the peer frees
-					// resources completes only by progress), and a trigger stored
-					// without a kick (prepared partitions' staged twins: an
-					// unexplained lost wake-up, issue 18's notes) is found then.
+					// resources completes only by progress).
 					slept = !e.pollPending() && tw.WaitProgress(e.stop, engineSleepBound)
 				}
 				e.inTransport.Store(false)
