@@ -337,12 +337,8 @@ func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request
 		return nil, opErr(op, unwrapOp(err), "")
 	}
 	r, x := w.newIPCRequest(op, p)
-	x.deps = []*Request{get}
 	x.length = int(ref.length)
-	x.then = func(x *ipcWait, err error) (bool, error) {
-		ref.ep.sendControlLocked(ctlPulled, ref.op)
-		return true, err
-	}
+	x.after(get, func(error) { ref.ep.sendControlLocked(ctlPulled, ref.op) })
 	w.mu.Lock()
 	w.trackIPCLocked(r)
 	w.mu.Unlock()

@@ -195,6 +195,16 @@ type ipcWait struct {
 	sentTag  uint64
 }
 
+// after makes x wait for in, then run done with in's result and finish with it (the
+// common single step of then).
+func (x *ipcWait) after(in *Request, done func(err error)) {
+	x.deps = []*Request{in}
+	x.then = func(_ *ipcWait, err error) (bool, error) {
+		done(err)
+		return true, err
+	}
+}
+
 // rmaIPC moves an RMA on a same-host device region by the copy engine. The region
 // has no UCX registration: a device region's key always takes this path (through the
 // staging workspace under StageAlways, see ipcIssue).
@@ -723,11 +733,7 @@ func (w *Worker) issueLaterLocked(x *ipcWait, issue func() (*Request, error), fi
 			finish(nil)
 			return
 		}
-		x.deps = []*Request{in}
-		x.then = func(x *ipcWait, err error) (bool, error) {
-			finish(in)
-			return true, err
-		}
+		x.after(in, func(error) { finish(in) })
 	})
 }
 

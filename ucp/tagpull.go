@@ -278,11 +278,7 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src 
 		finish(err)
 		return
 	}
-	x.deps = []*Request{get}
-	x.then = func(x *ipcWait, err error) (bool, error) {
-		finish(err)
-		return true, err
-	}
+	x.after(get, finish)
 }
 
 // pullDoneLocked completes a pulled receive, tells its sender (where there is an
