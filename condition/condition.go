@@ -542,6 +542,12 @@ func (ds drivers) Kick() {
 	}
 }
 
+func (ds drivers) Release() {
+	for _, d := range ds {
+		d.Release()
+	}
+}
+
 // Destroy releases the condition. With operations still pending it returns an error
 // matching ErrBusy and changes nothing. A second Destroy returns ErrDestroyed.
 func (c *Condition) Destroy() error {

@@ -92,12 +92,23 @@ type Engine struct {
 	stop     chan struct{}
 	exited   chan struct{}
 	retired  []*part // the round's scratch list (under drive)
+	// fired: the Graph conditions whose launch the round completed, fired once the
+	// round stored inflight (under drive).
+	fired []firedLaunch
 	// parked: the engine's goroutine waits on wake. Kicks wake it only then: while it
 	// backs off, a goroutine waiting on a completion word drives rounds itself.
 	parked atomic.Bool
 	// inTransport: the engine's goroutine sleeps in TransportWaiter.WaitProgress; Kick
 	// wakes it there.
 	inTransport atomic.Bool
+	// driven: another goroutine called Drive since the engine's goroutine last looked
+	// (Release clears it): a goroutine waiting on the engine's words drives the rounds,
+	// and the engine's goroutine keeps out of its way (see run).
+	driven atomic.Bool
+	// inflight: the last full round left operations in flight (Release reads it).
+	inflight atomic.Bool
+	// sharing: the engine's goroutine sleeps because another goroutine drives (run).
+	sharing atomic.Bool
 
 	// What the last full round saw, so rounds in between can tell that nothing changed
 	// without taking mu (which enqueuers need). Under drive.
@@ -168,7 +179,12 @@ func (e *Engine) add(p *part) error {
 			break
 		}
 	}
-	e.Kick()
+	// A goroutine that drives the rounds takes the part too (or releases them to the
+	// engine, seeing it added): waking the engine's goroutine for it would only have it
+	// compete with the driver.
+	if !e.sharing.Load() || !e.driven.Load() {
+		e.wakeUp()
+	}
 	return nil
 }
 
@@ -228,9 +244,32 @@ func (e *Engine) removeLocked(ch *channel) {
 	e.order = e.order[:len(e.order)-1]
 }
 
-// Kick wakes the engine's goroutine if it is parked (streamcore.Driver: a host executor
-// stored a trigger).
+// Kick handles a trigger a host executor stored (streamcore.Driver): it runs the round
+// on the calling goroutine unless another goroutine runs one, and wakes the engine's
+// goroutine only then. Waking it costs microseconds of another thread, which then
+// competes with the executor for the worker; the executor usually drives the rounds
+// that follow itself, waiting on the completion word.
 func (e *Engine) Kick() {
+	if _, _, busy := e.round(); busy {
+		e.wakeUp()
+	}
+}
+
+// Release hands the rounds back to the engine's goroutine (streamcore.Driver): the
+// goroutine that drove them stops, to sleep or because its word came. The engine's
+// goroutine is woken only if it has work that no kick or enqueue will announce:
+// operations in flight (as the round that stored the word saw them), or triggers to
+// poll. Clearing driven first keeps it from starting a sleep on a driver that has gone.
+func (e *Engine) Release() {
+	e.driven.Store(false)
+	if e.inflight.Load() || e.pollPending() || e.added() {
+		e.wakeUp()
+	}
+}
+
+// wakeUp wakes the engine's goroutine if it sleeps: in its transport, or parked with
+// nothing pending.
+func (e *Engine) wakeUp() {
 	if e.inTransport.Load() {
 		e.transport.(TransportWaiter).Wake()
 		return
@@ -248,8 +287,21 @@ func (e *Engine) Kick() {
 // operations whose trigger came, retire completed ones in order, progress the
 // transport if anything is in flight. It reports whether anything progressed.
 func (e *Engine) Drive() bool {
+	if !e.driven.Load() {
+		e.driven.Store(true)
+	}
 	progressed, _, _ := e.round()
 	return progressed
+}
+
+// othersDrive reports (and clears) that another goroutine drove rounds since the last
+// call. Only the engine's goroutine calls it.
+func (e *Engine) othersDrive() bool {
+	if !e.driven.Load() {
+		return false
+	}
+	e.driven.Store(false)
+	return true
 }
 
 // run is the engine's goroutine. It is not locked to its OS thread: its backoff
@@ -262,7 +314,7 @@ func (e *Engine) run() {
 	idle := 0
 	tw, canSleep := e.transport.(TransportWaiter)
 	var yieldingSince time.Time
-	spinning := false
+	spinning, shared := false, false
 	for {
 		select {
 		case <-e.stop:
@@ -283,15 +335,46 @@ func (e *Engine) run() {
 				}
 			}
 			e.parked.Store(false)
-			idle = 0
+			idle, shared = 0, false
 			continue
 		}
+		// A goroutine that drives rounds while it waits for a word yields between its
+		// rounds: spinning here without yielding could keep it queued behind this
+		// goroutine (measured: a host-graph launch waited 55 µs per hop for it), so
+		// once one drove, yield every round until the engine sleeps: a queued
+		// goroutine cannot say it is still there.
+		shared = shared || e.othersDrive()
 		if progressed {
 			idle = 0
+			if shared {
+				runtime.Gosched()
+			}
 			continue
 		}
-		if busy && idle < 4096 {
-			idle = 4096 // another goroutine drives the rounds: back off at once
+		if busy || shared {
+			// Another goroutine drives the rounds, waiting on a word: stay out of its
+			// way until it releases them, a kick finds it busy, an operation is
+			// enqueued, or the bound passes (a driver that does not release: Test
+			// loops). Sleeping on the transport instead, every arrival would wake
+			// this goroutine to compete with the driver for the worker.
+			e.parked.Store(true)
+			e.sharing.Store(true)
+			if _, _, busy = e.round(); busy || e.othersDrive() {
+				timer.Reset(engineShareBound)
+				select {
+				case <-e.wake:
+				case <-timer.C:
+				case <-e.stop:
+					timer.Stop()
+					e.parked.Store(false)
+					return
+				}
+				timer.Stop()
+			}
+			e.sharing.Store(false)
+			e.parked.Store(false)
+			idle, shared = 0, false
+			continue
 		}
 		idle++
 		switch {
@@ -339,7 +422,7 @@ func (e *Engine) run() {
 				if slept {
 					// One round after the wake-up; it spins again only if that
 					// round progresses (a bound that expired costs one round).
-					idle = 4095
+					idle, shared = 4095, false
 					continue
 				}
 			}
@@ -375,6 +458,10 @@ func (c *Condition) polledTrigger() bool {
 // an idle engine with a receive in flight, 1 ms: 10 % of a core; 10 ms: 2.7 %, the
 // polling engine before it 5.7 % in the same minutes).
 const engineSleepBound = 10 * time.Millisecond
+
+// engineShareBound bounds the engine's sleep while another goroutine drives its rounds
+// (see run); Go rounds it up to a millisecond when the process is otherwise idle.
+const engineShareBound = 200 * time.Microsecond
 
 // engineSpinFor is how long an idle engine polls without yielding before it yields
 // between rounds.
@@ -487,6 +574,15 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		}
 	}
 	e.scan = append(e.scan[:0], e.order...)
+	// Stored before any completion word: a driver whose word came reads it (Release).
+	if e.inflight.Load() != inflight {
+		e.inflight.Store(inflight)
+	}
+	for i := range e.fired {
+		e.fired[i].fire(tr)
+		e.fired[i] = firedLaunch{}
+	}
+	e.fired = e.fired[:0]
 	e.mu.Unlock()
 	e.last.inflight, e.waitOn = inflight, waitOn
 	if len(e.retired) > 0 {
@@ -517,6 +613,27 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		progressed = true
 	}
 	return progressed, true
+}
+
+// firedLaunch is a Graph condition's completed launch, with its first error.
+type firedLaunch struct {
+	ch  *channel
+	err error
+}
+
+// fire stores the launch's completion and ends its operations' timelines.
+func (f *firedLaunch) fire(tr *trace.Recorder) {
+	f.ch.cond.fire(f.err)
+	if tr == nil {
+		return
+	}
+	now := tr.Now()
+	for _, p := range f.ch.ops {
+		if p.tl != nil {
+			p.tl.Done, p.tl.Store, p.tl.Failed = now, now, f.err != nil
+			p.recordTimeline(tr)
+		}
+	}
 }
 
 // quiet reports that no full round is needed: the last one changed nothing, no part
@@ -550,36 +667,7 @@ func (e *Engine) quiet() bool {
 func (e *Engine) persistentRoundLocked(ch *channel) bool {
 	cond := ch.cond
 	if ch.running > 0 {
-		var err error
-		for _, p := range ch.ops {
-			if !p.running {
-				continue
-			}
-			if p.err == nil && !p.inner.Done() {
-				return false
-			}
-			if err == nil {
-				err = p.err
-				if err == nil {
-					err = p.inner.Err()
-				}
-			}
-		}
-		for _, p := range ch.ops {
-			p.running = false
-		}
-		ch.running = 0
-		cond.fire(err)
-		if tr := e.trace.Load(); tr != nil {
-			now := tr.Now()
-			for _, p := range ch.ops {
-				if p.tl != nil {
-					p.tl.Done, p.tl.Store, p.tl.Failed = now, now, err != nil
-					p.recordTimeline(tr)
-				}
-			}
-		}
-		return true
+		return e.launchDoneLocked(ch)
 	}
 	if cond.destroyed.Load() {
 		e.removeLocked(ch)
@@ -604,6 +692,35 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 		}
 	}
 	ch.running = len(ch.ops)
+	// Operations that completed in their issue call (eager sends) fire the launch in
+	// this round, not the next.
+	e.launchDoneLocked(ch)
+	return true
+}
+
+// launchDoneLocked fires ch's launch if all its operations completed, and reports
+// whether it did. Caller holds e.mu and drive.
+func (e *Engine) launchDoneLocked(ch *channel) bool {
+	var err error
+	for _, p := range ch.ops {
+		if !p.running {
+			continue
+		}
+		if p.err == nil && !p.inner.Done() {
+			return false
+		}
+		if err == nil {
+			err = p.err
+			if err == nil {
+				err = p.inner.Err()
+			}
+		}
+	}
+	for _, p := range ch.ops {
+		p.running = false
+	}
+	ch.running = 0
+	e.fired = append(e.fired, firedLaunch{ch, err})
 	return true
 }
 
@@ -616,7 +733,7 @@ func (e *Engine) Close() error {
 		return ErrClosed
 	}
 	close(e.stop)
-	e.Kick()
+	e.wakeUp()
 	<-e.exited
 	e.mu.Lock()
 	e.channelLocked(pending)

@@ -352,6 +352,7 @@ func (o *Op) Wait(ctx context.Context) error {
 		// finished, not done: a waiter that returns must see the condition's
 		// completion word stored as well (condition.Test on its handle).
 		if o.finished.Load() {
+			o.eng.Release()
 			return o.err
 		}
 		if o.eng.Drive() {
@@ -363,6 +364,7 @@ func (o *Op) Wait(ctx context.Context) error {
 			}
 		}
 	}
+	o.eng.Release()
 	select {
 	case <-o.doneChan():
 		return o.err

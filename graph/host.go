@@ -259,6 +259,7 @@ func (x *HostExec) run() error {
 	var firstErr error
 	var sleep parking
 	var spinStart time.Time
+	drove := false // the launch drove its words' engines: it releases them at the end
 	complete := func(i int) {
 		done++
 		for _, c := range x.children[i] {
@@ -298,6 +299,9 @@ func (x *HostExec) run() error {
 			for ; running > 0; running-- { // let started tasks finish
 				<-results
 			}
+			if drove {
+				x.release()
+			}
 			return firstErr
 		}
 		progressed := false
@@ -334,6 +338,7 @@ func (x *HostExec) run() error {
 				afterTask(waits[0], fmt.Errorf("completion word freed: %w", ErrClosed))
 				continue
 			}
+			drove = true
 			if block.Drive() {
 				spins = 0
 				continue
@@ -349,6 +354,16 @@ func (x *HostExec) run() error {
 			continue
 		}
 		collect(<-results) // only user tasks left
+	}
+}
+
+// release hands the rounds of every waited word's engine back to the engine (a
+// launch that drove them ends).
+func (x *HostExec) release() {
+	for _, w := range x.waitFor {
+		if w != nil {
+			w.Block().Release()
+		}
 	}
 }
 
@@ -375,7 +390,7 @@ const launchSpinFor = 100 * time.Microsecond
 const parkSafety = 5 * time.Millisecond
 
 // park sleeps until a waited word's block is notified (the engine fired it), a task
-// finishes, or the safety bound passes. Before sleeping it kicks the engines of the
+// finishes, or the safety bound passes. Before sleeping it releases the engines of the
 // waited words: the launch stops driving their rounds, so they drive on their own
 // (they sleep on their transport's event, not on a timer).
 func (x *HostExec) park(waits []int, results chan finished, collect func(finished), p *parking) {
@@ -391,7 +406,7 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 		if x.waitFor[waits[0]].Load() != 0 {
 			return // fired between the last look and Changed
 		}
-		block.Kick()
+		block.Release()
 		select {
 		case <-changed:
 		case r := <-results:
@@ -414,7 +429,7 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 		}
 	}
 	for _, i := range waits {
-		x.waitFor[i].Block().Kick()
+		x.waitFor[i].Block().Release()
 	}
 	if chosen, v, ok := reflect.Select(p.cases); chosen == 0 && ok {
 		collect(v.Interface().(finished))

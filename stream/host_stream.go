@@ -487,9 +487,11 @@ func runHostFunc(fn func()) (err error) {
 func (s *hostStream) execWaitValue(op *hostOp) error {
 	var b backoff
 	var deadline time.Time
+	drove := false
 	for {
 		var wake <-chan struct{}
-		if b.sleeping() {
+		sleeping := b.sleeping()
+		if sleeping {
 			// Taken before the look, so a notification in between is not lost.
 			wake = op.word.Block().Changed()
 		}
@@ -498,11 +500,21 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 			return fmt.Errorf("stream: host WaitValue(%v %v %d): word block: %w", op.word, op.cmp, op.value, ErrClosed)
 		}
 		if op.cmp.Holds(v, op.value) {
+			if drove {
+				op.word.Block().Release()
+			}
 			return nil
 		}
+		drove = true
 		if op.word.Block().Drive() {
 			b = backoff{} // the driver moved: look again at once
 			continue
+		}
+		if sleeping {
+			// Between two looks the executor sleeps: the driver's own goroutine (the
+			// engine's, which sleeps on the transport's events) takes over meanwhile.
+			op.word.Block().Release()
+			drove = false
 		}
 		if s.closingFlag.Load() {
 			now := time.Now()

@@ -230,3 +230,5 @@ type workerDriver struct{ w *Worker }
 func (d workerDriver) Drive() bool { return d.w.Progress() > 0 }
 
 func (d workerDriver) Kick() {}
+
+func (d workerDriver) Release() {}

@@ -112,8 +112,13 @@ type Driver interface {
 	// Drive runs one round of the work; it reports whether anything progressed. It must
 	// not block and must not wait on the calling stream.
 	Drive() bool
-	// Kick tells the driver a word of the block was stored by a host executor.
+	// Kick tells the driver a word of the block was stored by a host executor. It may
+	// do the work on the calling goroutine.
 	Kick()
+	// Release tells the driver that a goroutine which drove it while waiting on one of
+	// the block's words stops driving (it is about to sleep, or its word came): the
+	// driver's own goroutine takes over.
+	Release()
 }
 
 type driverBox struct{ d Driver }
@@ -142,6 +147,14 @@ func (b *WordBlock) Drive() bool {
 func (b *WordBlock) Kick() {
 	if box := b.driver.Load(); box != nil {
 		box.d.Kick()
+	}
+}
+
+// Release tells the block's driver that the calling goroutine, which drove it while
+// waiting on a word, stops driving (to sleep, or because the word came).
+func (b *WordBlock) Release() {
+	if box := b.driver.Load(); box != nil {
+		box.d.Release()
 	}
 }
 
