@@ -55,16 +55,26 @@ func (c *Condition) inGroup() bool {
 // is returned (and kept in Err).
 func (c *Condition) EndGroup() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	kick, err := c.endGroupLocked()
+	c.mu.Unlock()
+	if kick {
+		// Outside c.mu: the kick may run the engine's round here, and with it the
+		// operations' callbacks.
+		c.words.Kick()
+	}
+	return err
+}
+
+// endGroupLocked is EndGroup under c.mu; kick: the trigger was stored from the host.
+func (c *Condition) endGroupLocked() (kick bool, err error) {
 	g := c.group
 	if g == nil {
-		return fmt.Errorf("end group: no group is open: %w", ErrInvalidParam)
+		return false, fmt.Errorf("end group: no group is open: %w", ErrInvalidParam)
 	}
 	c.group = nil
 	if c.armed == g.last {
-		return nil // an empty group enqueues nothing
+		return false, nil // an empty group enqueues nothing
 	}
-	var err error
 	if g.ordered && !g.polled {
 		err = c.stream.WriteThenWait(c.trigger, c.armed, c.done, c.armed, streamcore.GEQ)
 	} else {
@@ -74,20 +84,19 @@ func (c *Condition) EndGroup() error {
 		err = fmt.Errorf("end group: enqueue trigger: %w", err)
 		c.recordErr(err, "group")
 		c.trigger.Store(c.armed)
-		c.words.Kick()
-		return err
+		return true, err
 	}
 	if g.polled {
 		if err := c.stream.PollValue(c.done, c.armed); err != nil {
-			return fmt.Errorf("end group: enqueue completion wait: %w", err)
+			return false, fmt.Errorf("end group: enqueue completion wait: %w", err)
 		}
 	}
 	for _, after := range g.after {
 		if err := after(c.stream); err != nil {
-			return fmt.Errorf("end group: enqueue work after completion: %w", err)
+			return false, fmt.Errorf("end group: enqueue work after completion: %w", err)
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // armGroupLocked arms one operation of the open group: work before the trigger is
