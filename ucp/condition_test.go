@@ -599,3 +599,40 @@ func TestStreamConditionGroup(t *testing.T) {
 	require.ErrorIs(t, kc.BeginGroup(), condition.ErrInvalidParam)
 	require.NoError(t, kc.Destroy())
 }
+
+// A group whose stream refuses the trigger (closed) starts its operations from the host
+// and reports the error; their callbacks run and may use the condition (EndGroup kicks
+// the engine, which may run the round on the caller, after letting the condition go).
+func TestStreamConditionGroupRefusedTrigger(t *testing.T) {
+	p := newPair(t, nil)
+	stopB := background(p.b)
+	defer stopB()
+	b := hostBackend(t)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	out, back := pattern(64, 7), make([]byte, 64)
+	peerRecv, err := p.b.TagRecvNbx(back, 23, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, c.BeginGroup())
+	pending := make(chan int, 1)
+	sr, err := p.epA.TagSendNbx(out, 23, &RequestParam{Condition: c, Callback: func(*Request) { pending <- c.Pending() }})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.ErrorIs(t, c.EndGroup(), stream.ErrClosed, "the closed stream refuses the trigger")
+	require.NoError(t, sr.Wait(ctx), "the refused group's send starts from the host")
+	require.NoError(t, peerRecv.Wait(ctx))
+	require.Equal(t, out, back)
+	select {
+	case n := <-pending:
+		require.LessOrEqual(t, n, 1)
+	case <-ctx.Done():
+		require.FailNow(t, "the send's callback did not run")
+	}
+	require.ErrorIs(t, c.Err(), stream.ErrClosed)
+	require.NoError(t, c.Destroy())
+}
