@@ -144,6 +144,7 @@ type Condition struct {
 	waitNode    Node                              // Graph category: the completion node
 	captured    []*Condition                      // Stream category: operations enqueued under stream capture
 	group       *group                            // Stream category: the open BeginGroup, if any
+	stamps      *deviceStamps                     // Stream category, traced: device stamps of polls
 	groupBuf    group                             // what group points to: one group at a time, reused
 
 	// Enqueuers write the fields above on every Arm; the engine writes retired on every
@@ -268,6 +269,8 @@ type streamWork struct {
 	// waits for it with Stream.PollValue, which notices it sooner than a memop wait at
 	// the cost of a kernel launch.
 	poll bool
+	// trace: the engine's recorder when it traces: a stamping stream stamps the poll.
+	trace *trace.Recorder
 }
 
 // arm reserves the next sequence number for one operation. record runs first, with the
@@ -305,7 +308,7 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		record(seq)
 		c.armed = seq
 		if polled {
-			if err := c.stream.PollValue(c.done, seq); err != nil {
+			if err := c.pollLocked(seq, work.trace); err != nil {
 				return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
 			}
 		}
@@ -592,6 +595,7 @@ func (c *Condition) Destroy() error {
 			c.destroyed.Store(false)
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
 		}
+		c.closeStampsLocked()
 	}
 	return c.words.Close()
 }

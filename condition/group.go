@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ucpx/ucpx/stream/streamcore"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // Groups: operations armed on a Stream condition between BeginGroup and EndGroup share
@@ -19,6 +20,7 @@ type group struct {
 	ordered bool   // some operation asked for stream-ordered completion
 	polled  bool   // some stream-ordered operation asked to poll for completion
 	after   []func(s streamcore.Stream) error
+	trace   *trace.Recorder // the recorder of a traced operation of the group
 }
 
 // BeginGroup opens a group on a Stream condition. Operations armed until EndGroup,
@@ -87,7 +89,7 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 		return true, err
 	}
 	if g.polled {
-		if err := c.stream.PollValue(c.done, c.armed); err != nil {
+		if err := c.pollLocked(c.armed, g.trace); err != nil {
 			return false, fmt.Errorf("end group: enqueue completion wait: %w", err)
 		}
 	}
@@ -114,6 +116,9 @@ func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record f
 	if streamOrdered {
 		c.group.ordered = true
 		c.group.polled = c.group.polled || work.poll
+		if work.trace != nil {
+			c.group.trace = work.trace
+		}
 		if work.after != nil {
 			c.group.after = append(c.group.after, work.after)
 		}

@@ -145,6 +145,9 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 		p.tl = o.timeline(tr, tr.Now())
 	}
 	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
+	if p.tl != nil {
+		work.trace = e.trace.Load()
+	}
 	var addErr error
 	_, err = c.arm(streamOrdered, work, func(seq uint64) {
 		p.seq, o.seq = seq, seq

@@ -43,6 +43,9 @@ const (
 const (
 	KernelSignalWriteWait = "ucpx_signal_write_wait" // (trigger *u64, value u64, completion *u64, completionValue u64)
 	KernelSignalWait      = "ucpx_signal_wait"       // (completion *u64, completionValue u64)
+	// KernelSignalWaitStamped is ucpx_signal_wait that stores %globaltimer into
+	// stamps[0] on arrival and stamps[1] on release (the trace's device track).
+	KernelSignalWaitStamped = "ucpx_signal_wait_stamped" // (completion *u64, completionValue u64, stamps *u64)
 	KernelSignalCopyWord  = "ucpx_signal_copy_word"  // (src, dst *u64)
 )
 

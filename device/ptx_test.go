@@ -18,7 +18,7 @@ func TestEmbeddedPTX(t *testing.T) {
 		kernels []string
 	}{
 		{"test_kernels", TestKernelsPTX(), []string{KernelEcho, KernelHandle, KernelPingPong, KernelChecksum, KernelFill, KernelPready, KernelParrived, KernelTick, KernelFillAt}},
-		{"signal_kernels", SignalKernelsPTX(), []string{KernelSignalWriteWait, KernelSignalWait}},
+		{"signal_kernels", SignalKernelsPTX(), []string{KernelSignalWriteWait, KernelSignalWait, KernelSignalWaitStamped}},
 	} {
 		if !assert.False(t, IsPlaceholder(c.ptx), "%s.ptx holds no kernel: regenerate it with scripts/ptx.sh", c.name) {
 			continue

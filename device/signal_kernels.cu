@@ -27,6 +27,23 @@ extern "C" __global__ void ucpx_signal_wait(const uint64_t *completion, uint64_t
 	ucpx_word_wait_geq(completion, completion_value);
 }
 
+/* ucpx_signal_wait that also stamps the GPU's %globaltimer (nanoseconds) into
+ * stamps[0] when the stream reaches the wait and into stamps[1] once completion has
+ * reached completion_value: the device-side track of ucpx's trace. stamps[1] is
+ * stored last, with release semantics, so a host that sees it sees stamps[0] too.
+ * Launch with one thread. */
+extern "C" __global__ void ucpx_signal_wait_stamped(const uint64_t *completion, uint64_t completion_value, uint64_t *stamps)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	*(volatile uint64_t *)stamps = t;
+	ucpx_word_wait_geq(completion, completion_value);
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	ucpx_word_store_release(stamps + 1, t);
+}
+
 /* Store *src's value into *dst (acquire load, release store, system scope): a
  * word copied in stream order, where cuMemcpyAsync between two host words would
  * block the enqueuing thread. Launch with one thread. */

@@ -105,6 +105,7 @@ type cudaBackend struct {
 	pollModule *cuda.Module
 	pollFn     *cuda.Function
 	copyFn     *cuda.Function // ucpx_signal_copy_word, CopyWord's kernel
+	stampFn    *cuda.Function // ucpx_signal_wait_stamped, PollValueStamped's kernel
 	pollErr    error
 
 	// bell is the doorbell of WordBlock.Ring, made when the backend opens; nil on the
@@ -174,6 +175,10 @@ func (b *cudaBackend) loadSignalKernels() {
 		return
 	}
 	b.pollModule, b.pollFn, b.copyFn = m, f, c
+	// Optional: without it traced polls go unstamped.
+	if st, err := m.Function(device.KernelSignalWaitStamped); err == nil {
+		b.stampFn = st
+	}
 }
 
 // pollKernel returns ucpx_signal_wait, or why it could not be loaded.
@@ -449,6 +454,27 @@ func (s *cudaStream) PollValue(w *Word, value uint64) error {
 		return s.WaitValue(w, value, GEQ)
 	}
 	return s.wrap("PollValue", s.s.LaunchKernel(fn, cuda.Linear(1, 1), addr, value))
+}
+
+// PollValueStamped is PollValue by ucpx_signal_wait_stamped (streamcore.StampedPoller).
+// Where the signal kernels cannot poll, it is refused (ErrNotSupported): the memop wait
+// that PollValue falls back to has nothing to stamp with.
+func (s *cudaStream) PollValueStamped(w *Word, value uint64, stamps *Word) error {
+	addr, err := s.device("PollValueStamped", w)
+	if err != nil {
+		return err
+	}
+	saddr, err := s.device("PollValueStamped", stamps)
+	if err != nil {
+		return err
+	}
+	if !stamps.Block().Has(stamps, 2) {
+		return fmt.Errorf("stream: cuda PollValueStamped: %v is not the first of two words of its block: %w", stamps, ErrInvalidArgument)
+	}
+	if s.b.stampFn == nil || !s.b.caps.StreamMemOps64 {
+		return fmt.Errorf("stream: cuda PollValueStamped: signal kernels: %w", ErrNotSupported)
+	}
+	return s.wrap("PollValueStamped", s.s.LaunchKernel(s.b.stampFn, cuda.Linear(1, 1), addr, value, saddr))
 }
 
 func (s *cudaStream) CopyWord(dst, src *Word) error {

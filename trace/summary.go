@@ -16,7 +16,9 @@ type PhaseStats struct {
 }
 
 // Summary answers "where did the time go": per phase (trigger wait, issue, in flight,
-// store) the distribution of durations over every operation of a trace.
+// store, and where the device stamped its polls, the device's wait and the time from
+// the store until the device saw it) the distribution of durations over every
+// operation of a trace.
 type Summary struct {
 	Ops    int
 	Phases []PhaseStats
@@ -40,6 +42,9 @@ func Summarize(f File) Summary {
 			continue
 		}
 		durs[ev.Name] = append(durs[ev.Name], ev.Dur)
+		if ev.Cat == "device" {
+			continue // the device's view of an operation counted on its own track
+		}
 		switch seq := ev.Args["seq"].(type) {
 		case float64: // read from JSON
 			ops[[2]uint64{ev.Tid, uint64(seq)}] = true
@@ -48,7 +53,7 @@ func Summarize(f File) Summary {
 		}
 	}
 	s := Summary{Ops: len(ops)}
-	for _, name := range []string{PhaseWaitTrigger, PhaseIssue, PhaseInFlight, PhaseStore} {
+	for _, name := range []string{PhaseWaitTrigger, PhaseIssue, PhaseInFlight, PhaseStore, PhaseDeviceWait, PhaseDeviceSees} {
 		d := durs[name]
 		if len(d) == 0 {
 			continue

@@ -44,6 +44,16 @@ type Recorder struct {
 	word   map[string]uint16 // index of each name
 	marks  []mark
 	names  map[uint64]string
+	// Device stamps (AddDeviceSpan), in the device's clock, and the functions that
+	// collect them before the recorder writes (AddHarvester).
+	device     []deviceSpan
+	harvesters map[int]func()
+	nextHarv   int
+}
+
+// deviceSpan is one completion poll as the device stamped it (%globaltimer, ns).
+type deviceSpan struct {
+	track, seq, arrived, released uint64
 }
 
 // record is an Op without pointers.
@@ -171,6 +181,51 @@ func (r *Recorder) Record(op Op) {
 	r.mu.Unlock()
 }
 
+// AddDeviceSpan adds the device's own view of operation seq of track: its clock
+// (%globaltimer, nanoseconds) when the stream reached the completion poll and when the
+// poll saw the completion. It goes on the track's device track, aligned with the host
+// clock when written (see Events).
+func (r *Recorder) AddDeviceSpan(track, seq, arrived, released uint64) {
+	r.mu.Lock()
+	r.device = append(r.device, deviceSpan{track, seq, arrived, released})
+	r.mu.Unlock()
+}
+
+// AddHarvester registers f, which the recorder calls (without its lock) before it
+// converts what it holds into events: the owners of device stamps hand over those the
+// device wrote meanwhile. remove unregisters it.
+func (r *Recorder) AddHarvester(f func()) (remove func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.harvesters == nil {
+		r.harvesters = map[int]func(){}
+	}
+	id := r.nextHarv
+	r.nextHarv++
+	r.harvesters[id] = f
+	return func() {
+		r.mu.Lock()
+		delete(r.harvesters, id)
+		r.mu.Unlock()
+	}
+}
+
+// harvest runs the harvesters.
+func (r *Recorder) harvest() {
+	r.mu.Lock()
+	fs := make([]func(), 0, len(r.harvesters))
+	for _, f := range r.harvesters {
+		fs = append(fs, f)
+	}
+	r.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// DeviceTrack is added to a condition's track to name its device track.
+const DeviceTrack = 1 << 40
+
 // Mark adds an instant event (a doorbell ring) on a track.
 func (r *Recorder) Mark(track uint64, name string) {
 	at := r.Now()
@@ -213,10 +268,48 @@ const (
 	PhaseIssue       = "issue"        // trigger seen -> transport call returned
 	PhaseInFlight    = "in flight"    // issued -> completion seen
 	PhaseStore       = "store"        // completion seen -> completion word stored
+	// On a condition's device track (stamped completion polls):
+	PhaseDeviceWait = "device wait"     // the stream reached the poll -> the poll saw completion
+	PhaseDeviceSees = "store to device" // completion word stored -> the device's poll saw it
 )
+
+// Device clocks: how a device track's stamps were put on the host's time line.
+const (
+	// ClockWall: %globaltimer read as wall-clock nanoseconds (the driver keeps it so on
+	// Linux), which put every release after its store.
+	ClockWall = "globaltimer as wall clock"
+	// ClockAligned: shifted so that the quickest release coincides with its store
+	// (reading it as wall clock put a release before its store, or far after).
+	ClockAligned = "aligned to the quickest release"
+)
+
+// deviceOffset returns what to subtract from a device stamp to get the recorder's
+// nanoseconds, and which of the two clocks that is. stores maps (track, seq) to the
+// operation's Store; r.mu held.
+func (r *Recorder) deviceOffset(stores map[[2]uint64]int64) (int64, string) {
+	wall := r.start.UnixNano()
+	minLat, found := int64(0), false
+	for _, d := range r.device {
+		st, ok := stores[[2]uint64{d.track, d.seq}]
+		if !ok {
+			continue
+		}
+		lat := int64(d.released) - wall - st
+		if !found || lat < minLat {
+			minLat, found = lat, true
+		}
+	}
+	// A release sees a store after a PCIe read at least; a millisecond later for the
+	// quickest one means the clocks disagree.
+	if !found || (minLat >= 0 && minLat < int64(time.Millisecond)) {
+		return wall, ClockWall
+	}
+	return wall + minLat, ClockAligned
+}
 
 // Events converts what was recorded into trace events.
 func (r *Recorder) Events() []Event {
+	r.harvest()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pid := os.Getpid()
@@ -248,6 +341,45 @@ func (r *Recorder) Events() []Event {
 	})
 	for _, m := range r.marks {
 		ev = append(ev, Event{Name: m.name, Ph: "i", Scope: "t", Ts: us(m.at), Pid: pid, Tid: m.track})
+	}
+	if len(r.device) > 0 {
+		ev = append(ev, r.deviceEventsLocked(pid)...)
+	}
+	return ev
+}
+
+// deviceEventsLocked puts the device stamps on each condition's device track; r.mu held.
+func (r *Recorder) deviceEventsLocked(pid int) []Event {
+	us := func(ns int64) float64 { return float64(ns) / 1e3 }
+	stores := map[[2]uint64]int64{}
+	what := map[[2]uint64]string{}
+	r.each(func(op Op) {
+		stores[[2]uint64{op.Track, op.Seq}] = op.Store
+		what[[2]uint64{op.Track, op.Seq}] = op.What
+	})
+	offset, clock := r.deviceOffset(stores)
+	var ev []Event
+	named := map[uint64]bool{}
+	for _, d := range r.device {
+		tid := d.track + DeviceTrack
+		if !named[tid] {
+			named[tid] = true
+			name := fmt.Sprintf("condition %d (device, %s)", d.track, clock)
+			if n, ok := r.names[d.track]; ok {
+				name = fmt.Sprintf("%s: device, %s", n, clock)
+			}
+			ev = append(ev, Event{Name: "thread_name", Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"name": name}})
+		}
+		key := [2]uint64{d.track, d.seq}
+		args := map[string]any{"seq": d.seq, "clock": clock}
+		if w, ok := what[key]; ok {
+			args["op"] = w
+		}
+		arrived, released := int64(d.arrived)-offset, int64(d.released)-offset
+		ev = append(ev, Event{Name: PhaseDeviceWait, Cat: "device", Ph: "X", Ts: us(arrived), Dur: us(max(released-arrived, 0)), Pid: pid, Tid: tid, Args: args})
+		if st, ok := stores[key]; ok && st != 0 {
+			ev = append(ev, Event{Name: PhaseDeviceSees, Cat: "device", Ph: "X", Ts: us(st), Dur: us(max(released-st, 0)), Pid: pid, Tid: tid, Args: args})
+		}
 	}
 	return ev
 }

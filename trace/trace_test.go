@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -93,4 +94,66 @@ func BenchmarkOpTimeline(b *testing.B) {
 		b.StopTimer()
 		require.Len(b, r.Ops(), b.N)
 	})
+}
+
+// Device stamps go on the device track of their condition, harvested before the events
+// are made: read as wall-clock time while that puts every release after its store, else
+// shifted so the quickest release meets its store.
+func TestDeviceSpansAlignWithTheHostClock(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		latency   int64 // device release - host store, as the device's clock says
+		wantClock string
+		wantSees  float64 // µs, the store-to-device span of seq 1
+	}{
+		{"wall clock", 3000, ClockWall, 3},
+		{"behind the host", -50000, ClockAligned, 0},
+		{"far ahead", int64(5 * time.Second), ClockAligned, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewRecorder()
+			r.Name(7, "condition 7 (stream)")
+			wall := r.start.UnixNano()
+			for seq := uint64(1); seq <= 2; seq++ {
+				store := int64(seq) * 100_000
+				r.Record(Op{Track: 7, What: "tag_recv_nbx", Seq: seq, Enqueue: store - 4000, Trigger: store - 3000, Issue: store - 2000, Done: store - 1000, Store: store})
+				extra := int64(seq-1) * 2000 // seq 2's release comes 2 µs later than seq 1's
+				released := uint64(wall + store + tc.latency + extra)
+				harvested := false
+				remove := r.AddHarvester(func() {
+					if !harvested {
+						harvested = true
+						r.AddDeviceSpan(7, seq, released-10_000, released)
+					}
+				})
+				defer remove()
+			}
+			var waits, sees []Event
+			clock := ""
+			for _, ev := range r.Events() {
+				switch {
+				case ev.Ph == "M" && ev.Tid == 7+DeviceTrack:
+					clock = ev.Args["name"].(string)
+				case ev.Name == PhaseDeviceWait:
+					require.Equal(t, uint64(7+DeviceTrack), ev.Tid)
+					waits = append(waits, ev)
+				case ev.Name == PhaseDeviceSees:
+					sees = append(sees, ev)
+				}
+			}
+			require.Len(t, waits, 2)
+			require.Len(t, sees, 2)
+			require.Contains(t, clock, tc.wantClock)
+			require.Contains(t, clock, "condition 7 (stream)")
+			for _, w := range waits {
+				require.InDelta(t, 10.0, w.Dur, 1e-9)
+			}
+			bySeq := map[uint64]float64{}
+			for _, s := range sees {
+				bySeq[s.Args["seq"].(uint64)] = s.Dur
+			}
+			require.InDelta(t, tc.wantSees, bySeq[1], 1e-9)
+			require.InDelta(t, tc.wantSees+2, bySeq[2], 1e-9, "durations on the device track are the device's")
+		})
+	}
 }

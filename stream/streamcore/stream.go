@@ -136,6 +136,15 @@ type Stream interface {
 	Close() error
 }
 
+// StampedPoller is a Stream whose device stamps its polls (CUDA streams with the
+// signal kernels): PollValueStamped is PollValue that also stores the device's
+// nanosecond clock (%globaltimer) into stamps[0] when the stream reaches the wait and
+// into stamps[1] when the wait is over, stamps[1] last. stamps is the first of two
+// consecutive words of one block. The engine's trace puts them on a device track.
+type StampedPoller interface {
+	PollValueStamped(w *Word, value uint64, stamps *Word) error
+}
+
 // Event marks a point in a stream.
 type Event interface {
 	// Query reports whether the recorded work is done. An event never recorded is done.

@@ -195,6 +195,20 @@ func (b *WordBlock) Len() int { return len(b.words) }
 // Word returns word i of the block.
 func (b *WordBlock) Word(i int) *Word { return &b.words[i] }
 
+// Has reports whether w and the n-1 words after it are words of b.
+func (b *WordBlock) Has(w *Word, n int) bool {
+	if w == nil || n < 1 || len(b.words) == 0 {
+		return false
+	}
+	off := uintptr(unsafe.Pointer(w)) - uintptr(unsafe.Pointer(&b.words[0]))
+	size := unsafe.Sizeof(b.words[0])
+	if off%size != 0 {
+		return false
+	}
+	i := off / size
+	return i < uintptr(len(b.words)) && i+uintptr(n) <= uintptr(len(b.words))
+}
+
 // Closed reports whether the block was freed (streams refuse words of a freed block).
 func (b *WordBlock) Closed() bool { return b.freed.Load() }
 

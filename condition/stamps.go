@@ -1,0 +1,141 @@
+package condition
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/ucpx/ucpx/stream/streamcore"
+	"github.com/ucpx/ucpx/trace"
+)
+
+// deviceStamps is a traced Stream condition's ring of device stamp slots (two words
+// each: the device's clock when its stream reached a completion poll and when the poll
+// ended), for streams whose polls stamp (streamcore.StampedPoller). Slots are handed
+// out in sequence order and harvested into the recorder in that order once stamped;
+// when all are in use an operation goes unstamped rather than wait.
+type deviceStamps struct {
+	mu      sync.Mutex
+	block   *streamcore.WordBlock
+	rec     *trace.Recorder
+	track   uint64
+	free    []int
+	pending []stampUse // oldest first
+	remove  func()     // unregisters the harvester from rec
+}
+
+type stampUse struct {
+	slot int
+	seq  uint64
+}
+
+// deviceStampSlots is the ring's size: polls are for long transfers, and a stream
+// rarely has more than a few in flight.
+const deviceStampSlots = 64
+
+// stampsLocked returns the condition's stamp ring for rec, made on first use (on the
+// enqueuing goroutine, never the engine's), or nil: no recorder, a stream that does not
+// stamp, or words that could not be had. Caller holds c.mu.
+func (c *Condition) stampsLocked(rec *trace.Recorder) *deviceStamps {
+	if rec == nil {
+		return nil
+	}
+	if _, ok := c.stream.(streamcore.StampedPoller); !ok {
+		return nil
+	}
+	if c.stamps != nil && c.stamps.rec == rec {
+		return c.stamps
+	}
+	c.closeStampsLocked() // a ring of an earlier recorder
+	block, err := c.backend.AllocWords(2 * deviceStampSlots)
+	if err != nil {
+		return nil
+	}
+	st := &deviceStamps{block: block, rec: rec, track: c.id, free: make([]int, 0, deviceStampSlots)}
+	for i := deviceStampSlots - 1; i >= 0; i-- {
+		st.free = append(st.free, i)
+	}
+	st.remove = rec.AddHarvester(st.harvest)
+	c.stamps = st
+	return st
+}
+
+// pollLocked enqueues the completion poll of operation seq, stamped when traced.
+// Caller holds c.mu.
+func (c *Condition) pollLocked(seq uint64, rec *trace.Recorder) error {
+	if st := c.stampsLocked(rec); st != nil {
+		if w := st.take(seq); w != nil {
+			err := c.stream.(streamcore.StampedPoller).PollValueStamped(c.done, seq, w)
+			if err == nil || !errors.Is(err, streamcore.ErrNotSupported) {
+				return err
+			}
+			st.untake()
+		}
+	}
+	return c.stream.PollValue(c.done, seq)
+}
+
+// take hands out a slot for operation seq (nil if none is free).
+func (st *deviceStamps) take(seq uint64) *streamcore.Word {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.harvestLocked()
+	if len(st.free) == 0 {
+		return nil
+	}
+	slot := st.free[len(st.free)-1]
+	st.free = st.free[:len(st.free)-1]
+	st.pending = append(st.pending, stampUse{slot, seq})
+	return st.block.Word(2 * slot)
+}
+
+// untake returns the slot take handed out last (its poll was not enqueued).
+func (st *deviceStamps) untake() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	last := st.pending[len(st.pending)-1]
+	st.pending = st.pending[:len(st.pending)-1]
+	st.free = append(st.free, last.slot)
+}
+
+// harvest moves every finished poll's stamps into the recorder (the recorder calls it
+// before it writes).
+func (st *deviceStamps) harvest() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.harvestLocked()
+}
+
+func (st *deviceStamps) harvestLocked() {
+	n := 0
+	for _, u := range st.pending {
+		if st.block.Closed() {
+			break
+		}
+		arrived, released := st.block.Word(2*u.slot), st.block.Word(2*u.slot+1)
+		end := released.Load() // stored last, with release semantics
+		if end == 0 {
+			break
+		}
+		st.rec.AddDeviceSpan(st.track, u.seq, arrived.Load(), end)
+		arrived.Store(0)
+		released.Store(0)
+		st.free = append(st.free, u.slot)
+		n++
+	}
+	st.pending = append(st.pending[:0], st.pending[n:]...)
+}
+
+// closeStampsLocked harvests and frees the stamp ring, once the stream ran every poll
+// (Destroy synchronized it). Caller holds c.mu.
+func (c *Condition) closeStampsLocked() {
+	st := c.stamps
+	if st == nil {
+		return
+	}
+	c.stamps = nil
+	st.remove()
+	st.mu.Lock()
+	st.harvestLocked()
+	_ = st.block.Close()
+	st.mu.Unlock()
+}
