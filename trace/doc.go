@@ -3,7 +3,10 @@
 // operation, spans from its enqueue to the trigger the engine saw, the transport issue,
 // the transport's completion and the completion store that releases the stream, on one
 // track per condition, with the operation's kind, size, sequence number and protocol as
-// arguments, and the doorbell rings as instant events.
+// arguments, and the doorbell rings as instant events. Where the device stamps its
+// completion polls (CUDA streams, transfers from 16 KiB), a device track beside the
+// condition's shows when the stream reached the poll, when it saw the completion, and
+// how long after the engine's store that was (AddDeviceSpan, DeviceTrack).
 //
 // Tracing is off unless a Recorder is attached: ucp.Worker.Trace for one worker, or
 // for every worker of the process the UCPX_TRACE environment variable naming the file

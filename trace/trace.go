@@ -358,6 +358,11 @@ func (r *Recorder) deviceEventsLocked(pid int) []Event {
 		what[[2]uint64{op.Track, op.Seq}] = op.What
 	})
 	offset, clock := r.deviceOffset(stores)
+	if clock == ClockAligned {
+		// How far the device's clock is from the wall clock (the quickest release's
+		// latency included): the reader can see how far off "as wall clock" was.
+		clock = fmt.Sprintf("%s (globaltimer - wall clock = %.1f µs)", clock, float64(offset-r.start.UnixNano())/1e3)
+	}
 	var ev []Event
 	named := map[uint64]bool{}
 	for _, d := range r.device {
