@@ -580,11 +580,12 @@ func (c *Condition) Destroy() error {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)
 	}
 	c.destroyed.Store(true)
+	stamps := c.takeStampsLocked()
 	if c.stream != nil && c.stream.Kind() == streamcore.KindHost {
 		// The stream may not yet have run the last (already satisfied) completion
 		// wait: free the words in stream order, never blocking on the stream.
 		words := c.words
-		if err := c.stream.LaunchHostFunc(func() { _ = words.Close() }); err == nil {
+		if err := c.stream.LaunchHostFunc(func() { _ = words.Close(); stamps.close() }); err == nil {
 			return nil
 		}
 	} else if c.stream != nil {
@@ -593,9 +594,10 @@ func (c *Condition) Destroy() error {
 		// completion word are satisfied.
 		if err := c.stream.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) {
 			c.destroyed.Store(false)
+			c.stamps = stamps
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
 		}
-		c.closeStampsLocked()
 	}
+	stamps.close()
 	return c.words.Close()
 }

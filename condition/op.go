@@ -350,14 +350,17 @@ func (o *Op) Test() (bool, error) {
 // progress (no thread hop on the latency path), then blocks until the engine's
 // goroutine completes the operation.
 func (o *Op) Wait(ctx context.Context) error {
-	idle := 0
+	idle, drove := 0, false
 	for idle < 4096 {
 		// finished, not done: a waiter that returns must see the condition's
 		// completion word stored as well (condition.Test on its handle).
 		if o.finished.Load() {
-			o.eng.Release()
+			if drove {
+				o.eng.Release()
+			}
 			return o.err
 		}
+		drove = true
 		if o.eng.Drive() {
 			idle = 0
 		} else {

@@ -10,9 +10,9 @@ import (
 
 // deviceStamps is a traced Stream condition's ring of device stamp slots (two words
 // each: the device's clock when its stream reached a completion poll and when the poll
-// ended), for streams whose polls stamp (streamcore.StampedPoller). Slots are handed
-// out in sequence order and harvested into the recorder in that order once stamped;
-// when all are in use an operation goes unstamped rather than wait.
+// ended), for streams whose polls stamp (streamcore.StampedPoller). A slot goes back to
+// the ring once its stamps are in the recorder; when all are in use an operation goes
+// unstamped rather than wait.
 type deviceStamps struct {
 	mu      sync.Mutex
 	block   *streamcore.WordBlock
@@ -65,10 +65,13 @@ func (c *Condition) pollLocked(seq uint64, rec *trace.Recorder) error {
 	if st := c.stampsLocked(rec); st != nil {
 		if w := st.take(seq); w != nil {
 			err := c.stream.(streamcore.StampedPoller).PollValueStamped(c.done, seq, w)
-			if err == nil || !errors.Is(err, streamcore.ErrNotSupported) {
-				return err
+			if err == nil {
+				return nil
 			}
 			st.untake()
+			if !errors.Is(err, streamcore.ErrNotSupported) {
+				return err
+			}
 		}
 	}
 	return c.stream.PollValue(c.done, seq)
@@ -105,34 +108,48 @@ func (st *deviceStamps) harvest() {
 	st.harvestLocked()
 }
 
+// harvestLocked looks at every slot in use, not only up to the first unstamped one: a
+// poll whose stream failed before it ran never stamps, and must not hold back the rest.
 func (st *deviceStamps) harvestLocked() {
-	n := 0
+	if st.block.Closed() {
+		return
+	}
+	left := st.pending[:0]
 	for _, u := range st.pending {
-		if st.block.Closed() {
-			break
-		}
 		arrived, released := st.block.Word(2*u.slot), st.block.Word(2*u.slot+1)
 		end := released.Load() // stored last, with release semantics
 		if end == 0 {
-			break
+			left = append(left, u)
+			continue
 		}
 		st.rec.AddDeviceSpan(st.track, u.seq, arrived.Load(), end)
 		arrived.Store(0)
 		released.Store(0)
 		st.free = append(st.free, u.slot)
-		n++
 	}
-	st.pending = append(st.pending[:0], st.pending[n:]...)
+	st.pending = left
 }
 
-// closeStampsLocked harvests and frees the stamp ring, once the stream ran every poll
-// (Destroy synchronized it). Caller holds c.mu.
-func (c *Condition) closeStampsLocked() {
+// takeStampsLocked detaches the condition's stamp ring (nil if none). Caller holds c.mu.
+func (c *Condition) takeStampsLocked() *deviceStamps {
 	st := c.stamps
+	c.stamps = nil
+	return st
+}
+
+// closeStampsLocked harvests and frees the ring of an earlier recorder. Caller holds c.mu.
+func (c *Condition) closeStampsLocked() {
+	if st := c.takeStampsLocked(); st != nil {
+		st.close()
+	}
+}
+
+// close harvests what the stream stamped and frees the ring: call it once the stream
+// ran every poll that uses it.
+func (st *deviceStamps) close() {
 	if st == nil {
 		return
 	}
-	c.stamps = nil
 	st.remove()
 	st.mu.Lock()
 	st.harvestLocked()
