@@ -351,12 +351,14 @@ func (e *Engine) run() {
 			}
 			continue
 		}
-		if busy || shared {
+		if (busy || shared) && !e.pollPending() {
 			// Another goroutine drives the rounds, waiting on a word: stay out of its
 			// way until it releases them, a kick finds it busy, an operation is
 			// enqueued, or the bound passes (a driver that does not release: Test
 			// loops). Sleeping on the transport instead, every arrival would wake
-			// this goroutine to compete with the driver for the worker.
+			// this goroutine to compete with the driver for the worker. A trigger
+			// nobody kicks (a GPU's, KernelTriggered) keeps the engine polling: a
+			// driver may drive only now and then.
 			e.parked.Store(true)
 			e.sharing.Store(true)
 			if _, _, busy = e.round(); busy || e.othersDrive() {
@@ -376,9 +378,15 @@ func (e *Engine) run() {
 			idle, shared = 0, false
 			continue
 		}
+		if busy && idle < 4096 {
+			idle = 4096 // polling, and another goroutine drives the rounds: back off at once
+		}
 		idle++
 		switch {
 		case idle < 256:
+			if shared {
+				runtime.Gosched()
+			}
 		case idle < 4096:
 			// First spin without yielding for engineSpinFor: a trigger that comes
 			// soon is seen within a round, and a yield costs the scheduler's global
@@ -392,7 +400,7 @@ func (e *Engine) run() {
 					yieldingSince = time.Now()
 				}
 				since := time.Since(yieldingSince)
-				spinning = since < engineSpinFor
+				spinning = since < engineSpinFor && !shared
 				if canSleep && since >= engineYieldFor && !e.pollPending() {
 					idle = 4095
 				}
