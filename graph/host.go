@@ -47,6 +47,7 @@ type HostNode struct {
 	// engine fires that word, watched by the launch's event loop, not by a goroutine.
 	inline  bool
 	waitFor *stream.Word
+	kick    *stream.WordBlock // after an inline task stored a trigger: the block to kick
 }
 
 // Handle is 0: a host graph node has no CUDA handle (condition.Node).
@@ -151,6 +152,7 @@ type HostExec struct {
 	tasks    []func() error
 	inline   []bool
 	waitFor  []*stream.Word
+	kick     []*stream.WordBlock
 	deps     [][]int // node -> its dependencies
 	children [][]int // node -> nodes depending on it
 	roots    []int
@@ -168,12 +170,13 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	}
 	n := len(g.nodes)
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
-		deps: make([][]int, n), children: make([][]int, n)}
+		kick: make([]*stream.WordBlock, n), deps: make([][]int, n), children: make([][]int, n)}
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
 		x.tasks[node.id] = node.task
 		x.inline[node.id] = node.inline
 		x.waitFor[node.id] = node.waitFor
+		x.kick[node.id] = node.kick
 		seen := map[int]bool{}
 		for _, d := range node.deps {
 			if !seen[d.id] {
@@ -284,17 +287,29 @@ func (x *HostExec) run() error {
 		running--
 		afterTask(r.node, r.err)
 	}
+	var kicks []*stream.WordBlock // blocks whose triggers this pass stored
 	for spins := 0; ; spins++ {
 		for len(ready) > 0 && firstErr == nil {
 			i := ready[len(ready)-1]
 			ready = ready[:len(ready)-1]
 			if x.inline[i] {
-				afterTask(i, x.tasks[i]())
+				err := x.tasks[i]()
+				if err == nil && x.kick[i] != nil {
+					kicks = append(kicks, x.kick[i])
+				}
+				afterTask(i, err)
 				continue
 			}
 			running++
 			go func(i int) { results <- finished{i, runTask(i, x.tasks[i])} }(i)
 		}
+		// Kicked after every trigger that became ready together was stored: the first
+		// kick's round issues them all, the others find nothing new.
+		for k, b := range kicks {
+			b.Kick()
+			kicks[k] = nil
+		}
+		kicks = kicks[:0]
 		if firstErr != nil || (done == n) {
 			for ; running > 0; running-- { // let started tasks finish
 				<-results

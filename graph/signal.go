@@ -19,6 +19,8 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 	if err != nil {
 		return nil, nil, err
 	}
+	// The launch kicks the trigger's block once it has stored every trigger that became
+	// ready together: one round then issues them all.
 	fire := func() error {
 		// Destroy a graph condition only after the graphs using it are closed; a launch
 		// after that finds the words gone.
@@ -26,18 +28,17 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 			return fmt.Errorf("trigger word freed (condition destroyed): %w", ErrClosed)
 		}
 		trigger.Store(1)
-		trigger.Block().Kick()
 		return nil
 	}
 	const op = "add signal nodes"
 	if !split {
-		n, err := g.add(op, hd, HostNode{task: fire, inline: true, waitFor: done})
+		n, err := g.add(op, hd, HostNode{task: fire, inline: true, kick: trigger.Block(), waitFor: done})
 		if err != nil {
 			return nil, nil, err
 		}
 		return n, n, nil
 	}
-	s, err := g.add(op, hd, HostNode{task: fire, inline: true})
+	s, err := g.add(op, hd, HostNode{task: fire, inline: true, kick: trigger.Block()})
 	if err != nil {
 		return nil, nil, err
 	}
