@@ -288,6 +288,7 @@ func (x *HostExec) run() error {
 		afterTask(r.node, r.err)
 	}
 	var kicks []*stream.WordBlock // blocks whose triggers this pass stored
+	var kicked []stream.Driver    // kickOnce's scratch
 	for spins := 0; ; spins++ {
 		for len(ready) > 0 && firstErr == nil {
 			i := ready[len(ready)-1]
@@ -303,13 +304,13 @@ func (x *HostExec) run() error {
 			running++
 			go func(i int) { results <- finished{i, runTask(i, x.tasks[i])} }(i)
 		}
-		// Kicked after every trigger that became ready together was stored: the first
-		// kick's round issues them all, the others find nothing new.
-		for k, b := range kicks {
-			b.Kick()
-			kicks[k] = nil
+		// Kicked after every trigger that became ready together was stored, once per
+		// driver: its round issues them all.
+		if len(kicks) > 0 {
+			kickOnce(kicks, &kicked)
+			clear(kicks)
+			kicks = kicks[:0]
 		}
-		kicks = kicks[:0]
 		if firstErr != nil || (done == n) {
 			for ; running > 0; running-- { // let started tasks finish
 				<-results
@@ -370,6 +371,30 @@ func (x *HostExec) run() error {
 		}
 		collect(<-results) // only user tasks left
 	}
+}
+
+// kickOnce kicks the drivers of blocks, each once (a round of an engine looks at every
+// trigger of its conditions). Drivers of a type that cannot be compared (a condition
+// of several engines) are kicked for every block. seen is scratch space.
+func kickOnce(blocks []*stream.WordBlock, seen *[]stream.Driver) {
+	*seen = (*seen)[:0]
+next:
+	for _, b := range blocks {
+		d := b.Driver()
+		if d == nil {
+			continue
+		}
+		if reflect.TypeOf(d).Comparable() {
+			for _, s := range *seen {
+				if s == d {
+					continue next
+				}
+			}
+			*seen = append(*seen, d)
+		}
+		d.Kick()
+	}
+	clear(*seen)
 }
 
 // release hands the rounds of every waited word's engine back to the engine (a

@@ -133,6 +133,14 @@ func (b *WordBlock) SetDriver(d Driver) {
 	b.driver.Store(&driverBox{d})
 }
 
+// Driver is the block's driver (nil if none).
+func (b *WordBlock) Driver() Driver {
+	if box := b.driver.Load(); box != nil {
+		return box.d
+	}
+	return nil
+}
+
 // Drive runs the block's driver once (what a host executor does while it waits on one
 // of its words); it reports whether anything progressed.
 func (b *WordBlock) Drive() bool {
