@@ -46,7 +46,7 @@ const (
 	// KernelSignalWaitStamped is ucpx_signal_wait that stores %globaltimer into
 	// stamps[0] on arrival and stamps[1] on release (the trace's device track).
 	KernelSignalWaitStamped = "ucpx_signal_wait_stamped" // (completion *u64, completionValue u64, stamps *u64)
-	KernelSignalCopyWord  = "ucpx_signal_copy_word"  // (src, dst *u64)
+	KernelSignalCopyWord    = "ucpx_signal_copy_word"    // (src, dst *u64)
 )
 
 // SignalKernelsPTX returns the embedded PTX of signal_kernels.cu.
