@@ -323,18 +323,10 @@ func (e *Engine) run() {
 		}
 		progressed, active, busy := e.round()
 		if !active {
-			e.parked.Store(true)
-			// Re-check after announcing: an add between the round and the flag would
-			// otherwise go unseen until the next kick.
-			if _, active, _ = e.round(); !active {
-				select {
-				case <-e.wake:
-				case <-e.stop:
-					e.parked.Store(false)
-					return
-				}
+			// Nothing pending: sleep until an operation is added.
+			if !e.park(timer, 0, false, func(active, _ bool) bool { return !active }) {
+				return
 			}
-			e.parked.Store(false)
 			idle, shared = 0, false
 			continue
 		}
@@ -359,22 +351,9 @@ func (e *Engine) run() {
 			// this goroutine to compete with the driver for the worker. A trigger
 			// nobody kicks (a GPU's, KernelTriggered) keeps the engine polling: a
 			// driver may drive only now and then.
-			e.parked.Store(true)
-			e.sharing.Store(true)
-			if _, _, busy = e.round(); busy || e.othersDrive() {
-				timer.Reset(engineShareBound)
-				select {
-				case <-e.wake:
-				case <-timer.C:
-				case <-e.stop:
-					timer.Stop()
-					e.parked.Store(false)
-					return
-				}
-				timer.Stop()
+			if !e.park(timer, engineShareBound, true, func(_, busy bool) bool { return busy || e.othersDrive() }) {
+				return
 			}
-			e.sharing.Store(false)
-			e.parked.Store(false)
 			idle, shared = 0, false
 			continue
 		}
@@ -412,8 +391,9 @@ func (e *Engine) run() {
 			if canSleep {
 				// When every trigger comes with a kick, sleep until kicked or the
 				// transport has an event, not on a timer. A goroutine that drives
-				// rounds kicks the engine before it sleeps itself. The round after
-				// announcing catches a kick (and takes parts) that came before.
+				// rounds releases them to the engine before it sleeps itself. The
+				// round after announcing catches a kick (and takes parts) that came
+				// before.
 				e.inTransport.Store(true)
 				slept, progressed := true, false
 				if progressed, _, _ = e.round(); !progressed {
@@ -448,6 +428,39 @@ func (e *Engine) run() {
 			timer.Stop()
 		}
 	}
+}
+
+// park sleeps the engine's goroutine on its wake channel, for at most bound (0: no
+// bound), announced as parked (and, with sharing, as sleeping for a driver) so that
+// wake-ups reach it. One round runs after the announcement, and the goroutine sleeps
+// only if stay, given that round's active and busy, still says so: an add or a kick
+// between the caller's round and the announcement would otherwise go unseen. It
+// reports false when the engine stops.
+func (e *Engine) park(timer *time.Timer, bound time.Duration, sharing bool, stay func(active, busy bool) bool) bool {
+	e.parked.Store(true)
+	if sharing {
+		e.sharing.Store(true)
+	}
+	defer func() {
+		e.sharing.Store(false)
+		e.parked.Store(false)
+	}()
+	if _, active, busy := e.round(); !stay(active, busy) {
+		return true
+	}
+	var expired <-chan time.Time
+	if bound > 0 {
+		timer.Reset(bound)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	select {
+	case <-e.wake:
+	case <-expired:
+	case <-e.stop:
+		return false
+	}
+	return true
 }
 
 // pollPending reports whether a condition with pending operations has a trigger that
