@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,16 +150,18 @@ func (g *Host) Close() error {
 
 // HostExec is an instantiated host graph: a fixed topology, launched on host streams.
 type HostExec struct {
-	tasks    []func() error
-	inline   []bool
-	waitFor  []*stream.Word
-	kick     []*stream.WordBlock
-	deps     [][]int // node -> its dependencies
-	children [][]int // node -> nodes depending on it
-	roots    []int
-	mu       sync.Mutex // orders Launch against Close
-	inFlight atomic.Int64
-	closed   bool
+	tasks   []func() error
+	inline  []bool
+	waitFor []*stream.Word
+	kick    []*stream.WordBlock
+	// waitBlocks: the blocks of the communication nodes' completion words, each once.
+	waitBlocks []*stream.WordBlock
+	deps       [][]int // node -> its dependencies
+	children   [][]int // node -> nodes depending on it
+	roots      []int
+	mu         sync.Mutex // orders Launch against Close
+	inFlight   atomic.Int64
+	closed     bool
 }
 
 // Instantiate freezes the graph's topology (ErrCycle if it has one).
@@ -177,6 +180,9 @@ func (g *Host) Instantiate() (*HostExec, error) {
 		x.inline[node.id] = node.inline
 		x.waitFor[node.id] = node.waitFor
 		x.kick[node.id] = node.kick
+		if w := node.waitFor; w != nil && !slices.Contains(x.waitBlocks, w.Block()) {
+			x.waitBlocks = append(x.waitBlocks, w.Block())
+		}
 		seen := map[int]bool{}
 		for _, d := range node.deps {
 			if !seen[d.id] {
@@ -260,7 +266,7 @@ func (x *HostExec) run() error {
 	var waits []int
 	running, done := 0, 0
 	var firstErr error
-	var sleep parking
+	var scratch parking
 	var spinStart time.Time
 	drove := false // the launch drove its words' engines: it releases them at the end
 	complete := func(i int) {
@@ -288,7 +294,6 @@ func (x *HostExec) run() error {
 		afterTask(r.node, r.err)
 	}
 	var kicks []*stream.WordBlock // blocks whose triggers this pass stored
-	var kicked []stream.Driver    // kickOnce's scratch
 	for spins := 0; ; spins++ {
 		for len(ready) > 0 && firstErr == nil {
 			i := ready[len(ready)-1]
@@ -307,7 +312,7 @@ func (x *HostExec) run() error {
 		// Kicked after every trigger that became ready together was stored, once per
 		// driver: its round issues them all.
 		if len(kicks) > 0 {
-			kickOnce(kicks, &kicked)
+			scratch.eachDriver(kicks, stream.Driver.Kick)
 			clear(kicks)
 			kicks = kicks[:0]
 		}
@@ -316,7 +321,8 @@ func (x *HostExec) run() error {
 				<-results
 			}
 			if drove {
-				x.release()
+				// The launch ends: the engines it drove take their rounds back.
+				scratch.eachDriver(x.waitBlocks, stream.Driver.Release)
 			}
 			return firstErr
 		}
@@ -366,18 +372,19 @@ func (x *HostExec) run() error {
 				runtime.Gosched()
 				continue
 			}
-			x.park(waits, results, collect, &sleep)
+			x.park(waits, results, collect, &scratch)
 			continue
 		}
 		collect(<-results) // only user tasks left
 	}
 }
 
-// kickOnce kicks the drivers of blocks, each once (a round of an engine looks at every
-// trigger of its conditions). Drivers of a type that cannot be compared (a condition
-// of several engines) are kicked for every block. seen is scratch space.
-func kickOnce(blocks []*stream.WordBlock, seen *[]stream.Driver) {
-	*seen = (*seen)[:0]
+// eachDriver calls f once for each driver of blocks: a kick or release of an engine
+// concerns all its conditions, so a launch of N communication nodes of one engine makes
+// one call, not N. Drivers of a type that cannot be compared (a condition of several
+// engines) get a call per block.
+func (p *parking) eachDriver(blocks []*stream.WordBlock, f func(stream.Driver)) {
+	seen := p.drivers[:0]
 next:
 	for _, b := range blocks {
 		d := b.Driver()
@@ -385,26 +392,17 @@ next:
 			continue
 		}
 		if reflect.TypeOf(d).Comparable() {
-			for _, s := range *seen {
+			for _, s := range seen {
 				if s == d {
 					continue next
 				}
 			}
-			*seen = append(*seen, d)
+			seen = append(seen, d)
 		}
-		d.Kick()
+		f(d)
 	}
-	clear(*seen)
-}
-
-// release hands the rounds of every waited word's engine back to the engine (a
-// launch that drove them ends).
-func (x *HostExec) release() {
-	for _, w := range x.waitFor {
-		if w != nil {
-			w.Block().Release()
-		}
-	}
+	clear(seen)
+	p.drivers = seen[:0]
 }
 
 // finished is a user task's end, as its goroutine reports it to the launch.
@@ -413,10 +411,13 @@ type finished struct {
 	err  error
 }
 
-// parking is the state of a launch's sleeps.
+// parking is a launch's reusable scratch: its sleeps' select cases and timer, the
+// blocks a park releases, and eachDriver's list.
 type parking struct {
-	cases []reflect.SelectCase
-	timer *time.Timer
+	cases   []reflect.SelectCase
+	timer   *time.Timer
+	blocks  []*stream.WordBlock // the waited words' blocks of a park
+	drivers []stream.Driver     // eachDriver's scratch
 }
 
 // launchSpinFor is how long a launch drives its communication nodes' rounds itself
@@ -468,9 +469,12 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 			return
 		}
 	}
+	p.blocks = p.blocks[:0]
 	for _, i := range waits {
-		x.waitFor[i].Block().Release()
+		p.blocks = append(p.blocks, x.waitFor[i].Block())
 	}
+	p.eachDriver(p.blocks, stream.Driver.Release)
+	clear(p.blocks)
 	if chosen, v, ok := reflect.Select(p.cases); chosen == 0 && ok {
 		collect(v.Interface().(finished))
 	}
