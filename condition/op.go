@@ -141,12 +141,10 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	}
 	p := &o.single
 	*p = part{op: o, plan: &o.plan.Parts[0], ring: o.plan.Ring}
+	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
 	if tr := e.trace.Load(); tr != nil && c.category != Graph {
 		p.tl = o.timeline(tr, tr.Now())
-	}
-	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
-	if p.tl != nil {
-		work.trace = e.trace.Load()
+		work.trace = tr
 	}
 	var addErr error
 	_, err = c.arm(streamOrdered, work, func(seq uint64) {
