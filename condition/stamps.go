@@ -15,6 +15,7 @@ import (
 // unstamped rather than wait.
 type deviceStamps struct {
 	mu      sync.Mutex
+	poller  streamcore.StampedPoller // the condition's stream
 	block   *streamcore.WordBlock
 	rec     *trace.Recorder
 	track   uint64
@@ -39,7 +40,8 @@ func (c *Condition) stampsLocked(rec *trace.Recorder) *deviceStamps {
 	if rec == nil {
 		return nil
 	}
-	if _, ok := c.stream.(streamcore.StampedPoller); !ok {
+	poller, ok := c.stream.(streamcore.StampedPoller)
+	if !ok {
 		return nil
 	}
 	if c.stamps != nil && c.stamps.rec == rec {
@@ -50,7 +52,7 @@ func (c *Condition) stampsLocked(rec *trace.Recorder) *deviceStamps {
 	if err != nil {
 		return nil
 	}
-	st := &deviceStamps{block: block, rec: rec, track: c.id, free: make([]int, 0, deviceStampSlots)}
+	st := &deviceStamps{poller: poller, block: block, rec: rec, track: c.id, free: make([]int, 0, deviceStampSlots)}
 	for i := deviceStampSlots - 1; i >= 0; i-- {
 		st.free = append(st.free, i)
 	}
@@ -64,7 +66,7 @@ func (c *Condition) stampsLocked(rec *trace.Recorder) *deviceStamps {
 func (c *Condition) pollLocked(seq uint64, rec *trace.Recorder) error {
 	if st := c.stampsLocked(rec); st != nil {
 		if w := st.take(seq); w != nil {
-			err := c.stream.(streamcore.StampedPoller).PollValueStamped(c.done, seq, w)
+			err := st.poller.PollValueStamped(c.done, seq, w)
 			if err == nil {
 				return nil
 			}
