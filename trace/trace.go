@@ -284,17 +284,17 @@ const (
 )
 
 // deviceOffset returns what to subtract from a device stamp to get the recorder's
-// nanoseconds, and which of the two clocks that is. stores maps (track, seq) to the
-// operation's Store; r.mu held.
-func (r *Recorder) deviceOffset(stores map[[2]uint64]int64) (int64, string) {
+// nanoseconds, and which of the two clocks that is. ops are the host's timelines by
+// (track, seq); r.mu held.
+func (r *Recorder) deviceOffset(ops map[[2]uint64]Op) (int64, string) {
 	wall := r.start.UnixNano()
 	minLat, found := int64(0), false
 	for _, d := range r.device {
-		st, ok := stores[[2]uint64{d.track, d.seq}]
+		op, ok := ops[[2]uint64{d.track, d.seq}]
 		if !ok {
 			continue
 		}
-		lat := int64(d.released) - wall - st
+		lat := int64(d.released) - wall - op.Store
 		if !found || lat < minLat {
 			minLat, found = lat, true
 		}
@@ -313,7 +313,6 @@ func (r *Recorder) Events() []Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pid := os.Getpid()
-	us := func(ns int64) float64 { return float64(ns) / 1e3 }
 	var ev []Event
 	tracks := make([]uint64, 0, len(r.names))
 	for t := range r.names {
@@ -348,16 +347,14 @@ func (r *Recorder) Events() []Event {
 	return ev
 }
 
+// us converts the recorder's nanoseconds into the trace's microseconds.
+func us(ns int64) float64 { return float64(ns) / 1e3 }
+
 // deviceEventsLocked puts the device stamps on each condition's device track; r.mu held.
 func (r *Recorder) deviceEventsLocked(pid int) []Event {
-	us := func(ns int64) float64 { return float64(ns) / 1e3 }
-	stores := map[[2]uint64]int64{}
-	what := map[[2]uint64]string{}
-	r.each(func(op Op) {
-		stores[[2]uint64{op.Track, op.Seq}] = op.Store
-		what[[2]uint64{op.Track, op.Seq}] = op.What
-	})
-	offset, clock := r.deviceOffset(stores)
+	ops := map[[2]uint64]Op{} // the host's timelines, by track and sequence number
+	r.each(func(op Op) { ops[[2]uint64{op.Track, op.Seq}] = op })
+	offset, clock := r.deviceOffset(ops)
 	if clock == ClockAligned {
 		// How far the device's clock is from the wall clock (the quickest release's
 		// latency included): the reader can see how far off "as wall clock" was.
@@ -375,15 +372,15 @@ func (r *Recorder) deviceEventsLocked(pid int) []Event {
 			}
 			ev = append(ev, Event{Name: "thread_name", Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"name": name}})
 		}
-		key := [2]uint64{d.track, d.seq}
 		args := map[string]any{"seq": d.seq, "clock": clock}
-		if w, ok := what[key]; ok {
-			args["op"] = w
+		op, ok := ops[[2]uint64{d.track, d.seq}]
+		if ok {
+			args["op"] = op.What
 		}
 		arrived, released := int64(d.arrived)-offset, int64(d.released)-offset
 		ev = append(ev, Event{Name: PhaseDeviceWait, Cat: "device", Ph: "X", Ts: us(arrived), Dur: us(max(released-arrived, 0)), Pid: pid, Tid: tid, Args: args})
-		if st, ok := stores[key]; ok && st != 0 {
-			ev = append(ev, Event{Name: PhaseDeviceSees, Cat: "device", Ph: "X", Ts: us(st), Dur: us(max(released-st, 0)), Pid: pid, Tid: tid, Args: args})
+		if ok && op.Store != 0 {
+			ev = append(ev, Event{Name: PhaseDeviceSees, Cat: "device", Ph: "X", Ts: us(op.Store), Dur: us(max(released-op.Store, 0)), Pid: pid, Tid: tid, Args: args})
 		}
 	}
 	return ev
