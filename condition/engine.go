@@ -256,13 +256,15 @@ func (e *Engine) Kick() {
 }
 
 // Release hands the rounds back to the engine's goroutine (streamcore.Driver): the
-// goroutine that drove them stops, to sleep or because its word came. The engine's
-// goroutine is woken only if it has work that no kick or enqueue will announce:
-// operations in flight (as the round that stored the word saw them), or triggers to
-// poll. Clearing driven first keeps it from starting a sleep on a driver that has gone.
+// goroutine that drove them stops, to sleep or because its word came. Only an engine
+// asleep for the driver (sharing) needs waking, and only for work that no kick or
+// enqueue will announce: operations in flight (as the round that stored the word saw
+// them), triggers to poll, parts enqueued meanwhile. Asleep on its transport it wakes
+// on the transport's events anyway. Clearing driven first keeps it from starting a
+// sleep on a driver that has gone (park's second look).
 func (e *Engine) Release() {
 	e.driven.Store(false)
-	if e.inflight.Load() || e.pollPending() || e.added() {
+	if e.sharing.Load() && (e.inflight.Load() || e.pollPending() || e.added()) {
 		e.wakeUp()
 	}
 }

@@ -13,7 +13,8 @@ func (idleTransport) Progress(Issued) bool { return false }
 func (idleTransport) Completions() uint64  { return 0 }
 
 // bareEngine is an engine whose goroutine is not started: the test plays it, parked
-// (on its wake channel, as when it sleeps while a driver drives), and reads its wake-ups.
+// on its wake channel (sharing set too when it sleeps for a driver), and reads its
+// wake-ups.
 func bareEngine() *Engine {
 	e := &Engine{transport: idleTransport{}, active: map[*Condition]*channel{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), exited: make(chan struct{})}
@@ -30,10 +31,17 @@ func woke(e *Engine) bool {
 	}
 }
 
-// A driver that stops driving wakes the engine's goroutine only for work that no kick or
-// enqueue would announce, and always forgets that it drove.
+// A driver that stops driving wakes the engine's goroutine only if it sleeps for the
+// driver, and then only for work that no kick or enqueue would announce; it always
+// forgets that it drove.
 func TestReleaseWakesTheEngineOnlyForUnannouncedWork(t *testing.T) {
 	e := bareEngine()
+	e.inflight.Store(true)
+	e.Release()
+	require.False(t, woke(e), "an engine not asleep for a driver (idle, or on its transport's events) is left alone")
+	e.inflight.Store(false)
+
+	e.sharing.Store(true)
 	e.driven.Store(true)
 	e.Release()
 	require.False(t, woke(e), "nothing in flight, polled or added: the engine may sleep on")
