@@ -65,6 +65,16 @@ func TestEngineHandOverStress(t *testing.T) {
 				return nil
 			})
 		}
+		// exchange arms round i's send of a fresh pattern to base and its echo's receive
+		// from base+1 on c, and returns the message, the receive buffer and requests.
+		exchange := func(c *condition.Condition, base uint64, i int) (msg, back []byte, sr, rr *Request, err error) {
+			n := sizes[int(base>>8+uint64(i))%len(sizes)]
+			msg, back = pattern(n, int64(base)<<16+int64(i)), make([]byte, n)
+			if sr, err = p.epA.TagSendNbx(msg, base, &RequestParam{Condition: c}); err == nil {
+				rr, err = p.a.TagRecvNbx(back, base+1, ^uint64(0), &RequestParam{Condition: c})
+			}
+			return msg, back, sr, rr, err
+		}
 		check := func(style string, i int, got, want []byte) error {
 			if !bytes.Equal(got, want) {
 				return fmt.Errorf("%s round %d: the echo of %d bytes differs", style, i, len(want))
@@ -76,14 +86,11 @@ func TestEngineHandOverStress(t *testing.T) {
 		run("stream", func() error {
 			s, c := streamCondition(t, b)
 			for i := 0; i < rounds; i++ {
-				msg, back := pattern(sizes[i%len(sizes)], int64(i)), make([]byte, sizes[i%len(sizes)])
 				if err := c.BeginGroup(); err != nil {
 					return err
 				}
-				if _, err := p.epA.TagSendNbx(msg, 0x100, &RequestParam{Condition: c}); err != nil {
-					return err
-				}
-				if _, err := p.a.TagRecvNbx(back, 0x101, ^uint64(0), &RequestParam{Condition: c}); err != nil {
+				msg, back, _, _, err := exchange(c, 0x100, i)
+				if err != nil {
 					return err
 				}
 				if err := c.EndGroup(); err != nil {
@@ -146,13 +153,7 @@ func TestEngineHandOverStress(t *testing.T) {
 		run("wait", func() error {
 			_, c := streamCondition(t, b)
 			for i := 0; i < rounds; i++ {
-				n := sizes[(i+1)%len(sizes)]
-				msg, back := pattern(n, int64(2000+i)), make([]byte, n)
-				sr, err := p.epA.TagSendNbx(msg, 0x300, &RequestParam{Condition: c})
-				if err != nil {
-					return err
-				}
-				rr, err := p.a.TagRecvNbx(back, 0x301, ^uint64(0), &RequestParam{Condition: c})
+				msg, back, sr, rr, err := exchange(c, 0x300, i)
 				if err != nil {
 					return err
 				}
@@ -173,12 +174,8 @@ func TestEngineHandOverStress(t *testing.T) {
 				return err
 			}
 			for i := 0; i < rounds; i++ {
-				n := sizes[(i+2)%len(sizes)]
-				msg, back := pattern(n, int64(3000+i)), make([]byte, n)
-				if _, err := p.epA.TagSendNbx(msg, 0x400, &RequestParam{Condition: c}); err != nil {
-					return err
-				}
-				if _, err := p.a.TagRecvNbx(back, 0x401, ^uint64(0), &RequestParam{Condition: c}); err != nil {
+				msg, back, _, _, err := exchange(c, 0x400, i)
+				if err != nil {
 					return err
 				}
 				h, err := c.DeviceHandle()
