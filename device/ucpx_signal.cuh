@@ -43,13 +43,25 @@ typedef struct ucpx_device_handle {
 } ucpx_device_handle;
 
 /* Store v into *p with release semantics at system scope: every earlier
- * write of this thread is visible to the CPU (and other GPUs) before v is. */
+ * write of this thread, and of threads that passed a barrier with it before,
+ * is visible to the CPU (and other GPUs) before v is. */
 static __device__ __forceinline__ void ucpx_word_store_release(uint64_t *p, uint64_t v)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
 	asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #else
 	__threadfence_system();
+	*(volatile uint64_t *)p = v;
+#endif
+}
+
+/* Store v into *p at system scope with no ordering of its own (a later
+ * release store of the same thread orders it). */
+static __device__ __forceinline__ void ucpx_word_store_relaxed(uint64_t *p, uint64_t v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+	asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
 	*(volatile uint64_t *)p = v;
 #endif
 }
@@ -212,11 +224,12 @@ typedef struct ucpx_partition_handle {
 /*
  * Make sender partition p ready (MPI_Pready) from ONE thread: wait until the
  * receiver is ready for this iteration (its Start set ready flag p), take the
- * flag (store 0), make this thread's earlier writes visible system-wide and
- * store h.trigger_value into partition p's trigger word. ucpx then moves the
- * partition with one put-with-signal. On the direct path (h.peer_buf set) the
- * calling thread copies the partition into the receiver's buffer itself and
- * stores the iteration into its arrival counter: nothing of the host runs
+ * flag (store 0) and store h.trigger_value into partition p's trigger word
+ * with release semantics (this thread's earlier writes are visible
+ * system-wide first). ucpx then moves the partition with one put-with-signal.
+ * On the direct path (h.peer_buf set) the calling thread copies the partition
+ * into the receiver's buffer itself, marks the flag moved and stores the
+ * iteration into the receiver's arrival counter: nothing of the host runs
  * (ucpx_pready_block copies with the whole block). Other threads of the block
  * must have made their writes visible to the calling thread first
  * (__syncthreads()), as for ucpx_trigger; ucpx_pready_block does all of it for
@@ -233,43 +246,53 @@ typedef struct ucpx_partition_handle {
  * complete without waiting for the receiver. */
 #define UCPX_PART_MOVED (1ull << 63)
 
-/* Waits for ready flag p and takes it (stores 0); returns the iteration it held,
- * or 0 if the peer failed. */
-static __device__ __forceinline__ uint64_t ucpx_take_ready(ucpx_partition_handle h, uint64_t p)
+/* Waits until ready flag p holds an iteration (the receiver's Start stored it;
+ * not yet marked moved) and returns it, or 0 if the peer failed. The flag is
+ * not cleared: the kernel marks it moved once the partition is in place, which
+ * is what a second call in the same iteration waits behind. */
+static __device__ __forceinline__ uint64_t ucpx_ready_iteration(ucpx_partition_handle h, uint64_t p)
 {
-	uint64_t *flag = h.words + p;
 	uint64_t v;
-	while ((v = ucpx_word_load_acquire(flag)) == 0 || (v & UCPX_PART_MOVED) != 0) {
+	while ((v = ucpx_word_load_acquire(h.words + p)) == 0 || (v & UCPX_PART_MOVED) != 0) {
 	}
-	if (v == h.failed)
-		return 0;
-	/* Cleared before the partition moves, so the receiver's next Start (which
-	 * needs this partition) finds it 0 and sets it again. */
-	ucpx_word_store_release(flag, 0);
-	return v;
+	return v == h.failed ? 0 : v;
+}
+
+/* The direct path's hand-over, by the thread that read ready iteration v after
+ * the partition's bytes reached the receiver's buffer (its own stores, or those
+ * of threads that passed a barrier with it): mark the flag moved (the host's
+ * send completion), then publish the arrival. One system-scope fence, the
+ * release's, orders the data and the mark before the counter: the receiver's
+ * next Start, which stores the sender's flag again, can only follow the mark. */
+static __device__ __forceinline__ void ucpx_direct_arrive(ucpx_partition_handle h, uint64_t p, uint64_t v)
+{
+	ucpx_word_store_relaxed(h.words + p, UCPX_PART_MOVED | v);
+	ucpx_word_store_release(h.peer_words + p, v);
 }
 
 static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint64_t p)
 {
 	if (p >= h.partitions || (h.triggers == 0 && h.peer_buf == 0))
 		return false;
-	uint64_t *trigger = h.peer_buf ? 0 : h.triggers[p]; /* written before the launch; overlaps the first poll */
-	uint64_t v = ucpx_take_ready(h, p);
-	if (v == 0)
-		return false; /* the peer failed */
 	if (h.peer_buf) {
 		/* The direct path: the partition goes straight into the receiver's
 		 * buffer, then its arrival counter gets the iteration. */
+		uint64_t v = ucpx_ready_iteration(h, p);
+		if (v == 0)
+			return false; /* the peer failed */
 		uint64_t off = p * h.part_bytes;
 		ucpx_copy_lanes(h.peer_buf + off, h.buf + off, h.part_bytes, 0, 1);
-		__threadfence_system();
-		/* Moved (the host's send completion) before the receiver can see it and
-		 * set the flag for its next iteration. */
-		ucpx_word_store_release(h.words + p, UCPX_PART_MOVED | v);
-		ucpx_word_store_release(h.peer_words + p, v);
+		ucpx_direct_arrive(h, p, v);
 		return true;
 	}
-	__threadfence_system();
+	uint64_t *trigger = h.triggers[p]; /* written before the launch; overlaps the first poll */
+	uint64_t v = ucpx_ready_iteration(h, p);
+	if (v == 0)
+		return false; /* the peer failed */
+	/* Taken (0) before the put moves the partition, so the receiver's next
+	 * Start finds it 0 and sets it again; the trigger's release orders the
+	 * take and the data before it. */
+	ucpx_word_store_relaxed(h.words + p, 0);
 	ucpx_word_store_release(trigger, h.trigger_value);
 	return true;
 }
@@ -279,7 +302,8 @@ static __device__ __forceinline__ bool ucpx_pready(ucpx_partition_handle h, uint
  * after writing its share of partition p. A barrier orders the block's writes
  * before thread (0,0,0), which takes the ready flag; every thread gets the
  * result. On the direct path the whole block copies the partition into the
- * receiver's buffer.
+ * receiver's buffer; a barrier then hands the copies to thread (0,0,0), whose
+ * release store publishes them (no fence per thread).
  */
 static __device__ __forceinline__ bool ucpx_pready_block(ucpx_partition_handle h, uint64_t p)
 {
@@ -293,22 +317,19 @@ static __device__ __forceinline__ bool ucpx_pready_block(ucpx_partition_handle h
 	}
 	/* volatile: the non-leading threads must read it after the barrier (clang
 	 * otherwise loads it early: nothing it sees writes shared memory). */
-	__shared__ volatile uint64_t ucpx_ready_iteration;
+	__shared__ volatile uint64_t ucpx_ready_iter;
 	if (leader)
-		ucpx_ready_iteration = p < h.partitions ? ucpx_take_ready(h, p) : 0;
+		ucpx_ready_iter = p < h.partitions ? ucpx_ready_iteration(h, p) : 0;
 	__syncthreads();
-	uint64_t v = ucpx_ready_iteration;
+	uint64_t v = ucpx_ready_iter;
 	if (v == 0)
 		return false;
 	uint64_t off = p * h.part_bytes;
 	uint64_t lane = threadIdx.x + (uint64_t)blockDim.x * (threadIdx.y + (uint64_t)blockDim.y * threadIdx.z);
 	ucpx_copy_lanes(h.peer_buf + off, h.buf + off, h.part_bytes, lane, (uint64_t)blockDim.x * blockDim.y * blockDim.z);
-	__threadfence_system();
 	__syncthreads();
-	if (leader) {
-		ucpx_word_store_release(h.words + p, UCPX_PART_MOVED | v);
-		ucpx_word_store_release(h.peer_words + p, v);
-	}
+	if (leader)
+		ucpx_direct_arrive(h, p, v);
 	return true;
 }
 
@@ -370,7 +391,7 @@ static __device__ __forceinline__ bool ucpx_parrived_wait_block(ucpx_partition_h
  * NVSHMEM's putmem_signal does within a node. dst and flag are the peer's
  * device memory mapped in this process: ucp.Rkey.DeviceAddress on keys of the
  * peer's device regions (ucp.ContextParams.Device). The data is written with
- * ordinary stores, every writer fences at system scope, then one thread stores
+ * ordinary stores, the writers pass a barrier (warp or block), then one thread stores
  * value into the flag with release semantics: a peer that sees the value with
  * an acquire load (ucpx_word_wait_geq) or a stream memop wait also sees the
  * data. Nothing on the host takes part.
@@ -386,7 +407,6 @@ static __device__ __forceinline__ bool ucpx_parrived_wait_block(ucpx_partition_h
 static __device__ __forceinline__ void ucpx_put_signal(void *dst, const void *src, uint64_t n, uint64_t *flag, uint64_t value)
 {
 	ucpx_copy_lanes(dst, src, n, 0, 1);
-	__threadfence_system();
 	ucpx_word_store_release(flag, value);
 }
 
@@ -394,7 +414,6 @@ static __device__ __forceinline__ void ucpx_put_signal_warp(void *dst, const voi
 {
 	unsigned lane = threadIdx.x & 31;
 	ucpx_copy_lanes(dst, src, n, lane, 32);
-	__threadfence_system();
 	__syncwarp();
 	if (lane == 0)
 		ucpx_word_store_release(flag, value);
@@ -404,7 +423,6 @@ static __device__ __forceinline__ void ucpx_put_signal_block(void *dst, const vo
 {
 	uint64_t lane = threadIdx.x + (uint64_t)blockDim.x * (threadIdx.y + (uint64_t)blockDim.y * threadIdx.z);
 	ucpx_copy_lanes(dst, src, n, lane, (uint64_t)blockDim.x * blockDim.y * blockDim.z);
-	__threadfence_system();
 	__syncthreads();
 	if (lane == 0)
 		ucpx_word_store_release(flag, value);
