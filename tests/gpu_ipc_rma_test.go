@@ -440,13 +440,20 @@ func BenchmarkGPUIPCGraphLaunch64(b *testing.B) {
 }
 
 // BenchmarkGPUIPCPutCPU is the CPU cost of one Stream-condition IPC put of 8 bytes
-// (the GPU's part is negligible), for profiling the issue path (-test.cpuprofile).
+// (the GPU's part is negligible), for profiling the issue path (-test.cpuprofile),
+// beside the driver calls it is made of, on the same stream into the same mapping:
+// put (PutNbx), copy (cuMemcpyDtoDAsync), uncaptured (the capture check and the copy
+// in one C call, what the put issues), local (the copy into memory of this process).
 func BenchmarkGPUIPCPutCPU(b *testing.B) {
 	g := requireGPU(b)
 	x := startIPCExporter(b, g, 1<<20)
+	defer x.quit(b)
 	src, err := g.ctx.MemAlloc(8)
 	require.NoError(b, err)
 	defer src.Close()
+	local, err := g.ctx.MemAlloc(8)
+	require.NoError(b, err)
+	defer local.Close()
 	s := g.stream(b)
 	cs, _ := stream.CUDAStream(s)
 	sc, err := condition.Create(condition.Param{Category: condition.Stream, Backend: g.backend, Stream: s})
@@ -454,19 +461,36 @@ func BenchmarkGPUIPCPutCPU(b *testing.B) {
 	defer func() { require.NoError(b, sc.Destroy()) }()
 	prm := &ucp.RequestParam{Condition: sc, MemoryType: ucp.MemoryCUDA}
 	buf := ucp.DeviceBuffer(src.Ptr(), 8)
-	b.ResetTimer()
-	for i := range b.N {
-		if _, err := x.ep.PutNbx(buf, x.rk.Base(), x.rk, prm); err != nil {
-			b.Fatal(err)
-		}
-		if i%1024 == 1023 {
+	mapped, err := x.rk.DeviceAddress(x.rk.Base(), 8)
+	require.NoError(b, err)
+	issue := map[string]func() error{
+		"put": func() error {
+			_, err := x.ep.PutNbx(buf, x.rk.Base(), x.rk, prm)
+			return err
+		},
+		"copy": func() error { return cs.MemcpyDtoD(mapped, src.Ptr(), 8) },
+		"uncaptured": func() error {
+			_, err := cs.MemcpyDtoDUncaptured(mapped, src.Ptr(), 8)
+			return err
+		},
+		"local": func() error { return cs.MemcpyDtoD(local.Ptr(), src.Ptr(), 8) },
+	}
+	for _, name := range []string{"put", "copy", "uncaptured", "local"} {
+		b.Run(name, func(b *testing.B) {
+			f := issue[name]
+			for i := range b.N {
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+				if i%1024 == 1023 {
+					require.NoError(b, cs.Synchronize())
+					x.w.Progress()
+				}
+			}
 			require.NoError(b, cs.Synchronize())
 			x.w.Progress()
-		}
+		})
 	}
-	require.NoError(b, cs.Synchronize())
-	b.StopTimer()
-	x.quit(b)
 }
 
 // BenchmarkGPUIPCGraphCopy: how the same copy of 4 MiB into a peer process's mapped
