@@ -180,15 +180,13 @@ type ipcWait struct {
 	// their result: it may start the next step (setting ev or deps again) and reports
 	// whether the request is finished, with the result (devstage.go). held: a step is
 	// being started outside the lock (nothing to poll yet); failed: it failed.
-	then func(x *ipcWait, err error) (bool, error)
-	q    *ipcQueue // the stream queue of a copy
-	// markedAt (ipcClock): when ev was recorded on q's stream.
-	markedAt time.Duration
-	flush    bool // a flush: deps are the requests it waits for
-	held     bool
-	failed   error
-	length   int
-	tag      uint64
+	then   func(x *ipcWait, err error) (bool, error)
+	q      *ipcQueue // the stream queue of a copy
+	flush  bool      // a flush: deps are the requests it waits for
+	held   bool
+	failed error
+	length int
+	tag    uint64
 	// pullSend: a send whose receiver pulls (ampull.go, tagpull.go), which a flush
 	// does not wait for (UCX's flushes do not wait for message sends either);
 	// tagged, sentTag: a pulled tag send and its tag.
@@ -464,7 +462,7 @@ func (w *Worker) markIPCLocked(q *ipcQueue, x *ipcWait) error {
 		w.putIPCEvent(ev)
 		return err
 	}
-	x.ev, x.markedAt = ev, ipcClock()
+	x.ev = ev
 	q.sinceMark = 0
 	return nil
 }
@@ -583,23 +581,7 @@ type ipcQueue struct {
 	reqs []*Request
 	// sinceMark counts the copies enqueued since the last one with an event.
 	sinceMark int
-	// quietUntil (ipcClock): the oldest event is not queried again before.
-	quietUntil time.Duration
 }
-
-// A queue's oldest pending event is queried again only after a quarter of its age
-// (at least ipcQueryMin, at most ipcQueryMax): a cuEventQuery holds the context
-// for longer than most driver calls, and a loop issuing copies on it waits behind
-// every one. A copy's completion is seen that much later at most.
-const (
-	ipcQueryMin = time.Microsecond
-	ipcQueryMax = 20 * time.Microsecond
-)
-
-var ipcClockBase = time.Now()
-
-// ipcClock is a monotonic clock for the queues' query pacing.
-func ipcClock() time.Duration { return time.Since(ipcClockBase) }
 
 // holds reports whether q has a copy of ep's (of any endpoint's for nil).
 func (q *ipcQueue) holds(ep *Endpoint) bool {
@@ -692,20 +674,13 @@ func (w *Worker) pollIPCLocked() int {
 // so that every copy completes without anybody asking.
 func (w *Worker) pollQueueLocked(q *ipcQueue) int {
 	n, done := 0, 0
-	var now time.Duration
 	for i := 0; i < len(q.reqs); i++ {
 		x := q.reqs[i].ipc
 		if x.ev == nil {
 			continue
 		}
-		if now == 0 {
-			if now = ipcClock(); now < q.quietUntil {
-				break
-			}
-		}
 		ok, err := x.poll()
 		if !ok {
-			q.quietUntil = now + min(max((now-x.markedAt)/4, ipcQueryMin), ipcQueryMax)
 			break
 		}
 		for _, r := range q.reqs[done : i+1] {
