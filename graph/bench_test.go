@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -248,7 +249,31 @@ const (
 	tagHelloB     = 0xB3
 	tagHelloC     = 0xB4
 	tagAddrC      = 0xB5
+	// envBcastProfile: a path prefix; each process writes a CPU profile of its graph
+	// phase to PREFIX.a, .b and .c (the launches only, not the loop).
+	envBcastProfile = "UCPX_GRAPH_BENCH_PROFILE"
 )
+
+// bcastProfile starts role's CPU profile of the graph phase if envBcastProfile asks
+// for one; the returned function stops it.
+func bcastProfile(role string) func() {
+	prefix := os.Getenv(envBcastProfile)
+	if prefix == "" {
+		return func() {}
+	}
+	f, err := os.Create(prefix + "." + role)
+	if err != nil {
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+}
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(envBcastRole); role != "" {
@@ -370,6 +395,7 @@ func bcastPeer(role string) error {
 		}
 	}
 	// The graph.
+	defer bcastProfile(role)()
 	backend := stream.NewHostBackend()
 	defer backend.Close()
 	g := graph.NewHost()
@@ -483,9 +509,11 @@ func BenchmarkBroadcast3(b *testing.B) {
 	require.NoError(b, err)
 	require.NoError(b, bcastGraphRun(g, backend, bcastWarmup))
 	b.StartTimer()
+	stopProfile := bcastProfile("a")
 	t0 := time.Now()
 	require.NoError(b, bcastGraphRun(g, backend, b.N))
 	launches := time.Since(t0)
+	stopProfile()
 	b.StopTimer()
 	require.Equal(b, out, echo)
 	require.NoError(b, send.Err())

@@ -156,8 +156,9 @@ type HostExec struct {
 	kick    []*stream.WordBlock
 	// waitBlocks: the blocks of the communication nodes' completion words, each once.
 	waitBlocks []*stream.WordBlock
-	deps       [][]int // node -> its dependencies
-	children   [][]int // node -> nodes depending on it
+	deps       [][]int   // node -> its dependencies
+	children   [][]int   // node -> nodes depending on it
+	states     sync.Pool // *launchState
 	roots      []int
 	mu         sync.Mutex // orders Launch against Close
 	inFlight   atomic.Int64
@@ -257,18 +258,22 @@ func (x *HostExec) run() error {
 	if n == 0 {
 		return nil
 	}
-	left := make([]int, n)
+	st, _ := x.states.Get().(*launchState)
+	if st == nil {
+		st = &launchState{left: make([]int, n), results: make(chan finished, n)}
+	}
+	defer x.states.Put(st)
+	left, results, scratch := st.left, st.results, &st.scratch
 	for i := range x.deps {
 		left[i] = len(x.deps[i])
 	}
-	results := make(chan finished, n)
-	ready := append([]int(nil), x.roots...)
-	var waits []int
+	ready := append(st.ready[:0], x.roots...)
+	waits := st.waits[:0]
 	running, done := 0, 0
 	var firstErr error
-	var scratch parking
 	var spinStart time.Time
-	drove := false // the launch drove its words' engines: it releases them at the end
+	var lastYield time.Duration // into the spin, at its last Gosched
+	drove := false              // the launch drove its words' engines: it releases them at the end
 	complete := func(i int) {
 		done++
 		for _, c := range x.children[i] {
@@ -293,7 +298,7 @@ func (x *HostExec) run() error {
 		running--
 		afterTask(r.node, r.err)
 	}
-	var kicks []*stream.WordBlock // blocks whose triggers this pass stored
+	kicks := st.kicks[:0] // blocks whose triggers this pass stored
 	for spins := 0; ; spins++ {
 		for len(ready) > 0 && firstErr == nil {
 			i := ready[len(ready)-1]
@@ -324,6 +329,8 @@ func (x *HostExec) run() error {
 				// The launch ends: the engines it drove take their rounds back.
 				scratch.eachDriver(x.waitBlocks, stream.Driver.Release)
 			}
+			clear(waits)
+			st.ready, st.waits, st.kicks = ready[:0], waits[:0], kicks[:0]
 			return firstErr
 		}
 		progressed := false
@@ -366,13 +373,16 @@ func (x *HostExec) run() error {
 				continue
 			}
 			if spins == 1 {
-				spinStart = time.Now()
+				spinStart, lastYield = time.Now(), 0
 			}
-			if spins < 64 || time.Since(spinStart) < launchSpinFor {
-				runtime.Gosched()
+			if spent := time.Since(spinStart); spins < 64 || spent < launchSpinFor {
+				if spent-lastYield >= launchYieldEvery {
+					lastYield = spent
+					runtime.Gosched()
+				}
 				continue
 			}
-			x.park(waits, results, collect, &scratch)
+			x.park(waits, results, collect, scratch)
 			continue
 		}
 		collect(<-results) // only user tasks left
@@ -405,6 +415,17 @@ next:
 	p.drivers = seen[:0]
 }
 
+// launchState is a launch's scratch, reused by later launches of the same executable
+// graph (launches on several streams may overlap: each takes one of its own). Every
+// started task is collected before a launch ends, so results is empty when reused.
+type launchState struct {
+	left         []int
+	results      chan finished
+	ready, waits []int
+	kicks        []*stream.WordBlock
+	scratch      parking
+}
+
 // finished is a user task's end, as its goroutine reports it to the launch.
 type finished struct {
 	node int
@@ -419,6 +440,12 @@ type parking struct {
 	blocks  []*stream.WordBlock // the waited words' blocks of a park
 	drivers []stream.Driver     // eachDriver's scratch
 }
+
+// launchYieldEvery: while it spins, a launch lets other goroutines have its processor
+// this often, not at every round: a Gosched with idle processors wakes a thread of the
+// runtime (a futex call) to look for work, which took a third of a broadcast's CPU
+// (performance.md, "Host graphs and host streams").
+const launchYieldEvery = 5 * time.Microsecond
 
 // launchSpinFor is how long a launch drives its communication nodes' rounds itself
 // before it parks (as ucp's waits spin DefaultSpinTime): a park costs two wake-ups in a
