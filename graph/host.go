@@ -444,8 +444,9 @@ type parking struct {
 // launchYieldEvery: while it spins, a launch lets other goroutines have its processor
 // this often, not at every round: a Gosched with idle processors wakes a thread of the
 // runtime (a futex call) to look for work, which took a third of a broadcast's CPU
-// (performance.md, "Host graphs and host streams").
-const launchYieldEvery = 5 * time.Microsecond
+// (performance.md, "Host graphs and host streams"); a message a few microseconds away
+// is then seen without one.
+const launchYieldEvery = 20 * time.Microsecond
 
 // launchSpinFor is how long a launch drives its communication nodes' rounds itself
 // before it parks (as ucp's waits spin DefaultSpinTime): a park costs two wake-ups in a
