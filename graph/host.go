@@ -372,7 +372,7 @@ func (x *HostExec) run() error {
 				spins = 0
 				continue
 			}
-			if spins == 1 {
+			if spins <= 1 { // a launch's first pass may wait at once, with spins 0
 				spinStart, lastYield = time.Now(), 0
 			}
 			if spent := time.Since(spinStart); spins < 64 || spent < launchSpinFor {
