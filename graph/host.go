@@ -372,10 +372,20 @@ func (x *HostExec) run() error {
 				spins = 0
 				continue
 			}
-			if spins <= 1 { // a launch's first pass may wait at once, with spins 0
+			// Spin: 64 rounds with no clock read (most waits end there), then the clock
+			// every launchClockEvery rounds, a yield every launchYieldEvery, and a park
+			// after launchSpinFor.
+			switch {
+			case spins < 64:
+				continue
+			case spins == 64:
 				spinStart, lastYield = time.Now(), 0
+				continue
+			case spins%launchClockEvery != 0:
+				continue
 			}
-			if spent := time.Since(spinStart); spins < 64 || spent < launchSpinFor {
+			spent := time.Since(spinStart)
+			if spent < launchSpinFor {
 				if spent-lastYield >= launchYieldEvery {
 					lastYield = spent
 					runtime.Gosched()
@@ -447,6 +457,10 @@ type parking struct {
 // (performance.md, "Host graphs and host streams"); a message a few microseconds away
 // is then seen without one.
 const launchYieldEvery = 20 * time.Microsecond
+
+// launchClockEvery: a spinning launch reads the clock once per so many rounds (a
+// clock read per round was a tenth of its CPU).
+const launchClockEvery = 16
 
 // launchSpinFor is how long a launch drives its communication nodes' rounds itself
 // before it parks (as ucp's waits spin DefaultSpinTime): a park costs two wake-ups in a
