@@ -180,11 +180,11 @@ func (x *ipcExporter) quit(t testing.TB) {
 }
 
 // TestGPUIPCRMA: put and get between two processes on one GPU, plain and under
-// Stream, non-blocking and KernelTriggered conditions, 4 B to 256 MiB, checked by
+// Stream, non-blocking and KernelTriggered conditions, 4 B to 1 GiB, checked by
 // crc32 on both sides; then the child dies with its memory mapped here.
 func TestGPUIPCRMA(t *testing.T) {
 	g := requireGPU(t)
-	const region = 256 << 20
+	const region = 1 << 30
 	x := startIPCExporter(t, g, region)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -218,7 +218,7 @@ func TestGPUIPCRMA(t *testing.T) {
 	defer func() { require.NoError(t, kc.Destroy()) }()
 
 	modes := []string{"plain", "stream", "nonblocking", "kernel-triggered"}
-	sizes := []int{4, 4096, 1 << 20, 64 << 20, region}
+	sizes := []int{4, 4096, 1 << 20, 64 << 20, 256 << 20, region}
 	for mi, mode := range modes {
 		for _, n := range sizes {
 			off := (mi*997 + n%7) % slack // each run moves different bytes
