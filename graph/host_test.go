@@ -121,3 +121,74 @@ func TestHostGraphCloseWithLaunchInFlight(t *testing.T) {
 	require.NoError(t, s.Synchronize())
 	require.NoError(t, x.Close())
 }
+
+// Launches of one executable graph on several streams at once each run the whole DAG
+// in dependency order with state of their own (launches reuse their scratch): in a
+// diamond a -> {b, c} -> d, no d runs before the b and c of as many launches, and every
+// node runs once per launch.
+func TestHostGraphConcurrentLaunches(t *testing.T) {
+	g := graph.NewHost()
+	var na, nb, nc, nd atomic.Int64
+	var bad atomic.Int64
+	pause := func(n int64) {
+		if n%3 == 0 {
+			time.Sleep(time.Duration(n%7) * time.Microsecond)
+		}
+	}
+	a, err := g.AddTask(nil, func() error { pause(na.Add(1)); return nil })
+	require.NoError(t, err)
+	b, err := g.AddTask([]condition.Node{a}, func() error {
+		if nb.Add(1) > na.Load() {
+			bad.Add(1)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	c, err := g.AddTask([]condition.Node{a}, func() error {
+		n := nc.Add(1)
+		pause(n)
+		if n > na.Load() {
+			bad.Add(1)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	_, err = g.AddTask([]condition.Node{b, c}, func() error {
+		if n := nd.Add(1); n > nb.Load() || n > nc.Load() {
+			bad.Add(1)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	const streams, launches = 4, 250
+	ss := make([]stream.Stream, streams)
+	for i := range ss {
+		ss[i] = hostStream(t)
+	}
+	for i := 0; i < launches; i++ {
+		for _, s := range ss {
+			require.NoError(t, x.Launch(s))
+		}
+	}
+	synced := make(chan error, streams)
+	for _, s := range ss {
+		go func() { synced <- s.Synchronize() }()
+	}
+	for range ss {
+		select {
+		case err := <-synced:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			require.FailNow(t, "launches hung", "d ran %d of %d times", nd.Load(), streams*launches)
+		}
+	}
+	const total = streams * launches
+	require.Zero(t, bad.Load(), "a node ran ahead of its dependencies")
+	require.EqualValues(t, total, na.Load())
+	require.EqualValues(t, total, nb.Load())
+	require.EqualValues(t, total, nc.Load())
+	require.EqualValues(t, total, nd.Load())
+	require.NoError(t, x.Close())
+}
