@@ -192,3 +192,51 @@ func TestHostGraphConcurrentLaunches(t *testing.T) {
 	require.EqualValues(t, total, nd.Load())
 	require.NoError(t, x.Close())
 }
+
+// A failed launch leaves nothing behind for later launches of the same executable
+// graph (they reuse its scratch): after a launch whose root failed, a launch on another
+// stream runs every node once, in order.
+func TestHostGraphLaunchAfterFailedLaunch(t *testing.T) {
+	g := graph.NewHost()
+	boom := errors.New("boom")
+	var fail atomic.Bool
+	var ranA, ranB, ranC atomic.Int64
+	a, err := g.AddTask(nil, func() error {
+		ranA.Add(1)
+		if fail.Load() {
+			return boom
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	slow, err := g.AddTask(nil, func() error { time.Sleep(time.Millisecond); ranC.Add(1); return nil })
+	require.NoError(t, err)
+	_, err = g.AddTask([]condition.Node{a, slow}, func() error {
+		if ranA.Load() != ranC.Load() {
+			return errors.New("ran before its dependencies")
+		}
+		ranB.Add(1)
+		return nil
+	})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+
+	fail.Store(true)
+	s1 := hostStream(t)
+	require.NoError(t, x.Launch(s1))
+	require.ErrorIs(t, s1.Synchronize(), boom)
+	require.EqualValues(t, 0, ranB.Load(), "a dependent of the failed node ran")
+	require.EqualValues(t, 1, ranC.Load(), "the launch ended before its running task")
+
+	fail.Store(false)
+	s2 := hostStream(t)
+	for range 50 {
+		require.NoError(t, x.Launch(s2))
+	}
+	require.NoError(t, s2.Synchronize())
+	require.EqualValues(t, 51, ranA.Load())
+	require.EqualValues(t, 51, ranC.Load())
+	require.EqualValues(t, 50, ranB.Load())
+	require.NoError(t, x.Close())
+}
