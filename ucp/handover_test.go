@@ -45,24 +45,7 @@ func TestEngineHandOverStress(t *testing.T) {
 		// B echoes every style's messages back with plain blocking calls.
 		for _, base := range []uint64{0x100, 0x200, 0x300, 0x400} {
 			run(fmt.Sprintf("echo %#x", base), func() error {
-				buf := make([]byte, 256<<10)
-				for i := 0; i < rounds; i++ {
-					r, err := p.b.TagRecvNbx(buf, base, ^uint64(0), nil)
-					if err == nil {
-						err = r.Wait(ctx)
-					}
-					if err != nil {
-						return err
-					}
-					s, err := p.epB.TagSendNbx(buf[:r.Length()], base+1, nil)
-					if err == nil {
-						err = s.Wait(ctx)
-					}
-					if err != nil {
-						return err
-					}
-				}
-				return nil
+				return echoTag(ctx, p.b, p.epB, 256<<10, base, base+1, rounds)
 			})
 		}
 		// exchange arms round i's send of a fresh pattern to base and its echo's receive
