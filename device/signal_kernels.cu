@@ -36,12 +36,9 @@ extern "C" __global__ void ucpx_signal_wait_stamped(const uint64_t *completion, 
 {
 	if (threadIdx.x != 0 || blockIdx.x != 0)
 		return;
-	uint64_t t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	*(volatile uint64_t *)stamps = t;
+	*(volatile uint64_t *)stamps = ucpx_globaltimer();
 	ucpx_word_wait_geq(completion, completion_value);
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	ucpx_word_store_release(stamps + 1, t);
+	ucpx_word_store_release(stamps + 1, ucpx_globaltimer());
 }
 
 /* Store *src's value into *dst (acquire load, release store, system scope): a

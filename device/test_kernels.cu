@@ -6,13 +6,6 @@
  */
 #include "ucpx_signal.cuh"
 
-static __device__ __forceinline__ uint64_t ucpx_globaltimer(void)
-{
-	uint64_t t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	return t;
-}
-
 /*
  * Trigger-and-wait echo: for k = 1..n, store base+k into *trigger, then wait
  * until *done has reached base+k. A host thread that copies *trigger into

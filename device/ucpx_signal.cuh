@@ -55,6 +55,14 @@ static __device__ __forceinline__ void ucpx_word_store_release(uint64_t *p, uint
 #endif
 }
 
+/* The GPU's nanosecond clock (%globaltimer), what trace stamps carry. */
+static __device__ __forceinline__ uint64_t ucpx_globaltimer(void)
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
 /* Store v into *p at system scope with no ordering of its own (a later
  * release store of the same thread orders it). */
 static __device__ __forceinline__ void ucpx_word_store_relaxed(uint64_t *p, uint64_t v)
