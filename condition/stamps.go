@@ -33,9 +33,9 @@ type stampUse struct {
 // rarely has more than a few in flight.
 const deviceStampSlots = 64
 
-// stampsLocked returns the condition's stamp ring for rec, made on first use (on the
-// enqueuing goroutine, never the engine's), or nil: no recorder, a stream that does not
-// stamp, or words that could not be had. Caller holds c.mu.
+// stampsLocked returns the condition's stamp ring, made on first use (on the enqueuing
+// goroutine, never the engine's) and stamping for rec, or nil: no recorder, a stream
+// that does not stamp, or words that could not be had. Caller holds c.mu.
 func (c *Condition) stampsLocked(rec *trace.Recorder) *deviceStamps {
 	if rec == nil {
 		return nil
@@ -44,10 +44,10 @@ func (c *Condition) stampsLocked(rec *trace.Recorder) *deviceStamps {
 	if !ok {
 		return nil
 	}
-	if c.stamps != nil && c.stamps.rec == rec {
+	if c.stamps != nil {
+		c.stamps.retarget(rec)
 		return c.stamps
 	}
-	c.closeStampsLocked() // a ring of an earlier recorder
 	block, err := c.backend.AllocWords(2 * deviceStampSlots)
 	if err != nil {
 		return nil
@@ -132,18 +132,25 @@ func (st *deviceStamps) harvestLocked() {
 	st.pending = left
 }
 
+// retarget hands the ring to rec, the engine's recorder now: what the device stamped
+// so far goes to the earlier one, polls still in flight stamp for rec. The ring stays:
+// the stream may not have run them yet, so its words cannot be freed before Destroy.
+func (st *deviceStamps) retarget(rec *trace.Recorder) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.rec == rec {
+		return
+	}
+	st.harvestLocked()
+	st.remove()
+	st.rec, st.remove = rec, rec.AddHarvester(st.harvest)
+}
+
 // takeStampsLocked detaches the condition's stamp ring (nil if none). Caller holds c.mu.
 func (c *Condition) takeStampsLocked() *deviceStamps {
 	st := c.stamps
 	c.stamps = nil
 	return st
-}
-
-// closeStampsLocked harvests and frees the ring of an earlier recorder. Caller holds c.mu.
-func (c *Condition) closeStampsLocked() {
-	if st := c.takeStampsLocked(); st != nil {
-		st.close()
-	}
 }
 
 // close harvests what the stream stamped and frees the ring: call it once the stream

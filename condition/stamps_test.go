@@ -71,3 +71,49 @@ func TestTracedPollsAreStamped(t *testing.T) {
 		require.InDelta(t, 0.5, d, 1e-9, "seq %d", seq)
 	}
 }
+
+// A condition traced into a new recorder while its stamped polls wait on the stream
+// keeps its ring (the stream stamps into it later): every poll's span reaches one of
+// the two recorders, none is lost.
+func TestStampsFollowANewRecorder(t *testing.T) {
+	b := backend(t)
+	hs, err := b.NewStream()
+	require.NoError(t, err)
+	defer hs.Close()
+	gate, err := b.AllocWords(1)
+	require.NoError(t, err)
+	defer gate.Close()
+	require.NoError(t, hs.WaitValue(gate.Word(0), 1, streamcore.GEQ))
+	s := stampingStream{hs}
+	c, err := Create(Param{Category: Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	first, second := trace.NewRecorder(), trace.NewRecorder()
+	const n = 5
+	for i := 1; i <= n; i++ {
+		rec := first
+		if i > 3 {
+			rec = second // the engine traces into another recorder from here
+		}
+		_, err := c.arm(true, streamWork{poll: true, trace: rec}, func(uint64) {})
+		require.NoError(t, err)
+	}
+	gate.Word(0).Store(1)
+	for i := 1; i <= n; i++ {
+		c.retire(uint64(i), nil)
+	}
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, c.Destroy())
+	require.NoError(t, s.Synchronize())
+
+	seen := map[uint64]bool{}
+	for _, rec := range []*trace.Recorder{first, second} {
+		for _, ev := range rec.Events() {
+			if ev.Name == trace.PhaseDeviceWait {
+				seq := ev.Args["seq"].(uint64)
+				require.False(t, seen[seq], "seq %d in both recorders", seq)
+				seen[seq] = true
+			}
+		}
+	}
+	require.Len(t, seen, n, "a span per poll")
+}
