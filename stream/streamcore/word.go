@@ -144,8 +144,8 @@ func (b *WordBlock) Driver() Driver {
 // Drive runs the block's driver once (what a host executor does while it waits on one
 // of its words); it reports whether anything progressed.
 func (b *WordBlock) Drive() bool {
-	if box := b.driver.Load(); box != nil {
-		return box.d.Drive()
+	if d := b.Driver(); d != nil {
+		return d.Drive()
 	}
 	return false
 }
@@ -153,16 +153,16 @@ func (b *WordBlock) Drive() bool {
 // Kick tells the block's driver that a word was stored (what a host executor's
 // WriteValue does); graph tasks that store triggers call it.
 func (b *WordBlock) Kick() {
-	if box := b.driver.Load(); box != nil {
-		box.d.Kick()
+	if d := b.Driver(); d != nil {
+		d.Kick()
 	}
 }
 
 // Release tells the block's driver that the calling goroutine, which drove it while
 // waiting on a word, stops driving (to sleep, or because the word came).
 func (b *WordBlock) Release() {
-	if box := b.driver.Load(); box != nil {
-		box.d.Release()
+	if d := b.Driver(); d != nil {
+		d.Release()
 	}
 }
 
