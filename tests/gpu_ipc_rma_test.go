@@ -463,21 +463,23 @@ func BenchmarkGPUIPCPutCPU(b *testing.B) {
 	buf := ucp.DeviceBuffer(src.Ptr(), 8)
 	mapped, err := x.rk.DeviceAddress(x.rk.Base(), 8)
 	require.NoError(b, err)
-	issue := map[string]func() error{
-		"put": func() error {
+	for _, c := range []struct {
+		name string
+		f    func() error
+	}{
+		{"put", func() error {
 			_, err := x.ep.PutNbx(buf, x.rk.Base(), x.rk, prm)
 			return err
-		},
-		"copy": func() error { return cs.MemcpyDtoD(mapped, src.Ptr(), 8) },
-		"uncaptured": func() error {
+		}},
+		{"copy", func() error { return cs.MemcpyDtoD(mapped, src.Ptr(), 8) }},
+		{"uncaptured", func() error {
 			_, err := cs.MemcpyDtoDUncaptured(mapped, src.Ptr(), 8)
 			return err
-		},
-		"local": func() error { return cs.MemcpyDtoD(local.Ptr(), src.Ptr(), 8) },
-	}
-	for _, name := range []string{"put", "copy", "uncaptured", "local"} {
-		b.Run(name, func(b *testing.B) {
-			f := issue[name]
+		}},
+		{"local", func() error { return cs.MemcpyDtoD(local.Ptr(), src.Ptr(), 8) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			f := c.f
 			for i := range b.N {
 				if err := f(); err != nil {
 					b.Fatal(err)
