@@ -47,6 +47,8 @@ const (
 	// stamps[0] on arrival and stamps[1] on release (the trace's device track).
 	KernelSignalWaitStamped = "ucpx_signal_wait_stamped" // (completion *u64, completionValue u64, stamps *u64)
 	KernelSignalCopyWord    = "ucpx_signal_copy_word"    // (src, dst *u64)
+	// KernelCopy copies n bytes between two addresses equal modulo 16 (cuda.Stream.LaunchCopy).
+	KernelCopy = "ucpx_copy" // (dst, src *u8, n u64)
 )
 
 // SignalKernelsPTX returns the embedded PTX of signal_kernels.cu.

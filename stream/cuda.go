@@ -107,6 +107,10 @@ type cudaBackend struct {
 	copyFn     *cuda.Function // ucpx_signal_copy_word, CopyWord's kernel
 	stampFn    *cuda.Function // ucpx_signal_wait_stamped, PollValueStamped's kernel
 	pollErr    error
+	// copyKernel (ucpx_copy) makes CopyDevice's small same-device copies, in grids
+	// of at most copyKernelBlocks; nil: the copy engine makes them all.
+	copyKernel       *cuda.Function
+	copyKernelBlocks int
 
 	// bell is the doorbell of WordBlock.Ring, made when the backend opens; nil on the
 	// backends of WrapCUDAStream, which allocate no words.
@@ -154,27 +158,31 @@ func (b *cudaBackend) release() error {
 	return err
 }
 
-// loadSignalKernels loads the signal kernels of PollValue; where that fails,
-// PollValue waits with a memop instead.
+// loadSignalKernels loads the signal kernels of PollValue (where that fails,
+// PollValue waits with a memop instead) and CopyDevice's copy kernel (without it the
+// copy engine makes every copy).
 func (b *cudaBackend) loadSignalKernels() {
 	m, err := b.ctx.LoadModule(device.SignalKernelsPTX())
 	if err != nil {
 		b.pollErr = err
 		return
 	}
+	b.pollModule = m
+	sms, err := b.ctx.Device().Attribute(cuda.AttrMultiprocessorCount)
+	if k, kerr := m.Function(device.KernelCopy); kerr == nil && err == nil && sms > 0 {
+		b.copyKernel, b.copyKernelBlocks = k, sms*copyKernelBlocksPerSM
+	}
 	f, err := m.Function(device.KernelSignalWait)
 	if err != nil {
-		_ = m.Close()
 		b.pollErr = err
 		return
 	}
 	c, err := m.Function(device.KernelSignalCopyWord)
 	if err != nil {
-		_ = m.Close()
 		b.pollErr = err
 		return
 	}
-	b.pollModule, b.pollFn, b.copyFn = m, f, c
+	b.pollFn, b.copyFn = f, c
 	// Optional: without it traced polls go unstamped.
 	if st, err := m.Function(device.KernelSignalWaitStamped); err == nil {
 		b.stampFn = st

@@ -157,24 +157,53 @@ func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
 	return errors.Join(err, b.release())
 }
 
-func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int) error {
+func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int, sameDevice bool) error {
 	cs, ok := s.(*cudaStream)
 	if !ok {
 		return fmt.Errorf("stream: cuda CopyDevice: %T is not a CUDA stream: %w", s, ErrInvalidArgument)
 	}
+	if grid := b.copyGrid(dst, src, n, sameDevice); grid > 0 {
+		return cs.wrap("CopyDevice", cs.s.LaunchCopy(b.copyKernel, grid, copyKernelBlock, dst, src, n))
+	}
 	return cs.wrap("CopyDevice", cs.s.MemcpyDtoD(dst, src, n))
 }
 
-func (b *cudaBackend) CopyDeviceUncaptured(s Stream, dst, src uintptr, n int) (bool, error) {
+func (b *cudaBackend) CopyDeviceUncaptured(s Stream, dst, src uintptr, n int, sameDevice bool) (bool, error) {
 	cs, ok := s.(*cudaStream)
 	if !ok {
 		return false, fmt.Errorf("stream: cuda CopyDeviceUncaptured: %T is not a CUDA stream: %w", s, ErrInvalidArgument)
 	}
-	st, err := cs.s.MemcpyDtoDUncaptured(dst, src, n)
+	var st cuda.CaptureStatus
+	var err error
+	if grid := b.copyGrid(dst, src, n, sameDevice); grid > 0 {
+		st, err = cs.s.LaunchCopyUncaptured(b.copyKernel, grid, copyKernelBlock, dst, src, n)
+	} else {
+		st, err = cs.s.MemcpyDtoDUncaptured(dst, src, n)
+	}
 	if err != nil {
 		return false, cs.wrap("CopyDeviceUncaptured", err)
 	}
 	return capturing(st)
+}
+
+// A same-device copy of at most copyKernelMax bytes between addresses equal modulo
+// 16 runs as ucpx_copy (device.KernelCopy) in blocks of copyKernelBlock threads, at
+// most copyKernelBlocksPerSM per SM: its launch costs the CPU less than
+// cuMemcpyDtoDAsync, and up to 16 MiB the SMs also copy faster than the copy engine;
+// above it the copy engine is faster (docs/performance.md, "Copy kernel").
+const (
+	copyKernelMax         = 16 << 20
+	copyKernelBlock       = 512
+	copyKernelBlocksPerSM = 4
+)
+
+// copyGrid is the grid of a copy by kernel, or 0 where the copy engine copies.
+func (b *cudaBackend) copyGrid(dst, src uintptr, n int, sameDevice bool) uint32 {
+	if !sameDevice || b.copyKernel == nil || n <= 0 || n > copyKernelMax || (dst-src)%16 != 0 {
+		return 0
+	}
+	blocks := (n + 16*copyKernelBlock - 1) / (16 * copyKernelBlock)
+	return uint32(min(blocks, b.copyKernelBlocks))
 }
 
 func (b *cudaBackend) WriteValueAt(s Stream, addr uintptr, value uint64) error {

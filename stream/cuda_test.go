@@ -511,5 +511,88 @@ func TestCUDACloseBlockedWait(t *testing.T) {
 func TestCUDAFakeDriver(t *testing.T) {
 	testenv.RunUnderFakeDriver(t, []string{"TestCUDABackendBasics", "TestCUDAWaitValueCompare", "TestCUDAWordArguments",
 		"TestCUDAHostFuncOrder", "TestCUDAChannelRoundTrip", "TestCUDACopy", "TestCUDAEvents", "TestCUDACloseSemantics",
-		"TestCUDACloseBlockedWait", "TestWrapCUDAStream"})
+		"TestCUDACloseBlockedWait", "TestWrapCUDAStream", "TestCUDACopyDevice"})
+}
+
+// TestCUDACopyDevice: CopyDevice and CopyDeviceUncaptured move the right bytes by
+// either path: same-device copies up to copyKernelMax between addresses equal modulo
+// 16 by the copy kernel (head, 16-byte body and tail), all others by the copy engine;
+// under capture the uncaptured form enqueues nothing.
+func TestCUDACopyDevice(t *testing.T) {
+	b := newCUDABackend(t).(*cudaBackend)
+	require.NotNil(t, b.copyKernel, "the copy kernel did not load")
+	s := newCUDAStream(t, b)
+	cs, _ := CUDAStream(s)
+	const region = copyKernelMax + 4096
+	src, err := b.ctx.MemAlloc(region)
+	require.NoError(t, err)
+	defer src.Close()
+	dst, err := b.ctx.MemAlloc(region)
+	require.NoError(t, err)
+	defer dst.Close()
+	host, err := b.ctx.MemHostAlloc(region, cuda.HostAllocPortable)
+	require.NoError(t, err)
+	defer host.Close()
+	pat := host.Bytes()
+	for i := range pat {
+		pat[i] = byte(i*7 + i>>11)
+	}
+	want := append([]byte(nil), pat...)
+	require.NoError(t, cs.MemcpyHtoD(src.Ptr(), host.Addr(), region))
+	cases := []struct {
+		n                int
+		srcOff, dstOff   int
+		sameDevice, kern bool
+	}{
+		{1, 0, 0, true, true},
+		{15, 3, 3, true, true},
+		{16, 0, 0, true, true},
+		{17, 1, 17, true, true},
+		{4095, 5, 21, true, true},
+		{1<<20 + 13, 8, 24, true, true},
+		{4 << 20, 0, 0, true, true},
+		{copyKernelMax, 16, 32, true, true},
+		{copyKernelMax + 16, 0, 0, true, false}, // too large
+		{4096, 1, 2, true, false},               // addresses differ modulo 16
+		{4096, 0, 0, false, false},              // another device's memory
+	}
+	for i, c := range cases {
+		for _, uncaptured := range []bool{false, true} {
+			name := fmt.Sprintf("case %d (%d bytes, offsets %d/%d, uncaptured %v)", i, c.n, c.srcOff, c.dstOff, uncaptured)
+			d, sp := dst.Ptr()+uintptr(c.dstOff), src.Ptr()+uintptr(c.srcOff)
+			require.Equal(t, c.kern, b.copyGrid(d, sp, c.n, c.sameDevice) > 0, name)
+			// Bytes around the destination stay as set: a guard of 0xEE each side.
+			require.NoError(t, cs.MemsetD8(dst.Ptr(), 0xEE, region))
+			if uncaptured {
+				captured, err := b.CopyDeviceUncaptured(s, d, sp, c.n, c.sameDevice)
+				require.NoError(t, err, name)
+				require.False(t, captured, name)
+			} else {
+				require.NoError(t, b.CopyDevice(s, d, sp, c.n, c.sameDevice), name)
+			}
+			require.NoError(t, cs.MemcpyDtoH(host.Addr(), dst.Ptr(), c.dstOff+c.n+16))
+			syncSoon(t, s)
+			got := host.Bytes()
+			require.Equal(t, want[c.srcOff:c.srcOff+c.n], got[c.dstOff:c.dstOff+c.n], name)
+			for _, g := range [][]byte{got[:c.dstOff], got[c.dstOff+c.n : c.dstOff+c.n+16]} {
+				for _, v := range g {
+					require.Equal(t, byte(0xEE), v, "%s: a byte outside the copy changed", name)
+				}
+			}
+		}
+	}
+
+	// Under capture nothing is enqueued by either path.
+	require.NoError(t, cs.BeginCapture(cuda.CaptureThreadLocal))
+	for _, n := range []int{64, copyKernelMax + 16} {
+		captured, err := b.CopyDeviceUncaptured(s, dst.Ptr(), src.Ptr(), n, true)
+		require.NoError(t, err)
+		require.True(t, captured, "%d bytes", n)
+	}
+	g, err := cs.EndCapture()
+	require.NoError(t, err)
+	defer g.Close()
+	nodes, err := g.Nodes()
+	require.NoError(t, err)
+	require.Zero(t, nodes, "captured copies enqueue nothing")
 }

@@ -43,6 +43,9 @@ type Endpoint struct {
 	// sealed worker address (peerKnown); UnpackRkey accepts only its keys.
 	peer      peerInfo
 	peerKnown bool
+	// sameDevice: the peer's device is this process's (protocol.ReachSameDevice), so
+	// IPC copies may run as the backend's copy kernel.
+	sameDevice bool
 	// rawClosed: the UCX endpoint was closed already (a watched peer died).
 	rawClosed bool
 	watch     *pidWatch // same-host peer watching, nil if none
@@ -78,6 +81,7 @@ func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string, 
 		ep.peer, ep.peerKnown = *peer, true
 		ep.source = sourceOf(peer.id, peer.addr)
 		ep.peer.addr = nil
+		ep.sameDevice = ep.Reach(nil) == protocol.ReachSameDevice
 	}
 	w.eps[raw.Ptr()] = ep
 	live.endpoints.Add(1)

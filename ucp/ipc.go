@@ -216,7 +216,7 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	if len(buf) == 0 && p.Condition == nil {
 		return completedRequest, nil
 	}
-	copyTo := ep.w.ipcCopier(p)
+	declared := declaredDevice(p)
 	enqueue := func(s streamcore.Stream, stage uintptr, uncaptured bool) error {
 		if len(buf) == 0 {
 			return nil
@@ -225,7 +225,7 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 		if !put {
 			dst, src = src, dst
 		}
-		return ep.w.ipcCopy(copyTo, s, dst, src, len(buf), stage, uncaptured)
+		return ep.ipcCopy(declared, s, dst, src, len(buf), stage, uncaptured)
 	}
 	reissue := func(off int, b []byte, ip *RequestParam) (*Request, error) {
 		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
@@ -233,40 +233,36 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
 }
 
-// ipcCopy copies n bytes from src to dst in stream order: with copyTo, or (stage set)
-// in two hops through the staging buffer at stage, pinned host memory, by
-// Stream.Copy since one side of each hop is host memory. uncaptured (a declared device
-// buffer, no stage): a device-to-device copy that checks for stream capture in the same
-// driver call, and enqueues nothing but returns errStreamCapturing under capture.
-func (w *Worker) ipcCopy(copyTo func(s streamcore.Stream, dst, src uintptr, n int) error, s streamcore.Stream, dst, src uintptr, n int, stage uintptr, uncaptured bool) error {
-	if uncaptured {
-		captured, err := w.ctx.ipc.dev.CopyDeviceUncaptured(s, dst, src, n)
+// ipcCopy copies n bytes from src to dst in stream order: a declared device buffer
+// by a device-to-device copy (the driver looks neither side up; on one device, by the
+// backend's copy kernel where that is faster), others by Stream.Copy; or (stage set)
+// in two hops through the staging buffer at stage, pinned host memory, by Stream.Copy
+// since one side of each hop is host memory. uncaptured (a declared device buffer, no
+// stage): a device-to-device copy that checks for stream capture in the same driver
+// call, and enqueues nothing but returns errStreamCapturing under capture.
+func (ep *Endpoint) ipcCopy(declared bool, s streamcore.Stream, dst, src uintptr, n int, stage uintptr, uncaptured bool) error {
+	dev := ep.w.ctx.ipc.dev
+	switch {
+	case uncaptured:
+		captured, err := dev.CopyDeviceUncaptured(s, dst, src, n, ep.sameDevice)
 		if err == nil && captured {
 			err = errStreamCapturing
 		}
 		return err
+	case stage != 0:
+		if err := s.Copy(stage, src, n); err != nil {
+			return err
+		}
+		return s.Copy(dst, stage, n)
+	case declared:
+		return dev.CopyDevice(s, dst, src, n, ep.sameDevice)
 	}
-	if stage == 0 {
-		return copyTo(s, dst, src, n)
-	}
-	if err := s.Copy(stage, src, n); err != nil {
-		return err
-	}
-	return s.Copy(dst, stage, n)
+	return s.Copy(dst, src, n)
 }
 
 // declaredDevice reports whether the caller said the buffer is device memory.
 func declaredDevice(p *RequestParam) bool {
 	return p.MemoryType == MemoryCUDA || (p.MemH != nil && p.MemH.memType == MemoryCUDA)
-}
-
-// ipcCopier is how an IPC operation copies: a declared device buffer by a
-// device-to-device copy (the driver looks neither side up), others by Stream.Copy.
-func (w *Worker) ipcCopier(p *RequestParam) func(s streamcore.Stream, dst, src uintptr, n int) error {
-	if declaredDevice(p) {
-		return w.ctx.ipc.dev.CopyDevice
-	}
-	return streamcore.Stream.Copy
 }
 
 // putSignalIPC is PutSignalNbx (its arguments checked) on device regions of a
@@ -282,7 +278,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 		return nil, opErr(op, ErrUnsupported, "SignalAdd on a device word: streams write, they do not add; use SignalSet or SignalStore with a growing value")
 	}
 	dev := ep.w.ctx.ipc.dev
-	copyTo := ep.w.ipcCopier(p)
+	declared := declaredDevice(p)
 	check := func() error {
 		if err := rkey.liveLocked(op); err != nil {
 			return err
@@ -292,7 +288,7 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 	sigAddr := sig.Rkey.signalAddr(sig.Addr)
 	enqueue := func(s streamcore.Stream, stage uintptr, uncaptured bool) error {
 		if len(buf) > 0 {
-			if err := ep.w.ipcCopy(copyTo, s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf), stage, uncaptured); err != nil {
+			if err := ep.ipcCopy(declared, s, rkey.ipc.mapped+uintptr(raddr-rkey.base), uintptr(bufPtr(buf)), len(buf), stage, uncaptured); err != nil {
 				return err
 			}
 		}

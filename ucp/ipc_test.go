@@ -199,8 +199,46 @@ func TestIPCOnStreamDeclaredDevice(t *testing.T) {
 	require.NoError(t, g.Wait(ctx))
 	require.Equal(t, checksum(pattern(n, 9)), checksum(alloc.Bytes()[:n]))
 	require.Equal(t, checksum(pattern(n, 9)), checksum(local.Bytes()[n:2*n]), "the get ran after the put on the stream")
-	require.Equal(t, 2, fakeipc.Stats().DeviceCopies-before.DeviceCopies, "device-to-device copies")
+	after := fakeipc.Stats()
+	require.Equal(t, 2, after.DeviceCopies-before.DeviceCopies, "device-to-device copies")
+	require.Equal(t, 2, after.SameDeviceCopies-before.SameDeviceCopies, "both sides on one device: the backend may copy by kernel")
 	require.Nil(t, p.a.eng, "the stream path needs no engine")
+}
+
+// Peers on two devices with peer access: the copies go through, and the backend is
+// not told they are on one device (its copy kernel is only for one device's memory).
+func TestIPCPeerDeviceCopies(t *testing.T) {
+	other := fakeUUID
+	other[15]++
+	devA, devB := fakeipc.New(hostBackend(t), fakeUUID), fakeipc.New(hostBackend(t), other)
+	devA.GrantPeerAccess(other)
+	devB.GrantPeerAccess(fakeUUID)
+	p, l, err := listenPair(t, ContextParams{Device: devA}, ContextParams{Device: devB})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	t.Cleanup(background(p.b))
+	require.Equal(t, protocol.ReachPeerDevice, p.epA.Reach(devA.CanAccessPeer))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	alloc, _, rk := mappedRegion(t, p, 1<<20)
+	local := fakeipc.Malloc(1 << 20)
+	defer local.Free()
+	s, sc := streamCondition(t, devA)
+	const n = 96 << 10
+	copy(local.Bytes(), pattern(n, 4))
+	before := fakeipc.Stats()
+	r, err := p.epA.PutNbx(DeviceBuffer(local.Ptr(), n), rk.Base()+8, rk, &RequestParam{Condition: sc, MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	g, err := p.epA.GetNbx(DeviceBuffer(local.Ptr()+n, n), rk.Base()+8, rk, &RequestParam{MemoryType: MemoryCUDA})
+	require.NoError(t, err)
+	require.NoError(t, g.Wait(ctx))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, checksum(pattern(n, 4)), checksum(alloc.Bytes()[8:8+n]))
+	require.Equal(t, checksum(pattern(n, 4)), checksum(local.Bytes()[n:2*n]))
+	after := fakeipc.Stats()
+	require.Equal(t, 2, after.DeviceCopies-before.DeviceCopies, "device-to-device copies")
+	require.Zero(t, after.SameDeviceCopies-before.SameDeviceCopies, "two devices: the copy engine's copies")
 }
 
 // Under conditions whose streams cannot copy (a kernel-triggered condition here) the

@@ -17,7 +17,7 @@ var fakeDriverTests = []string{"TestDeviceInfo", "TestPrimaryContext", "TestCont
 	"TestMemops64", "TestMemops32", "TestBatchMemOp", "TestStreamWaitEvent", "TestEvents", "TestMemory",
 	"TestLaunchHostFunc", "TestGraphMemops1000", "TestGraphNodeKinds", "TestGraphExecUpdate", "TestStreamCapture",
 	"TestModuleKernels", "TestModuleBadImage", "TestKernelEcho", "TestKernelDeviceHandle", "TestGraphKernelNode",
-	"TestAllocationOf"}
+	"TestAllocationOf", "TestLaunchCopy"}
 
 // TestFakeDriver runs the GPU tests in a child process whose libcuda.so.1 is a
 // CPU emulation of the driver. It exercises the loader, the C helpers, the

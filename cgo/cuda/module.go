@@ -281,6 +281,46 @@ func (s *Stream) LaunchKernel(f *Function, cfg LaunchConfig, args ...any) error 
 	})
 }
 
+// LaunchCopy launches f, a kernel taking (dst, src *u8, n u64) such as
+// device.KernelCopy, on s with grid blocks of block threads: a copy of n bytes in
+// stream order by the SMs, which costs the CPU one launch with no argument packing.
+func (s *Stream) LaunchCopy(f *Function, grid, block uint32, dst, src uintptr, n int) error {
+	_, err := s.launchCopy(f, grid, block, dst, src, n, false)
+	return err
+}
+
+// LaunchCopyUncaptured is LaunchCopy unless s is capturing: then it enqueues nothing
+// and returns the capture status (cuStreamIsCapturing and the launch in one call).
+func (s *Stream) LaunchCopyUncaptured(f *Function, grid, block uint32, dst, src uintptr, n int) (CaptureStatus, error) {
+	return s.launchCopy(f, grid, block, dst, src, n, true)
+}
+
+func (s *Stream) launchCopy(f *Function, grid, block uint32, dst, src uintptr, n int, uncaptured bool) (CaptureStatus, error) {
+	const op = "cuLaunchKernel"
+	if err := checkCopy(op, dst, src, n); err != nil {
+		return CaptureNone, err
+	}
+	if grid == 0 || block == 0 {
+		return CaptureNone, invalid(op, "grid %d, block %d", grid, block)
+	}
+	if err := s.rlock(op); err != nil {
+		return CaptureNone, err
+	}
+	defer s.mu.RUnlock()
+	fh, err := f.raw(op)
+	if err != nil {
+		return CaptureNone, err
+	}
+	defer f.mod.mu.RUnlock()
+	var st C.CUstreamCaptureStatus
+	stp := (*C.CUstreamCaptureStatus)(nil)
+	if uncaptured {
+		stp = &st
+	}
+	err = check(op, C.ucpx_launch_copy(s.ctx.h, fh, C.uint(grid), C.uint(block), C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.h, stp))
+	return CaptureStatus(st), err
+}
+
 // launch packs args and calls call with f's handle and the packed arguments while the
 // stream and f's module are held open.
 func (s *Stream) launch(op string, f *Function, args []any, call func(fh C.CUfunction, flat *C.uchar, offs *C.uint, n C.int) C.CUresult) error {

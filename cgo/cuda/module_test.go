@@ -178,3 +178,53 @@ func TestGraphKernelNode(t *testing.T) {
 	_, err = g.AddKernelNode(nil, fill, cuda.Linear(1, 1), buf.Ptr(), uint64(1), uint32(1))
 	require.ErrorIs(t, err, cuda.ErrInvalidHandle)
 }
+
+// TestLaunchCopy: the signal module's copy kernel through LaunchCopy moves a head, a
+// 16-byte body and a tail; bad arguments fail at the call; under capture
+// LaunchCopyUncaptured enqueues nothing.
+func TestLaunchCopy(t *testing.T) {
+	ctx := newContext(t)
+	s := newStream(t, ctx)
+	m, err := ctx.LoadModule(device.SignalKernelsPTX())
+	require.NoError(t, err)
+	defer m.Close()
+	k := function(t, m, device.KernelCopy)
+	const n = 1<<20 + 7
+	src := devMem(t, ctx, n+64)
+	dst := devMem(t, ctx, n+64)
+	host := hostMem(t, ctx, n+64, 0)
+	b := host.Bytes()
+	for i := range b {
+		b[i] = byte(i*13 + i>>10)
+	}
+	want := append([]byte(nil), b...)
+	require.NoError(t, s.MemcpyHtoD(src.Ptr(), host.Addr(), n+64))
+	require.NoError(t, s.MemsetD8(dst.Ptr(), 0, n+64))
+	// Offsets 3 and 19: equal modulo 16, neither aligned.
+	require.NoError(t, s.LaunchCopy(k, 64, 256, dst.Ptr()+19, src.Ptr()+3, n))
+	require.NoError(t, s.MemcpyDtoH(host.Addr(), dst.Ptr(), n+64))
+	syncWithin(t, s, 10*time.Second)
+	requireEach(t, 19, func(int) byte { return 0 }, func(i int) byte { return b[i] }, "before the copy")
+	requireEach(t, n, func(i int) byte { return want[3+i] }, func(i int) byte { return b[19+i] }, "copied byte")
+	requireEach(t, 64-19, func(int) byte { return 0 }, func(i int) byte { return b[19+n+i] }, "after the copy")
+
+	require.ErrorIs(t, s.LaunchCopy(k, 0, 256, dst.Ptr(), src.Ptr(), 8), cuda.ErrInvalidValue, "grid 0")
+	require.ErrorIs(t, s.LaunchCopy(k, 1, 0, dst.Ptr(), src.Ptr(), 8), cuda.ErrInvalidValue, "block 0")
+	require.ErrorIs(t, s.LaunchCopy(k, 1, 32, dst.Ptr(), src.Ptr(), 0), cuda.ErrInvalidValue, "0 bytes")
+	require.ErrorIs(t, s.LaunchCopy(k, 1, 32, 0, src.Ptr(), 8), cuda.ErrInvalidValue, "nil dst")
+
+	require.NoError(t, s.BeginCapture(cuda.CaptureThreadLocal))
+	st, err := s.LaunchCopyUncaptured(k, 1, 32, dst.Ptr(), src.Ptr(), 8)
+	require.NoError(t, err)
+	require.Equal(t, cuda.CaptureActive, st)
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	defer g.Close()
+	nodes, err := g.Nodes()
+	require.NoError(t, err)
+	require.Empty(t, nodes, "nothing captured")
+	st, err = s.LaunchCopyUncaptured(k, 1, 32, dst.Ptr(), src.Ptr(), 8)
+	require.NoError(t, err)
+	require.Equal(t, cuda.CaptureNone, st)
+	require.NoError(t, s.Synchronize())
+}

@@ -540,6 +540,26 @@ CUresult ucpx_launch_kernel_repeat(CUcontext ctx, CUfunction f, unsigned int gx,
 	UCPX_LEAVE(r);
 }
 
+/* A kernel of signature (dst, src *u8, n u64) launched on s, grid x block threads;
+ * with st set, only if s is not capturing (*st says how it is, and nothing is
+ * enqueued): a copy by kernel (Stream.LaunchCopy), one driver call like the
+ * copy-engine copy it stands in for. */
+CUresult ucpx_launch_copy(CUcontext ctx, CUfunction f, unsigned int grid, unsigned int block, CUdeviceptr dst,
+	CUdeviceptr src, size_t n, CUstream s, CUstreamCaptureStatus *st) {
+	UCPX_NEED(cuLaunchKernel);
+	if (st != NULL)
+		UCPX_NEED(cuStreamIsCapturing);
+	UCPX_ENTER(ctx);
+	if (st != NULL) {
+		CUresult r = ucpx_cu.cuStreamIsCapturing(s, st);
+		if (r != 0 || *st != 0) /* CU_STREAM_CAPTURE_STATUS_NONE */
+			UCPX_LEAVE(r);
+	}
+	uint64_t n64 = n;
+	void *params[3] = {&dst, &src, &n64};
+	UCPX_LEAVE(ucpx_cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, NULL));
+}
+
 /* ---- host functions ---- */
 
 CUresult ucpx_launch_host_func(CUcontext ctx, CUstream s, uintptr_t handle, int *capturing) {

@@ -174,6 +174,8 @@ CUresult ucpx_module_load_data(CUcontext ctx, CUmodule *m, const void *image, ch
 CUresult ucpx_module_unload(CUcontext ctx, CUmodule m);
 CUresult ucpx_module_get_function(CUcontext ctx, CUfunction *f, CUmodule m, const char *name);
 #define UCPX_MAX_KERNEL_ARGS 64
+CUresult ucpx_launch_copy(CUcontext ctx, CUfunction f, unsigned int grid, unsigned int block, CUdeviceptr dst,
+	CUdeviceptr src, size_t n, CUstream s, CUstreamCaptureStatus *st);
 CUresult ucpx_launch_kernel_repeat(CUcontext ctx, CUfunction f, unsigned int gx, unsigned int bx, CUstream s,
 	const unsigned char *flat, const unsigned int *offs, int nargs, int n);
 CUresult ucpx_launch_kernel(CUcontext ctx, CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -25,14 +25,17 @@ type DeviceIPC interface {
 	// IPCCloseMemHandle unmaps what IPCOpenMemHandle mapped (cuIpcCloseMemHandle).
 	IPCCloseMemHandle(mapped uintptr) error
 	// CopyDevice copies n bytes between two device addresses (this process's device
-	// memory or mappings of a peer's) in stream order (cuMemcpyDtoDAsync, which skips
-	// the look-up of both sides that Stream.Copy's cuMemcpyAsync makes).
-	CopyDevice(s Stream, dst, src uintptr, n int) error
+	// memory or mappings of a peer's) in stream order. sameDevice says both are memory
+	// of the backend's own device (its own or a same-device peer's mapping): the
+	// backend may then copy with a kernel where a launch costs less than the copy
+	// engine's cuMemcpyDtoDAsync (which skips the look-up of both sides that
+	// Stream.Copy's cuMemcpyAsync makes).
+	CopyDevice(s Stream, dst, src uintptr, n int, sameDevice bool) error
 	// CopyDeviceUncaptured is CopyDevice on a stream that is not capturing; on one that
 	// is (Stream.Capturing) it enqueues nothing and reports captured. One driver call
 	// for both, where Capturing then CopyDevice make two: the copy of a put is issued
 	// as often as the hardware drains it.
-	CopyDeviceUncaptured(s Stream, dst, src uintptr, n int) (captured bool, err error)
+	CopyDeviceUncaptured(s Stream, dst, src uintptr, n int, sameDevice bool) (captured bool, err error)
 	// WriteValueAt stores value into the 8-byte aligned device word at addr (this
 	// process's device memory or a mapping of a peer's) once all earlier work on s is
 	// done (cuStreamWriteValue64): the flag of the same-host device path.

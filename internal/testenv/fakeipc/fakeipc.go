@@ -29,7 +29,8 @@ import (
 // Device is a host backend with a fake device's IPC calls.
 type Device struct {
 	streamcore.Backend
-	uuid [16]byte
+	uuid  [16]byte
+	peers sync.Map // [16]byte -> true: devices GrantPeerAccess allowed
 }
 
 // The process's fake allocations, shared by every Device (processes share a GPU).
@@ -46,6 +47,7 @@ type Counts struct {
 	Exports, Opens, Closes                 int
 	SharedAllocs, SharedMaps, SharedUnmaps int // shared signal words
 	DeviceCopies                           int // CopyDevice calls
+	SameDeviceCopies                       int // those told both sides are on this device
 }
 
 // Stats returns the counts so far (process-wide).
@@ -91,7 +93,14 @@ func (a *Alloc) Free() {
 }
 
 func (d *Device) DeviceUUID() ([16]byte, error)    { return d.uuid, nil }
-func (d *Device) CanAccessPeer(uuid [16]byte) bool { return uuid == d.uuid }
+func (d *Device) CanAccessPeer(uuid [16]byte) bool {
+	_, ok := d.peers.Load(uuid)
+	return uuid == d.uuid || ok
+}
+
+// GrantPeerAccess lets d reach the memory of the fake device with that UUID, as peer
+// access between two GPUs of one host does.
+func (d *Device) GrantPeerAccess(uuid [16]byte) { d.peers.Store(uuid, true) }
 
 func (d *Device) IPCAllocation(ptr uintptr) (streamcore.IPCAllocation, error) {
 	mu.Lock()
@@ -142,19 +151,22 @@ func (d *Device) IPCCloseMemHandle(p uintptr) error {
 }
 
 // CopyDevice is the stream's Copy (fake device memory is host memory).
-func (d *Device) CopyDevice(s streamcore.Stream, dst, src uintptr, n int) error {
+func (d *Device) CopyDevice(s streamcore.Stream, dst, src uintptr, n int, sameDevice bool) error {
 	mu.Lock()
 	counts.DeviceCopies++
+	if sameDevice {
+		counts.SameDeviceCopies++
+	}
 	mu.Unlock()
 	return s.Copy(dst, src, n)
 }
 
 // CopyDeviceUncaptured is CopyDevice where the stream is not capturing.
-func (d *Device) CopyDeviceUncaptured(s streamcore.Stream, dst, src uintptr, n int) (bool, error) {
+func (d *Device) CopyDeviceUncaptured(s streamcore.Stream, dst, src uintptr, n int, sameDevice bool) (bool, error) {
 	if c, err := s.Capturing(); c || err != nil {
 		return c, err
 	}
-	return false, d.CopyDevice(s, dst, src, n)
+	return false, d.CopyDevice(s, dst, src, n, sameDevice)
 }
 
 // WriteValueAt stores value at addr in stream order (an atomic store on the stream's

@@ -93,7 +93,7 @@ struct CUevent_st { unsigned flags; uint64_t recorded, completed; uint64_t stamp
 
 /* ---- operations ---- */
 enum { OP_WRITE, OP_WAIT, OP_HOST, OP_COPY, OP_SET8, OP_SET32, OP_RECORD, OP_WAITEV, OP_KERNEL, OP_BARRIER };
-enum { K_ECHO = 1, K_HANDLE, K_CHECKSUM, K_FILL };
+enum { K_ECHO = 1, K_HANDLE, K_CHECKSUM, K_FILL, K_COPY };
 typedef struct op {
 	int kind, width;
 	unsigned flags;
@@ -157,6 +157,10 @@ static void run_kernel(op *o) {
 			((unsigned char *)a[0])[i] = (unsigned char)((i * 2654435761ull + seed) >> 7);
 		break;
 	}
+	case K_COPY: /* dst, src, n: ucpx_copy, which needs dst - src a multiple of 16 */
+		if ((a[0] - a[1]) % 16 == 0)
+			memmove((void *)a[0], (void *)a[1], a[2]);
+		break;
 	}
 }
 
@@ -600,7 +604,7 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph g, const CUgraphNode *d
 }
 static int kernel_id(CUfunction f);
 static size_t kernel_params(int k, void **params, unsigned char *out) {
-	static const int sizes[][6] = {{0}, {8, 8, 8, 8, 8, 0}, {32, 8, 0}, {8, 8, 8, 0}, {8, 8, 4, 0}};
+	static const int sizes[][6] = {{0}, {8, 8, 8, 8, 8, 0}, {32, 8, 0}, {8, 8, 8, 0}, {8, 8, 4, 0}, {8, 8, 8, 0}};
 	size_t off = 0;
 	for (int i = 0; sizes[k][i]; i++) {
 		memcpy(out + off, params[i], sizes[k][i]);
@@ -731,9 +735,9 @@ CUresult cuStreamUpdateCaptureDependencies_v2(CUstream s, CUgraphNode *deps, con
 
 struct CUmod_st { int unused; };
 static struct CUmod_st the_module;
-static struct CUfunc_st { int id; } funcs[] = {{0}, {K_ECHO}, {K_HANDLE}, {K_CHECKSUM}, {K_FILL}};
+static struct CUfunc_st { int id; } funcs[] = {{0}, {K_ECHO}, {K_HANDLE}, {K_CHECKSUM}, {K_FILL}, {K_COPY}};
 static int kernel_id(CUfunction f) {
-	for (int i = 1; i < 5; i++)
+	for (int i = 1; i < 6; i++)
 		if (f == &funcs[i])
 			return i;
 	return 0;
@@ -758,8 +762,8 @@ CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_op
 }
 CUresult cuModuleUnload(CUmodule m) { return OK; }
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
-	static const char *names[] = {"", "ucpx_test_echo", "ucpx_test_handle", "ucpx_test_checksum", "ucpx_test_fill"};
-	for (int i = 1; i < 5; i++)
+	static const char *names[] = {"", "ucpx_test_echo", "ucpx_test_handle", "ucpx_test_checksum", "ucpx_test_fill", "ucpx_copy"};
+	for (int i = 1; i < 6; i++)
 		if (!strcmp(name, names[i])) {
 			*f = &funcs[i];
 			return OK;
