@@ -92,7 +92,7 @@ func (a *Alloc) Free() {
 	C.free(a.ptr)
 }
 
-func (d *Device) DeviceUUID() ([16]byte, error)    { return d.uuid, nil }
+func (d *Device) DeviceUUID() ([16]byte, error) { return d.uuid, nil }
 func (d *Device) CanAccessPeer(uuid [16]byte) bool {
 	_, ok := d.peers.Load(uuid)
 	return uuid == d.uuid || ok
