@@ -163,7 +163,12 @@ func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int, sameDevice b
 		return fmt.Errorf("stream: cuda CopyDevice: %T is not a CUDA stream: %w", s, ErrInvalidArgument)
 	}
 	if grid := b.copyGrid(dst, src, n, sameDevice); grid > 0 {
-		return cs.wrap("CopyDevice", cs.s.LaunchCopy(b.copyKernel, grid, copyKernelBlock, dst, src, n))
+		// Captured, the copy is a memcpy node: a graph launch costs the same whatever
+		// its nodes, and the copy engine leaves the SMs to the graph's kernels.
+		st, err := cs.s.LaunchCopyUncaptured(b.copyKernel, grid, copyKernelBlock, dst, src, n)
+		if err != nil || st == cuda.CaptureNone {
+			return cs.wrap("CopyDevice", err)
+		}
 	}
 	return cs.wrap("CopyDevice", cs.s.MemcpyDtoD(dst, src, n))
 }

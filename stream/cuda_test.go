@@ -582,17 +582,30 @@ func TestCUDACopyDevice(t *testing.T) {
 		}
 	}
 
-	// Under capture nothing is enqueued by either path.
+	// Under capture the uncaptured form enqueues nothing by either path, and
+	// CopyDevice records a memcpy node, also where it would launch the kernel.
 	require.NoError(t, cs.BeginCapture(cuda.CaptureThreadLocal))
 	for _, n := range []int{64, copyKernelMax + 16} {
 		captured, err := b.CopyDeviceUncaptured(s, dst.Ptr(), src.Ptr(), n, true)
 		require.NoError(t, err)
 		require.True(t, captured, "%d bytes", n)
 	}
+	require.NoError(t, b.CopyDevice(s, dst.Ptr()+16, src.Ptr(), 4096, true))
 	g, err := cs.EndCapture()
 	require.NoError(t, err)
 	defer g.Close()
 	nodes, err := g.Nodes()
 	require.NoError(t, err)
-	require.Zero(t, nodes, "captured copies enqueue nothing")
+	require.Len(t, nodes, 1, "the captured CopyDevice alone")
+	kind, err := g.NodeType(nodes[0])
+	require.NoError(t, err)
+	require.Equal(t, cuda.NodeMemcpy, kind)
+	require.NoError(t, cs.MemsetD8(dst.Ptr(), 0, 8192))
+	x, err := g.Instantiate(0)
+	require.NoError(t, err)
+	defer x.Close()
+	require.NoError(t, x.Launch(cs))
+	require.NoError(t, cs.MemcpyDtoH(host.Addr(), dst.Ptr(), 8192))
+	syncSoon(t, s)
+	require.Equal(t, want[:4096], host.Bytes()[16:16+4096], "the graph's copy")
 }

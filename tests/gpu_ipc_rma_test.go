@@ -15,6 +15,7 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -448,7 +449,8 @@ func BenchmarkGPUIPCGraphLaunch64(b *testing.B) {
 // (the GPU's part is negligible), for profiling the issue path (-test.cpuprofile),
 // beside the driver calls it is made of, on the same stream into the same mapping:
 // put (PutNbx), copy (cuMemcpyDtoDAsync), uncaptured (the capture check and the copy
-// in one C call, what the put issues), local (the copy into memory of this process).
+// in one C call), local (the copy into memory of this process), kernel (the capture
+// check and the copy kernel's launch in one C call, what the put issues).
 func BenchmarkGPUIPCPutCPU(b *testing.B) {
 	g := requireGPU(b)
 	x := startIPCExporter(b, g, 1<<20)
@@ -468,6 +470,11 @@ func BenchmarkGPUIPCPutCPU(b *testing.B) {
 	buf := ucp.DeviceBuffer(src.Ptr(), 8)
 	mapped, err := x.rk.DeviceAddress(x.rk.Base(), 8)
 	require.NoError(b, err)
+	sig, err := g.ctx.LoadModule(device.SignalKernelsPTX())
+	require.NoError(b, err)
+	defer sig.Close()
+	copyKernel, err := sig.Function(device.KernelCopy)
+	require.NoError(b, err)
 	for _, c := range []struct {
 		name string
 		f    func() error
@@ -482,6 +489,10 @@ func BenchmarkGPUIPCPutCPU(b *testing.B) {
 			return err
 		}},
 		{"local", func() error { return cs.MemcpyDtoD(local.Ptr(), src.Ptr(), 8) }},
+		{"kernel", func() error {
+			_, err := cs.LaunchCopyUncaptured(copyKernel, 1, 512, mapped, src.Ptr(), 8)
+			return err
+		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			f := c.f
