@@ -195,7 +195,7 @@ func (b *cudaBackend) CopyDeviceUncaptured(s Stream, dst, src uintptr, n int, sa
 // 16 runs as ucpx_copy (device.KernelCopy) in blocks of copyKernelBlock threads, at
 // most copyKernelBlocksPerSM per SM: its launch costs the CPU less than
 // cuMemcpyDtoDAsync, and up to 16 MiB the SMs also copy faster than the copy engine;
-// above it the copy engine is faster (docs/performance.md, "Copy kernel").
+// above it the copy engine is faster (docs/performance.md, "CUDA IPC").
 const (
 	copyKernelMax         = 16 << 20
 	copyKernelBlock       = 512
