@@ -162,7 +162,7 @@ func (b *cudaBackend) CopyDevice(s Stream, dst, src uintptr, n int, sameDevice b
 	if !ok {
 		return fmt.Errorf("stream: cuda CopyDevice: %T is not a CUDA stream: %w", s, ErrInvalidArgument)
 	}
-	if grid := b.copyGrid(dst, src, n, sameDevice); grid > 0 {
+	if grid := b.copyGrid(cs, dst, src, n, sameDevice); grid > 0 {
 		// Captured, the copy is a memcpy node: a graph launch costs the same whatever
 		// its nodes, and the copy engine leaves the SMs to the graph's kernels.
 		st, err := cs.s.LaunchCopyUncaptured(b.copyKernel, grid, copyKernelBlock, dst, src, n)
@@ -180,7 +180,7 @@ func (b *cudaBackend) CopyDeviceUncaptured(s Stream, dst, src uintptr, n int, sa
 	}
 	var st cuda.CaptureStatus
 	var err error
-	if grid := b.copyGrid(dst, src, n, sameDevice); grid > 0 {
+	if grid := b.copyGrid(cs, dst, src, n, sameDevice); grid > 0 {
 		st, err = cs.s.LaunchCopyUncaptured(b.copyKernel, grid, copyKernelBlock, dst, src, n)
 	} else {
 		st, err = cs.s.MemcpyDtoDUncaptured(dst, src, n)
@@ -202,9 +202,13 @@ const (
 	copyKernelBlocksPerSM = 4
 )
 
-// copyGrid is the grid of a copy by kernel, or 0 where the copy engine copies.
-func (b *cudaBackend) copyGrid(dst, src uintptr, n int, sameDevice bool) uint32 {
-	if !sameDevice || b.copyKernel == nil || n <= 0 || n > copyKernelMax || (dst-src)%16 != 0 {
+// copyGrid is the grid of a copy by kernel on cs, or 0 where the copy engine copies.
+// The kernel runs only on streams of b's own context: its module is loaded there, and
+// there the peers' memory is mapped (a wrapped stream of another context, or of
+// another device, copies by the copy engine, which reaches any address).
+func (b *cudaBackend) copyGrid(cs *cudaStream, dst, src uintptr, n int, sameDevice bool) uint32 {
+	if !sameDevice || b.copyKernel == nil || n <= 0 || n > copyKernelMax || (dst-src)%16 != 0 ||
+		cs.b.ctx.Handle() != b.ctx.Handle() {
 		return 0
 	}
 	blocks := (n + 16*copyKernelBlock - 1) / (16 * copyKernelBlock)

@@ -560,7 +560,7 @@ func TestCUDACopyDevice(t *testing.T) {
 		for _, uncaptured := range []bool{false, true} {
 			name := fmt.Sprintf("case %d (%d bytes, offsets %d/%d, uncaptured %v)", i, c.n, c.srcOff, c.dstOff, uncaptured)
 			d, sp := dst.Ptr()+uintptr(c.dstOff), src.Ptr()+uintptr(c.srcOff)
-			require.Equal(t, c.kern, b.copyGrid(d, sp, c.n, c.sameDevice) > 0, name)
+			require.Equal(t, c.kern, b.copyGrid(s.(*cudaStream), d, sp, c.n, c.sameDevice) > 0, name)
 			// Bytes around the destination stay as set: a guard of 0xEE each side.
 			require.NoError(t, cs.MemsetD8(dst.Ptr(), 0xEE, region))
 			if uncaptured {
@@ -581,6 +581,18 @@ func TestCUDACopyDevice(t *testing.T) {
 			}
 		}
 	}
+
+	// A wrapped stream of the backend's context copies by kernel too.
+	ws, err := WrapCUDAStream(cs.Handle())
+	require.NoError(t, err)
+	defer ws.Close()
+	require.NotZero(t, b.copyGrid(ws.(*cudaStream), dst.Ptr(), src.Ptr(), 4096, true), "a wrapped stream of the same context")
+	require.NoError(t, cs.MemsetD8(dst.Ptr(), 0, 4096))
+	require.NoError(t, b.CopyDevice(ws, dst.Ptr(), src.Ptr(), 4096, true))
+	require.NoError(t, ws.Synchronize())
+	require.NoError(t, cs.MemcpyDtoH(host.Addr(), dst.Ptr(), 4096))
+	syncSoon(t, s)
+	require.Equal(t, want[:4096], host.Bytes()[:4096], "the wrapped stream's copy")
 
 	// Under capture the uncaptured form enqueues nothing by either path, and
 	// CopyDevice records a memcpy node, also where it would launch the kernel.
