@@ -30,3 +30,17 @@ func DrainsEagerly(r *Request) bool {
 	defer r.reg.mu.Unlock()
 	return r.reg.eager
 }
+
+// MakeEager makes r's worker registry eager for n drains, as a late ack does.
+func MakeEager(r *Request, n int) {
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	r.reg.eager, r.reg.eagerLeft = true, n
+}
+
+// Relaxed is how many times r's worker registry went from eager back to lazy.
+func Relaxed(r *Request) int {
+	r.reg.mu.Lock()
+	defer r.reg.mu.Unlock()
+	return r.reg.relaxed
+}

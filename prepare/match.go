@@ -42,11 +42,13 @@ type registry struct {
 	acks  *ackBlock              // the block new ack slots come from
 	host  stream.Backend         // of the ack words
 	// unacked: sender requests whose iteration completed before its ack came;
-	// draining: the drainer runs or is due; eager: an ack was late once, the drainer
-	// starts at once from then on (see drain).
-	unacked  map[*Request]unackedIter
-	draining bool
-	eager    bool
+	// draining: the drainer runs or is due; eager: an ack was late, the drainer starts
+	// at once for the next eagerDrains drains (eagerLeft of them left; see drain).
+	unacked   map[*Request]unackedIter
+	draining  bool
+	eager     bool
+	eagerLeft int
+	relaxed   int // how many times an eager registry went lazy again
 }
 
 // unackedIter is a sender's iteration waiting for its ack, since when.
@@ -61,14 +63,18 @@ type unackedIter struct {
 // fence leaves even if the application stops progressing. It parks on the worker's
 // event fd between rounds: idle, it costs nothing, and it ends when nothing is left.
 //
-// Until an ack was late once, the drainer starts only drainDelay later (drainLater):
-// where the transport completes puts at the target as it issues them (shared memory)
-// and the application goes on (the next Start, Wait or Test progresses the worker),
-// the ack is there by then, and a loop of iterations pays no goroutine and no progress
-// round of its own per iteration. An iteration still unacknowledged after the delay
-// (a transport that needs the sender's progress, such as tcp's emulated puts, or an
-// application that stopped) makes the registry eager: from then on the drainer starts
-// at once, as the data may be waiting for it.
+// Lazily, the drainer starts only drainDelay later (drainLater): where the transport
+// completes puts at the target as it issues them (shared memory) and the application
+// goes on (the next Start, Wait or Test progresses the worker), the ack is there by
+// then, and a loop of iterations pays no goroutine and no progress round of its own
+// per iteration. An iteration still unacknowledged after the delay (a transport that
+// needs the sender's progress, such as tcp's emulated puts, or an application that
+// stopped) makes the registry eager: for the next eagerDrains drains the drainer
+// starts at once, as the data may be waiting for it. Then the registry tries lazy
+// again: one late ack (a pause of the application) must not leave a drainer
+// progressing the worker beside every later iteration, where it makes the sender see
+// the receiver's readiness in the middle of its Pready calls and move the rest of the
+// partitions one by one instead of together.
 func (g *registry) drain(r *Request, iter uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -76,16 +82,28 @@ func (g *registry) drain(r *Request, iter uint64) {
 		g.unacked = map[*Request]unackedIter{}
 	}
 	g.unacked[r] = unackedIter{iter, time.Now()}
+	eager := g.eager
+	if eager {
+		if g.eagerLeft--; g.eagerLeft <= 0 {
+			g.eager = false
+			g.relaxed++
+		}
+	}
 	if g.draining {
 		return
 	}
 	g.draining = true
-	if g.eager {
+	if eager {
 		go g.drainer()
 		return
 	}
 	time.AfterFunc(drainDelay, g.drainLater)
 }
+
+// eagerDrains is how many drains an eager registry starts its drainer at once for
+// (or finds it running).
+// A transport that needs it stays eager but for one delayed drain in eagerDrains.
+var eagerDrains = 128
 
 // drainDelay is how long an unacknowledged iteration waits for the application's own
 // progress before a registry that is not eager starts its drainer.
@@ -104,7 +122,9 @@ func (g *registry) drainLater() {
 			break
 		}
 	}
-	g.eager = g.eager || late
+	if late {
+		g.eager, g.eagerLeft = true, eagerDrains
+	}
 	g.mu.Unlock()
 	if late {
 		g.drainer()

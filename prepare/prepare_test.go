@@ -313,6 +313,29 @@ func TestSenderStopsAfterWait(t *testing.T) {
 	})
 }
 
+// An eager registry goes lazy again after its eager drains: one late ack does not
+// keep a drainer running beside every later iteration. The sender waits before the
+// receiver, so each of its iterations completes before its ack and is drained.
+func TestDrainerRelaxes(t *testing.T) {
+	l := shmLink(t)
+	send, recv, sbuf, rbuf := pair(t, l, 8*256, 8, 8, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const eager = 3
+	prepare.MakeEager(send, eager)
+	before := prepare.Relaxed(send)
+	for i := 1; i <= eager+2; i++ {
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		fill(sbuf, i)
+		require.NoError(t, send.PreadyRange(0, 7))
+		require.NoError(t, send.Wait(ctx))
+		require.NoError(t, recv.Wait(ctx), "iteration %d", i)
+		require.NoError(t, checkFilled(rbuf, i))
+	}
+	require.Greater(t, prepare.Relaxed(send), before, "the registry never went lazy again")
+}
+
 // Many iterations: every partition of every iteration checksummed.
 func TestPartitionedManyIterations(t *testing.T) {
 	l := shmLink(t)
