@@ -294,18 +294,7 @@ func TestPartitionedPready(t *testing.T) {
 func TestSenderStopsAfterWait(t *testing.T) {
 	links(t, func(t *testing.T, l *link) {
 		send, recv, sbuf, rbuf := pair(t, l, 8*4096, 8, 8, 3)
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		for i := 1; i <= 3; i++ {
-			require.NoError(t, recv.Start())
-			require.NoError(t, send.Start())
-			fill(sbuf, i)
-			require.NoError(t, send.PreadyRange(0, 7))
-			// Wait on the sender alone, then leave its worker alone.
-			require.NoError(t, send.Wait(ctx))
-			require.NoError(t, recv.Wait(ctx), "iteration %d", i)
-			require.NoError(t, checkFilled(rbuf, i))
-		}
+		senderWaitsFirst(t, send, recv, sbuf, rbuf, 3)
 		if strings.HasSuffix(t.Name(), "tcp") {
 			require.Eventually(t, func() bool { return prepare.DrainsEagerly(send) }, 10*time.Second, time.Millisecond,
 				"a late ack makes the registry drain at once")
@@ -313,18 +302,14 @@ func TestSenderStopsAfterWait(t *testing.T) {
 	})
 }
 
-// An eager registry goes lazy again after its eager drains: one late ack does not
-// keep a drainer running beside every later iteration. The sender waits before the
-// receiver, so each of its iterations completes before its ack and is drained.
-func TestDrainerRelaxes(t *testing.T) {
-	l := shmLink(t)
-	send, recv, sbuf, rbuf := pair(t, l, 8*256, 8, 8, 4)
+// senderWaitsFirst runs n iterations of 8 partitions, each waited for on the sender
+// before the receiver: the sender's Wait returns before the receiver sent its ack, and
+// then nothing progresses the sender's worker until the next iteration.
+func senderWaitsFirst(t *testing.T, send, recv *prepare.Request, sbuf, rbuf []byte, n int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	const eager = 3
-	prepare.MakeEager(send, eager)
-	before := prepare.Relaxed(send)
-	for i := 1; i <= eager+2; i++ {
+	for i := 1; i <= n; i++ {
 		require.NoError(t, recv.Start())
 		require.NoError(t, send.Start())
 		fill(sbuf, i)
@@ -333,6 +318,18 @@ func TestDrainerRelaxes(t *testing.T) {
 		require.NoError(t, recv.Wait(ctx), "iteration %d", i)
 		require.NoError(t, checkFilled(rbuf, i))
 	}
+}
+
+// An eager registry goes lazy again after its eager drains: one late ack does not
+// keep a drainer running beside every later iteration. The sender waits before the
+// receiver, so each of its iterations completes before its ack and is drained.
+func TestDrainerRelaxes(t *testing.T) {
+	l := shmLink(t)
+	send, recv, sbuf, rbuf := pair(t, l, 8*256, 8, 8, 4)
+	const eager = 3
+	prepare.MakeEager(send, eager)
+	before := prepare.Relaxed(send)
+	senderWaitsFirst(t, send, recv, sbuf, rbuf, eager+2)
 	require.Greater(t, prepare.Relaxed(send), before, "the registry never went lazy again")
 }
 
