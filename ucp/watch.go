@@ -1,8 +1,11 @@
 package ucp
 
 import (
+	"bytes"
 	"errors"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -17,14 +20,17 @@ import (
 // same boot. The pidfd sits in Go's netpoller, so a death is seen at once (no polling).
 
 type pidWatch struct {
-	f  *os.File
-	rc syscall.RawConn
+	f   *os.File
+	rc  syscall.RawConn
+	pid int
 }
 
 func (p *pidWatch) stop() { _ = p.f.Close() }
 
-// exited reports whether the peer process has exited, without waiting for the
-// watching goroutine to notice.
+// exited reports whether the peer process has exited or is exiting, without waiting
+// for the watching goroutine to notice. A pidfd turns readable only at the end of the
+// exit, after the process's memory (its shared-memory segments with it) is gone, so
+// the kernel's exiting flag of the process is read too: it is set as the exit begins.
 func (p *pidWatch) exited() bool {
 	gone := false
 	_ = p.rc.Control(func(fd uintptr) {
@@ -32,7 +38,35 @@ func (p *pidWatch) exited() bool {
 		n, _ := unix.Poll(pfd, 0)
 		gone = n > 0
 	})
-	return gone
+	if gone {
+		return true
+	}
+	// Not exited: the pid is still the peer's (the pidfd pins it), so its stat is.
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/stat")
+	return err == nil && statExiting(stat)
+}
+
+// pfExiting is the kernel's PF_EXITING task flag.
+const pfExiting = 0x4
+
+// statExiting reports whether a /proc/PID/stat line is of a process that is exiting
+// (PF_EXITING in its flags) or gone (state Z or X). The command name, in parentheses,
+// may itself hold spaces and parentheses: the fields are counted from the last ')'.
+func statExiting(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return false
+	}
+	// After the name: state ppid pgrp session tty_nr tpgid flags ...
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 7 {
+		return false
+	}
+	if f[0] == "Z" || f[0] == "X" || f[0] == "x" {
+		return true
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfExiting != 0
 }
 
 // startWatch watches the endpoint's peer process if it runs on this machine.
@@ -55,7 +89,7 @@ func (ep *Endpoint) startWatch() {
 		_ = f.Close()
 		return
 	}
-	pw := &pidWatch{f: f, rc: rc}
+	pw := &pidWatch{f: f, rc: rc, pid: int(ep.peer.pid)}
 	w := ep.w
 	w.mu.Lock()
 	if ep.closed || ep.err != nil || w.closed.Load() {
