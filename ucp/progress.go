@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,6 +17,7 @@ type progressThread struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	exited   chan struct{}
+	parks    atomic.Int64 // times it parked on the event fd
 }
 
 func (w *Worker) startProgressThread() {
@@ -34,14 +36,20 @@ func (w *Worker) runProgressThread(t *progressThread) {
 	}()
 	idle := 0
 	var idleSince time.Duration
+	// UCX's own progress counts as activity too: a target's worker applies a peer's
+	// emulated puts and atomics (shared memory to memory UCX did not allocate, tcp)
+	// with nothing of ours completing, and parking between them would put a wake-up
+	// behind every one.
+	seen := w.raw.Progressed()
 	for {
 		select {
 		case <-t.stop:
 			return
 		default:
 		}
-		if w.Progress() > 0 {
-			idle = 0
+		n := w.Progress()
+		if now := w.raw.Progressed(); n > 0 || now != seen {
+			seen, idle = now, 0
 			continue
 		}
 		idle++
@@ -71,6 +79,7 @@ func (w *Worker) runProgressThread(t *progressThread) {
 			}
 		} else {
 			// Park until the event fd fires (a message, a remote operation) or stop.
+			t.parks.Add(1)
 			_ = w.WaitForEvents(ctx, 1<<62)
 		}
 		idle = 0

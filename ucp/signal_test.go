@@ -3,6 +3,7 @@ package ucp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"runtime"
 	"strings"
 	"testing"
@@ -175,6 +176,80 @@ func TestProgressThreadServesTarget(t *testing.T) {
 	require.NoError(t, p.b.Close())
 	buf := make([]byte, 1<<20)
 	require.NotContains(t, string(buf[:runtime.Stack(buf, true)]), "runProgressThread")
+}
+
+// The progress thread counts UCX's own progress as activity: while a peer's emulated
+// puts keep arriving (into memory UCX did not allocate: they complete nothing of the
+// target's), it keeps polling instead of parking between them and waking for each.
+func TestProgressThreadStaysWhilePeerWrites(t *testing.T) {
+	const spin = 500 * time.Microsecond
+	p := shmPairWith(t, WorkerParams{ProgressThread: true, SpinTime: spin})
+	b := hostBackend(t)
+	tg := newTarget(t, p, b, 8, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	src := make([]byte, 8)
+	before := p.b.progress.parks.Load()
+	start := time.Now()
+	n := 0
+	for time.Since(start) < 200*time.Millisecond {
+		n++
+		binary.LittleEndian.PutUint64(src, uint64(n))
+		r, err := p.epA.PutNbx(src, tg.sigs.Addr(0), tg.sigKey, nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		f, err := p.epA.FlushNbx(nil) // remote completion: the target applied the put
+		require.NoError(t, err)
+		require.NoError(t, f.Wait(ctx))
+	}
+	require.Equal(t, uint64(n), tg.sigs.Word(0).Load())
+	parks := p.b.progress.parks.Load() - before
+	// Parking on every spin time without a completion of its own would be one park
+	// per 500 µs (400 here); allow some for a loaded machine's stalls.
+	t.Logf("%d puts in %v, the target's progress thread parked %d times", n, time.Since(start), parks)
+	require.Less(t, parks, int64(40), "the target parked while its peer's puts kept arriving")
+}
+
+// Idle, the progress thread parks over tcp as over shared memory: UCX's progress
+// reports nothing once nothing happens (it counts as activity, above). The peer
+// progresses now and then, as a process with a progress thread of its own does (over
+// tcp a peer that never progresses leaves UCX's connection polling for writability,
+// and a parked thread wakes at once; docs/performance.md, "Idle waits").
+func TestProgressThreadParksWhenIdle(t *testing.T) {
+	for _, shm := range []bool{true, false} {
+		p := addressPair(t, WorkerParams{ProgressThread: true, SpinTime: time.Millisecond}, shm)
+		b := hostBackend(t)
+		tg := newTarget(t, p, b, 8, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		peer := make(chan struct{})
+		peerDone := make(chan struct{})
+		go func() {
+			defer close(peerDone)
+			for {
+				select {
+				case <-peer:
+					return
+				case <-time.After(time.Millisecond):
+					p.a.Progress()
+				}
+			}
+		}()
+		r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1}, tg.sigs.Addr(0), tg.sigKey, nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		cancel()
+		parks := p.b.progress.parks.Load()
+		require.Eventually(t, func() bool { return p.b.progress.parks.Load() > parks }, 5*time.Second, time.Millisecond,
+			"shm %v: the idle progress thread never parked", shm)
+		// Once the connection has settled (tcp's takes some milliseconds more), it
+		// stays parked: nothing wakes it while nothing happens.
+		time.Sleep(200 * time.Millisecond)
+		parks = p.b.progress.parks.Load()
+		time.Sleep(200 * time.Millisecond)
+		require.LessOrEqual(t, p.b.progress.parks.Load()-parks, int64(2), "shm %v: the idle thread keeps waking", shm)
+		close(peer)
+		<-peerDone
+	}
 }
 
 func parkedProgressThread(stacks string) bool {

@@ -273,7 +273,7 @@ int ucpxu_chain_wait(uintptr_t cp, unsigned spins)
         return 0;
     }
     for (i = 0; i < spins && __atomic_load_n(&c->running, __ATOMIC_ACQUIRE); i++) {
-        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
+        ucpxu_progress(w);
     }
     ucpxu_reap((uintptr_t)w);
     return __atomic_load_n(&c->running, __ATOMIC_ACQUIRE);

@@ -374,7 +374,7 @@ static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
     const uint32_t *yield = &w->share->yield;
     unsigned i;
     if (r == NULL) {
-        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
+        ucpxu_progress(w);
         return;
     }
     for (i = 0; i < spins; i++) {
@@ -384,7 +384,7 @@ static inline void spin(ucpxu_worker_t *w, ucpxu_req_t *r, unsigned spins)
         if (i > 0 && __atomic_load_n(yield, __ATOMIC_RELAXED)) {
             return; /* an issuer waits for the lock */
         }
-        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
+        ucpxu_progress(w);
     }
 }
 
@@ -720,7 +720,7 @@ void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t sle
             (i > 0 && __atomic_load_n(yield, __ATOMIC_RELAXED))) {
             break;
         }
-        ucpxu_um_tick(w, ucp_worker_progress(w->worker));
+        ucpxu_progress(w);
     }
     if (spins > 0) {
         reap(w);

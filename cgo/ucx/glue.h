@@ -121,6 +121,10 @@ struct ucpxu_worker {
      * a C caller waits for the worker: the spin loops below end early so that it gets
      * the worker within one progress call. Written atomically. */
     ucpxu_share_t *share;
+    /* The sum of ucp_worker_progress's results (ucpxu_progress): what UCX did, the
+     * remote operations it applied for peers included, which complete nothing of
+     * ours. Added and read atomically. */
+    uint64_t      progressed;
     uint64_t      tag_source; /* this worker's source id, in place (above UCPXU_TAG_MASK) */
     /* The unmatched-data ledger (unmatched.c), on while limit > 0: messages that sat
      * unexpected for a look interval are taken from UCX's queue into ours and charged
@@ -154,6 +158,16 @@ static inline void ucpxu_um_tick(ucpxu_worker_t *w, unsigned progressed)
     if (progressed != 0 && w->um.limit != 0 && (++w->um.tick % UCPXU_UM_EVERY) == 0) {
         ucpxu_um_look(w);
     }
+}
+/* ucpxu_progress is one ucp_worker_progress, counted (progressed) and ticking the
+ * ledger. */
+static inline void ucpxu_progress(ucpxu_worker_t *w)
+{
+    unsigned n = ucp_worker_progress(w->worker);
+    if (n != 0) {
+        __atomic_fetch_add(&w->progressed, n, __ATOMIC_RELAXED);
+    }
+    ucpxu_um_tick(w, n);
 }
 /* ucpxu_post_recv posts a tag receive with p: from our queue when a message there
  * matches (ucp_tag_msg_recv_nbx), else ucp_tag_recv_nbx. The mask ignores the source

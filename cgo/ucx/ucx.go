@@ -20,6 +20,7 @@ import "C"
 
 import (
 	"runtime"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -426,6 +427,12 @@ func (w *Worker) OwnSend() Status { return Status(w.w.own2.status) }
 
 // SendReq is the send's status pointer of the last TagSendRecv.
 func (w *Worker) SendReq() unsafe.Pointer { return w.w.send_req }
+
+// Progressed is the sum of what ucp_worker_progress returned in this worker's progress
+// calls (the remote operations UCX applied for peers included); safe without the lock.
+func (w *Worker) Progressed() uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&w.w.progressed)))
+}
 
 // Event is one drained event; see ucpxu_event_t.
 type Event struct {
