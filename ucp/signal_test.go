@@ -214,9 +214,8 @@ func TestProgressThreadStaysWhilePeerWrites(t *testing.T) {
 
 // Idle, the progress thread parks over tcp as over shared memory: UCX's progress
 // reports nothing once nothing happens (it counts as activity, above). The peer
-// progresses now and then, as a process with a progress thread of its own does (over
-// tcp a peer that never progresses leaves UCX's connection polling for writability,
-// and a parked thread wakes at once; docs/performance.md, "Idle waits").
+// progresses now and then, as a process with a progress thread of its own does (a
+// peer that never does: TestProgressThreadIgnoresStaleReadiness).
 func TestProgressThreadParksWhenIdle(t *testing.T) {
 	for _, shm := range []bool{true, false} {
 		p := addressPair(t, WorkerParams{ProgressThread: true, SpinTime: time.Millisecond}, shm)
@@ -261,4 +260,44 @@ func parkedProgressThread(stacks string) bool {
 		}
 	}
 	return false
+}
+
+// Over tcp, a peer that never progresses can leave UCX's connection socket polling for
+// writability: the worker's event fd stays readable with nothing for UCX to do, and a
+// parked waiter would return at once, every time (a core spinning). The parker then
+// waits for a new event, bounded, instead of that readiness.
+func TestProgressThreadIgnoresStaleReadiness(t *testing.T) {
+	stale := 0
+	for i := 0; i < 4 && stale == 0; i++ {
+		p := addressPair(t, WorkerParams{ProgressThread: true}, false)
+		b := hostBackend(t)
+		tg := newTarget(t, p, b, 8, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1}, tg.sigs.Addr(0), tg.sigKey, nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		cancel()
+		// From here A never progresses.
+		time.Sleep(100 * time.Millisecond)
+		if !readable(uintptr(p.b.efd)) {
+			continue // UCX left nothing ready: this pair shows nothing
+		}
+		stale++
+		parks := p.b.progress.parks.Load()
+		time.Sleep(500 * time.Millisecond)
+		n := p.b.progress.parks.Load() - parks
+		t.Logf("pair %d: the event fd stays readable; %d parks in 500 ms", i, n)
+		// Honouring the readiness, a 100 µs spin between parks made ~4000.
+		require.Less(t, n, int64(200), "a parked waiter returned at once on stale readiness")
+		// A real event still wakes it: A's atomic lands (B's thread applies it) at once.
+		ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+		r, err = p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1, Fetch: true}, tg.sigs.Addr(0), tg.sigKey, nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		cancel()
+		require.Equal(t, uint64(1), r.Fetched())
+	}
+	if stale == 0 {
+		t.Skip("UCX left no connection polling for writability in four pairs")
+	}
 }

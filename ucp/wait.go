@@ -192,10 +192,11 @@ func (w *Worker) sleepUnlock(ctx context.Context, cbs []func(), deadline time.Ti
 		}
 	}
 	f, lead := w.park.enter(w.efd)
+	progressed := w.raw.Progressed()
 	w.mu.Unlock()
 	runDeferred(cbs)
 	if lead {
-		w.park.poll(ctx, deadline)
+		w.park.poll(ctx, deadline, progressed)
 		w.park.resign()
 		return
 	}
@@ -250,6 +251,17 @@ type parker struct {
 	rc     syscall.RawConn // file's
 	readFn func(uintptr) bool
 	first  bool // readFn's state, the leader's only
+	// Stale readiness (the leader's only): the event fd was readable when the last
+	// sleep began (level) and the worker's UCX progress has not moved since
+	// (progressedAt): nothing UCX does consumes that readiness (a tcp socket left in
+	// the event set for writability while its peer never progresses), and a sleep
+	// that honoured it would return at once, every time. Such a sleep waits for a new
+	// edge instead, bounded by staleWait (doubling up to staleWaitMax, since an edge
+	// Go's netpoller forgot before the read is missed too).
+	immediate    bool
+	progressedAt uint64
+	skipLevel    bool
+	staleWait    time.Duration
 	// The watcher: the leader hands it its ctx's Done channel before sleeping and
 	// says when it woke (both unbuffered, one unwatch per watch).
 	watch   chan (<-chan struct{})
@@ -321,15 +333,32 @@ func (pk *parker) leave(f *follower) {
 	pk.mu.Unlock()
 }
 
+// Bounds of a sleep that skips a stale readiness (parker.immediate).
+const (
+	staleWaitMin = time.Millisecond
+	staleWaitMax = 20 * time.Millisecond
+)
+
 // poll is the leader's sleep: in the netpoller until the event fd is readable, ctx
-// ends, deadline passes or the file closes.
-func (pk *parker) poll(ctx context.Context, deadline time.Time) {
+// ends, deadline passes or the file closes. progressed is the worker's UCX progress
+// count when it armed (ucx.Worker.Progressed).
+func (pk *parker) poll(ctx context.Context, deadline time.Time, progressed uint64) {
 	pk.mu.Lock()
 	file, rc, readFn := pk.file, pk.rc, pk.readFn
 	pk.mu.Unlock()
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
+	pk.skipLevel = pk.immediate && progressed == pk.progressedAt
+	if pk.skipLevel {
+		pk.staleWait = min(max(2*pk.staleWait, staleWaitMin), staleWaitMax)
+		if d := time.Now().Add(pk.staleWait); deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	} else {
+		pk.staleWait = 0
+	}
+	pk.immediate, pk.progressedAt = false, progressed
 	if file.SetReadDeadline(deadline) != nil {
 		return // closed
 	}
@@ -364,11 +393,16 @@ func (pk *parker) poll(ctx context.Context, deadline time.Time) {
 
 // readReady is the leader's RawConn.Read callback. The first call checks the fd
 // without consuming anything: readiness that came before the netpoller was asked
-// counts too (it reports edges only). A later call follows a wake-up: done.
+// counts too (it reports edges only), unless it is stale (parker.immediate). A later
+// call follows a wake-up: done.
 func (pk *parker) readReady(fd uintptr) bool {
 	if pk.first {
 		pk.first = false
-		return readable(fd)
+		if !readable(fd) {
+			return false
+		}
+		pk.immediate = true
+		return !pk.skipLevel
 	}
 	return true
 }
