@@ -28,14 +28,14 @@ func Direct(r *Request) bool { return r.direct && r.st == nil }
 func DrainsEagerly(r *Request) bool {
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
-	return r.reg.eager
+	return r.reg.eagerLeft > 0
 }
 
 // MakeEager makes r's worker registry eager for n drains, as a late ack does.
 func MakeEager(r *Request, n int) {
 	r.reg.mu.Lock()
 	defer r.reg.mu.Unlock()
-	r.reg.eager, r.reg.eagerLeft = true, n
+	r.reg.eagerLeft = n
 }
 
 // Relaxed is how many times r's worker registry went from eager back to lazy.

@@ -42,11 +42,11 @@ type registry struct {
 	acks  *ackBlock              // the block new ack slots come from
 	host  stream.Backend         // of the ack words
 	// unacked: sender requests whose iteration completed before its ack came;
-	// draining: the drainer runs or is due; eager: an ack was late, the drainer starts
-	// at once for the next eagerDrains drains (eagerLeft of them left; see drain).
+	// draining: the drainer runs or is due; eagerLeft: an ack was late, and the drainer
+	// starts at once for this many more drains (the registry is eager while it is
+	// positive; see drain).
 	unacked   map[*Request]unackedIter
 	draining  bool
-	eager     bool
 	eagerLeft int
 	relaxed   int // how many times an eager registry went lazy again
 }
@@ -82,10 +82,9 @@ func (g *registry) drain(r *Request, iter uint64) {
 		g.unacked = map[*Request]unackedIter{}
 	}
 	g.unacked[r] = unackedIter{iter, time.Now()}
-	eager := g.eager
+	eager := g.eagerLeft > 0
 	if eager {
-		if g.eagerLeft--; g.eagerLeft <= 0 {
-			g.eager = false
+		if g.eagerLeft--; g.eagerLeft == 0 {
 			g.relaxed++
 		}
 	}
@@ -103,7 +102,7 @@ func (g *registry) drain(r *Request, iter uint64) {
 // eagerDrains is how many drains an eager registry starts its drainer at once for
 // (or finds it running).
 // A transport that needs it stays eager but for one delayed drain in eagerDrains.
-var eagerDrains = 128
+const eagerDrains = 128
 
 // drainDelay is how long an unacknowledged iteration waits for the application's own
 // progress before a registry that is not eager starts its drainer.
@@ -123,7 +122,7 @@ func (g *registry) drainLater() {
 		}
 	}
 	if late {
-		g.eager, g.eagerLeft = true, eagerDrains
+		g.eagerLeft = eagerDrains
 	}
 	g.mu.Unlock()
 	if late {
