@@ -255,12 +255,12 @@ type parker struct {
 	// sleep began (level) and the worker's UCX progress has not moved since
 	// (progressedAt): nothing UCX does consumes that readiness (a tcp socket left in
 	// the event set for writability while its peer never progresses), and a sleep
-	// that honoured it would return at once, every time. Such a sleep waits for a new
-	// edge instead, bounded by staleWait (doubling up to staleWaitMax, since an edge
-	// Go's netpoller forgot before the read is missed too).
+	// that honoured it would return at once, every time. Such a sleep ignores the
+	// level and waits for a new edge instead, bounded by staleWait (nonzero only
+	// then; doubling up to staleWaitMax, since an edge Go's netpoller forgot before
+	// the read is missed too).
 	immediate    bool
 	progressedAt uint64
-	skipLevel    bool
 	staleWait    time.Duration
 	// The watcher: the leader hands it its ctx's Done channel before sleeping and
 	// says when it woke (both unbuffered, one unwatch per watch).
@@ -349,8 +349,7 @@ func (pk *parker) poll(ctx context.Context, deadline time.Time, progressed uint6
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
-	pk.skipLevel = pk.immediate && progressed == pk.progressedAt
-	if pk.skipLevel {
+	if pk.immediate && progressed == pk.progressedAt {
 		pk.staleWait = min(max(2*pk.staleWait, staleWaitMin), staleWaitMax)
 		if d := time.Now().Add(pk.staleWait); deadline.IsZero() || d.Before(deadline) {
 			deadline = d
@@ -402,7 +401,7 @@ func (pk *parker) readReady(fd uintptr) bool {
 			return false
 		}
 		pk.immediate = true
-		return !pk.skipLevel
+		return pk.staleWait == 0
 	}
 	return true
 }
