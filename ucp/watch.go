@@ -33,11 +33,7 @@ func (p *pidWatch) stop() { _ = p.f.Close() }
 // the kernel's exiting flag of the process is read too: it is set as the exit begins.
 func (p *pidWatch) exited() bool {
 	gone := false
-	_ = p.rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(pfd, 0)
-		gone = n > 0
-	})
+	_ = p.rc.Control(func(fd uintptr) { gone = readable(fd) })
 	if gone {
 		return true
 	}
@@ -100,12 +96,8 @@ func (ep *Endpoint) startWatch() {
 	ep.watch = pw
 	w.mu.Unlock()
 	go func() {
-		err := rc.Read(func(fd uintptr) bool {
-			// A pidfd is readable once the process exited.
-			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			n, _ := unix.Poll(pfd, 0)
-			return n > 0
-		})
+		// A pidfd is readable once the process exited.
+		err := rc.Read(readable)
 		if err == nil {
 			ep.peerDied()
 		}
