@@ -303,21 +303,14 @@ func (s *Stream) launchCopy(f *Function, grid, block uint32, dst, src uintptr, n
 	if grid == 0 || block == 0 {
 		return CaptureNone, invalid(op, "grid %d, block %d", grid, block)
 	}
-	if err := s.rlock(op); err != nil {
-		return CaptureNone, err
-	}
-	defer s.mu.RUnlock()
-	fh, err := f.raw(op)
-	if err != nil {
-		return CaptureNone, err
-	}
-	defer f.mod.mu.RUnlock()
 	var st C.CUstreamCaptureStatus
 	stp := (*C.CUstreamCaptureStatus)(nil)
 	if uncaptured {
 		stp = &st
 	}
-	err = check(op, C.ucpx_launch_copy(s.ctx.h, fh, C.uint(grid), C.uint(block), C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.h, stp))
+	err := s.withFunction(op, f, func(fh C.CUfunction) C.CUresult {
+		return C.ucpx_launch_copy(s.ctx.h, fh, C.uint(grid), C.uint(block), C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.h, stp)
+	})
 	return CaptureStatus(st), err
 }
 
@@ -329,6 +322,13 @@ func (s *Stream) launch(op string, f *Function, args []any, call func(fh C.CUfun
 		return err
 	}
 	defer params.free()
+	flat, offs, n := params.c()
+	return s.withFunction(op, f, func(fh C.CUfunction) C.CUresult { return call(fh, flat, offs, n) })
+}
+
+// withFunction calls call with f's handle while the stream and f's module are held
+// open, and checks its result.
+func (s *Stream) withFunction(op string, f *Function, call func(fh C.CUfunction) C.CUresult) error {
 	if err := s.rlock(op); err != nil {
 		return err
 	}
@@ -338,8 +338,7 @@ func (s *Stream) launch(op string, f *Function, args []any, call func(fh C.CUfun
 		return err
 	}
 	defer f.mod.mu.RUnlock()
-	flat, offs, n := params.c()
-	return check(op, call(fh, flat, offs, n))
+	return check(op, call(fh))
 }
 
 // launchKernelRepeatC launches f n times from one C loop with its arguments packed
