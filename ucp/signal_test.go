@@ -145,6 +145,18 @@ func TestPutSignalChecksAtTheCall(t *testing.T) {
 	require.Zero(t, tg.sigs.Word(0).Load(), "nothing reached the target")
 }
 
+// targetAdd adds 1 to the target's first signal word from A with a fetching atomic,
+// waits for it and returns the value it replaced.
+func targetAdd(t *testing.T, p *pair, tg *target) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1, Fetch: true}, tg.sigs.Addr(0), tg.sigKey, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	return r.Fetched()
+}
+
 // A process that is only a target: with ProgressThread, a remote atomic on a signal
 // word that a CUDA-like waiter polls (here the host, reading the word without any ucpx
 // call) lands with no progress loop of the target's; idle, the thread parks.
@@ -152,13 +164,8 @@ func TestProgressThreadServesTarget(t *testing.T) {
 	p := shmPairWith(t, WorkerParams{ProgressThread: true})
 	b := hostBackend(t)
 	tg := newTarget(t, p, b, 8, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	for i := 1; i <= 20; i++ {
-		r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1, Fetch: true}, tg.sigs.Addr(0), tg.sigKey, nil)
-		require.NoError(t, err)
-		require.NoError(t, r.Wait(ctx))
-		require.Equal(t, uint64(i-1), r.Fetched())
+		require.Equal(t, uint64(i-1), targetAdd(t, p, tg))
 	}
 	require.Equal(t, uint64(20), tg.sigs.Word(0).Load())
 	// Idle: the progress goroutine sits in WaitForEvents (poll on the event fd).
@@ -221,7 +228,6 @@ func TestProgressThreadParksWhenIdle(t *testing.T) {
 		p := addressPair(t, WorkerParams{ProgressThread: true, SpinTime: time.Millisecond}, shm)
 		b := hostBackend(t)
 		tg := newTarget(t, p, b, 8, 1)
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		peer := make(chan struct{})
 		peerDone := make(chan struct{})
 		go func() {
@@ -235,10 +241,7 @@ func TestProgressThreadParksWhenIdle(t *testing.T) {
 				}
 			}
 		}()
-		r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1}, tg.sigs.Addr(0), tg.sigKey, nil)
-		require.NoError(t, err)
-		require.NoError(t, r.Wait(ctx))
-		cancel()
+		targetAdd(t, p, tg)
 		parks := p.b.progress.parks.Load()
 		require.Eventually(t, func() bool { return p.b.progress.parks.Load() > parks }, 5*time.Second, time.Millisecond,
 			"shm %v: the idle progress thread never parked", shm)
@@ -272,11 +275,7 @@ func TestProgressThreadIgnoresStaleReadiness(t *testing.T) {
 		p := addressPair(t, WorkerParams{ProgressThread: true}, false)
 		b := hostBackend(t)
 		tg := newTarget(t, p, b, 8, 1)
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1}, tg.sigs.Addr(0), tg.sigKey, nil)
-		require.NoError(t, err)
-		require.NoError(t, r.Wait(ctx))
-		cancel()
+		targetAdd(t, p, tg)
 		// From here A never progresses.
 		time.Sleep(100 * time.Millisecond)
 		if !readable(uintptr(p.b.efd)) {
@@ -290,12 +289,7 @@ func TestProgressThreadIgnoresStaleReadiness(t *testing.T) {
 		// Honouring the readiness, a 100 µs spin between parks made ~4000.
 		require.Less(t, n, int64(200), "a parked waiter returned at once on stale readiness")
 		// A real event still wakes it: A's atomic lands (B's thread applies it) at once.
-		ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
-		r, err = p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1, Fetch: true}, tg.sigs.Addr(0), tg.sigKey, nil)
-		require.NoError(t, err)
-		require.NoError(t, r.Wait(ctx))
-		cancel()
-		require.Equal(t, uint64(1), r.Fetched())
+		require.Equal(t, uint64(1), targetAdd(t, p, tg))
 	}
 	if stale == 0 {
 		t.Skip("UCX left no connection polling for writability in four pairs")
