@@ -241,8 +241,11 @@ func TestProgressThreadParksWhenIdle(t *testing.T) {
 				}
 			}
 		}()
-		targetAdd(t, p, tg)
+		// Counted before the add: the thread may park again before a count taken after
+		// it, and then (rightly) stay parked. The add wakes a parked thread, which
+		// parks again once idle.
 		parks := p.b.progress.parks.Load()
+		targetAdd(t, p, tg)
 		require.Eventually(t, func() bool { return p.b.progress.parks.Load() > parks }, 5*time.Second, time.Millisecond,
 			"shm %v: the idle progress thread never parked", shm)
 		// Once the connection has settled (tcp's takes some milliseconds more), it
