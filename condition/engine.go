@@ -3,6 +3,7 @@ package condition
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,6 +119,19 @@ type Engine struct {
 
 	// trace, when set, receives every operation's timeline (SetTrace).
 	trace atomic.Pointer[trace.Recorder]
+
+	// follows: per completion word of a Graph condition, the triggers its next
+	// completion stores (Follow); nfollow counts them, so that rounds skip followMu
+	// when there are none. A launch arms them, the round that fires the word takes them.
+	followMu sync.Mutex
+	follows  map[*streamcore.Word][]*streamcore.Word
+	nfollow  atomic.Int32
+	// byTrigger: the Graph conditions' channels by trigger word (under mu).
+	byTrigger map[*streamcore.Word]*channel
+	// Under drive: the triggers a round takes, and the blocks of those it could not
+	// issue itself (another engine's), kicked once the round let go of mu.
+	following []*streamcore.Word
+	kickAfter []*streamcore.WordBlock
 }
 
 // SetTrace makes the engine record the timeline of every operation it retires from
@@ -227,6 +241,12 @@ func (e *Engine) channelLocked(head *part) {
 			if cond.polledTrigger() {
 				e.polled.Add(1)
 			}
+			if cond.category == Graph {
+				if e.byTrigger == nil {
+					e.byTrigger = map[*streamcore.Word]*channel{}
+				}
+				e.byTrigger[cond.trigger] = ch
+			}
 		}
 		ch.ops = append(ch.ops, p)
 		p = next
@@ -237,6 +257,13 @@ func (e *Engine) removeLocked(ch *channel) {
 	delete(e.active, ch.cond)
 	if ch.cond.polledTrigger() {
 		e.polled.Add(-1)
+	}
+	if ch.cond.category == Graph {
+		delete(e.byTrigger, ch.cond.trigger)
+		e.followMu.Lock()
+		e.nfollow.Add(-int32(len(e.follows[ch.cond.done])))
+		delete(e.follows, ch.cond.done)
+		e.followMu.Unlock()
 	}
 	last := e.order[len(e.order)-1]
 	e.order[ch.pos], last.pos = last, ch.pos
@@ -596,6 +623,16 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 			e.removeLocked(ch)
 		}
 	}
+	if e.nfollow.Load() > 0 {
+		// The nodes that follow a fired launch start before its completion word is
+		// stored: they issue in this round, and those that complete in their issue
+		// call (eager sends) join e.fired and fire with it.
+		for i := 0; i < len(e.fired); i++ {
+			started, running := e.startFollowersLocked(e.fired[i].ch.cond.done)
+			progressed = progressed || started
+			inflight = inflight || running
+		}
+	}
 	e.scan = append(e.scan[:0], e.order...)
 	// Stored before any completion word: a driver whose word came reads it (Release).
 	if e.inflight.Load() != inflight {
@@ -630,12 +667,73 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		}
 		progressed = true
 	}
+	for i, b := range e.kickAfter {
+		b.Kick()
+		e.kickAfter[i] = nil
+	}
+	e.kickAfter = e.kickAfter[:0]
 	// Spin in the transport on the oldest operation in flight rather than paying a
 	// whole round per progress call.
 	if inflight && e.transport.Progress(waitOn) {
 		progressed = true
 	}
 	return progressed, true
+}
+
+// Follow implements streamcore.Follower for the completion words of the engine's Graph
+// conditions: a host graph's launch calls it, before it stores the trigger of the
+// operation whose completion word is done, for each node whose only dependency is
+// that operation; the round that fires done stores their triggers and issues them.
+func (e *Engine) Follow(done, trigger *streamcore.Word) bool {
+	if done == nil || trigger == nil || done == trigger {
+		return false
+	}
+	e.followMu.Lock()
+	defer e.followMu.Unlock()
+	if e.follows == nil {
+		e.follows = map[*streamcore.Word][]*streamcore.Word{}
+	}
+	list := e.follows[done]
+	if slices.Contains(list, trigger) {
+		return true // armed already: a launch on another stream, its trigger not taken yet
+	}
+	e.follows[done] = append(list, trigger)
+	e.nfollow.Add(1)
+	return true
+}
+
+// startFollowersLocked stores the triggers armed to follow done's completion and
+// issues the operations of those that are this engine's (persistentRoundLocked: one
+// that completes in its issue call joins e.fired); another engine's is kicked after
+// the round. It reports whether it stored any, and whether any is still running.
+// Caller holds mu and drive.
+func (e *Engine) startFollowersLocked(done *streamcore.Word) (started, running bool) {
+	e.followMu.Lock()
+	list := e.follows[done]
+	e.following = append(e.following[:0], list...)
+	if len(list) > 0 {
+		clear(list)
+		e.follows[done] = list[:0] // its array serves the next launch's Follow
+		e.nfollow.Add(-int32(len(e.following)))
+	}
+	e.followMu.Unlock()
+	for i, t := range e.following {
+		e.following[i] = nil
+		if t.Block().Closed() {
+			continue // destroyed: the launch fails the node, its completion word is gone too
+		}
+		t.Store(1)
+		started = true
+		ch := e.byTrigger[t]
+		if ch == nil {
+			e.kickAfter = append(e.kickAfter, t.Block())
+			continue
+		}
+		e.persistentRoundLocked(ch)
+		running = running || ch.running > 0
+	}
+	e.following = e.following[:0]
+	return started, running
 }
 
 // firedLaunch is a Graph condition's completed launch, with its first error.

@@ -307,3 +307,114 @@ func TestGraphConditionSeveralOperations(t *testing.T) {
 		require.NoError(t, r.Wait(ctx))
 	}
 }
+
+// Nodes whose only dependency is a communication node start in the engine's round that
+// completes it (stream.Follower), chains of them too, and a node with a second
+// dependency still waits for it. B's graph: recv -> echo -> tail (both chained), and
+// recv + fill -> late, where fill writes late's buffer from what recv got: a late send
+// started at recv's completion would carry the previous launch's bytes.
+func TestGraphChainedNodesStartInTheEngine(t *testing.T) {
+	l := newLink(t)
+	const launches = 1000
+	in, late := make([]byte, 64), make([]byte, 64)
+	g := graph.NewHost()
+	recv := graphCondition(t, l, g, nil, false)
+	_, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	echo := graphCondition(t, l, g, []condition.Node{recv.WaitNode()}, false)
+	_, err = l.ba.TagSendNbx(in, 2, &ucp.RequestParam{Condition: echo})
+	require.NoError(t, err)
+	tail := graphCondition(t, l, g, []condition.Node{echo.WaitNode()}, false)
+	_, err = l.ba.TagSendNbx(in, 3, &ucp.RequestParam{Condition: tail})
+	require.NoError(t, err)
+	fill, err := g.AddTask([]condition.Node{recv.WaitNode()}, func() error {
+		for i := range late {
+			late[i] = ^in[i]
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	lateC := graphCondition(t, l, g, []condition.Node{recv.WaitNode(), fill}, false)
+	_, err = l.ba.TagSendNbx(late, 4, &ucp.RequestParam{Condition: lateC})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	for range launches {
+		require.NoError(t, x.Launch(s))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out := make([]byte, 64)
+	got := make([][]byte, 3)
+	for i := range got {
+		got[i] = make([]byte, 64)
+	}
+	for n := range launches {
+		for i := range out {
+			out[i] = byte(n*7 + i)
+		}
+		sr, err := l.ab.TagSendNbx(out, 1, nil)
+		require.NoError(t, err)
+		for k, tag := range []uint64{2, 3, 4} {
+			r, err := l.a.TagRecvNbx(got[k], tag, ^uint64(0), nil)
+			require.NoError(t, err)
+			require.NoError(t, r.Wait(ctx), "launch %d tag %d", n, tag)
+		}
+		require.NoError(t, sr.Wait(ctx))
+		require.Equal(t, out, got[0], "launch %d: echo", n)
+		require.Equal(t, out, got[1], "launch %d: tail", n)
+		for i := range out {
+			require.Equal(t, ^out[i], got[2][i], "launch %d: late byte %d", n, i)
+		}
+	}
+	require.NoError(t, s.Synchronize())
+	// echo and tail, every launch; late has two dependencies and runs from the launch.
+	require.Equal(t, uint64(2*launches), graph.ChainedStarts(x))
+	for _, c := range []*condition.Condition{recv, echo, tail, lateC} {
+		require.NoError(t, c.Err())
+	}
+	require.NoError(t, x.Close())
+	for _, c := range []*condition.Condition{recv, echo, tail, lateC} {
+		require.NoError(t, c.Destroy())
+	}
+}
+
+// A node that would start in the engine but whose condition was destroyed fails the
+// launch (ErrClosed), as its own trigger task would, instead of leaving it waiting.
+func TestGraphChainedNodeDestroyedFailsTheLaunch(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 8)
+	g := graph.NewHost()
+	recv := graphCondition(t, l, g, nil, false)
+	_, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	echo := graphCondition(t, l, g, []condition.Node{recv.WaitNode()}, false)
+	_, err = l.ba.TagSendNbx(in, 2, &ucp.RequestParam{Condition: echo})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	require.NoError(t, echo.Destroy())
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sr, err := l.ab.TagSendNbx(make([]byte, 8), 1, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, graph.ErrClosed)
+	case <-ctx.Done():
+		require.FailNow(t, "launch with a destroyed chained node hung")
+	}
+	require.Equal(t, uint64(1), graph.ChainedStarts(x))
+	require.NoError(t, recv.Err())
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+}

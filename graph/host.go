@@ -48,6 +48,7 @@ type HostNode struct {
 	// engine fires that word, watched by the launch's event loop, not by a goroutine.
 	inline  bool
 	waitFor *stream.Word
+	trigger *stream.Word      // the word an inline task stores (a signal node's)
 	kick    *stream.WordBlock // after an inline task stored a trigger: the block to kick
 }
 
@@ -153,7 +154,13 @@ type HostExec struct {
 	tasks   []func() error
 	inline  []bool
 	waitFor []*stream.Word
+	trigger []*stream.Word
 	kick    []*stream.WordBlock
+	// follow: for a communication node (one node: its trigger and its wait), the
+	// signal nodes whose only dependency it is. A launch asks the node's engine
+	// (stream.Follower) to store their triggers itself when the node's operation
+	// completes, in the round that completes it, and then skips their tasks.
+	follow [][]int
 	// waitBlocks: the blocks of the communication nodes' completion words, each once.
 	waitBlocks []*stream.WordBlock
 	deps       [][]int   // node -> its dependencies
@@ -163,6 +170,8 @@ type HostExec struct {
 	mu         sync.Mutex // orders Launch against Close
 	inFlight   atomic.Int64
 	closed     bool
+	// chainedStarts counts the nodes whose trigger an engine stored (tests).
+	chainedStarts atomic.Uint64
 }
 
 // Instantiate freezes the graph's topology (ErrCycle if it has one).
@@ -174,12 +183,14 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	}
 	n := len(g.nodes)
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
-		kick: make([]*stream.WordBlock, n), deps: make([][]int, n), children: make([][]int, n)}
+		trigger: make([]*stream.Word, n), kick: make([]*stream.WordBlock, n), follow: make([][]int, n),
+		deps: make([][]int, n), children: make([][]int, n)}
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
 		x.tasks[node.id] = node.task
 		x.inline[node.id] = node.inline
 		x.waitFor[node.id] = node.waitFor
+		x.trigger[node.id] = node.trigger
 		x.kick[node.id] = node.kick
 		if w := node.waitFor; w != nil && !slices.Contains(x.waitBlocks, w.Block()) {
 			x.waitBlocks = append(x.waitBlocks, w.Block())
@@ -192,6 +203,11 @@ func (g *Host) Instantiate() (*HostExec, error) {
 				x.children[d.id] = append(x.children[d.id], node.id)
 				indegree[node.id]++
 			}
+		}
+	}
+	for i := range n {
+		if d := x.deps[i]; len(d) == 1 && x.trigger[i] != nil && x.trigger[d[0]] != nil && x.waitFor[d[0]] != nil {
+			x.follow[d[0]] = append(x.follow[d[0]], i)
 		}
 	}
 	// Kahn's algorithm: every node must become ready.
@@ -260,10 +276,11 @@ func (x *HostExec) run() error {
 	}
 	st, _ := x.states.Get().(*launchState)
 	if st == nil {
-		st = &launchState{left: make([]int, n), results: make(chan finished, n)}
+		st = &launchState{left: make([]int, n), chained: make([]bool, n), results: make(chan finished, n)}
 	}
 	defer x.states.Put(st)
-	left, results, scratch := st.left, st.results, &st.scratch
+	left, chained, results, scratch := st.left, st.chained, st.results, &st.scratch
+	clear(chained)
 	for i := range x.deps {
 		left[i] = len(x.deps[i])
 	}
@@ -304,6 +321,20 @@ func (x *HostExec) run() error {
 			i := ready[len(ready)-1]
 			ready = ready[:len(ready)-1]
 			if x.inline[i] {
+				if chained[i] {
+					// Its trigger was stored, and its operation issued, by the engine
+					// in the round that completed its dependency.
+					x.chainedStarts.Add(1)
+					var err error
+					if x.trigger[i].Block().Closed() {
+						err = fmt.Errorf("trigger word freed (condition destroyed): %w", ErrClosed)
+					}
+					afterTask(i, err)
+					continue
+				}
+				if len(x.follow[i]) > 0 {
+					x.armFollowers(i, chained)
+				}
 				err := x.tasks[i]()
 				if err == nil && x.kick[i] != nil {
 					kicks = append(kicks, x.kick[i])
@@ -399,6 +430,23 @@ func (x *HostExec) run() error {
 	}
 }
 
+// armFollowers asks the engine of communication node i (stream.Follower) to store the
+// triggers of the nodes that follow it when its operation completes; chained records
+// which it took: the launch skips their tasks. Called before i's trigger is stored,
+// and for the followers' own followers too, before anything can complete them. The
+// newest node is armed (and issued) first, the order in which a round issues triggers
+// that a launch stored together.
+func (x *HostExec) armFollowers(i int, chained []bool) {
+	f, _ := x.waitFor[i].Block().Driver().(stream.Follower)
+	for k := len(x.follow[i]) - 1; k >= 0; k-- {
+		c := x.follow[i][k]
+		chained[c] = f != nil && f.Follow(x.waitFor[i], x.trigger[c])
+		if chained[c] && len(x.follow[c]) > 0 {
+			x.armFollowers(c, chained)
+		}
+	}
+}
+
 // eachDriver calls f once for each driver of blocks: a kick or release of an engine
 // concerns all its conditions, so a launch of N communication nodes of one engine makes
 // one call, not N. Drivers of a type that cannot be compared (a condition of several
@@ -430,6 +478,7 @@ next:
 // started task is collected before a launch ends, so results is empty when reused.
 type launchState struct {
 	left         []int
+	chained      []bool // nodes whose trigger an engine stores (armFollowers)
 	results      chan finished
 	ready, waits []int
 	kicks        []*stream.WordBlock

@@ -32,13 +32,13 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 	}
 	const op = "add signal nodes"
 	if !split {
-		n, err := g.add(op, hd, HostNode{task: fire, inline: true, kick: trigger.Block(), waitFor: done})
+		n, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, kick: trigger.Block(), waitFor: done})
 		if err != nil {
 			return nil, nil, err
 		}
 		return n, n, nil
 	}
-	s, err := g.add(op, hd, HostNode{task: fire, inline: true, kick: trigger.Block()})
+	s, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, kick: trigger.Block()})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -59,6 +59,8 @@ type (
 	WordBlock = streamcore.WordBlock
 	// Driver does the work that the words of a block wait for (streamcore.Driver).
 	Driver = streamcore.Driver
+	// Follower is a Driver that starts a graph node's successor itself (streamcore.Follower).
+	Follower = streamcore.Follower
 	// HostStaging is what the CUDA backend offers for staging device memory
 	// (streamcore.HostStaging).
 	HostStaging = streamcore.HostStaging

@@ -1,0 +1,5 @@
+package graph
+
+// ChainedStarts is the number of nodes of x's launches whose trigger the engine stored
+// when their dependency completed (the launch skipped their tasks).
+func ChainedStarts(x *HostExec) uint64 { return x.chainedStarts.Load() }
