@@ -93,6 +93,7 @@ type Engine struct {
 	stop     chan struct{}
 	exited   chan struct{}
 	retired  []*part // the round's scratch list (under drive)
+	inbox    []*part // channelLocked's scratch list (under mu)
 	// fired: the Graph conditions whose launch the round completed, fired once the
 	// round stored inflight (under drive).
 	fired []firedLaunch
@@ -221,18 +222,18 @@ func (e *Engine) takeIncomingLocked() {
 	}
 }
 
-// channelLocked appends the stack from head to the channels, oldest first.
+// channelLocked appends the stack from head to the channels, oldest first. It only
+// reads the parts' links (a scratch list reverses them): the enqueuer wrote them on
+// another core, and a write here would take each line away from it.
 func (e *Engine) channelLocked(head *part) {
-	var oldest *part
-	for p := head; p != nil; {
-		next := p.nextIn
-		p.nextIn = oldest
-		oldest, p = p, next
+	in := e.inbox[:0]
+	for p := head; p != nil; p = p.nextIn {
+		in = append(in, p)
 	}
-	for p := oldest; p != nil; {
-		next := p.nextIn
-		p.nextIn = nil
-		cond := p.op.cond
+	for i := len(in) - 1; i >= 0; i-- {
+		p := in[i]
+		in[i] = nil
+		cond := p.cond
 		ch := e.active[cond]
 		if ch == nil {
 			ch = &channel{cond: cond, pos: len(e.order)}
@@ -249,8 +250,8 @@ func (e *Engine) channelLocked(head *part) {
 			}
 		}
 		ch.ops = append(ch.ops, p)
-		p = next
 	}
+	e.inbox = in[:0]
 }
 
 func (e *Engine) removeLocked(ch *channel) {
@@ -649,7 +650,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		// Outside e.mu: retiring takes the condition's error lock and runs callbacks.
 		for i, p := range e.retired {
 			p.retire(nil)
-			if c := p.op.cond; c.backend.Kind() == streamcore.KindHost && (i+1 == len(e.retired) || e.retired[i+1].op.cond != c) {
+			if c := p.cond; c.backend.Kind() == streamcore.KindHost && (i+1 == len(e.retired) || e.retired[i+1].cond != c) {
 				// Host executors waiting on the completion word park on its block.
 				c.words.Notify()
 			}
@@ -868,7 +869,7 @@ func (e *Engine) Close() error {
 	defer func() { _ = e.trace.Load().Flush() }()
 	for _, p := range left {
 		switch {
-		case p.op.cond.category == Graph:
+		case p.cond.category == Graph:
 			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"))
 		case !p.issued:
 			p.retire(errClosedWhile(p.op.what, "before the condition triggered"))

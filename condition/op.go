@@ -53,9 +53,13 @@ type Op struct {
 
 // part is the engine's unit: one sequence number of a condition.
 type part struct {
-	op   *Op
-	plan *protocol.Part
-	seq  uint64
+	// nextIn and cond first: the round that takes the part from Engine.incoming reads
+	// them, written on the enqueuer's core, in one cache line.
+	nextIn *part // the next older part while it waits in Engine.incoming
+	cond   *Condition
+	op     *Op
+	plan   *protocol.Part
+	seq    uint64
 
 	inner    Issued
 	err      error // issue error
@@ -66,7 +70,6 @@ type part struct {
 	// again late unless rung; issuedAt tells whether it completed late enough for that.
 	ring     bool
 	issuedAt time.Time
-	nextIn   *part     // the next older part while it waits in Engine.incoming
 	tl       *trace.Op // its timeline while the engine traces
 }
 
@@ -140,7 +143,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 		return e.submitParts(o, streamOrdered)
 	}
 	p := &o.single
-	*p = part{op: o, plan: &o.plan.Parts[0], ring: o.plan.Ring}
+	*p = part{cond: c, op: o, plan: &o.plan.Parts[0], ring: o.plan.Ring}
 	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
 	if tr := e.trace.Load(); tr != nil && c.category != Graph {
 		p.tl = o.timeline(tr, tr.Now())
@@ -185,7 +188,7 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 	work := make([]streamWork, n)
 	for i := range o.plan.Parts {
 		pp := &o.plan.Parts[i]
-		o.parts[i] = &part{op: o, plan: pp}
+		o.parts[i] = &part{cond: c, op: o, plan: pp}
 		work[i] = streamWork{before: pp.Before, after: pp.After}
 	}
 	var addErr error

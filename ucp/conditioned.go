@@ -23,13 +23,21 @@ const ucpxOnlyFlags = NonBlockingEnqueue
 type conditioned struct {
 	w     *Worker
 	param RequestParam // what the nbx call gets: no condition, no callback
-	issue func(off int, buf []byte, p *RequestParam) (*Request, error)
+	// whole is param with the condRequest's own inner Request (caller-owned) for an
+	// issue of the whole buffer in one part (tag operations): the round that issues
+	// the operation allocates nothing, and a graph's operation reuses it every launch
+	// (the engine issues it again only after it completed). nil for other operations.
+	whole    *RequestParam
+	wholeLen int
+	issue    func(off int, buf []byte, p *RequestParam) (*Request, error)
 }
 
 // Issue runs the nbx call on one part of the plan.
 func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 	ip := &c.param
-	if p.Staged {
+	if c.whole != nil && !p.Staged && p.Offset == 0 && len(p.Buf) == c.wholeLen {
+		ip = c.whole
+	} else if p.Staged {
 		// A staging buffer is host memory under no registration of the caller's.
 		staged := c.param
 		staged.MemoryType, staged.MemH = MemoryHost, nil
@@ -48,6 +56,9 @@ type condRequest struct {
 	Request
 	op        condition.Op
 	operation conditioned
+	// inner and its param: conditioned.whole.
+	inner      Request
+	innerParam RequestParam
 }
 
 // engine returns the worker's engine, starting it on first use.
@@ -116,6 +127,11 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		c.operation.param.noPull = p.noPull || p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
 		c.operation.param.Staging = protocol.StageWhenNeeded
 	} // else the call at the trigger applies it (ipcIssue)
+	if op == "tag_send_nbx" || op == "tag_recv_nbx" {
+		c.innerParam = c.operation.param
+		c.innerParam.Request = &c.inner
+		c.operation.whole, c.operation.wholeLen = &c.innerParam, len(buf)
+	}
 	sub := condition.Submission{
 		What: op,
 		Transfer: protocol.Transfer{
