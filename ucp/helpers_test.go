@@ -75,7 +75,7 @@ func listenPair(t *testing.T, a, b ContextParams) (*pair, *Listener, error) {
 
 // newShmPair connects two workers by worker address without peer error handling,
 // which is how UCX 1.13 selects shared-memory transports.
-func newShmPair(t *testing.T) *pair {
+func newShmPair(t testing.TB) *pair {
 	t.Helper()
 	return shmPairWith(t, WorkerParams{})
 }
@@ -86,7 +86,7 @@ func pairs(t *testing.T, f func(t *testing.T, p *pair)) {
 	t.Run("shm", func(t *testing.T) { f(t, newShmPair(t)) })
 }
 
-func (p *pair) close(t *testing.T) {
+func (p *pair) close(t testing.TB) {
 	t.Helper()
 	if p.ctxA != nil {
 		require.NoError(t, p.ctxA.Close())

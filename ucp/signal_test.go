@@ -15,11 +15,11 @@ import (
 )
 
 // shmPairWith is newShmPair with B's worker made with pb.
-func shmPairWith(t *testing.T, pb WorkerParams) *pair { return addressPair(t, pb, true) }
+func shmPairWith(t testing.TB, pb WorkerParams) *pair { return addressPair(t, pb, true) }
 
 // addressPair connects two workers by sealed worker address; b gets pb. Over shared
 // memory, without peer error handling (UCX 1.13 then picks shm); else tcp.
-func addressPair(t *testing.T, pb WorkerParams, shm bool) *pair {
+func addressPair(t testing.TB, pb WorkerParams, shm bool) *pair {
 	t.Helper()
 	p := &pair{}
 	var err error
