@@ -418,3 +418,74 @@ func TestGraphChainedNodeDestroyedFailsTheLaunch(t *testing.T) {
 	require.NoError(t, x.Close())
 	require.NoError(t, recv.Destroy())
 }
+
+// A launch that reaches a communication node whose condition carries no operation
+// fails with ErrNoOperation (ErrInvalidParam) instead of waiting forever, split or
+// not, chained or not; the graph launches fine once the operations are enqueued.
+func TestGraphNodeWithoutOperationFailsTheLaunch(t *testing.T) {
+	l := newLink(t)
+	for _, tc := range []struct {
+		name           string
+		split, chained bool
+	}{{"node", false, false}, {"split", true, false}, {"chained", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := graph.NewHost()
+			var deps []condition.Node
+			var first *condition.Condition
+			in := make([]byte, 8)
+			if tc.chained {
+				first = graphCondition(t, l, g, nil, false)
+				_, err := l.b.TagRecvNbx(in, 5, ^uint64(0), &ucp.RequestParam{Condition: first})
+				require.NoError(t, err)
+				deps = []condition.Node{first.WaitNode()}
+			}
+			empty := graphCondition(t, l, g, deps, tc.split)
+			x, err := g.Instantiate()
+			require.NoError(t, err)
+			s, err := l.backend.NewStream()
+			require.NoError(t, err)
+			require.NoError(t, x.Launch(s))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if tc.chained {
+				sr, err := l.ab.TagSendNbx(make([]byte, 8), 5, nil)
+				require.NoError(t, err)
+				require.NoError(t, sr.Wait(ctx))
+			}
+			done := make(chan error, 1)
+			go func() { done <- s.Synchronize() }()
+			select {
+			case err := <-done:
+				require.ErrorIs(t, err, graph.ErrNoOperation)
+				require.ErrorIs(t, err, graph.ErrInvalidParam)
+			case <-ctx.Done():
+				require.FailNow(t, "a launch reaching a node without an operation hung")
+			}
+			_ = s.Close() // returns the launch's error again (the stream's sticky error)
+			// With its operation enqueued the same graph launches.
+			out := []byte("8 bytes!")
+			_, err = l.ab.TagSendNbx(out, 6, &ucp.RequestParam{Condition: empty})
+			require.NoError(t, err)
+			got := make([]byte, 8)
+			r, err := l.b.TagRecvNbx(got, 6, ^uint64(0), nil)
+			require.NoError(t, err)
+			s2, err := l.backend.NewStream()
+			require.NoError(t, err)
+			require.NoError(t, x.Launch(s2))
+			if tc.chained {
+				sr, err := l.ab.TagSendNbx(make([]byte, 8), 5, nil)
+				require.NoError(t, err)
+				require.NoError(t, sr.Wait(ctx))
+			}
+			require.NoError(t, s2.Synchronize())
+			require.NoError(t, r.Wait(ctx))
+			require.Equal(t, out, got)
+			require.NoError(t, s2.Close())
+			require.NoError(t, x.Close())
+			require.NoError(t, empty.Destroy())
+			if first != nil {
+				require.NoError(t, first.Destroy())
+			}
+		})
+	}
+}

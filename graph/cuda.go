@@ -39,7 +39,10 @@ import (
 //
 // Close CUDA graphs that hold a worker's conditions before closing the worker: a launch
 // after that waits for an engine that is gone (the launch in flight when the worker closes
-// is released, with the error in the condition).
+// is released, with the error in the condition). Likewise enqueue each condition's
+// operations before the first launch: the GPU cannot tell that no engine will ever
+// complete a node whose condition carries none, and its wait holds the stream (a host
+// graph's launch fails with ErrNoOperation instead).
 type CUDA struct {
 	Graph *cuda.Graph
 }

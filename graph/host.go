@@ -50,6 +50,9 @@ type HostNode struct {
 	waitFor *stream.Word
 	trigger *stream.Word      // the word an inline task stores (a signal node's)
 	kick    *stream.WordBlock // after an inline task stored a trigger: the block to kick
+	// waitTrigger: a wait node's operation's trigger word, which the launch takes back
+	// when no engine will ever take it (ErrNoOperation).
+	waitTrigger *stream.Word
 }
 
 // Handle is 0: a host graph node has no CUDA handle (condition.Node).
@@ -156,6 +159,8 @@ type HostExec struct {
 	waitFor []*stream.Word
 	trigger []*stream.Word
 	kick    []*stream.WordBlock
+	// waitTrigger: HostNode.waitTrigger, per node.
+	waitTrigger []*stream.Word
 	// follow: for a communication node (one node: its trigger and its wait), the
 	// signal nodes whose only dependency it is. A launch asks the node's engine
 	// (stream.Follower) to store their triggers itself when the node's operation
@@ -183,7 +188,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	}
 	n := len(g.nodes)
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
-		trigger: make([]*stream.Word, n), kick: make([]*stream.WordBlock, n), follow: make([][]int, n),
+		trigger: make([]*stream.Word, n), kick: make([]*stream.WordBlock, n), waitTrigger: make([]*stream.Word, n), follow: make([][]int, n),
 		deps: make([][]int, n), children: make([][]int, n)}
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
@@ -191,6 +196,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 		x.inline[node.id] = node.inline
 		x.waitFor[node.id] = node.waitFor
 		x.trigger[node.id] = node.trigger
+		x.waitTrigger[node.id] = node.waitTrigger
 		x.kick[node.id] = node.kick
 		if w := node.waitFor; w != nil && !slices.Contains(x.waitBlocks, w.Block()) {
 			x.waitBlocks = append(x.waitBlocks, w.Block())
@@ -304,6 +310,16 @@ func (x *HostExec) run() error {
 		case err != nil:
 			if firstErr == nil {
 				firstErr = fmt.Errorf("node %d: %w", i, err)
+			}
+		case x.waitFor[i] != nil && x.waitFor[i].Block().Driver() == nil:
+			// No engine will ever complete it: its condition carries no operation. The
+			// trigger goes back to 0, or an operation enqueued later would run at once,
+			// outside a launch, and leave its completion for the next launch to find.
+			if t := x.waitTrigger[i]; t != nil && !t.Block().Closed() {
+				t.Store(0)
+			}
+			if firstErr == nil {
+				firstErr = fmt.Errorf("node %d: %w", i, ErrNoOperation)
 			}
 		case x.waitFor[i] != nil:
 			waits = append(waits, i)

@@ -12,6 +12,11 @@ import (
 // more (its worker closed); the launch fails instead of hanging. It matches ErrClosed.
 var ErrOperationFailed = errs.New("graph: communication operation failed permanently", errs.Closed)
 
+// ErrNoOperation fails a launch that reaches a communication node whose condition
+// carries no operation (none was enqueued with it as RequestParam.Condition): nothing
+// would ever complete the node. It matches ErrInvalidParam.
+var ErrNoOperation = errs.New("graph: communication node without an operation", errs.InvalidParam)
+
 // AddSignalNodes implements condition.GraphBuilder for host graphs: the trigger store
 // and the completion wait of one communication operation, as host tasks.
 func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, split bool) (start, wait condition.Node, err error) {
@@ -32,7 +37,7 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 	}
 	const op = "add signal nodes"
 	if !split {
-		n, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, kick: trigger.Block(), waitFor: done})
+		n, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, kick: trigger.Block(), waitFor: done, waitTrigger: trigger})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -42,7 +47,7 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := g.add(op, []*HostNode{s}, HostNode{task: func() error { return nil }, inline: true, waitFor: done})
+	w, err := g.add(op, []*HostNode{s}, HostNode{task: func() error { return nil }, inline: true, waitFor: done, waitTrigger: trigger})
 	if err != nil {
 		return nil, nil, err
 	}
