@@ -1,6 +1,3 @@
-// Package graph holds communication nodes in graphs: the host graph (a DAG of host
-// tasks, the CPU twin of a CUDA graph, used where there is no GPU) and the graph nodes
-// of graph conditions, which perform an operation each time the graph runs.
 package graph
 
 import (

@@ -1,0 +1,17 @@
+// Package graph holds communication nodes in graphs: the host graph (a DAG of host
+// tasks, the CPU twin of a CUDA graph, used where there is no GPU) and the graph nodes
+// of graph conditions, which perform an operation each time the graph runs.
+//
+// A Graph condition (condition.Param{Category: condition.Graph, Graph: g}) adds the
+// nodes of one communication node to g; operations enqueued with it as
+// RequestParam.Condition run at every launch, with no host call per launch. Host graphs
+// (Host, HostExec) launch on host streams; CUDA graphs (CUDA, AdoptCUDA) are launched
+// with the driver's own calls and need no host thread while they run.
+//
+// In a host graph, a communication node whose only dependency is another
+// communication node starts in the engine's round that completes the first (a relay's
+// forward starts as its receive completes), without a pass through the launch. A
+// launch that reaches a communication node whose condition carries no operation fails
+// with ErrNoOperation; a failed task fails the launch (the stream's sticky error) and
+// its dependents do not run.
+package graph
