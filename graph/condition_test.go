@@ -62,6 +62,24 @@ func graphCondition(t *testing.T, l *link, g *graph.Host, deps []condition.Node,
 	return c
 }
 
+// recvNode adds a communication node receiving tag into buf at b, after deps.
+func recvNode(t *testing.T, l *link, g *graph.Host, deps []condition.Node, buf []byte, tag uint64) *condition.Condition {
+	t.Helper()
+	c := graphCondition(t, l, g, deps, false)
+	_, err := l.b.TagRecvNbx(buf, tag, ^uint64(0), &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	return c
+}
+
+// sendNode adds a communication node sending buf with tag from b to a, after deps.
+func sendNode(t *testing.T, l *link, g *graph.Host, deps []condition.Node, buf []byte, tag uint64) *condition.Condition {
+	t.Helper()
+	c := graphCondition(t, l, g, deps, false)
+	_, err := l.ba.TagSendNbx(buf, tag, &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	return c
+}
+
 // A sender graph [fill -> send] and a receiver graph [recv -> check], each instantiated
 // once and launched 1000 times, with the data verified at every launch.
 func TestGraphConditionRelaunch(t *testing.T) {
@@ -318,15 +336,9 @@ func TestGraphChainedNodesStartInTheEngine(t *testing.T) {
 	const launches = 1000
 	in, late := make([]byte, 64), make([]byte, 64)
 	g := graph.NewHost()
-	recv := graphCondition(t, l, g, nil, false)
-	_, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: recv})
-	require.NoError(t, err)
-	echo := graphCondition(t, l, g, []condition.Node{recv.WaitNode()}, false)
-	_, err = l.ba.TagSendNbx(in, 2, &ucp.RequestParam{Condition: echo})
-	require.NoError(t, err)
-	tail := graphCondition(t, l, g, []condition.Node{echo.WaitNode()}, false)
-	_, err = l.ba.TagSendNbx(in, 3, &ucp.RequestParam{Condition: tail})
-	require.NoError(t, err)
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	tail := sendNode(t, l, g, []condition.Node{echo.WaitNode()}, in, 3)
 	fill, err := g.AddTask([]condition.Node{recv.WaitNode()}, func() error {
 		for i := range late {
 			late[i] = ^in[i]
@@ -334,9 +346,7 @@ func TestGraphChainedNodesStartInTheEngine(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	lateC := graphCondition(t, l, g, []condition.Node{recv.WaitNode(), fill}, false)
-	_, err = l.ba.TagSendNbx(late, 4, &ucp.RequestParam{Condition: lateC})
-	require.NoError(t, err)
+	lateC := sendNode(t, l, g, []condition.Node{recv.WaitNode(), fill}, late, 4)
 	x, err := g.Instantiate()
 	require.NoError(t, err)
 	s, err := l.backend.NewStream()
@@ -388,12 +398,8 @@ func TestGraphChainedNodeDestroyedFailsTheLaunch(t *testing.T) {
 	l := newLink(t)
 	in := make([]byte, 8)
 	g := graph.NewHost()
-	recv := graphCondition(t, l, g, nil, false)
-	_, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: recv})
-	require.NoError(t, err)
-	echo := graphCondition(t, l, g, []condition.Node{recv.WaitNode()}, false)
-	_, err = l.ba.TagSendNbx(in, 2, &ucp.RequestParam{Condition: echo})
-	require.NoError(t, err)
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
 	x, err := g.Instantiate()
 	require.NoError(t, err)
 	require.NoError(t, echo.Destroy())
@@ -434,9 +440,7 @@ func TestGraphNodeWithoutOperationFailsTheLaunch(t *testing.T) {
 			var first *condition.Condition
 			in := make([]byte, 8)
 			if tc.chained {
-				first = graphCondition(t, l, g, nil, false)
-				_, err := l.b.TagRecvNbx(in, 5, ^uint64(0), &ucp.RequestParam{Condition: first})
-				require.NoError(t, err)
+				first = recvNode(t, l, g, nil, in, 5)
 				deps = []condition.Node{first.WaitNode()}
 			}
 			empty := graphCondition(t, l, g, deps, tc.split)
