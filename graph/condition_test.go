@@ -80,6 +80,28 @@ func sendNode(t *testing.T, l *link, g *graph.Host, deps []condition.Node, buf [
 	return c
 }
 
+// pingB sends 8 bytes with tag from a to b and waits for the send.
+func pingB(t *testing.T, ctx context.Context, l *link, tag uint64) {
+	t.Helper()
+	sr, err := l.ab.TagSendNbx(make([]byte, 8), tag, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+}
+
+// syncErr is s.Synchronize's error; the test fails if ctx ends first (a hung launch).
+func syncErr(t *testing.T, ctx context.Context, s stream.Stream) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		require.FailNow(t, "the launch hung")
+		return nil
+	}
+}
+
 // A sender graph [fill -> send] and a receiver graph [recv -> check], each instantiated
 // once and launched 1000 times, with the data verified at every launch.
 func TestGraphConditionRelaunch(t *testing.T) {
@@ -408,17 +430,8 @@ func TestGraphChainedNodeDestroyedFailsTheLaunch(t *testing.T) {
 	require.NoError(t, x.Launch(s))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	sr, err := l.ab.TagSendNbx(make([]byte, 8), 1, nil)
-	require.NoError(t, err)
-	require.NoError(t, sr.Wait(ctx))
-	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, graph.ErrClosed)
-	case <-ctx.Done():
-		require.FailNow(t, "launch with a destroyed chained node hung")
-	}
+	pingB(t, ctx, l, 1)
+	require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrClosed)
 	require.Equal(t, uint64(1), graph.ChainedStarts(x))
 	require.NoError(t, recv.Err())
 	require.NoError(t, x.Close())
@@ -452,19 +465,11 @@ func TestGraphNodeWithoutOperationFailsTheLaunch(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if tc.chained {
-				sr, err := l.ab.TagSendNbx(make([]byte, 8), 5, nil)
-				require.NoError(t, err)
-				require.NoError(t, sr.Wait(ctx))
+				pingB(t, ctx, l, 5)
 			}
-			done := make(chan error, 1)
-			go func() { done <- s.Synchronize() }()
-			select {
-			case err := <-done:
-				require.ErrorIs(t, err, graph.ErrNoOperation)
-				require.ErrorIs(t, err, graph.ErrInvalidParam)
-			case <-ctx.Done():
-				require.FailNow(t, "a launch reaching a node without an operation hung")
-			}
+			err = syncErr(t, ctx, s)
+			require.ErrorIs(t, err, graph.ErrNoOperation)
+			require.ErrorIs(t, err, graph.ErrInvalidParam)
 			_ = s.Close() // returns the launch's error again (the stream's sticky error)
 			// With its operation enqueued the same graph launches.
 			out := []byte("8 bytes!")
@@ -477,11 +482,9 @@ func TestGraphNodeWithoutOperationFailsTheLaunch(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, x.Launch(s2))
 			if tc.chained {
-				sr, err := l.ab.TagSendNbx(make([]byte, 8), 5, nil)
-				require.NoError(t, err)
-				require.NoError(t, sr.Wait(ctx))
+				pingB(t, ctx, l, 5)
 			}
-			require.NoError(t, s2.Synchronize())
+			require.NoError(t, syncErr(t, ctx, s2))
 			require.NoError(t, r.Wait(ctx))
 			require.Equal(t, out, got)
 			require.NoError(t, s2.Close())
