@@ -53,11 +53,12 @@
 //
 // Staging pre-enqueues memop waits on the request's streams (up to 8 per request)
 // that only the peer's data or the caller's kernels answer. CUDA runs a process's
-// streams on CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default); with more
-// streams than queues, a kernel that would answer such a wait can be queued behind
-// it and the iteration never completes. Set CUDA_DEVICE_MAX_CONNECTIONS=32 in the
-// environment before CUDA initializes when staged device buffers share the GPU with
-// other streams (measured: the kernel test hung at 8 and passes at 32).
+// streams on CUDA_DEVICE_MAX_CONNECTIONS hardware queues; with more streams than
+// queues, a kernel that would answer such a wait can be queued behind it and the
+// iteration never completes (measured: the kernel test hung at CUDA's default of 8
+// and passes at 32). ucpx sets 32 when it initializes CUDA and the environment does
+// not choose (cgo/cuda.Load); where another library initialized CUDA first (PyTorch
+// in a Python process), set CUDA_DEVICE_MAX_CONNECTIONS=32 before that library does.
 //
 // A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
 // and releases every stream, graph and kernel waiting on the request. The contents of

@@ -13,6 +13,13 @@
 //		// no GPU here: use host streams
 //	}
 //
+// Before cuInit, Load sets CUDA_DEVICE_MAX_CONNECTIONS to 32 (ConnectionsEnv,
+// DefaultConnections) unless the environment sets it: CUDA maps a context's streams
+// onto that many hardware queues (8 by default), streams sharing a queue run in
+// submission order, and a memop wait that only another stream's later work answers
+// then never returns. Set it yourself to keep another value; where another library
+// initialized CUDA in the process first, its setting stays.
+//
 // The types the driver API takes (the CUstreamBatchMemOpParams union, graph
 // node parameter structs, ...) are declared in cu_types.h from the driver API
 // documentation; TestABIAgainstHeader checks them, and every entry point's

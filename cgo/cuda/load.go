@@ -10,6 +10,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -59,10 +60,31 @@ func load(lib string) error {
 		return fmt.Errorf("cuda: %s: %w", C.GoString(&buf[0]), ErrNoDriver)
 	}
 	driverLoaded.Store(true) // the table is complete; error names may use it
+	setConnections()
 	if err := check("cuInit", C.ucpx_init(0)); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoDriver, err)
 	}
 	return nil
+}
+
+// ConnectionsEnv is the variable that sets how many hardware work queues CUDA maps a
+// context's streams onto; DefaultConnections is what Load sets it to when the
+// environment leaves it unset.
+const (
+	ConnectionsEnv     = "CUDA_DEVICE_MAX_CONNECTIONS"
+	DefaultConnections = "32"
+)
+
+// setConnections gives CUDA 32 hardware work queues per context instead of its
+// default 8, unless the environment chose: streams that share a queue run in
+// submission order, and a memop wait that only another stream's later work answers
+// deadlocks when both land on one queue (staged prepared partitions pre-enqueue such
+// waits; docs/ARCHITECTURE.md). It must come before cuInit; a process where another
+// library initialized CUDA first keeps that library's setting.
+func setConnections() {
+	if os.Getenv(ConnectionsEnv) == "" {
+		_ = os.Setenv(ConnectionsEnv, DefaultConnections)
+	}
 }
 
 // loaded reports an error matching ErrNoDriver unless Load succeeded.
