@@ -155,17 +155,15 @@ cat >"$bundle/run.sh" <<'RUN'
 #   TIMEOUT=5m     -test.timeout of each binary
 #   OUT=/dir       logs go to $OUT/gpu-bundle-logs (default /tmp)
 #   UCPX_REQUIRE_GPU=1 (the default here) turns "no GPU" skips into failures.
-#   CUDA_DEVICE_MAX_CONNECTIONS=32 (the default here): staged prepared partitions
-#                  pre-enqueue memop waits on several streams; with CUDA's default of 8
-#                  hardware queues a kernel that would answer them can sit behind them
-#                  (docs/gpu-runs.md, run 60)
+#   CUDA_DEVICE_MAX_CONNECTIONS is left to the environment: ucpx sets 32 itself when
+#                  it is unset (cgo/cuda.Load), which staged prepared partitions need
+#                  (docs/gpu-runs.md, runs 60 and 222)
 # Exit status: 0 when every binary exited 0.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 export UCX_MODULE_DIR="$here/lib/ucx"
 export UCPX_REQUIRE_GPU=${UCPX_REQUIRE_GPU:-1}
-export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 logs=${OUT:-/tmp}/gpu-bundle-logs
 mkdir -p "$logs"
 
