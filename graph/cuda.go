@@ -21,10 +21,10 @@ import (
 //
 // Completion nodes of one graph wait one after another (each depends on the one
 // created before it): a memop wait occupies one of the GPU's hardware work queues
-// (CUDA_DEVICE_MAX_CONNECTIONS: CUDA's default 8, 32 once ucpx initialized CUDA) while it waits, and with many
-// independent waits blocked at once, the trigger writes of other work on the same
-// context (another graph, the peer half of a loopback exchange) could get no queue
-// and never run. Start nodes stay independent, so every operation is issued as soon
+// (CUDA_DEVICE_MAX_CONNECTIONS: CUDA's default 8, 32 once ucpx initialized CUDA)
+// while it waits, and with many independent waits blocked at once, the trigger
+// writes of other work on the same context (another graph, the peer half of a
+// loopback exchange) could get no queue and never run. Start nodes stay independent, so every operation is issued as soon
 // as its dependencies allow; only the observation of completions is ordered.
 //
 // Order across graphs of one CUDA context: CUDA may run independent branches of a
