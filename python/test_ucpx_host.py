@@ -14,7 +14,23 @@ def addr(buf):
     return ctypes.addressof(buf)
 
 
+def check_connections_default():
+    """import ucpx gives CUDA 32 hardware queues unless the environment set a number."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    probe = "import os, ucpx; print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'])"
+    for given, want in ((None, "32"), ("", "32"), ("4", "4")):
+        env = dict(os.environ, PYTHONPATH=here)
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        if given is not None:
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = given
+        got = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        assert got == want, f"CUDA_DEVICE_MAX_CONNECTIONS={given!r}: {got!r}, want {want!r}"
+
+
 def main():
+    check_connections_default()
     with ucpx.Context() as ctx:
         a, b = ctx.worker(), ctx.worker()
         ab, ba = a.connect(b.address()), b.connect(a.address())

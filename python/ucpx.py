@@ -22,12 +22,20 @@ Import ucpx before torch where you can: libucpx.so is a Go shared library, which
 a little static TLS that a process with PyTorch's many libraries loaded may have used up
 (dlopen then fails with "cannot allocate memory in static TLS block").
 
+Importing the module sets CUDA_DEVICE_MAX_CONNECTIONS=32 unless the environment sets a
+number, as libucpx.so does when it initializes CUDA itself: PyTorch initializes CUDA
+lazily, so an import before the first CUDA call gives its context the 32 hardware queues
+that staged prepared partitions need (CUDA's default 8 can deadlock them).
+
 Errors raise ucpx.Error, whose .code is the ucpx_status value and whose message is
 ucpx_last_error's. Every call is safe from any thread.
 """
 
 import ctypes
 import os
+
+if not os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"):
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
 
 OK = 0
 ERR_INVALID_PARAM = -1
