@@ -83,7 +83,14 @@ type hostStream struct {
 	_         [56]byte
 	completed atomic.Uint64 // operations run so far, in order (executor only)
 	taken     uint64        // operations taken from pending (executor only)
-	_         [48]byte
+	// held (executor only): the block whose driver the executor drove in a WaitValue
+	// that ended and has not released yet. Back-to-back operations on the same driver
+	// (a Stream condition's iterations) keep driving it; releasing after each one let
+	// the next enqueue wake the driver's own goroutine, which then competed with the
+	// executor for the rounds. Released before anything that may take long (a host
+	// function, a wait on another stream), before the executor idles, and at exit.
+	held *WordBlock
+	_    [40]byte
 
 	wordAccess atomic.Uint64 // odd while the executor is inside a word access bracket
 
@@ -389,6 +396,9 @@ func (s *hostStream) run() {
 // next waits for work and swaps the pending slice with spare (empty). It returns false
 // once the stream is closed and drained.
 func (s *hostStream) next(spare []hostOp) ([]hostOp, bool) {
+	if s.tail.Load() == s.taken {
+		s.releaseHeld() // idle: the driver's goroutine takes its rounds back
+	}
 	if s.tail.Load() == s.taken && !s.closingFlag.Load() {
 		s.idleWait()
 	}
@@ -453,7 +463,26 @@ func (s *hostStream) execBatch(batch []hostOp) {
 	}
 }
 
+// hold keeps b's driver driven after a WaitValue (see held).
+func (s *hostStream) hold(b *WordBlock) {
+	if s.held != nil && s.held != b {
+		s.releaseHeld()
+	}
+	s.held = b
+}
+
+// releaseHeld hands the held block's driver back to its own goroutine.
+func (s *hostStream) releaseHeld() {
+	if b := s.held; b != nil {
+		s.held = nil
+		b.Release()
+	}
+}
+
 func (s *hostStream) exec(op *hostOp) error {
+	if s.held != nil && (op.kind == opHostFunc || op.kind == opWaitEvent) {
+		s.releaseHeld()
+	}
 	switch op.kind {
 	case opWriteValue:
 		if !s.storeWord(op.word, op.value) {
@@ -501,11 +530,14 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 		}
 		if op.cmp.Holds(v, op.value) {
 			if drove {
-				op.word.Block().Release()
+				s.hold(op.word.Block())
 			}
 			return nil
 		}
 		drove = true
+		if s.held != nil && s.held != op.word.Block() {
+			s.releaseHeld()
+		}
 		if op.word.Block().Drive() {
 			b = backoff{} // the driver moved: look again at once
 			continue
@@ -515,6 +547,9 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 			// engine's, which sleeps on the transport's events) takes over meanwhile.
 			op.word.Block().Release()
 			drove = false
+			if s.held == op.word.Block() {
+				s.held = nil
+			}
 		}
 		if s.closingFlag.Load() {
 			now := time.Now()
@@ -574,6 +609,7 @@ func (s *hostStream) fail(err error) {
 
 // exit runs when the executor stops for good.
 func (s *hostStream) exit() {
+	s.releaseHeld()
 	unregisterWordAccessor(s)
 	close(s.done)
 	s.notify()
