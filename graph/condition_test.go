@@ -496,3 +496,44 @@ func TestGraphNodeWithoutOperationFailsTheLaunch(t *testing.T) {
 		})
 	}
 }
+
+// A follower whose operation is on another worker (another engine) is started too: the
+// engine that completes the first node stores its trigger and kicks its engine after
+// the round (or the launch's own rounds of that engine do). The graph: recv at b -> a
+// send from a (to b); 200 launches, every forwarded message checked, the forward
+// chained at every launch.
+func TestGraphChainedNodeOnAnotherEngine(t *testing.T) {
+	l := newLink(t)
+	const launches = 200
+	in, fwd := make([]byte, 8), make([]byte, 8)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	fwdC := graphCondition(t, l, g, []condition.Node{recv.WaitNode()}, false)
+	_, err := l.ab.TagSendNbx(fwd, 3, &ucp.RequestParam{Condition: fwdC})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got := make([]byte, 8)
+	for n := range launches {
+		for i := range fwd {
+			fwd[i] = byte(n + 3*i)
+		}
+		require.NoError(t, x.Launch(s))
+		r, err := l.b.TagRecvNbx(got, 3, ^uint64(0), nil)
+		require.NoError(t, err)
+		pingB(t, ctx, l, 1)
+		require.NoError(t, r.Wait(ctx), "launch %d", n)
+		require.Equal(t, fwd, got, "launch %d", n)
+		require.NoError(t, syncErr(t, ctx, s))
+	}
+	require.Equal(t, uint64(launches), graph.ChainedStarts(x))
+	require.NoError(t, recv.Err())
+	require.NoError(t, fwdC.Err())
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+	require.NoError(t, fwdC.Destroy())
+}
