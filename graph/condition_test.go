@@ -1,8 +1,10 @@
 package graph_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -536,4 +538,84 @@ func TestGraphChainedNodeOnAnotherEngine(t *testing.T) {
 	require.NoError(t, x.Close())
 	require.NoError(t, recv.Destroy())
 	require.NoError(t, fwdC.Destroy())
+}
+
+// A launch that fails while a communication node waits leaves its operation in flight;
+// the operation's completion must not be taken by a later launch for its own. Later
+// launches fail with ErrInFlight until it completed, then run and see their own data
+// (before, the next launch completed at once with the old message and every launch
+// after it was one completion off).
+func TestGraphLaunchAfterFailedLaunchWithNodeInFlight(t *testing.T) {
+	l := newLink(t)
+	in, echo := make([]byte, 8), make([]byte, 8)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 7)
+	fwd := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 8) // chained
+	boom := errors.New("boom")
+	var fail atomic.Bool
+	_, err := g.AddTask(nil, func() error {
+		if fail.Load() {
+			return boom
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	send := func(v byte) {
+		sr, err := l.ab.TagSendNbx(bytes.Repeat([]byte{v}, 8), 7, nil)
+		require.NoError(t, err)
+		require.NoError(t, sr.Wait(ctx))
+	}
+	echoed := func() byte {
+		r, err := l.a.TagRecvNbx(echo, 8, ^uint64(0), nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		return echo[0]
+	}
+
+	fail.Store(true)
+	s1, err := l.backend.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s1))
+	require.ErrorIs(t, syncErr(t, ctx, s1), boom)
+	fail.Store(false)
+
+	s2, err := l.backend.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s2))
+	require.ErrorIs(t, syncErr(t, ctx, s2), graph.ErrInFlight, "a launch took the failed launch's receive")
+
+	// The failed launch's receive gets its message (and its chained forward runs).
+	send(1)
+	require.Equal(t, byte(1), echoed())
+	for v := byte(2); v < 6; v++ {
+		s, err := l.backend.NewStream()
+		require.NoError(t, err)
+		for {
+			require.NoError(t, x.Launch(s))
+			send(v)
+			err = syncErr(t, ctx, s)
+			if !errors.Is(err, graph.ErrInFlight) {
+				break
+			}
+			// The old receive's completion was not stored yet when the launch began:
+			// it posted no receive, so take the message back and launch again.
+			r, err := l.b.TagRecvNbx(make([]byte, 8), 7, ^uint64(0), nil)
+			require.NoError(t, err)
+			require.NoError(t, r.Wait(ctx))
+			_ = s.Close()
+			s, err = l.backend.NewStream()
+			require.NoError(t, err)
+		}
+		require.NoError(t, err, "launch %d", v)
+		require.Equal(t, bytes.Repeat([]byte{v}, 8), in, "launch %d received", v)
+		require.Equal(t, v, echoed(), "launch %d forwarded", v)
+		require.NoError(t, s.Close())
+	}
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+	require.NoError(t, fwd.Destroy())
 }

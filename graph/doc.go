@@ -13,5 +13,7 @@
 // forward starts as its receive completes), without a pass through the launch. A
 // launch that reaches a communication node whose condition carries no operation fails
 // with ErrNoOperation; a failed task fails the launch (the stream's sticky error) and
-// its dependents do not run.
+// its dependents do not run. Communication operations such a launch left in flight
+// still complete; until they have, later launches of the executable graph fail with
+// ErrInFlight rather than take those completions for their own.
 package graph

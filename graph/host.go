@@ -174,6 +174,15 @@ type HostExec struct {
 	closed     bool
 	// chainedStarts counts the nodes whose trigger an engine stored (tests).
 	chainedStarts atomic.Uint64
+	// doneOf: a trigger node's operation's completion word (its own, or its split
+	// wait node's).
+	doneOf []*stream.Word
+	// owed: completion words of communication nodes a failed launch left in flight.
+	// Their operations still complete and store 1, which a later launch would take
+	// for its own; settleOwed consumes them first (nowed counts them).
+	owedMu sync.Mutex
+	owed   map[*stream.Word]bool
+	nowed  atomic.Int32
 }
 
 // Instantiate freezes the graph's topology (ErrCycle if it has one).
@@ -211,6 +220,20 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	for i := range n {
 		if d := x.deps[i]; len(d) == 1 && x.trigger[i] != nil && x.trigger[d[0]] != nil && x.waitFor[d[0]] != nil {
 			x.follow[d[0]] = append(x.follow[d[0]], i)
+		}
+	}
+	x.doneOf = make([]*stream.Word, n)
+	for i := range n {
+		switch {
+		case x.trigger[i] == nil:
+		case x.waitFor[i] != nil:
+			x.doneOf[i] = x.waitFor[i]
+		default:
+			for _, c := range x.children[i] {
+				if x.waitTrigger[c] == x.trigger[i] {
+					x.doneOf[i] = x.waitFor[c]
+				}
+			}
 		}
 	}
 	// Kahn's algorithm: every node must become ready.
@@ -277,6 +300,11 @@ func (x *HostExec) run() error {
 	if n == 0 {
 		return nil
 	}
+	if x.nowed.Load() > 0 {
+		if err := x.settleOwed(); err != nil {
+			return err
+		}
+	}
 	st, _ := x.states.Get().(*launchState)
 	if st == nil {
 		st = &launchState{left: make([]int, n), chained: make([]bool, n), results: make(chan finished, n)}
@@ -337,6 +365,7 @@ func (x *HostExec) run() error {
 				if chained[i] {
 					// Its trigger was stored, and its operation issued, by the engine
 					// in the round that completed its dependency.
+					chained[i] = false // taken: its completion is awaited below
 					x.chainedStarts.Add(1)
 					var err error
 					if x.trigger[i].Block().Closed() {
@@ -372,6 +401,9 @@ func (x *HostExec) run() error {
 			if drove {
 				// The launch ends: the engines it drove take their rounds back.
 				scratch.eachDriver(x.waitBlocks, stream.Driver.Release)
+			}
+			if firstErr != nil {
+				x.oweInFlight(waits, chained)
 			}
 			clear(waits)
 			st.ready, st.waits, st.kicks = ready[:0], waits[:0], kicks[:0]
@@ -441,6 +473,56 @@ func (x *HostExec) run() error {
 		}
 		collect(<-results) // only user tasks left
 	}
+}
+
+// oweInFlight records the completion words a failed launch leaves behind: those of
+// the communication nodes it was waiting for, and of the followers an engine will
+// start (chained, not reached).
+func (x *HostExec) oweInFlight(waits []int, chained []bool) {
+	x.owedMu.Lock()
+	defer x.owedMu.Unlock()
+	owe := func(w *stream.Word) {
+		if w == nil || x.owed[w] {
+			return
+		}
+		if x.owed == nil {
+			x.owed = map[*stream.Word]bool{}
+		}
+		x.owed[w] = true
+		x.nowed.Add(1)
+	}
+	for _, i := range waits {
+		owe(x.waitFor[i])
+	}
+	for c, armed := range chained {
+		if armed {
+			owe(x.doneOf[c])
+		}
+	}
+}
+
+// settleOwed takes the completions a failed launch left in flight (see owed) before
+// a launch uses the words again; while one is still in flight the launch fails with
+// ErrInFlight rather than take that completion for its own.
+func (x *HostExec) settleOwed() error {
+	x.owedMu.Lock()
+	defer x.owedMu.Unlock()
+	for w := range x.owed {
+		switch {
+		case w.Block().Closed(), w.Load() == condition.GraphFailed:
+			// Gone, or failed for good: the launch fails at the node itself.
+		case w.Load() == 1:
+			w.Store(0)
+		default:
+			continue
+		}
+		delete(x.owed, w)
+		x.nowed.Add(-1)
+	}
+	if n := len(x.owed); n > 0 {
+		return fmt.Errorf("%d communication node(s) of a failed launch still in flight (launch again once they complete): %w", n, ErrInFlight)
+	}
+	return nil
 }
 
 // armFollowers asks the engine of communication node i (stream.Follower) to store the
