@@ -18,7 +18,9 @@ import (
 var (
 	ErrInvalidParam = errs.InvalidParam
 	ErrClosed       = errs.Closed
-	// ErrInFlight: the executable graph still has launches running; nothing was closed.
+	// ErrInFlight: the executable graph still has launches running (Close: nothing
+	// was closed), or a failed launch's communication operations are still in flight
+	// (a launch: it ran nothing; launch again once they completed).
 	ErrInFlight = errs.New("graph: launch in flight", errs.Busy)
 	// ErrCycle: the dependencies form a cycle; the graph cannot be instantiated.
 	ErrCycle = errs.New("graph: dependency cycle", errs.InvalidParam)
