@@ -121,6 +121,7 @@ type Condition struct {
 	category Category
 	backend  streamcore.Backend
 	stream   streamcore.Stream
+	failer   streamcore.Failer // stream, when it can tell it stopped (host streams)
 	words    *streamcore.WordBlock
 	trigger  *streamcore.Word
 	done     *streamcore.Word
@@ -192,11 +193,13 @@ func Create(p Param) (*Condition, error) {
 	if err != nil {
 		return nil, fmt.Errorf("condition words: %w", err)
 	}
+	failer, _ := p.Stream.(streamcore.Failer)
 	c := &Condition{
 		id:       nextID.Add(1),
 		category: p.Category,
 		backend:  p.Backend,
 		stream:   p.Stream,
+		failer:   failer,
 		words:    words,
 		trigger:  words.Word(0),
 		done:     words.Word(1),

@@ -152,6 +152,9 @@ type channel struct {
 	// running counts a Graph condition's parts issued for the current launch and not
 	// yet completed.
 	running int
+	// untriggered: the last full round left parts waiting for a trigger (under drive);
+	// quiet then also asks whether the condition's stream stopped.
+	untriggered bool
 }
 
 type roundState struct {
@@ -568,13 +571,29 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 			continue
 		}
 		trigger := cond.trigger.Load()
+		var stopped error
+		if n := len(ch.ops); cond.failer != nil && n > 0 && !ch.ops[n-1].issued && int64(trigger-ch.ops[n-1].seq) < 0 {
+			if stopped = cond.failer.Failed(); stopped != nil {
+				// Read again after the failure: a trigger the stream stored before
+				// it stopped is in; those behind it never come.
+				trigger = cond.trigger.Load()
+			}
+		}
 		ch.seenTrigger = trigger
+		ch.untriggered = false
 		for _, p := range ch.ops {
 			if p.issued {
 				continue
 			}
 			if int64(trigger-p.seq) < 0 {
-				break // later operations wait for a later trigger
+				if stopped == nil {
+					ch.untriggered = true
+					break // later operations wait for a later trigger
+				}
+				p.err = errStreamStopped(p.op.what, stopped)
+				p.issued = true
+				progressed = true
+				continue
 			}
 			if p.tl != nil && tr != nil {
 				p.tl.Trigger = tr.Now()
@@ -775,6 +794,8 @@ func (e *Engine) quiet() bool {
 			}
 		} else if cond.trigger.Load() != ch.seenTrigger {
 			return false
+		} else if ch.untriggered && cond.failer != nil && cond.failer.Failed() != nil {
+			return false // its stream stopped: a full round fails what waits for it
 		}
 	}
 	return true

@@ -458,6 +458,10 @@ func errCanceledBeforeTrigger(what string) error {
 	return fmt.Errorf("%s: canceled before the condition triggered: %w", what, ErrCanceled)
 }
 
+func errStreamStopped(what string, stopped error) error {
+	return fmt.Errorf("%s: not issued, its stream stopped before the trigger (%w): %w", what, ErrCanceled, stopped)
+}
+
 func errClosedWhile(what, when string) error {
 	return fmt.Errorf("%s: %w %s", what, errEngineClosed, when)
 }

@@ -61,6 +61,8 @@ type (
 	Driver = streamcore.Driver
 	// Follower is a Driver that starts a graph node's successor itself (streamcore.Follower).
 	Follower = streamcore.Follower
+	// Failer is a Stream that tells it stopped for good (streamcore.Failer).
+	Failer = streamcore.Failer
 	// HostStaging is what the CUDA backend offers for staging device memory
 	// (streamcore.HostStaging).
 	HostStaging = streamcore.HostStaging

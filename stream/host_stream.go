@@ -317,6 +317,9 @@ func (s *hostStream) Synchronize() error {
 	return s.err()
 }
 
+// Failed implements Failer: the sticky error, once the executor stopped on it.
+func (s *hostStream) Failed() error { return s.err() }
+
 func (s *hostStream) Query() (bool, error) {
 	if err := s.usable(); err != nil {
 		return false, err

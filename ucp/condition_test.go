@@ -636,3 +636,53 @@ func TestStreamConditionGroupRefusedTrigger(t *testing.T) {
 	require.ErrorIs(t, c.Err(), stream.ErrClosed)
 	require.NoError(t, c.Destroy())
 }
+
+// A host stream that stops on an error (a host function panicked) drops the work behind
+// it, so the operations whose triggers were behind it never run: they fail (matching
+// ErrCanceled and the stream's error) instead of leaving their Requests pending and
+// the condition impossible to destroy. An operation triggered before the failure runs.
+func TestStreamStoppedFailsOperationsBehindIt(t *testing.T) {
+	p := newShmPair(t)
+	b := hostBackend(t)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	before, err := p.epA.TagSendNbx([]byte("before the panic"), 5, &RequestParam{Condition: c})
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate; panic("boom") }))
+	dst := make([]byte, 16)
+	behindRecv, err := p.a.TagRecvNbx(dst, 6, ^uint64(0), &RequestParam{Condition: c})
+	require.NoError(t, err)
+	behindSend, err := p.epA.TagSendNbx([]byte("behind the panic"), 7, &RequestParam{Condition: c})
+	require.NoError(t, err)
+	close(gate)
+
+	var panicked *stream.PanicError
+	require.ErrorAs(t, s.Synchronize(), &panicked)
+	got := make([]byte, 16)
+	r, err := p.b.TagRecvNbx(got, 5, ^uint64(0), nil)
+	require.NoError(t, err)
+	waitAll(t, 10*time.Second, r)
+	require.Equal(t, "before the panic", string(got))
+	require.NoError(t, before.Wait(ctx))
+	for _, q := range []*Request{behindRecv, behindSend} {
+		err := q.Wait(ctx)
+		require.ErrorIs(t, err, ErrCanceled)
+		require.ErrorAs(t, err, &panicked)
+	}
+	require.Equal(t, 0, c.Pending())
+	require.NoError(t, c.Destroy())
+	// Nothing was sent behind the panic.
+	probe, err := p.b.TagRecvNbx(got, 7, ^uint64(0), nil)
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	done, _ := probe.Test()
+	require.False(t, done, "an operation behind the failure was issued")
+	probe.Cancel()
+}

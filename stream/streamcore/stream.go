@@ -84,6 +84,15 @@ var (
 	ErrWrongBackend = errs.New("stream: object belongs to another backend", errs.InvalidParam)
 )
 
+// Failer is a Stream that tells, without blocking and without a driver call, that it
+// stopped for good after an error (a host stream whose host function panicked, or
+// whose wait Close abandoned): work enqueued behind that point never runs. The
+// condition engine fails the operations whose triggers were behind it.
+type Failer interface {
+	// Failed returns the error that stopped the stream, nil while it runs.
+	Failed() error
+}
+
 // Stream is an ordered queue of work. Every method enqueues and returns without waiting
 // for the work, except Synchronize and Query. Methods are safe for concurrent use; the
 // order of work from one goroutine is the order of its calls.
