@@ -1,6 +1,8 @@
 package ucp
 
 import (
+	"runtime"
+
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/trace"
@@ -59,6 +61,10 @@ type condRequest struct {
 	// inner and its param: conditioned.whole.
 	inner      Request
 	innerParam RequestParam
+	// pin holds the buffer of an operation issued whole, from the call until the
+	// operation completed for good (a graph's: until its condition goes), so its issues
+	// do not pin and unpin it each time (the round, or each launch).
+	pin runtime.Pinner
 }
 
 // engine returns the worker's engine, starting it on first use.
@@ -127,9 +133,14 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		c.operation.param.noPull = p.noPull || p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
 		c.operation.param.Staging = protocol.StageWhenNeeded
 	} // else the call at the trigger applies it (ipcIssue)
+	pinned := false
 	if op == "tag_send_nbx" || op == "tag_recv_nbx" {
 		c.innerParam = c.operation.param
 		c.innerParam.Request = &c.inner
+		if b := bufPtr(buf); b != nil && p.MemH == nil {
+			c.pin.Pin(b) // a no-op for memory Go does not manage
+			c.innerParam.pinnedBuf, pinned = true, true
+		}
 		c.operation.whole, c.operation.wholeLen = &c.innerParam, len(buf)
 	}
 	sub := condition.Submission{
@@ -154,7 +165,15 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		// where the pull writes the device memory directly.
 		sub.Transfer.PullableIn = op == "tag_recv_nbx" && len(buf) >= tagPullConditioned
 	}
-	if cb := p.Callback; cb != nil {
+	switch cb := p.Callback; {
+	case pinned:
+		sub.Callback = func() {
+			c.pin.Unpin()
+			if cb != nil {
+				cb(r)
+			}
+		}
+	case cb != nil:
 		sub.Callback = func() { cb(r) }
 	}
 	if err := eng.Submit(&c.op, p.Condition, &c.operation, sub); err != nil {
@@ -162,6 +181,9 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 			// The trigger is enqueued (the operation will run), something after it was
 			// not: report it with the request.
 			return r, opErr(op, err, "condition")
+		}
+		if pinned {
+			c.pin.Unpin()
 		}
 		return nil, opErr(op, err, "condition")
 	}

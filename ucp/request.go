@@ -85,6 +85,9 @@ type RequestParam struct {
 	pullDev uintptr
 	// noPull: a message the engine issues under StageAlways is staged, not pulled.
 	noPull bool
+	// pinnedBuf: the buffer stays pinned for the operation's life by its owner (a
+	// conditioned operation's condRequest), so an issue does not pin it again.
+	pinnedBuf bool
 }
 
 var defaultParam RequestParam
@@ -379,7 +382,7 @@ func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, imme
 		if p.staged != nil {
 			r.finish = p.staged
 		}
-		if p.MemH == nil { // a registration keeps its memory in place already
+		if p.MemH == nil && !p.pinnedBuf { // a registration keeps its memory in place already
 			for _, b := range pins {
 				if b != nil {
 					r.pin.Pin(b)
