@@ -61,9 +61,9 @@ type condRequest struct {
 	// inner and its param: conditioned.whole.
 	inner      Request
 	innerParam RequestParam
-	// pin holds the buffer of an operation issued whole, from the call until the
-	// operation completed for good (a graph's: until its condition goes), so its issues
-	// do not pin and unpin it each time (the round, or each launch).
+	// pin holds the buffer of a graph's operation issued whole, from the call until the
+	// operation completed for good (its condition destroyed, or the engine closed), so
+	// its issue at every launch does not pin and unpin it.
 	pin runtime.Pinner
 }
 
@@ -137,7 +137,10 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	if op == "tag_send_nbx" || op == "tag_recv_nbx" {
 		c.innerParam = c.operation.param
 		c.innerParam.Request = &c.inner
-		if b := bufPtr(buf); b != nil && p.MemH == nil {
+		if b := bufPtr(buf); b != nil && p.MemH == nil && p.Condition.Category() == condition.Graph {
+			// A graph's operation is issued at every launch: pinned once for its life.
+			// Others pin at their one issue, and only if it does not complete in place
+			// (a Pinner allocates, and sets a finalizer, on its first pin).
 			c.pin.Pin(b) // a no-op for memory Go does not manage
 			c.innerParam.pinnedBuf, pinned = true, true
 		}
