@@ -82,6 +82,18 @@ func sendNode(t *testing.T, l *link, g *graph.Host, deps []condition.Node, buf [
 	return c
 }
 
+// endGraph checks that no condition met an error, closes x and destroys the conditions.
+func endGraph(t *testing.T, x *graph.HostExec, conds ...*condition.Condition) {
+	t.Helper()
+	for _, c := range conds {
+		require.NoError(t, c.Err())
+	}
+	require.NoError(t, x.Close())
+	for _, c := range conds {
+		require.NoError(t, c.Destroy())
+	}
+}
+
 // pingB sends 8 bytes with tag from a to b and waits for the send.
 func pingB(t *testing.T, ctx context.Context, l *link, tag uint64) {
 	t.Helper()
@@ -407,13 +419,7 @@ func TestGraphChainedNodesStartInTheEngine(t *testing.T) {
 	require.NoError(t, s.Synchronize())
 	// echo and tail, every launch; late has two dependencies and runs from the launch.
 	require.Equal(t, uint64(2*launches), graph.ChainedStarts(x))
-	for _, c := range []*condition.Condition{recv, echo, tail, lateC} {
-		require.NoError(t, c.Err())
-	}
-	require.NoError(t, x.Close())
-	for _, c := range []*condition.Condition{recv, echo, tail, lateC} {
-		require.NoError(t, c.Destroy())
-	}
+	endGraph(t, x, recv, echo, tail, lateC)
 }
 
 // A node that would start in the engine but whose condition was destroyed fails the
@@ -533,11 +539,7 @@ func TestGraphChainedNodeOnAnotherEngine(t *testing.T) {
 		require.NoError(t, syncErr(t, ctx, s))
 	}
 	require.Equal(t, uint64(launches), graph.ChainedStarts(x))
-	require.NoError(t, recv.Err())
-	require.NoError(t, fwdC.Err())
-	require.NoError(t, x.Close())
-	require.NoError(t, recv.Destroy())
-	require.NoError(t, fwdC.Destroy())
+	endGraph(t, x, recv, fwdC)
 }
 
 // A launch that fails while a communication node waits leaves its operation in flight;
@@ -615,7 +617,5 @@ func TestGraphLaunchAfterFailedLaunchWithNodeInFlight(t *testing.T) {
 		require.Equal(t, v, echoed(), "launch %d forwarded", v)
 		require.NoError(t, s.Close())
 	}
-	require.NoError(t, x.Close())
-	require.NoError(t, recv.Destroy())
-	require.NoError(t, fwd.Destroy())
+	endGraph(t, x, recv, fwd)
 }

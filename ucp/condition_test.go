@@ -37,6 +37,19 @@ func streamCondition(t *testing.T, b stream.Backend) (stream.Stream, *condition.
 	return s, c
 }
 
+// bareStreamCondition is a host stream (closed when the test ends) and a Stream
+// condition on it that the test itself ends: for tests whose stream fails or whose
+// condition keeps operations pending on purpose.
+func bareStreamCondition(t *testing.T, b stream.Backend) (stream.Stream, *condition.Condition) {
+	t.Helper()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	return s, c
+}
+
 // kernelCondition is a KernelTriggered condition on host streams (destroyed when the
 // test ends) and the host-side trigger a kernel would store.
 func kernelCondition(t *testing.T) (*condition.Condition, func()) {
@@ -342,12 +355,7 @@ func TestNonBlockingEnqueueWithCrossStreamWait(t *testing.T) {
 // Destroying a condition with an operation pending gives ErrBusy and loses nothing.
 func TestDestroyConditionWithPendingOperation(t *testing.T) {
 	p := newShmPair(t)
-	b := hostBackend(t)
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
-	require.NoError(t, err)
+	s, c := bareStreamCondition(t, hostBackend(t))
 	dst := make([]byte, 16)
 	rr, err := p.a.TagRecvNbx(dst, 8, ^uint64(0), &RequestParam{Condition: c})
 	require.NoError(t, err)
@@ -643,12 +651,7 @@ func TestStreamConditionGroupRefusedTrigger(t *testing.T) {
 // the condition impossible to destroy. An operation triggered before the failure runs.
 func TestStreamStoppedFailsOperationsBehindIt(t *testing.T) {
 	p := newShmPair(t)
-	b := hostBackend(t)
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
-	require.NoError(t, err)
+	s, c := bareStreamCondition(t, hostBackend(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
