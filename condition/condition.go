@@ -480,7 +480,8 @@ func (h DeviceHandle) Kernel() device.Handle {
 	return device.Handle{Trigger: uint64(h.Trigger), Value: h.Value, Completion: uint64(h.Completion), CompletionValue: h.CompletionValue}
 }
 
-// Trigger is the host-side trigger function: what a kernel does with ucpx_trigger.
+// Trigger is the host-side trigger function: what a kernel does with ucpx_trigger. A
+// handle whose condition was destroyed gives ErrDestroyed.
 func Trigger(h DeviceHandle) error {
 	if h.hostTrigger == nil {
 		return fmt.Errorf("trigger: zero handle: %w", ErrInvalidParam)
@@ -488,15 +489,23 @@ func Trigger(h DeviceHandle) error {
 	if h.hostTrigger.Kind() == streamcore.KindHost && h.hostTrigger.HostPtr() != h.Trigger {
 		return fmt.Errorf("trigger: handle was altered: %w", ErrInvalidParam)
 	}
+	if h.hostTrigger.Block().Closed() {
+		// Its memory went back with the condition: a store now would write freed memory.
+		return fmt.Errorf("trigger: the handle's condition was destroyed: %w", ErrDestroyed)
+	}
 	h.hostTrigger.Store(h.Value)
 	return nil
 }
 
 // Test reports whether the operations of the handle have completed (ucpx_test). On the
-// host it also drives the operations one round, as MPI_Test does.
+// host it also drives the operations one round, as MPI_Test does. A handle whose
+// condition was destroyed reports true (Destroy succeeds only once all completed).
 func Test(h DeviceHandle) bool {
 	if h.hostDone == nil {
 		return false
+	}
+	if h.hostDone.Block().Closed() {
+		return true // destroyed, which takes every operation completed (words freed: not read)
 	}
 	if int64(h.hostDone.Load()-h.CompletionValue) >= 0 {
 		return true

@@ -125,3 +125,19 @@ func TestArmOnClosedStreamArmsNothing(t *testing.T) {
 	require.Equal(t, 0, c.Pending())
 	require.NoError(t, c.Destroy())
 }
+
+// A handle outlives its condition: after Destroy, Trigger refuses (its words are freed,
+// a store would write freed memory) and Test reports the operations done.
+func TestHandleAfterDestroy(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	c, err := Create(Param{Category: KernelTriggered, Backend: b})
+	require.NoError(t, err)
+	h, err := c.DeviceHandle()
+	require.NoError(t, err)
+	require.NoError(t, Trigger(h))
+	require.True(t, Test(h))
+	require.NoError(t, c.Destroy())
+	require.ErrorIs(t, Trigger(h), ErrDestroyed)
+	require.True(t, Test(h))
+}
