@@ -14,6 +14,10 @@ import (
 // Load, Store, Add and CompareAndSwap order memory like sync/atomic, and the race
 // detector sees that ordering too (race.go): a goroutine that loads a value another
 // goroutine stored is ordered after everything the storer did before the store.
+//
+// The memory goes back when the block closes (WordBlock.Close; a condition's words with
+// Destroy): the library's own accesses check Closed first, and a caller holding a Word
+// past that point must do the same, as with any freed memory.
 type Word struct {
 	race   raceSync // first: zero-size without the race detector, no padding
 	host   *uint64  // CPU address, 8-byte aligned
