@@ -218,10 +218,20 @@ func Create(p Param) (*Condition, error) {
 
 // Node is the graph node of a Graph condition (with Split, the node that starts the
 // operation). Add further dependencies with the graph's own calls.
-func (c *Condition) Node() Node { return c.node }
+func (c *Condition) Node() Node {
+	if c == nil {
+		return nil
+	}
+	return c.node
+}
 
 // WaitNode is the node that completes the operation (the same as Node without Split).
-func (c *Condition) WaitNode() Node { return c.waitNode }
+func (c *Condition) WaitNode() Node {
+	if c == nil {
+		return nil
+	}
+	return c.waitNode
+}
 
 // fire reports one run of a Graph condition's operations finished (err nil on
 // success): it stores 1 into the completion word, releasing the graph's wait node.
@@ -243,7 +253,7 @@ func (c *Condition) fail(err error) {
 }
 
 // Destroyed reports whether Destroy succeeded.
-func (c *Condition) Destroyed() bool { return c.destroyed.Load() }
+func (c *Condition) Destroyed() bool { return c != nil && c.destroyed.Load() }
 
 // releaseWords frees a destroyed Graph condition's words once the engine no longer
 // reads them.
@@ -254,13 +264,28 @@ func (c *Condition) releaseWords() {
 }
 
 // Backend is the backend of the condition's words (and stream).
-func (c *Condition) Backend() streamcore.Backend { return c.backend }
+func (c *Condition) Backend() streamcore.Backend {
+	if c == nil {
+		return nil
+	}
+	return c.backend
+}
 
 // Category reports the condition's category.
-func (c *Condition) Category() Category { return c.category }
+func (c *Condition) Category() Category {
+	if c == nil {
+		return 0
+	}
+	return c.category
+}
 
 // Stream is the stream of a Stream condition.
-func (c *Condition) Stream() streamcore.Stream { return c.stream }
+func (c *Condition) Stream() streamcore.Stream {
+	if c == nil {
+		return nil
+	}
+	return c.stream
+}
 
 // streamWork is work a Stream condition's operation enqueues around its trigger, in
 // the same critical section so no other operation's work interleaves: before runs
@@ -377,6 +402,9 @@ func (c *Condition) recordErrLocked(err error, what string) {
 // blocked on a failed operation. For a Graph condition it is the first error any
 // launch met.
 func (c *Condition) Err() error {
+	if c == nil {
+		return fmt.Errorf("condition: nil condition: %w", ErrInvalidParam)
+	}
 	c.errMu.Lock()
 	defer c.errMu.Unlock()
 	return c.firstErr
@@ -385,6 +413,9 @@ func (c *Condition) Err() error {
 // ClearErr returns Err and clears it, so the condition serves as a health check again
 // (operations that fail later are reported by the next Err).
 func (c *Condition) ClearErr() error {
+	if c == nil {
+		return fmt.Errorf("condition: nil condition: %w", ErrInvalidParam)
+	}
 	c.errMu.Lock()
 	defer c.errMu.Unlock()
 	err := c.firstErr
@@ -400,6 +431,9 @@ const maxFailedKept = 1024
 // the operation's error (nil on success; failures older than the latest 1024 sequence
 // numbers are forgotten). A kernel reads the same with ucpx_status.
 func (c *Condition) StatusAt(seq uint64) (done bool, err error) {
+	if c == nil {
+		return false, fmt.Errorf("status: nil condition: %w", ErrInvalidParam)
+	}
 	if int64(c.done.Load()-seq) < 0 {
 		return false, nil
 	}
@@ -410,6 +444,9 @@ func (c *Condition) StatusAt(seq uint64) (done bool, err error) {
 
 // Pending is the number of operations armed but not retired.
 func (c *Condition) Pending() int {
+	if c == nil {
+		return 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return int(c.armed - c.retired.Load())
@@ -458,6 +495,9 @@ type DeviceHandle struct {
 // all completed. Arming another operation and fetching the handle again re-arms the
 // condition for the next launch.
 func (c *Condition) DeviceHandle() (DeviceHandle, error) {
+	if c == nil {
+		return DeviceHandle{}, fmt.Errorf("device handle: nil condition: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed.Load() {
@@ -566,6 +606,9 @@ func (ds drivers) Release() {
 // Destroy releases the condition. With operations still pending it returns an error
 // matching ErrBusy and changes nothing. A second Destroy returns ErrDestroyed.
 func (c *Condition) Destroy() error {
+	if c == nil {
+		return fmt.Errorf("destroy: nil condition: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed.Load() {

@@ -141,3 +141,24 @@ func TestHandleAfterDestroy(t *testing.T) {
 	require.ErrorIs(t, Trigger(h), ErrDestroyed)
 	require.True(t, Test(h))
 }
+
+// The Condition of a failed Create is nil: its methods report that instead of crashing.
+func TestNilCondition(t *testing.T) {
+	var c *Condition
+	require.Nil(t, c.Node())
+	require.Nil(t, c.WaitNode())
+	require.False(t, c.Destroyed())
+	require.Nil(t, c.Backend())
+	require.Nil(t, c.Stream())
+	require.Zero(t, c.Pending())
+	require.ErrorIs(t, c.Err(), ErrInvalidParam)
+	require.ErrorIs(t, c.ClearErr(), ErrInvalidParam)
+	_, err := c.StatusAt(1)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = c.DeviceHandle()
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.ErrorIs(t, c.BeginGroup(), ErrInvalidParam)
+	require.ErrorIs(t, c.EndGroup(), ErrInvalidParam)
+	require.ErrorIs(t, c.RecordEvent(nil), ErrInvalidParam)
+	require.ErrorIs(t, c.Destroy(), ErrInvalidParam)
+}

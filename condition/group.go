@@ -26,6 +26,9 @@ type group struct {
 // BeginGroup opens a group on a Stream condition. Operations armed until EndGroup,
 // from any goroutine, join it.
 func (c *Condition) BeginGroup() error {
+	if c == nil {
+		return fmt.Errorf("begin group: nil condition: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -56,6 +59,9 @@ func (c *Condition) inGroup() bool {
 // host instead, so none is left waiting for a trigger that never comes, and the error
 // is returned (and kept in Err).
 func (c *Condition) EndGroup() error {
+	if c == nil {
+		return fmt.Errorf("end group: nil condition: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	kick, err := c.endGroupLocked()
 	c.mu.Unlock()

@@ -21,6 +21,9 @@ import (
 // have a stream; with a group open the group's operations are not triggered yet, so
 // the call is refused (ErrInvalidParam) until EndGroup.
 func (c *Condition) RecordEvent(ev streamcore.Event) error {
+	if c == nil {
+		return fmt.Errorf("record event: nil condition: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.recordableLocked(ev); err != nil {

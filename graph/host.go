@@ -268,6 +268,9 @@ func (g *Host) Instantiate() (*HostExec, error) {
 // work on s runs after every node has finished. A failed node fails the launch (the
 // stream's sticky error, returned by Synchronize), and its dependents do not run.
 func (x *HostExec) Launch(s stream.Stream) error {
+	if x == nil {
+		return fmt.Errorf("launch: nil executable graph: %w", ErrInvalidParam)
+	}
 	if s == nil || s.Kind() != stream.KindHost {
 		return fmt.Errorf("launch: a host graph needs a host stream: %w", ErrInvalidParam)
 	}
@@ -669,11 +672,19 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 }
 
 // InFlight is the number of launches enqueued and not finished.
-func (x *HostExec) InFlight() int { return int(x.inFlight.Load()) }
+func (x *HostExec) InFlight() int {
+	if x == nil {
+		return 0
+	}
+	return int(x.inFlight.Load())
+}
 
 // Close releases the executable graph. With launches in flight it returns an error
 // matching ErrInFlight and closes nothing (wait for the stream first).
 func (x *HostExec) Close() error {
+	if x == nil {
+		return fmt.Errorf("close: nil executable graph: %w", ErrInvalidParam)
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {

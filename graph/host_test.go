@@ -240,3 +240,11 @@ func TestHostGraphLaunchAfterFailedLaunch(t *testing.T) {
 	require.EqualValues(t, 50, ranB.Load())
 	require.NoError(t, x.Close())
 }
+
+// The HostExec of a failed Instantiate is nil: its methods report that.
+func TestNilHostExec(t *testing.T) {
+	var x *graph.HostExec
+	require.ErrorIs(t, x.Launch(hostStream(t)), graph.ErrInvalidParam)
+	require.Zero(t, x.InFlight())
+	require.ErrorIs(t, x.Close(), graph.ErrInvalidParam)
+}

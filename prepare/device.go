@@ -117,6 +117,9 @@ func (h DeviceHandle) Kernel() device.PartitionHandle {
 // UCPX_PART_FAILED, the twins return an error matching ucp.ErrPeerFailed, and the
 // armed puts end canceled (Wait reports the peer's error).
 func (r *Request) DeviceHandle() (DeviceHandle, error) {
+	if r == nil {
+		return DeviceHandle{}, fmt.Errorf("device handle: nil request: %w", ErrInvalidParam)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.errLocked(); err != nil {

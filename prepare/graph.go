@@ -34,6 +34,9 @@ import (
 // after its launches completed: the nodes hold the receiver's mapped addresses, which
 // Free (and the receiver's Free) unmap.
 func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
+	if r == nil {
+		return nil, fmt.Errorf("pready node: nil request: %w", ErrInvalidParam)
+	}
 	if err := r.ensurePrepared(); err != nil {
 		return nil, err
 	}

@@ -306,13 +306,26 @@ func (r *Request) release() {
 }
 
 // Worker is the worker the request communicates on.
-func (r *Request) Worker() *ucp.Worker { return r.w }
+func (r *Request) Worker() *ucp.Worker {
+	if r == nil {
+		return nil
+	}
+	return r.w
+}
 
 // Partitions is the request's own number of partitions.
-func (r *Request) Partitions() int { return r.parts }
+func (r *Request) Partitions() int {
+	if r == nil {
+		return 0
+	}
+	return r.parts
+}
 
 // Stats reports the request's counters.
 func (r *Request) Stats() Stats {
+	if r == nil {
+		return Stats{}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stats
@@ -415,6 +428,9 @@ func partRange(total, n, p int) (off, size int) {
 // it may move every partition of this iteration. Start while the previous iteration
 // is incomplete (not yet seen done by Wait or Test) fails with ErrInvalidParam.
 func (r *Request) Start() error {
+	if r == nil {
+		return fmt.Errorf("start: nil request: %w", ErrInvalidParam)
+	}
 	if err := r.ensurePrepared(); err != nil {
 		return err
 	}
@@ -489,10 +505,18 @@ func (r *Request) ensurePrepared() error {
 // Pready marks partition p ready (MPI_Pready): it moves as soon as the receiver is
 // ready for this iteration, without the caller waiting. Errors at the call: p out of
 // range, p already ready in this iteration, no iteration started.
-func (r *Request) Pready(p int) error { return r.PreadyList([]int{p}) }
+func (r *Request) Pready(p int) error {
+	if r == nil {
+		return fmt.Errorf("pready: nil request: %w", ErrInvalidParam)
+	}
+	return r.PreadyList([]int{p})
+}
 
 // PreadyRange marks partitions lo through hi (inclusive) ready.
 func (r *Request) PreadyRange(lo, hi int) error {
+	if r == nil {
+		return fmt.Errorf("pready range: nil request: %w", ErrInvalidParam)
+	}
 	if lo > hi {
 		return fmt.Errorf("pready range [%d, %d]: %w", lo, hi, ErrInvalidParam)
 	}
@@ -505,6 +529,9 @@ func (r *Request) PreadyRange(lo, hi int) error {
 
 // PreadyList marks the listed partitions ready. Nothing is marked if any is invalid.
 func (r *Request) PreadyList(ps []int) error {
+	if r == nil {
+		return fmt.Errorf("pready: nil request: %w", ErrInvalidParam)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.checkPreadyLocked("pready", ps); err != nil {
@@ -680,6 +707,9 @@ func (r *Request) putLocked(p int, rp *ucp.RequestParam, relaunched bool) (*ucp.
 // not wait for the transfer. s must be of the request's backend. For a device buffer
 // the partition's copy to the host copy runs on s too, after the wait.
 func (r *Request) PreadyOnStream(s stream.Stream, p int) error {
+	if r == nil {
+		return fmt.Errorf("pready on stream: nil request: %w", ErrInvalidParam)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.checkPreadyLocked("pready on stream", []int{p}); err != nil {
@@ -740,6 +770,9 @@ func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
 // Parrived reports whether partition p of the current iteration has arrived
 // (MPI_Parrived). It progresses the worker once. A dead peer gives ucp.ErrPeerFailed.
 func (r *Request) Parrived(p int) (bool, error) {
+	if r == nil {
+		return false, fmt.Errorf("parrived: nil request: %w", ErrInvalidParam)
+	}
 	r.mu.Lock()
 	if r.role != receiver {
 		r.mu.Unlock()
@@ -785,6 +818,9 @@ func (r *Request) senderParts(q int) (first, last int) {
 // ArrivedOnStream holds back later work on s until partition p of the current
 // iteration has arrived (or the peer failed).
 func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
+	if r == nil {
+		return fmt.Errorf("arrived on stream: nil request: %w", ErrInvalidParam)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
@@ -819,6 +855,9 @@ func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
 // was made ready and moved (the buffer may be reused), on a receiver every partition
 // arrived. It progresses the worker once.
 func (r *Request) Test() (bool, error) {
+	if r == nil {
+		return false, fmt.Errorf("test: nil request: %w", ErrInvalidParam)
+	}
 	r.w.Progress()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -927,6 +966,9 @@ func (r *Request) ackLocked() error {
 // Wait waits until the current iteration completed (see Test) or ctx ends. It drives
 // the worker's progress itself.
 func (r *Request) Wait(ctx context.Context) error {
+	if r == nil {
+		return fmt.Errorf("wait: nil request: %w", ErrInvalidParam)
+	}
 	start := time.Now()
 	for i := 0; ; i++ {
 		done, err := r.Test()
@@ -949,6 +991,9 @@ func (r *Request) Wait(ctx context.Context) error {
 // receiver, until every partition arrived; on a sender, until the operations it moves
 // in stream order have completed.
 func (r *Request) WaitOnStream(s stream.Stream) error {
+	if r == nil {
+		return fmt.Errorf("wait on stream: nil request: %w", ErrInvalidParam)
+	}
 	if r.role == receiver {
 		r.mu.Lock()
 		parts := r.parts
@@ -974,6 +1019,9 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 // Free releases the request (MPI_Request_free). With an iteration in flight it fails
 // with ErrBusy and changes nothing.
 func (r *Request) Free() error {
+	if r == nil {
+		return fmt.Errorf("free: nil request: %w", ErrInvalidParam)
+	}
 	r.mu.Lock()
 	if r.freed {
 		r.mu.Unlock()

@@ -601,3 +601,38 @@ func onStreamIterations(ctx context.Context, t *testing.T, send, recv *prepare.R
 		require.NoError(t, send.Wait(ctx))
 	}
 }
+
+// The Request of a failed PsendInit or PrecvInit is nil: its methods report that
+// instead of crashing.
+func TestNilRequestMethods(t *testing.T) {
+	var r *prepare.Request
+	require.Nil(t, r.Worker())
+	require.Zero(t, r.Partitions())
+	require.Equal(t, prepare.Stats{}, r.Stats())
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	for name, err := range map[string]error{
+		"Start":           r.Start(),
+		"Pready":          r.Pready(0),
+		"PreadyRange":     r.PreadyRange(0, 1),
+		"PreadyList":      r.PreadyList([]int{0}),
+		"PreadyOnStream":  r.PreadyOnStream(s, 0),
+		"ArrivedOnStream": r.ArrivedOnStream(s, 0),
+		"Wait":            r.Wait(context.Background()),
+		"WaitOnStream":    r.WaitOnStream(s),
+		"Free":            r.Free(),
+	} {
+		require.ErrorIs(t, err, prepare.ErrInvalidParam, name)
+	}
+	_, err = r.Parrived(0)
+	require.ErrorIs(t, err, prepare.ErrInvalidParam)
+	_, err = r.Test()
+	require.ErrorIs(t, err, prepare.ErrInvalidParam)
+	_, err = r.DeviceHandle()
+	require.ErrorIs(t, err, prepare.ErrInvalidParam)
+	_, err = r.PreadyNode(graph.NewHost(), nil, 0)
+	require.ErrorIs(t, err, prepare.ErrInvalidParam)
+}

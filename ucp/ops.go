@@ -396,6 +396,9 @@ func (ep *Endpoint) atomicLocked(op string, a AtomicParam, raddr uint64, rkey *R
 
 // Fetched is the remote value before an atomic operation with fetch semantics.
 func (r *Request) Fetched() uint64 {
+	if r == nil {
+		return 0
+	}
 	if r.cop != nil {
 		if in := r.issued(); in != nil {
 			return in.fetched

@@ -9,6 +9,9 @@ import "github.com/ucpx/ucpx/stream/streamcore"
 // CUevent (stream.WrapCUDAEvent). An operation without a Stream condition has no stream
 // to record on: ErrInvalidParam.
 func (r *Request) RecordEvent(ev streamcore.Event) error {
+	if r == nil {
+		return opErr("record_event", ErrInvalidParam, "nil request")
+	}
 	if ev == nil {
 		return opErr("record_event", ErrInvalidParam, "nil event")
 	}

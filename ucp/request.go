@@ -148,6 +148,9 @@ var completedRequest = func() *Request {
 
 // Done reports whether the operation completed, without driving progress.
 func (r *Request) Done() bool {
+	if r == nil {
+		return false
+	}
 	if r.cop != nil {
 		return r.cop.Done()
 	}
@@ -156,6 +159,9 @@ func (r *Request) Done() bool {
 
 // Err is the operation's result once Done; nil while pending.
 func (r *Request) Err() error {
+	if r == nil {
+		return opErr("request", ErrInvalidParam, "nil request")
+	}
 	if r.cop != nil {
 		return r.cop.Err()
 	}
@@ -167,6 +173,9 @@ func (r *Request) Err() error {
 
 // Length is the received length (tag receive, AM receive) once Done.
 func (r *Request) Length() int {
+	if r == nil {
+		return 0
+	}
 	if r.cop != nil {
 		if in := r.issued(); in != nil {
 			return in.length
@@ -177,6 +186,9 @@ func (r *Request) Length() int {
 
 // SenderTag is the tag of the matched message (tag receive) once Done.
 func (r *Request) SenderTag() uint64 {
+	if r == nil {
+		return 0
+	}
 	if r.cop != nil {
 		if in := r.issued(); in != nil {
 			return in.tag
@@ -188,6 +200,9 @@ func (r *Request) SenderTag() uint64 {
 // Test drives one round of progress if the request is pending and reports whether
 // it is done, with its error.
 func (r *Request) Test() (bool, error) {
+	if r == nil {
+		return false, opErr("test", ErrInvalidParam, "nil request")
+	}
 	if r.cop != nil {
 		return r.cop.Test()
 	}
@@ -204,6 +219,9 @@ func (r *Request) Test() (bool, error) {
 // Wait drives progress until the operation completes or ctx ends. When ctx ends first
 // it returns ctx.Err() and the operation stays pending (Cancel it if it should stop).
 func (r *Request) Wait(ctx context.Context) error {
+	if r == nil {
+		return opErr("wait", ErrInvalidParam, "nil request")
+	}
 	if r.cop != nil {
 		return r.cop.Wait(ctx)
 	}
@@ -220,6 +238,9 @@ func (r *Request) Wait(ctx context.Context) error {
 // only once the operation has completed (MPIX Wait_enqueue). s must be of the
 // condition's backend. A done operation, or one without a condition, needs no wait.
 func (r *Request) WaitOnStream(s streamcore.Stream) error {
+	if r == nil {
+		return opErr("wait_on_stream", ErrInvalidParam, "nil request")
+	}
 	if s == nil {
 		return opErr("wait_on_stream", ErrInvalidParam, "nil stream")
 	}
@@ -238,6 +259,9 @@ func (r *Request) WaitOnStream(s streamcore.Stream) error {
 // Cancel asks UCX to cancel a pending operation; it then completes with ErrCanceled
 // (or its real result if it completed first). Canceling a done request does nothing.
 func (r *Request) Cancel() {
+	if r == nil {
+		return
+	}
 	if r.cop != nil {
 		r.cop.Cancel()
 		return
