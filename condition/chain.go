@@ -77,6 +77,9 @@ func NewChain(p ChainParam) (*Chain, error) {
 // the first operation binds the chain to it, with the runner newRunner makes; add
 // appends the operation to the runner's step.
 func (c *Chain) Enqueue(owner any, newRunner func() (ChainRunner, error), add func(r ChainRunner, step int) error) error {
+	if c == nil {
+		return fmt.Errorf("chain: nil chain: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -104,6 +107,9 @@ func (c *Chain) Enqueue(owner any, newRunner func() (ChainRunner, error), add fu
 // Then ends the current step: operations enqueued from now on start when all of it
 // completed. A step needs an operation.
 func (c *Chain) Then() error {
+	if c == nil {
+		return fmt.Errorf("chain then: nil chain: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed {
@@ -119,6 +125,9 @@ func (c *Chain) Then() error {
 
 // Steps is the number of steps holding operations.
 func (c *Chain) Steps() int {
+	if c == nil {
+		return 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stepOps == 0 {
@@ -129,6 +138,9 @@ func (c *Chain) Steps() int {
 
 // usable returns the runner, or why the chain cannot run.
 func (c *Chain) usable(op string) (ChainRunner, error) {
+	if c == nil {
+		return nil, fmt.Errorf("chain %s: nil chain: %w", op, ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -206,6 +218,9 @@ func (c *Chain) IterationTimes() []time.Duration {
 // Destroy stops a run (its pending operations are canceled) and releases the chain.
 // A second Destroy returns ErrDestroyed.
 func (c *Chain) Destroy() error {
+	if c == nil {
+		return fmt.Errorf("chain destroy: nil chain: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed {

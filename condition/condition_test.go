@@ -1,6 +1,7 @@
 package condition
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -160,5 +161,20 @@ func TestNilCondition(t *testing.T) {
 	require.ErrorIs(t, c.BeginGroup(), ErrInvalidParam)
 	require.ErrorIs(t, c.EndGroup(), ErrInvalidParam)
 	require.ErrorIs(t, c.RecordEvent(nil), ErrInvalidParam)
+	require.ErrorIs(t, c.Destroy(), ErrInvalidParam)
+}
+
+// A nil Chain answers ErrInvalidParam (or zero values) too.
+func TestNilChain(t *testing.T) {
+	var c *Chain
+	require.ErrorIs(t, c.Then(), ErrInvalidParam)
+	require.Zero(t, c.Steps())
+	require.ErrorIs(t, c.Start(), ErrInvalidParam)
+	require.ErrorIs(t, c.Wait(context.Background()), ErrInvalidParam)
+	_, err := c.Test()
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.Zero(t, c.Iterations())
+	require.NoError(t, c.Err())
+	require.Nil(t, c.IterationTimes())
 	require.ErrorIs(t, c.Destroy(), ErrInvalidParam)
 }
