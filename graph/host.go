@@ -91,6 +91,9 @@ func (g *Host) AddTask(deps []condition.Node, task func() error) (*HostNode, err
 
 // add appends node n (its task and kind set) after deps, the one place nodes are made.
 func (g *Host) add(op string, deps []*HostNode, n HostNode) (*HostNode, error) {
+	if g == nil {
+		return nil, fmt.Errorf("%s: nil graph: %w", op, ErrInvalidParam)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -121,6 +124,9 @@ func (g *Host) AddDependencies(from, to condition.Node) error {
 }
 
 func (g *Host) addDependency(from, to *HostNode) error {
+	if g == nil {
+		return fmt.Errorf("add dependencies: nil graph: %w", ErrInvalidParam)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -135,6 +141,9 @@ func (g *Host) addDependency(from, to *HostNode) error {
 
 // Len is the number of nodes.
 func (g *Host) Len() int {
+	if g == nil {
+		return 0
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.nodes)
@@ -142,6 +151,9 @@ func (g *Host) Len() int {
 
 // Close releases the graph. Executable graphs made from it stay usable.
 func (g *Host) Close() error {
+	if g == nil {
+		return fmt.Errorf("close: nil graph: %w", ErrInvalidParam)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -189,6 +201,9 @@ type HostExec struct {
 
 // Instantiate freezes the graph's topology (ErrCycle if it has one).
 func (g *Host) Instantiate() (*HostExec, error) {
+	if g == nil {
+		return nil, fmt.Errorf("instantiate: nil graph: %w", ErrInvalidParam)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {

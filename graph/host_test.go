@@ -248,3 +248,20 @@ func TestNilHostExec(t *testing.T) {
 	require.Zero(t, x.InFlight())
 	require.ErrorIs(t, x.Close(), graph.ErrInvalidParam)
 }
+
+// A nil *Host (a typed nil behind condition.GraphBuilder too) answers ErrInvalidParam.
+func TestNilHost(t *testing.T) {
+	var g *graph.Host
+	_, err := g.AddTask(nil, func() error { return nil })
+	require.ErrorIs(t, err, graph.ErrInvalidParam)
+	_, err = g.AddEmpty(nil)
+	require.ErrorIs(t, err, graph.ErrInvalidParam)
+	require.Zero(t, g.Len())
+	require.ErrorIs(t, g.Close(), graph.ErrInvalidParam)
+	_, err = g.Instantiate()
+	require.ErrorIs(t, err, graph.ErrInvalidParam)
+	b := stream.NewHostBackend()
+	defer b.Close()
+	_, err = condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: g})
+	require.ErrorIs(t, err, graph.ErrInvalidParam)
+}
