@@ -23,26 +23,25 @@ const ucpxOnlyFlags = NonBlockingEnqueue
 
 // conditioned is the condition.Operation of one nbx call.
 type conditioned struct {
-	w     *Worker
-	param RequestParam // what the nbx call gets: no condition, no callback
-	// whole is param with the condRequest's own inner Request (caller-owned) for an
-	// issue of the whole buffer in one part (tag operations): the round that issues
-	// the operation allocates nothing, and a graph's operation reuses it every launch
-	// (the engine issues it again only after it completed). nil for other operations.
-	whole    *RequestParam
-	wholeLen int
-	issue    func(off int, buf []byte, p *RequestParam) (*Request, error)
+	w *Worker
+	// param is what the nbx call gets: no condition, no callback. A tag operation's
+	// names the condRequest's own inner Request (caller-owned): a tag operation moves in
+	// one part, as is or staged, so the round that issues it as is allocates nothing,
+	// and a graph's operation reuses it at every launch (the engine issues it again only
+	// after it completed).
+	param RequestParam
+	issue func(off int, buf []byte, p *RequestParam) (*Request, error)
 }
 
 // Issue runs the nbx call on one part of the plan.
 func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 	ip := &c.param
-	if c.whole != nil && !p.Staged && p.Offset == 0 && len(p.Buf) == c.wholeLen {
-		ip = c.whole
-	} else if p.Staged {
-		// A staging buffer is host memory under no registration of the caller's.
+	if p.Staged {
+		// A staging buffer is host memory under no registration of the caller's, and
+		// neither the inner Request nor the buffer's pin is its.
 		staged := c.param
 		staged.MemoryType, staged.MemH = MemoryHost, nil
+		staged.Request, staged.pinnedBuf = nil, false
 		ip = &staged
 	}
 	r, err := c.w.issueLocking(func() (*Request, error) { return c.issue(p.Offset, p.Buf, ip) })
@@ -58,9 +57,8 @@ type condRequest struct {
 	Request
 	op        condition.Op
 	operation conditioned
-	// inner and its param: conditioned.whole.
-	inner      Request
-	innerParam RequestParam
+	// inner: a tag operation's issued Request (conditioned.param).
+	inner Request
 	// pin holds the buffer of a graph's operation issued whole, from the call until the
 	// operation completed for good (its condition destroyed, or the engine closed), so
 	// its issue at every launch does not pin and unpin it.
@@ -135,16 +133,14 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	} // else the call at the trigger applies it (ipcIssue)
 	pinned := false
 	if op == "tag_send_nbx" || op == "tag_recv_nbx" {
-		c.innerParam = c.operation.param
-		c.innerParam.Request = &c.inner
+		c.operation.param.Request = &c.inner
 		if b := bufPtr(buf); b != nil && p.MemH == nil && p.Condition.Category() == condition.Graph {
 			// A graph's operation is issued at every launch: pinned once for its life.
 			// Others pin at their one issue, and only if it does not complete in place
 			// (a Pinner allocates, and sets a finalizer, on its first pin).
 			c.pin.Pin(b) // a no-op for memory Go does not manage
-			c.innerParam.pinnedBuf, pinned = true, true
+			c.operation.param.pinnedBuf, pinned = true, true
 		}
-		c.operation.whole, c.operation.wholeLen = &c.innerParam, len(buf)
 	}
 	sub := condition.Submission{
 		What: op,
