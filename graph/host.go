@@ -47,12 +47,15 @@ type HostNode struct {
 	// engine fires that word, watched by the launch's event loop, not by a goroutine.
 	inline  bool
 	waitFor *stream.Word
-	trigger *stream.Word      // the word an inline task stores (a signal node's)
-	kick    *stream.WordBlock // after an inline task stored a trigger: the block to kick
-	// waitTrigger: a wait node's operation's trigger word, which the launch takes back
-	// when no engine will ever take it (ErrNoOperation).
-	waitTrigger *stream.Word
+	trigger *stream.Word // the word the node's inline task stores (its block is kicked)
+	// op: the words of the node's operation (a signal node's; split nodes share them):
+	// a wait node takes the trigger back when no engine will take it (ErrNoOperation),
+	// a failed launch owes the completion of a trigger node it did not reach (owed).
+	op opWords
 }
+
+// opWords are a communication operation's trigger and completion words.
+type opWords struct{ trigger, done *stream.Word }
 
 // Handle is 0: a host graph node has no CUDA handle (condition.Node).
 func (n *HostNode) Handle() uintptr { return 0 }
@@ -169,9 +172,7 @@ type HostExec struct {
 	inline  []bool
 	waitFor []*stream.Word
 	trigger []*stream.Word
-	kick    []*stream.WordBlock
-	// waitTrigger: HostNode.waitTrigger, per node.
-	waitTrigger []*stream.Word
+	op      []opWords
 	// follow: for a communication node (one node: its trigger and its wait), the
 	// signal nodes whose only dependency it is. A launch asks the node's engine
 	// (stream.Follower) to store their triggers itself when the node's operation
@@ -188,15 +189,12 @@ type HostExec struct {
 	closed     bool
 	// chainedStarts counts the nodes whose trigger an engine stored (tests).
 	chainedStarts atomic.Uint64
-	// doneOf: a trigger node's operation's completion word (its own, or its split
-	// wait node's).
-	doneOf []*stream.Word
 	// owed: completion words of communication nodes a failed launch left in flight.
 	// Their operations still complete and store 1, which a later launch would take
-	// for its own; settleOwed consumes them first (nowed counts them).
+	// for its own; settleOwed consumes them first (owing: owed is not empty).
 	owedMu sync.Mutex
 	owed   map[*stream.Word]bool
-	nowed  atomic.Int32
+	owing  atomic.Bool
 }
 
 // Instantiate freezes the graph's topology (ErrCycle if it has one).
@@ -211,7 +209,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	}
 	n := len(g.nodes)
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
-		trigger: make([]*stream.Word, n), kick: make([]*stream.WordBlock, n), waitTrigger: make([]*stream.Word, n), follow: make([][]int, n),
+		trigger: make([]*stream.Word, n), op: make([]opWords, n), follow: make([][]int, n),
 		deps: make([][]int, n), children: make([][]int, n)}
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
@@ -219,8 +217,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 		x.inline[node.id] = node.inline
 		x.waitFor[node.id] = node.waitFor
 		x.trigger[node.id] = node.trigger
-		x.waitTrigger[node.id] = node.waitTrigger
-		x.kick[node.id] = node.kick
+		x.op[node.id] = node.op
 		if w := node.waitFor; w != nil && !slices.Contains(x.waitBlocks, w.Block()) {
 			x.waitBlocks = append(x.waitBlocks, w.Block())
 		}
@@ -237,20 +234,6 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	for i := range n {
 		if d := x.deps[i]; len(d) == 1 && x.trigger[i] != nil && x.trigger[d[0]] != nil && x.waitFor[d[0]] != nil {
 			x.follow[d[0]] = append(x.follow[d[0]], i)
-		}
-	}
-	x.doneOf = make([]*stream.Word, n)
-	for i := range n {
-		switch {
-		case x.trigger[i] == nil:
-		case x.waitFor[i] != nil:
-			x.doneOf[i] = x.waitFor[i]
-		default:
-			for _, c := range x.children[i] {
-				if x.waitTrigger[c] == x.trigger[i] {
-					x.doneOf[i] = x.waitFor[c]
-				}
-			}
 		}
 	}
 	// Kahn's algorithm: every node must become ready.
@@ -320,7 +303,7 @@ func (x *HostExec) run() error {
 	if n == 0 {
 		return nil
 	}
-	if x.nowed.Load() > 0 {
+	if x.owing.Load() {
 		if err := x.settleOwed(); err != nil {
 			return err
 		}
@@ -360,7 +343,7 @@ func (x *HostExec) run() error {
 			// No engine will ever complete it: its condition carries no operation. The
 			// trigger goes back to 0, or an operation enqueued later would run at once,
 			// outside a launch, and leave its completion for the next launch to find.
-			if t := x.waitTrigger[i]; t != nil && !t.Block().Closed() {
+			if t := x.op[i].trigger; t != nil && !t.Block().Closed() {
 				t.Store(0)
 			}
 			if firstErr == nil {
@@ -398,8 +381,8 @@ func (x *HostExec) run() error {
 					x.armFollowers(i, chained)
 				}
 				err := x.tasks[i]()
-				if err == nil && x.kick[i] != nil {
-					kicks = append(kicks, x.kick[i])
+				if err == nil && x.trigger[i] != nil {
+					kicks = append(kicks, x.trigger[i].Block())
 				}
 				afterTask(i, err)
 				continue
@@ -501,24 +484,18 @@ func (x *HostExec) run() error {
 func (x *HostExec) oweInFlight(waits []int, chained []bool) {
 	x.owedMu.Lock()
 	defer x.owedMu.Unlock()
-	owe := func(w *stream.Word) {
-		if w == nil || x.owed[w] {
-			return
-		}
-		if x.owed == nil {
-			x.owed = map[*stream.Word]bool{}
-		}
-		x.owed[w] = true
-		x.nowed.Add(1)
+	if x.owed == nil {
+		x.owed = map[*stream.Word]bool{}
 	}
 	for _, i := range waits {
-		owe(x.waitFor[i])
+		x.owed[x.waitFor[i]] = true
 	}
 	for c, armed := range chained {
 		if armed {
-			owe(x.doneOf[c])
+			x.owed[x.op[c].done] = true
 		}
 	}
+	x.owing.Store(len(x.owed) > 0)
 }
 
 // settleOwed takes the completions a failed launch left in flight (see owed) before
@@ -537,8 +514,8 @@ func (x *HostExec) settleOwed() error {
 			continue
 		}
 		delete(x.owed, w)
-		x.nowed.Add(-1)
 	}
+	x.owing.Store(len(x.owed) > 0)
 	if n := len(x.owed); n > 0 {
 		return fmt.Errorf("%d communication node(s) of a failed launch still in flight (launch again once they complete): %w", n, ErrInFlight)
 	}

@@ -36,18 +36,19 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 		return nil
 	}
 	const op = "add signal nodes"
+	words := opWords{trigger, done}
 	if !split {
-		n, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, kick: trigger.Block(), waitFor: done, waitTrigger: trigger})
+		n, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, waitFor: done, op: words})
 		if err != nil {
 			return nil, nil, err
 		}
 		return n, n, nil
 	}
-	s, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, kick: trigger.Block()})
+	s, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, op: words})
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := g.add(op, []*HostNode{s}, HostNode{task: func() error { return nil }, inline: true, waitFor: done, waitTrigger: trigger})
+	w, err := g.add(op, []*HostNode{s}, HostNode{task: func() error { return nil }, inline: true, waitFor: done, op: words})
 	if err != nil {
 		return nil, nil, err
 	}
