@@ -466,14 +466,6 @@ func (s *hostStream) execBatch(batch []hostOp) {
 	}
 }
 
-// hold keeps b's driver driven after a WaitValue (see held).
-func (s *hostStream) hold(b *WordBlock) {
-	if s.held != nil && s.held != b {
-		s.releaseHeld()
-	}
-	s.held = b
-}
-
 // releaseHeld hands the held block's driver back to its own goroutine.
 func (s *hostStream) releaseHeld() {
 	if b := s.held; b != nil {
@@ -517,6 +509,7 @@ func runHostFunc(fn func()) (err error) {
 // execWaitValue polls the word with the backoff policy of host_poll.go until the
 // comparison holds, the word's block is freed, or Close's grace period runs out.
 func (s *hostStream) execWaitValue(op *hostOp) error {
+	block := op.word.Block()
 	var b backoff
 	var deadline time.Time
 	drove := false
@@ -525,7 +518,7 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 		sleeping := b.sleeping()
 		if sleeping {
 			// Taken before the look, so a notification in between is not lost.
-			wake = op.word.Block().Changed()
+			wake = block.Changed()
 		}
 		v, ok := s.loadWord(op.word)
 		if !ok {
@@ -533,26 +526,25 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 		}
 		if op.cmp.Holds(v, op.value) {
 			if drove {
-				s.hold(op.word.Block())
+				s.held = block // kept driven for the next wait (see held)
 			}
 			return nil
 		}
-		drove = true
-		if s.held != nil && s.held != op.word.Block() {
-			s.releaseHeld()
+		if !drove {
+			if s.held != block {
+				s.releaseHeld() // another driver's: its goroutine takes its rounds back
+			}
+			drove = true
 		}
-		if op.word.Block().Drive() {
+		if block.Drive() {
 			b = backoff{} // the driver moved: look again at once
 			continue
 		}
 		if sleeping {
 			// Between two looks the executor sleeps: the driver's own goroutine (the
 			// engine's, which sleeps on the transport's events) takes over meanwhile.
-			op.word.Block().Release()
-			drove = false
-			if s.held == op.word.Block() {
-				s.held = nil
-			}
+			block.Release()
+			drove, s.held = false, nil
 		}
 		if s.closingFlag.Load() {
 			now := time.Now()
