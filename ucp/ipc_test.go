@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
@@ -177,12 +178,8 @@ func TestIPCOnStreamDeclaredDevice(t *testing.T) {
 	p, dev := ipcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	alloc, _, rk := mappedRegion(t, p, 1<<20)
-	local := fakeipc.Malloc(1 << 20)
-	defer local.Free()
-	s, sc := streamCondition(t, dev)
 	const n = 128 << 10
-	copy(local.Bytes(), pattern(n, 9))
+	alloc, rk, local, s, sc := deviceCopyRig(t, p, dev, pattern(n, 9))
 	before := fakeipc.Stats()
 	gate := make(chan struct{})
 	var open sync.Once
@@ -205,6 +202,19 @@ func TestIPCOnStreamDeclaredDevice(t *testing.T) {
 	require.Nil(t, p.a.eng, "the stream path needs no engine")
 }
 
+// deviceCopyRig is what a device-buffer copy test starts from: a 1 MiB region of B's
+// mapped at A (alloc, rk), A's 1 MiB device buffer beginning with data (freed when the
+// test ends), and a Stream condition on dev.
+func deviceCopyRig(t *testing.T, p *pair, dev stream.Backend, data []byte) (*fakeipc.Alloc, *Rkey, *fakeipc.Alloc, stream.Stream, *condition.Condition) {
+	t.Helper()
+	alloc, _, rk := mappedRegion(t, p, 1<<20)
+	local := fakeipc.Malloc(1 << 20)
+	t.Cleanup(local.Free)
+	s, sc := streamCondition(t, dev)
+	copy(local.Bytes(), data)
+	return alloc, rk, local, s, sc
+}
+
 // Peers on two devices with peer access: the copies go through, and the backend is
 // not told they are on one device (its copy kernel is only for one device's memory).
 func TestIPCPeerDeviceCopies(t *testing.T) {
@@ -220,12 +230,8 @@ func TestIPCPeerDeviceCopies(t *testing.T) {
 	require.Equal(t, protocol.ReachPeerDevice, p.epA.Reach(devA.CanAccessPeer))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	alloc, _, rk := mappedRegion(t, p, 1<<20)
-	local := fakeipc.Malloc(1 << 20)
-	defer local.Free()
-	s, sc := streamCondition(t, devA)
 	const n = 96 << 10
-	copy(local.Bytes(), pattern(n, 4))
+	alloc, rk, local, s, sc := deviceCopyRig(t, p, devA, pattern(n, 4))
 	before := fakeipc.Stats()
 	r, err := p.epA.PutNbx(DeviceBuffer(local.Ptr(), n), rk.Base()+8, rk, &RequestParam{Condition: sc, MemoryType: MemoryCUDA})
 	require.NoError(t, err)
