@@ -90,18 +90,14 @@ func BenchmarkWaitForever(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Wait(ctx) }()
-	time.Sleep(10 * time.Millisecond) // past the spin: parked
+	waitParked(b, "ucp.(*Worker).waitRequest", 1, 0)
 	b.ResetTimer()
-	var ru0, ru1 unix.Rusage
-	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru0)
-	t0 := time.Now()
+	cpu0, t0 := processCPU(b), time.Now()
 	for i := 0; i < b.N; i++ {
 		time.Sleep(time.Second)
 	}
-	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru1)
-	wall := time.Since(t0)
+	cpu, wall := processCPU(b)-cpu0, time.Since(t0)
 	b.StopTimer()
-	cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()) - time.Duration(ru0.Utime.Nano()+ru0.Stime.Nano())
 	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu-%")
 	cancel()
 	if err := <-done; err != context.Canceled {

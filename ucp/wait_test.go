@@ -40,7 +40,7 @@ func parkedWaiters(fn string) (netpoll, followers int) {
 }
 
 // waitParked waits until the goroutines in fn are parked as wanted.
-func waitParked(t *testing.T, fn string, netpoll, followers int) {
+func waitParked(t testing.TB, fn string, netpoll, followers int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -56,7 +56,7 @@ func waitParked(t *testing.T, fn string, netpoll, followers int) {
 	}
 }
 
-func processCPU(t *testing.T) time.Duration {
+func processCPU(t testing.TB) time.Duration {
 	t.Helper()
 	var ru syscall.Rusage
 	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
