@@ -62,12 +62,7 @@ func benchLateFloor(b *testing.B, delay time.Duration, netpoller bool) {
 			}
 			woke <- monotonic()
 		}()
-		if delay < time.Millisecond {
-			for monotonic()-start < delay {
-			}
-		} else {
-			time.Sleep(delay)
-		}
+		sleepUntil(start, delay)
 		sent := monotonic()
 		if _, err := unix.Write(fds[1], one); err != nil {
 			b.Fatal(err)
@@ -105,6 +100,17 @@ func BenchmarkWaitForever(b *testing.B) {
 	}
 }
 
+// sleepUntil returns delay after start: a short delay spins (a timer would sleep far
+// longer), a long one sleeps.
+func sleepUntil(start, delay time.Duration) {
+	if delay >= time.Millisecond {
+		time.Sleep(delay - (monotonic() - start))
+		return
+	}
+	for monotonic()-start < delay {
+	}
+}
+
 // reportNoticed reports the median and p99 of the wake-ups.
 func reportNoticed(b *testing.B, noticed []time.Duration) {
 	slices.Sort(noticed)
@@ -135,12 +141,7 @@ func benchLateMessage(b *testing.B, delay time.Duration) {
 			}
 			woke <- monotonic()
 		}()
-		if delay < time.Millisecond {
-			for monotonic()-start < delay { // a timer would sleep far longer
-			}
-		} else {
-			time.Sleep(delay)
-		}
+		sleepUntil(start, delay)
 		sent := monotonic()
 		s, err := p.epA.TagSendNbx(out, 7, nil)
 		if err != nil {
