@@ -505,18 +505,10 @@ func (r *Request) ensurePrepared() error {
 // Pready marks partition p ready (MPI_Pready): it moves as soon as the receiver is
 // ready for this iteration, without the caller waiting. Errors at the call: p out of
 // range, p already ready in this iteration, no iteration started.
-func (r *Request) Pready(p int) error {
-	if r == nil {
-		return fmt.Errorf("pready: nil request: %w", ErrInvalidParam)
-	}
-	return r.PreadyList([]int{p})
-}
+func (r *Request) Pready(p int) error { return r.PreadyList([]int{p}) }
 
 // PreadyRange marks partitions lo through hi (inclusive) ready.
 func (r *Request) PreadyRange(lo, hi int) error {
-	if r == nil {
-		return fmt.Errorf("pready range: nil request: %w", ErrInvalidParam)
-	}
 	if lo > hi {
 		return fmt.Errorf("pready range [%d, %d]: %w", lo, hi, ErrInvalidParam)
 	}
