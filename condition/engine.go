@@ -129,8 +129,9 @@ type Engine struct {
 	nfollow  atomic.Int32
 	// byTrigger: the Graph conditions' channels by trigger word (under mu).
 	byTrigger map[*streamcore.Word]*channel
-	// Under drive: the triggers a round takes, and the blocks of those it could not
-	// issue itself (another engine's), kicked once the round let go of mu.
+	// Under drive: the triggers a round takes (copied out, as issuing one may remove a
+	// destroyed condition's channel, which takes followMu), and the blocks of those it
+	// could not issue itself (another engine's), kicked once the round let go of mu.
 	following []*streamcore.Word
 	kickAfter []*streamcore.WordBlock
 }
