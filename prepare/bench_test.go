@@ -41,7 +41,8 @@ import (
 //	2g   the sender and the receiver each loop in a goroutine of their own, as two
 //	     processes would. The tight PutSignalNbx loop is then not held back by the
 //	     receiver at all (it has no readiness step), so this is prepared against the
-//	     streaming floor.
+//	     streaming floor; BenchmarkPartitioned8x4KHandshake puts the same loop behind
+//	     the receiver's readiness, as prepared requests are.
 
 const (
 	benchWarmup = 50  // iterations of each variant before timing
