@@ -288,3 +288,30 @@ func TestCallersWorker(t *testing.T) {
 	_, err = w.Address()
 	require.NoError(t, err, "the caller's worker stays open")
 }
+
+// The handles a failed Join returns are nil; their methods answer ErrInvalidParam (or a
+// zero value) instead of crashing.
+func TestNilJobAndStore(t *testing.T) {
+	var j *Job
+	ctx := context.Background()
+	require.Nil(t, j.Worker())
+	require.Nil(t, j.Store())
+	require.ErrorIs(t, j.Barrier(ctx), ErrInvalidParam)
+	ep, err := j.Endpoint(0)
+	require.Nil(t, ep)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	rank, ok := j.RankOf(nil)
+	require.False(t, ok)
+	require.Zero(t, rank)
+	require.Empty(t, j.Failed())
+	require.ErrorIs(t, j.FailedErr(0), ErrInvalidParam)
+	require.ErrorIs(t, j.Close(), ErrInvalidParam)
+	var s *Store
+	require.ErrorIs(t, s.Set(ctx, "k", nil), ErrInvalidParam)
+	v, err := s.Get(ctx, "k")
+	require.Nil(t, v)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	v, err = s.Wait(ctx, "k")
+	require.Nil(t, v)
+	require.ErrorIs(t, err, ErrInvalidParam)
+}

@@ -168,6 +168,9 @@ func replyErr(f *frame) error {
 
 // Set stores value under key (replacing an earlier value) and wakes its waiters.
 func (s *Store) Set(ctx context.Context, key string, value []byte) error {
+	if s == nil {
+		return fmt.Errorf("bootstrap: store set: nil store: %w", ErrInvalidParam)
+	}
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -180,6 +183,9 @@ func (s *Store) Set(ctx context.Context, key string, value []byte) error {
 
 // Get returns the value of key, or an error matching ErrNotFound.
 func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
+	if s == nil {
+		return nil, fmt.Errorf("bootstrap: store get: nil store: %w", ErrInvalidParam)
+	}
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -188,6 +194,9 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 
 // Wait returns the value of key once some rank has set it; ctx bounds the wait.
 func (s *Store) Wait(ctx context.Context, key string) ([]byte, error) {
+	if s == nil {
+		return nil, fmt.Errorf("bootstrap: store wait: nil store: %w", ErrInvalidParam)
+	}
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}

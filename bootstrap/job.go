@@ -227,14 +227,27 @@ func withFailureDetection(p ucp.ContextParams) ucp.ContextParams {
 func addrKey(rank int) string { return "ucpx/addr/" + strconv.Itoa(rank) }
 
 // Worker is the job's worker.
-func (j *Job) Worker() *ucp.Worker { return j.worker }
+func (j *Job) Worker() *ucp.Worker {
+	if j == nil {
+		return nil
+	}
+	return j.worker
+}
 
 // Store is the job's key-value store.
-func (j *Job) Store() *Store { return j.store }
+func (j *Job) Store() *Store {
+	if j == nil {
+		return nil
+	}
+	return j.store
+}
 
 // Barrier returns once every rank has called it as often as this one; it fails with
 // a RankError (ErrRankFailed) if a rank failed before all arrived.
 func (j *Job) Barrier(ctx context.Context) error {
+	if j == nil {
+		return errNilJob("barrier")
+	}
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
@@ -251,6 +264,9 @@ func (j *Job) Barrier(ctx context.Context) error {
 // the rank published (waiting up to Options.Timeout for it). A rank's failure fails
 // its endpoint's operations with errors matching ucp.ErrPeerFailed; RankOf names it.
 func (j *Job) Endpoint(rank int) (*ucp.Endpoint, error) {
+	if j == nil {
+		return nil, errNilJob("endpoint")
+	}
 	if rank < 0 || rank >= j.Size {
 		return nil, fmt.Errorf("bootstrap: rank %d of a job of %d: %w", rank, j.Size, ErrInvalidParam)
 	}
@@ -308,6 +324,9 @@ func (j *Job) connect(rank int) (*ucp.Endpoint, error) {
 
 // RankOf names the rank an endpoint of Endpoint leads to.
 func (j *Job) RankOf(ep *ucp.Endpoint) (int, bool) {
+	if j == nil {
+		return 0, false
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	r, ok := j.byEP[ep]
@@ -317,6 +336,9 @@ func (j *Job) RankOf(ep *ucp.Endpoint) (int, bool) {
 // Failed lists the ranks known to have failed, in order, as the endpoints and the
 // rendezvous reported them.
 func (j *Job) Failed() []int {
+	if j == nil {
+		return nil
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	out := make([]int, 0, len(j.failed))
@@ -332,6 +354,9 @@ func (j *Job) Failed() []int {
 // reported here too, even before the endpoint's error handler ran (the handler runs on
 // the goroutine that progressed, once that let go of the worker).
 func (j *Job) FailedErr(rank int) error {
+	if j == nil {
+		return errNilJob("failed rank")
+	}
 	j.mu.Lock()
 	err, ep := j.failed[rank], j.eps[rank]
 	j.mu.Unlock()
@@ -367,6 +392,9 @@ func (j *Job) markFailed(rank int, err error) {
 // rendezvous until every rank has left or failed (at most DefaultTimeout). Call
 // Barrier first when others may still use this rank's endpoints.
 func (j *Job) Close() error {
+	if j == nil {
+		return errNilJob("close")
+	}
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
@@ -411,4 +439,9 @@ func (j *Job) Close() error {
 		_ = j.server.Close()
 	}
 	return first
+}
+
+// errNilJob is what a nil Job's methods return (the handle of a failed Join).
+func errNilJob(op string) error {
+	return fmt.Errorf("bootstrap: %s: nil job: %w", op, ErrInvalidParam)
 }

@@ -31,7 +31,9 @@ type Op struct {
 	Failed  bool
 }
 
-// Recorder collects timelines. Safe for concurrent use.
+// Recorder collects timelines. Safe for concurrent use. A nil Recorder is tracing
+// off (what FromEnv returns without UCPX_TRACE): it records nothing and writes an
+// empty trace.
 type Recorder struct {
 	path  string // FromEnv's file, written by Flush
 	start time.Time
@@ -157,10 +159,18 @@ func (r *Recorder) Flush() error {
 }
 
 // Now is the time since the recorder started, in nanoseconds (monotonic).
-func (r *Recorder) Now() int64 { return int64(time.Since(r.start)) }
+func (r *Recorder) Now() int64 {
+	if r == nil {
+		return 0
+	}
+	return int64(time.Since(r.start))
+}
 
 // Name names a track ("condition 3 (stream)").
 func (r *Recorder) Name(track uint64, name string) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	if _, ok := r.names[track]; !ok {
 		r.names[track] = name
@@ -170,6 +180,9 @@ func (r *Recorder) Name(track uint64, name string) {
 
 // Record adds one operation's timeline.
 func (r *Recorder) Record(op Op) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	rec := record{track: op.Track, seq: op.Seq, bytes: op.Bytes, what: r.intern(op.What), plan: r.intern(op.Plan), failed: op.Failed,
 		enqueue: op.Enqueue, trigger: op.Trigger, issue: op.Issue, done: op.Done, stored: op.Store}
@@ -186,6 +199,9 @@ func (r *Recorder) Record(op Op) {
 // poll saw the completion. It goes on the track's device track, aligned with the host
 // clock when written (see Events).
 func (r *Recorder) AddDeviceSpan(track, seq, arrived, released uint64) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	r.device = append(r.device, deviceSpan{track, seq, arrived, released})
 	r.mu.Unlock()
@@ -195,6 +211,9 @@ func (r *Recorder) AddDeviceSpan(track, seq, arrived, released uint64) {
 // converts what it holds into events: the owners of device stamps hand over those the
 // device wrote meanwhile. remove unregisters it.
 func (r *Recorder) AddHarvester(f func()) (remove func()) {
+	if r == nil {
+		return func() {}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.harvesters == nil {
@@ -228,6 +247,9 @@ const DeviceTrack = 1 << 40
 
 // Mark adds an instant event (a doorbell ring) on a track.
 func (r *Recorder) Mark(track uint64, name string) {
+	if r == nil {
+		return
+	}
 	at := r.Now()
 	r.mu.Lock()
 	r.marks = append(r.marks, mark{track, name, at})
@@ -236,6 +258,9 @@ func (r *Recorder) Mark(track uint64, name string) {
 
 // Ops returns a copy of the timelines recorded so far.
 func (r *Recorder) Ops() []Op {
+	if r == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var ops []Op
@@ -309,6 +334,9 @@ func (r *Recorder) deviceOffset(ops map[[2]uint64]Op) (int64, string) {
 
 // Events converts what was recorded into trace events.
 func (r *Recorder) Events() []Event {
+	if r == nil {
+		return nil
+	}
 	r.harvest()
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -157,3 +157,25 @@ func TestDeviceSpansAlignWithTheHostClock(t *testing.T) {
 		})
 	}
 }
+
+// A nil Recorder is tracing off: every method is a no-op and the trace it writes is
+// empty but valid.
+func TestNilRecorderIsOff(t *testing.T) {
+	var r *Recorder
+	r.Name(1, "x")
+	r.Record(Op{Track: 1, Seq: 1, What: "tag_send_nbx"})
+	r.Mark(1, "ring")
+	r.AddDeviceSpan(1, 1, 2, 3)
+	r.AddHarvester(func() { t.Error("a nil recorder ran a harvester") })()
+	require.Zero(t, r.Now())
+	require.Nil(t, r.Ops())
+	require.Nil(t, r.Events())
+	require.NoError(t, r.Flush())
+	path := filepath.Join(t.TempDir(), "nil.json")
+	require.NoError(t, r.WriteFile(path))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var f File
+	require.NoError(t, json.Unmarshal(data, &f))
+	require.Empty(t, f.TraceEvents)
+}
