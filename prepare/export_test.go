@@ -1,5 +1,7 @@
 package prepare
 
+import "github.com/ucpx/ucpx/ucp"
+
 // Fail records err as the peer's failure, as the endpoint's failure hook does.
 func Fail(r *Request, err error) { r.fail(err) }
 
@@ -44,3 +46,26 @@ func Relaxed(r *Request) int {
 	defer r.reg.mu.Unlock()
 	return r.reg.relaxed
 }
+
+// ForgedHandshake is a well-formed sender handshake for tag that no request asked
+// for, its keys keyBytes long each.
+func ForgedHandshake(tag uint64, keyBytes int) []byte {
+	key := make([]byte, keyBytes)
+	h := handshake{role: sender, tag: tag, parts: 1, length: 8, bufKey: key, wordKey: key, ackKey: key}
+	return h.marshal()
+}
+
+// EarlyHeld is how many handshakes w's registry holds for requests not made yet, and
+// their size.
+func EarlyHeld(w *ucp.Worker) (n, bytes int) {
+	v, ok := registries.Load(w)
+	if !ok {
+		return 0, 0
+	}
+	g := v.(*registry)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.early), g.earlyBytes
+}
+
+const MaxEarly, MaxEarlyBytes = maxEarly, maxEarlyBytes

@@ -39,8 +39,10 @@ type registry struct {
 	next  map[matchKey]int // by (peer, tag, role) with index 0: the next index
 	reqs  map[matchKey]*Request
 	early map[matchKey]handshake // handshakes that came before their request
-	acks  *ackBlock              // the block new ack slots come from
-	host  stream.Backend         // of the ack words
+	// earlyBytes: what early holds (keepEarlyLocked bounds it).
+	earlyBytes int
+	acks       *ackBlock      // the block new ack slots come from
+	host       stream.Backend // of the ack words
 	// unacked: sender requests whose iteration completed before its ack came;
 	// draining: the drainer runs or is due; eagerLeft: an ack was late, and the drainer
 	// starts at once for this many more drains (the registry is eager while it is
@@ -270,7 +272,10 @@ func (g *registry) add(r *Request) {
 	k.index = r.index
 	g.reqs[k] = r
 	h, early := g.early[k]
-	delete(g.early, k)
+	if early {
+		delete(g.early, k)
+		g.earlyBytes -= h.size()
+	}
 	g.mu.Unlock()
 	if early {
 		r.onHandshake(h)
@@ -300,12 +305,36 @@ func (g *registry) deliver(msg *ucp.AmMessage) {
 	g.mu.Lock()
 	r := g.reqs[k]
 	if r == nil {
-		g.early[k] = h
+		g.keepEarlyLocked(k, h)
 	}
 	g.mu.Unlock()
 	if r != nil {
 		r.onHandshake(h)
 	}
+}
+
+// Handshakes kept for requests not made yet are bounded: a peer (a faulty or hostile
+// one) sending handshakes nobody asks for must not grow the process without limit. A
+// sender resends its handshake until it is answered, so one dropped here costs an
+// honest pair a resend (resendAfter), not the match.
+const (
+	maxEarly      = 4096
+	maxEarlyBytes = 16 << 20
+)
+
+// keepEarlyLocked keeps h for the request k names until it is made, within the bounds;
+// it reports whether h was kept. Caller holds g.mu.
+func (g *registry) keepEarlyLocked(k matchKey, h handshake) bool {
+	if old, ok := g.early[k]; ok {
+		delete(g.early, k)
+		g.earlyBytes -= old.size()
+	}
+	if len(g.early) >= maxEarly || g.earlyBytes+h.size() > maxEarlyBytes {
+		return false
+	}
+	g.early[k] = h
+	g.earlyBytes += h.size()
+	return true
 }
 
 // onHandshake takes the peer's handshake.

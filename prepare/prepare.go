@@ -1083,6 +1083,9 @@ type handshake struct {
 
 const handshakeMagic = 0x75637078_70726570 // "ucpxprep"
 
+// size is about what h holds in memory.
+func (h *handshake) size() int { return 64 + len(h.bufKey) + len(h.wordKey) + len(h.ackKey) }
+
 func (h *handshake) marshal() []byte {
 	b := binary.LittleEndian.AppendUint64(nil, handshakeMagic)
 	b = append(b, byte(h.role))

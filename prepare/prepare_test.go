@@ -636,3 +636,33 @@ func TestNilRequestMethods(t *testing.T) {
 	_, err = r.PreadyNode(graph.NewHost(), nil, 0)
 	require.ErrorIs(t, err, prepare.ErrInvalidParam)
 }
+
+// A peer sending handshakes no request asks for (a faulty or hostile one) does not
+// grow the process without bound, and an honest pair still matches afterwards.
+func TestForgedHandshakesAreBounded(t *testing.T) {
+	l := shmLink(t)
+	pair(t, l, 64, 2, 2, 0x51) // the receiver's worker has its handshake handler now
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const forged = prepare.MaxEarly + 904
+	param := &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager}
+	for i := 0; i < forged; i++ {
+		r, err := l.toR.AmSendNbx(prepare.HandshakeAM, nil, prepare.ForgedHandshake(0x7000_0000+uint64(i), 512), param)
+		require.NoError(t, err)
+		for done := false; !done; {
+			done, err = r.Test()
+			require.NoError(t, err)
+			l.s.Progress()
+			l.r.Progress()
+		}
+	}
+	// The pair's handshakes travel behind the forged ones: once it is prepared, every
+	// forged one was delivered.
+	send, recv, sbuf, rbuf := pair(t, l, 256, 4, 2, 0x52)
+	n, bytes := prepare.EarlyHeld(l.r)
+	require.LessOrEqual(t, n, prepare.MaxEarly, "handshakes held for requests never made")
+	require.Greater(t, n, 0)
+	require.LessOrEqual(t, bytes, prepare.MaxEarlyBytes)
+	iterate(t, send, recv, sbuf, rbuf, 3, func(int) []int { return []int{3, 2, 1, 0} })
+	require.NoError(t, ctx.Err())
+}

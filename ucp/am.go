@@ -49,6 +49,9 @@ type AmMessage struct {
 
 // SetAmHandler installs fn for messages sent with id (nil removes the handler).
 func (w *Worker) SetAmHandler(id uint, fn AmHandler) error {
+	if w == nil {
+		return opErr("set_am_recv_handler", ErrInvalidParam, "nil worker")
+	}
 	if id > 0xffff {
 		return opErr("set_am_recv_handler", ErrInvalidParam, "id %d exceeds 16 bits", id)
 	}
@@ -215,6 +218,9 @@ func (m *AmMessage) releaseLocked() {
 // The receiver's handler for id gets it. header and buf must stay untouched until done.
 func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Request, error) {
 	const op = "am_send_nbx"
+	if ep == nil {
+		return nil, opErr(op, ErrInvalidParam, "nil endpoint")
+	}
 	p = param(p)
 	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err

@@ -137,7 +137,12 @@ func loadAuthKey(key []byte) ([]byte, error) {
 
 // Authenticated reports whether the context has an auth key: peers must prove they
 // hold it, and sealed bytes are keyed with it.
-func (c *Context) Authenticated() bool { return c.trust.keyed }
+func (c *Context) Authenticated() bool {
+	if c == nil {
+		return false
+	}
+	return c.trust.keyed
+}
 
 func macOf(key []byte, label string, parts ...[]byte) []byte {
 	m := hmac.New(sha256.New, key)

@@ -194,6 +194,9 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 // the completion and the completion store, as trace.Recorder writes them (Chrome trace
 // JSON). UCPX_TRACE=file traces every worker of the process into file instead.
 func (w *Worker) Trace(r *trace.Recorder) error {
+	if w == nil {
+		return opErr("trace", ErrInvalidParam, "nil worker")
+	}
 	e, err := w.engine()
 	if err != nil {
 		return opErr("trace", err, "")

@@ -182,11 +182,19 @@ func NewContext(p ContextParams) (*Context, error) {
 }
 
 // Features reports the features the context was created with.
-func (c *Context) Features() Feature { return c.features }
+func (c *Context) Features() Feature {
+	if c == nil {
+		return 0
+	}
+	return c.features
+}
 
 // Device is ContextParams.Device: the backend whose device memory travels to same-host
 // peers by CUDA IPC (nil without one).
 func (c *Context) Device() streamcore.DeviceIPC {
+	if c == nil {
+		return nil
+	}
 	if c.ipc == nil {
 		return nil
 	}
@@ -195,6 +203,9 @@ func (c *Context) Device() streamcore.DeviceIPC {
 
 // MemoryTypes lists the memory types UCX can communicate from directly (queried once).
 func (c *Context) MemoryTypes() []MemoryType {
+	if c == nil {
+		return nil
+	}
 	var out []MemoryType
 	for m := MemoryHost; m < MemoryType(ucx.MemLast); m++ {
 		if c.memTypes&(1<<uint(m)) != 0 {
@@ -206,11 +217,17 @@ func (c *Context) MemoryTypes() []MemoryType {
 
 // SupportsMemoryType reports whether UCX handles buffers of type m without staging.
 func (c *Context) SupportsMemoryType(m MemoryType) bool {
+	if c == nil {
+		return false
+	}
 	return m >= 0 && c.memTypes&(1<<uint(m)) != 0
 }
 
 // Print writes UCX's own description of the context to standard output.
 func (c *Context) Print() {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
@@ -221,6 +238,9 @@ func (c *Context) Print() {
 // Close closes every worker and memory handle of the context, then the context.
 // A second Close returns ErrClosed.
 func (c *Context) Close() error {
+	if c == nil {
+		return opErr("cleanup", ErrInvalidParam, "nil context")
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -291,6 +311,9 @@ type MemH struct {
 // MemMap registers buf for RMA and zero-copy. buf stays pinned until Close: UCX keeps
 // its address. For memory that is not Go memory (device memory, C memory) use MemMapPtr.
 func (c *Context) MemMap(buf []byte) (*MemH, error) {
+	if c == nil {
+		return nil, opErr("mem_map", ErrInvalidParam, "nil context")
+	}
 	if len(buf) == 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "empty buffer")
 	}
@@ -306,6 +329,9 @@ func (c *Context) MemMap(buf []byte) (*MemH, error) {
 // MemMapPtr registers memory that is not Go memory: C memory, pinned host memory or
 // (where UCX supports it) device memory of the given type.
 func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH, error) {
+	if c == nil {
+		return nil, opErr("mem_map", ErrInvalidParam, "nil context")
+	}
 	if addr == 0 || length <= 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "addr %#x length %d", addr, length)
 	}
@@ -329,6 +355,9 @@ func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH
 // buffer a hot path should reuse); Bytes gives access to exactly length bytes, and the
 // packed rkey grants a peer exactly those.
 func (c *Context) MemAlloc(length int) (*MemH, error) {
+	if c == nil {
+		return nil, opErr("mem_map", ErrInvalidParam, "nil context")
+	}
 	if length <= 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "allocate length %d", length)
 	}
@@ -357,17 +386,35 @@ func (c *Context) mapInto(m *MemH, addr unsafe.Pointer, length int, allocate boo
 }
 
 // Address is the start of the registered region.
-func (m *MemH) Address() uintptr { return uintptr(m.addr) }
+func (m *MemH) Address() uintptr {
+	if m == nil {
+		return 0
+	}
+	return uintptr(m.addr)
+}
 
 // Len is the length of the registered region.
-func (m *MemH) Len() int { return m.length }
+func (m *MemH) Len() int {
+	if m == nil {
+		return 0
+	}
+	return m.length
+}
 
 // MemoryType is the type of the registered memory.
-func (m *MemH) MemoryType() MemoryType { return m.memType }
+func (m *MemH) MemoryType() MemoryType {
+	if m == nil {
+		return MemoryUnknown // not MemoryHost, which the zero value would claim
+	}
+	return m.memType
+}
 
 // Bytes is the registered host memory as a slice (nil for device memory, and once
 // Close released it). The slice is valid until Close.
 func (m *MemH) Bytes() []byte {
+	if m == nil {
+		return nil
+	}
 	if m.memType != MemoryHost || m.addr == nil || m.dead.Load() {
 		return nil
 	}
@@ -380,6 +427,9 @@ func (m *MemH) Bytes() []byte {
 // a peer's UnpackRkey refuses what was forged, altered or replayed by another peer
 // instead of handing it to UCX. MemH.Close revokes it.
 func (m *MemH) PackRkey() ([]byte, error) {
+	if m == nil {
+		return nil, opErr("rkey_pack", ErrInvalidParam, "nil memh")
+	}
 	m.ctx.mu.Lock()
 	defer m.ctx.mu.Unlock()
 	if m.closed || m.ctx.closed {
@@ -416,6 +466,9 @@ func (m *MemH) PackRkey() ([]byte, error) {
 // context without FeatureAM neither hears of them nor tells them. Local operations using
 // the memory must have completed. A second Close after success returns ErrClosed.
 func (m *MemH) Close() error {
+	if m == nil {
+		return opErr("mem_unmap", ErrInvalidParam, "nil memh")
+	}
 	c := m.ctx
 	c.mu.Lock()
 	if m.closed {

@@ -60,13 +60,26 @@ type Endpoint struct {
 	fast *ucx.Fast
 }
 
-func (ep *Endpoint) String() string { return "ep(" + ep.name + ")" }
+func (ep *Endpoint) String() string {
+	if ep == nil {
+		return "ep(<nil>)"
+	}
+	return "ep(" + ep.name + ")"
+}
 
 // Worker returns the worker the endpoint belongs to.
-func (ep *Endpoint) Worker() *Worker { return ep.w }
+func (ep *Endpoint) Worker() *Worker {
+	if ep == nil {
+		return nil
+	}
+	return ep.w
+}
 
 // Err reports the peer failure, if any.
 func (ep *Endpoint) Err() error {
+	if ep == nil {
+		return opErr("endpoint", ErrInvalidParam, "nil endpoint")
+	}
 	ep.w.mu.Lock()
 	defer ep.w.mu.Unlock()
 	return ep.err
@@ -119,6 +132,9 @@ func resolveTCP(addr string) ([]byte, int, error) {
 // that matches ErrPeerFailed (usually ErrConnectionReset or ErrUnreachable). The
 // peer's worker must be progressed meanwhile.
 func (w *Worker) Connect(ctx context.Context, addr string, p *EndpointParams) (*Endpoint, error) {
+	if w == nil {
+		return nil, opErr("ep_create", ErrInvalidParam, "nil worker")
+	}
 	ip, port, err := resolveTCP(addr)
 	if err != nil {
 		return nil, opErr("ep_create", err, "connect %s", addr)
@@ -209,6 +225,9 @@ func (w *Worker) selfInfo() (peerInfo, error) {
 // sealed under another auth key (or forged, or altered) also matches ErrAuth. Nothing
 // unsealed reaches UCX.
 func (w *Worker) ConnectAddress(addr []byte, p *EndpointParams) (*Endpoint, error) {
+	if w == nil {
+		return nil, opErr("ep_create", ErrInvalidParam, "nil worker")
+	}
 	peer, err := openAddress(w.ctx.trust.seal, addr)
 	if err != nil {
 		return nil, opErr("ep_create", fmt.Errorf("%w: %w", ErrInvalidAddr, err), "worker address of %d bytes", len(addr))
@@ -277,6 +296,9 @@ func (ep *Endpoint) failLocked(st error) {
 // locks held: layers above ucp (prepared operations) release what waits on the peer.
 // If the peer failed already, fn runs now.
 func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) {
+	if ep == nil {
+		return
+	}
 	w := ep.w
 	w.mu.Lock()
 	err := ep.err
@@ -293,6 +315,9 @@ func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) {
 // outstanding operations first; force mode drops them and completes them with an
 // error. The endpoint is unusable as soon as the call returns.
 func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
+	if ep == nil {
+		return nil, opErr("ep_close_nbx", ErrInvalidParam, "nil endpoint")
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -334,7 +359,12 @@ func (ep *Endpoint) markClosedLocked() {
 
 // Close closes the endpoint gracefully (flush), falling back to force after 5 s so a
 // dead peer cannot make Close hang. A second Close returns ErrClosed.
-func (ep *Endpoint) Close() error { return ep.closeWith(false, 5*time.Second) }
+func (ep *Endpoint) Close() error {
+	if ep == nil {
+		return opErr("ep_close_nbx", ErrInvalidParam, "nil endpoint")
+	}
+	return ep.closeWith(false, 5*time.Second)
+}
 
 func (ep *Endpoint) closeWith(force bool, timeout time.Duration) error {
 	req, err := ep.CloseNbx(force)
@@ -388,7 +418,12 @@ func (w *Worker) replyEndpointLocked(p unsafe.Pointer) *Endpoint {
 // HostIdentity is where this context runs as its peers learn it: the boot, the IPC
 // namespace and ContextParams.DeviceUUID (protocol.LocalHostIdentity; zero fields
 // where /proc does not tell).
-func (c *Context) HostIdentity() protocol.HostIdentity { return c.trust.host }
+func (c *Context) HostIdentity() protocol.HostIdentity {
+	if c == nil {
+		return protocol.HostIdentity{}
+	}
+	return c.trust.host
+}
 
 // Reach says whether CUDA IPC can carry device buffers to the endpoint's peer
 // (protocol.IPCReach), from the identities the two sides exchanged when it was made.
@@ -396,6 +431,9 @@ func (c *Context) HostIdentity() protocol.HostIdentity { return c.trust.host }
 // peer's UUID (cuDeviceCanAccessPeer); nil means it cannot. An endpoint whose peer
 // is not authenticated (a reply endpoint UCX made) gives ReachNone.
 func (ep *Endpoint) Reach(peerAccess func(peerDevice [16]byte) bool) protocol.Reach {
+	if ep == nil {
+		return protocol.ReachNone
+	}
 	// peer and peerKnown are set before the endpoint is published, never after.
 	if !ep.peerKnown {
 		return protocol.ReachNone

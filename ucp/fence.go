@@ -21,6 +21,9 @@ import (
 // the fence orders them by that issue only as far as UCX carries them.
 func (w *Worker) Fence() error {
 	const op = "worker_fence"
+	if w == nil {
+		return opErr(op, ErrInvalidParam, "nil worker")
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {

@@ -21,6 +21,9 @@ const fusedSpins = spinRounds
 // buf must stay untouched until the endpoint is flushed or closed.
 func (ep *Endpoint) TagSend(ctx context.Context, buf []byte, tag uint64) error {
 	const op = "tag_send"
+	if ep == nil {
+		return opErr(op, ErrInvalidParam, "nil endpoint")
+	}
 	if ctx == nil {
 		return opErr(op, ErrInvalidParam, "nil context")
 	}
@@ -64,6 +67,9 @@ func (ep *Endpoint) tagSendAfterLocked(ctx context.Context, ptr unsafe.Pointer, 
 // cancels the receive and returns ctx's error.
 func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n int, senderTag uint64, err error) {
 	const op = "tag_recv"
+	if w == nil {
+		return 0, 0, opErr(op, ErrInvalidParam, "nil worker")
+	}
 	if ctx == nil {
 		return 0, 0, opErr(op, ErrInvalidParam, "nil context")
 	}
@@ -110,6 +116,9 @@ func (w *Worker) tagRecvAfterLocked(ctx context.Context, ptr unsafe.Pointer, buf
 // it cancels the receive and returns ctx's error.
 func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, rbuf []byte, rtag, rmask uint64) (n int, senderTag uint64, err error) {
 	const op = "tag_send_recv"
+	if ep == nil {
+		return 0, 0, opErr(op, ErrInvalidParam, "nil endpoint")
+	}
 	if ctx == nil {
 		return 0, 0, opErr(op, ErrInvalidParam, "nil context")
 	}

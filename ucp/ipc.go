@@ -888,7 +888,12 @@ func (ep *Endpoint) unpackRkeyIPC(k rkeyInfo) (*Rkey, error) {
 
 // Device reports whether the key is of a device region that CUDA IPC mapped here
 // (its puts and gets are copy-engine copies).
-func (r *Rkey) Device() bool { return r.ipc != nil }
+func (r *Rkey) Device() bool {
+	if r == nil {
+		return false
+	}
+	return r.ipc != nil
+}
 
 // DeviceAddress is where n bytes at the peer's address raddr are mapped in this
 // process, for work that moves data without ucpx on the path: memcpy and memop nodes

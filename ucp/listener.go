@@ -71,6 +71,9 @@ type ConnRequest struct {
 // an auth key (ContextParams.AuthKey, UCPX_AUTH_KEY_FILE) only loopback addresses are
 // allowed, unless p.AllowUnauthenticated.
 func (w *Worker) Listen(addr string, p *ListenerParams) (*Listener, error) {
+	if w == nil {
+		return nil, opErr("listener_create", ErrInvalidParam, "nil worker")
+	}
 	ip, port, err := resolveTCP(addr)
 	if err != nil {
 		return nil, opErr("listener_create", err, "listen %s", addr)
@@ -113,14 +116,29 @@ func (w *Worker) Listen(addr string, p *ListenerParams) (*Listener, error) {
 }
 
 // Port is the TCP port the listener is bound to.
-func (l *Listener) Port() int { return l.port }
+func (l *Listener) Port() int {
+	if l == nil {
+		return 0
+	}
+	return l.port
+}
 
 // Addr is "host:port" for clients on this machine to connect to.
-func (l *Listener) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(l.port)) }
+func (l *Listener) Addr() string {
+	if l == nil {
+		return ""
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(l.port))
+}
 
 // Refused is how many connections were dropped before their peer proved it holds the
 // auth key (or because too many handshakes were in progress).
-func (l *Listener) Refused() int { return int(l.nref.Load()) }
+func (l *Listener) Refused() int {
+	if l == nil {
+		return 0
+	}
+	return int(l.nref.Load())
+}
 
 func (l *Listener) serve() {
 	defer l.wg.Done()
@@ -210,6 +228,9 @@ func (l *Listener) handshake(c net.Conn) *ConnRequest {
 // Accept drives the worker's progress until an authenticated connection request
 // arrives (when the listener has no ConnHandler), then accepts it.
 func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, error) {
+	if l == nil {
+		return nil, opErr("listener_accept", ErrInvalidParam, "nil listener")
+	}
 	w := l.w
 	for {
 		w.mu.Lock()
@@ -235,6 +256,9 @@ func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, er
 
 // RemoteAddr is the client's "ip:port".
 func (r *ConnRequest) RemoteAddr() (string, error) {
+	if r == nil {
+		return "", opErr("conn_request_query", ErrInvalidParam, "nil conn request")
+	}
 	r.l.w.mu.Lock()
 	defer r.l.w.mu.Unlock()
 	if r.done {
@@ -255,6 +279,9 @@ func (r *ConnRequest) finish(accept bool) error {
 // Accept creates the server-side endpoint for the request (from the client's
 // authenticated worker address) and tells the client.
 func (r *ConnRequest) Accept(p *EndpointParams) (*Endpoint, error) {
+	if r == nil {
+		return nil, opErr("ep_create", ErrInvalidParam, "nil conn request")
+	}
 	w := r.l.w
 	w.mu.Lock()
 	if r.done || w.closed.Load() {
@@ -280,6 +307,9 @@ func (r *ConnRequest) Accept(p *EndpointParams) (*Endpoint, error) {
 
 // Reject refuses the request; the client's Connect fails with ErrRejected.
 func (r *ConnRequest) Reject() error {
+	if r == nil {
+		return opErr("listener_reject", ErrInvalidParam, "nil conn request")
+	}
 	w := r.l.w
 	w.mu.Lock()
 	if r.done || r.l.closed || w.closed.Load() {
@@ -321,6 +351,9 @@ func (l *Listener) destroyLocked() {
 // Close stops listening; queued requests are dropped (their clients' Connect fails).
 // A second Close returns ErrClosed.
 func (l *Listener) Close() error {
+	if l == nil {
+		return opErr("listener_destroy", ErrInvalidParam, "nil listener")
+	}
 	l.w.mu.Lock()
 	if l.closed || l.w.closed.Load() {
 		l.w.mu.Unlock()

@@ -80,6 +80,9 @@ func param(p *RequestParam) *RequestParam {
 // TagSendNbx sends buf with tag (ucp_tag_send_nbx), at most MaxTag. buf must stay
 // untouched until the returned Request is done.
 func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Request, error) {
+	if ep == nil {
+		return nil, opErr("tag_send_nbx", ErrInvalidParam, "nil endpoint")
+	}
 	p = param(p)
 	if err := p.check("tag_send_nbx", ep.w.ctx); err != nil {
 		return nil, err
@@ -122,6 +125,9 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 // tag & mask, over the low TagBits bits) into buf (ucp_tag_recv_nbx). A longer message completes with
 // ErrMessageTruncated. Length and SenderTag report what arrived.
 func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Request, error) {
+	if w == nil {
+		return nil, opErr("tag_recv_nbx", ErrInvalidParam, "nil worker")
+	}
 	p = param(p)
 	if err := p.check("tag_recv_nbx", w.ctx); err != nil {
 		return nil, err
@@ -197,11 +203,17 @@ func (w *Worker) TagRecvNbx(buf []byte, tag, mask uint64, p *RequestParam) (*Req
 // PutNbx writes buf to raddr in the peer's memory described by rkey (ucp_put_nbx).
 // The range must lie inside the region the rkey was packed for.
 func (ep *Endpoint) PutNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
+	if ep == nil {
+		return nil, opErr("put_nbx", ErrInvalidParam, "nil endpoint")
+	}
 	return ep.rma("put_nbx", buf, raddr, rkey, p, true)
 }
 
 // GetNbx reads len(buf) bytes from raddr in the peer's memory into buf (ucp_get_nbx).
 func (ep *Endpoint) GetNbx(buf []byte, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
+	if ep == nil {
+		return nil, opErr("get_nbx", ErrInvalidParam, "nil endpoint")
+	}
 	return ep.rma("get_nbx", buf, raddr, rkey, p, false)
 }
 
@@ -306,6 +318,9 @@ type AtomicParam struct {
 // With fetch, Request.Fetched reports the previous remote value once done.
 func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *RequestParam) (*Request, error) {
 	const op = "atomic_op_nbx"
+	if ep == nil {
+		return nil, opErr(op, ErrInvalidParam, "nil endpoint")
+	}
 	p = param(p)
 	if err := p.check(op, ep.w.ctx); err != nil {
 		return nil, err
@@ -410,6 +425,9 @@ func (r *Request) Fetched() uint64 {
 // FlushNbx completes all operations issued on the endpoint, locally and remotely
 // (ucp_ep_flush_nbx).
 func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
+	if ep == nil {
+		return nil, opErr("ep_flush_nbx", ErrInvalidParam, "nil endpoint")
+	}
 	p = param(p)
 	if err := p.check("ep_flush_nbx", ep.w.ctx); err != nil {
 		return nil, err
@@ -435,6 +453,9 @@ func (ep *Endpoint) FlushNbx(p *RequestParam) (*Request, error) {
 // FlushNbx completes all operations issued on every endpoint of the worker
 // (ucp_worker_flush_nbx).
 func (w *Worker) FlushNbx(p *RequestParam) (*Request, error) {
+	if w == nil {
+		return nil, opErr("worker_flush_nbx", ErrInvalidParam, "nil worker")
+	}
 	p = param(p)
 	if err := p.check("worker_flush_nbx", w.ctx); err != nil {
 		return nil, err
@@ -494,13 +515,28 @@ type Rkey struct {
 // not such a key give ErrInvalidParam, and a key that fails its MAC (forged, altered,
 // sealed under another auth key) or that another peer than ep's packed gives ErrAuth:
 // nothing unsealed reaches UCX, never a crash inside it.
-func (ep *Endpoint) UnpackRkey(packed []byte) (*Rkey, error) { return ep.unpackRkey(packed) }
+func (ep *Endpoint) UnpackRkey(packed []byte) (*Rkey, error) {
+	if ep == nil {
+		return nil, opErr("ep_rkey_unpack", ErrInvalidParam, "nil endpoint")
+	}
+	return ep.unpackRkey(packed)
+}
 
 // Base and Len describe the remote region the key grants access to.
-func (r *Rkey) Base() uint64 { return r.base }
+func (r *Rkey) Base() uint64 {
+	if r == nil {
+		return 0
+	}
+	return r.base
+}
 
 // Len is the length of the remote region.
-func (r *Rkey) Len() int { return int(r.length) }
+func (r *Rkey) Len() int {
+	if r == nil {
+		return 0
+	}
+	return int(r.length)
+}
 
 func (r *Rkey) checkLocked(op string, ep *Endpoint, raddr uint64, n int) error {
 	if err := r.liveLocked(op); err != nil {
@@ -536,6 +572,9 @@ func (r *Rkey) checkRange(op string, ep *Endpoint, raddr uint64, n int) error {
 
 // Close destroys the rkey. A second Close returns ErrClosed.
 func (r *Rkey) Close() error {
+	if r == nil {
+		return opErr("rkey_destroy", ErrInvalidParam, "nil key")
+	}
 	w := r.ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -52,6 +52,9 @@ type Signal struct {
 // does with its acknowledgements. With a Condition, both start when it triggers.
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
+	if ep == nil {
+		return nil, opErr(op, ErrInvalidParam, "nil endpoint")
+	}
 	p = param(p)
 	ipc := (rkey != nil && rkey.ipc != nil) || (sig.Rkey != nil && sig.Rkey.ipc != nil)
 	check := p.check
@@ -178,6 +181,9 @@ type Signals struct {
 // NewSignals allocates n zeroed signal words of backend b and registers them.
 func (w *Worker) NewSignals(b streamcore.Backend, n int) (*Signals, error) {
 	const op = "new_signals"
+	if w == nil {
+		return nil, opErr(op, ErrInvalidParam, "nil worker")
+	}
 	if b == nil || n <= 0 {
 		return nil, opErr(op, ErrInvalidParam, "backend %v, %d words", b, n)
 	}
@@ -199,19 +205,42 @@ func (w *Worker) NewSignals(b streamcore.Backend, n int) (*Signals, error) {
 }
 
 // Len is the number of words.
-func (s *Signals) Len() int { return s.block.Len() }
+func (s *Signals) Len() int {
+	if s == nil {
+		return 0
+	}
+	return s.block.Len()
+}
 
 // Word is word i, for streams to wait on and the host to read.
-func (s *Signals) Word(i int) *streamcore.Word { return s.block.Word(i) }
+func (s *Signals) Word(i int) *streamcore.Word {
+	if s == nil {
+		return nil
+	}
+	return s.block.Word(i)
+}
 
 // Addr is the address a peer's RMA gives for word i (Signal.Addr).
-func (s *Signals) Addr(i int) uint64 { return uint64(s.block.Word(i).HostPtr()) }
+func (s *Signals) Addr(i int) uint64 {
+	if s == nil {
+		return 0
+	}
+	return uint64(s.block.Word(i).HostPtr())
+}
 
 // PackRkey is the remote key of the words, for UnpackRkey on a peer.
-func (s *Signals) PackRkey() ([]byte, error) { return s.memh.PackRkey() }
+func (s *Signals) PackRkey() ([]byte, error) {
+	if s == nil {
+		return nil, opErr("rkey_pack", ErrInvalidParam, "nil signals")
+	}
+	return s.memh.PackRkey()
+}
 
 // Close deregisters and frees the words; streams must no longer wait on them.
 func (s *Signals) Close() error {
+	if s == nil {
+		return opErr("signals_close", ErrInvalidParam, "nil signals")
+	}
 	err := s.memh.Close()
 	s.block.SetDriver(nil)
 	if cerr := s.block.Close(); err == nil {

@@ -13,7 +13,12 @@ type StagingStats = protocol.StagingStats
 // most staging memory lent at once, and how often an operation waited for the
 // workspace (back-pressure). Operations with a condition count once their plan is
 // made, operations without one once their staging memory is lent.
-func (w *Worker) StagingStats() StagingStats { return w.staging.Snapshot() }
+func (w *Worker) StagingStats() StagingStats {
+	if w == nil {
+		return StagingStats{}
+	}
+	return w.staging.Snapshot()
+}
 
 // plainStaging is the staging memory of a worker's operations without a condition
 // under StageAlways: the context's workspace when it has one, else a pool of mapped

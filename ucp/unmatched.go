@@ -87,6 +87,9 @@ func (w *Worker) startUnmatched(limit int64) error {
 // count once they sat unexpected for a while (looked at every 16 progress calls that
 // progressed something), so a message matched quickly never does.
 func (ep *Endpoint) UnmatchedHeld() uint64 {
+	if ep == nil {
+		return 0
+	}
 	w := ep.w
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -123,6 +123,9 @@ type Worker struct {
 
 // NewWorker creates a worker on the context.
 func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
+	if c == nil {
+		return nil, opErr("worker_create", ErrInvalidParam, "nil context")
+	}
 	w := &Worker{
 		ctx:       c,
 		eps:       map[unsafe.Pointer]*Endpoint{},
@@ -181,12 +184,20 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 }
 
 // Context returns the context the worker belongs to.
-func (w *Worker) Context() *Context { return w.ctx }
+func (w *Worker) Context() *Context {
+	if w == nil {
+		return nil
+	}
+	return w.ctx
+}
 
 // Address returns the worker's address in ucpx's wire form, for ConnectAddress on a
 // peer: sealed under the context's auth key (README, "Trust model"), with this
 // process's pid for same-host peer watching.
 func (w *Worker) Address() ([]byte, error) {
+	if w == nil {
+		return nil, opErr("worker_get_address", ErrInvalidParam, "nil worker")
+	}
 	info, err := w.selfInfo()
 	if err != nil {
 		return nil, opErr("worker_get_address", err, "")
@@ -197,7 +208,12 @@ func (w *Worker) Address() ([]byte, error) {
 // Progress runs one round of UCX progress, completes the requests and delivers the
 // events it produced (callbacks run on the calling goroutine). It returns the number
 // of events handled.
-func (w *Worker) Progress() int { return w.progressFor(nil, 1) }
+func (w *Worker) Progress() int {
+	if w == nil {
+		return 0
+	}
+	return w.progressFor(nil, 1)
+}
 
 // progressFor progresses until r completes or spins rounds pass (once for a nil or
 // completed r), then delivers the events; it returns the number handled.
@@ -327,6 +343,9 @@ func (w *Worker) completeTrackedLocked(r *Request, st ucx.Status, length int, ta
 // there is nothing to sleep on, so the caller keeps polling. It returns ctx's error if
 // ctx ended.
 func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error {
+	if w == nil {
+		return opErr("worker_wait", ErrInvalidParam, "nil worker")
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -362,6 +381,9 @@ func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error
 // without wakeup has no event fd to block on (WaitForEvents only yields): there is
 // nothing to wake, and UCX would print an error for the call.
 func (w *Worker) Signal() error {
+	if w == nil {
+		return opErr("worker_signal", ErrInvalidParam, "nil worker")
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
@@ -379,6 +401,9 @@ func (w *Worker) Signal() error {
 // readable, then Progress. It stays owned by the worker (do not close it). Without
 // wakeup it fails with ErrUnsupported.
 func (w *Worker) EventFD() (int, error) {
+	if w == nil {
+		return -1, opErr("worker_get_efd", ErrInvalidParam, "nil worker") // -1 as on its other errors: 0 is a valid fd
+	}
 	if w.closed.Load() {
 		return -1, opErr("worker_get_efd", ErrClosed, "")
 	}
@@ -392,6 +417,9 @@ func (w *Worker) EventFD() (int, error) {
 // fails with an error matching ErrBusy when events are pending already (Progress
 // first), and with ErrUnsupported without wakeup.
 func (w *Worker) Arm() error {
+	if w == nil {
+		return opErr("worker_arm", ErrInvalidParam, "nil worker")
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed.Load() {
@@ -482,6 +510,9 @@ const closeKeepaliveRounds = 4
 // destroys the worker. Pending requests complete with ErrCanceled or a peer error.
 // A second Close returns ErrClosed.
 func (w *Worker) Close() error {
+	if w == nil {
+		return opErr("worker_destroy", ErrInvalidParam, "nil worker")
+	}
 	if w.closed.Load() {
 		return opErr("worker_destroy", ErrClosed, "")
 	}
