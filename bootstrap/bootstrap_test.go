@@ -315,3 +315,80 @@ func TestNilJobAndStore(t *testing.T) {
 	require.Nil(t, v)
 	require.ErrorIs(t, err, ErrInvalidParam)
 }
+
+// The rendezvous's word that a rank failed counts only for ranks of the job: a frame
+// naming another rank (a broken or hostile server) reaches neither the job's failed
+// set nor OnFailure.
+func TestFailedRankOutsideTheJobIsDropped(t *testing.T) {
+	client, server := net.Pipe()
+	defer server.Close()
+	got := make(chan int, 4)
+	s := &Store{c: client, reqs: map[uint32]chan frame{}, dead: make(chan struct{}), onFailed: func(r int) { got <- r }, size: 4}
+	go s.read()
+	defer s.close()
+	for _, r := range []uint32{1000, 4, 1 << 31, 3} {
+		f := frame{op: opFailed, rank: r}
+		_, err := server.Write(f.encode(nil))
+		require.NoError(t, err)
+	}
+	select {
+	case r := <-got:
+		require.Equal(t, 3, r)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the failure of rank 3 was not reported")
+	}
+	require.Empty(t, got)
+}
+
+// Connections that have not joined are bounded: past maxUnjoined a new one is closed
+// at once, the slots come back as those connections go, and an authenticated
+// connection that sends no hello is closed after helloTimeout.
+func TestUnjoinedConnectionsAreBounded(t *testing.T) {
+	defer func(d time.Duration) { helloTimeout = d }(helloTimeout)
+	helloTimeout = 300 * time.Millisecond
+	key := NewKey()
+	s, err := Serve("127.0.0.1:0", 2, key, false)
+	require.NoError(t, err)
+	defer s.Close()
+	// greeted reports whether the server sent its handshake greeting on c (a refused
+	// connection is closed with nothing sent).
+	greeted := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var b [1]byte
+		n, _ := c.Read(b[:])
+		return n == 1
+	}
+	var held []net.Conn
+	for range maxUnjoined {
+		c, err := net.Dial("tcp", s.Addr())
+		require.NoError(t, err)
+		held = append(held, c)
+		require.True(t, greeted(c))
+	}
+	extra, err := net.Dial("tcp", s.Addr())
+	require.NoError(t, err)
+	require.False(t, greeted(extra), "connection %d was served", maxUnjoined+1)
+	_ = extra.Close()
+	for _, c := range held {
+		_ = c.Close()
+	}
+	// The slots come back: an authenticated client that never says hello is served,
+	// then dropped after helloTimeout.
+	var c net.Conn
+	require.Eventually(t, func() bool {
+		if c, err = net.Dial("tcp", s.Addr()); err != nil {
+			return false
+		}
+		if clientHandshake(c, rendezvousKey(key)) != nil {
+			_ = c.Close()
+			return false
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+	defer c.Close()
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 5*time.Second, "the server kept a connection without hello")
+}

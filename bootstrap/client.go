@@ -23,6 +23,7 @@ type Store struct {
 	dead chan struct{}
 	// onFailed runs (on the reader goroutine) for each rank the server says failed.
 	onFailed func(rank int)
+	size     int // the job's; a failure of a rank outside it is dropped
 }
 
 // dial connects to the rendezvous, authenticates and joins as rank of size.
@@ -53,7 +54,7 @@ func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed
 		}
 		return nil, err
 	}
-	s := &Store{c: c, reqs: map[uint32]chan frame{}, dead: make(chan struct{}), onFailed: onFailed}
+	s := &Store{c: c, reqs: map[uint32]chan frame{}, dead: make(chan struct{}), onFailed: onFailed, size: size}
 	go s.read()
 	if _, err := s.call(ctx, &frame{op: opHello, rank: uint32(rank), size: uint32(size)}); err != nil {
 		_ = s.close()
@@ -71,7 +72,7 @@ func (s *Store) read() {
 			break
 		}
 		if f.id == 0 {
-			if f.op == opFailed && s.onFailed != nil {
+			if f.op == opFailed && s.onFailed != nil && int64(f.rank) < int64(s.size) {
 				s.onFailed(int(f.rank))
 			}
 			continue

@@ -24,9 +24,12 @@ type Server struct {
 	gone    map[uint32]bool   // rank -> failed (true) or left with Bye (false)
 	barrier map[uint64][]waiter
 	conns   map[*sconn]struct{}
-	closed  bool
-	done    chan struct{} // closed when every rank joined and went (or Close)
-	wg      sync.WaitGroup
+	// unjoined counts connections that have not joined yet (authenticating, or
+	// authenticated without their hello): maxUnjoined bounds them.
+	unjoined int
+	closed   bool
+	done     chan struct{} // closed when every rank joined and went (or Close)
+	wg       sync.WaitGroup
 }
 
 // Store limits of a server: beyond them Set fails (codeFull).
@@ -35,7 +38,14 @@ const (
 	maxStoreKeys  = 1 << 20
 	// maxPending bounds the unanswered requests (Waits, barriers) of one connection.
 	maxPending = 4096
+	// maxUnjoined bounds the connections that have not joined: past it a new one is
+	// closed at once (as ucp's listener bounds its handshakes).
+	maxUnjoined = 64
 )
+
+// helloTimeout bounds the time from a connection's acceptance to its hello (the
+// handshake included).
+var helloTimeout = 2 * handshakeTimeout
 
 type waiter struct {
 	c  *sconn
@@ -47,6 +57,7 @@ type sconn struct {
 	wmu     sync.Mutex
 	rank    uint32
 	joined  bool
+	counted bool // in Server.unjoined
 	bye     bool
 	pending int // requests not answered yet (under Server.mu)
 }
@@ -119,13 +130,19 @@ func (s *Server) accept() {
 			return
 		}
 		setKeepAlive(c)
-		sc := &sconn{c: c}
+		sc := &sconn{c: c, counted: true}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			_ = c.Close()
 			return
 		}
+		if s.unjoined >= maxUnjoined {
+			s.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		s.unjoined++
 		s.conns[sc] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -144,9 +161,11 @@ func setKeepAlive(c net.Conn) {
 func (s *Server) serve(c *sconn) {
 	defer s.wg.Done()
 	defer s.drop(c)
+	deadline := time.Now().Add(helloTimeout)
 	if err := serverHandshake(c.c, s.key); err != nil {
 		return
 	}
+	_ = c.c.SetReadDeadline(deadline) // until the hello
 	for {
 		f, err := readFrame(c.c)
 		if err != nil {
@@ -157,6 +176,10 @@ func (s *Server) serve(c *sconn) {
 		}
 		if !s.handle(c, &f) {
 			return
+		}
+		if !deadline.IsZero() {
+			deadline = time.Time{}
+			_ = c.c.SetReadDeadline(deadline) // joined: the hello was the first request
 		}
 	}
 }
@@ -193,6 +216,10 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		}
 		c.joined, c.rank = true, f.rank
 		s.ranks[f.rank] = c
+		if c.counted {
+			c.counted = false
+			s.unjoined--
+		}
 		c.replyLocked(f.id, nil)
 		// A rank that joins late still learns who failed before it came.
 		for r, failed := range s.gone {
@@ -261,6 +288,10 @@ func (s *Server) drop(c *sconn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
+	if c.counted {
+		c.counted = false
+		s.unjoined--
+	}
 	for k, ws := range s.waiters {
 		s.waiters[k] = without(ws, c)
 		if len(s.waiters[k]) == 0 {

@@ -69,3 +69,7 @@ func EarlyHeld(w *ucp.Worker) (n, bytes int) {
 }
 
 const MaxEarly, MaxEarlyBytes = maxEarly, maxEarlyBytes
+
+// ForgeFailedFlag stores the failure value into sender r's ready flag p, as a peer
+// could write it without failing.
+func ForgeFailedFlag(r *Request, p int) { r.words.Word(p).Store(failedWord) }

@@ -117,10 +117,11 @@ func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
 	for {
 		v := flag.Load()
 		if v == failedWord {
+			// The peer's failure, or a peer that wrote the failure value itself.
 			r.mu.Lock()
-			err := r.err
+			err := r.peerFailedLocked("pready node", p)
 			r.mu.Unlock()
-			return 0, fmt.Errorf("pready node: partition %d: %w", p, err)
+			return 0, err
 		}
 		if readyValue(v) && flag.CompareAndSwap(v, 0) {
 			return v, nil

@@ -666,3 +666,28 @@ func TestForgedHandshakesAreBounded(t *testing.T) {
 	iterate(t, send, recv, sbuf, rbuf, 3, func(int) []int { return []int{3, 2, 1, 0} })
 	require.NoError(t, ctx.Err())
 }
+
+// A ready flag holding the failure value fails a PreadyNode launch with an error
+// matching ErrPeerFailed, also when the value came from the peer's write alone (the
+// request itself saw no failure).
+func TestPreadyNodeForgedFailure(t *testing.T) {
+	l := shmLink(t)
+	b, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	defer b.Close()
+	send, _, _, _ := pairWith(t, l, 256, 2, 2, 0x53, func(p prepare.Params) prepare.Params { p.Backend = b; return p })
+	g := graph.NewHost()
+	_, err = send.PreadyNode(g, nil, 0)
+	require.NoError(t, err)
+	exec, err := g.Instantiate()
+	require.NoError(t, err)
+	defer exec.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	prepare.ForgeFailedFlag(send, 0)
+	require.NoError(t, exec.Launch(s))
+	err = s.Synchronize()
+	require.ErrorIs(t, err, ucp.ErrPeerFailed)
+	require.NotContains(t, err.Error(), "%!w")
+}

@@ -111,5 +111,6 @@ func (w *Worker) cutOffLocked(src uint64, held int) {
 		ep.failLocked(err)
 		ep.orphanRecvsLocked()
 	}
-	w.afterLocked()
+	// What failing them completed, afterLocked (which drains the events this came
+	// from) takes in its next pass.
 }

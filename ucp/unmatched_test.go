@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
 )
 
 // A peer that floods messages nobody receives is cut off at the receiver's limit: its
@@ -303,5 +305,50 @@ func TestUnmatchedQueueRandomized(t *testing.T) {
 	}
 	for _, r := range reqs {
 		require.NoError(t, r.Wait(ctx))
+	}
+}
+
+// The source id a message is charged to is the sender's claim: a peer spreading its
+// messages over many ids, each under the limit, still meets a bound on the whole
+// ledger (4 limits), where the source holding most is cut off.
+func TestUnmatchedTotalIsBounded(t *testing.T) {
+	const limit = 256 << 10
+	p := addressPair(t, WorkerParams{UnmatchedLimit: limit}, true)
+	flood, victim := p.epA, p.b
+	msg := make([]byte, 4096)
+	sources := uint64(1) << (63 - ucx.TagBits)
+	total := func() (n uint64) {
+		victim.mu.Lock()
+		defer victim.mu.Unlock()
+		for s := range sources {
+			n += victim.raw.UnmatchedHeld(s)
+		}
+		return n
+	}
+	for i := range 1024 { // 4.25 MiB charged, over 1024 claimed sources
+		p.a.mu.Lock()
+		p.a.raw.SetUnmatched(p.a.unmatchedLimit, uint64(100+i))
+		p.a.mu.Unlock()
+		r, err := flood.TagSendNbx(msg, 7, nil)
+		require.NoError(t, err)
+		for !r.Done() {
+			p.a.Progress()
+			victim.Progress()
+		}
+	}
+	for range 20000 { // let the ledger look (it takes what sat unexpected an interval)
+		victim.Progress()
+	}
+	held := total()
+	require.LessOrEqual(t, held, uint64(4*limit), "the ledger holds %d bytes over %d claimed sources", held, 1024)
+	require.Greater(t, held, uint64(limit), "the ledger took nothing")
+	// Receive what is held, so that the worker closes with UCX's queue empty.
+	for total() > 0 {
+		r, err := victim.TagRecvNbx(make([]byte, len(msg)), 7, MaxTag, nil)
+		require.NoError(t, err)
+		for !r.Done() {
+			victim.Progress()
+		}
+		require.NoError(t, r.Err())
 	}
 }

@@ -33,7 +33,8 @@ type WorkerParams struct {
 	// before a receive matches them (Endpoint.UnmatchedHeld says how it is counted):
 	// past it, every endpoint to that peer fails with an error matching
 	// ErrExceedsLimit, and what the peer sent and sends unmatched is discarded. A
-	// peer's identity is what its handshake or sealed address proved. 0:
+	// peer's identity is what its handshake or sealed address proved. All peers
+	// together may hold four limits; past that the peer holding most is cut off. 0:
 	// DefaultUnmatchedLimit (256 MiB); negative: no limit, which also stops looking.
 	UnmatchedLimit int64
 }
@@ -436,11 +437,13 @@ func (w *Worker) Arm() error {
 func (w *Worker) drainLocked() int {
 	total := 0
 	for w.raw.Pending() > 0 {
-		w.events = w.raw.Drain(w.events[:0])
-		for i := range w.events {
-			w.handleEventLocked(&w.events[i])
+		evs := w.raw.Drain(w.events[:0])
+		w.events = nil // a handler that drains again must not reuse this batch
+		for i := range evs {
+			w.handleEventLocked(&evs[i])
 		}
-		total += len(w.events)
+		total += len(evs)
+		w.events = evs[:0]
 	}
 	return total
 }

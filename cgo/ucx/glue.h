@@ -137,6 +137,7 @@ struct ucpxu_worker {
         struct ucpxu_unmatched *q;
         size_t    off, n, cap; /* q[off, off+n): oldest first */
         uint64_t *charge;      /* per source, UCPXU_SOURCES entries */
+        uint64_t  total;       /* the sum of charge: bounded by UCPXU_UM_TOTAL_LIMITS limits */
         uint8_t  *cut;         /* per source: cut off */
         unsigned  ncut;
         uint64_t  taken, discarded;

@@ -29,6 +29,16 @@ static inline uint64_t um_charge(size_t len)
     return (len < UM_CHARGE_CAP ? len : UM_CHARGE_CAP) + UM_CHARGE_BASE;
 }
 
+/* The source id is the sender's claim (its tag's top bits): a peer could spread its
+ * messages over many ids, each under the limit. So the whole ledger is bounded too,
+ * at this many limits; past it the source holding most is cut off. */
+#define UCPXU_UM_TOTAL_LIMITS 4
+
+static inline uint64_t um_total_cap(const ucpxu_worker_t *w)
+{
+    return w->um.limit > UINT64_MAX / UCPXU_UM_TOTAL_LIMITS ? UINT64_MAX : w->um.limit * UCPXU_UM_TOTAL_LIMITS;
+}
+
 static inline unsigned um_source(uint64_t tag)
 {
     return (unsigned)((tag & ~UCPXU_PULL_BIT) >> UCPXU_TAG_BITS);
@@ -96,6 +106,7 @@ static void um_cut(ucpxu_worker_t *w, unsigned s)
     ev.type = UCPX_EV_CUT_OFF;
     ev.id = s;
     ev.length = w->um.charge[s];
+    w->um.total -= w->um.charge[s];
     w->um.charge[s] = 0;
     ucpxu_push_event(w, &ev);
 }
@@ -124,8 +135,17 @@ void ucpxu_um_take_all(ucpxu_worker_t *w)
         e->charge = um_charge(info.length);
         w->um.taken++;
         w->um.charge[s] += e->charge;
+        w->um.total += e->charge;
         if (w->um.charge[s] > w->um.limit) {
             um_cut(w, s);
+        } else if (w->um.total > um_total_cap(w)) {
+            unsigned i, most = s;
+            for (i = 0; i < UCPXU_SOURCES; i++) {
+                if (w->um.charge[i] > w->um.charge[most]) {
+                    most = i;
+                }
+            }
+            um_cut(w, most);
         }
     }
     w->um.head_seen = NULL;
@@ -173,6 +193,7 @@ void *ucpxu_post_recv(ucpxu_worker_t *w, void *buf, size_t len, uint64_t tag, ui
             w->um.off = 0;
         }
         w->um.charge[um_source(e.tag)] -= e.charge;
+        w->um.total -= e.charge;
         return ucp_tag_msg_recv_nbx(w->worker, buf, len, e.msg, p);
     }
     return ucp_tag_recv_nbx(w->worker, buf, len, tag, mask, p);
