@@ -202,7 +202,11 @@ func exchange(host string, port int, self []byte) ([]byte, error) {
 	if _, err := io.ReadFull(conn, n[:]); err != nil {
 		return nil, err
 	}
-	peer := make([]byte, binary.BigEndian.Uint32(n[:]))
+	size := binary.BigEndian.Uint32(n[:])
+	if size > 1<<20 {
+		return nil, fmt.Errorf("peer's address of %d bytes: not a UCX worker address", size)
+	}
+	peer := make([]byte, size)
 	_, err := io.ReadFull(conn, peer)
 	return peer, err
 }

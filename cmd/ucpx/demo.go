@@ -456,6 +456,9 @@ func (d *demoParent) onAmReply(msg *ucp.AmMessage) {
 		return
 	}
 	seq := binary.LittleEndian.Uint64(msg.Header)
+	if seq != d.nextSeq {
+		return // not the reply awaited: only the current one is kept
+	}
 	d.amAcks[seq] = demoAmAck{
 		length: int(binary.LittleEndian.Uint64(msg.Header[8:])),
 		crc:    binary.LittleEndian.Uint32(msg.Header[16:]),
