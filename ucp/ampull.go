@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -42,6 +43,7 @@ type pullExport struct {
 type pullRef struct {
 	ep          *Endpoint
 	rk          *Rkey
+	key         *pullKey // rk's entry, held (pullKey.uses) until the pull is done
 	off, length uint64
 	op          uint64
 }
@@ -218,7 +220,11 @@ func (w *Worker) onPull(msg *AmMessage) {
 	}
 	// The endpoint to the worker that sent it (made from its address if there is
 	// none; a forged address is refused): a hello only asks for that.
-	if ref.ep, err = w.replyEndpoint(sender, addr, anySource); err != nil || flags&pullHelloFlag != 0 {
+	answer := ref.op
+	if flags&pullHelloFlag != 0 {
+		answer = 0 // a hello waits for no answer
+	}
+	if ref.ep, err = w.replyEndpoint(sender, addr, anySource, answer); err != nil || flags&pullHelloFlag != 0 {
 		return
 	}
 	// The length is the sender's word: it must lie in the allocation its key names
@@ -272,48 +278,179 @@ func decodePull(plain []byte) (id uint, flags uint32, ref *pullRef, packed, addr
 }
 
 // pulledRange is pulledKey, with ref's range checked against the allocation the key
-// names.
+// names. On success ref holds the key (ref.key) until the pull is done.
 func (ep *Endpoint) pulledRange(packed []byte, ref *pullRef) (*Rkey, error) {
-	rk, err := ep.pulledKey(packed)
+	pk, err := ep.pulledKey(packed)
 	if err != nil {
 		return nil, err
 	}
+	rk := pk.rk
 	if ref.off > rk.length || ref.length > rk.length-ref.off {
+		ep.w.mu.Lock()
+		pk.doneLocked()
+		ep.w.unlockDeferred()
 		return nil, opErr("pull", ErrInvalidParam, "%d bytes at offset %d lie outside the sender's allocation of %d", ref.length, ref.off, rk.length)
 	}
+	ref.key = pk
 	return rk, nil
 }
 
-// pulledKey is the receiver's Rkey of a pull's key, unpacked once per key and kept
-// while it is not revoked.
-func (ep *Endpoint) pulledKey(packed []byte) (*Rkey, error) {
+// maxPullKeys bounds the keys an endpoint keeps for pulls: a sender cycling through
+// allocations would otherwise grow them without end. A variable: tests lower it.
+var maxPullKeys = 256
+
+// pullKeyClock orders pull keys' uses, for eviction.
+var pullKeyClock atomic.Uint64
+
+// pullKey is an Rkey unpacked for pulls from an endpoint's peer (ep.pullKeys by packed
+// bytes, w.pullRkeys by Rkey; under w.mu). Nobody else holds it, so it is destroyed
+// once it is dead (revoked and flushed, evicted, its endpoint closed) and no pull in
+// flight uses it.
+type pullKey struct {
+	ep     *Endpoint
+	rk     *Rkey
+	packed string
+	uses   int    // pulls in flight holding rk
+	used   uint64 // pullKeyClock at the last use
+	dead   bool
+}
+
+func (pk *pullKey) useLocked() {
+	pk.uses++
+	pk.used = pullKeyClock.Add(1)
+}
+
+// doneLocked ends a pull's use of the key; the last use of a dead one destroys it.
+func (pk *pullKey) doneLocked() {
+	if pk == nil {
+		return
+	}
+	if pk.uses--; pk.uses <= 0 && pk.dead {
+		pk.retireLocked()
+	}
+}
+
+// retireLocked marks the key dead and destroys it unless a pull in flight still uses
+// it (its doneLocked does then). Caller holds w.mu.
+func (pk *pullKey) retireLocked() {
+	pk.dead = true
+	pk.unlinkLocked()
+	if pk.uses > 0 {
+		return
+	}
+	w := pk.ep.w
+	delete(w.pullRkeys, pk.rk)
+	if !pk.rk.closed { // the worker's Close destroys every key
+		pk.rk.destroyLocked()
+		pk.rk.releasedLocked()
+	}
+}
+
+// unlinkLocked takes the key out of its endpoint's lookup: no new pull finds it.
+func (pk *pullKey) unlinkLocked() {
+	if pk.ep.pullKeys[pk.packed] == pk {
+		delete(pk.ep.pullKeys, pk.packed)
+	}
+}
+
+// pulledKey is the receiver's key of a pull's packed key, unpacked once per key and
+// kept while it is not revoked (at most maxPullKeys per endpoint), with one use taken
+// for the caller (doneLocked gives it back).
+func (ep *Endpoint) pulledKey(packed []byte) (*pullKey, error) {
 	w := ep.w
 	w.mu.Lock()
-	rk := ep.pullKeys[string(packed)]
-	if rk != nil && (rk.revoked || rk.closed) {
-		delete(ep.pullKeys, string(packed))
-		rk = nil
+	pk := ep.pullKeys[string(packed)]
+	if pk != nil && (pk.rk.revoked || pk.rk.closed) {
+		pk.unlinkLocked() // its revocation destroys it
+		pk = nil
+	}
+	if pk != nil {
+		pk.useLocked()
+		w.mu.Unlock()
+		return pk, nil
 	}
 	w.mu.Unlock()
-	if rk != nil {
-		return rk, nil
-	}
 	rk, err := ep.UnpackRkey(packed)
 	if err != nil {
 		return nil, err
 	}
 	w.mu.Lock()
-	if ep.pullKeys == nil {
-		ep.pullKeys = map[string]*Rkey{}
-	}
-	if cur := ep.pullKeys[string(packed)]; cur != nil && !cur.revoked && !cur.closed {
+	if cur := ep.pullKeys[string(packed)]; cur != nil && !cur.rk.revoked && !cur.rk.closed {
+		cur.useLocked()
 		w.mu.Unlock()
 		_ = rk.Close()
 		return cur, nil
 	}
-	ep.pullKeys[string(packed)] = rk
-	w.mu.Unlock()
-	return rk, nil
+	if ep.closed || w.closed.Load() {
+		// Closed meanwhile: its keys were dropped already, and this one would stay.
+		w.mu.Unlock()
+		_ = rk.Close()
+		return nil, opErr("pull", ErrClosed, "%s", ep)
+	}
+	if old := ep.pullKeys[string(packed)]; old != nil {
+		old.unlinkLocked()
+	}
+	ep.evictPullKeysLocked()
+	if ep.pullKeys == nil {
+		ep.pullKeys = map[string]*pullKey{}
+	}
+	if w.pullRkeys == nil {
+		w.pullRkeys = map[*Rkey]*pullKey{}
+	}
+	pk = &pullKey{ep: ep, rk: rk, packed: string(packed)}
+	pk.useLocked()
+	ep.pullKeys[pk.packed] = pk
+	w.pullRkeys[rk] = pk
+	w.unlockDeferred()
+	return pk, nil
+}
+
+// evictPullKeysLocked makes room for one more key: the least recently used keys no
+// pull in flight uses go (revoked ones only leave the lookup: their revocation
+// destroys them once flushed). Keys all in use are kept: they are bounded by the
+// pulls in flight. Caller holds w.mu.
+func (ep *Endpoint) evictPullKeysLocked() {
+	for len(ep.pullKeys) >= maxPullKeys {
+		var lru *pullKey
+		for _, pk := range ep.pullKeys {
+			if pk.uses == 0 && (lru == nil || pk.used < lru.used) {
+				lru = pk
+			}
+		}
+		if lru == nil {
+			return
+		}
+		if lru.rk.revoked {
+			lru.unlinkLocked()
+		} else {
+			lru.retireLocked()
+		}
+	}
+}
+
+// dropPullKeysLocked retires the keys of a closing endpoint (those in use go when
+// their pull is done). Caller holds w.mu.
+func (ep *Endpoint) dropPullKeysLocked() {
+	if ep.w.closed.Load() {
+		return // the worker's Close destroys every key
+	}
+	for _, pk := range ep.pullKeys {
+		if pk.rk.revoked {
+			pk.unlinkLocked() // its revocation destroys it once flushed
+		} else {
+			pk.retireLocked()
+		}
+	}
+}
+
+// settlePullKeysLocked retires the pull keys among rks (revoked and flushed: nothing
+// can use them again). Caller holds w.mu.
+func (w *Worker) settlePullKeysLocked(rks []*Rkey) {
+	for _, rk := range rks {
+		if pk := w.pullRkeys[rk]; pk != nil {
+			pk.retireLocked()
+		}
+	}
 }
 
 // recvPulled is RecvData of a pulled message: a get of the sender's buffer, after
@@ -338,7 +475,10 @@ func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request
 	}
 	r, x := w.newIPCRequest(op, p)
 	x.length = int(ref.length)
-	x.after(get, func(error) { ref.ep.sendControlLocked(ctlPulled, ref.op) })
+	x.after(get, func(error) {
+		ref.ep.sendControlLocked(ctlPulled, ref.op)
+		ref.key.doneLocked()
+	})
 	w.mu.Lock()
 	w.trackIPCLocked(r)
 	w.mu.Unlock()
@@ -349,4 +489,5 @@ func (m *AmMessage) recvPulled(op string, buf []byte, p *RequestParam) (*Request
 // may complete. Caller holds w.mu.
 func (m *AmMessage) releasePulledLocked() {
 	m.pull.ep.sendControlLocked(ctlPulled, m.pull.op)
+	m.pull.key.doneLocked()
 }

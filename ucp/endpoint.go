@@ -50,8 +50,11 @@ type Endpoint struct {
 	rawClosed bool
 	watch     *pidWatch // same-host peer watching, nil if none
 	source    uint64    // the peer's source id (unmatched.go), when peerKnown
-	// pullKeys: the peer's keys of pulled active messages, unpacked (under w.mu).
-	pullKeys map[string]*Rkey
+	// pullKeys: the peer's keys of pulled messages, unpacked (ampull.go; under w.mu).
+	pullKeys map[string]*pullKey
+	// internal: made by the worker itself to answer pulls (tagpull.go): nobody else
+	// can close it.
+	internal bool
 	// pullHello: this worker's address went to the peer ahead of a pulled tag
 	// message (tagpull.go; under w.mu).
 	pullHello bool
@@ -346,6 +349,7 @@ func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
 }
 
 func (ep *Endpoint) markClosedLocked() {
+	ep.dropPullKeysLocked() // first: releases still reach the peer
 	ep.closed = true
 	retireFast(&ep.fast)
 	if ep.watch != nil {

@@ -194,6 +194,9 @@ func (c *Context) peerDead(peer [idLen]byte) bool {
 				}
 			}
 		}
+		if w.peerGoneLocked(peer) {
+			seen = true // its failed internal endpoint was closed (tagpull.go)
+		}
 		w.mu.Unlock()
 	}
 	return seen && dead
@@ -205,13 +208,16 @@ func (c *Context) peerDead(peer [idLen]byte) bool {
 func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) {
 	w.mu.Lock()
 	var eps []*Endpoint
-	var mapped []*Rkey
+	var mapped, pulls []*Rkey
 	for rk := range w.rkeys {
 		if rk.exporter == exporter && rk.keyID == keyID && !rk.revoked {
 			rk.revoked = true
 			eps = append(eps, rk.ep)
 			if rk.ipc != nil || rk.shared != nil {
 				mapped = append(mapped, rk)
+			}
+			if w.pullRkeys[rk] != nil {
+				pulls = append(pulls, rk)
 			}
 		}
 	}
@@ -237,6 +243,13 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 			return
 		}
 		acknowledge := func() {
+			if len(pulls) > 0 {
+				// Keys of pulls are ours alone: flushed and unmapped, they go now (or
+				// when the pull still using one is done), not when the worker closes.
+				w.mu.Lock()
+				w.settlePullKeysLocked(pulls)
+				w.unlockDeferred()
+			}
 			if ack != nil {
 				ack()
 				return

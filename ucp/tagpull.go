@@ -205,12 +205,21 @@ func (w *Worker) pullSenderLocked(sender [idLen]byte, src uint64) *Endpoint {
 // anySource: replyEndpoint's caller knows no source id to check (an active message).
 const anySource = 1 << 16
 
+// maxInternalEndpoints bounds the endpoints a worker makes itself to answer pulls
+// (each sender it has no endpoint to, a restarted peer included, adds one). A
+// variable: tests lower it.
+var maxInternalEndpoints = 1024
+
 // replyEndpoint is the endpoint to the worker that sent a pulled message, found by the
 // sealed address its descriptor carries (of the sender's context; its source id want
 // unless anySource): the one this worker has, or one made from the address. A
 // receiver need not hold an endpoint to whoever sends to it (UCX tag matching takes
-// messages from anyone), but a pull must be answered, and to that worker only.
-func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want uint64) (*Endpoint, error) {
+// messages from anyone), but a pull must be answered, and to that worker only. An
+// endpoint made here is internal: closed when its peer fails or when one made later
+// to the same worker replaces it. Past maxInternalEndpoints none is made: the pull
+// fails here, and its sender (op, unless 0) is answered as for any failed pull, on an
+// endpoint closed behind the answer.
+func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64) (*Endpoint, error) {
 	peer, err := openAddress(w.ctx.trust.seal, addr)
 	if err != nil {
 		return nil, err
@@ -220,18 +229,87 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want uint64) (*E
 		return nil, opErr("pull", ErrInvalidParam, "a pulled message's address is not its sender's")
 	}
 	w.mu.Lock()
-	ep := w.pullSenderLocked(sender, src)
-	w.mu.Unlock()
-	if ep != nil {
+	defer w.unlockDeferred()
+	if ep := w.pullSenderLocked(sender, src); ep != nil {
 		return ep, nil
 	}
-	ep, err = w.ConnectAddress(addr, nil)
-	if err == nil {
-		w.mu.Lock()
-		w.answerTruncLocked() // answers that waited for an endpoint to this sender
-		w.mu.Unlock()
+	if w.closed.Load() {
+		return nil, opErr("pull", ErrClosed, "")
 	}
-	return ep, err
+	n := 0
+	for _, ep := range w.eps {
+		switch {
+		case !ep.internal:
+		case ep.peer.id == sender && ep.source == src:
+			w.closeInternalLocked(ep) // unusable (else found above): replaced
+		default:
+			n++
+		}
+	}
+	if n >= maxInternalEndpoints {
+		if op != 0 {
+			w.answerRefusedLocked(&peer, op)
+		}
+		return nil, opErr("pull", ErrExceedsLimit, "%d endpoints made for pulls already", n)
+	}
+	raw, st := w.raw.ConnectAddress(peer.addr, true)
+	if err := statusErr(st); err != nil {
+		return nil, opErr("ep_create", err, "pull sender's address")
+	}
+	ep := w.addEndpointLocked(raw, nil, "pull-sender", &peer)
+	ep.internal = true
+	// Nobody else holds it: closed (and forgotten) once its peer fails.
+	ep.failureHooks = append(ep.failureHooks, func(ep *Endpoint, _ error) {
+		w.mu.Lock()
+		w.closeInternalLocked(ep)
+		w.unlockDeferred()
+	})
+	w.answerTruncLocked() // answers that waited for an endpoint to this sender
+	// startWatch takes w.mu: after the deferred unlock.
+	w.deferred = append(w.deferred, ep.startWatch)
+	return ep, nil
+}
+
+// closeInternalLocked closes an internal endpoint at once; a failed one's peer is
+// remembered (bounded) so that revocations still see it dead. Caller holds w.mu.
+func (w *Worker) closeInternalLocked(ep *Endpoint) {
+	if ep.closed || w.closed.Load() {
+		return
+	}
+	if ep.err != nil && ep.peerKnown {
+		if len(w.gonePeers) >= maxInternalEndpoints {
+			w.gonePeers = append(w.gonePeers[:0], w.gonePeers[1:]...)
+		}
+		w.gonePeers = append(w.gonePeers, ep.peer.id)
+	}
+	ep.forceCloseLocked()
+}
+
+// peerGoneLocked reports whether an internal endpoint to peer failed and was closed.
+// Caller holds w.mu.
+func (w *Worker) peerGoneLocked(peer [idLen]byte) bool {
+	for _, id := range w.gonePeers {
+		if id == peer {
+			return true
+		}
+	}
+	return false
+}
+
+// answerRefusedLocked tells the sender of a pull refused here (no internal endpoint
+// to it could be made) that its send may complete, as pullDoneLocked does for any
+// failed pull, on an endpoint made for that one message and closed (flushed) behind
+// it. Caller holds w.mu.
+func (w *Worker) answerRefusedLocked(peer *peerInfo, op uint64) {
+	raw, st := w.raw.ConnectAddress(peer.addr, true)
+	if statusErr(st) != nil {
+		return
+	}
+	ep := w.addEndpointLocked(raw, nil, "pull-refused", peer)
+	ep.sendControlLocked(ctlPulled, op)
+	ep.markClosedLocked()
+	ep.rawClosed = true
+	_, _ = w.postLocked("ep_close_nbx", w.raw.Close(ep.raw, false), &defaultParam, nil)
 }
 
 // pullRecv copies a pulled message into r's buffer (or the device memory it stands
@@ -239,7 +317,7 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want uint64) (*E
 func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src uint64, packed, addr []byte, tag uint64) {
 	var err error
 	if ref.ep == nil {
-		ref.ep, err = w.replyEndpoint(sender, addr, src)
+		ref.ep, err = w.replyEndpoint(sender, addr, src, ref.op)
 	}
 	var rk *Rkey
 	if err == nil {
@@ -262,6 +340,7 @@ func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if pr.done.Load() {
+		ref.key.doneLocked()
 		return // the worker closed meanwhile: r was failed
 	}
 	x := pr.ipc
@@ -291,6 +370,7 @@ func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error
 			break
 		}
 	}
+	ref.key.doneLocked() // the copy is done (or never started)
 	if r.done.Load() {
 		return // failed already (the worker closed)
 	}

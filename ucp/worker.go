@@ -76,6 +76,10 @@ type Worker struct {
 	pullsIn   []pullIn
 	truncOwed []truncAnswer
 	pullAddr  []byte // this worker's sealed address, for pull descriptors
+	// pullRkeys: the keys of pulls by Rkey (ampull.go); gonePeers: identities whose
+	// internal endpoint failed and was closed, for revocation (tagpull.go; under mu).
+	pullRkeys map[*Rkey]*pullKey
+	gonePeers [][idLen]byte
 
 	efd      int           // -1 without wakeup
 	spinTime time.Duration // WorkerParams.SpinTime, resolved
