@@ -19,7 +19,8 @@ import (
 // buffer id unique in the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID), so a
 // buffer freed and reallocated at the same address, even with the same size, is a new
 // key; the exporter exports it again, and the importer, seeing a new buffer id at a base
-// it has mapped, closes the stale mapping before opening the new one.
+// it has mapped, opens the new one and retires the old mapping, which stays open until
+// the keys that hold its address are released.
 //
 // Only legacy-IPC memory can be exported with cuIpcGetMemHandle: cuMemAlloc memory
 // (and cuMemAllocAsync from pools without an IPC handle type set). Virtual memory
@@ -44,7 +45,9 @@ type IPCAllocation = streamcore.IPCAllocation
 // the goroutine of the operation's call (the user's), never from the engine's rounds:
 // cuIpcOpenMemHandle and cuIpcCloseMemHandle may wait for the device.
 type IPCDriver interface {
-	// IPCAllocation describes the allocation containing ptr (cuPointerGetAttributes).
+	// IPCAllocation describes the allocation containing ptr (cuPointerGetAttributes):
+	// this process's memory, or a mapping IPCOpenMemHandle made, whose Base and Size
+	// the importer holds a peer's claims to (LegacyIPC and BufferID unused there).
 	IPCAllocation(ptr uintptr) (IPCAllocation, error)
 	// IPCGetMemHandle exports the allocation at base (cuIpcGetMemHandle).
 	IPCGetMemHandle(base uintptr) (IPCHandle, error)
@@ -66,7 +69,7 @@ const (
 	// IPCExport carries an allocation's handle: the importer opens it (once).
 	IPCExport uint8 = 1
 	// IPCInvalidate tells the importer the allocation is gone (freed, MemH closed):
-	// it unmaps it.
+	// it stops resolving, and is unmapped once no reference holds it.
 	IPCInvalidate uint8 = 2
 )
 
@@ -293,17 +296,20 @@ func (e *IPCExporter) Exported() int {
 
 // IPCImporter maps peers' allocations, each once, keyed by (peer, base, size, buffer
 // id).
+//
+// A mapping is never unmapped while a reference Handle counted is outstanding: the
+// address went into remote keys (copies, kernels, DeviceAddress), and touching an
+// unmapped device address is a sticky CUDA error for the whole context. A newer
+// export or an invalidation at the same (peer, base) only retires the old mapping:
+// it stops resolving, and the Release that gives back its last reference unmaps it.
 type IPCImporter struct {
 	drv IPCDriver
 	mu  sync.Mutex
-	// maps: every mapping; current: the key mapped at each (peer, base), so a new
-	// buffer id there closes the stale one.
-	maps    map[ipcKey]uintptr
+	// maps: every open mapping, current or retired; current: the key that resolves
+	// at each (peer, base).
+	maps    map[ipcKey]*ipcMapping
 	current map[ipcBase]ipcKey
-	// refs counts the IPCExport messages applied per mapping that Release has not
-	// given back: Release unmaps at zero.
-	refs   map[ipcKey]int
-	closed bool
+	closed  bool
 }
 
 type ipcKey struct {
@@ -316,9 +322,16 @@ type ipcBase struct {
 	base uint64
 }
 
+// ipcMapping is one open mapping and the IPCExport messages applied to it that
+// Release has not given back.
+type ipcMapping struct {
+	p    uintptr
+	refs int
+}
+
 // NewIPCImporter makes the import side of the cache over drv.
 func NewIPCImporter(drv IPCDriver) *IPCImporter {
-	return &IPCImporter{drv: drv, maps: map[ipcKey]uintptr{}, current: map[ipcBase]ipcKey{}, refs: map[ipcKey]int{}}
+	return &IPCImporter{drv: drv, maps: map[ipcKey]*ipcMapping{}, current: map[ipcBase]ipcKey{}}
 }
 
 func keyOf(peer IPCPeer, a IPCAllocation) ipcKey {
@@ -326,9 +339,12 @@ func keyOf(peer IPCPeer, a IPCAllocation) ipcKey {
 	return ipcKey{peer, a}
 }
 
-// Handle applies a message from peer: IPCExport opens the handle unless that exact
-// allocation is mapped already (closing a stale mapping at the same base first);
-// IPCInvalidate closes the mapping if it is the one named.
+// Handle applies a message from peer. IPCExport opens the handle unless that exact
+// allocation is mapped already, checks the mapping against the allocation the message
+// claims, and makes it the one that resolves at its base (retiring an older one
+// there); a failed open or check leaves what was mapped as it was. IPCInvalidate
+// retires the mapping named. A retired mapping is unmapped at once only when nothing
+// references it.
 func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 	if err := checkAlloc(m.Alloc); err != nil {
 		return err
@@ -338,19 +354,13 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 	switch m.Kind {
 	case IPCInvalidate:
 		im.mu.Lock()
-		p, ok := im.maps[k]
-		if ok {
-			delete(im.maps, k)
-			delete(im.refs, k)
-			if im.current[kb] == k {
-				delete(im.current, kb)
-			}
+		var stale uintptr
+		if _, ok := im.maps[k]; ok && im.current[kb] == k {
+			delete(im.current, kb)
+			stale = im.dropIfUnusedLocked(k)
 		}
 		im.mu.Unlock()
-		if ok {
-			return im.unmap(p)
-		}
-		return nil
+		return im.unmapIf(stale)
 	case IPCExport:
 	default:
 		return fmt.Errorf("IPC message kind %d: %w", m.Kind, ErrInvalidParam)
@@ -360,83 +370,116 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 		im.mu.Unlock()
 		return fmt.Errorf("IPC import: %w", ErrClosed)
 	}
-	if _, ok := im.maps[k]; ok {
-		im.refs[k]++
+	if x, ok := im.maps[k]; ok {
+		// The same allocation again (a peer that re-sent it): one mapping.
+		x.refs++
+		stale := im.makeCurrentLocked(k, kb)
 		im.mu.Unlock()
-		return nil // the same allocation again (a peer that re-sent it): one mapping
-	}
-	var stale uintptr
-	if old, ok := im.current[kb]; ok {
-		stale = im.maps[old]
-		delete(im.maps, old)
-		delete(im.refs, old)
-		delete(im.current, kb)
+		return im.unmapIf(stale)
 	}
 	im.mu.Unlock()
-	var staleErr error
-	if stale != 0 {
-		staleErr = im.unmap(stale)
-	}
+	// Open before touching the old mapping: the handle may be garbage.
 	p, err := im.drv.IPCOpenMemHandle(m.Handle)
 	if err != nil {
 		return fmt.Errorf("IPC import of %#x (buffer %d) from peer %d: %w", m.Alloc.Base, m.Alloc.BufferID, peer, err)
+	}
+	if err := im.checkMapping(p, m.Alloc); err != nil {
+		return errsJoin(fmt.Errorf("IPC import of %#x (buffer %d) from peer %d: %w", m.Alloc.Base, m.Alloc.BufferID, peer, err), im.unmap(p))
 	}
 	im.mu.Lock()
 	if im.closed {
 		im.mu.Unlock()
 		return errsJoin(im.unmap(p), fmt.Errorf("IPC import: %w", ErrClosed))
 	}
-	if _, ok := im.maps[k]; ok {
+	if x, ok := im.maps[k]; ok {
 		// A racing Handle mapped it first: CUDA counts opens, so close ours.
-		im.refs[k]++
+		x.refs++
+		stale := im.makeCurrentLocked(k, kb)
 		im.mu.Unlock()
-		return im.unmap(p)
+		return errsJoin(im.unmap(p), im.unmapIf(stale))
 	}
-	im.maps[k] = p
-	im.refs[k] = 1
-	im.current[kb] = k
+	im.maps[k] = &ipcMapping{p: p, refs: 1}
+	stale := im.makeCurrentLocked(k, kb)
 	im.mu.Unlock()
-	return staleErr
+	return im.unmapIf(stale)
+}
+
+// checkMapping holds the allocation a peer claims to the one the driver mapped: the
+// claimed size bounds every later access through the mapping, so the mapping must
+// start at p and be at least that large.
+func (im *IPCImporter) checkMapping(p uintptr, claimed IPCAllocation) error {
+	got, err := im.drv.IPCAllocation(p)
+	if err != nil {
+		return fmt.Errorf("the mapping at %#x has no allocation the driver knows: %w: %w", p, ErrInvalidParam, err)
+	}
+	if got.Base != uint64(p) || got.Size < claimed.Size {
+		return fmt.Errorf("a %d-byte allocation was claimed, the mapping at %#x is [%#x,+%d): %w", claimed.Size, p, got.Base, got.Size, ErrInvalidParam)
+	}
+	return nil
+}
+
+// makeCurrentLocked makes k the key that resolves at kb, retiring the one before; it
+// returns that one's address if nothing references it any more (the caller unmaps it).
+func (im *IPCImporter) makeCurrentLocked(k ipcKey, kb ipcBase) uintptr {
+	old, ok := im.current[kb]
+	im.current[kb] = k
+	if !ok || old == k {
+		return 0
+	}
+	return im.dropIfUnusedLocked(old)
+}
+
+// dropIfUnusedLocked forgets the retired mapping of k if no reference holds it and
+// returns its address to unmap; with references left, the last Release unmaps it.
+func (im *IPCImporter) dropIfUnusedLocked(k ipcKey) uintptr {
+	x, ok := im.maps[k]
+	if !ok || x.refs > 0 {
+		return 0
+	}
+	delete(im.maps, k)
+	return x.p
 }
 
 // Resolve is the local address of n bytes at ref in peer's memory: the mapping must
-// be there (the IPCExport message comes with, or before, the first operation naming an
-// allocation), else ErrInvalidParam.
+// be there and current (the IPCExport message comes with, or before, the first
+// operation naming an allocation), else ErrInvalidParam.
 func (im *IPCImporter) Resolve(peer IPCPeer, ref IPCRef, n int) (uintptr, error) {
 	if n <= 0 || ref.Offset+uint64(n) > ref.Alloc.Size || ref.Offset+uint64(n) < ref.Offset {
 		return 0, fmt.Errorf("IPC reference of %d bytes at offset %d of a %d-byte allocation: %w", n, ref.Offset, ref.Alloc.Size, ErrInvalidParam)
 	}
+	k := keyOf(peer, ref.Alloc)
 	im.mu.Lock()
-	p, ok := im.maps[keyOf(peer, ref.Alloc)]
+	x, ok := im.maps[k]
+	ok = ok && im.current[ipcBase{peer, ref.Alloc.Base}] == k
 	im.mu.Unlock()
 	if !ok {
 		return 0, fmt.Errorf("IPC reference to %#x (buffer %d) of peer %d: not mapped: %w", ref.Alloc.Base, ref.Alloc.BufferID, peer, ErrInvalidParam)
 	}
-	return p + uintptr(ref.Offset), nil
+	return x.p + uintptr(ref.Offset), nil
 }
 
 // Release gives back one IPCExport of peer's allocation a that Handle applied (the
-// remote key that carried it is closed or revoked); the last one unmaps it. Releasing
-// what is not mapped (dropped already: peer lost, invalidated, replaced) does nothing.
+// remote key that carried it is closed or revoked); the last one unmaps it, current or
+// retired. Releasing what is not mapped (dropped already: peer lost, closed) does
+// nothing.
 func (im *IPCImporter) Release(peer IPCPeer, a IPCAllocation) error {
 	k := keyOf(peer, a)
 	im.mu.Lock()
-	p, ok := im.maps[k]
+	x, ok := im.maps[k]
 	if !ok {
 		im.mu.Unlock()
 		return nil
 	}
-	if im.refs[k]--; im.refs[k] > 0 {
+	if x.refs--; x.refs > 0 {
 		im.mu.Unlock()
 		return nil
 	}
 	delete(im.maps, k)
-	delete(im.refs, k)
 	if kb := (ipcBase{peer, a.Base}); im.current[kb] == k {
 		delete(im.current, kb)
 	}
 	im.mu.Unlock()
-	return im.unmap(p)
+	return im.unmap(x.p)
 }
 
 // PeerLost unmaps everything of peer.
@@ -444,11 +487,19 @@ func (im *IPCImporter) PeerLost(peer IPCPeer) error {
 	return im.drop(func(k ipcKey) bool { return k.peer == peer })
 }
 
-// Mapped is the number of mappings held.
+// Mapped is the number of current mappings (those that resolve).
 func (im *IPCImporter) Mapped() int {
 	im.mu.Lock()
 	defer im.mu.Unlock()
-	return len(im.maps)
+	return len(im.current)
+}
+
+// Retired is the number of mappings that no longer resolve but stay open for the
+// references that hold them.
+func (im *IPCImporter) Retired() int {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return len(im.maps) - len(im.current)
 }
 
 // Close unmaps everything; later exports fail with ErrClosed.
@@ -462,11 +513,10 @@ func (im *IPCImporter) Close() error {
 func (im *IPCImporter) drop(match func(ipcKey) bool) error {
 	im.mu.Lock()
 	var ps []uintptr
-	for k, p := range im.maps {
+	for k, x := range im.maps {
 		if match(k) {
-			ps = append(ps, p)
+			ps = append(ps, x.p)
 			delete(im.maps, k)
-			delete(im.refs, k)
 			kb := ipcBase{k.peer, k.Base}
 			if im.current[kb] == k {
 				delete(im.current, kb)
@@ -490,9 +540,20 @@ func (im *IPCImporter) unmap(p uintptr) error {
 	return nil
 }
 
+// unmapIf unmaps p unless it is 0 (nothing to unmap).
+func (im *IPCImporter) unmapIf(p uintptr) error {
+	if p == 0 {
+		return nil
+	}
+	return im.unmap(p)
+}
+
 func errsJoin(a, b error) error {
 	if a == nil {
 		return b
+	}
+	if b == nil {
+		return a
 	}
 	return fmt.Errorf("%w; %w", a, b)
 }

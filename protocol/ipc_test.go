@@ -23,9 +23,11 @@ type fakeIPC struct {
 }
 
 // fakeMap: CUDA maps a handle opened twice in one process once, and counts the opens.
+// size is the real size of the allocation the handle named.
 type fakeMap struct {
 	h    IPCHandle
 	refs int
+	size uint64
 }
 
 func newFakeIPC() *fakeIPC {
@@ -55,6 +57,12 @@ func (f *fakeIPC) IPCAllocation(ptr uintptr) (IPCAllocation, error) {
 			return a, nil
 		}
 	}
+	// The importer's side: a mapping is an allocation of the size the handle named.
+	for p, m := range f.opens {
+		if ptr >= p && uint64(ptr) < uint64(p)+m.size {
+			return IPCAllocation{Base: uint64(p), Size: m.size, BufferID: binary.LittleEndian.Uint64(m.h[8:])}, nil
+		}
+	}
 	return IPCAllocation{}, ErrInvalidParam
 }
 
@@ -72,6 +80,10 @@ func (f *fakeIPC) IPCGetMemHandle(base uintptr) (IPCHandle, error) {
 func (f *fakeIPC) IPCOpenMemHandle(h IPCHandle) (uintptr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	a, ok := f.allocs[binary.LittleEndian.Uint64(h[:])]
+	if !ok || a.BufferID != binary.LittleEndian.Uint64(h[8:]) {
+		return 0, errors.New("fake driver: handle of no live allocation")
+	}
 	f.opened++
 	for p, m := range f.opens {
 		if m.h == h {
@@ -80,7 +92,7 @@ func (f *fakeIPC) IPCOpenMemHandle(h IPCHandle) (uintptr, error) {
 		}
 	}
 	f.nextMap += 1 << 30
-	f.opens[f.nextMap] = &fakeMap{h: h, refs: 1}
+	f.opens[f.nextMap] = &fakeMap{h: h, refs: 1, size: a.Size}
 	return f.nextMap, nil
 }
 
@@ -127,8 +139,8 @@ func send(t *testing.T, ex *IPCExporter, im *IPCImporter, peer IPCPeer, ptr uint
 
 // Exported once per allocation, sent once per peer, opened once per peer; a buffer
 // freed and reallocated at the same address (same size) is a new allocation: exported
-// again, and the importer drops the stale mapping first and never resolves the new
-// reference to the old memory.
+// again, and the importer retires the stale mapping (unmapped once the keys holding it
+// are released) and never resolves the new reference to the old memory.
 func TestIPCCacheAcrossReallocation(t *testing.T) {
 	f := newFakeIPC()
 	ex := NewIPCExporter(f)
@@ -158,24 +170,32 @@ func TestIPCCacheAcrossReallocation(t *testing.T) {
 	ref, sent := send(t, ex, im, 1, base+64, 64)
 	require.True(t, sent, "a reallocated buffer is exported again")
 	require.Equal(t, 2, f.gets)
-	require.Equal(t, 1, f.closed, "the stale mapping was closed first")
+	require.Zero(t, f.closed, "the stale mapping is still referenced: retired, not closed")
+	require.Equal(t, 1, im.Retired())
 	p, err := im.Resolve(1, ref, 64)
 	require.NoError(t, err)
 	require.Equal(t, a2.BufferID, f.mappedBuffer(p))
 	_, err = im.Resolve(1, oldRef, 8)
 	require.ErrorIs(t, err, ErrInvalidParam, "the old allocation's reference never resolves to the new memory")
+	require.NoError(t, im.Release(1, oldRef.Alloc))
+	require.Equal(t, 1, f.closed, "its last reference given back, the stale mapping is closed")
+	require.Zero(t, im.Retired())
 	// Resending the same export (a peer that repeats itself) opens nothing.
 	require.NoError(t, im.Handle(1, IPCMessage{Kind: IPCExport, Alloc: ref.Alloc}))
 	require.Equal(t, 3, f.opened)
 
-	// Forget: the peers that had it are told to unmap.
+	// Forget: the peers that had it are told to unmap; the mapping stops resolving
+	// and is closed with its last reference.
 	peers, inv := ex.Forget(base)
 	require.ElementsMatch(t, []IPCPeer{1}, peers, "peer 2 only had the old allocation")
 	require.Equal(t, IPCInvalidate, inv.Kind)
 	require.NoError(t, im.Handle(1, inv))
-	require.Equal(t, 2, f.closed)
 	_, err = im.Resolve(1, ref, 64)
 	require.ErrorIs(t, err, ErrInvalidParam)
+	require.Equal(t, 1, f.closed)
+	require.NoError(t, im.Release(1, ref.Alloc))
+	require.NoError(t, im.Release(1, ref.Alloc))
+	require.Equal(t, 2, f.closed)
 	peers, _ = ex.Forget(base)
 	require.Empty(t, peers)
 	require.Zero(t, ex.Exported())

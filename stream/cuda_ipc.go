@@ -15,9 +15,11 @@ import (
 var _ DeviceIPC = (*cudaBackend)(nil)
 
 // ipcMaps are the backend's open mappings of other processes' memory, by address.
+// Opening a handle again in one context returns the same address with a count, so
+// each address holds one IPCMapping per open, each closed by one IPCCloseMemHandle.
 type ipcMaps struct {
 	mu   sync.Mutex
-	maps map[uintptr]*cuda.IPCMapping
+	maps map[uintptr][]*cuda.IPCMapping
 	// peer caches CanAccessPeer by the other device's UUID.
 	peer map[[16]byte]bool
 }
@@ -106,7 +108,7 @@ func (b *cudaBackend) openOwn(h IPCHandle) (uintptr, bool, error) {
 		return 0, false, nil
 	}
 	now, err := b.IPCAllocation(uintptr(a.Base))
-	if err != nil || now.Base != a.Base || now.BufferID != a.BufferID {
+	if err != nil || now.Base != a.Base || now.BufferID != a.BufferID || now.Size != a.Size {
 		return 0, true, fmt.Errorf("stream: cuda IPCOpenMemHandle: the allocation this process exported at %#x is gone: %w", a.Base, ErrInvalidArgument)
 	}
 	ownExports.Lock()
@@ -130,9 +132,9 @@ func (b *cudaBackend) IPCOpenMemHandle(h IPCHandle) (uintptr, error) {
 	b.ipc.mu.Lock()
 	defer b.ipc.mu.Unlock()
 	if b.ipc.maps == nil {
-		b.ipc.maps = map[uintptr]*cuda.IPCMapping{}
+		b.ipc.maps = map[uintptr][]*cuda.IPCMapping{}
 	}
-	b.ipc.maps[m.Ptr()] = m
+	b.ipc.maps[m.Ptr()] = append(b.ipc.maps[m.Ptr()], m)
 	return m.Ptr(), nil
 }
 
@@ -147,8 +149,15 @@ func (b *cudaBackend) IPCCloseMemHandle(mapped uintptr) error {
 	}
 	ownExports.Unlock()
 	b.ipc.mu.Lock()
-	m := b.ipc.maps[mapped]
-	delete(b.ipc.maps, mapped)
+	var m *cuda.IPCMapping
+	if ms := b.ipc.maps[mapped]; len(ms) > 0 {
+		m = ms[len(ms)-1]
+		if len(ms) == 1 {
+			delete(b.ipc.maps, mapped)
+		} else {
+			b.ipc.maps[mapped] = ms[:len(ms)-1]
+		}
+	}
 	b.ipc.mu.Unlock()
 	if m == nil {
 		return fmt.Errorf("stream: cuda IPCCloseMemHandle: %#x is not a mapping of this backend: %w", mapped, ErrInvalidArgument)

@@ -5,6 +5,8 @@
 // then run the whole same-host device path (exporting keys, mapping, copies on
 // streams, revocation) without a GPU, so CI exercises it. It counts handles made,
 // opened and closed, so tests can assert the cache's once-per-allocation promise.
+// IPCAllocation reports an allocation's real size for its mapping too, as CUDA does
+// for an opened handle, so a key claiming more than that is caught.
 package fakeipc
 
 /*
@@ -84,6 +86,24 @@ func (a *Alloc) Ptr() uintptr { return uintptr(a.ptr) }
 // Bytes views the memory.
 func (a *Alloc) Bytes() []byte { return unsafe.Slice((*byte)(a.ptr), a.size) }
 
+// Allocation is what the fake driver reports for a (IPCAllocation): its real base,
+// size and buffer id. A test playing a hostile peer claims another size in the
+// message it builds; the importer must hold that claim to this one.
+func (a *Alloc) Allocation() streamcore.IPCAllocation {
+	return streamcore.IPCAllocation{Base: uint64(uintptr(a.ptr)), Size: uint64(a.size), BufferID: a.id, LegacyIPC: true}
+}
+
+// Handle is the handle IPCGetMemHandle makes for a, without counting an export: for
+// tests that build a peer's IPC message themselves.
+func (a *Alloc) Handle() streamcore.IPCHandle { return handleOf(uintptr(a.ptr), a.id) }
+
+// Mapped is how many opens of the allocation at base are not closed yet.
+func Mapped(base uintptr) int {
+	mu.Lock()
+	defer mu.Unlock()
+	return mapping[base]
+}
+
 // Free releases the memory.
 func (a *Alloc) Free() {
 	mu.Lock()
@@ -121,10 +141,14 @@ func (d *Device) IPCGetMemHandle(base uintptr) (streamcore.IPCHandle, error) {
 		return streamcore.IPCHandle{}, fmt.Errorf("fakeipc: no allocation at %#x: %w", base, streamcore.ErrInvalidArgument)
 	}
 	counts.Exports++
+	return handleOf(base, a.id), nil
+}
+
+func handleOf(base uintptr, id uint64) streamcore.IPCHandle {
 	var h streamcore.IPCHandle
 	binary.LittleEndian.PutUint64(h[:], uint64(base))
-	binary.LittleEndian.PutUint64(h[8:], a.id)
-	return h, nil
+	binary.LittleEndian.PutUint64(h[8:], id)
+	return h
 }
 
 func (d *Device) IPCOpenMemHandle(h streamcore.IPCHandle) (uintptr, error) {
