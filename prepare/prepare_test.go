@@ -542,12 +542,7 @@ func hostGraphLaunches(t *testing.T, b stream.Backend, send, recv *prepare.Reque
 		_, err = send.PreadyNode(g, []condition.Node{produce}, p)
 		require.NoError(t, err)
 	}
-	exec, err := g.Instantiate()
-	require.NoError(t, err)
-	defer exec.Close()
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
+	exec, s := instantiateOn(t, g, b)
 	recvDone := make(chan error, 1)
 	go func() {
 		for i := 1; i <= launches; i++ {
@@ -679,15 +674,23 @@ func TestPreadyNodeForgedFailure(t *testing.T) {
 	g := graph.NewHost()
 	_, err = send.PreadyNode(g, nil, 0)
 	require.NoError(t, err)
-	exec, err := g.Instantiate()
-	require.NoError(t, err)
-	defer exec.Close()
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
+	exec, s := instantiateOn(t, g, b)
 	prepare.ForgeFailedFlag(send, 0)
 	require.NoError(t, exec.Launch(s))
 	err = s.Synchronize()
 	require.ErrorIs(t, err, ucp.ErrPeerFailed)
 	require.NotContains(t, err.Error(), "%!w")
+}
+
+// instantiateOn instantiates g and makes a stream of b to launch it on, both closed
+// with the test.
+func instantiateOn(t *testing.T, g *graph.Host, b stream.Backend) (*graph.HostExec, stream.Stream) {
+	t.Helper()
+	exec, err := g.Instantiate()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = exec.Close() })
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return exec, s
 }

@@ -57,27 +57,11 @@ func revokePullExport(t *testing.T, c *Context, alloc *fakeipc.Alloc) {
 	alloc.Free()
 }
 
-// pullModes runs f with the sender's revocations delivered directly and by message.
-func pullModes(t *testing.T, f func(t *testing.T)) {
-	for _, direct := range []bool{true, false} {
-		name := "messages"
-		if direct {
-			name = "direct"
-		}
-		t.Run(name, func(t *testing.T) {
-			old := revokeInProcess
-			revokeInProcess = direct
-			defer func() { revokeInProcess = old }()
-			f(t)
-		})
-	}
-}
-
 // A sender pulling from one allocation after another, each revoked once used, leaves
 // its receiver no key of them: revoked pull keys are destroyed, not kept until the
 // worker closes.
 func TestPullKeysOfRevokedAllocationsGo(t *testing.T) {
-	pullModes(t, func(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
 		const n, rounds = 8192, 24
 		p, ctx, _, _ := amPullPair(t, 64)
 		msgs := amInbox(t, p.b, 21)
@@ -87,12 +71,7 @@ func TestPullKeysOfRevokedAllocationsGo(t *testing.T) {
 			// A pulled active message, then a pulled tag message, of the allocation.
 			sr, err := p.epA.AmSendNbx(21, nil, DeviceBuffer(alloc.Ptr(), n), devParam)
 			require.NoError(t, err)
-			m := nextMessage(t, msgs)
-			host := make([]byte, n)
-			rr, err := m.RecvData(host, nil)
-			require.NoError(t, err)
-			require.NoError(t, rr.Wait(ctx))
-			require.NoError(t, sr.Wait(ctx))
+			host := recvPulledAM(t, ctx, sr, nextMessage(t, msgs), n)
 			require.Equal(t, pattern(n, int64(i)), host)
 			clear(host)
 			tr, err := p.b.TagRecvNbx(host, 22, MaxTag, nil)
@@ -111,7 +90,7 @@ func TestPullKeysOfRevokedAllocationsGo(t *testing.T) {
 // A key revoked while a pulled message that needs it is held stays until that message
 // is done with, then goes.
 func TestPullKeyRevokedInUseGoesAfterPull(t *testing.T) {
-	pullModes(t, func(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
 		const n = 4096
 		p, ctx, _, _ := amPullPair(t, 64)
 		msgs := amInbox(t, p.b, 23)
@@ -154,12 +133,7 @@ func TestPullKeysCapped(t *testing.T) {
 		t.Cleanup(alloc.Free)
 		copy(alloc.Bytes(), pattern(n, int64(i)))
 		sr, m := send(alloc)
-		host := make([]byte, n)
-		rr, err := m.RecvData(host, nil)
-		require.NoError(t, err)
-		require.NoError(t, rr.Wait(ctx))
-		require.NoError(t, sr.Wait(ctx))
-		require.Equal(t, pattern(n, int64(i)), host)
+		require.Equal(t, pattern(n, int64(i)), recvPulledAM(t, ctx, sr, m, n))
 		lookup, rkeys := pullKeysHeld(p.b)
 		require.LessOrEqual(t, lookup, maxPullKeys, "after %d allocations", i+1)
 		require.LessOrEqual(t, rkeys, maxPullKeys, "after %d allocations", i+1)
@@ -181,14 +155,8 @@ func TestPullKeysCapped(t *testing.T) {
 // the receiver makes its endpoints back itself.
 func pullSenders(t *testing.T) (ca *Context, wb *Worker, ctx context.Context) {
 	t.Helper()
-	dev := fakeipc.New(hostBackend(t), fakeUUID)
-	ca, err := NewContext(ContextParams{Device: dev})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ca.Close() })
-	cb, err := NewContext(ContextParams{Device: dev})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cb.Close() })
-	wb, err = cb.NewWorker(WorkerParams{})
+	ca, cb := fakeDeviceContexts(t)
+	wb, err := cb.NewWorker(WorkerParams{})
 	require.NoError(t, err)
 	t.Cleanup(background(wb))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -10,6 +10,11 @@ import (
 // revokeModes runs f with importers revoked directly (same process) and through the
 // message protocol (as between processes).
 func revokeModes(t *testing.T, f func(t *testing.T, p *pair)) {
+	inRevokeModes(t, func(t *testing.T) { pairs(t, f) })
+}
+
+// inRevokeModes runs f once with revocations delivered directly and once by message.
+func inRevokeModes(t *testing.T, f func(t *testing.T)) {
 	for _, direct := range []bool{true, false} {
 		name := "messages"
 		if direct {
@@ -19,7 +24,7 @@ func revokeModes(t *testing.T, f func(t *testing.T, p *pair)) {
 			old := revokeInProcess
 			revokeInProcess = direct
 			defer func() { revokeInProcess = old }()
-			pairs(t, f)
+			f(t)
 		})
 	}
 }

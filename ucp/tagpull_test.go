@@ -345,14 +345,8 @@ func TestTagPullOneWayTruncated(t *testing.T) {
 // context that ends with the test, and n bytes of fake device memory.
 func oneWayPair(t *testing.T, n int) (wa, wb *Worker, ep *Endpoint, ctx context.Context, src *fakeipc.Alloc) {
 	t.Helper()
-	dev := fakeipc.New(hostBackend(t), fakeUUID)
-	ca, err := NewContext(ContextParams{Device: dev})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ca.Close() })
-	cb, err := NewContext(ContextParams{Device: dev})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cb.Close() })
-	wa, err = ca.NewWorker(WorkerParams{})
+	ca, cb := fakeDeviceContexts(t)
+	wa, err := ca.NewWorker(WorkerParams{})
 	require.NoError(t, err)
 	wb, err = cb.NewWorker(WorkerParams{})
 	require.NoError(t, err)
@@ -367,6 +361,19 @@ func oneWayPair(t *testing.T, n int) (wa, wb *Worker, ep *Endpoint, ctx context.
 	src = fakeipc.Malloc(n)
 	t.Cleanup(src.Free)
 	return wa, wb, ep, ctx, src
+}
+
+// fakeDeviceContexts is two contexts sharing one fake device, closed with the test.
+func fakeDeviceContexts(t *testing.T) (ca, cb *Context) {
+	t.Helper()
+	dev := fakeipc.New(hostBackend(t), fakeUUID)
+	ca, err := NewContext(ContextParams{Device: dev})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ca.Close() })
+	cb, err = NewContext(ContextParams{Device: dev})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cb.Close() })
+	return ca, cb
 }
 
 // A flush does not wait for a pulled send's receiver (UCX's flushes do not wait for
@@ -484,7 +491,13 @@ func pullAMToHost(t *testing.T, ctx context.Context, ep *Endpoint, recv *Worker,
 	msgs := amInbox(t, recv, id)
 	sr, err := ep.AmSendNbx(id, nil, DeviceBuffer(src.Ptr(), n), devParam)
 	require.NoError(t, err)
-	m := nextMessage(t, msgs)
+	return recvPulledAM(t, ctx, sr, nextMessage(t, msgs), n)
+}
+
+// recvPulledAM receives pulled message m, of n bytes, into host memory and waits for
+// the receive and for sr, its send; it returns what arrived.
+func recvPulledAM(t *testing.T, ctx context.Context, sr *Request, m *AmMessage, n int) []byte {
+	t.Helper()
 	host := make([]byte, n)
 	rr, err := m.RecvData(host, nil)
 	require.NoError(t, err)
