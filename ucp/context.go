@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -361,6 +363,12 @@ func (c *Context) MemAlloc(length int) (*MemH, error) {
 	if length <= 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "allocate length %d", length)
 	}
+	// UCX's shared-memory allocator writes the whole length into its backing file to
+	// test for space, so a length beyond what the machine has fills memory until the
+	// kernel kills the process instead of failing: refuse it here.
+	if avail, ok := availableMemory(); ok && uint64(length) > avail {
+		return nil, opErr("mem_map", ErrNoMemory, "allocate length %d: the machine has %d bytes available", length, avail)
+	}
 	m := &MemH{ctx: c, memType: MemoryHost}
 	if err := c.mapInto(m, nil, length, true, MemoryHost); err != nil {
 		return nil, err
@@ -537,4 +545,25 @@ func newKeyID() uint64 {
 		panic(err)
 	}
 	return binary.LittleEndian.Uint64(b[:])
+}
+
+// availableMemory is the kernel's estimate of memory available for new allocations
+// (MemAvailable of /proc/meminfo); false where it cannot tell.
+func availableMemory() (uint64, bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, "MemAvailable:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		return kb << 10, true
+	}
+	return 0, false
 }

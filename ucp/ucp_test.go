@@ -440,6 +440,13 @@ func TestBadInputs(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidParam)
 	_, err = p.ctxA.MemAlloc(1 << 62) // absurd size
 	require.Error(t, err)
+	// More than the machine has: refused at the call, before UCX's allocator writes
+	// that much into shared memory (which filled the machine until the kernel killed
+	// the process).
+	if avail, ok := availableMemory(); ok {
+		_, err = p.ctxA.MemAlloc(int(avail + 1<<30))
+		require.ErrorIs(t, err, ErrNoMemory)
+	}
 	_, err = p.ctxA.MemMapPtr(0, 10, MemoryHost)
 	require.ErrorIs(t, err, ErrInvalidParam)
 	_, err = NewContext(ContextParams{EstimatedEndpoints: -5})
