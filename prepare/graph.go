@@ -37,11 +37,7 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 	if r == nil {
 		return nil, fmt.Errorf("pready node: nil request: %w", ErrInvalidParam)
 	}
-	if err := r.ensurePrepared(); err != nil {
-		return nil, err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	// Bad input fails before the prepare phase, which may wait for the peer.
 	switch {
 	case r.role != sender:
 		return nil, fmt.Errorf("pready node on a receive request: %w", ErrInvalidParam)
@@ -49,6 +45,13 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 		return nil, fmt.Errorf("pready node: partition %d of %d: %w", p, r.parts, ErrInvalidParam)
 	case g == nil || g.Kind() != r.backend.Kind():
 		return nil, fmt.Errorf("pready node: the graph is not of the request's backend: %w", ErrInvalidParam)
+	}
+	if err := r.ensurePrepared(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
 	case r.remote.bufKey.Device():
 		if !r.direct {
 			return nil, fmt.Errorf("pready node: a host buffer to the receiver's device buffer: use Pready or PreadyOnStream: %w", ErrUnsupported)

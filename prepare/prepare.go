@@ -424,9 +424,12 @@ func partRange(total, n, p int) (off, size int) {
 }
 
 // Start begins an iteration (MPI_Start). The first Start runs the prepare phase if
-// PrepareAll did not. A receiver's Start tells the sender, with one RDMA write, that
-// it may move every partition of this iteration. Start while the previous iteration
-// is incomplete (not yet seen done by Wait or Test) fails with ErrInvalidParam.
+// PrepareAll did not, and like a receive with no deadline it then waits until the
+// peer's matching request exists (a dead peer ends it with ErrPeerFailed); call
+// PrepareAll with a context first to bound that wait. A receiver's Start tells the
+// sender, with one RDMA write, that it may move every partition of this iteration.
+// Start while the previous iteration is incomplete (not yet seen done by Wait or
+// Test) fails with ErrInvalidParam.
 func (r *Request) Start() error {
 	if r == nil {
 		return fmt.Errorf("start: nil request: %w", ErrInvalidParam)
@@ -479,7 +482,7 @@ func (r *Request) Start() error {
 }
 
 // StartAll starts each request (MPI_Startall), after one prepare phase for all of
-// them if they were not prepared yet.
+// them if they were not prepared yet (which waits as Start's does).
 func StartAll(reqs ...*Request) error {
 	if err := PrepareAll(context.Background(), reqs...); err != nil {
 		return err

@@ -694,3 +694,33 @@ func instantiateOn(t *testing.T, g *graph.Host, b stream.Backend) (*graph.HostEx
 	t.Cleanup(func() { _ = s.Close() })
 	return exec, s
 }
+
+// PreadyNode checks its arguments before the prepare phase, which waits for a peer
+// that may never make its request: bad input fails at the call, not after the match.
+func TestPreadyNodeBadInputBeforePrepare(t *testing.T) {
+	l := shmLink(t)
+	b, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	defer b.Close()
+	send, err := prepare.PsendInit(l.s, make([]byte, 64), prepare.Params{Peer: l.toR, Tag: 0x54, Partitions: 4, Backend: b})
+	require.NoError(t, err)
+	defer send.Free()
+	done := make(chan error, 3)
+	go func() {
+		g := graph.NewHost()
+		_, err := send.PreadyNode(g, nil, 4)
+		done <- err
+		_, err = send.PreadyNode(g, nil, -1)
+		done <- err
+		_, err = send.PreadyNode(nil, nil, 0)
+		done <- err
+	}()
+	for range 3 {
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, ucp.ErrInvalidParam)
+		case <-time.After(20 * time.Second):
+			t.Fatal("PreadyNode with a bad argument waited for the peer")
+		}
+	}
+}
