@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/internal/testenv"
+
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -292,6 +294,7 @@ func TestCallersWorker(t *testing.T) {
 // The handles a failed Join returns are nil; their methods answer ErrInvalidParam (or a
 // zero value) instead of crashing.
 func TestNilJobAndStore(t *testing.T) {
+	testenv.NilMethods(t, (*Job)(nil), (*Store)(nil))
 	var j *Job
 	ctx := context.Background()
 	require.Nil(t, j.Worker())

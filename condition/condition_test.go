@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/internal/testenv"
+
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -162,6 +164,7 @@ func TestNilCondition(t *testing.T) {
 	require.ErrorIs(t, c.EndGroup(), ErrInvalidParam)
 	require.ErrorIs(t, c.RecordEvent(nil), ErrInvalidParam)
 	require.ErrorIs(t, c.Destroy(), ErrInvalidParam)
+	testenv.NilMethods(t, (*Condition)(nil), (*Chain)(nil))
 }
 
 // A nil Chain answers ErrInvalidParam (or zero values) too.

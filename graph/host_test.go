@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/internal/testenv"
+
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
@@ -247,6 +249,7 @@ func TestNilHostExec(t *testing.T) {
 	require.ErrorIs(t, x.Launch(hostStream(t)), graph.ErrInvalidParam)
 	require.Zero(t, x.InFlight())
 	require.ErrorIs(t, x.Close(), graph.ErrInvalidParam)
+	testenv.NilMethods(t, (*graph.Host)(nil), (*graph.HostExec)(nil))
 }
 
 // A nil *Host (a typed nil behind condition.GraphBuilder too) answers ErrInvalidParam.

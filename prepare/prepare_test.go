@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/internal/testenv"
+
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/prepare"
@@ -600,6 +602,7 @@ func onStreamIterations(ctx context.Context, t *testing.T, send, recv *prepare.R
 // The Request of a failed PsendInit or PrecvInit is nil: its methods report that
 // instead of crashing.
 func TestNilRequestMethods(t *testing.T) {
+	testenv.NilMethods(t, (*prepare.Request)(nil))
 	var r *prepare.Request
 	require.Nil(t, r.Worker())
 	require.Zero(t, r.Partitions())

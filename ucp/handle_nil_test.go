@@ -2,14 +2,14 @@ package ucp
 
 import (
 	"context"
-	"fmt"
-	"reflect"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/internal/testenv"
 	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream"
 )
 
 // The handle a failed call returns is nil: its methods report that instead of crashing.
@@ -174,38 +174,30 @@ func TestNilConnRequest(t *testing.T) {
 // TestNilHandleMethods calls every exported method of the handle types on a nil
 // receiver with zero arguments: a method added without a nil guard fails here.
 func TestNilHandleMethods(t *testing.T) {
-	for _, h := range []any{
-		(*Context)(nil), (*Worker)(nil), (*Endpoint)(nil), (*MemH)(nil),
-		(*Rkey)(nil), (*Listener)(nil), (*Signals)(nil), (*ConnRequest)(nil),
-	} {
-		typ := reflect.TypeOf(h)
-		require.NotZero(t, typ.NumMethod(), typ)
-		for i := 0; i < typ.NumMethod(); i++ {
-			m := typ.Method(i)
-			t.Run(typ.Elem().Name()+"."+m.Name, func(t *testing.T) {
-				ft := m.Func.Type()
-				nin := ft.NumIn()
-				if ft.IsVariadic() {
-					nin--
-				}
-				args := []reflect.Value{reflect.Zero(typ)}
-				for j := 1; j < nin; j++ {
-					args = append(args, reflect.Zero(ft.In(j)))
-				}
-				done := make(chan any, 1)
-				go func() {
-					defer func() { done <- recover() }()
-					m.Func.Call(args)
-				}()
-				select {
-				case p := <-done:
-					if p != nil {
-						t.Fatalf("(%v)(nil).%s panicked: %v", typ, m.Name, fmt.Sprint(p))
-					}
-				case <-time.After(5 * time.Second):
-					t.Fatalf("(%v)(nil).%s did not return within 5s", typ, m.Name)
-				}
-			})
-		}
-	}
+	testenv.NilMethods(t, (*Context)(nil), (*Worker)(nil), (*Endpoint)(nil), (*Request)(nil),
+		(*MemH)(nil), (*Rkey)(nil), (*Listener)(nil), (*Signals)(nil), (*ConnRequest)(nil))
+}
+
+// The Request of a failed call is nil: its methods report that instead of crashing.
+func TestNilRequest(t *testing.T) {
+	var r *Request
+	require.False(t, r.Done())
+	require.ErrorIs(t, r.Err(), ErrInvalidParam)
+	require.Zero(t, r.Length())
+	require.Zero(t, r.SenderTag())
+	require.Zero(t, r.Fetched())
+	done, err := r.Test()
+	require.False(t, done)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.ErrorIs(t, r.Wait(context.Background()), ErrInvalidParam)
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	require.ErrorIs(t, r.WaitOnStream(s), ErrInvalidParam)
+	ev, err := b.NewEvent()
+	require.NoError(t, err)
+	require.ErrorIs(t, r.RecordEvent(ev), ErrInvalidParam)
+	r.Cancel()
 }

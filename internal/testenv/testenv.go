@@ -1,7 +1,8 @@
 // Package testenv holds what ucpx's tests share about the machine they run on: the
 // rule that decides whether a GPU test skips or fails (RequireGPU, SkipOrFail) and
 // the fake CUDA driver (a CPU emulation of the driver API, built from C source with
-// the system compiler) that exercises the CUDA code paths where there is no GPU.
+// the system compiler) that exercises the CUDA code paths where there is no GPU, and
+// NilMethods, the check that every method of a handle type answers a nil receiver.
 //
 // It imports only cgo/cuda, so the internal tests of every package above cgo/cuda
 // (stream's, for one) can use it; helpers that need the stream package live in
