@@ -2,7 +2,6 @@ package ucp
 
 import (
 	"encoding/binary"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -299,11 +298,8 @@ func (ep *Endpoint) pulledRange(packed []byte, ref *pullRef) (*Rkey, error) {
 // allocations would otherwise grow them without end. A variable: tests lower it.
 var maxPullKeys = 256
 
-// pullKeyClock orders pull keys' uses, for eviction.
-var pullKeyClock atomic.Uint64
-
 // pullKey is an Rkey unpacked for pulls from an endpoint's peer (ep.pullKeys by packed
-// bytes, w.pullRkeys by Rkey; under w.mu). Nobody else holds it, so it is destroyed
+// bytes, and Rkey.pull; under w.mu). Nobody else holds it, so it is destroyed
 // once it is dead (revoked and flushed, evicted, its endpoint closed) and no pull in
 // flight uses it.
 type pullKey struct {
@@ -311,13 +307,14 @@ type pullKey struct {
 	rk     *Rkey
 	packed string
 	uses   int    // pulls in flight holding rk
-	used   uint64 // pullKeyClock at the last use
+	used   uint64 // ep.pullUses at the last use (eviction takes the oldest)
 	dead   bool
 }
 
 func (pk *pullKey) useLocked() {
 	pk.uses++
-	pk.used = pullKeyClock.Add(1)
+	pk.ep.pullUses++
+	pk.used = pk.ep.pullUses
 }
 
 // doneLocked ends a pull's use of the key; the last use of a dead one destroys it.
@@ -338,8 +335,7 @@ func (pk *pullKey) retireLocked() {
 	if pk.uses > 0 {
 		return
 	}
-	w := pk.ep.w
-	delete(w.pullRkeys, pk.rk)
+	pk.rk.pull = nil
 	if !pk.rk.closed { // the worker's Close destroys every key
 		pk.rk.destroyLocked()
 		pk.rk.releasedLocked()
@@ -394,13 +390,10 @@ func (ep *Endpoint) pulledKey(packed []byte) (*pullKey, error) {
 	if ep.pullKeys == nil {
 		ep.pullKeys = map[string]*pullKey{}
 	}
-	if w.pullRkeys == nil {
-		w.pullRkeys = map[*Rkey]*pullKey{}
-	}
 	pk = &pullKey{ep: ep, rk: rk, packed: string(packed)}
 	pk.useLocked()
 	ep.pullKeys[pk.packed] = pk
-	w.pullRkeys[rk] = pk
+	rk.pull = pk
 	w.unlockDeferred()
 	return pk, nil
 }
@@ -447,8 +440,8 @@ func (ep *Endpoint) dropPullKeysLocked() {
 // can use them again). Caller holds w.mu.
 func (w *Worker) settlePullKeysLocked(rks []*Rkey) {
 	for _, rk := range rks {
-		if pk := w.pullRkeys[rk]; pk != nil {
-			pk.retireLocked()
+		if rk.pull != nil {
+			rk.pull.retireLocked()
 		}
 	}
 }

@@ -52,6 +52,7 @@ type Endpoint struct {
 	source    uint64    // the peer's source id (unmatched.go), when peerKnown
 	// pullKeys: the peer's keys of pulled messages, unpacked (ampull.go; under w.mu).
 	pullKeys map[string]*pullKey
+	pullUses uint64 // uses of its pull keys so far (ampull.go; under w.mu)
 	// internal: made by the worker itself to answer pulls (tagpull.go): nobody else
 	// can close it.
 	internal bool
@@ -240,15 +241,25 @@ func (w *Worker) ConnectAddress(addr []byte, p *EndpointParams) (*Endpoint, erro
 		w.mu.Unlock()
 		return nil, opErr("ep_create", ErrClosed, "")
 	}
-	raw, st := w.raw.ConnectAddress(peer.addr, p == nil || !p.NoPeerErrorHandling)
-	if err := statusErr(st); err != nil {
-		w.mu.Unlock()
-		return nil, opErr("ep_create", err, "worker address")
-	}
-	ep := w.addEndpointLocked(raw, p, "worker-address", &peer)
+	ep, err := w.connectLocked(&peer, p, "worker-address", "worker address")
 	w.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	ep.startWatch()
 	return ep, nil
+}
+
+// connectLocked makes an endpoint to peer (an opened sealed address), named name; what
+// says whose address it is in errors. The caller holds w.mu, has checked that the
+// worker is open, and starts the endpoint's watch once it let go (startWatch takes
+// w.mu).
+func (w *Worker) connectLocked(peer *peerInfo, p *EndpointParams, name, what string) (*Endpoint, error) {
+	raw, st := w.raw.ConnectAddress(peer.addr, p == nil || !p.NoPeerErrorHandling)
+	if err := statusErr(st); err != nil {
+		return nil, opErr("ep_create", err, "%s", what)
+	}
+	return w.addEndpointLocked(raw, p, name, peer), nil
 }
 
 // usableLocked returns the error an operation on ep must fail with, if any.
@@ -321,9 +332,14 @@ func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
 	if ep == nil {
 		return nil, opErr("ep_close_nbx", ErrInvalidParam, "nil endpoint")
 	}
+	ep.w.mu.Lock()
+	defer ep.w.mu.Unlock()
+	return ep.closeNbxLocked(force)
+}
+
+// closeNbxLocked is CloseNbx with w.mu held.
+func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 	w := ep.w
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if ep.closed || w.closed.Load() {
 		return nil, opErr("ep_close_nbx", ErrClosed, "%s", ep)
 	}

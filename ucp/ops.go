@@ -509,6 +509,8 @@ type Rkey struct {
 	exporter [idLen]byte
 	keyID    uint64
 	revoked  bool
+	// pull: the entry of a key unpacked for pulls (ampull.go; under ep.w.mu).
+	pull *pullKey
 }
 
 // UnpackRkey unpacks a remote key produced by the peer's MemH.PackRkey. Bytes that are

@@ -216,7 +216,7 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 			if rk.ipc != nil || rk.shared != nil {
 				mapped = append(mapped, rk)
 			}
-			if w.pullRkeys[rk] != nil {
+			if rk.pull != nil {
 				pulls = append(pulls, rk)
 			}
 		}

@@ -252,11 +252,10 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64)
 		}
 		return nil, opErr("pull", ErrExceedsLimit, "%d endpoints made for pulls already", n)
 	}
-	raw, st := w.raw.ConnectAddress(peer.addr, true)
-	if err := statusErr(st); err != nil {
-		return nil, opErr("ep_create", err, "pull sender's address")
+	ep, err := w.connectLocked(&peer, nil, "pull-sender", "pull sender's address")
+	if err != nil {
+		return nil, err
 	}
-	ep := w.addEndpointLocked(raw, nil, "pull-sender", &peer)
 	ep.internal = true
 	// Nobody else holds it: closed (and forgotten) once its peer fails.
 	ep.failureHooks = append(ep.failureHooks, func(ep *Endpoint, _ error) {
@@ -301,15 +300,12 @@ func (w *Worker) peerGoneLocked(peer [idLen]byte) bool {
 // failed pull, on an endpoint made for that one message and closed (flushed) behind
 // it. Caller holds w.mu.
 func (w *Worker) answerRefusedLocked(peer *peerInfo, op uint64) {
-	raw, st := w.raw.ConnectAddress(peer.addr, true)
-	if statusErr(st) != nil {
+	ep, err := w.connectLocked(peer, nil, "pull-refused", "pull sender's address")
+	if err != nil {
 		return
 	}
-	ep := w.addEndpointLocked(raw, nil, "pull-refused", peer)
 	ep.sendControlLocked(ctlPulled, op)
-	ep.markClosedLocked()
-	ep.rawClosed = true
-	_, _ = w.postLocked("ep_close_nbx", w.raw.Close(ep.raw, false), &defaultParam, nil)
+	_, _ = ep.closeNbxLocked(false)
 }
 
 // pullRecv copies a pulled message into r's buffer (or the device memory it stands

@@ -76,9 +76,8 @@ type Worker struct {
 	pullsIn   []pullIn
 	truncOwed []truncAnswer
 	pullAddr  []byte // this worker's sealed address, for pull descriptors
-	// pullRkeys: the keys of pulls by Rkey (ampull.go); gonePeers: identities whose
-	// internal endpoint failed and was closed, for revocation (tagpull.go; under mu).
-	pullRkeys map[*Rkey]*pullKey
+	// gonePeers: identities whose internal endpoint failed and was closed, for
+	// revocation (tagpull.go; under mu).
 	gonePeers [][idLen]byte
 
 	efd      int           // -1 without wakeup
