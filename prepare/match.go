@@ -322,19 +322,18 @@ const (
 	maxEarlyBytes = 16 << 20
 )
 
-// keepEarlyLocked keeps h for the request k names until it is made, within the bounds;
-// it reports whether h was kept. Caller holds g.mu.
-func (g *registry) keepEarlyLocked(k matchKey, h handshake) bool {
+// keepEarlyLocked keeps h for the request k names until it is made, within the bounds
+// (past them h is dropped). Caller holds g.mu.
+func (g *registry) keepEarlyLocked(k matchKey, h handshake) {
 	if old, ok := g.early[k]; ok {
 		delete(g.early, k)
 		g.earlyBytes -= old.size()
 	}
 	if len(g.early) >= maxEarly || g.earlyBytes+h.size() > maxEarlyBytes {
-		return false
+		return
 	}
 	g.early[k] = h
 	g.earlyBytes += h.size()
-	return true
 }
 
 // onHandshake takes the peer's handshake.

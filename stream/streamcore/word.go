@@ -128,8 +128,7 @@ type Driver interface {
 // Follower is a Driver that starts a host graph's communication node itself when the
 // node it alone depends on completes (package condition's engine): the successor's
 // trigger is stored and its operation issued in the round that completes the first,
-// with no trip through the launch (graph.Host uses it; issue 18's "host graphs use
-// chains").
+// with no trip through the launch (graph.Host uses it).
 type Follower interface {
 	// Follow arranges that the next completion of the operation whose completion word
 	// is done stores 1 into trigger, and starts what trigger starts, before done is
