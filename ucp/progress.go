@@ -27,12 +27,22 @@ func (w *Worker) startProgressThread() {
 }
 
 func (w *Worker) runProgressThread(t *progressThread) {
-	defer close(t.exited)
+	// The stop watcher ends before exited closes, so a closed worker leaves no
+	// goroutine of its own behind.
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	watcherDone := make(chan struct{})
 	go func() {
-		<-t.stop
+		defer close(watcherDone)
+		select {
+		case <-t.stop:
+		case <-ctx.Done():
+		}
 		cancel()
+	}()
+	defer func() {
+		cancel()
+		<-watcherDone
+		close(t.exited)
 	}()
 	idle := 0
 	var idleSince time.Duration

@@ -181,8 +181,18 @@ func TestProgressThreadServesTarget(t *testing.T) {
 	}
 	// Close stops it.
 	require.NoError(t, p.b.Close())
-	buf := make([]byte, 1<<20)
-	require.NotContains(t, string(buf[:runtime.Stack(buf, true)]), "runProgressThread")
+	// Close waits for the thread and its stop watcher; the runtime may still be
+	// unwinding the last of them when the stacks are read, so allow it a moment.
+	deadline = time.Now().Add(2 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		if !strings.Contains(stacks, "runProgressThread") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "progress thread outlived Close:\n%s", stacks)
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // The progress thread counts UCX's own progress as activity: while a peer's emulated
