@@ -154,9 +154,16 @@ type Condition struct {
 	retired  atomic.Uint64 // last sequence number retired (mirrors the completion word)
 	errMu    sync.Mutex
 	firstErr error
-	// failed keeps the errors of the latest failed operations by sequence number
-	// (under errMu), for StatusAt.
-	failed map[uint64]error
+	// failed keeps the errors of failed operations among the latest maxFailedKept
+	// sequence numbers, at seq % maxFailedKept (under errMu), for StatusAt. Made at the
+	// first failure.
+	failed *[maxFailedKept]failedOp
+}
+
+// failedOp is one entry of Condition.failed.
+type failedOp struct {
+	seq uint64
+	err error
 }
 
 // nextID numbers conditions (their trace tracks).
@@ -360,18 +367,14 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 func (c *Condition) retire(seq uint64, err error) {
 	if err != nil {
 		c.errMu.Lock()
-		c.recordErrLocked(err, fmt.Sprintf("operation %d", seq))
+		if c.firstErr == nil {
+			c.recordErrLocked(err, fmt.Sprintf("operation %d", seq))
+		}
 		if c.failed == nil {
-			c.failed = map[uint64]error{}
+			c.failed = new([maxFailedKept]failedOp)
 		}
-		if len(c.failed) >= maxFailedKept {
-			for k := range c.failed {
-				if k < seq-maxFailedKept {
-					delete(c.failed, k)
-				}
-			}
-		}
-		c.failed[seq] = err
+		// O(1) however many fail: a dead peer fails every queued operation at once.
+		c.failed[seq%maxFailedKept] = failedOp{seq: seq, err: err}
 		c.errMu.Unlock()
 		c.status.Store(seq) // before done: a waiter that sees done sees the status
 	}
@@ -439,7 +442,13 @@ func (c *Condition) StatusAt(seq uint64) (done bool, err error) {
 	}
 	c.errMu.Lock()
 	defer c.errMu.Unlock()
-	return true, c.failed[seq]
+	if c.failed == nil {
+		return true, nil
+	}
+	if f := c.failed[seq%maxFailedKept]; f.seq == seq {
+		return true, f.err
+	}
+	return true, nil
 }
 
 // Pending is the number of operations armed but not retired.

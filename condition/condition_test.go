@@ -2,6 +2,7 @@ package condition
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -180,4 +181,60 @@ func TestNilChain(t *testing.T) {
 	require.NoError(t, c.Err())
 	require.Nil(t, c.IterationTimes())
 	require.ErrorIs(t, c.Destroy(), ErrInvalidParam)
+}
+
+// StatusAt tells each of the latest maxFailedKept operations' outcomes apart, however
+// many failed before them (a dead peer fails every queued operation at once).
+func TestStatusAtAfterManyFailures(t *testing.T) {
+	c, err := Create(Param{Category: KernelTriggered, Backend: backend(t)})
+	require.NoError(t, err)
+	const n = 3*maxFailedKept + 17
+	errs := make([]error, n+1)
+	for i := 1; i <= n; i++ {
+		seq, err := c.arm(false, streamWork{}, func(uint64) {})
+		require.NoError(t, err)
+		require.Equal(t, uint64(i), seq)
+	}
+	for seq := uint64(1); seq <= n; seq++ {
+		if seq%3 != 0 { // two of three fail, each with its own error
+			errs[seq] = fmt.Errorf("operation %d: %w", seq, errTest)
+		}
+		c.retire(seq, errs[seq])
+	}
+	for seq := uint64(n - maxFailedKept + 1); seq <= n; seq++ {
+		done, err := c.StatusAt(seq)
+		require.True(t, done)
+		require.Equal(t, errs[seq], err, "operation %d", seq)
+	}
+	done, err := c.StatusAt(n + 1)
+	require.False(t, done)
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Err(), errTest)
+	require.Contains(t, c.Err().Error(), "operation 1:")
+	require.NoError(t, c.Destroy())
+}
+
+// BenchmarkRetireFailed is the cost of retiring one failed operation once the
+// condition remembers maxFailedKept failures.
+func BenchmarkRetireFailed(b *testing.B) {
+	bk := stream.NewHostBackend()
+	defer bk.Close()
+	c, err := Create(Param{Category: KernelTriggered, Backend: bk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < maxFailedKept+b.N; i++ {
+		if _, err := c.arm(false, streamWork{}, func(uint64) {}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	seq := uint64(0)
+	for ; seq < maxFailedKept; seq++ {
+		c.retire(seq+1, errTest)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		seq++
+		c.retire(seq, errTest)
+	}
 }
