@@ -172,6 +172,9 @@ func (s *Store) Set(ctx context.Context, key string, value []byte) error {
 	if s == nil {
 		return fmt.Errorf("bootstrap: store set: nil store: %w", ErrInvalidParam)
 	}
+	if ctx == nil {
+		return fmt.Errorf("bootstrap: store set: nil context: %w", ErrInvalidParam)
+	}
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -187,6 +190,9 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	if s == nil {
 		return nil, fmt.Errorf("bootstrap: store get: nil store: %w", ErrInvalidParam)
 	}
+	if ctx == nil {
+		return nil, fmt.Errorf("bootstrap: store get: nil context: %w", ErrInvalidParam)
+	}
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -197,6 +203,9 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 func (s *Store) Wait(ctx context.Context, key string) ([]byte, error) {
 	if s == nil {
 		return nil, fmt.Errorf("bootstrap: store wait: nil store: %w", ErrInvalidParam)
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("bootstrap: store wait: nil context: %w", ErrInvalidParam)
 	}
 	if err := checkKey(key); err != nil {
 		return nil, err

@@ -123,6 +123,9 @@ func FromEnv(ctx context.Context, opts *Options) (*Job, error) {
 // DefaultTimeout without a deadline). No endpoint is created here: Endpoint(r) makes
 // the one to rank r when first asked.
 func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("bootstrap: new: nil context: %w", ErrInvalidParam)
+	}
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -247,6 +250,9 @@ func (j *Job) Store() *Store {
 func (j *Job) Barrier(ctx context.Context) error {
 	if j == nil {
 		return errNilJob("barrier")
+	}
+	if ctx == nil {
+		return fmt.Errorf("bootstrap: barrier: nil context: %w", ErrInvalidParam)
 	}
 	j.mu.Lock()
 	if j.closed {

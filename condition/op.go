@@ -351,6 +351,9 @@ func (o *Op) Test() (bool, error) {
 // progress (no thread hop on the latency path), then blocks until the engine's
 // goroutine completes the operation.
 func (o *Op) Wait(ctx context.Context) error {
+	if o == nil || ctx == nil {
+		return fmt.Errorf("wait: nil Op or context: %w", ErrInvalidParam)
+	}
 	idle, drove := 0, false
 	for idle < 4096 {
 		// finished, not done: a waiter that returns must see the condition's

@@ -268,3 +268,31 @@ func TestNilHost(t *testing.T) {
 	_, err = condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: g})
 	require.ErrorIs(t, err, graph.ErrInvalidParam)
 }
+
+// A host graph, its executable, a node and a Graph condition answer zero arguments
+// with errors, open and closed.
+func TestHandlesTakeZeroArguments(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		b := stream.NewHostBackend()
+		g := graph.NewHost()
+		n, err := g.AddEmpty(nil)
+		require.NoError(t, err)
+		_, err = g.AddTask([]condition.Node{n}, func() error { return nil })
+		require.NoError(t, err)
+		c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: g})
+		require.NoError(t, err)
+		x, err := g.Instantiate()
+		require.NoError(t, err)
+		handles := []any{g, x, n, c}
+		if !closed {
+			testenv.ZeroArgs(t, map[string]bool{"Close": true, "Destroy": true}, handles...)
+		}
+		require.NoError(t, x.Close())
+		require.NoError(t, c.Destroy())
+		require.NoError(t, g.Close())
+		require.NoError(t, b.Close())
+		if closed {
+			testenv.ZeroArgs(t, nil, handles...)
+		}
+	}
+}

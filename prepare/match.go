@@ -442,6 +442,9 @@ func (r *Request) receiverWordsLocked() error {
 // PrepareAll (or Start) too. It is idempotent; it returns when all are prepared, ctx
 // ends, or a peer fails.
 func PrepareAll(ctx context.Context, reqs ...*Request) error {
+	if ctx == nil {
+		return fmt.Errorf("prepare all: nil context: %w", ErrInvalidParam)
+	}
 	for _, r := range reqs {
 		if r == nil {
 			return fmt.Errorf("prepare all: nil request: %w", ErrInvalidParam)

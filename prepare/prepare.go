@@ -964,6 +964,9 @@ func (r *Request) Wait(ctx context.Context) error {
 	if r == nil {
 		return fmt.Errorf("wait: nil request: %w", ErrInvalidParam)
 	}
+	if ctx == nil {
+		return fmt.Errorf("wait: nil context: %w", ErrInvalidParam)
+	}
 	start := time.Now()
 	for i := 0; ; i++ {
 		done, err := r.Test()

@@ -727,3 +727,21 @@ func TestPreadyNodeBadInputBeforePrepare(t *testing.T) {
 		}
 	}
 }
+
+// A prepared request answers zero arguments (nil streams, graphs, contexts, lists) with
+// errors before its first Start, while started and once freed.
+func TestRequestTakesZeroArguments(t *testing.T) {
+	for _, stage := range []string{"fresh", "started", "freed"} {
+		l := shmLink(t)
+		send, recv, _, _ := pair(t, l, 4096, 4, 4, 7)
+		switch stage {
+		case "started":
+			require.NoError(t, prepare.StartAll(send, recv))
+		case "freed":
+			require.NoError(t, send.Free())
+			require.NoError(t, recv.Free())
+		}
+		skip := map[string]bool{"Free": stage != "freed"}
+		testenv.ZeroArgs(t, skip, send, recv)
+	}
+}

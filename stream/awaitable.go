@@ -84,8 +84,15 @@ func joinClose(err error, close func() error) error {
 	return err
 }
 
+func errNilAwaitable(method string) error {
+	return fmt.Errorf("stream: Awaitable.%s: nil Awaitable: %w", method, ErrInvalidArgument)
+}
+
 // Ready reports, without blocking, whether the copy is done (and its error).
 func (a *Awaitable) Ready() (bool, error) {
+	if a == nil {
+		return false, errNilAwaitable("Ready")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.pollLocked()
@@ -115,6 +122,12 @@ func (a *Awaitable) pollLocked() (bool, error) {
 // stays in flight). It polls the event: a spin first (a small copy is done within
 // microseconds), then sleeps growing to a millisecond, so a long wait costs no core.
 func (a *Awaitable) Wait(ctx context.Context) error {
+	if a == nil {
+		return errNilAwaitable("Wait")
+	}
+	if ctx == nil {
+		return fmt.Errorf("stream: Awaitable.Wait: nil context: %w", ErrInvalidArgument)
+	}
 	pause := time.Duration(0)
 	for spins := 0; ; spins++ {
 		a.mu.Lock()
@@ -144,6 +157,9 @@ func (a *Awaitable) Wait(ctx context.Context) error {
 // Bytes waits for the copy (as Wait with no deadline) and returns the n bytes at dst.
 // The slice aliases dst: it is valid as long as dst is.
 func (a *Awaitable) Bytes() ([]byte, error) {
+	if a == nil {
+		return nil, errNilAwaitable("Bytes")
+	}
 	if err := a.Wait(context.Background()); err != nil {
 		return nil, err
 	}
@@ -157,6 +173,9 @@ func (a *Awaitable) Bytes() ([]byte, error) {
 // Close releases the event of a copy never waited for; the copy itself still runs.
 // After Wait or Ready saw the copy done it does nothing. A second Close returns ErrClosed.
 func (a *Awaitable) Close() error {
+	if a == nil {
+		return errNilAwaitable("Close")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.done {

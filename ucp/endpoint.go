@@ -139,6 +139,9 @@ func (w *Worker) Connect(ctx context.Context, addr string, p *EndpointParams) (*
 	if w == nil {
 		return nil, opErr("ep_create", ErrInvalidParam, "nil worker")
 	}
+	if ctx == nil {
+		return nil, opErr("ep_create", ErrInvalidParam, "nil context")
+	}
 	ip, port, err := resolveTCP(addr)
 	if err != nil {
 		return nil, opErr("ep_create", err, "connect %s", addr)

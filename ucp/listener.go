@@ -231,6 +231,9 @@ func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, er
 	if l == nil {
 		return nil, opErr("listener_accept", ErrInvalidParam, "nil listener")
 	}
+	if ctx == nil {
+		return nil, opErr("listener_accept", ErrInvalidParam, "nil context")
+	}
 	w := l.w
 	for {
 		w.mu.Lock()

@@ -222,6 +222,9 @@ func (r *Request) Wait(ctx context.Context) error {
 	if r == nil {
 		return opErr("wait", ErrInvalidParam, "nil request")
 	}
+	if ctx == nil {
+		return opErr("wait", ErrInvalidParam, "nil context")
+	}
 	if r.cop != nil {
 		return r.cop.Wait(ctx)
 	}

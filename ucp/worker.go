@@ -350,6 +350,9 @@ func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error
 	if w == nil {
 		return opErr("worker_wait", ErrInvalidParam, "nil worker")
 	}
+	if ctx == nil {
+		return opErr("worker_wait", ErrInvalidParam, "nil context")
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -49,3 +49,47 @@ func NilMethods(t *testing.T, handles ...any) {
 		}
 	}
 }
+
+// ZeroArgs calls every exported method of each live handle with zero arguments (nil
+// slices, nil pointers, nil contexts, zero numbers; the variadic ones left out), except
+// the methods named in skip, and fails the test if one panics or does not return
+// within 5 s: bad input gets an error at the call. Run it on open handles and again
+// once they are closed.
+func ZeroArgs(t *testing.T, skip map[string]bool, handles ...any) {
+	t.Helper()
+	for _, h := range handles {
+		typ := reflect.TypeOf(h)
+		if typ == nil || typ.Kind() != reflect.Pointer || reflect.ValueOf(h).IsNil() {
+			t.Fatalf("ZeroArgs takes non-nil pointers, got %#v", h)
+		}
+		recv := reflect.ValueOf(h)
+		for i := 0; i < typ.NumMethod(); i++ {
+			m := typ.Method(i)
+			if skip[m.Name] {
+				continue
+			}
+			ft := m.Func.Type()
+			nin := ft.NumIn()
+			if ft.IsVariadic() {
+				nin--
+			}
+			args := []reflect.Value{recv}
+			for j := 1; j < nin; j++ {
+				args = append(args, reflect.Zero(ft.In(j)))
+			}
+			done := make(chan any, 1)
+			go func() {
+				defer func() { done <- recover() }()
+				m.Func.Call(args)
+			}()
+			select {
+			case p := <-done:
+				if p != nil {
+					t.Errorf("(%v).%s with zero arguments panicked: %v", typ, m.Name, p)
+				}
+			case <-time.After(5 * time.Second):
+				t.Errorf("(%v).%s with zero arguments did not return within 5s", typ, m.Name)
+			}
+		}
+	}
+}

@@ -25,8 +25,13 @@ type Word struct {
 	block  *WordBlock
 }
 
-// Load reads the word with acquire ordering.
+// Load reads the word with acquire ordering. A nil Word (WordBlock.Word of an index
+// out of range) reads 0 and ignores Store, Add and CompareAndSwap; the stream calls
+// that take a Word refuse it with ErrInvalidArgument.
 func (w *Word) Load() uint64 {
+	if w == nil {
+		return 0
+	}
 	v := atomic.LoadUint64(w.host)
 	w.raceAcquire()
 	return v
@@ -34,12 +39,18 @@ func (w *Word) Load() uint64 {
 
 // Store writes the word with release ordering.
 func (w *Word) Store(v uint64) {
+	if w == nil {
+		return
+	}
 	w.raceRelease()
 	atomic.StoreUint64(w.host, v)
 }
 
 // Add adds delta and returns the new value.
 func (w *Word) Add(delta uint64) uint64 {
+	if w == nil {
+		return 0
+	}
 	w.raceRelease()
 	v := atomic.AddUint64(w.host, delta)
 	w.raceAcquire()
@@ -48,6 +59,9 @@ func (w *Word) Add(delta uint64) uint64 {
 
 // CompareAndSwap is an atomic compare-and-swap on the word.
 func (w *Word) CompareAndSwap(old, new uint64) bool {
+	if w == nil {
+		return false
+	}
 	w.raceRelease()
 	swapped := atomic.CompareAndSwapUint64(w.host, old, new)
 	w.raceAcquire()
@@ -55,18 +69,41 @@ func (w *Word) CompareAndSwap(old, new uint64) bool {
 }
 
 // HostPtr is the CPU address of the word.
-func (w *Word) HostPtr() uintptr { return uintptr(unsafe.Pointer(w.host)) }
+func (w *Word) HostPtr() uintptr {
+	if w == nil {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(w.host))
+}
 
 // DevicePtr is the GPU address of the word, 0 on host backends.
-func (w *Word) DevicePtr() uintptr { return w.device }
+func (w *Word) DevicePtr() uintptr {
+	if w == nil {
+		return 0
+	}
+	return w.device
+}
 
 // Block is the block the word was allocated in.
-func (w *Word) Block() *WordBlock { return w.block }
+func (w *Word) Block() *WordBlock {
+	if w == nil {
+		return nil
+	}
+	return w.block
+}
 
 // Kind reports the backend the word belongs to.
-func (w *Word) Kind() Kind { return w.block.kind }
+func (w *Word) Kind() Kind {
+	if w == nil || w.block == nil {
+		return 0
+	}
+	return w.block.kind
+}
 
 func (w *Word) String() string {
+	if w == nil || w.block == nil {
+		return "Word(nil)"
+	}
 	return fmt.Sprintf("Word(%s host=%#x dev=%#x)", w.block.kind, w.HostPtr(), w.device)
 }
 
@@ -84,9 +121,15 @@ type WordBlock struct {
 	doorbell func() error // CUDA: see Ring; nil on host blocks. Set by NewWordBlock only.
 }
 
+// closedChan is what Changed gives for a nil block.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // Changed returns a channel closed at the next Notify. Take it before checking the
 // words, then wait on it: a Notify in between is not lost.
 func (b *WordBlock) Changed() <-chan struct{} {
+	if b == nil {
+		return closedChan // nothing to wait for: a waiter looks again at once
+	}
 	b.changeMu.Lock()
 	defer b.changeMu.Unlock()
 	if b.changed == nil {
@@ -99,6 +142,9 @@ func (b *WordBlock) Changed() <-chan struct{} {
 // parked on the block's words (the proxy firing a host graph's completion word) call it;
 // plain stores do not, so GPU-written words still need polling.
 func (b *WordBlock) Notify() {
+	if b == nil {
+		return
+	}
 	b.changeMu.Lock()
 	if b.changed != nil {
 		close(b.changed)
@@ -141,6 +187,9 @@ type driverBox struct{ d Driver }
 // SetDriver attaches d to the block (nil detaches). GPU-written words are not seen by
 // it: a driver that serves CUDA words must also poll.
 func (b *WordBlock) SetDriver(d Driver) {
+	if b == nil {
+		return
+	}
 	if d == nil {
 		b.driver.Store(nil)
 		return
@@ -150,6 +199,9 @@ func (b *WordBlock) SetDriver(d Driver) {
 
 // Driver is the block's driver (nil if none).
 func (b *WordBlock) Driver() Driver {
+	if b == nil {
+		return nil
+	}
 	if box := b.driver.Load(); box != nil {
 		return box.d
 	}
@@ -206,21 +258,31 @@ func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, fr
 // other driver call: see "Calls the engine makes" in stream/cuda.go). It is never
 // needed for correctness; on host blocks it does nothing.
 func (b *WordBlock) Ring() error {
-	if b.doorbell == nil || b.freed.Load() {
+	if b == nil || b.doorbell == nil || b.freed.Load() {
 		return nil
 	}
 	return b.doorbell()
 }
 
 // Len is the number of words in the block.
-func (b *WordBlock) Len() int { return len(b.words) }
+func (b *WordBlock) Len() int {
+	if b == nil {
+		return 0
+	}
+	return len(b.words)
+}
 
-// Word returns word i of the block.
-func (b *WordBlock) Word(i int) *Word { return &b.words[i] }
+// Word returns word i of the block, nil if i is out of range [0, Len()).
+func (b *WordBlock) Word(i int) *Word {
+	if b == nil || i < 0 || i >= len(b.words) {
+		return nil
+	}
+	return &b.words[i]
+}
 
 // Has reports whether w and the n-1 words after it are words of b.
 func (b *WordBlock) Has(w *Word, n int) bool {
-	if w == nil || n < 1 || len(b.words) == 0 {
+	if b == nil || w == nil || n < 1 || len(b.words) == 0 {
 		return false
 	}
 	off := uintptr(unsafe.Pointer(w)) - uintptr(unsafe.Pointer(&b.words[0]))
@@ -233,10 +295,13 @@ func (b *WordBlock) Has(w *Word, n int) bool {
 }
 
 // Closed reports whether the block was freed (streams refuse words of a freed block).
-func (b *WordBlock) Closed() bool { return b.freed.Load() }
+func (b *WordBlock) Closed() bool { return b == nil || b.freed.Load() }
 
 // Close frees the words. Work still enqueued on them must be finished first.
 func (b *WordBlock) Close() error {
+	if b == nil {
+		return fmt.Errorf("word block: nil block: %w", ErrInvalidArgument)
+	}
 	if !b.freed.CompareAndSwap(false, true) {
 		return fmt.Errorf("word block: %w", ErrClosed)
 	}

@@ -1,0 +1,43 @@
+package ucp
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/internal/testenv"
+)
+
+// Every method of the open handles, and of the same handles closed, answers zero
+// arguments (nil buffers, nil contexts, nil params) with an error or a zero value:
+// no panic, no hang.
+func TestHandlesTakeZeroArguments(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		p := newShmPair(t)
+		buf := make([]byte, 4096)
+		mh, err := p.ctxB.MemMap(buf)
+		require.NoError(t, err)
+		packed, err := mh.PackRkey()
+		require.NoError(t, err)
+		rk, err := p.epA.UnpackRkey(packed)
+		require.NoError(t, err)
+		sigs, err := p.b.NewSignals(hostBackend(t), 2)
+		require.NoError(t, err)
+		req, err := p.a.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+		require.NoError(t, err)
+		handles := []any{p.ctxA, p.a, p.epA, mh, rk, sigs, req}
+		if closed {
+			require.NoError(t, rk.Close())
+			require.NoError(t, sigs.Close())
+			require.NoError(t, mh.Close())
+			p.close(t)
+			testenv.ZeroArgs(t, nil, handles...)
+			continue
+		}
+		// Open: the calls that end a handle are left out (the closed pass runs them).
+		testenv.ZeroArgs(t, map[string]bool{"Close": true, "CloseNbx": true, "Cancel": true}, handles...)
+		require.NoError(t, rk.Close())
+		require.NoError(t, sigs.Close())
+		require.NoError(t, mh.Close())
+	}
+}
