@@ -33,6 +33,8 @@ import (
 //   - cuda-fake-driver: capi/c/cuda_exchange.c, the CUDA path (a condition on the C
 //     program's own CUstream, its raw CUevent recorded after the enqueue and waited on by
 //     another of its streams, the peer 200 ms late) against the fake driver;
+//   - nulls: capi/c/nulls.c, every function with handle 0, NULL pointers and bad
+//     sizes answers an error code, never a crash;
 //   - python: python/test_ucpx_host.py, the ctypes module's host-memory check (where
 //     python3 exists);
 //   - header: every function include/ucpx.h declares is a symbol libucpx.so exports,
@@ -100,6 +102,20 @@ func TestCAPI(t *testing.T) {
 			"../capi/c/cuda_exchange.c", "-L"+dir, "-lucpx", "-L"+fake, "-l:libcuda.so.1", "-Wl,-rpath,"+dir).CombinedOutput()
 		require.NoError(t, err, "building capi/c/cuda_exchange.c:\n%s", out)
 		runRanks(t, cexe, []string{"LD_LIBRARY_PATH=" + fake + ":" + os.Getenv("LD_LIBRARY_PATH")}, "OK cuda rank")
+	})
+
+	// Every function with handle 0 and NULL pointers, then live handles with NULL or
+	// bad pointers: an error code each time, and the handles still work after.
+	t.Run("nulls", func(t *testing.T) {
+		nexe := filepath.Join(dir, "nulls")
+		out, err := exec.Command(cc, "-Wall", "-Wextra", "-Werror", "-O1", "-I../include", "-o", nexe,
+			"../capi/c/nulls.c", "-L"+dir, "-lucpx", "-Wl,-rpath,"+dir).CombinedOutput()
+		require.NoError(t, err, "building capi/c/nulls.c:\n%s", out)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err = exec.CommandContext(ctx, nexe).CombinedOutput()
+		require.NoError(t, err, "capi/c/nulls.c:\n%s", out)
+		require.Contains(t, string(out), "OK nulls")
 	})
 
 	t.Run("python", func(t *testing.T) {

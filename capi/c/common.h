@@ -37,7 +37,7 @@ static int rank;
 	} while (0)
 
 /* publish writes s to DIR/NAME.RANK atomically (write, then rename). */
-static void publish(const char *dir, const char *name, const char *s) {
+static inline void publish(const char *dir, const char *name, const char *s) {
 	char tmp[4096], path[4096];
 	snprintf(tmp, sizeof tmp, "%s/.%s.%d", dir, name, rank);
 	snprintf(path, sizeof path, "%s/%s.%d", dir, name, rank);
@@ -48,7 +48,7 @@ static void publish(const char *dir, const char *name, const char *s) {
 }
 
 /* fetch reads DIR/NAME.PEER, waiting up to a minute for it. */
-static char *fetch(const char *dir, const char *name) {
+static inline char *fetch(const char *dir, const char *name) {
 	char path[4096];
 	snprintf(path, sizeof path, "%s/%s.%d", dir, name, 1 - rank);
 	for (int i = 0; i < 6000; i++) {

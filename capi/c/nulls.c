@@ -1,0 +1,145 @@
+/*
+ * nulls.c: every function of the C ABI called with handle 0, NULL pointers and zero
+ * sizes, then with live handles and NULL (or bad) pointers, must return an error code
+ * (never crash, never hang); the live handles must still work afterwards. Prints
+ * "OK nulls" on success. One process: the endpoint connects to its own worker.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "common.h"
+
+#define FAILS(call) EXPECT((call) < 0, "an error code")
+
+int main(void) {
+	char buf[64];
+	size_t n = 0;
+	int i = 0;
+	uint64_t u = 0;
+	ucpx_handle_t h = 0;
+
+	/* Handle 0 and NULL everywhere. */
+	EXPECT(ucpx_strerror(0) != NULL && ucpx_strerror(12345) != NULL, "strerror");
+	ucpx_last_error(NULL, 0);
+	FAILS(ucpx_context_create(NULL));
+	FAILS(ucpx_context_destroy(0));
+	FAILS(ucpx_worker_create(0, 0, NULL));
+	FAILS(ucpx_worker_create(0, 0, &h));
+	FAILS(ucpx_worker_destroy(0));
+	FAILS(ucpx_worker_address(0, NULL, 0, NULL));
+	FAILS(ucpx_worker_progress(0, NULL));
+	FAILS(ucpx_ep_create(0, NULL, 0, NULL));
+	FAILS(ucpx_ep_destroy(0));
+	FAILS(ucpx_mem_map(0, NULL, 0, 0, NULL));
+	FAILS(ucpx_mem_unmap(0));
+	FAILS(ucpx_rkey_pack(0, NULL, 0, NULL));
+	FAILS(ucpx_rkey_unpack(0, NULL, NULL));
+	FAILS(ucpx_rkey_region(0, NULL, NULL));
+	FAILS(ucpx_rkey_destroy(0));
+	FAILS(ucpx_cuda_condition_create(0, NULL));
+	FAILS(ucpx_condition_record_event(0, 0));
+	FAILS(ucpx_condition_destroy(0));
+	FAILS(ucpx_tag_send(0, NULL, 0, 0, 0, 0, 0, NULL));
+	FAILS(ucpx_tag_recv(0, NULL, 0, 0, 0, 0, 0, 0, NULL));
+	FAILS(ucpx_put(0, NULL, 0, 0, 0, 0, 0, 0, NULL));
+	FAILS(ucpx_get(0, NULL, 0, 0, 0, 0, 0, 0, NULL));
+	FAILS(ucpx_ep_flush(0, NULL));
+	FAILS(ucpx_tag_send_wait(0, NULL, 0, 0, 0));
+	FAILS(ucpx_tag_recv_wait(0, NULL, 0, 0, 0, 0, NULL, NULL));
+	FAILS(ucpx_tag_sendrecv(0, NULL, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL));
+	FAILS(ucpx_request_test(0, NULL));
+	FAILS(ucpx_request_wait(0, 0));
+	FAILS(ucpx_request_info(0, NULL, NULL));
+	FAILS(ucpx_request_record_event(0, 0));
+	FAILS(ucpx_request_cancel(0));
+	FAILS(ucpx_request_free(0));
+	FAILS(ucpx_psend_init(0, 0, NULL, 0, 0, 0, NULL));
+	FAILS(ucpx_precv_init(0, 0, NULL, 0, 0, 0, NULL));
+	FAILS(ucpx_prepare_all(NULL, 3, 0));
+	FAILS(ucpx_pstart(0));
+	FAILS(ucpx_pready(0, 0));
+	FAILS(ucpx_parrived(0, 0, NULL));
+	FAILS(ucpx_pwait(0, 0));
+	FAILS(ucpx_pfree(0));
+
+	/* Live handles, NULL or bad pointers and sizes. */
+	ucpx_handle_t ctx = 0, worker = 0, ep = 0, mem = 0, rkey = 0, req = 0;
+	CHECK(ucpx_context_create(&ctx));
+	FAILS(ucpx_worker_create(ctx, 0, NULL));
+	CHECK(ucpx_worker_create(ctx, 0, &worker));
+	FAILS(ucpx_worker_address(worker, NULL, 0, NULL));
+	FAILS(ucpx_worker_address(worker, buf, 0, NULL));
+	EXPECT(ucpx_worker_address(worker, NULL, 0, &n) == UCPX_ERR_BUFFER_TOO_SMALL && n > 0, "size query");
+	char *addr = malloc(n);
+	CHECK(ucpx_worker_address(worker, addr, n, NULL));
+	CHECK(ucpx_worker_progress(worker, NULL));
+	FAILS(ucpx_ep_create(worker, NULL, 0, &ep));
+	FAILS(ucpx_ep_create(worker, "not an address", 0, &ep));
+	FAILS(ucpx_ep_create(worker, addr, 0, NULL));
+	CHECK(ucpx_ep_create(worker, addr, 0, &ep));
+	FAILS(ucpx_mem_map(ctx, NULL, 64, 0, &mem));
+	FAILS(ucpx_mem_map(ctx, buf, 0, 0, &mem));
+	FAILS(ucpx_mem_map(ctx, buf, sizeof buf, 12345, &mem));
+	FAILS(ucpx_mem_map(ctx, buf, sizeof buf, 0, NULL));
+	CHECK(ucpx_mem_map(ctx, buf, sizeof buf, 0, &mem));
+	FAILS(ucpx_rkey_pack(mem, NULL, 0, NULL));
+	EXPECT(ucpx_rkey_pack(mem, NULL, 0, &n) == UCPX_ERR_BUFFER_TOO_SMALL && n > 0, "rkey size query");
+	char *packed = malloc(n);
+	CHECK(ucpx_rkey_pack(mem, packed, n, NULL));
+	FAILS(ucpx_rkey_unpack(ep, NULL, &rkey));
+	FAILS(ucpx_rkey_unpack(ep, "garbage", &rkey));
+	FAILS(ucpx_rkey_unpack(ep, packed, NULL));
+	CHECK(ucpx_rkey_unpack(ep, packed, &rkey));
+	CHECK(ucpx_rkey_region(rkey, &u, &n));
+	EXPECT(n == sizeof buf, "region of %zu bytes", n);
+	FAILS(ucpx_tag_send(ep, NULL, 8, 1, 0, 0, 0, &req));
+	FAILS(ucpx_tag_send(ep, buf, 8, 1, 0, 0, 0, NULL));
+	FAILS(ucpx_tag_send(ep, buf, 8, 1, 99, 0, 0, &req));
+	FAILS(ucpx_tag_recv(worker, NULL, 8, 1, ~0ull, 0, 0, 0, &req));
+	FAILS(ucpx_tag_recv(worker, buf, 8, 1, ~0ull, 0, 0, 0, NULL));
+	FAILS(ucpx_put(ep, buf, 8, u, rkey, 0, 0, 0, NULL));
+	FAILS(ucpx_put(ep, buf, sizeof buf, u + 8, rkey, 0, 0, 0, &req)); /* past the region */
+	FAILS(ucpx_get(ep, NULL, 8, u, rkey, 0, 0, 0, &req));
+	FAILS(ucpx_ep_flush(ep, NULL));
+	FAILS(ucpx_tag_recv_wait(worker, NULL, 8, 1, ~0ull, 10, NULL, NULL));
+	EXPECT(ucpx_tag_recv_wait(worker, buf, 8, 0x55, ~0ull, 10, NULL, NULL) == UCPX_ERR_TIMEOUT, "timeout");
+	FAILS(ucpx_tag_sendrecv(ep, NULL, 8, 1, buf, 8, 1, ~0ull, 10, NULL, NULL));
+	FAILS(ucpx_tag_sendrecv(ep, buf, 8, 1, NULL, 8, 1, ~0ull, 10, NULL, NULL));
+	FAILS(ucpx_psend_init(worker, ep, NULL, 64, 4, 9, &h));
+	FAILS(ucpx_psend_init(worker, ep, buf, sizeof buf, 0, 9, &h));
+	FAILS(ucpx_psend_init(worker, ep, buf, sizeof buf, -4, 9, &h));
+	FAILS(ucpx_psend_init(worker, ep, buf, sizeof buf, 3, 9, &h)); /* 64 / 3 */
+	FAILS(ucpx_psend_init(worker, ep, buf, sizeof buf, 4, 9, NULL));
+	FAILS(ucpx_precv_init(worker, ep, buf, sizeof buf, 4, 9, NULL));
+	ucpx_handle_t none[2] = {0, 0};
+	FAILS(ucpx_prepare_all(none, 2, 10));
+
+	/* The live handles still work: a put into our own memory, a message to ourselves. */
+	char src[8] = "payload";
+	CHECK(ucpx_put(ep, src, sizeof src, u + 16, rkey, 0, 0, 0, &req));
+	CHECK(ucpx_request_wait(req, 10000));
+	CHECK(ucpx_request_free(req));
+	CHECK(ucpx_ep_flush(ep, &req));
+	CHECK(ucpx_request_wait(req, 10000));
+	CHECK(ucpx_request_free(req));
+	EXPECT(memcmp(buf + 16, "payload", 8) == 0, "the put landed");
+	char in[8] = {0};
+	CHECK(ucpx_tag_sendrecv(ep, src, sizeof src, 0x77, in, sizeof in, 0x77, ~0ull, 10000, &n, &u));
+	EXPECT(n == 8 && u == 0x77 && memcmp(in, "payload", 8) == 0, "sendrecv to ourselves");
+	(void)i;
+
+	CHECK(ucpx_rkey_destroy(rkey));
+	FAILS(ucpx_rkey_destroy(rkey));
+	CHECK(ucpx_mem_unmap(mem));
+	FAILS(ucpx_mem_unmap(mem));
+	CHECK(ucpx_ep_destroy(ep));
+	FAILS(ucpx_ep_destroy(ep));
+	CHECK(ucpx_worker_destroy(worker));
+	FAILS(ucpx_worker_progress(worker, NULL));
+	CHECK(ucpx_context_destroy(ctx));
+	FAILS(ucpx_context_destroy(ctx));
+	free(addr);
+	free(packed);
+	printf("OK nulls\n");
+	return 0;
+}
