@@ -349,10 +349,17 @@ void ucpxu_worker_destroy(ucpxu_worker_t *w)
     }
     ucp_worker_destroy(w->worker);
     free(w->events);
-    if (!w->share->kept) {
-        free(w->share);
-    }
+    /* Not w->share: Go's lock keeps a pointer to its yield word for as long as the Go
+     * worker exists, closed or not (a call that finds it closed still takes the lock),
+     * so Go frees it when that object is gone (ucpxu_share_release). */
     free(w);
+}
+
+void ucpxu_share_release(ucpxu_share_t *s)
+{
+    if (!s->kept) {
+        free(s);
+    }
 }
 
 ucs_status_t ucpxu_worker_address(ucpxu_worker_t *w, void **addr_p, size_t *len_p)

@@ -198,12 +198,14 @@ static inline uint64_t ucpxu_send_tag(const ucpxu_worker_t *w, uint64_t tag)
  * its status (UCS_ERR_EXCEEDS_LIMIT for a message of a cut-off source; w NULL: the
  * worker is being destroyed, nothing to check) and, in *tag and *len, the sender's
  * tag without the source bits (a pulled message's keeps them: Go answers its sender)
- * and the length (0 without info). */
+ * and the length (0 without info, or for a receive that matched nothing). */
 static inline ucs_status_t ucpxu_recv_seen(ucpxu_worker_t *w, ucs_status_t st,
                                            const ucp_tag_recv_info_t *info, uint64_t *tag,
                                            size_t *len)
 {
-    if (info == NULL) {
+    if (info == NULL || (st != UCS_OK && st != UCS_ERR_MESSAGE_TRUNCATED)) {
+        /* Only a matched receive has info: a canceled one's holds what the request
+         * memory held before. */
         *tag = 0;
         *len = 0;
         return st;
@@ -224,6 +226,8 @@ uint64_t     ucpxu_context_mem_types(ucp_context_h ctx);
 
 ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t **w_p);
 void         ucpxu_worker_destroy(ucpxu_worker_t *w);
+/* ucpxu_share_release frees a destroyed worker's share unless C callers keep it. */
+void         ucpxu_share_release(ucpxu_share_t *s);
 ucs_status_t ucpxu_worker_address(ucpxu_worker_t *w, void **addr_p, size_t *len_p);
 void         ucpxu_worker_address_release(ucpxu_worker_t *w, void *addr);
 

@@ -244,6 +244,9 @@ func (c *Context) NewWorker(wakeup bool) (*Worker, Status) {
 	}
 	w.h = C.uintptr_t(uintptr(unsafe.Pointer(w.w)))
 	w.res = (*[ReapBatch]Result)(unsafe.Pointer(&w.w.reaped[0]))
+	// The share (YieldWord) outlives Destroy: callers keep its address for as long
+	// as they hold w, and a call on a closed worker still touches it.
+	runtime.AddCleanup(w, func(s *C.ucpxu_share_t) { C.ucpxu_share_release(s) }, w.w.share)
 	return w, OK
 }
 
@@ -328,7 +331,8 @@ func (w *Worker) Progress() { C.ucpxu_wait(w.h, 0, 1, 0) }
 
 // YieldWord is the worker's yield word: while it is nonzero the calls that spin
 // (Wait, the fused calls) return after at most one progress call. Update it with
-// sync/atomic only; it lives as long as the worker (for ever, once shared).
+// sync/atomic only; it lives as long as this Worker value is reachable, Destroy or
+// not (for ever, once shared).
 func (w *Worker) YieldWord() *uint32 { return (*uint32)(unsafe.Pointer(&w.w.share.yield)) }
 
 // Share makes the worker's words outlive it and returns its owner word, which C
