@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
 )
 
 // Close while other goroutines keep calling: every call returns (done or an error
@@ -18,10 +20,12 @@ import (
 // different object first.
 func TestCloseWhileCalling(t *testing.T) {
 	if os.Getenv("UCPX_CLOSE_RACE") == "" {
-		// Open defect: run inside the whole ucp suite, the surviving worker's
-		// destroy still crashes in most runs (heap corruption after the closed
-		// worker's racing calls; the yield-word write is fixed, another is not).
-		t.Skip("UCPX_CLOSE_RACE=1 runs it (known to crash inside the whole suite)")
+		// Open defect: the "worker" round still crashes in the surviving worker's
+		// destroy about one run in twenty, inside UCX 1.13's purge of the requests
+		// pending to the closed worker (uct_md_mem_dereg under ucp_ep_purge_lanes).
+		// The two corruptions of ucpx's own that it found are fixed (the freed yield
+		// word; the uninitialised active-message table).
+		t.Skip("UCPX_CLOSE_RACE=1 runs it (known to crash about one run in twenty)")
 	}
 	for _, first := range []string{"worker", "endpoint", "context", "memh"} {
 		t.Run(first, func(t *testing.T) {
@@ -32,6 +36,12 @@ func TestCloseWhileCalling(t *testing.T) {
 			packed, err := mh.PackRkey()
 			require.NoError(t, err)
 			rk, err := p.epA.UnpackRkey(packed)
+			require.NoError(t, err)
+			hb := hostBackend(t)
+			s, err := hb.NewStream()
+			require.NoError(t, err)
+			defer s.Close()
+			cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s})
 			require.NoError(t, err)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -46,7 +56,7 @@ func TestCloseWhileCalling(t *testing.T) {
 				failed.Add(1)
 				if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrInvalidParam) && !errors.Is(err, ErrCanceled) &&
 					!errors.Is(err, ErrConnectionReset) && !errors.Is(err, ErrPeerFailed) &&
-					!errors.Is(err, ErrRevoked) && !errors.Is(err, context.DeadlineExceeded) {
+					!errors.Is(err, ErrRevoked) && !errors.Is(err, condition.ErrClosed) && !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("unexpected error kind: %v", err)
 				}
 			}
@@ -79,6 +89,13 @@ func TestCloseWhileCalling(t *testing.T) {
 					err = nil
 				}
 				check(err)
+			})
+			run(func() { wait(p.epA.PutNbx(out, rk.Base(), rk, nil)) })
+			run(func() { wait(p.epA.GetNbx(in, rk.Base(), rk, nil)) })
+			run(func() { wait(p.epA.FlushNbx(nil)) })
+			run(func() {
+				r, err := p.epA.TagSendNbx(out, 6, &RequestParam{Condition: cond, Flags: NonBlockingEnqueue})
+				wait(r, err)
 			})
 			run(func() { check(p.a.WaitForEvents(ctx, time.Millisecond)) })
 			run(func() { _ = p.a.Progress() })
@@ -116,6 +133,7 @@ func TestCloseWhileCalling(t *testing.T) {
 			if first != "memh" {
 				require.Positive(t, failed.Load(), "calls after the close failed")
 			}
+			_ = cond.Destroy()
 			_ = rk.Close()
 			_ = mh.Close()
 			// Both contexts close, the closed worker's included: a call that raced

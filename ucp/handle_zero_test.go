@@ -34,11 +34,8 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 			testenv.ZeroArgs(t, nil, handles...)
 			continue
 		}
-		// Open: the calls that end a handle are left out (the closed pass runs them),
-		// and AmSendNbx: an active message to an id the peer has no handler for, then
-		// both workers closed, crashed about one run in ten inside UCX's progress
-		// during the peer's Close (open; TestCloseWhileCalling's note).
-		testenv.ZeroArgs(t, map[string]bool{"Close": true, "CloseNbx": true, "Cancel": true, "AmSendNbx": true}, handles...)
+		// Open: the calls that end a handle are left out (the closed pass runs them).
+		testenv.ZeroArgs(t, map[string]bool{"Close": true, "CloseNbx": true, "Cancel": true}, handles...)
 		require.NoError(t, rk.Close())
 		require.NoError(t, sigs.Close())
 		require.NoError(t, mh.Close())

@@ -288,6 +288,28 @@ uint64_t ucpxu_context_mem_types(ucp_context_h ctx)
     return attr.memory_types;
 }
 
+/* am_table_init gives every active-message id an empty handler. UCX 1.13 to 1.16
+ * grow the worker's handler table for a registration without initialising the new
+ * slots (ucp_worker_set_am_handler_common initialises the registered id again and
+ * again), so a message to an id nobody registered, below the table's capacity, called
+ * whatever the memory held: any peer could crash the process. Setting every id once,
+ * highest first, makes the table whole in one growth (UCX then drops such a message
+ * with a warning); later registrations never grow it. Without the AM feature the
+ * first call fails and nothing is done. */
+static void am_table_init(ucp_worker_h worker)
+{
+    ucp_am_handler_param_t p;
+    int id;
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    for (id = UINT16_MAX; id >= 0; id--) {
+        p.id = (unsigned)id;
+        if (ucp_worker_set_am_recv_handler(worker, &p) != UCS_OK) {
+            return;
+        }
+    }
+}
+
 ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t **w_p)
 {
     ucp_worker_params_t params = {0};
@@ -317,6 +339,7 @@ ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t *
         free(w);
         return st;
     }
+    am_table_init(w->worker);
     *w_p = w;
     return UCS_OK;
 }

@@ -16,8 +16,9 @@ import (
 // goroutine stored is ordered after everything the storer did before the store.
 //
 // The memory goes back when the block closes (WordBlock.Close; a condition's words with
-// Destroy): the library's own accesses check Closed first, and a caller holding a Word
-// past that point must do the same, as with any freed memory.
+// Destroy): from then on the word reads 0 and ignores writes. Closing a block while
+// another goroutine still uses its words is a race of the caller's, as with any memory
+// freed while in use.
 type Word struct {
 	race   raceSync // first: zero-size without the race detector, no padding
 	host   *uint64  // CPU address, 8-byte aligned
@@ -26,10 +27,11 @@ type Word struct {
 }
 
 // Load reads the word with acquire ordering. A nil Word (WordBlock.Word of an index
-// out of range) reads 0 and ignores Store, Add and CompareAndSwap; the stream calls
-// that take a Word refuse it with ErrInvalidArgument.
+// out of range), or a word of a closed block, reads 0 and ignores Store, Add and
+// CompareAndSwap (its memory went back); the stream calls that take such a Word
+// refuse it with ErrInvalidArgument or ErrClosed.
 func (w *Word) Load() uint64 {
-	if w == nil {
+	if w.gone() {
 		return 0
 	}
 	v := atomic.LoadUint64(w.host)
@@ -39,7 +41,7 @@ func (w *Word) Load() uint64 {
 
 // Store writes the word with release ordering.
 func (w *Word) Store(v uint64) {
-	if w == nil {
+	if w.gone() {
 		return
 	}
 	w.raceRelease()
@@ -48,7 +50,7 @@ func (w *Word) Store(v uint64) {
 
 // Add adds delta and returns the new value.
 func (w *Word) Add(delta uint64) uint64 {
-	if w == nil {
+	if w.gone() {
 		return 0
 	}
 	w.raceRelease()
@@ -59,13 +61,19 @@ func (w *Word) Add(delta uint64) uint64 {
 
 // CompareAndSwap is an atomic compare-and-swap on the word.
 func (w *Word) CompareAndSwap(old, new uint64) bool {
-	if w == nil {
+	if w.gone() {
 		return false
 	}
 	w.raceRelease()
 	swapped := atomic.CompareAndSwapUint64(w.host, old, new)
 	w.raceAcquire()
 	return swapped
+}
+
+// gone: no memory behind w (nil, or its block closed). A Close racing with an access
+// is the caller's race, as with any memory freed while in use.
+func (w *Word) gone() bool {
+	return w == nil || w.host == nil || (w.block != nil && w.block.freed.Load())
 }
 
 // HostPtr is the CPU address of the word.
