@@ -30,13 +30,7 @@ func TestCloseWhileCalling(t *testing.T) {
 	for _, first := range []string{"worker", "endpoint", "context", "memh"} {
 		t.Run(first, func(t *testing.T) {
 			p := newShmPair(t)
-			buf := make([]byte, 4096)
-			mh, err := p.ctxB.MemMap(buf)
-			require.NoError(t, err)
-			packed, err := mh.PackRkey()
-			require.NoError(t, err)
-			rk, err := p.epA.UnpackRkey(packed)
-			require.NoError(t, err)
+			mh, rk := mappedKey(t, p, 4096)
 			hb := hostBackend(t)
 			s, err := hb.NewStream()
 			require.NoError(t, err)

@@ -14,13 +14,7 @@ import (
 func TestHandlesTakeZeroArguments(t *testing.T) {
 	for _, closed := range []bool{false, true} {
 		p := newShmPair(t)
-		buf := make([]byte, 4096)
-		mh, err := p.ctxB.MemMap(buf)
-		require.NoError(t, err)
-		packed, err := mh.PackRkey()
-		require.NoError(t, err)
-		rk, err := p.epA.UnpackRkey(packed)
-		require.NoError(t, err)
+		mh, rk := mappedKey(t, p, 4096)
 		sigs, err := p.b.NewSignals(hostBackend(t), 2)
 		require.NoError(t, err)
 		req, err := p.a.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
@@ -40,4 +34,16 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		require.NoError(t, sigs.Close())
 		require.NoError(t, mh.Close())
 	}
+}
+
+// mappedKey maps n bytes of Go memory at B and unpacks its key at A.
+func mappedKey(t *testing.T, p *pair, n int) (*MemH, *Rkey) {
+	t.Helper()
+	mh, err := p.ctxB.MemMap(make([]byte, n))
+	require.NoError(t, err)
+	packed, err := mh.PackRkey()
+	require.NoError(t, err)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	return mh, rk
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -23,27 +24,8 @@ func NilMethods(t *testing.T, handles ...any) {
 		for i := 0; i < typ.NumMethod(); i++ {
 			m := typ.Method(i)
 			t.Run(typ.Elem().Name()+"."+m.Name, func(t *testing.T) {
-				ft := m.Func.Type()
-				nin := ft.NumIn()
-				if ft.IsVariadic() {
-					nin--
-				}
-				args := []reflect.Value{reflect.Zero(typ)}
-				for j := 1; j < nin; j++ {
-					args = append(args, reflect.Zero(ft.In(j)))
-				}
-				done := make(chan any, 1)
-				go func() {
-					defer func() { done <- recover() }()
-					m.Func.Call(args)
-				}()
-				select {
-				case p := <-done:
-					if p != nil {
-						t.Fatalf("(%v)(nil).%s panicked: %v", typ, m.Name, p)
-					}
-				case <-time.After(5 * time.Second):
-					t.Fatalf("(%v)(nil).%s did not return within 5s", typ, m.Name)
+				if err := callZero(reflect.Zero(typ), m); err != "" {
+					t.Fatalf("(%v)(nil).%s %s", typ, m.Name, err)
 				}
 			})
 		}
@@ -62,34 +44,42 @@ func ZeroArgs(t *testing.T, skip map[string]bool, handles ...any) {
 		if typ == nil || typ.Kind() != reflect.Pointer || reflect.ValueOf(h).IsNil() {
 			t.Fatalf("ZeroArgs takes non-nil pointers, got %#v", h)
 		}
-		recv := reflect.ValueOf(h)
 		for i := 0; i < typ.NumMethod(); i++ {
 			m := typ.Method(i)
 			if skip[m.Name] {
 				continue
 			}
-			ft := m.Func.Type()
-			nin := ft.NumIn()
-			if ft.IsVariadic() {
-				nin--
-			}
-			args := []reflect.Value{recv}
-			for j := 1; j < nin; j++ {
-				args = append(args, reflect.Zero(ft.In(j)))
-			}
-			done := make(chan any, 1)
-			go func() {
-				defer func() { done <- recover() }()
-				m.Func.Call(args)
-			}()
-			select {
-			case p := <-done:
-				if p != nil {
-					t.Errorf("(%v).%s with zero arguments panicked: %v", typ, m.Name, p)
-				}
-			case <-time.After(5 * time.Second):
-				t.Errorf("(%v).%s with zero arguments did not return within 5s", typ, m.Name)
+			if err := callZero(reflect.ValueOf(h), m); err != "" {
+				t.Errorf("(%v).%s with zero arguments %s", typ, m.Name, err)
 			}
 		}
+	}
+}
+
+// callZero calls m on recv with zero arguments; it says what went wrong ("" if
+// nothing): a panic, or no return within 5 s.
+func callZero(recv reflect.Value, m reflect.Method) string {
+	ft := m.Func.Type()
+	nin := ft.NumIn()
+	if ft.IsVariadic() {
+		nin--
+	}
+	args := []reflect.Value{recv}
+	for j := 1; j < nin; j++ {
+		args = append(args, reflect.Zero(ft.In(j)))
+	}
+	done := make(chan any, 1)
+	go func() {
+		defer func() { done <- recover() }()
+		m.Func.Call(args)
+	}()
+	select {
+	case p := <-done:
+		if p != nil {
+			return fmt.Sprintf("panicked: %v", p)
+		}
+		return ""
+	case <-time.After(5 * time.Second):
+		return "did not return within 5s"
 	}
 }
