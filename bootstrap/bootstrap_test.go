@@ -395,3 +395,12 @@ func TestUnjoinedConnectionsAreBounded(t *testing.T) {
 	require.Error(t, err)
 	require.Less(t, time.Since(start), 5*time.Second, "the server kept a connection without hello")
 }
+
+// A live job, its store, and the same closed, answer zero arguments (nil contexts,
+// rank 0, empty keys) with errors or zero values: no panic, no hang.
+func TestJobTakesZeroArguments(t *testing.T) {
+	jobs := startJob(t, 2, nil)
+	testenv.ZeroArgs(t, map[string]bool{"Close": true}, jobs[0], jobs[0].Store(), jobs[1])
+	closeAll(t, jobs)
+	testenv.ZeroArgs(t, nil, jobs[0], jobs[0].Store())
+}
