@@ -538,11 +538,10 @@ func Trigger(h DeviceHandle) error {
 	if h.hostTrigger.Kind() == streamcore.KindHost && h.hostTrigger.HostPtr() != h.Trigger {
 		return fmt.Errorf("trigger: handle was altered: %w", ErrInvalidParam)
 	}
-	if h.hostTrigger.Block().Closed() {
-		// Its memory went back with the condition: a store now would write freed memory.
+	if !h.hostTrigger.TryStore(h.Value) {
+		// Its memory went back with the condition.
 		return fmt.Errorf("trigger: the handle's condition was destroyed: %w", ErrDestroyed)
 	}
-	h.hostTrigger.Store(h.Value)
 	return nil
 }
 
@@ -553,14 +552,13 @@ func Test(h DeviceHandle) bool {
 	if h.hostDone == nil {
 		return false
 	}
-	if h.hostDone.Block().Closed() {
-		return true // destroyed, which takes every operation completed (words freed: not read)
-	}
-	if int64(h.hostDone.Load()-h.CompletionValue) >= 0 {
+	// A freed word means destroyed, which takes every operation completed.
+	if v, ok := h.hostDone.TryLoad(); !ok || int64(v-h.CompletionValue) >= 0 {
 		return true
 	}
 	h.hostDone.Block().Drive()
-	return int64(h.hostDone.Load()-h.CompletionValue) >= 0
+	v, ok := h.hostDone.TryLoad()
+	return !ok || int64(v-h.CompletionValue) >= 0
 }
 
 // attachDriver adds d (once) to the drivers of the condition's words: host executors

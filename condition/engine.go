@@ -740,10 +740,9 @@ func (e *Engine) startFollowersLocked(done *streamcore.Word) (started, running b
 	e.followMu.Unlock()
 	for i, t := range e.following {
 		e.following[i] = nil
-		if t.Block().Closed() {
+		if !t.TryStore(1) {
 			continue // destroyed: the launch fails the node, its completion word is gone too
 		}
-		t.Store(1)
 		started = true
 		ch := e.byTrigger[t]
 		if ch == nil {

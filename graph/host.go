@@ -343,9 +343,7 @@ func (x *HostExec) run() error {
 			// No engine will ever complete it: its condition carries no operation. The
 			// trigger goes back to 0, or an operation enqueued later would run at once,
 			// outside a launch, and leave its completion for the next launch to find.
-			if t := x.op[i].trigger; t != nil && !t.Block().Closed() {
-				t.Store(0)
-			}
+			x.op[i].trigger.Store(0) // a nil or freed word ignores it
 			if firstErr == nil {
 				firstErr = fmt.Errorf("node %d: %w", i, ErrNoOperation)
 			}
@@ -505,10 +503,10 @@ func (x *HostExec) settleOwed() error {
 	x.owedMu.Lock()
 	defer x.owedMu.Unlock()
 	for w := range x.owed {
-		switch {
-		case w.Block().Closed(), w.Load() == condition.GraphFailed:
+		switch v, ok := w.TryLoad(); {
+		case !ok, v == condition.GraphFailed:
 			// Gone, or failed for good: the launch fails at the node itself.
-		case w.Load() == 1:
+		case v == 1:
 			w.Store(0)
 		default:
 			continue

@@ -29,10 +29,9 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 	fire := func() error {
 		// Destroy a graph condition only after the graphs using it are closed; a launch
 		// after that finds the words gone.
-		if trigger.Block().Closed() {
+		if !trigger.TryStore(1) {
 			return fmt.Errorf("trigger word freed (condition destroyed): %w", ErrClosed)
 		}
-		trigger.Store(1)
 		return nil
 	}
 	const op = "add signal nodes"

@@ -174,23 +174,15 @@ func quiesceWordAccess() {
 // loadWord reads w for the executor, or reports false if its block was freed.
 func (s *hostStream) loadWord(w *Word) (uint64, bool) {
 	s.wordAccess.Add(1)
-	if w.Block().Closed() {
-		s.wordAccess.Add(1)
-		return 0, false
-	}
-	v := w.Load()
+	v, ok := w.TryLoad()
 	s.wordAccess.Add(1)
-	return v, true
+	return v, ok
 }
 
 // storeWord writes w for the executor, or reports false if its block was freed.
 func (s *hostStream) storeWord(w *Word, v uint64) bool {
 	s.wordAccess.Add(1)
-	if w.Block().Closed() {
-		s.wordAccess.Add(1)
-		return false
-	}
-	w.Store(v)
+	ok := w.TryStore(v)
 	s.wordAccess.Add(1)
-	return true
+	return ok
 }

@@ -31,21 +31,32 @@ type Word struct {
 // CompareAndSwap (its memory went back); the stream calls that take such a Word
 // refuse it with ErrInvalidArgument or ErrClosed.
 func (w *Word) Load() uint64 {
-	if w.gone() {
-		return 0
-	}
-	v := atomic.LoadUint64(w.host)
-	w.raceAcquire()
+	v, _ := w.TryLoad()
 	return v
 }
 
-// Store writes the word with release ordering.
-func (w *Word) Store(v uint64) {
+// TryLoad is Load that also reports whether the word was there to read (false: a nil
+// Word, or its block closed), for callers that must tell a freed word from a 0.
+func (w *Word) TryLoad() (uint64, bool) {
 	if w.gone() {
-		return
+		return 0, false
+	}
+	v := atomic.LoadUint64(w.host)
+	w.raceAcquire()
+	return v, true
+}
+
+// Store writes the word with release ordering.
+func (w *Word) Store(v uint64) { w.TryStore(v) }
+
+// TryStore is Store that reports whether the word was there to write.
+func (w *Word) TryStore(v uint64) bool {
+	if w.gone() {
+		return false
 	}
 	w.raceRelease()
 	atomic.StoreUint64(w.host, v)
+	return true
 }
 
 // Add adds delta and returns the new value.
