@@ -1,7 +1,6 @@
 package ucp
 
 import (
-	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -27,23 +26,8 @@ func (w *Worker) startProgressThread() {
 }
 
 func (w *Worker) runProgressThread(t *progressThread) {
-	// The stop watcher ends before exited closes, so a closed worker leaves no
-	// goroutine of its own behind.
-	ctx, cancel := context.WithCancel(context.Background())
-	watcherDone := make(chan struct{})
-	go func() {
-		defer close(watcherDone)
-		select {
-		case <-t.stop:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
-	defer func() {
-		cancel()
-		<-watcherDone
-		close(t.exited)
-	}()
+	defer close(t.exited)
+	ctx := doneCtx{t.stop} // a park on the event fd ends at stop
 	idle := 0
 	var idleSince time.Duration
 	// UCX's own progress counts as activity too: a target's worker applies a peer's
