@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -384,19 +385,19 @@ func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
 		return fmt.Errorf("IPC import of %#x (buffer %d) from peer %d: %w", m.Alloc.Base, m.Alloc.BufferID, peer, err)
 	}
 	if err := im.checkMapping(p, m.Alloc); err != nil {
-		return errsJoin(fmt.Errorf("IPC import of %#x (buffer %d) from peer %d: %w", m.Alloc.Base, m.Alloc.BufferID, peer, err), im.unmap(p))
+		return errors.Join(fmt.Errorf("IPC import of %#x (buffer %d) from peer %d: %w", m.Alloc.Base, m.Alloc.BufferID, peer, err), im.unmap(p))
 	}
 	im.mu.Lock()
 	if im.closed {
 		im.mu.Unlock()
-		return errsJoin(im.unmap(p), fmt.Errorf("IPC import: %w", ErrClosed))
+		return errors.Join(im.unmap(p), fmt.Errorf("IPC import: %w", ErrClosed))
 	}
 	if x, ok := im.maps[k]; ok {
 		// A racing Handle mapped it first: CUDA counts opens, so close ours.
 		x.refs++
 		stale := im.makeCurrentLocked(k, kb)
 		im.mu.Unlock()
-		return errsJoin(im.unmap(p), im.unmapIf(stale))
+		return errors.Join(im.unmap(p), im.unmapIf(stale))
 	}
 	im.maps[k] = &ipcMapping{p: p, refs: 1}
 	stale := im.makeCurrentLocked(k, kb)
@@ -546,14 +547,4 @@ func (im *IPCImporter) unmapIf(p uintptr) error {
 		return nil
 	}
 	return im.unmap(p)
-}
-
-func errsJoin(a, b error) error {
-	if a == nil {
-		return b
-	}
-	if b == nil {
-		return a
-	}
-	return fmt.Errorf("%w; %w", a, b)
 }
