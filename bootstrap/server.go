@@ -57,7 +57,6 @@ type sconn struct {
 	wmu     sync.Mutex
 	rank    uint32
 	joined  bool
-	counted bool // in Server.unjoined
 	bye     bool
 	pending int // requests not answered yet (under Server.mu)
 }
@@ -130,7 +129,7 @@ func (s *Server) accept() {
 			return
 		}
 		setKeepAlive(c)
-		sc := &sconn{c: c, counted: true}
+		sc := &sconn{c: c}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -216,10 +215,7 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		}
 		c.joined, c.rank = true, f.rank
 		s.ranks[f.rank] = c
-		if c.counted {
-			c.counted = false
-			s.unjoined--
-		}
+		s.unjoined--
 		c.replyLocked(f.id, nil)
 		// A rank that joins late still learns who failed before it came.
 		for r, failed := range s.gone {
@@ -288,9 +284,8 @@ func (s *Server) drop(c *sconn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
-	if c.counted {
-		c.counted = false
-		s.unjoined--
+	if !c.joined {
+		s.unjoined-- // counted since its accept
 	}
 	for k, ws := range s.waiters {
 		s.waiters[k] = without(ws, c)
