@@ -30,8 +30,12 @@
 // put-with-signal's signal in the sender's queue after reporting it complete, so a
 // sender that stopped progressing after its Wait would otherwise leave the receiver
 // waiting. The receiver's Wait returns once its acknowledgement was sent. Between
-// iterations neither side needs progressing; while one runs, both sides' Wait (or
-// Test) drive their workers, or the workers have ucp.WorkerParams.ProgressThread.
+// iterations neither side needs progressing. A partition made ready before the
+// receiver's readiness arrived moves when it arrives even if the sender calls nothing
+// more: the worker's registry moves it (and progresses the worker for it) once it has
+// waited 200 µs; an application that goes on to Test or Wait moves it sooner itself.
+// The receiver's Parrived, Test and Wait drive its worker, or the worker has
+// ucp.WorkerParams.ProgressThread.
 //
 // Device buffers (Params.MemoryType ucp.MemoryCUDA, on a CUDA Backend) whose peer
 // CUDA IPC reaches (one host, both contexts with ucp.ContextParams.Device, peer access

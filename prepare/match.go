@@ -51,6 +51,10 @@ type registry struct {
 	draining  bool
 	eagerLeft int
 	relaxed   int // how many times an eager registry went lazy again
+	// waiters: senders whose readied partitions wait for the receiver's readiness;
+	// moving: the mover runs or is due (mover.go).
+	waiters map[*Request]waitingIter
+	moving  bool
 }
 
 // unackedIter is a sender's iteration waiting for its ack, since when.

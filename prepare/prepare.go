@@ -138,7 +138,8 @@ type Request struct {
 	// or moved by a kernel (a direct sender, movedLocked).
 	nlanded  int
 	waiting  []int
-	taken    []int // pumpLocked's scratch
+	taken    []int  // pumpLocked's scratch
+	awaiting uint64 // the iteration whose waiting partitions the mover knows of
 	inflight []*ucp.Request
 	// Sender: iters is the source of the arrival counters' write after a run of
 	// partitions moved as one put (the run's words hold the iteration).
@@ -506,7 +507,8 @@ func (r *Request) ensurePrepared() error {
 }
 
 // Pready marks partition p ready (MPI_Pready): it moves as soon as the receiver is
-// ready for this iteration, without the caller waiting. Errors at the call: p out of
+// ready for this iteration, without the caller waiting and without further calls
+// (the worker's registry moves partitions whose readiness lands later). Errors at the call: p out of
 // range, p already ready in this iteration, no iteration started.
 func (r *Request) Pready(p int) error { return r.PreadyList([]int{p}) }
 
@@ -546,7 +548,13 @@ func (r *Request) PreadyList(ps []int) error {
 		r.markReadyLocked(p)
 		r.waiting = append(r.waiting, p)
 	}
-	return r.pumpLocked()
+	err := r.pumpLocked()
+	if len(r.waiting) > 0 && r.awaiting != r.iter {
+		// They move when the receiver's readiness lands, whatever the caller does next.
+		r.awaiting = r.iter
+		r.reg.awaitReady(r, r.iter)
+	}
+	return err
 }
 
 // markReadyLocked records that partition p was made ready in this iteration.

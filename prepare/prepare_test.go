@@ -322,6 +322,37 @@ func senderWaitsFirst(t *testing.T, send, recv *prepare.Request, sbuf, rbuf []by
 	}
 }
 
+// Partitions made ready before the receiver started their iteration move once it
+// does, while the sender calls nothing more on the request and nobody progresses its
+// worker (MPI's Pready does not wait): the worker's registry moves them. Two
+// iterations, the second one too after the first was waited for.
+func TestPreadyMovesWithoutFurtherCalls(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		const parts = 8
+		send, recv, sbuf, rbuf := pair(t, l, parts*512, parts, parts, 5)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for i := 1; i <= 2; i++ {
+			require.NoError(t, send.Start())
+			fill(sbuf, i)
+			require.NoError(t, send.PreadyRange(0, parts-1))
+			time.Sleep(5 * time.Millisecond) // the receiver is late: the partitions wait
+			require.NoError(t, recv.Start())
+			for p := 0; p < parts; p++ {
+				require.Eventually(t, func() bool {
+					ok, err := recv.Parrived(p)
+					require.NoError(t, err)
+					return ok
+				}, 10*time.Second, 50*time.Microsecond, "iteration %d: partition %d did not arrive", i, p)
+			}
+			require.NoError(t, checkFilled(rbuf, i))
+			require.Equal(t, uint64(i*parts), send.Stats().Puts, "iteration %d", i)
+			require.NoError(t, recv.Wait(ctx))
+			require.NoError(t, send.Wait(ctx))
+		}
+	})
+}
+
 // An eager registry goes lazy again after its eager drains: one late ack does not
 // keep a drainer running beside every later iteration. The sender waits before the
 // receiver, so each of its iterations completes before its ack and is drained.
