@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -20,6 +21,7 @@ const (
 	psendPartSize = 4096
 	psendHeld     = 5 // the partition the dying sender never makes ready
 	psendTag      = 0x5e
+	psendDied     = 3 // the sender's exit status when it died as planned
 )
 
 // runPartitionedSender is the peer process of TestPreparedPeerKilledMidIteration: it
@@ -65,16 +67,18 @@ func runPartitionedSender() error {
 			}
 			continue
 		}
-		// Let the ready partitions go out, then die mid-iteration.
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			w.Progress()
-			if st := send.Stats(); st.Puts == 2*psendParts-1 {
-				break
+		// The ready partitions go out with no further call on the request (the
+		// registry moves them once the receiver's readiness lands); then die
+		// mid-iteration.
+		deadline := time.Now().Add(10 * time.Second)
+		for send.Stats().Puts < 2*psendParts-1 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("iteration 2: %d puts, want %d", send.Stats().Puts, 2*psendParts-1)
 			}
+			time.Sleep(time.Millisecond)
 		}
 		time.Sleep(50 * time.Millisecond)
-		os.Exit(3)
+		os.Exit(psendDied)
 	}
 	_ = uctx
 	return nil
@@ -132,9 +136,12 @@ func TestPreparedPeerKilledMidIteration(t *testing.T) {
 
 	err = recv.Wait(ctx)
 	require.ErrorIs(t, err, ucp.ErrPeerFailed, "peer output:\n%s", out)
-	require.Error(t, <-exited, "the peer died")
+	var exit *exec.ExitError
+	require.ErrorAs(t, <-exited, &exit, "peer output:\n%s", out)
+	require.Equal(t, psendDied, exit.ExitCode(), "the peer died as planned, after its ready partitions went out; output:\n%s", out)
 	select {
-	case <-released:
+	case err := <-released:
+		require.NoError(t, err, "the stream is released, not failed: Wait and Parrived report the failure")
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream waiting for the missing partition stayed blocked on the dead peer")
 	}
