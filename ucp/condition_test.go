@@ -17,7 +17,7 @@ import (
 	"github.com/ucpx/ucpx/stream"
 )
 
-func hostBackend(t *testing.T) stream.Backend {
+func hostBackend(t testing.TB) stream.Backend {
 	t.Helper()
 	b := stream.NewHostBackend()
 	t.Cleanup(func() { _ = b.Close() })

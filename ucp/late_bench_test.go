@@ -169,3 +169,34 @@ func benchLateMessage(b *testing.B, delay time.Duration) {
 	// most of a late message's cost on an idle machine.
 	b.ReportMetric(float64(sendCalls[len(sendCalls)/2].Nanoseconds()), "send-call-p50-ns")
 }
+
+// BenchmarkProgressThreadIdle measures issue 13's "idle, it parks on the worker's
+// event fd: ~0 % CPU with nothing in flight": a target-only worker with
+// ProgressThread, connected (shm, tcp) and served one remote atomic, then idle for b.N
+// seconds. Reported: the process's CPU over that time, as % of one core. An atomic
+// from the peer after the idle time must still land: the thread serves it.
+func BenchmarkProgressThreadIdle(b *testing.B) {
+	for _, shm := range []bool{true, false} {
+		name := "tcp"
+		if shm {
+			name = "shm"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := addressPair(b, WorkerParams{ProgressThread: true}, shm)
+			tg := newTarget(b, p, hostBackend(b), 8, 1)
+			targetAdd(b, p, tg)
+			time.Sleep(200 * time.Millisecond) // the connection settles (tcp's takes milliseconds more)
+			b.ResetTimer()
+			cpu0, t0 := processCPU(b), time.Now()
+			for i := 0; i < b.N; i++ {
+				time.Sleep(time.Second)
+			}
+			cpu, wall := processCPU(b)-cpu0, time.Since(t0)
+			b.StopTimer()
+			b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu-%")
+			if got := targetAdd(b, p, tg); got != 1 {
+				b.Fatalf("the add after the idle time replaced %d, want 1", got)
+			}
+		})
+	}
+}

@@ -53,7 +53,7 @@ type target struct {
 	sigKey  *Rkey
 }
 
-func newTarget(t *testing.T, p *pair, b stream.Backend, n, words int) *target {
+func newTarget(t testing.TB, p *pair, b stream.Backend, n, words int) *target {
 	data, err := p.ctxB.MemAlloc(n)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = data.Close() })
@@ -147,7 +147,7 @@ func TestPutSignalChecksAtTheCall(t *testing.T) {
 
 // targetAdd adds 1 to the target's first signal word from A with a fetching atomic,
 // waits for it and returns the value it replaced.
-func targetAdd(t *testing.T, p *pair, tg *target) uint64 {
+func targetAdd(t testing.TB, p *pair, tg *target) uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
