@@ -377,13 +377,67 @@ func TestPartitionedManyIterations(t *testing.T) {
 	iterate(t, send, recv, sbuf, rbuf, iters, inOrder(8))
 }
 
-// Requests of the same peer and tag match in the order of their init.
+// Requests of the same peer and tag match in the order of their init, whatever order
+// they are prepared in: two senders and two receivers are made interleaved and
+// prepared together in reverse order, then again (PrepareAll is idempotent: no second
+// match). A mismatch would fail the first iteration (the buffer sizes differ).
 func TestPartitionedMatchByInitOrder(t *testing.T) {
 	l := shmLink(t)
-	s1, r1, sb1, rb1 := pair(t, l, 256, 4, 4, 3)
-	s2, r2, sb2, rb2 := pair(t, l, 512, 2, 8, 3)
+	sb1, sb2, rb1, rb2 := make([]byte, 256), make([]byte, 512), make([]byte, 256), make([]byte, 512)
+	s1, err := prepare.PsendInit(l.s, sb1, prepare.Params{Peer: l.toR, Tag: 3, Partitions: 4})
+	require.NoError(t, err)
+	s2, err := prepare.PsendInit(l.s, sb2, prepare.Params{Peer: l.toR, Tag: 3, Partitions: 2})
+	require.NoError(t, err)
+	r1, err := prepare.PrecvInit(l.r, rb1, prepare.Params{Peer: l.toS, Tag: 3, Partitions: 4})
+	require.NoError(t, err)
+	r2, err := prepare.PrecvInit(l.r, rb2, prepare.Params{Peer: l.toS, Tag: 3, Partitions: 8})
+	require.NoError(t, err)
+	reqs := []*prepare.Request{r2, s2, r1, s1}
+	t.Cleanup(func() {
+		for _, r := range reqs {
+			_ = r.Free()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, prepare.PrepareAll(ctx, reqs...))
+	require.NoError(t, prepare.PrepareAll(ctx, reqs...), "a second prepare phase")
+	for _, r := range reqs {
+		require.Equal(t, uint64(1), r.Stats().TagMatches, "matched once")
+	}
 	iterate(t, s1, r1, sb1, rb1, 3, inOrder(4))
 	iterate(t, s2, r2, sb2, rb2, 3, inOrder(2))
+	for _, r := range reqs {
+		require.Equal(t, uint64(1), r.Stats().TagMatches, "no matching after the prepare phase")
+	}
+}
+
+// Registered buffers (Params.MemH, from MemAlloc) on both sides, over shm and tcp:
+// the puts use the caller's registration; every byte of every iteration is checked.
+// A registration that does not cover the buffer is refused at init.
+func TestPartitionedRegisteredBuffers(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		const n = 8 * 1024
+		smem, err := l.ctxS.MemAlloc(n + 64)
+		require.NoError(t, err)
+		defer smem.Close()
+		rmem, err := l.ctxR.MemAlloc(n)
+		require.NoError(t, err)
+		defer rmem.Close()
+		sbuf, rbuf := smem.Bytes()[64:], rmem.Bytes()
+		_, err = prepare.PsendInit(l.s, make([]byte, n), prepare.Params{Peer: l.toR, Tag: 8, Partitions: 8, MemH: smem})
+		require.ErrorIs(t, err, ucp.ErrInvalidParam, "a registration not covering the buffer")
+		send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 8, Partitions: 8, MemH: smem})
+		require.NoError(t, err)
+		defer send.Free()
+		recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 8, Partitions: 4, MemH: rmem})
+		require.NoError(t, err)
+		defer recv.Free()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		require.NoError(t, prepare.PrepareAll(ctx, send, recv))
+		iterate(t, send, recv, sbuf, rbuf, 20, reverse(8))
+	})
 }
 
 // Early bird: with one partition held back, every other partition is reported
