@@ -104,7 +104,9 @@ func (r *Request) gateNodeLocked(g condition.GraphBuilder, deps []condition.Node
 		if err != nil {
 			return nil, err
 		}
-		// GEQ 1: released by the ready flag (the iteration) and by the failure value.
+		// GEQ 1: released by the ready flag (the iteration) and by the failure value,
+		// which the write of 0 takes too: a failed request puts it back (holdFailed).
+		r.clearingGates = true
 		return g.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{
 			cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ),
 			cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault),

@@ -102,6 +102,9 @@ type Request struct {
 	// directGraph: PreadyNode added direct nodes (under mu), whose take clears a
 	// ready flag at every launch, also the failure value (see holdFailed).
 	direct, directGraph bool
+	// clearingGates: PreadyNode added CUDA graph gates (under mu), which take a ready
+	// flag with a memop write of 0 at every launch, also the failure value.
+	clearingGates bool
 	// copyMod, copyWord: the copy-word kernel of direct CUDA graph nodes (graph.go).
 	copyMod  *cuda.Module
 	copyWord *cuda.Function
@@ -348,7 +351,7 @@ func (r *Request) fail(err error) {
 	// receiver stream's GEQ wait and a sender stream's GEQ 1 wait, so no stream stays
 	// blocked on a dead peer.
 	r.storeFailedLocked()
-	hold := r.directGraph || (r.dev != nil && r.dev.direct)
+	hold := r.directGraph || r.clearingGates || (r.dev != nil && r.dev.direct)
 	r.mu.Unlock()
 	r.failDevice()
 	if hold {
@@ -357,9 +360,9 @@ func (r *Request) fail(err error) {
 }
 
 // holdFailed keeps the failure value in a failed sender's ready flags until Free: a
-// direct graph node clears its flag at every launch and a direct kernel marks it
-// moved, and each later launch must still find the failure value instead of waiting
-// for a receiver that is gone.
+// CUDA graph's gate (direct or not) clears its flag at every launch and a direct
+// kernel marks it moved, and each later launch must still find the failure value
+// instead of waiting for a receiver that is gone.
 func (r *Request) holdFailed() {
 	for {
 		time.Sleep(time.Millisecond)

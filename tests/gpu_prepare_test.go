@@ -63,6 +63,12 @@ func preparedPairOf(t *testing.T, g *gpu, sendW, recvW *ucp.Worker, toRecv, toSe
 // over tcp (peer error handling: closing one fails the other's endpoint).
 func tcpWorkers(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
 	t.Helper()
+	return tcpWorkersWith(t, ucp.WorkerParams{})
+}
+
+// tcpWorkersWith is tcpWorkers with the sending worker made with sendParams.
+func tcpWorkersWith(t *testing.T, sendParams ucp.WorkerParams) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.Endpoint) {
+	t.Helper()
 	var ctxs [2]*ucp.Context
 	var ws [2]*ucp.Worker
 	for i := range ctxs {
@@ -71,7 +77,11 @@ func tcpWorkers(t *testing.T) (recvW, sendW *ucp.Worker, toRecv, toSend *ucp.End
 		require.NoError(t, err)
 		c := ctxs[i]
 		t.Cleanup(func() { _ = c.Close() })
-		ws[i], err = ctxs[i].NewWorker(ucp.WorkerParams{})
+		params := ucp.WorkerParams{}
+		if i == 1 {
+			params = sendParams
+		}
+		ws[i], err = ctxs[i].NewWorker(params)
 		require.NoError(t, err)
 	}
 	recvW, sendW = ws[0], ws[1]
@@ -407,6 +417,54 @@ func TestGPUPreparedPreadyNodeRelaunch(t *testing.T) {
 	require.NoError(t, send.Free())
 	require.NoError(t, recv.Free())
 	require.Equal(t, uint64(launches), recv.Stats().Iterations)
+}
+
+// A CUDA graph of PreadyNode partitions (host-mapped buffers: the engine path, whose
+// gate takes each ready flag with a memop write of 0) whose receiver goes away after
+// some launches: later launches still complete (the failure value is kept in the
+// flags the gates clear), so the graph's stream is not left waiting on the dead peer,
+// and Wait reports ucp.ErrPeerFailed. Two workers of one process over tcp.
+func TestGPUPreparedPreadyNodePeerFails(t *testing.T) {
+	g := requireGPU(t)
+	recvW, sendW, toRecv, toSend := tcpWorkersWith(t, ucp.WorkerParams{ProgressThread: true})
+	const parts, partBytes = 4, 4096
+	out, in := g.mapped(t, parts*partBytes), g.mapped(t, parts*partBytes)
+	send, recv := preparedPair(t, g, sendW, recvW, toRecv, toSend, out.Bytes(), in.Bytes(), parts, parts, 0x65)
+	cg, err := g.ctx.NewGraph()
+	require.NoError(t, err)
+	defer cg.Close()
+	for p := range parts {
+		_, err = send.PreadyNode(graph.CUDA{Graph: cg}, nil, p)
+		require.NoError(t, err)
+	}
+	x, err := cg.Instantiate(0)
+	require.NoError(t, err)
+	defer x.Close()
+	s := g.stream(t)
+	cs, _ := stream.CUDAStream(s)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := 1; i <= 3; i++ {
+		fillPattern(out.Bytes(), byte(i))
+		require.NoError(t, recv.Start())
+		require.NoError(t, x.Launch(cs))
+		require.NoError(t, recv.Wait(ctx), "iteration %d", i)
+		require.Equal(t, makePattern(len(in.Bytes()), byte(i)), in.Bytes(), "iteration %d", i)
+		require.NoError(t, s.Synchronize())
+	}
+	require.NoError(t, recvW.Close())
+	require.ErrorIs(t, send.Wait(ctx), ucp.ErrPeerFailed)
+	for range 3 {
+		require.NoError(t, x.Launch(cs))
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case <-done: // the stream's error, if any, is the failed puts'
+	case <-time.After(30 * time.Second):
+		t.Fatal("launches after the receiver died still wait on it")
+	}
+	require.NoError(t, send.Free())
 }
 
 // Device buffers made ready from the host (Pready, in reverse) and in stream order
