@@ -38,6 +38,22 @@ func (g *registry) awaitReady(r *Request, iter uint64) {
 	}
 }
 
+// watchSent hands the mover sender r, a stream of which waits (WaitOnStream) for
+// every partition of iteration iter to move: the mover runs at once, and until then.
+// Caller holds r.mu.
+func (g *registry) watchSent(r *Request, iter uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiters == nil {
+		g.waiters = map[*Request]waitingIter{}
+	}
+	g.waiters[r] = waitingIter{iter: iter} // waited since ever: late at once
+	if !g.moving {
+		g.moving = true
+		go g.mover()
+	}
+}
+
 // moveLater is the mover's delayed start: it runs once some sender's partitions
 // waited drainDelay; younger ones get their delay.
 func (g *registry) moveLater() {
@@ -150,6 +166,15 @@ func (r *Request) pumpWaiting(iter uint64) (over, moved bool) {
 	n := len(r.waiting)
 	_ = r.pumpLocked()
 	moved = len(r.waiting) < n
+	if r.sentWatched == iter {
+		// A stream waits until every partition moved (WaitOnStream), also those not
+		// ready yet.
+		if !r.sentLocked() {
+			return false, moved
+		}
+		r.signalSentLocked()
+		return true, moved
+	}
 	if len(r.waiting) > 0 {
 		return false, moved
 	}

@@ -143,7 +143,12 @@ type Request struct {
 	waiting  []int
 	taken    []int  // pumpLocked's scratch
 	awaiting uint64 // the iteration whose waiting partitions the mover knows of
-	inflight []*ucp.Request
+	// Sender: sentWord holds the last iteration whose partitions all moved (streams of
+	// WaitOnStream wait on it; allocated at its first call); sentWatched: the
+	// iteration the registry watches for it.
+	sentWord    *stream.WordBlock
+	sentWatched uint64
+	inflight    []*ucp.Request
 	// Sender: iters is the source of the arrival counters' write after a run of
 	// partitions moved as one put (the run's words hold the iteration).
 	iters *ucp.MemH
@@ -291,6 +296,9 @@ func (r *Request) allocate() error {
 // release frees what the request holds.
 func (r *Request) release() {
 	r.st.close()
+	if r.sentWord != nil {
+		_ = r.sentWord.Close()
+	}
 	if r.words != nil {
 		_ = r.words.Close()
 	}
@@ -882,21 +890,10 @@ func (r *Request) testLocked() (bool, error) {
 		if err := r.pumpLocked(); err != nil {
 			return false, err
 		}
-		if len(r.waiting) > 0 {
+		if !r.sentLocked() {
 			return false, nil
 		}
-		if r.nready < r.parts {
-			return false, nil
-		}
-		for _, req := range r.inflight {
-			if !req.Done() {
-				return false, nil
-			}
-		}
-		if d := r.dev; d != nil && d.direct && d.armed == r.iter && r.iterErr == nil && !r.movedLocked() {
-			// A kernel moves the partitions; each marks its flag once it did.
-			return false, nil
-		}
+		r.signalSentLocked()
 		if r.iterErr == nil && len(r.inflight) > 0 && int64(r.ack.load()-r.iter) < 0 {
 			r.reg.drain(r, r.iter)
 		}
@@ -997,8 +994,11 @@ func (r *Request) Wait(ctx context.Context) error {
 }
 
 // WaitOnStream holds back later work on s until the current iteration completed: on a
-// receiver, until every partition arrived; on a sender, until the operations it moves
-// in stream order have completed.
+// receiver, until every partition arrived; on a sender, until every partition was made
+// ready (in any form, also after this call) and moved, so that the buffer may be
+// reused. A sender's stream is released without further host calls: the worker's
+// registry watches the iteration (and a dead peer releases it too). On a sender with
+// no iteration in flight it returns at once; s must be of the request's backend.
 func (r *Request) WaitOnStream(s stream.Stream) error {
 	if r == nil {
 		return fmt.Errorf("wait on stream: nil request: %w", ErrInvalidParam)
@@ -1015,14 +1015,61 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 		return nil
 	}
 	r.mu.Lock()
-	reqs := append([]*ucp.Request(nil), r.inflight...)
-	r.mu.Unlock()
-	for _, req := range reqs {
-		if err := req.WaitOnStream(s); err != nil {
-			return err
+	defer r.mu.Unlock()
+	if s == nil || s.Kind() != r.backend.Kind() {
+		return fmt.Errorf("wait on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
+	}
+	if err := r.errLocked(); err != nil {
+		return err
+	}
+	if !r.active {
+		return nil
+	}
+	if r.sentWord == nil {
+		b, err := r.backend.AllocWords(1)
+		if err != nil {
+			return fmt.Errorf("wait on stream: %w", err)
 		}
+		r.sentWord = b
+	}
+	if err := s.WaitValue(r.sentWord.Word(0), r.iter, stream.GEQ); err != nil {
+		return fmt.Errorf("wait on stream: %w", err)
+	}
+	_ = r.pumpLocked() // a refused put fails the iteration, which Wait reports
+	if r.sentLocked() {
+		r.signalSentLocked()
+		return nil
+	}
+	if r.sentWatched != r.iter {
+		r.sentWatched = r.iter
+		r.reg.watchSent(r, r.iter)
 	}
 	return nil
+}
+
+// sentLocked reports whether every partition of the sender's current iteration was
+// made ready and moved: its buffer may be reused. Caller holds r.mu.
+func (r *Request) sentLocked() bool {
+	if len(r.waiting) > 0 || r.nready < r.parts {
+		return false
+	}
+	for _, req := range r.inflight {
+		if !req.Done() {
+			return false
+		}
+	}
+	// On the direct path a kernel moves the partitions; each marks its flag once it did.
+	d := r.dev
+	return d == nil || !d.direct || d.armed != r.iter || r.iterErr != nil || r.movedLocked()
+}
+
+// signalSentLocked releases the streams waiting (WaitOnStream) for the current
+// iteration's partitions to move. Caller holds r.mu.
+func (r *Request) signalSentLocked() {
+	if r.sentWord != nil && r.sentWord.Word(0).Load() != failedWord {
+		r.sentWord.Word(0).Store(r.iter)
+		r.sentWord.Notify()
+	}
 }
 
 // Free releases the request (MPI_Request_free). With an iteration in flight it fails

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -350,6 +351,65 @@ func TestPreadyMovesWithoutFurtherCalls(t *testing.T) {
 			require.NoError(t, recv.Wait(ctx))
 			require.NoError(t, send.Wait(ctx))
 		}
+	})
+}
+
+// A sender's WaitOnStream holds its stream until every partition moved — those made
+// ready before the receiver's readiness, and one made ready only after the call —
+// with no further host call on the request: a host function behind it reuses the
+// buffer, and the receiver still gets the iteration's bytes. Over tcp, a receiver
+// that dies releases the stream too.
+func TestSenderWaitOnStream(t *testing.T) {
+	links(t, func(t *testing.T, l *link) {
+		const parts = 8
+		send, recv, sbuf, rbuf := pair(t, l, parts*512, parts, parts, 6)
+		b := stream.NewHostBackend()
+		defer b.Close()
+		s, err := b.NewStream()
+		require.NoError(t, err)
+		defer s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for i := 1; i <= 3; i++ {
+			require.NoError(t, send.Start())
+			fill(sbuf, i)
+			require.NoError(t, send.PreadyRange(0, parts-2))
+			require.NoError(t, send.WaitOnStream(s))
+			var reused atomic.Bool
+			require.NoError(t, s.LaunchHostFunc(func() {
+				reused.Store(true)
+				fill(sbuf, 100+i) // the buffer may be reused
+			}))
+			time.Sleep(5 * time.Millisecond)
+			require.False(t, reused.Load(), "iteration %d: the stream went on before the receiver was ready", i)
+			require.NoError(t, recv.Start())
+			time.Sleep(5 * time.Millisecond)
+			require.False(t, reused.Load(), "iteration %d: the stream went on before the last partition was ready", i)
+			require.NoError(t, send.Pready(parts-1))
+			require.NoError(t, s.Synchronize())
+			require.True(t, reused.Load())
+			require.NoError(t, recv.Wait(ctx))
+			require.NoError(t, checkFilled(rbuf, i), "iteration %d", i)
+			require.NoError(t, send.Wait(ctx))
+		}
+		require.NoError(t, send.WaitOnStream(s), "no iteration in flight: returns at once")
+		require.NoError(t, s.Synchronize())
+		if !strings.HasSuffix(t.Name(), "tcp") {
+			return
+		}
+		require.NoError(t, send.Start())
+		require.NoError(t, send.Pready(0))
+		require.NoError(t, send.WaitOnStream(s))
+		require.NoError(t, l.r.Close()) // the receiver's worker goes away
+		done := make(chan error, 1)
+		go func() { done <- s.Synchronize() }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "released, not failed: Wait reports the failure")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the stream still waits for a dead receiver")
+		}
+		require.ErrorIs(t, send.Wait(ctx), ucp.ErrPeerFailed)
 	})
 }
 

@@ -183,6 +183,9 @@ func (r *Request) storeFailedLocked() {
 	if r.dev != nil && r.dev.kready != nil {
 		blocks = append(blocks, r.dev.kready)
 	}
+	if r.sentWord != nil {
+		blocks = append(blocks, r.sentWord)
+	}
 	for _, b := range blocks {
 		for i := range b.Len() {
 			b.Word(i).Store(failedWord)
