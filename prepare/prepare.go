@@ -144,8 +144,7 @@ type Request struct {
 	taken    []int  // pumpLocked's scratch
 	awaiting uint64 // the iteration whose waiting partitions the mover knows of
 	// Sender: sentWord holds the last iteration whose partitions all moved (streams of
-	// WaitOnStream wait on it; allocated at its first call); sentWatched: the
-	// iteration the registry watches for it.
+	// WaitOnStream wait on it); sentWatched: the iteration the registry watches for it.
 	sentWord    *stream.WordBlock
 	sentWatched uint64
 	inflight    []*ucp.Request
@@ -282,6 +281,9 @@ func (r *Request) allocate() error {
 		}
 		r.words = words
 		r.readied = make([]bool, r.parts)
+		if r.sentWord, err = r.backend.AllocWords(1); err != nil {
+			return err
+		}
 		if r.st == nil && !r.direct {
 			iters, err := r.w.Context().MemAlloc(8 * r.parts)
 			if err != nil {
@@ -1024,13 +1026,6 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 	}
 	if !r.active {
 		return nil
-	}
-	if r.sentWord == nil {
-		b, err := r.backend.AllocWords(1)
-		if err != nil {
-			return fmt.Errorf("wait on stream: %w", err)
-		}
-		r.sentWord = b
 	}
 	if err := s.WaitValue(r.sentWord.Word(0), r.iter, stream.GEQ); err != nil {
 		return fmt.Errorf("wait on stream: %w", err)
