@@ -53,7 +53,10 @@ type Stats struct {
 	// prepare phase. It stays constant over iterations: matching is off the
 	// critical path.
 	TagMatches uint64
-	// Puts is the number of partitions moved (sender).
+	// Puts is the number of partitions moved (sender) by host calls, streams and
+	// kernels; a PreadyNode counts once, when its nodes are made. A graph's launches
+	// run with no host call and count in neither Puts nor Iterations: the graph's
+	// owner counts its launches.
 	Puts uint64
 }
 

@@ -467,6 +467,18 @@ func TestPartitionedMatchByInitOrder(t *testing.T) {
 	}
 	iterate(t, s1, r1, sb1, rb1, 3, inOrder(4))
 	iterate(t, s2, r2, sb2, rb2, 3, inOrder(2))
+	// StartAll starts every request of a list: one iteration of both pairs at once.
+	require.NoError(t, prepare.StartAll(r1, r2))
+	require.NoError(t, prepare.StartAll(s2, s1))
+	fill(sb1, 4)
+	fill(sb2, 4)
+	require.NoError(t, s1.PreadyRange(0, 3))
+	require.NoError(t, s2.PreadyRange(0, 1))
+	for _, r := range reqs {
+		require.NoError(t, r.Wait(ctx))
+	}
+	require.NoError(t, checkFilled(rb1, 4))
+	require.NoError(t, checkFilled(rb2, 4))
 	for _, r := range reqs {
 		require.Equal(t, uint64(1), r.Stats().TagMatches, "no matching after the prepare phase")
 	}
