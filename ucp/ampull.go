@@ -103,7 +103,7 @@ func (c *Context) pullKey(ptr uintptr) (*pullExport, error) {
 // reports false (nothing sent) where the message cannot go so: the caller stages it.
 func (ep *Endpoint) amPull(op string, id uint, header, buf []byte, p *RequestParam) (*Request, bool, error) {
 	w := ep.w
-	d, ok := ep.pullDescriptor(pullMagic, buf, id, p.AmFlags, header)
+	d, ok := ep.pullDescriptor(pullMagic, buf, id, p.AmFlags|ep.pullFlags(), header)
 	if !ok || (w.maxAmHeader > 0 && len(d.sealed) > w.maxAmHeader) {
 		return nil, false, nil // the key and the header do not fit one: staged
 	}
@@ -223,7 +223,7 @@ func (w *Worker) onPull(msg *AmMessage) {
 	if flags&pullHelloFlag != 0 {
 		answer = 0 // a hello waits for no answer
 	}
-	if ref.ep, err = w.replyEndpoint(sender, addr, anySource, answer); err != nil || flags&pullHelloFlag != 0 {
+	if ref.ep, err = w.replyEndpoint(sender, addr, anySource, answer, flags&pullNoPeerErrFlag != 0); err != nil || flags&pullHelloFlag != 0 {
 		return
 	}
 	// The length is the sender's word: it must lie in the allocation its key names

@@ -116,6 +116,15 @@ func TestAMPull(t *testing.T) {
 	_, err = p.epA.AmSendNbx(PullAM, nil, nil, nil)
 	require.ErrorIs(t, err, ErrInvalidParam)
 	require.ErrorIs(t, p.b.SetAmHandler(PullAM, func(*AmMessage) {}), ErrInvalidParam)
+
+	// Flags beyond UCX's AM send flags are refused at the call (a pulled message's
+	// descriptor carries ucpx's own flags beside them: a hello would have been dropped).
+	for _, f := range []AmSendFlags{1 << 31, 1 << 30, 1 << 3} {
+		dp := *dev
+		dp.AmFlags = AmReply | f
+		_, err = p.epA.AmSendNbx(5, nil, DeviceBuffer(src.Ptr(), 100), &dp)
+		require.ErrorIs(t, err, ErrInvalidParam, "flags %#x", uint32(f))
+	}
 }
 
 // StageAlways stages the device buffer instead; the receiver's RecvData into device

@@ -58,6 +58,9 @@ func (p *RequestParam) checkCommon(op string, c *Context) error {
 			return err
 		}
 	}
+	if p.AmFlags&^(AmReply|AmEager|AmRendezvous) != 0 {
+		return opErr(op, ErrInvalidParam, "unknown RequestParam.AmFlags %#x", uint32(p.AmFlags&^(AmReply|AmEager|AmRendezvous)))
+	}
 	if p.Staging > protocol.PreferPull {
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.Staging %v", p.Staging)
 	}

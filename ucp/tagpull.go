@@ -30,6 +30,20 @@ const tagPullMagic = "UCT2"
 // pullHelloFlag marks a PullAM message that only carries its sender's address.
 const pullHelloFlag = 1 << 31
 
+// pullNoPeerErrFlag marks a descriptor whose sender's endpoint has no peer error
+// handling (EndpointParams.NoPeerErrorHandling): an endpoint the receiver makes to
+// answer it must have none either, as UCX refuses a pair whose two ends differ
+// ("asymmetric endpoint configuration") and the pull then never completes.
+const pullNoPeerErrFlag = 1 << 30
+
+// pullFlags are the internal flags of a descriptor sent on ep.
+func (ep *Endpoint) pullFlags() AmSendFlags {
+	if ep.params.NoPeerErrorHandling {
+		return pullNoPeerErrFlag
+	}
+	return 0
+}
+
 // tagPullConditioned is the smallest conditioned send that goes by pull: the engine
 // issues it at the trigger, where falling back to staging (the descriptor longer than
 // the data) would allocate. Descriptors are a few hundred bytes.
@@ -56,7 +70,7 @@ func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) b
 // false (nothing sent) where the message cannot go so: the caller stages it.
 func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) (*Request, bool, error) {
 	w := ep.w
-	d, ok := ep.pullDescriptor(tagPullMagic, buf, 0, 0, nil)
+	d, ok := ep.pullDescriptor(tagPullMagic, buf, 0, ep.pullFlags(), nil)
 	if !ok || len(d.sealed) > len(buf) {
 		return nil, false, nil // a receive that fits the data must fit the descriptor
 	}
@@ -67,7 +81,7 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 			// address, so that a receiver with no endpoint to it makes one (a receive
 			// too short for a descriptor can only be answered on an endpoint it has).
 			ep.pullHello = true
-			hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag, 0, 0, 0, nil, d.self, nil))
+			hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag|ep.pullFlags(), 0, 0, 0, nil, d.self, nil))
 			_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(hello))
 		}
 		return w.raw.TagSend(ep.raw, bufPtr(d.sealed), len(d.sealed), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
@@ -163,7 +177,7 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 		r.completeLocked(opErr(r.op, err, "a message marked pulled"), 0, utag)
 		return
 	}
-	_, _, ref, packed, addr, _, ok := decodePull(plain)
+	_, flags, ref, packed, addr, _, ok := decodePull(plain)
 	if !ok {
 		r.completeLocked(opErr(r.op, ErrInvalidParam, "a pulled message's descriptor is malformed"), 0, utag)
 		return
@@ -181,7 +195,7 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 	w.pullsIn = append(w.pullsIn, pullIn{r: r, src: src, tag: utag})
 	// The receive buffer may be a staging buffer lent again: keep copies.
 	packed, addr = append([]byte(nil), packed...), append([]byte(nil), addr...)
-	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, sender, src, packed, addr, utag) })
+	w.deferred = append(w.deferred, func() { w.pullRecv(r, pr, ref, sender, src, packed, addr, utag, flags&pullNoPeerErrFlag != 0) })
 }
 
 // splitPullTag splits a pulled message's sender tag into its sender's source id and
@@ -218,8 +232,9 @@ var maxInternalEndpoints = 1024
 // endpoint made here is internal: closed when its peer fails or when one made later
 // to the same worker replaces it. Past maxInternalEndpoints none is made: the pull
 // fails here, and its sender (op, unless 0) is answered as for any failed pull, on an
-// endpoint closed behind the answer.
-func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64) (*Endpoint, error) {
+// endpoint closed behind the answer. noPeerErr: the sender's endpoint has no peer
+// error handling, and neither may one made here.
+func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64, noPeerErr bool) (*Endpoint, error) {
 	peer, err := openAddress(w.ctx.trust.seal, addr)
 	if err != nil {
 		return nil, err
@@ -246,13 +261,14 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64)
 			n++
 		}
 	}
+	params := &EndpointParams{NoPeerErrorHandling: noPeerErr}
 	if n >= maxInternalEndpoints {
 		if op != 0 {
-			w.answerRefusedLocked(&peer, op)
+			w.answerRefusedLocked(&peer, params, op)
 		}
 		return nil, opErr("pull", ErrExceedsLimit, "%d endpoints made for pulls already", n)
 	}
-	ep, err := w.connectLocked(&peer, nil, "pull-sender", "pull sender's address")
+	ep, err := w.connectLocked(&peer, params, "pull-sender", "pull sender's address")
 	if err != nil {
 		return nil, err
 	}
@@ -299,8 +315,8 @@ func (w *Worker) peerGoneLocked(peer [idLen]byte) bool {
 // to it could be made) that its send may complete, as pullDoneLocked does for any
 // failed pull, on an endpoint made for that one message and closed (flushed) behind
 // it. Caller holds w.mu.
-func (w *Worker) answerRefusedLocked(peer *peerInfo, op uint64) {
-	ep, err := w.connectLocked(peer, nil, "pull-refused", "pull sender's address")
+func (w *Worker) answerRefusedLocked(peer *peerInfo, params *EndpointParams, op uint64) {
+	ep, err := w.connectLocked(peer, params, "pull-refused", "pull sender's address")
 	if err != nil {
 		return
 	}
@@ -310,10 +326,10 @@ func (w *Worker) answerRefusedLocked(peer *peerInfo, op uint64) {
 
 // pullRecv copies a pulled message into r's buffer (or the device memory it stands
 // for) and completes r, through pr, once the copy is done.
-func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src uint64, packed, addr []byte, tag uint64) {
+func (w *Worker) pullRecv(r, pr *Request, ref *pullRef, sender [idLen]byte, src uint64, packed, addr []byte, tag uint64, noPeerErr bool) {
 	var err error
 	if ref.ep == nil {
-		ref.ep, err = w.replyEndpoint(sender, addr, src, ref.op)
+		ref.ep, err = w.replyEndpoint(sender, addr, src, ref.op, noPeerErr)
 	}
 	var rk *Rkey
 	if err == nil {

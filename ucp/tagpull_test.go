@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -303,25 +304,35 @@ func TestTagPullReceiverSleeps(t *testing.T) {
 // address) still answers, tag and active messages alike: the descriptor carries the
 // sender's sealed address, and the receiver makes an endpoint from it once.
 func TestTagPullOneWayEndpoint(t *testing.T) {
-	const n = 64 << 10
-	wa, wb, ep, ctx, src := oneWayPair(t, n)
-	copy(src.Bytes(), pattern(n, 16))
-	for i := 0; i < 3; i++ {
-		host := make([]byte, n)
-		rr, err := wb.TagRecvNbx(host, 4, MaxTag, nil)
-		require.NoError(t, err)
-		sr, err := ep.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, devParam)
-		require.NoError(t, err)
-		require.NoError(t, rr.Wait(ctx))
-		require.Equal(t, pattern(n, 16), host)
-		require.NoError(t, sr.Wait(ctx), "send %d completes: the receiver answered", i)
+	for _, noPeerErr := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoPeerErrorHandling=%v", noPeerErr), func(t *testing.T) {
+			const n = 64 << 10
+			wa, wb, ep, ctx, src := oneWayPair(t, n, noPeerErr)
+			copy(src.Bytes(), pattern(n, 16))
+			for i := 0; i < 3; i++ {
+				host := make([]byte, n)
+				rr, err := wb.TagRecvNbx(host, 4, MaxTag, nil)
+				require.NoError(t, err)
+				sr, err := ep.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, devParam)
+				require.NoError(t, err)
+				require.NoError(t, rr.Wait(ctx))
+				require.Equal(t, pattern(n, 16), host)
+				require.NoError(t, sr.Wait(ctx), "send %d completes: the receiver answered", i)
+			}
+			require.Equal(t, pattern(n, 16), pullAMToHost(t, ctx, ep, wb, 3, src, n))
+			wb.mu.Lock()
+			eps := make([]*Endpoint, 0, len(wb.eps))
+			for _, e := range wb.eps {
+				eps = append(eps, e)
+			}
+			wb.mu.Unlock()
+			require.Len(t, eps, 1, "one endpoint back, made once")
+			// UCX refuses a pair whose ends differ in error handling: the endpoint back
+			// takes the sender's.
+			require.Equal(t, noPeerErr, eps[0].params.NoPeerErrorHandling)
+			require.Zero(t, wa.StagingStats().Bytes, "pulled")
+		})
 	}
-	require.Equal(t, pattern(n, 16), pullAMToHost(t, ctx, ep, wb, 3, src, n))
-	wb.mu.Lock()
-	eps := len(wb.eps)
-	wb.mu.Unlock()
-	require.Equal(t, 1, eps, "one endpoint back, made once")
-	require.Zero(t, wa.StagingStats().Bytes, "pulled")
 }
 
 // The first pulled message of a one-way pair matched by a receive too short for its
@@ -329,7 +340,7 @@ func TestTagPullOneWayEndpoint(t *testing.T) {
 // the sender sent ahead gave it an endpoint, and the answer by tag completes the send.
 func TestTagPullOneWayTruncated(t *testing.T) {
 	const n = 64 << 10
-	_, wb, ep, ctx, src := oneWayPair(t, n)
+	_, wb, ep, ctx, src := oneWayPair(t, n, false)
 	sr, err := ep.TagSendNbx(DeviceBuffer(src.Ptr(), n), 4, devParam)
 	require.NoError(t, err)
 	rr, err := wb.TagRecvNbx(make([]byte, 16), 4, MaxTag, nil)
@@ -341,9 +352,9 @@ func TestTagPullOneWayTruncated(t *testing.T) {
 }
 
 // oneWayPair is two workers of contexts with the fake device where only a has an
-// endpoint (to b, by b's worker address), both progressing in the background, a
+// endpoint (to b, by b's worker address, with noPeerErr's error handling), both progressing in the background, a
 // context that ends with the test, and n bytes of fake device memory.
-func oneWayPair(t *testing.T, n int) (wa, wb *Worker, ep *Endpoint, ctx context.Context, src *fakeipc.Alloc) {
+func oneWayPair(t *testing.T, n int, noPeerErr bool) (wa, wb *Worker, ep *Endpoint, ctx context.Context, src *fakeipc.Alloc) {
 	t.Helper()
 	ca, cb := fakeDeviceContexts(t)
 	wa, err := ca.NewWorker(WorkerParams{})
@@ -352,7 +363,7 @@ func oneWayPair(t *testing.T, n int) (wa, wb *Worker, ep *Endpoint, ctx context.
 	require.NoError(t, err)
 	addr, err := wb.Address()
 	require.NoError(t, err)
-	ep, err = wa.ConnectAddress(addr, nil)
+	ep, err = wa.ConnectAddress(addr, &EndpointParams{NoPeerErrorHandling: noPeerErr})
 	require.NoError(t, err)
 	t.Cleanup(background(wa))
 	t.Cleanup(background(wb))
