@@ -58,6 +58,12 @@ func (p *RequestParam) checkCommon(op string, c *Context) error {
 			return err
 		}
 	}
+	if p.Flags&^knownOpFlags != 0 {
+		// Other bits of ucp_op_attr_t name fields of the request parameters (a request
+		// to use, a datatype, a reply buffer) that UCX would read from memory ucpx
+		// never filled.
+		return opErr(op, ErrInvalidParam, "unknown RequestParam.Flags %#x", uint32(p.Flags&^knownOpFlags))
+	}
 	if p.AmFlags&^(AmReply|AmEager|AmRendezvous) != 0 {
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.AmFlags %#x", uint32(p.AmFlags&^(AmReply|AmEager|AmRendezvous)))
 	}

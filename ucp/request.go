@@ -28,6 +28,9 @@ const (
 	MultiSend = OpFlags(ucx.OpMultiSend)
 )
 
+// knownOpFlags are the flags an operation accepts; any other bit is refused at the call.
+const knownOpFlags = NoImmediateCompletion | FastCompletion | ForceImmediateCompletion | MultiSend | NonBlockingEnqueue
+
 // RequestParam mirrors ucp_request_param_t. A nil *RequestParam means defaults.
 type RequestParam struct {
 	// Callback runs when an operation that did not complete in place completes, on the
@@ -369,7 +372,7 @@ func (p *RequestParam) checkReuse(op string) error {
 // flags are the operation's flags for the glue: the user's UCX flags, and Notify when
 // a callback waits for the completion.
 func (p *RequestParam) flags() uint32 {
-	f := uint32(p.Flags&^ucpxOnlyFlags) &^ ucx.Notify
+	f := uint32(p.Flags&knownOpFlags&^ucpxOnlyFlags) &^ ucx.Notify
 	if p.Callback != nil {
 		f |= ucx.Notify
 	}
