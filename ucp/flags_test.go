@@ -20,8 +20,12 @@ func TestUnknownOpFlagsRefused(t *testing.T) {
 	calls := map[string]func(*RequestParam) (*Request, error){
 		"tag_send_nbx": func(rp *RequestParam) (*Request, error) { return p.epA.TagSendNbx(buf, 1, rp) },
 		"tag_recv_nbx": func(rp *RequestParam) (*Request, error) { return p.b.TagRecvNbx(buf, 1, MaxTag, rp) },
-		"put_nbx":      func(rp *RequestParam) (*Request, error) { return p.epA.PutNbx(buf, uint64(tg.data.Address()), tg.dataKey, rp) },
-		"get_nbx":      func(rp *RequestParam) (*Request, error) { return p.epA.GetNbx(buf, uint64(tg.data.Address()), tg.dataKey, rp) },
+		"put_nbx": func(rp *RequestParam) (*Request, error) {
+			return p.epA.PutNbx(buf, uint64(tg.data.Address()), tg.dataKey, rp)
+		},
+		"get_nbx": func(rp *RequestParam) (*Request, error) {
+			return p.epA.GetNbx(buf, uint64(tg.data.Address()), tg.dataKey, rp)
+		},
 		"atomic_nbx": func(rp *RequestParam) (*Request, error) {
 			return p.epA.AtomicNbx(AtomicParam{Op: AtomicAdd, Operand: 1}, tg.sigs.Addr(0), tg.sigKey, rp)
 		},
