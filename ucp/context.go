@@ -337,8 +337,11 @@ func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH
 	if addr == 0 || length <= 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "addr %#x length %d", addr, length)
 	}
+	if memType < MemoryUnknown || memType > MemoryROCmManaged {
+		return nil, opErr("mem_map", ErrInvalidParam, "unknown memory type %d", int(memType))
+	}
 	m := &MemH{ctx: c, memType: memType}
-	if (memType == MemoryCUDA || memType == MemoryCUDAManaged) && !c.SupportsMemoryType(memType) {
+	if memType > MemoryHost && !c.SupportsMemoryType(memType) {
 		if memType == MemoryCUDA && c.ipc != nil {
 			if err := c.mapDevice(m, addr, length); err != nil {
 				return nil, err

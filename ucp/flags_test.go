@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Every bit of RequestParam.Flags that is not an operation flag ucpx knows is refused
-// at the call, by every nbx operation: the low bits of ucp_op_attr_t name request
+// Every bit of RequestParam.Flags that is not an operation flag ucpx knows, and every
+// memory type outside UCX's enumeration, is refused at the call by every nbx operation: the low bits of ucp_op_attr_t name request
 // parameter fields (a request to use, a datatype, a reply buffer), and passed on, UCX
 // read them from memory nobody filled (a request at a garbage address: SIGSEGV). The
 // known flags still work, and the pair still carries a message afterwards.
@@ -45,6 +45,11 @@ func TestUnknownOpFlagsRefused(t *testing.T) {
 			_, err := call(&RequestParam{Flags: f})
 			require.ErrorIs(t, err, ErrInvalidParam, "%s with flag bit %d", name, bit)
 		}
+		// A memory type outside UCX's enumeration is bad input too, not "unsupported".
+		for _, mt := range []MemoryType{-7, MemoryUnknown - 1, MemoryROCmManaged + 1, 1 << 20} {
+			_, err := call(&RequestParam{MemoryType: mt})
+			require.ErrorIs(t, err, ErrInvalidParam, "%s with memory type %d", name, mt)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -58,4 +63,32 @@ func TestUnknownOpFlagsRefused(t *testing.T) {
 	require.NoError(t, sr.Wait(ctx))
 	require.NoError(t, <-recvDone)
 	require.Equal(t, []byte("8 bytes!"), got)
+}
+
+// MemMapPtr: a memory type outside UCX's enumeration is bad input, and one UCX has no
+// transport for here (ROCm, CUDA without ContextParams.Device) is unsupported; before,
+// both registered host memory under that type. Host and unknown still register.
+func TestMemMapPtrMemoryTypes(t *testing.T) {
+	c, err := NewContext(ContextParams{})
+	require.NoError(t, err)
+	defer c.Close()
+	buf, err := c.MemAlloc(4096)
+	require.NoError(t, err)
+	defer buf.Close()
+	for _, mt := range []MemoryType{-7, MemoryUnknown - 1, MemoryROCmManaged + 1, 99} {
+		_, err := c.MemMapPtr(buf.Address(), 4096, mt)
+		require.ErrorIs(t, err, ErrInvalidParam, "memory type %d", mt)
+	}
+	for _, mt := range []MemoryType{MemoryCUDA, MemoryCUDAManaged, MemoryROCm, MemoryROCmManaged} {
+		if c.SupportsMemoryType(mt) {
+			continue
+		}
+		_, err := c.MemMapPtr(buf.Address(), 4096, mt)
+		require.ErrorIs(t, err, ErrUnsupported, "%s", mt)
+	}
+	for _, mt := range []MemoryType{MemoryHost, MemoryUnknown} {
+		m, err := c.MemMapPtr(buf.Address(), 4096, mt)
+		require.NoError(t, err, "%s", mt)
+		require.NoError(t, m.Close())
+	}
 }

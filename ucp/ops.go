@@ -64,6 +64,9 @@ func (p *RequestParam) checkCommon(op string, c *Context) error {
 		// never filled.
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.Flags %#x", uint32(p.Flags&^knownOpFlags))
 	}
+	if p.MemoryType < MemoryUnknown || p.MemoryType > MemoryROCmManaged {
+		return opErr(op, ErrInvalidParam, "unknown RequestParam.MemoryType %d", int(p.MemoryType))
+	}
 	if p.AmFlags&^(AmReply|AmEager|AmRendezvous) != 0 {
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.AmFlags %#x", uint32(p.AmFlags&^(AmReply|AmEager|AmRendezvous)))
 	}
