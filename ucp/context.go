@@ -125,6 +125,9 @@ func NewContext(p ContextParams) (*Context, error) {
 	if p.Features == 0 {
 		p.Features = FeatureAll
 	}
+	if p.Features&^FeatureAll != 0 {
+		return nil, opErr("init", ErrInvalidParam, "unknown Features %#x", uint64(p.Features&^FeatureAll))
+	}
 	if p.EstimatedEndpoints < 0 {
 		return nil, opErr("init", ErrInvalidParam, "EstimatedEndpoints %d", p.EstimatedEndpoints)
 	}

@@ -451,6 +451,8 @@ func TestBadInputs(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidParam)
 	_, err = NewContext(ContextParams{EstimatedEndpoints: -5})
 	require.ErrorIs(t, err, ErrInvalidParam)
+	_, err = NewContext(ContextParams{Features: FeatureTag | Feature(1<<40)})
+	require.ErrorIs(t, err, ErrInvalidParam, "an unknown feature bit")
 	_, err = NewContext(ContextParams{Config: map[string]string{"RNDV_THRESH": "not-a-size"}})
 	require.Error(t, err)
 
