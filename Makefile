@@ -29,12 +29,14 @@ test: deps vet
 # fuzz coordinator can fail a duration run at its deadline with a bare "context
 # deadline exceeded" and no failing input (golang/go#75804, seen in CI here).
 FUZZTIME ?= 40000x
-FUZZ_TARGETS = FuzzOpenRkey FuzzOpenAddress FuzzControl FuzzHandshakeServer FuzzHandshakeClient
+FUZZ_TARGETS = FuzzOpenRkey FuzzOpenAddress FuzzControl FuzzHandshakeServer FuzzHandshakeClient FuzzDecodePull
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./ucp || exit 1; \
 	done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./bootstrap
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshalHandshake$$' -fuzztime $(FUZZTIME) ./prepare
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPCMessage$$' -fuzztime $(FUZZTIME) ./protocol
 
 # soak sends a million checksummed messages over each transport (CI runs a short form
 # inside make test).
