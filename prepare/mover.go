@@ -103,10 +103,12 @@ func (g *registry) mover() {
 	}
 }
 
-// movePollMin and movePollMax bound the mover's sleep between polls of the ready flags.
+// movePollMin and movePollMax bound the mover's sleep between polls of the ready flags:
+// every wake-up costs CPU, and the longest sleep bounds what a receiver that keeps the
+// sender waiting costs it (docs/performance.md, "Idle waits").
 const (
 	movePollMin = 100 * time.Microsecond
-	movePollMax = time.Millisecond
+	movePollMax = 10 * time.Millisecond
 )
 
 // pumpWaiters moves what it can of every sender that waited drainDelay and forgets
