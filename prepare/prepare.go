@@ -1030,13 +1030,23 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 	if !r.active {
 		return nil
 	}
-	if err := s.WaitValue(r.sentWord.Word(0), r.iter, stream.GEQ); err != nil {
-		return fmt.Errorf("wait on stream: %w", err)
-	}
 	_ = r.pumpLocked() // a refused put fails the iteration, which Wait reports
 	if r.sentLocked() {
 		r.signalSentLocked()
 		return nil
+	}
+	if d := r.dev; len(r.waiting) == 0 && r.nready == r.parts && (d == nil || !d.direct || d.armed != r.iter) {
+		// Every partition's operation is issued: the stream waits for each in its own
+		// way (a GPU stream on the operation's completion word), with no host poll.
+		for _, req := range r.inflight {
+			if err := req.WaitOnStream(s); err != nil {
+				return fmt.Errorf("wait on stream: %w", err)
+			}
+		}
+		return nil
+	}
+	if err := s.WaitValue(r.sentWord.Word(0), r.iter, stream.GEQ); err != nil {
+		return fmt.Errorf("wait on stream: %w", err)
 	}
 	if r.sentWatched != r.iter {
 		r.sentWatched = r.iter

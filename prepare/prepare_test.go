@@ -392,6 +392,18 @@ func TestSenderWaitOnStream(t *testing.T) {
 			require.NoError(t, checkFilled(rbuf, i), "iteration %d", i)
 			require.NoError(t, send.Wait(ctx))
 		}
+		// Every partition issued before the call (the receiver was ready): the stream
+		// waits on the puts themselves.
+		require.NoError(t, recv.Start())
+		require.NoError(t, send.Start())
+		fill(sbuf, 4)
+		require.NoError(t, send.PreadyRange(0, parts-1))
+		require.NoError(t, send.WaitOnStream(s))
+		require.NoError(t, s.LaunchHostFunc(func() { fill(sbuf, 104) }))
+		require.NoError(t, s.Synchronize())
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, checkFilled(rbuf, 4))
+		require.NoError(t, send.Wait(ctx))
 		require.NoError(t, send.WaitOnStream(s), "no iteration in flight: returns at once")
 		require.NoError(t, s.Synchronize())
 		if !strings.HasSuffix(t.Name(), "tcp") {
