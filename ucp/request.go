@@ -43,9 +43,11 @@ type RequestParam struct {
 	MemoryType MemoryType
 	// MemH is a registration covering the buffer, letting UCX skip its own lookup.
 	MemH *MemH
-	// Flags are operation attribute flags.
+	// Flags are operation attribute flags: NoImmediateCompletion, FastCompletion,
+	// ForceImmediateCompletion, MultiSend, NonBlockingEnqueue; other bits are refused.
 	Flags OpFlags
-	// AmFlags are AM send flags (AmReply, AmEager, AmRendezvous); AmSendNbx only.
+	// AmFlags are AM send flags (AmReply, AmEager, AmRendezvous; other bits are
+	// refused); AmSendNbx only.
 	AmFlags AmSendFlags
 	// Peer, on a receive, names the endpoint the message is expected from: if that
 	// endpoint fails, the receive completes with the peer's error instead of waiting
