@@ -47,18 +47,19 @@ type registry struct {
 	// draining: the drainer runs or is due; eagerLeft: an ack was late, and the drainer
 	// starts at once for this many more drains (the registry is eager while it is
 	// positive; see drain).
-	unacked   map[*Request]unackedIter
+	unacked   map[*Request]iterSince
 	draining  bool
 	eagerLeft int
 	relaxed   int // how many times an eager registry went lazy again
 	// waiters: senders whose readied partitions wait for the receiver's readiness;
 	// moving: the mover runs or is due (mover.go).
-	waiters map[*Request]waitingIter
+	waiters map[*Request]iterSince
 	moving  bool
 }
 
-// unackedIter is a sender's iteration waiting for its ack, since when.
-type unackedIter struct {
+// iterSince is a sender's iteration the registry looks after (its ack, for the
+// drainer; its readied partitions, for the mover), since when.
+type iterSince struct {
 	iter  uint64
 	since time.Time
 }
@@ -85,9 +86,9 @@ func (g *registry) drain(r *Request, iter uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.unacked == nil {
-		g.unacked = map[*Request]unackedIter{}
+		g.unacked = map[*Request]iterSince{}
 	}
-	g.unacked[r] = unackedIter{iter, time.Now()}
+	g.unacked[r] = iterSince{iter, time.Now()}
 	eager := g.eagerLeft > 0
 	if eager {
 		if g.eagerLeft--; g.eagerLeft == 0 {
@@ -141,35 +142,45 @@ func (g *registry) drainLater() {
 // dropAcked forgets the senders whose ack came (or that failed or were freed) and
 // returns how many are left; at none the drainer is done (draining is cleared).
 func (g *registry) dropAcked() int {
-	type pending struct {
-		r    *Request
-		iter uint64
+	return g.sweep(&g.unacked, &g.draining, func(r *Request, it iterSince) bool {
+		return int64(r.ack.load()-it.iter) >= 0 || r.gone()
+	})
+}
+
+// sweep visits every request of *set (the drainer's or the mover's, under g.mu) with
+// the registry unlocked, as requests lock their own mutex before the registry's, and
+// forgets those visit drops unless their entry was replaced meanwhile (another
+// iteration). With none left it clears *running under the same lock, so that a
+// request recorded after it starts the goroutine again. It returns how many are left.
+func (g *registry) sweep(set *map[*Request]iterSince, running *bool, visit func(*Request, iterSince) bool) int {
+	type entry struct {
+		r  *Request
+		it iterSince
 	}
-	// Requests lock their own mutex before the registry's (drain): look at them with
-	// the registry unlocked.
 	g.mu.Lock()
-	snap := make([]pending, 0, len(g.unacked))
-	for r, u := range g.unacked {
-		snap = append(snap, pending{r, u.iter})
+	snap := make([]entry, 0, len(*set))
+	for r, it := range *set {
+		snap = append(snap, entry{r, it})
 	}
 	g.mu.Unlock()
-	var done []pending
-	for _, p := range snap {
-		if int64(p.r.ack.load()-p.iter) >= 0 || p.r.gone() {
-			done = append(done, p)
+	var done []entry
+	for _, e := range snap {
+		if visit(e.r, e.it) {
+			done = append(done, e)
 		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, p := range done {
-		if g.unacked[p.r].iter == p.iter {
-			delete(g.unacked, p.r)
+	m := *set
+	for _, e := range done {
+		if m[e.r].iter == e.it.iter {
+			delete(m, e.r)
 		}
 	}
-	if len(g.unacked) == 0 {
-		g.draining = false
+	if len(m) == 0 {
+		*running = false
 	}
-	return len(g.unacked)
+	return len(m)
 }
 
 // drainer progresses the worker until every unacknowledged sender is done with.

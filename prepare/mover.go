@@ -12,13 +12,6 @@ import (
 // whose mover takes the partitions as the readiness lands and progresses the worker
 // until their puts completed.
 
-// waitingIter is a sender's iteration with readied partitions waiting for the
-// receiver, since when.
-type waitingIter struct {
-	iter  uint64
-	since time.Time
-}
-
 // awaitReady hands the mover sender r, whose Pready left partitions of iteration iter
 // waiting for the receiver's readiness. The mover starts only drainDelay later, like
 // the drainer: an application that goes on to Test or Wait moves them itself, and a
@@ -26,31 +19,33 @@ type waitingIter struct {
 // would take the readiness in the middle of its Pready calls and move the partitions
 // one by one instead of together). Caller holds r.mu.
 func (g *registry) awaitReady(r *Request, iter uint64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.waiters == nil {
-		g.waiters = map[*Request]waitingIter{}
-	}
-	g.waiters[r] = waitingIter{iter, time.Now()}
-	if !g.moving {
-		g.moving = true
-		time.AfterFunc(drainDelay, g.moveLater)
-	}
+	g.watch(r, iterSince{iter, time.Now()}, false)
 }
 
 // watchSent hands the mover sender r, a stream of which waits (WaitOnStream) for
-// every partition of iteration iter to move: the mover runs at once, and until then.
-// Caller holds r.mu.
+// every partition of iteration iter to move: the mover runs at once (the iteration
+// waited "since ever"), and until then. Caller holds r.mu.
 func (g *registry) watchSent(r *Request, iter uint64) {
+	g.watch(r, iterSince{iter: iter}, true)
+}
+
+// watch records r's iteration it for the mover and starts the mover if it is not
+// running or due: at once, or after drainDelay.
+func (g *registry) watch(r *Request, it iterSince, now bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.waiters == nil {
-		g.waiters = map[*Request]waitingIter{}
+		g.waiters = map[*Request]iterSince{}
 	}
-	g.waiters[r] = waitingIter{iter: iter} // waited since ever: late at once
-	if !g.moving {
-		g.moving = true
+	g.waiters[r] = it
+	if g.moving {
+		return
+	}
+	g.moving = true
+	if now {
 		go g.mover()
+	} else {
+		time.AfterFunc(drainDelay, g.moveLater)
 	}
 }
 
@@ -116,42 +111,16 @@ const (
 // mover is done: moving is cleared), whether one of them waited drainDelay, and
 // whether anything moved.
 func (g *registry) pumpWaiters() (left int, late, moved bool) {
-	type pending struct {
-		r *Request
-		w waitingIter
-	}
-	// Requests lock their own mutex before the registry's (awaitReady): pump them with
-	// the registry unlocked.
-	g.mu.Lock()
-	snap := make([]pending, 0, len(g.waiters))
-	for r, w := range g.waiters {
-		snap = append(snap, pending{r, w})
-	}
-	g.mu.Unlock()
-	var done []pending
-	for _, p := range snap {
-		if time.Since(p.w.since) < drainDelay {
-			continue
+	left = g.sweep(&g.waiters, &g.moving, func(r *Request, it iterSince) bool {
+		if time.Since(it.since) < drainDelay {
+			return false // the application's to move, for now
 		}
-		over, m := p.r.pumpWaiting(p.w.iter)
+		over, m := r.pumpWaiting(it.iter)
 		moved = moved || m
-		if over {
-			done = append(done, p)
-		} else {
-			late = true
-		}
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, p := range done {
-		if g.waiters[p.r].iter == p.w.iter {
-			delete(g.waiters, p.r)
-		}
-	}
-	if len(g.waiters) == 0 {
-		g.moving = false
-	}
-	return len(g.waiters), late, moved
+		late = late || !over
+		return over
+	})
+	return left, late, moved
 }
 
 // pumpWaiting moves r's partitions of iteration iter whose readiness landed. It

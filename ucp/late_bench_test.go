@@ -86,14 +86,7 @@ func BenchmarkWaitForever(b *testing.B) {
 	done := make(chan error, 1)
 	go func() { done <- r.Wait(ctx) }()
 	waitParked(b, "ucp.(*Worker).waitRequest", 1, 0)
-	b.ResetTimer()
-	cpu0, t0 := processCPU(b), time.Now()
-	for i := 0; i < b.N; i++ {
-		time.Sleep(time.Second)
-	}
-	cpu, wall := processCPU(b)-cpu0, time.Since(t0)
-	b.StopTimer()
-	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu-%")
+	reportIdleCPU(b)
 	cancel()
 	if err := <-done; err != context.Canceled {
 		b.Fatalf("the wait ended with %v, want its context's cancellation", err)
@@ -186,17 +179,23 @@ func BenchmarkProgressThreadIdle(b *testing.B) {
 			tg := newTarget(b, p, hostBackend(b), 8, 1)
 			targetAdd(b, p, tg)
 			time.Sleep(200 * time.Millisecond) // the connection settles (tcp's takes milliseconds more)
-			b.ResetTimer()
-			cpu0, t0 := processCPU(b), time.Now()
-			for i := 0; i < b.N; i++ {
-				time.Sleep(time.Second)
-			}
-			cpu, wall := processCPU(b)-cpu0, time.Since(t0)
-			b.StopTimer()
-			b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu-%")
+			reportIdleCPU(b)
 			if got := targetAdd(b, p, tg); got != 1 {
 				b.Fatalf("the add after the idle time replaced %d, want 1", got)
 			}
 		})
 	}
+}
+
+// reportIdleCPU sleeps b.N seconds on the clock and reports the process's CPU over
+// them, as % of one core (cpu-%).
+func reportIdleCPU(b *testing.B) {
+	b.ResetTimer()
+	cpu0, t0 := processCPU(b), time.Now()
+	for i := 0; i < b.N; i++ {
+		time.Sleep(time.Second)
+	}
+	cpu, wall := processCPU(b)-cpu0, time.Since(t0)
+	b.StopTimer()
+	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu-%")
 }
