@@ -205,6 +205,8 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: %d partitions (want 1 to %d): %w", op, p.Partitions, maxPartitions, ErrInvalidParam)
 	case len(buf) == 0 || len(buf)%p.Partitions != 0:
 		return nil, fmt.Errorf("%s: %d bytes do not split into %d equal partitions: %w", op, len(buf), p.Partitions, ErrInvalidParam)
+	case p.MemoryType < ucp.MemoryUnknown || p.MemoryType > ucp.MemoryROCmManaged:
+		return nil, fmt.Errorf("%s: unknown memory type %d: %w", op, int(p.MemoryType), ErrInvalidParam)
 	case p.MemoryType != ucp.MemoryHost && !isDevice(p.MemoryType):
 		return nil, fmt.Errorf("%s: %s buffers: %w", op, p.MemoryType, ErrUnsupported)
 	case isDevice(p.MemoryType) && !deviceBackend(p.Backend):

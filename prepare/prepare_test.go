@@ -578,6 +578,10 @@ func TestPartitionedBadInput(t *testing.T) {
 	require.ErrorIs(t, err, ucp.ErrInvalidParam, "no partitions")
 	_, err = prepare.PsendInit(l.s, make([]byte, 8), prepare.Params{Peer: l.toS, Partitions: 1})
 	require.ErrorIs(t, err, ucp.ErrInvalidParam, "peer of another worker")
+	_, err = prepare.PrecvInit(l.r, make([]byte, 8), prepare.Params{Peer: l.toS, Partitions: 1, MemoryType: 42})
+	require.ErrorIs(t, err, ucp.ErrInvalidParam, "a memory type outside UCX's list")
+	_, err = prepare.PrecvInit(l.r, make([]byte, 8), prepare.Params{Peer: l.toS, Partitions: 1, MemoryType: ucp.MemoryROCm})
+	require.ErrorIs(t, err, ucp.ErrUnsupported, "a ROCm buffer")
 
 	send, recv, sbuf, _ := pair(t, l, 4*64, 4, 4, 11)
 	require.ErrorIs(t, send.Pready(0), ucp.ErrInvalidParam, "before Start")
