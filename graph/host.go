@@ -186,6 +186,7 @@ type HostExec struct {
 	roots      []int
 	mu         sync.Mutex // orders Launch against Close
 	inFlight   atomic.Int64
+	launched   func() // runLaunch's method value
 	closed     bool
 	// chainedStarts counts the nodes whose trigger an engine stored (tests).
 	chainedStarts atomic.Uint64
@@ -211,6 +212,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
 		trigger: make([]*stream.Word, n), op: make([]opWords, n), follow: make([][]int, n),
 		deps: make([][]int, n), children: make([][]int, n)}
+	x.launched = x.runLaunch
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
 		x.tasks[node.id] = node.task
@@ -279,18 +281,20 @@ func (x *HostExec) Launch(s stream.Stream) error {
 	}
 	x.inFlight.Add(1)
 	x.mu.Unlock()
-	var runErr error
-	if err := s.LaunchHostFunc(func() {
-		defer x.inFlight.Add(-1)
-		runErr = x.run()
-		if runErr != nil {
-			panic(runErr) // becomes the stream's sticky error (stream.PanicError)
-		}
-	}); err != nil {
+	if err := s.LaunchHostFunc(x.launched); err != nil {
 		x.inFlight.Add(-1)
 		return fmt.Errorf("launch: %w", err)
 	}
 	return nil
+}
+
+// runLaunch is one launch as the stream runs it (HostExec.launched, made once: a
+// launch allocates no closure). A failed node fails it.
+func (x *HostExec) runLaunch() {
+	defer x.inFlight.Add(-1)
+	if err := x.run(); err != nil {
+		panic(err) // becomes the stream's sticky error (stream.PanicError)
+	}
 }
 
 // run executes the DAG once, as an event loop on the launching goroutine: user tasks

@@ -296,3 +296,28 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		}
 	}
 }
+
+// Enqueuing a launch allocates nothing (no closure per launch): a loop of launches
+// makes no garbage for the collector to chase beside the communication.
+func TestHostLaunchAllocatesNothing(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	g := graph.NewHost()
+	n, err := g.AddEmpty(nil)
+	require.NoError(t, err)
+	_, err = g.AddEmpty([]condition.Node{n})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := x.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.NoError(t, s.Synchronize())
+	require.Zero(t, allocs, "allocations per launch")
+	require.NoError(t, x.Close())
+}
