@@ -401,6 +401,7 @@ func TestUnjoinedConnectionsAreBounded(t *testing.T) {
 func TestJobTakesZeroArguments(t *testing.T) {
 	jobs := startJob(t, 2, nil)
 	testenv.ZeroArgs(t, map[string]bool{"Close": true}, jobs[0], jobs[0].Store(), jobs[1])
+	testenv.ExtremeArgs(t, map[string]bool{"Close": true}, jobs[0], jobs[0].Store(), jobs[1])
 	closeAll(t, jobs)
 	testenv.ZeroArgs(t, nil, jobs[0], jobs[0].Store())
 }

@@ -80,6 +80,9 @@ func (c *Chain) Enqueue(owner any, newRunner func() (ChainRunner, error), add fu
 	if c == nil {
 		return fmt.Errorf("chain: nil chain: %w", ErrInvalidParam)
 	}
+	if owner == nil || newRunner == nil || add == nil {
+		return fmt.Errorf("chain: enqueue needs an owner, a runner maker and an add: %w", ErrInvalidParam)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -94,6 +97,9 @@ func (c *Chain) Enqueue(owner any, newRunner func() (ChainRunner, error), add fu
 		r, err := newRunner()
 		if err != nil {
 			return err
+		}
+		if r == nil {
+			return fmt.Errorf("chain: the transport made no runner: %w", ErrInvalidParam)
 		}
 		c.owner, c.runner = owner, r
 	}

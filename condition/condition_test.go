@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/protocol"
 
 	"github.com/ucpx/ucpx/stream"
 )
@@ -236,5 +237,53 @@ func BenchmarkRetireFailed(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		seq++
 		c.retire(seq, errTest)
+	}
+}
+
+// Live conditions of each category and a chain, and the same destroyed, answer zero
+// arguments and extreme integers (StatusAt of sequence numbers never issued, a chain
+// of 2^64-1 repetitions) with errors or zero values: no panic, no hang.
+func TestHandlesTakeZeroArguments(t *testing.T) {
+	for _, destroyed := range []bool{false, true} {
+		b := stream.NewHostBackend()
+		s, err := b.NewStream()
+		require.NoError(t, err)
+		var handles []any
+		for _, cat := range []Category{Stream, KernelTriggered} {
+			c, err := Create(Param{Category: cat, Backend: b, Stream: s})
+			require.NoError(t, err)
+			handles = append(handles, c)
+		}
+		for _, repeat := range []uint64{0, ^uint64(0)} {
+			ch, err := NewChain(ChainParam{Repeat: repeat})
+			require.NoError(t, err)
+			handles = append(handles, ch)
+		}
+		skip := map[string]bool{"Destroy": true}
+		if destroyed {
+			for _, h := range handles {
+				switch h := h.(type) {
+				case *Condition:
+					require.NoError(t, h.Destroy())
+				case *Chain:
+					require.NoError(t, h.Destroy())
+				}
+			}
+			skip = nil
+		}
+		testenv.ZeroArgs(t, skip, handles...)
+		testenv.ExtremeArgs(t, skip, handles...)
+		_, err = NewEngine(nil, protocol.Config{}, false)
+		require.ErrorIs(t, err, ErrInvalidParam, "an engine needs a transport")
+		for _, h := range handles {
+			if c, ok := h.(*Condition); ok {
+				_ = c.Destroy()
+			}
+			if c, ok := h.(*Chain); ok {
+				_ = c.Destroy()
+			}
+		}
+		require.NoError(t, s.Close())
+		require.NoError(t, b.Close())
 	}
 }

@@ -167,6 +167,9 @@ type roundState struct {
 // NewEngine starts an engine driving t, with the transfer protocol configured by cfg;
 // cudaTransport says t moves device memory itself (no staging).
 func NewEngine(t Transport, cfg protocol.Config, cudaTransport bool) (*Engine, error) {
+	if t == nil {
+		return nil, fmt.Errorf("engine: nil transport: %w", ErrInvalidParam)
+	}
 	pl, err := protocol.NewPlanner(cfg, cudaTransport)
 	if err != nil {
 		return nil, err

@@ -286,6 +286,7 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		handles := []any{g, x, n, c}
 		if !closed {
 			testenv.ZeroArgs(t, map[string]bool{"Close": true, "Destroy": true}, handles...)
+			testenv.ExtremeArgs(t, map[string]bool{"Close": true, "Destroy": true}, handles...)
 		}
 		require.NoError(t, x.Close())
 		require.NoError(t, c.Destroy())

@@ -532,8 +532,12 @@ func (r *Request) Pready(p int) error { return r.PreadyList([]int{p}) }
 
 // PreadyRange marks partitions lo through hi (inclusive) ready.
 func (r *Request) PreadyRange(lo, hi int) error {
-	if lo > hi {
-		return fmt.Errorf("pready range [%d, %d]: %w", lo, hi, ErrInvalidParam)
+	if r == nil {
+		return fmt.Errorf("pready range: nil request: %w", ErrInvalidParam)
+	}
+	if lo > hi || lo < 0 || hi >= r.parts {
+		// Checked before the list is made: a range of the whole int line is no list.
+		return fmt.Errorf("pready range [%d, %d] of %d partitions: %w", lo, hi, r.parts, ErrInvalidParam)
 	}
 	ps := make([]int, 0, hi-lo+1)
 	for p := lo; p <= hi; p++ {

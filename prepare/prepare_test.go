@@ -916,5 +916,6 @@ func TestRequestTakesZeroArguments(t *testing.T) {
 		}
 		skip := map[string]bool{"Free": stage != "freed"}
 		testenv.ZeroArgs(t, skip, send, recv)
+		testenv.ExtremeArgs(t, skip, send, recv)
 	}
 }

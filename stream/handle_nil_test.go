@@ -49,6 +49,7 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		handles := []any{b, s, w, e, w.Word(0)}
 		if !closed {
 			testenv.ZeroArgs(t, map[string]bool{"Close": true}, handles...)
+			testenv.ExtremeArgs(t, map[string]bool{"Close": true}, handles...)
 		}
 		require.NoError(t, e.Close())
 		require.NoError(t, s.Close())

@@ -30,6 +30,7 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		}
 		// Open: the calls that end a handle are left out (the closed pass runs them).
 		testenv.ZeroArgs(t, map[string]bool{"Close": true, "CloseNbx": true, "Cancel": true}, handles...)
+		testenv.ExtremeArgs(t, map[string]bool{"Close": true, "CloseNbx": true, "Cancel": true}, handles...)
 		require.NoError(t, rk.Close())
 		require.NoError(t, sigs.Close())
 		require.NoError(t, mh.Close())

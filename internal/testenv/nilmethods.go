@@ -56,17 +56,80 @@ func ZeroArgs(t *testing.T, skip map[string]bool, handles ...any) {
 	}
 }
 
+// ExtremeArgs is ZeroArgs with, in turn, each integer argument of a method at an
+// extreme (-1 and the type's minimum and maximum, or the unsigned maximum and its
+// top bit) and the others zero: a length, count, index, id, tag, address or duration
+// that UCX, CUDA or an allocation would take as given fails the test by panicking, by
+// hanging, or by crashing the process.
+func ExtremeArgs(t *testing.T, skip map[string]bool, handles ...any) {
+	t.Helper()
+	for _, h := range handles {
+		typ := reflect.TypeOf(h)
+		if typ == nil || typ.Kind() != reflect.Pointer || reflect.ValueOf(h).IsNil() {
+			t.Fatalf("ExtremeArgs takes non-nil pointers, got %#v", h)
+		}
+		for i := 0; i < typ.NumMethod(); i++ {
+			m := typ.Method(i)
+			if skip[m.Name] {
+				continue
+			}
+			ft := m.Func.Type()
+			for j := 1; j < ft.NumIn(); j++ {
+				if ft.IsVariadic() && j == ft.NumIn()-1 {
+					break
+				}
+				for _, v := range extremes(ft.In(j)) {
+					if err := callWith(reflect.ValueOf(h), m, j, v); err != "" {
+						t.Errorf("(%v).%s with argument %d = %v %s", typ, m.Name, j, v, err)
+					}
+				}
+			}
+		}
+	}
+}
+
+// extremes are the values ExtremeArgs tries for an argument of type typ (none for
+// what is not an integer).
+func extremes(typ reflect.Type) []reflect.Value {
+	var vs []reflect.Value
+	switch typ.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		bits := typ.Bits()
+		for _, x := range []int64{-1, -1 << (bits - 1), 1<<(bits-1) - 1} {
+			v := reflect.New(typ).Elem()
+			v.SetInt(x)
+			vs = append(vs, v)
+		}
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		bits := typ.Bits()
+		for _, x := range []uint64{^uint64(0) >> (64 - bits), 1 << (bits - 1)} {
+			v := reflect.New(typ).Elem()
+			v.SetUint(x)
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
 // callZero calls m on recv with zero arguments; it says what went wrong ("" if
 // nothing): a panic, or no return within 5 s.
-func callZero(recv reflect.Value, m reflect.Method) string {
+func callZero(recv reflect.Value, m reflect.Method) string { return callWith(recv, m, -1, reflect.Value{}) }
+
+// callWith is callZero with argument j (counting the receiver as 0) set to v; j < 0
+// sets none.
+func callWith(recv reflect.Value, m reflect.Method, j int, v reflect.Value) string {
 	ft := m.Func.Type()
 	nin := ft.NumIn()
 	if ft.IsVariadic() {
 		nin--
 	}
 	args := []reflect.Value{recv}
-	for j := 1; j < nin; j++ {
-		args = append(args, reflect.Zero(ft.In(j)))
+	for k := 1; k < nin; k++ {
+		if k == j {
+			args = append(args, v)
+			continue
+		}
+		args = append(args, reflect.Zero(ft.In(k)))
 	}
 	done := make(chan any, 1)
 	go func() {
