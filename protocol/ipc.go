@@ -195,6 +195,9 @@ type IPCRef struct {
 // legacy-IPC capable (VMM) fails with ErrUnsupported, a range running past its
 // allocation with ErrInvalidParam.
 func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMessage, error) {
+	if e == nil {
+		return IPCRef{}, nil, fmt.Errorf("ipc export: nil exporter: %w", ErrInvalidParam)
+	}
 	ref, m, x, err := e.export(ptr, n)
 	if err != nil {
 		return IPCRef{}, nil, err
@@ -211,6 +214,9 @@ func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMess
 // Describe is Export for a message that travels to any peer (a packed remote key):
 // the reference and the IPCExport message, the handle made once per allocation.
 func (e *IPCExporter) Describe(ptr uintptr, n int) (IPCRef, IPCMessage, error) {
+	if e == nil {
+		return IPCRef{}, IPCMessage{}, fmt.Errorf("ipc describe: nil exporter: %w", ErrInvalidParam)
+	}
 	ref, m, _, err := e.export(ptr, n)
 	return ref, m, err
 }
@@ -263,6 +269,9 @@ func (e *IPCExporter) export(ptr uintptr, n int) (IPCRef, IPCMessage, *ipcExport
 // IPCInvalidate message to send them. Forgetting what was never exported returns no
 // peers.
 func (e *IPCExporter) Forget(base uint64) ([]IPCPeer, IPCMessage) {
+	if e == nil {
+		return nil, IPCMessage{}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	x := e.byBase[base]
@@ -279,6 +288,9 @@ func (e *IPCExporter) Forget(base uint64) ([]IPCPeer, IPCMessage) {
 
 // PeerLost forgets that peer has any handle (a reconnected peer is a new one).
 func (e *IPCExporter) PeerLost(peer IPCPeer) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, x := range e.byBase {
@@ -288,6 +300,9 @@ func (e *IPCExporter) PeerLost(peer IPCPeer) {
 
 // Exported is the number of allocations exported and not forgotten.
 func (e *IPCExporter) Exported() int {
+	if e == nil {
+		return 0
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.byBase)
@@ -347,6 +362,9 @@ func keyOf(peer IPCPeer, a IPCAllocation) ipcKey {
 // retires the mapping named. A retired mapping is unmapped at once only when nothing
 // references it.
 func (im *IPCImporter) Handle(peer IPCPeer, m IPCMessage) error {
+	if im == nil {
+		return fmt.Errorf("ipc handle: nil importer: %w", ErrInvalidParam)
+	}
 	if err := checkAlloc(m.Alloc); err != nil {
 		return err
 	}
@@ -445,6 +463,9 @@ func (im *IPCImporter) dropIfUnusedLocked(k ipcKey) uintptr {
 // be there and current (the IPCExport message comes with, or before, the first
 // operation naming an allocation), else ErrInvalidParam.
 func (im *IPCImporter) Resolve(peer IPCPeer, ref IPCRef, n int) (uintptr, error) {
+	if im == nil {
+		return 0, fmt.Errorf("ipc resolve: nil importer: %w", ErrInvalidParam)
+	}
 	if n <= 0 || ref.Offset+uint64(n) > ref.Alloc.Size || ref.Offset+uint64(n) < ref.Offset {
 		return 0, fmt.Errorf("IPC reference of %d bytes at offset %d of a %d-byte allocation: %w", n, ref.Offset, ref.Alloc.Size, ErrInvalidParam)
 	}
@@ -464,6 +485,9 @@ func (im *IPCImporter) Resolve(peer IPCPeer, ref IPCRef, n int) (uintptr, error)
 // retired. Releasing what is not mapped (dropped already: peer lost, closed) does
 // nothing.
 func (im *IPCImporter) Release(peer IPCPeer, a IPCAllocation) error {
+	if im == nil {
+		return fmt.Errorf("ipc release: nil importer: %w", ErrInvalidParam)
+	}
 	k := keyOf(peer, a)
 	im.mu.Lock()
 	x, ok := im.maps[k]
@@ -485,11 +509,17 @@ func (im *IPCImporter) Release(peer IPCPeer, a IPCAllocation) error {
 
 // PeerLost unmaps everything of peer.
 func (im *IPCImporter) PeerLost(peer IPCPeer) error {
+	if im == nil {
+		return fmt.Errorf("ipc peer lost: nil importer: %w", ErrInvalidParam)
+	}
 	return im.drop(func(k ipcKey) bool { return k.peer == peer })
 }
 
 // Mapped is the number of current mappings (those that resolve).
 func (im *IPCImporter) Mapped() int {
+	if im == nil {
+		return 0
+	}
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	return len(im.current)
@@ -498,6 +528,9 @@ func (im *IPCImporter) Mapped() int {
 // Retired is the number of mappings that no longer resolve but stay open for the
 // references that hold them.
 func (im *IPCImporter) Retired() int {
+	if im == nil {
+		return 0
+	}
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	return len(im.maps) - len(im.current)
@@ -505,6 +538,9 @@ func (im *IPCImporter) Retired() int {
 
 // Close unmaps everything; later exports fail with ErrClosed.
 func (im *IPCImporter) Close() error {
+	if im == nil {
+		return fmt.Errorf("ipc importer close: nil importer: %w", ErrInvalidParam)
+	}
 	im.mu.Lock()
 	im.closed = true
 	im.mu.Unlock()

@@ -203,12 +203,20 @@ func NewPlanner(cfg Config, cudaTransport bool) (*Planner, error) {
 }
 
 // Config is the planner's resolved configuration.
-func (pl *Planner) Config() Config { return pl.cfg }
+func (pl *Planner) Config() Config {
+	if pl == nil {
+		return Config{}
+	}
+	return pl.cfg
+}
 
 // Prepare makes the staging pool of backend b ready (reserving its buffers) where b
 // may stage, so that no later operation allocates pinned memory on the engine's path.
 // Callers call it where blocking is harmless: on the user's goroutine.
 func (pl *Planner) Prepare(b streamcore.Backend) error {
+	if pl == nil || b == nil {
+		return fmt.Errorf("staging pool: nil planner or backend: %w", ErrInvalidParam)
+	}
 	_, err := pl.pool(b)
 	return err
 }
@@ -249,6 +257,9 @@ func (pl *Planner) pool(b streamcore.Backend) (*Pool, error) {
 // device memory on a host backend, device memory with no direct path under
 // StageNever).
 func (pl *Planner) Plan(t Transfer, r Route, pl2 *Plan) error {
+	if pl == nil || pl2 == nil || r.Backend == nil {
+		return fmt.Errorf("plan: nil planner, plan or route backend: %w", ErrInvalidParam)
+	}
 	*pl2 = Plan{RingAfter: pl.cfg.RingAfter}
 	pl2.Poll = r.StreamOrdered && len(t.Buf) >= pl.cfg.PollCompletionBytes
 	pl2.Ring = r.StreamOrdered && !pl2.Poll && r.Backend.Kind() == streamcore.KindCUDA
@@ -613,6 +624,9 @@ func (p *Plan) Staged() bool { return len(p.Parts) > 0 && p.Parts[0].Staged }
 // Close frees every pool's cached buffers (buffers still lent are freed once back,
 // by a later Close). Plans made afterwards that need staging fail with ErrClosed.
 func (pl *Planner) Close() error {
+	if pl == nil {
+		return fmt.Errorf("planner close: nil planner: %w", ErrInvalidParam)
+	}
 	pl.mu.Lock()
 	pools := pl.pools
 	pl.pools, pl.closed = nil, true

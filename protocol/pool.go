@@ -49,13 +49,28 @@ type Buffer struct {
 }
 
 // Bytes is the whole buffer (its size class: at least what was asked for).
-func (b *Buffer) Bytes() []byte { return b.mem.Bytes() }
+func (b *Buffer) Bytes() []byte {
+	if b == nil {
+		return nil
+	}
+	return b.mem.Bytes()
+}
 
 // Addr is the buffer's address.
-func (b *Buffer) Addr() uintptr { return b.mem.Addr() }
+func (b *Buffer) Addr() uintptr {
+	if b == nil {
+		return 0
+	}
+	return b.mem.Addr()
+}
 
 // Size is the buffer's size in bytes (its size class).
-func (b *Buffer) Size() int { return b.mem.Size() }
+func (b *Buffer) Size() int {
+	if b == nil {
+		return 0
+	}
+	return b.mem.Size()
+}
 
 // Pool classifies buffers and lends page-locked host buffers for staging. One serves
 // one stream backend, through the backend's streamcore.HostStaging (the CUDA
@@ -85,6 +100,9 @@ func NewPool(b streamcore.Backend) *Pool {
 // Classify reports where addr lives. On host backends, and for memory CUDA does not
 // know (ordinary pageable memory), it is host memory.
 func (s *Pool) Classify(addr uintptr) (Kind, error) {
+	if s == nil {
+		return KindHost, fmt.Errorf("classify: nil pool: %w", ErrInvalidParam)
+	}
 	if s.staging == nil || addr == 0 {
 		return KindHost, nil
 	}
@@ -111,6 +129,9 @@ func class(n int) int {
 
 // Get lends a pinned buffer of at least n bytes.
 func (s *Pool) Get(n int) (*Buffer, error) {
+	if s == nil {
+		return nil, fmt.Errorf("staging buffer: nil pool: %w", ErrInvalidParam)
+	}
 	c := class(n)
 	s.mu.Lock()
 	if s.closed {
@@ -139,6 +160,9 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 // Put returns a lent buffer. Safe from any goroutine (including stream host functions,
 // where it must not call CUDA: it only queues the buffer).
 func (s *Pool) Put(m *Buffer) {
+	if s == nil || m == nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lent--
@@ -152,6 +176,9 @@ func (s *Pool) Put(m *Buffer) {
 
 // Lent is the number of buffers lent and not returned.
 func (s *Pool) Lent() int {
+	if s == nil {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lent
@@ -160,6 +187,9 @@ func (s *Pool) Lent() int {
 // Close frees the cached buffers; buffers still lent are freed by a later Close once
 // returned. A second Close only frees what came back since.
 func (s *Pool) Close() error {
+	if s == nil {
+		return fmt.Errorf("pool close: nil pool: %w", ErrInvalidParam)
+	}
 	s.mu.Lock()
 	s.closed = true
 	var all []*Buffer
@@ -179,9 +209,15 @@ func (s *Pool) Close() error {
 	return first
 }
 
+// maxReserve bounds Reserve's count: a reservation is a few buffers per class.
+const maxReserve = 4096
+
 // Reserve allocates count buffers of at least n bytes into the cache now, so that the
 // operations that need them later find them without an allocation.
 func (s *Pool) Reserve(n, count int) error {
+	if s == nil || count < 0 || count > maxReserve {
+		return fmt.Errorf("reserve %d buffers (at most %d): %w", count, maxReserve, ErrInvalidParam)
+	}
 	bufs := make([]*Buffer, 0, count)
 	defer func() {
 		for _, b := range bufs {
@@ -202,6 +238,9 @@ func (s *Pool) Reserve(n, count int) error {
 // counted in st (bytes, parts, high water); release gives it back and uncounts it.
 // Get may allocate pinned memory: call it where blocking is harmless.
 func (s *Pool) Lend(n int, st *Stats) (buf *Buffer, release func(), err error) {
+	if s == nil {
+		return nil, nil, fmt.Errorf("lend: nil pool: %w", ErrInvalidParam)
+	}
 	b, err := s.Get(n)
 	if err != nil {
 		return nil, nil, err

@@ -89,17 +89,35 @@ func NewWorkspace(b streamcore.Backend, bytes int) (*Workspace, error) {
 }
 
 // Size is the workspace's size in bytes (both halves).
-func (ws *Workspace) Size() int { return 2 * WorkspaceSlots * ws.slot }
+func (ws *Workspace) Size() int {
+	if ws == nil {
+		return 0
+	}
+	return 2 * WorkspaceSlots * ws.slot
+}
 
 // SlotSize is the size of one slot: the part size of RMA moved through it.
-func (ws *Workspace) SlotSize() int { return ws.slot }
+func (ws *Workspace) SlotSize() int {
+	if ws == nil {
+		return 0
+	}
+	return ws.slot
+}
 
 // Backend is the backend the workspace serves (nil: operations without a stream).
-func (ws *Workspace) Backend() streamcore.Backend { return ws.backend }
+func (ws *Workspace) Backend() streamcore.Backend {
+	if ws == nil {
+		return nil
+	}
+	return ws.backend
+}
 
 // Close frees the workspace's memory. Operations still using it must be done: close
 // it after the contexts whose Config name it.
 func (ws *Workspace) Close() error {
+	if ws == nil {
+		return fmt.Errorf("workspace close: nil workspace: %w", ErrInvalidParam)
+	}
 	ws.mu.Lock()
 	if ws.closed {
 		ws.mu.Unlock()
