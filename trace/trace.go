@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // EnvFile names the file UCPX_TRACE asks every worker of the process to trace into;
@@ -211,7 +213,7 @@ func (r *Recorder) AddDeviceSpan(track, seq, arrived, released uint64) {
 // converts what it holds into events: the owners of device stamps hand over those the
 // device wrote meanwhile. remove unregisters it.
 func (r *Recorder) AddHarvester(f func()) (remove func()) {
-	if r == nil {
+	if r == nil || f == nil {
 		return func() {}
 	}
 	r.mu.Lock()
@@ -416,6 +418,9 @@ func (r *Recorder) deviceEventsLocked(pid int) []Event {
 
 // WriteJSON writes the trace as Chrome trace event JSON.
 func (r *Recorder) WriteJSON(w io.Writer) error {
+	if w == nil {
+		return fmt.Errorf("trace: nil writer: %w", errs.InvalidParam)
+	}
 	f := File{TraceEvents: r.Events(), DisplayTimeUnit: "ns"}
 	if f.TraceEvents == nil {
 		f.TraceEvents = []Event{}

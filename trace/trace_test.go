@@ -4,11 +4,15 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/internal/testenv"
 )
 
 // UCPX_TRACE names the file the process's recorder writes when flushed.
@@ -178,4 +182,20 @@ func TestNilRecorderIsOff(t *testing.T) {
 	var f File
 	require.NoError(t, json.Unmarshal(data, &f))
 	require.Empty(t, f.TraceEvents)
+}
+
+// A live recorder and a nil one answer zero arguments and extreme integers (tracks,
+// sequence numbers, stamps) without panicking: a nil writer is an error, a nil
+// harvester is ignored.
+func TestRecorderTakesBadArguments(t *testing.T) {
+	r := NewRecorder()
+	testenv.ZeroArgs(t, map[string]bool{"WriteFile": true, "Flush": true}, r)
+	testenv.ExtremeArgs(t, map[string]bool{"WriteFile": true, "Flush": true}, r)
+	testenv.NilMethods(t, (*Recorder)(nil))
+	require.ErrorIs(t, r.WriteJSON(nil), errs.InvalidParam)
+	var b strings.Builder
+	require.NoError(t, r.WriteJSON(&b), "the recorder still works after the sweep")
+	f, err := ReadFile(strings.NewReader(b.String()))
+	require.NoError(t, err)
+	require.NotNil(t, f.TraceEvents)
 }
