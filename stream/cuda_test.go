@@ -511,7 +511,34 @@ func TestCUDACloseBlockedWait(t *testing.T) {
 func TestCUDAFakeDriver(t *testing.T) {
 	testenv.RunUnderFakeDriver(t, []string{"TestCUDABackendBasics", "TestCUDAWaitValueCompare", "TestCUDAWordArguments",
 		"TestCUDAHostFuncOrder", "TestCUDAChannelRoundTrip", "TestCUDACopy", "TestCUDAEvents", "TestCUDACloseSemantics",
-		"TestCUDACloseBlockedWait", "TestWrapCUDAStream", "TestCUDACopyDevice"})
+		"TestCUDACloseBlockedWait", "TestWrapCUDAStream", "TestCUDACopyDevice", "TestCUDAHandlesTakeBadArguments"})
+}
+
+// The CUDA backend's handles answer zero arguments and extreme integers (lengths,
+// values, counts) with errors: no panic, no hang, and nothing handed to the driver
+// that it would fault on. The driver objects under them (cgo/cuda's raw layer) get
+// the zero arguments only: a raw device address goes to the driver as given, as in C
+// (nil and misaligned ones are refused; an aligned one the driver does not know is
+// the caller's to answer for).
+func TestCUDAHandlesTakeBadArguments(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	wb, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer wb.Close()
+	ev, err := b.NewEvent()
+	require.NoError(t, err)
+	defer ev.Close()
+	ctx, _, ok := CUDAContext(b)
+	require.True(t, ok)
+	cs, ok := CUDAStream(s)
+	require.True(t, ok)
+	skip := map[string]bool{"Close": true, "Destroy": true, "BeginCapture": true, "EndCapture": true}
+	testenv.ZeroArgs(t, skip, b, s, wb, ev, ctx, cs)
+	testenv.ExtremeArgs(t, skip, b, s, wb, ev)
+	require.NoError(t, s.WriteValue(wb.Word(0), 5))
+	syncSoon(t, s)
+	require.Equal(t, uint64(5), wb.Word(0).Load(), "the stream still works")
 }
 
 // TestCUDACopyDevice: CopyDevice and CopyDeviceUncaptured move the right bytes by

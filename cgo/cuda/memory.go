@@ -6,6 +6,7 @@ package cuda
 import "C"
 
 import (
+	"fmt"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -123,6 +124,9 @@ func (c *Context) MemHostAlloc(size int, flags HostAllocFlags) (*HostMemory, err
 	var p unsafe.Pointer
 	if err := check("cuMemHostAlloc", C.ucpx_mem_host_alloc(h, &p, C.size_t(size), C.uint(flags))); err != nil {
 		return nil, err
+	}
+	if p == nil {
+		return nil, fmt.Errorf("cuMemHostAlloc: %d bytes: the driver returned no memory: %w", size, ErrOutOfMemory)
 	}
 	clear(unsafe.Slice((*byte)(p), size))
 	m := &HostMemory{ctx: c, size: size, p: p}

@@ -489,7 +489,10 @@ CUresult cuMemFree_v2(CUdeviceptr p) { return untrack(p) ? (free((void *)p), OK)
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
 	if (!current)
 		return E_INVALID_CONTEXT;
-	*p = calloc(1, n);
+	if (n == 0)
+		return E_INVALID_VALUE;
+	if (n > (1ull << 40) || !(*p = calloc(1, n)))
+		return 2; /* CUDA_ERROR_OUT_OF_MEMORY, as the driver answers */
 	track((uintptr_t)*p, n, MEM_HOST, 0, 0);
 	return OK;
 }
