@@ -39,21 +39,11 @@ func NilMethods(t *testing.T, handles ...any) {
 // once they are closed.
 func ZeroArgs(t *testing.T, skip map[string]bool, handles ...any) {
 	t.Helper()
-	for _, h := range handles {
-		typ := reflect.TypeOf(h)
-		if typ == nil || typ.Kind() != reflect.Pointer || reflect.ValueOf(h).IsNil() {
-			t.Fatalf("ZeroArgs takes non-nil pointers, got %#v", h)
+	eachMethod(t, "ZeroArgs", skip, handles, func(h reflect.Value, m reflect.Method) {
+		if err := callZero(h, m); err != "" {
+			t.Errorf("(%v).%s with zero arguments %s", h.Type(), m.Name, err)
 		}
-		for i := 0; i < typ.NumMethod(); i++ {
-			m := typ.Method(i)
-			if skip[m.Name] {
-				continue
-			}
-			if err := callZero(reflect.ValueOf(h), m); err != "" {
-				t.Errorf("(%v).%s with zero arguments %s", typ, m.Name, err)
-			}
-		}
-	}
+	})
 }
 
 // ExtremeArgs is ZeroArgs with, in turn, each integer argument of a method at an
@@ -63,26 +53,33 @@ func ZeroArgs(t *testing.T, skip map[string]bool, handles ...any) {
 // hanging, or by crashing the process.
 func ExtremeArgs(t *testing.T, skip map[string]bool, handles ...any) {
 	t.Helper()
+	eachMethod(t, "ExtremeArgs", skip, handles, func(h reflect.Value, m reflect.Method) {
+		ft := m.Func.Type()
+		for j := 1; j < ft.NumIn(); j++ {
+			if ft.IsVariadic() && j == ft.NumIn()-1 {
+				break
+			}
+			for _, v := range extremes(ft.In(j)) {
+				if err := callWith(h, m, j, v); err != "" {
+					t.Errorf("(%v).%s with argument %d = %v %s", h.Type(), m.Name, j, v, err)
+				}
+			}
+		}
+	})
+}
+
+// eachMethod calls f with every exported method of each handle (non-nil pointers)
+// but those named in skip.
+func eachMethod(t *testing.T, name string, skip map[string]bool, handles []any, f func(h reflect.Value, m reflect.Method)) {
+	t.Helper()
 	for _, h := range handles {
 		typ := reflect.TypeOf(h)
 		if typ == nil || typ.Kind() != reflect.Pointer || reflect.ValueOf(h).IsNil() {
-			t.Fatalf("ExtremeArgs takes non-nil pointers, got %#v", h)
+			t.Fatalf("%s takes non-nil pointers, got %#v", name, h)
 		}
 		for i := 0; i < typ.NumMethod(); i++ {
-			m := typ.Method(i)
-			if skip[m.Name] {
-				continue
-			}
-			ft := m.Func.Type()
-			for j := 1; j < ft.NumIn(); j++ {
-				if ft.IsVariadic() && j == ft.NumIn()-1 {
-					break
-				}
-				for _, v := range extremes(ft.In(j)) {
-					if err := callWith(reflect.ValueOf(h), m, j, v); err != "" {
-						t.Errorf("(%v).%s with argument %d = %v %s", typ, m.Name, j, v, err)
-					}
-				}
+			if m := typ.Method(i); !skip[m.Name] {
+				f(reflect.ValueOf(h), m)
 			}
 		}
 	}
@@ -113,7 +110,9 @@ func extremes(typ reflect.Type) []reflect.Value {
 
 // callZero calls m on recv with zero arguments; it says what went wrong ("" if
 // nothing): a panic, or no return within 5 s.
-func callZero(recv reflect.Value, m reflect.Method) string { return callWith(recv, m, -1, reflect.Value{}) }
+func callZero(recv reflect.Value, m reflect.Method) string {
+	return callWith(recv, m, -1, reflect.Value{})
+}
 
 // callWith is callZero with argument j (counting the receiver as 0) set to v; j < 0
 // sets none.
