@@ -13,8 +13,8 @@ func runKeygen(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("keygen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "ucpx.key", "key file to create (refuses to overwrite)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if st, ok := parseFlags(fs, args); !ok {
+		return st // a stray argument (a path without -o) must not leave the key elsewhere
 	}
 	key, err := ucp.GenerateAuthKey()
 	if err == nil {

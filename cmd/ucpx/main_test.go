@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,6 +94,27 @@ func TestUsage(t *testing.T) {
 	st, _, errs = run(t, "perf", "--transport", "ib")
 	assert.Equal(t, 2, st, "perf --transport ib: status")
 	assert.Contains(t, errs, "want shm or tcp", "perf --transport ib")
+}
+
+// keygen writes where -o says, refuses to overwrite, and refuses a stray argument (a
+// path given without -o) instead of writing ucpx.key in the working directory.
+func TestKeygen(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.key")
+	st, out, errs := run(t, "keygen", "-o", path)
+	require.Zero(t, st, "keygen: %s", errs)
+	assert.Contains(t, out, path)
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "the key file is the owner's only")
+	st, _, _ = run(t, "keygen", "-o", path)
+	assert.Equal(t, 1, st, "an existing key file is not overwritten")
+	t.Chdir(dir) // restored when the test ends
+	st, _, errs = run(t, "keygen", filepath.Join(dir, "other.key"))
+	assert.Equal(t, 2, st, "keygen PATH: status")
+	assert.Contains(t, errs, "unexpected argument")
+	_, err = os.Stat(filepath.Join(dir, "ucpx.key"))
+	assert.True(t, os.IsNotExist(err), "nothing written for a refused call")
 }
 
 func TestParseSizes(t *testing.T) {
