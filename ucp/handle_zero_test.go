@@ -6,7 +6,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/internal/testenv"
-	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 )
 
 // Every method of the open handles, and of the same handles closed, answers zero
@@ -53,31 +52,16 @@ func mappedKey(t *testing.T, p *pair, n int) (*MemH, *Rkey) {
 // The same with contexts of a (fake) device: device regions exported by CUDA IPC,
 // their keys mapped at the peer.
 func TestDeviceHandlesTakeBadArguments(t *testing.T) {
-	ca, cb := fakeDeviceContexts(t)
-	wa, err := ca.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	wb, err := cb.NewWorker(WorkerParams{})
-	require.NoError(t, err)
-	addr, err := wb.Address()
-	require.NoError(t, err)
-	ep, err := wa.ConnectAddress(addr, &EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	t.Cleanup(background(wa))
-	t.Cleanup(background(wb))
-	src := fakeipc.Malloc(1 << 16)
-	t.Cleanup(src.Free)
-	mh, err := cb.MemMapPtr(src.Ptr(), 1<<16, MemoryCUDA)
+	wa, wb, ep, _, src := oneWayPair(t, 1<<16, true)
+	mh, err := wb.Context().MemMapPtr(src.Ptr(), 1<<16, MemoryCUDA)
 	require.NoError(t, err)
 	key, err := mh.PackRkey()
 	require.NoError(t, err)
-	addrA, err := wa.Address()
-	require.NoError(t, err)
-	epB, err := wb.ConnectAddress(addrA, &EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	_ = epB
 	rk, err := ep.UnpackRkey(key)
 	require.NoError(t, err)
+	require.True(t, rk.Device(), "the region's key maps at the peer")
 	skip := map[string]bool{"Close": true, "CloseNbx": true, "Cancel": true}
-	testenv.ZeroArgs(t, skip, ca, wa, ep, mh, rk)
-	testenv.ExtremeArgs(t, skip, ca, wa, ep, mh, rk)
+	handles := []any{wa.Context(), wa, ep, mh, rk}
+	testenv.ZeroArgs(t, skip, handles...)
+	testenv.ExtremeArgs(t, skip, handles...)
 }
