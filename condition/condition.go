@@ -367,8 +367,8 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 func (c *Condition) retire(seq uint64, err error) {
 	if err != nil {
 		c.errMu.Lock()
-		if c.firstErr == nil {
-			c.recordErrLocked(err, fmt.Sprintf("operation %d", seq))
+		if c.firstErr == nil { // checked here: only the first failure pays for the message
+			c.firstErr = fmt.Errorf("operation %d: %w", seq, err)
 		}
 		if c.failed == nil {
 			c.failed = new([maxFailedKept]failedOp)
@@ -388,15 +388,10 @@ func (c *Condition) recordErr(err error, what string) {
 		return
 	}
 	c.errMu.Lock()
-	c.recordErrLocked(err, what)
-	c.errMu.Unlock()
-}
-
-// recordErrLocked keeps err as the first error if none is kept. Caller holds c.errMu.
-func (c *Condition) recordErrLocked(err error, what string) {
 	if c.firstErr == nil {
 		c.firstErr = fmt.Errorf("%s: %w", what, err)
 	}
+	c.errMu.Unlock()
 }
 
 // Err is the first error an operation of the condition met since the condition was
