@@ -106,7 +106,7 @@ func (r *Request) gateNodeLocked(g condition.GraphBuilder, deps []condition.Node
 		}
 		// GEQ 1: released by the ready flag (the iteration) and by the failure value,
 		// which the write of 0 takes too: a failed request puts it back (holdFailed).
-		r.clearingGates = true
+		r.clearingNodes = true
 		return g.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{
 			cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ),
 			cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault),
@@ -174,7 +174,7 @@ func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.No
 		return nil, err
 	}
 	src, flag := ptrOf(r.buf)+uintptr(off), r.words.Word(p)
-	r.directGraph = true
+	r.clearingNodes = true
 	switch g := g.(type) {
 	case graph.CUDA:
 		nodes, err := graph.CUDANodes(deps...)

@@ -102,12 +102,11 @@ type Request struct {
 	xfer []byte
 	st   *staging
 	// direct: a device buffer moved by CUDA IPC (direct.go), neither side staged.
-	// directGraph: PreadyNode added direct nodes (under mu), whose take clears a
-	// ready flag at every launch, also the failure value (see holdFailed).
-	direct, directGraph bool
-	// clearingGates: PreadyNode added CUDA graph gates (under mu), which take a ready
-	// flag with a memop write of 0 at every launch, also the failure value.
-	clearingGates bool
+	direct bool
+	// clearingNodes: PreadyNode added graph nodes (under mu) that take a ready flag
+	// by clearing it at every launch — the direct path's, and CUDA graph gates — which
+	// takes the failure value too (see holdFailed).
+	clearingNodes bool
 	// copyMod, copyWord: the copy-word kernel of direct CUDA graph nodes (graph.go).
 	copyMod  *cuda.Module
 	copyWord *cuda.Function
@@ -366,7 +365,7 @@ func (r *Request) fail(err error) {
 	// receiver stream's GEQ wait and a sender stream's GEQ 1 wait, so no stream stays
 	// blocked on a dead peer.
 	r.storeFailedLocked()
-	hold := r.directGraph || r.clearingGates || (r.dev != nil && r.dev.direct)
+	hold := r.clearingNodes || (r.dev != nil && r.dev.direct)
 	r.mu.Unlock()
 	r.failDevice()
 	if hold {
