@@ -146,13 +146,5 @@ func (r *Request) pumpWaiting(iter uint64) (over, moved bool) {
 		r.signalSentLocked()
 		return true, moved
 	}
-	if len(r.waiting) > 0 {
-		return false, moved
-	}
-	for _, req := range r.inflight {
-		if !req.Done() {
-			return false, moved
-		}
-	}
-	return true, moved
+	return r.readiedMovedLocked(), moved
 }

@@ -1040,7 +1040,7 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 		r.signalSentLocked()
 		return nil
 	}
-	if d := r.dev; len(r.waiting) == 0 && r.nready == r.parts && (d == nil || !d.direct || d.armed != r.iter) {
+	if len(r.waiting) == 0 && r.nready == r.parts && !r.kernelMovesLocked() {
 		// Every partition's operation is issued: the stream waits for each in its own
 		// way (a GPU stream on the operation's completion word), with no host poll.
 		for _, req := range r.inflight {
@@ -1063,7 +1063,15 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 // sentLocked reports whether every partition of the sender's current iteration was
 // made ready and moved: its buffer may be reused. Caller holds r.mu.
 func (r *Request) sentLocked() bool {
-	if len(r.waiting) > 0 || r.nready < r.parts {
+	return r.nready == r.parts && r.readiedMovedLocked() &&
+		(!r.kernelMovesLocked() || r.iterErr != nil || r.movedLocked())
+}
+
+// readiedMovedLocked reports whether every partition made ready so far has left (none
+// waits for the receiver's readiness) and the operations that moved them completed.
+// Caller holds r.mu.
+func (r *Request) readiedMovedLocked() bool {
+	if len(r.waiting) > 0 {
 		return false
 	}
 	for _, req := range r.inflight {
@@ -1071,9 +1079,14 @@ func (r *Request) sentLocked() bool {
 			return false
 		}
 	}
-	// On the direct path a kernel moves the partitions; each marks its flag once it did.
+	return true
+}
+
+// kernelMovesLocked reports whether kernels move this iteration's partitions (the
+// direct path's DeviceHandle), each marking its flag once it did. Caller holds r.mu.
+func (r *Request) kernelMovesLocked() bool {
 	d := r.dev
-	return d == nil || !d.direct || d.armed != r.iter || r.iterErr != nil || r.movedLocked()
+	return d != nil && d.direct && d.armed == r.iter
 }
 
 // signalSentLocked releases the streams waiting (WaitOnStream) for the current
