@@ -371,10 +371,10 @@ func (p *RequestParam) checkReuse(op string) error {
 	return nil
 }
 
-// flags are the operation's flags for the glue: the user's UCX flags, and Notify when
-// a callback waits for the completion.
+// flags are the operation's flags for the glue: the user's UCX flags (check refused
+// any other bit), and Notify when a callback waits for the completion.
 func (p *RequestParam) flags() uint32 {
-	f := uint32(p.Flags&knownOpFlags&^ucpxOnlyFlags) &^ ucx.Notify
+	f := uint32(p.Flags&^ucpxOnlyFlags) &^ ucx.Notify
 	if p.Callback != nil {
 		f |= ucx.Notify
 	}
