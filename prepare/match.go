@@ -185,16 +185,35 @@ func (g *registry) sweep(set *map[*Request]iterSince, running *bool, visit func(
 
 // drainer progresses the worker until every unacknowledged sender is done with.
 func (g *registry) drainer() {
+	g.progressWhile(&g.unacked, &g.draining, drainPoll, drainPoll, func() (bool, bool) {
+		return g.dropAcked() > 0, false
+	})
+}
+
+// progressWhile is the drainer's and the mover's loop: it progresses the worker for as
+// long as more reports work left, sleeping on the worker's event fd after a round in
+// which nothing happened (neither more's moved nor UCX's progress), for poll at first,
+// doubling to max while nothing happens. When the worker closes it forgets *set's
+// requests and clears *running.
+func (g *registry) progressWhile(set *map[*Request]iterSince, running *bool, poll, max time.Duration, more func() (left, moved bool)) {
 	ctx := context.Background()
-	for g.dropAcked() > 0 {
-		if g.w.Progress() == 0 {
-			if err := g.w.WaitForEvents(ctx, drainPoll); err != nil {
-				g.mu.Lock()
-				g.unacked, g.draining = nil, false // the worker closed
-				g.mu.Unlock()
-				return
-			}
+	bound := poll
+	for {
+		left, moved := more()
+		switch {
+		case !left:
+			return
+		case moved || g.w.Progress() > 0:
+			bound = poll
+			continue
 		}
+		if err := g.w.WaitForEvents(ctx, bound); err != nil {
+			g.mu.Lock()
+			*set, *running = nil, false // the worker closed
+			g.mu.Unlock()
+			return
+		}
+		bound = min(2*bound, max)
 	}
 }
 

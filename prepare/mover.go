@@ -1,9 +1,6 @@
 package prepare
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
 // The mover: MPI's Pready does not wait, and a partition made ready before the
 // receiver's readiness of its iteration lands must still move once it lands, even if
@@ -74,28 +71,14 @@ func (g *registry) moveOrWait(late bool) {
 // on the worker's event fd, bounded: a readiness written into shared memory raises no
 // event, so it is polled, less often the longer the receiver keeps the sender waiting.
 func (g *registry) mover() {
-	ctx := context.Background()
-	bound := movePollMin
-	for {
+	g.progressWhile(&g.waiters, &g.moving, movePollMin, movePollMax, func() (bool, bool) {
 		left, late, moved := g.pumpWaiters()
-		switch {
-		case left == 0:
-			return
-		case !late:
-			g.moveOrWait(false)
-			return
-		case moved || g.w.Progress() > 0:
-			bound = movePollMin
-			continue
+		if left > 0 && !late {
+			g.moveOrWait(false) // only young ones left: look again after their delay
+			return false, moved
 		}
-		if err := g.w.WaitForEvents(ctx, bound); err != nil {
-			g.mu.Lock()
-			g.waiters, g.moving = nil, false // the worker closed
-			g.mu.Unlock()
-			return
-		}
-		bound = min(2*bound, movePollMax)
-	}
+		return left > 0, moved
+	})
 }
 
 // movePollMin and movePollMax bound the mover's sleep between polls of the ready flags:
