@@ -19,6 +19,9 @@ const (
 	AmRendezvous = AmSendFlags(ucx.AmSendRndv)
 )
 
+// knownAmFlags are the AM send flags an operation accepts (RequestParam.AmFlags).
+const knownAmFlags = AmReply | AmEager | AmRendezvous
+
 // AmHandler receives active messages of one id. It runs on the goroutine that drove
 // progress, without worker locks held, so it may call any ucpx method.
 type AmHandler func(msg *AmMessage)

@@ -67,8 +67,8 @@ func (p *RequestParam) checkCommon(op string, c *Context) error {
 	if p.MemoryType < MemoryUnknown || p.MemoryType > MemoryROCmManaged {
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.MemoryType %d", int(p.MemoryType))
 	}
-	if p.AmFlags&^(AmReply|AmEager|AmRendezvous) != 0 {
-		return opErr(op, ErrInvalidParam, "unknown RequestParam.AmFlags %#x", uint32(p.AmFlags&^(AmReply|AmEager|AmRendezvous)))
+	if p.AmFlags&^knownAmFlags != 0 {
+		return opErr(op, ErrInvalidParam, "unknown RequestParam.AmFlags %#x", uint32(p.AmFlags&^knownAmFlags))
 	}
 	if p.Staging > protocol.PreferPull {
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.Staging %v", p.Staging)
