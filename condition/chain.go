@@ -32,6 +32,9 @@ type Chain struct {
 	owner     any
 	runner    ChainRunner
 	destroyed bool
+	// keepGoing: a failed operation does not stop the run (a host graph's chain, whose
+	// nodes after a failed one still run, as on the engine's path).
+	keepGoing bool
 }
 
 // ChainParam configures NewChain.
@@ -44,8 +47,9 @@ type ChainParam struct {
 // posts each step from the completion of the one before. Package ucp implements it;
 // users call Chain's methods.
 type ChainRunner interface {
-	// Start posts step 0 of the first of repeat iterations.
-	Start(repeat uint64) error
+	// Start posts step 0 of the first of repeat iterations; keepGoing: a failed
+	// operation does not stop the run (the later steps are posted all the same).
+	Start(repeat uint64, keepGoing bool) error
 	// Wait waits until the run ended (every iteration done, or an error), driving the
 	// transport; ctx ending returns ctx's error and leaves the run going.
 	Wait(ctx context.Context) error
@@ -55,6 +59,9 @@ type ChainRunner interface {
 	Iterations() uint64
 	// Err is the first error of the last run, nil while it runs.
 	Err() error
+	// OpErr is the error of operation i (in the order they were enqueued) in the last
+	// run: nil if it succeeded or did not complete in it.
+	OpErr(i int) error
 	// Running reports whether a run is under way.
 	Running() bool
 	// IterationTimes are the durations of the last iterations (up to 2048), oldest first.
@@ -168,7 +175,7 @@ func (c *Chain) Start() error {
 	if r.Running() {
 		return fmt.Errorf("chain start: running: %w", ErrBusy)
 	}
-	return r.Start(c.repeat)
+	return r.Start(c.repeat, c.keepGoing)
 }
 
 // Wait waits until the run ended and returns its error: the first operation error, or
@@ -209,6 +216,16 @@ func (c *Chain) Err() error {
 		return nil
 	}
 	return r.Err()
+}
+
+// OpErr is the error of operation i (in the order they were enqueued, from 0) in the
+// last run: nil if it succeeded or did not complete in it (the run stopped before it).
+func (c *Chain) OpErr(i int) error {
+	r, err := c.usable("op err")
+	if err != nil {
+		return nil
+	}
+	return r.OpErr(i)
 }
 
 // IterationTimes are the durations of the last iterations of the run (up to 2048),

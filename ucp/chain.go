@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -31,6 +32,8 @@ type chainRunner struct {
 	pulling map[int]*Request
 	// bufs: each operation's buffer, in the C side's order.
 	bufs [][]byte
+	// eps: the endpoints the sends post on; a run starts only while all are open.
+	eps []*Endpoint
 }
 
 // chainAdd enqueues a tag send (ep set) or receive into p.Chain.
@@ -66,6 +69,9 @@ func (w *Worker) chainAdd(op string, p *RequestParam, kind int, ep *Endpoint, bu
 				return err
 			}
 			rawEP = ep.raw
+			if !slices.Contains(r.eps, ep) {
+				r.eps = append(r.eps, ep)
+			}
 		}
 		if err := statusErr(r.raw.Add(step, kind, rawEP, bufPtr(buf), len(buf), tag, mask, p.memType(), p.MemH.rawOrNil())); err != nil {
 			return opErr(op, err, "chain step %d", step)
@@ -84,14 +90,22 @@ func (w *Worker) chainAdd(op string, p *RequestParam, kind int, ep *Endpoint, bu
 }
 
 // Start posts the first step (condition.ChainRunner).
-func (r *chainRunner) Start(repeat uint64) error {
+func (r *chainRunner) Start(repeat uint64, keepGoing bool) error {
 	w := r.w
 	w.mu.Lock()
 	if err := r.usableLocked("chain_start"); err != nil {
 		w.mu.Unlock()
 		return err
 	}
-	st := r.raw.Start(repeat)
+	for _, ep := range r.eps {
+		// C holds the UCX endpoint: posting on one closed (or being closed) is
+		// undefined in UCX.
+		if err := ep.usableLocked("chain_start"); err != nil {
+			w.mu.Unlock()
+			return err
+		}
+	}
+	st := r.raw.Start(repeat, keepGoing)
 	w.afterCallUnlock()
 	return opErr("chain_start", statusErr(st), "")
 }
@@ -122,6 +136,17 @@ func (r *chainRunner) Err() error {
 	}
 	_, st := r.raw.Result()
 	return opErr("chain", statusErr(st), "")
+}
+
+// OpErr is operation i's error in the last run (condition.ChainRunner).
+func (r *chainRunner) OpErr(i int) error {
+	w := r.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.destroyed || i < 0 || i >= r.raw.Ops() {
+		return nil
+	}
+	return opErr("chain", statusErr(r.raw.OpStatus(i)), "operation %d", i)
 }
 
 // Test progresses once and reports whether the run ended.

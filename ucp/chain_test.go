@@ -318,3 +318,32 @@ func waitEngineAsleep(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A chain forwarding what it receives on an endpoint that closes while the run waits
+// for the receive: the run ends with ErrCanceled and posts nothing on the closed
+// endpoint (UCX forbids it); a later Start is refused with ErrClosed.
+func TestChainEndpointClosedMidRun(t *testing.T) {
+	p := newShmPair(t)
+	c, err := condition.NewChain(condition.ChainParam{Repeat: 2})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Destroy()) }()
+	buf := make([]byte, 8)
+	_, err = p.b.TagRecvNbx(buf, 7, ^uint64(0), &RequestParam{Chain: c})
+	require.NoError(t, err)
+	require.NoError(t, c.Then())
+	_, err = p.epB.TagSendNbx(buf, 8, &RequestParam{Chain: c})
+	require.NoError(t, err)
+	require.NoError(t, c.Start())
+	require.NoError(t, p.epB.Close())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.ErrorIs(t, c.Wait(ctx), ErrCanceled)
+	assert.Equal(t, uint64(0), c.Iterations())
+	require.ErrorIs(t, c.OpErr(0), ErrCanceled, "the receive was canceled")
+	require.NoError(t, c.OpErr(1), "the send never ran")
+	// The message for the canceled receive goes nowhere; a new run is refused.
+	s, err := p.epA.TagSendNbx([]byte("8 bytes!"), 7, nil)
+	require.NoError(t, err)
+	waitAll(t, 20*time.Second, s)
+	require.ErrorIs(t, c.Start(), ErrClosed)
+}

@@ -370,6 +370,9 @@ func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 func (ep *Endpoint) markClosedLocked() {
 	ep.dropPullKeysLocked() // first: releases still reach the peer
 	ep.closed = true
+	if ep.raw != nil {
+		ep.w.raw.ChainsEPClosed(ep.raw) // a chain's completion must not post on it
+	}
 	retireFast(&ep.fast)
 	if ep.watch != nil {
 		ep.watch.stop()

@@ -91,9 +91,10 @@ ucs_status_t ucpxu_chain_add(uintptr_t cp, int step, int kind, uintptr_t ep, uin
 static void run(ucpxu_chain_t *c);
 
 /* op_done accounts one completed operation of the current step. */
-static inline void op_done(ucpxu_chain_t *c, ucs_status_t st)
+static inline void op_done(ucpxu_chain_t *c, ucpxu_chain_op_t *op, ucs_status_t st)
 {
     c->outstanding--;
+    op->status = st;
     if (st != UCS_OK && c->status == UCS_OK) {
         c->status = st;
     }
@@ -115,7 +116,7 @@ static inline void completed(ucpxu_chain_op_t *op, void *request, ucs_status_t s
     op->req = NULL;
     ((ucpxu_req_t*)request)->done = 0;
     ucp_request_free(request);
-    op_done(c, st);
+    op_done(c, op, st);
     if (c->outstanding == 0) {
         run(c);
     }
@@ -185,9 +186,9 @@ static void post_step(ucpxu_chain_t *c, int s)
         op->cb_done = 0;
         ret = post(c, op);
         if (ret == NULL) {
-            op_done(c, UCS_OK);
+            op_done(c, op, UCS_OK);
         } else if (UCS_PTR_IS_ERR(ret)) {
-            op_done(c, UCS_PTR_STATUS(ret));
+            op_done(c, op, UCS_PTR_STATUS(ret));
         } else {
             op->req = ret;
         }
@@ -201,7 +202,7 @@ static void post_step(ucpxu_chain_t *c, int s)
             op->req = NULL;
             r->done = 0;
             ucp_request_free(r);
-            op_done(c, op->cb_status);
+            op_done(c, op, op->cb_status);
         }
         op->cb_done = 0;
     }
@@ -225,7 +226,7 @@ static void run(ucpxu_chain_t *c)
 {
     while (c->outstanding == 0) {
         int next;
-        if (c->status != UCS_OK || c->stopping || c->npull > 0) {
+        if ((c->status != UCS_OK && !c->keep_going) || c->stopping || c->npull > 0) {
             finish(c);
             return;
         }
@@ -242,15 +243,20 @@ static void run(ucpxu_chain_t *c)
     }
 }
 
-ucs_status_t ucpxu_chain_start(uintptr_t cp, uint64_t repeat)
+ucs_status_t ucpxu_chain_start(uintptr_t cp, uint64_t repeat, int keep_going)
 {
     ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
+    int i;
     if (c->running || c->nsteps == 0 || repeat == 0) {
         return UCS_ERR_INVALID_PARAM;
     }
     if (c->w == NULL) {
         return UCS_ERR_CANCELED;
     }
+    for (i = 0; i < c->nops; i++) {
+        c->ops[i].status = UCS_OK;
+    }
+    c->keep_going = keep_going;
     c->repeat = repeat;
     c->iters = 0;
     c->status = UCS_OK;
@@ -312,15 +318,18 @@ void ucpxu_chain_pulled(uintptr_t cp, int i, int st, size_t len)
     op->recv_tag &= UCPXU_TAG_MASK;
     op->recv_len = len;
     c->npull--;
-    if (st != UCS_OK && c->status == UCS_OK) {
-        c->status = st;
+    if (st != UCS_OK) {
+        op->status = st;
+        if (c->status == UCS_OK) {
+            c->status = st;
+        }
     }
 }
 
 int ucpxu_chain_resume(uintptr_t cp)
 {
     ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
-    if (c->running || c->npull > 0 || c->status != UCS_OK || c->stopping || c->w == NULL ||
+    if (c->running || c->npull > 0 || (c->status != UCS_OK && !c->keep_going) || c->stopping || c->w == NULL ||
         c->iters >= c->repeat) {
         return 0;
     }
@@ -352,6 +361,33 @@ void ucpxu_chain_free(uintptr_t cp)
     free(c->ops);
     free(c->first);
     free(c);
+}
+
+/* ucpxu_chains_ep_closed stops the runs of w's chains that send on ep, which Go is
+ * closing: a completion must not post on it afterwards (UCX forbids using a closed
+ * endpoint). Their pending operations are canceled; the run ends with CANCELED. */
+void ucpxu_chains_ep_closed(ucpxu_worker_t *w, uintptr_t ep)
+{
+    ucpxu_chain_t *c;
+    int k;
+    for (c = w->chains; c != NULL; c = c->next) {
+        int uses = 0;
+        for (k = 0; k < c->nops && !uses; k++) {
+            uses = c->ops[k].kind == UCPXU_CHAIN_SEND && c->ops[k].ep == ep;
+        }
+        if (!uses || !(c->running || c->npull > 0)) {
+            continue;
+        }
+        c->stopping = 1;
+        if (c->status == UCS_OK) {
+            c->status = UCS_ERR_CANCELED;
+        }
+        for (k = 0; k < c->nops; k++) {
+            if (c->ops[k].req != NULL) {
+                ucp_request_cancel(w->worker, c->ops[k].req);
+            }
+        }
+    }
 }
 
 /* ucpxu_chains_shutdown stops every chain of a worker about to be destroyed (its

@@ -315,7 +315,9 @@ ucs_status_t ucpxu_mem_map(ucp_context_h ctx, void *addr, size_t len, int alloca
  * ucp_worker_progress, with no Go on the way; after the last step an iteration is
  * counted and step 0 is posted again until repeat iterations ran. An operation that
  * completes in place counts at once. The first error stops the chain (after the
- * step's other operations completed). Built and run under the Go worker lock. */
+ * step's other operations completed), unless the run keeps going (keep_going: a host
+ * graph's, whose later nodes run after a failed one); each operation keeps its last
+ * status. Built and run under the Go worker lock. */
 enum { UCPXU_CHAIN_SEND = 1, UCPXU_CHAIN_RECV = 2 };
 
 #define UCPXU_CHAIN_TIMES 2048 /* iteration end times kept (the last 2048) */
@@ -336,6 +338,7 @@ typedef struct {
     size_t         recv_len;
     int            pull;        /* RECV: got a pulled message, Go is to pull its data */
     int            recv_status; /* RECV: its status */
+    int            status;      /* its last completion's status in this run */
 } ucpxu_chain_op_t;
 
 struct ucpxu_chain {
@@ -349,6 +352,7 @@ struct ucpxu_chain {
     int               step, outstanding;
     int               status;
     int               posting, stopping, parked;
+    int               keep_going; /* errors do not stop the run (ucpxu_chain_start) */
     int               npull;   /* receives that got a pulled message: the run pauses */
     volatile int      running;
     uint64_t          tsc0, tsc1, ns0, ns1; /* start and end: clock ticks and ns */
@@ -359,7 +363,7 @@ ucpxu_chain_t *ucpxu_chain_new(uintptr_t w);
 /* Appends an operation to step (the last step or a new one after it). */
 ucs_status_t ucpxu_chain_add(uintptr_t c, int step, int kind, uintptr_t ep, uintptr_t buf,
                              size_t len, uint64_t tag, uint64_t mask, int mem_type, uintptr_t memh);
-ucs_status_t ucpxu_chain_start(uintptr_t c, uint64_t repeat);
+ucs_status_t ucpxu_chain_start(uintptr_t c, uint64_t repeat, int keep_going);
 /* Progresses until the chain stopped or spins rounds passed, then reaps as ucpxu_wait;
  * returns 1 while it runs. */
 int          ucpxu_chain_wait(uintptr_t c, unsigned spins);
@@ -373,6 +377,7 @@ void         ucpxu_chain_free(uintptr_t c);
 void         ucpxu_chain_pulled(uintptr_t c, int i, int st, size_t len);
 int          ucpxu_chain_resume(uintptr_t c);
 void         ucpxu_chains_shutdown(ucpxu_worker_t *w);
+void         ucpxu_chains_ep_closed(ucpxu_worker_t *w, uintptr_t ep);
 uint64_t     ucpxu_ticks(void);
 
 

@@ -738,6 +738,10 @@ type Chain struct {
 	h C.uintptr_t
 }
 
+// ChainsEPClosed stops the runs of w's chains that send on e (being closed): their
+// pending operations are canceled and the runs end with ErrCanceled.
+func (w *Worker) ChainsEPClosed(e *EP) { C.ucpxu_chains_ep_closed(w.w, e.u()) }
+
 // NewChain makes an empty chain on w; nil if out of memory.
 func (w *Worker) NewChain() *Chain {
 	c := C.ucpxu_chain_new(w.h)
@@ -757,9 +761,19 @@ func (c *Chain) Add(step, kind int, e *EP, buf unsafe.Pointer, n int, tag, mask 
 	return Status(C.ucpxu_chain_add(c.h, C.int(step), C.int(kind), ep, u(buf), C.size_t(n), C.uint64_t(tag), C.uint64_t(mask), C.int(memType), memh(m)))
 }
 
-// Start posts step 0 of the first of repeat iterations.
-func (c *Chain) Start(repeat uint64) Status {
-	return Status(C.ucpxu_chain_start(c.h, C.uint64_t(repeat)))
+// Start posts step 0 of the first of repeat iterations; keepGoing: a failed operation
+// does not stop the run.
+func (c *Chain) Start(repeat uint64, keepGoing bool) Status {
+	return Status(C.ucpxu_chain_start(c.h, C.uint64_t(repeat), cbool(keepGoing)))
+}
+
+// OpStatus is operation i's last completion status in the current or last run (OK
+// if it succeeded or has not completed in it).
+func (c *Chain) OpStatus(i int) Status {
+	if i < 0 || i >= int(c.c.nops) {
+		return ErrInvalidParam
+	}
+	return Status((*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i].status)
 }
 
 // Wait progresses until the chain stops or spins rounds pass, then reaps; it reports
