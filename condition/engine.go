@@ -129,6 +129,9 @@ type Engine struct {
 	nfollow  atomic.Int32
 	// byTrigger: the Graph conditions' channels by trigger word (under mu).
 	byTrigger map[*streamcore.Word]*channel
+	// graphGen counts the changes of the Graph conditions' operations (one added, a
+	// channel removed): a host graph's chain made before a change no longer runs.
+	graphGen atomic.Uint64
 	// Under drive: the triggers a round takes (copied out, as issuing one may remove a
 	// destroyed condition's channel, which takes followMu), and the blocks of those it
 	// could not issue itself (another engine's), kicked once the round let go of mu.
@@ -191,6 +194,7 @@ func NewEngine(t Transport, cfg protocol.Config, cudaTransport bool) (*Engine, e
 // for an enqueuer. One condition's parts arrive in sequence order: arming holds the
 // condition's lock while it calls add, and the round takes them in push order.
 func (e *Engine) add(p *part) error {
+	graph := p.cond != nil && p.cond.category == Graph
 	for {
 		head := e.incoming.Load()
 		if head == closedIncoming {
@@ -200,6 +204,9 @@ func (e *Engine) add(p *part) error {
 		if e.incoming.CompareAndSwap(head, p) {
 			break
 		}
+	}
+	if graph {
+		e.graphGen.Add(1) // after the push: ChainLaunch reads it before taking the pushed
 	}
 	// A goroutine that drives the rounds takes the part too (or releases them to the
 	// engine, seeing it added): waking the engine's goroutine for it would only have it
@@ -267,6 +274,7 @@ func (e *Engine) removeLocked(ch *channel) {
 		e.polled.Add(-1)
 	}
 	if ch.cond.category == Graph {
+		e.graphGen.Add(1)
 		delete(e.byTrigger, ch.cond.trigger)
 		e.followMu.Lock()
 		e.nfollow.Add(-int32(len(e.follows[ch.cond.done])))

@@ -3,3 +3,6 @@ package graph
 // ChainedStarts is the number of nodes of x's launches whose trigger the engine stored
 // when their dependency completed (the launch skipped their tasks).
 func ChainedStarts(x *HostExec) uint64 { return x.chainedStarts.Load() }
+
+// ChainedLaunches is the number of x's launches run as one completion chain.
+func ChainedLaunches(x *HostExec) uint64 { return x.chainedLaunches.Load() }

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"math/bits"
 	"reflect"
 	"runtime"
 	"slices"
@@ -190,6 +191,19 @@ type HostExec struct {
 	closed     bool
 	// chainedStarts counts the nodes whose trigger an engine stored (tests).
 	chainedStarts atomic.Uint64
+	// layers: the trigger words of a graph of communication nodes only, whose every
+	// node depends on all nodes of the layers before its own and on nothing else (nil
+	// otherwise). Such a launch runs as one completion chain of the nodes' engine
+	// (stream.Chainer), each layer posted from the completion of the one before, with
+	// no Go between the hops; chain is the prepared run (under chainMu).
+	layers  [][]*stream.Word
+	chainMu sync.Mutex
+	chain   stream.ChainedLaunch
+	// chainSkip: launches to go node by node before the engine is asked again for a
+	// chain it could not make (chainBackoff: the last such pause, doubling).
+	chainSkip, chainBackoff int
+	// chainedLaunches counts the launches run as a chain (tests).
+	chainedLaunches atomic.Uint64
 	// owed: completion words of communication nodes a failed launch left in flight.
 	// Their operations still complete and store 1, which a later launch would take
 	// for its own; settleOwed consumes them first (owing: owed is not empty).
@@ -261,7 +275,113 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	if visited != n {
 		return nil, fmt.Errorf("instantiate: %d of %d nodes are on a cycle: %w", n-visited, n, ErrCycle)
 	}
+	x.layers = x.chainLayers(g.nodes)
 	return x, nil
+}
+
+// chainLayers returns the trigger words of x's nodes by layer if every node is a
+// communication node (its trigger and its wait in one node) and the dependencies are
+// exactly layers: a node of layer L depends, directly or not, on every node of layers
+// 0..L-1 and on nothing else. Run as a chain, each layer starts once every operation
+// of the one before completed, which then adds no wait the graph does not have.
+func (x *HostExec) chainLayers(nodes []*HostNode) [][]*stream.Word {
+	n := len(nodes)
+	if n == 0 || n > maxChainNodes {
+		return nil
+	}
+	for _, node := range nodes {
+		if !node.inline || node.trigger == nil || node.waitFor == nil {
+			return nil
+		}
+	}
+	// Nodes are added after their dependencies, so ids are a topological order.
+	level := make([]int, n)
+	words := (n + 63) / 64
+	anc := make([]uint64, n*words) // anc[i*words:]: the ancestors of node i
+	count := []int{}               // nodes per level
+	for i := range n {
+		a := anc[i*words : (i+1)*words]
+		for _, d := range x.deps[i] {
+			if d >= i {
+				return nil
+			}
+			level[i] = max(level[i], level[d]+1)
+			a[d/64] |= 1 << (d % 64)
+			for k, v := range anc[d*words : (d+1)*words] {
+				a[k] |= v
+			}
+		}
+		if level[i] == len(count) {
+			count = append(count, 0)
+		}
+		count[level[i]]++
+	}
+	layers := make([][]*stream.Word, len(count))
+	below := make([]int, len(count)+1) // nodes in levels < L
+	for l, c := range count {
+		below[l+1] = below[l] + c
+	}
+	for i := range n {
+		ancestors := 0
+		for _, v := range anc[i*words : (i+1)*words] {
+			ancestors += bits.OnesCount64(v)
+		}
+		// Its ancestors are all in lower levels, so as many as those levels hold
+		// means all of them.
+		if ancestors != below[level[i]] {
+			return nil
+		}
+		layers[level[i]] = append(layers[level[i]], x.trigger[i])
+	}
+	return layers
+}
+
+// maxChainBackoff bounds the launches between two requests for a chain.
+const maxChainBackoff = 4096
+
+// maxChainNodes bounds the graphs chainLayers examines (its ancestor sets are n² bits).
+const maxChainNodes = 4096
+
+// runChained runs the launch as the nodes' engine's chain (see HostExec.layers); it
+// reports false, having done nothing, where the launch must go node by node. Launches
+// of one executable graph on several streams take turns here.
+func (x *HostExec) runChained() (bool, error) {
+	x.chainMu.Lock()
+	defer x.chainMu.Unlock()
+	for range 2 { // a chain that declines is made again once, for this launch
+		if x.chain == nil {
+			if x.chainSkip > 0 {
+				x.chainSkip--
+				return false, nil
+			}
+			c, ok := x.trigger[0].Block().Driver().(stream.Chainer)
+			if !ok {
+				return false, nil // no engine yet (no operation enqueued), or not one that chains
+			}
+			ch, err := c.ChainLaunch(x.layers)
+			if err != nil {
+				// Not now (a node without its operation yet, one in flight from a
+				// launch node by node) or not at all: asked again later, less often
+				// each time.
+				x.chainBackoff = min(max(2*x.chainBackoff, 16), maxChainBackoff)
+				x.chainSkip = x.chainBackoff
+				return false, nil
+			}
+			x.chain, x.chainBackoff = ch, 0
+		}
+		ran, err := x.chain.Run()
+		if ran {
+			x.chainedLaunches.Add(1)
+			if err != nil {
+				return true, fmt.Errorf("%w: %w", ErrOperationFailed, err)
+			}
+			return true, nil
+		}
+		// The nodes changed since it was made (or it cannot start now).
+		_ = x.chain.Close()
+		x.chain = nil
+	}
+	return false, nil
 }
 
 // Launch enqueues one run of the graph on s: it starts when s gets there, and later
@@ -309,6 +429,11 @@ func (x *HostExec) run() error {
 	}
 	if x.owing.Load() {
 		if err := x.settleOwed(); err != nil {
+			return err
+		}
+	}
+	if x.layers != nil {
+		if ran, err := x.runChained(); ran {
 			return err
 		}
 	}
@@ -688,6 +813,13 @@ func (x *HostExec) Close() error {
 		return fmt.Errorf("close: %d launch(es) not finished: %w", n, ErrInFlight)
 	}
 	x.closed = true
+	x.chainMu.Lock()
+	defer x.chainMu.Unlock()
+	if x.chain != nil {
+		err := x.chain.Close()
+		x.chain = nil
+		return err
+	}
 	return nil
 }
 

@@ -61,6 +61,10 @@ type (
 	Driver = streamcore.Driver
 	// Follower is a Driver that starts a graph node's successor itself (streamcore.Follower).
 	Follower = streamcore.Follower
+	// Chainer is a Driver that runs a host graph as one completion chain (streamcore.Chainer).
+	Chainer = streamcore.Chainer
+	// ChainedLaunch is a host graph's chain (streamcore.ChainedLaunch).
+	ChainedLaunch = streamcore.ChainedLaunch
 	// Failer is a Stream that tells it stopped for good (streamcore.Failer).
 	Failer = streamcore.Failer
 	// HostStaging is what the CUDA backend offers for staging device memory

@@ -77,7 +77,7 @@ func (w *Worker) chainAdd(op string, p *RequestParam, kind int, ep *Endpoint, bu
 			return opErr(op, err, "chain step %d", step)
 		}
 		r.bufs = append(r.bufs, buf)
-		if b := bufPtr(buf); b != nil && p.MemH == nil {
+		if b := bufPtr(buf); b != nil && p.MemH == nil && !p.pinnedBuf {
 			r.pin.Pin(b) // C keeps the address for the chain's life
 			r.pinned = true
 		}

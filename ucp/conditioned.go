@@ -51,6 +51,26 @@ func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 	return r, nil
 }
 
+// EnqueueChain adds the operation to a completion chain (condition.ChainOperation: a
+// host graph launched as one chain): a tag send or receive of memory UCX takes as is,
+// with the buffer, tag and peer of Issue. Others are refused (ErrUnsupported).
+func (c *conditioned) EnqueueChain(ch *condition.Chain, p *protocol.Part) error {
+	q := &c.param
+	switch {
+	case p == nil || p.Staged || p.Offset != 0:
+		return opErr("chain", ErrUnsupported, "an operation moved staged or in parts")
+	case q.Peer != nil || q.Flags != 0 || q.Callback != nil:
+		return opErr("chain", ErrUnsupported, "an operation with Peer or Flags")
+	case declaredDevice(q) || c.w.stagesPlain(q):
+		return opErr("chain", ErrUnsupported, "device memory or staging")
+	}
+	// The condRequest's pin holds a graph operation's buffer for its life: the chain
+	// pins nothing, so a chain never Closed leaves no pinned pointer to the collector.
+	ip := RequestParam{Chain: ch, MemoryType: q.MemoryType, MemH: q.MemH, pinnedBuf: q.pinnedBuf}
+	_, err := c.issue(p.Offset, p.Buf, &ip)
+	return err
+}
+
 // condRequest is what one conditioned operation allocates: the user's Request, the
 // engine's Op and the Operation, together.
 type condRequest struct {

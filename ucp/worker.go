@@ -316,7 +316,7 @@ func (w *Worker) afterLocked() int {
 			if w.ipcBusyLocked() {
 				n += w.pollIPCLocked()
 			}
-			if w.wakeParked {
+			if w.raw.TakeChainWake() || w.wakeParked {
 				w.wakeParked = false
 				w.wakeParkedLocked()
 			}

@@ -215,7 +215,10 @@ static void finish(ucpxu_chain_t *c)
     __atomic_store_n(&c->running, 0, __ATOMIC_RELEASE);
     if (c->parked && c->w != NULL) {
         /* A Go waiter sleeps on the event fd, while another goroutine's progress ran
-         * this completion: wake it. */
+         * this completion: Go wakes it after that call (chain_wake); the signal is
+         * for a progress call of C's own (a worker shared with C), after which no Go
+         * runs. */
+        c->w->chain_wake = 1;
         ucp_worker_signal(c->w->worker);
     }
 }

@@ -117,6 +117,10 @@ struct ucpxu_worker {
     ucpxu_result_t reaped[UCPXU_REAP_MAX];
     ucpxu_event_t out[UCPXU_EVENT_BATCH];
     struct ucpxu_chain *chains; /* completion chains built on this worker (chain.c) */
+    /* chain_wake: a chain with a parked Go waiter ended inside a progress call; Go
+     * wakes its parked waiters after the call (a signal alone can be drained by an
+     * arm before the netpoller reports it). */
+    int           chain_wake;
     /* share->yield: nonzero while a goroutine (the condition engine, an nbx call) or
      * a C caller waits for the worker: the spin loops below end early so that it gets
      * the worker within one progress call. Written atomically. */

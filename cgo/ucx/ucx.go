@@ -738,6 +738,16 @@ type Chain struct {
 	h C.uintptr_t
 }
 
+// TakeChainWake reports (and clears) that a chain with a parked waiter ended in a
+// progress call since the last look; read without a call.
+func (w *Worker) TakeChainWake() bool {
+	if w.w.chain_wake == 0 {
+		return false
+	}
+	w.w.chain_wake = 0
+	return true
+}
+
 // ChainsEPClosed stops the runs of w's chains that send on e (being closed): their
 // pending operations are canceled and the runs end with ErrCanceled.
 func (w *Worker) ChainsEPClosed(e *EP) { C.ucpxu_chains_ep_closed(w.w, e.u()) }

@@ -201,6 +201,34 @@ type Follower interface {
 	Follow(done, trigger *Word) bool
 }
 
+// Chainer is a Driver that runs a whole host graph of its communication nodes as one
+// completion chain (package condition's engine over ucp: each step of the chain is
+// posted from the completion callback of the step before, in C, with no Go between
+// the hops). graph.Host uses it when every node of a graph is such a node and the
+// dependencies form layers: every node of a layer depends on every node of the
+// layers before it, on nothing else.
+type Chainer interface {
+	// ChainLaunch prepares the operations behind the trigger words, layer after
+	// layer, as one run. It returns an error when they cannot run as a chain (an
+	// operation of another kind, staged, traced); the caller then launches node by node.
+	ChainLaunch(layers [][]*Word) (ChainedLaunch, error)
+}
+
+// ChainedLaunch is a host graph's chain (Chainer.ChainLaunch).
+type ChainedLaunch interface {
+	// Run runs the operations once, layer after layer, and waits until all have
+	// completed, as a launch that stores every trigger in turn would: an operation's
+	// failure is recorded by its condition (Err) and the layers after it still run;
+	// the completion words are not touched (nothing waits on them). ran is false, with
+	// nothing done, when the chain no longer describes the nodes (an operation was
+	// added to one, a condition was destroyed or failed for good, tracing started) or
+	// cannot start (an endpoint closed): the caller launches node by node, and may
+	// prepare a new chain. err is set when the run could not finish (the worker closed).
+	Run() (ran bool, err error)
+	// Close releases the chain.
+	Close() error
+}
+
 type driverBox struct{ d Driver }
 
 // SetDriver attaches d to the block (nil detaches). GPU-written words are not seen by

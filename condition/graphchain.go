@@ -1,0 +1,133 @@
+package condition
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
+)
+
+// ChainOperation is an Operation a completion chain can run (package ucp: tag sends
+// and receives of host memory moved as is). EnqueueChain adds it to c's current step,
+// with the buffer, tag and peer Issue would use for part p.
+type ChainOperation interface {
+	Operation
+	EnqueueChain(c *Chain, p *protocol.Part) error
+}
+
+// errNotChainable: a host graph's operations cannot run as one chain; the graph
+// launches node by node.
+var errNotChainable = errs.New("condition: the graph's operations cannot run as a chain", errs.Unsupported)
+
+// graphChain is a host graph launched as one completion chain (streamcore.ChainedLaunch):
+// the operations of every layer's Graph conditions are one step, and each step is posted
+// by the transport from the completion of the step before. The engine's own state of
+// those conditions is untouched: their triggers stay 0, so it issues nothing for them.
+type graphChain struct {
+	e      *Engine
+	chain  *Chain
+	gen    uint64       // e.graphGen when the chain was made
+	conds  []*Condition // every condition of the chain
+	opCond []*Condition // the condition of each chained operation, in enqueue order
+}
+
+// ChainLaunch implements streamcore.Chainer for the engine's Graph conditions: layers
+// name them by trigger word. Every operation must be a ChainOperation moved in one part
+// as is, and the engine must not trace (a chain records no timeline).
+func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLaunch, error) {
+	if e.trace.Load() != nil {
+		return nil, fmt.Errorf("%w: the engine traces", errNotChainable)
+	}
+	type entry struct {
+		cond  *Condition
+		ops   []ChainOperation
+		parts []*protocol.Part
+	}
+	rows := make([][]entry, len(layers))
+	gen := e.graphGen.Load() // before the parts are taken (Engine.add)
+	e.mu.Lock()
+	e.takeIncomingLocked()
+	for li, layer := range layers {
+		if len(layer) == 0 {
+			e.mu.Unlock()
+			return nil, fmt.Errorf("%w: an empty layer", errNotChainable)
+		}
+		for _, t := range layer {
+			ch := e.byTrigger[t]
+			if ch == nil || len(ch.ops) == 0 || ch.running > 0 || ch.cond.destroyed.Load() {
+				e.mu.Unlock()
+				return nil, fmt.Errorf("%w: a node without operations, or running", errNotChainable)
+			}
+			en := entry{cond: ch.cond}
+			for _, p := range ch.ops {
+				co, ok := p.op.operation.(ChainOperation)
+				if !ok || len(p.op.plan.Parts) != 1 || p.op.plan.Staged() || p.canceled {
+					e.mu.Unlock()
+					return nil, fmt.Errorf("%w: %s", errNotChainable, p.op.what)
+				}
+				en.ops, en.parts = append(en.ops, co), append(en.parts, p.plan)
+			}
+			rows[li] = append(rows[li], en)
+		}
+	}
+	e.mu.Unlock()
+	// Operations added from here on change graphGen: the first Run then declines.
+	c := &Chain{repeat: 1, keepGoing: true}
+	g := &graphChain{e: e, chain: c, gen: gen}
+	for li, row := range rows {
+		if li > 0 {
+			if err := c.Then(); err != nil {
+				_ = c.Destroy()
+				return nil, err
+			}
+		}
+		for _, en := range row {
+			for k, op := range en.ops {
+				if err := op.EnqueueChain(c, en.parts[k]); err != nil {
+					_ = c.Destroy()
+					return nil, fmt.Errorf("%w: %w", errNotChainable, err)
+				}
+				g.opCond = append(g.opCond, en.cond)
+			}
+			g.conds = append(g.conds, en.cond)
+		}
+	}
+	return g, nil
+}
+
+// Run implements streamcore.ChainedLaunch.
+func (g *graphChain) Run() (bool, error) {
+	e := g.e
+	if e.graphGen.Load() != g.gen || e.trace.Load() != nil {
+		return false, nil
+	}
+	for _, c := range g.conds {
+		if c.destroyed.Load() || c.done.Load() == GraphFailed {
+			return false, nil // the node-by-node launch reports it
+		}
+	}
+	if err := g.chain.Start(); err != nil {
+		return false, nil // an endpoint closed or failed, the worker closed: likewise
+	}
+	err := g.chain.Wait(context.Background())
+	completed := g.chain.Iterations() == 1
+	for i, c := range g.opCond {
+		if oerr := g.chain.OpErr(i); oerr != nil {
+			c.recordErr(oerr, "graph operation")
+		}
+	}
+	if completed {
+		return true, nil // failures, if any, are the conditions' (as node by node)
+	}
+	if err == nil {
+		err = ErrClosed
+	}
+	return true, fmt.Errorf("chained launch stopped: %w", err)
+}
+
+// Close implements streamcore.ChainedLaunch.
+func (g *graphChain) Close() error { return g.chain.Destroy() }
+
+var _ streamcore.Chainer = (*Engine)(nil)

@@ -1,0 +1,258 @@
+package graph_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// echoFromA sends out from a with tag to b, receives the replies with replyTags at a
+// and checks each is out; n times, out changing every time.
+func echoFromA(t *testing.T, ctx context.Context, l *link, n int, tag uint64, replyTags ...uint64) {
+	t.Helper()
+	out := make([]byte, 64)
+	got := make([]byte, 64)
+	for k := range n {
+		for i := range out {
+			out[i] = byte(k*5 + i)
+		}
+		sr, err := l.ab.TagSendNbx(out, tag, nil)
+		require.NoError(t, err)
+		for _, rt := range replyTags {
+			r, err := l.a.TagRecvNbx(got, rt, ^uint64(0), nil)
+			require.NoError(t, err)
+			require.NoError(t, r.Wait(ctx), "round %d tag %d", k, rt)
+			require.Equal(t, out, got, "round %d tag %d", k, rt)
+		}
+		require.NoError(t, sr.Wait(ctx))
+	}
+}
+
+// A graph of communication nodes only, in layers (B: recv -> two sends back), runs
+// each launch as one completion chain: the sends leave from the receive's completion
+// callback. 1000 launches, every reply checked; no node went through the engine.
+func TestGraphLaunchesAsOneChain(t *testing.T) {
+	l := newLink(t)
+	const launches = 1000
+	in := make([]byte, 64)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	again := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 3)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	for range launches {
+		require.NoError(t, x.Launch(s))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	echoFromA(t, ctx, l, launches, 1, 2, 3)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(launches), graph.ChainedLaunches(x))
+	require.Zero(t, graph.ChainedStarts(x))
+	endGraph(t, x, recv, echo, again)
+}
+
+// All communication nodes, but not in layers: B's graph recv(1) -> send(2), and a root
+// recv(3) that A satisfies only after it got send(2). As layers, send(2) would wait for
+// recv(3), which waits for send(2): the graph must launch node by node, and does.
+func TestGraphNotInLayersLaunchesNodeByNode(t *testing.T) {
+	l := newLink(t)
+	in, other := make([]byte, 64), make([]byte, 8)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	late := recvNode(t, l, g, nil, other, 3)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 50 {
+		require.NoError(t, x.Launch(s))
+		echoFromA(t, ctx, l, 1, 1, 2)
+		pingB(t, ctx, l, 3)
+		require.NoError(t, syncErr(t, ctx, s))
+	}
+	require.Zero(t, graph.ChainedLaunches(x))
+	endGraph(t, x, recv, echo, late)
+}
+
+// A chained launch whose receive fails (a message longer than its buffer) records
+// the error in the receive's condition, runs the layer after it all the same and
+// completes, as a launch node by node does; the next launch runs clean.
+func TestGraphChainedLaunchOperationFails(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 8)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, x.Launch(s))
+	long, err := l.ab.TagSendNbx(make([]byte, 64), 1, nil)
+	require.NoError(t, err)
+	got := make([]byte, 8)
+	r, err := l.a.TagRecvNbx(got, 2, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx), "the send after the failed receive ran")
+	require.NoError(t, long.Wait(ctx))
+	require.NoError(t, syncErr(t, ctx, s))
+	require.ErrorIs(t, recv.Err(), ucp.ErrMessageTruncated)
+	require.NoError(t, echo.Err())
+	_ = recv.ClearErr()
+	require.NoError(t, recv.Err())
+
+	require.NoError(t, x.Launch(s))
+	sr, err := l.ab.TagSendNbx([]byte("8 bytes!"), 1, nil)
+	require.NoError(t, err)
+	r, err = l.a.TagRecvNbx(got, 2, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sr.Wait(ctx))
+	require.Equal(t, []byte("8 bytes!"), got)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(2), graph.ChainedLaunches(x))
+	endGraph(t, x, recv, echo)
+}
+
+// An operation enqueued on a condition after chained launches joins the next launch
+// (the chain is made again), and a condition destroyed before a launch fails it with
+// ErrClosed, as node by node.
+func TestGraphChainFollowsItsConditions(t *testing.T) {
+	l := newLink(t)
+	in, in2 := make([]byte, 64), make([]byte, 64)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, x.Launch(s))
+	echoFromA(t, ctx, l, 1, 1, 2)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+
+	// recv gets a second receive, echo a second send.
+	_, err = l.b.TagRecvNbx(in2, 11, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	_, err = l.ba.TagSendNbx(in2, 12, &ucp.RequestParam{Condition: echo})
+	require.NoError(t, err)
+	for k := range 3 {
+		require.NoError(t, x.Launch(s))
+		out2 := []byte{byte(k), 1, 2, 3, 4, 5, 6, 7}
+		sr, err := l.ab.TagSendNbx(out2, 11, nil)
+		require.NoError(t, err)
+		echoFromA(t, ctx, l, 1, 1, 2)
+		got := make([]byte, 64)
+		r, err := l.a.TagRecvNbx(got, 12, ^uint64(0), nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx))
+		require.NoError(t, sr.Wait(ctx))
+		require.Equal(t, out2, got[:8], "launch %d: the added operations ran", k)
+		require.NoError(t, syncErr(t, ctx, s))
+	}
+	require.Equal(t, uint64(4), graph.ChainedLaunches(x), "the chain was made again at once")
+
+	require.NoError(t, echo.Destroy())
+	require.NoError(t, x.Launch(s))
+	echoFromA(t, ctx, l, 0, 1) // nothing: the launch fails before or at echo
+	sr, err := l.ab.TagSendNbx(make([]byte, 64), 1, nil)
+	require.NoError(t, err)
+	sr2, err := l.ab.TagSendNbx(make([]byte, 8), 11, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrClosed)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, sr2.Wait(ctx))
+	require.Equal(t, uint64(4), graph.ChainedLaunches(x))
+	require.NoError(t, recv.Err())
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+}
+
+// Launches of one chained graph on two streams at once take turns: every launch runs
+// whole, the replies all arrive, and nothing races (go test -race).
+func TestGraphChainedLaunchesOnTwoStreams(t *testing.T) {
+	l := newLink(t)
+	const launches = 200
+	in := make([]byte, 64)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 2 {
+		s, err := l.backend.NewStream()
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range launches / 2 {
+				if err := x.Launch(s); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		defer func() { require.NoError(t, syncErr(t, ctx, s)) }()
+	}
+	wg.Wait()
+	// Both streams' launches receive into one buffer: only the count is checked.
+	got := make([]byte, 64)
+	for k := range launches {
+		sr, err := l.ab.TagSendNbx(make([]byte, 64), 1, nil)
+		require.NoError(t, err)
+		r, err := l.a.TagRecvNbx(got, 2, ^uint64(0), nil)
+		require.NoError(t, err)
+		require.NoError(t, r.Wait(ctx), "reply %d", k)
+		require.NoError(t, sr.Wait(ctx))
+	}
+	require.Equal(t, uint64(launches), graph.ChainedLaunches(x)+graph.ChainedStarts(x))
+	t.Cleanup(func() { endGraph(t, x, recv, echo) })
+}
+
+// Closing the worker after chained launches: the next launch fails (ErrOperationFailed,
+// matching ErrClosed) instead of waiting forever.
+func TestGraphChainedLaunchAfterWorkerClose(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 64)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, x.Launch(s))
+	echoFromA(t, ctx, l, 1, 1, 2)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	require.NoError(t, l.b.Close())
+	require.NoError(t, x.Launch(s))
+	require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrOperationFailed)
+	require.NoError(t, x.Close())
+	_ = recv.Destroy()
+	_ = echo.Destroy()
+}
