@@ -129,6 +129,10 @@ type Engine struct {
 	nfollow  atomic.Int32
 	// byTrigger: the Graph conditions' channels by trigger word (under mu).
 	byTrigger map[*streamcore.Word]*channel
+	// chainRuns counts the host graphs' chains running (graphChain.Run): their waits
+	// progress the transport, and the engine's goroutine keeps out of their way as
+	// it does for a goroutine that drives its rounds (othersDrive).
+	chainRuns atomic.Int32
 	// graphGen counts the changes of the Graph conditions' operations (one added, a
 	// channel removed): a host graph's chain made before a change no longer runs.
 	graphGen atomic.Uint64
@@ -340,8 +344,12 @@ func (e *Engine) Drive() bool {
 }
 
 // othersDrive reports (and clears) that another goroutine drove rounds since the last
-// call. Only the engine's goroutine calls it.
+// call, or that a host graph's chain runs (it progresses the transport itself). Only
+// the engine's goroutine calls it.
 func (e *Engine) othersDrive() bool {
+	if e.chainRuns.Load() > 0 {
+		return true
+	}
 	if !e.driven.Load() {
 		return false
 	}

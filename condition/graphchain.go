@@ -108,10 +108,14 @@ func (g *graphChain) Run() (bool, error) {
 			return false, nil // the node-by-node launch reports it
 		}
 	}
+	e.chainRuns.Add(1)
 	if err := g.chain.Start(); err != nil {
+		e.chainRuns.Add(-1)
 		return false, nil // an endpoint closed or failed, the worker closed: likewise
 	}
 	err := g.chain.Wait(context.Background())
+	e.chainRuns.Add(-1)
+	e.Release() // as a driver does when it stops: work the run saw arrive is the engine's
 	completed := g.chain.Iterations() == 1
 	for i, c := range g.opCond {
 		if oerr := g.chain.OpErr(i); oerr != nil {
