@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -233,15 +234,21 @@ func benchGraphs(b *testing.B, backend stream.Backend, ss, rs stream.Stream) (sg
 //	B (child process):        recv(from A) -> send1(to C), send2(to A)
 //	C (child process):        recv(from B)
 //
-// Every process does warm-up iterations, then b.N of the loop, then warm-up launches
-// and b.N launches of its graph (queued on a host stream, synchronized at the end).
+// Every process does warm-up rounds of the loop and warm-up launches of its graph,
+// then bcastBlocks blocks of each in turn (b.N rounds and b.N launches in all), so
+// that a drift of the machine weighs on the loop and the graph alike. A graph block
+// builds its graph (its conditions, the executable graph, a host stream) before its
+// clock starts and destroys it after: in the loop blocks no condition is pending and
+// the engines sleep. Launches are queued on the stream and synchronized at the end.
 // Reported: ns/op is a graph launch at A (send to B until B's echo is back),
-// loop-ns/round the loop's round, x-loop the ratio (issue 18's target: <= 1.2).
+// loop-ns/round the loop's round, x-loop the ratio of the sums (issue 18's target:
+// <= 1.2), x-loop-median the median of the blocks' ratios.
 const (
 	envBcastRole  = "UCPX_GRAPH_BENCH_ROLE"
 	envBcastRoot  = "UCPX_GRAPH_BENCH_ROOT"
 	envBcastIters = "UCPX_GRAPH_BENCH_ITERS"
 	bcastWarmup   = 100
+	bcastBlocks   = 8
 	bcastMsg      = 8
 	tagAB         = 0xB0
 	tagBC         = 0xB1
@@ -249,12 +256,25 @@ const (
 	tagHelloB     = 0xB3
 	tagHelloC     = 0xB4
 	tagAddrC      = 0xB5
-	// envBcastProfile: a path prefix; each process writes a CPU profile of its graph
-	// phase to PREFIX.a, .b and .c (the launches only, not the loop).
+	// envBcastProfile: a path prefix; each process writes a CPU profile of its timed
+	// blocks (loop and graph) to PREFIX.a, .b and .c.
 	envBcastProfile = "UCPX_GRAPH_BENCH_PROFILE"
 )
 
-// bcastProfile starts role's CPU profile of the graph phase if envBcastProfile asks
+// bcastSplit splits n rounds into the blocks every process runs, in order.
+func bcastSplit(n int) []int {
+	k := min(bcastBlocks, n)
+	out := make([]int, k)
+	for i := range out {
+		out[i] = n / k
+		if i < n%k {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// bcastProfile starts role's CPU profile of the timed blocks if envBcastProfile asks
 // for one; the returned function stops it.
 func bcastProfile(role string) func() {
 	prefix := os.Getenv(envBcastProfile)
@@ -298,29 +318,104 @@ func bcastWaiter(ctx context.Context) func(*ucp.Request, error) error {
 	}
 }
 
-// bcastGraphRun instantiates g and launches it n times on a host stream of backend.
-func bcastGraphRun(g *graph.Host, backend stream.Backend, n int) error {
+// bcastComm adds a communication node after deps.
+func bcastComm(g *graph.Host, backend stream.Backend, deps ...condition.Node) (*condition.Condition, error) {
+	return condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: g, Deps: deps})
+}
+
+// bcastOp is one communication node of a member's graph: enqueue issues its
+// operation with the node's condition.
+type bcastOp struct {
+	deps    []int // earlier ops of the graph it depends on
+	enqueue func(p *ucp.RequestParam) error
+}
+
+// bcastGraphBlock builds the graph of ops, launches it n times on a host stream and
+// returns the time from the first launch to the stream's synchronization; the graph is
+// built before and destroyed after the clock.
+func bcastGraphBlock(backend stream.Backend, ops []bcastOp, n int) (time.Duration, error) {
+	g := graph.NewHost()
+	conds := make([]*condition.Condition, 0, len(ops))
+	defer func() {
+		for _, c := range conds {
+			_ = c.Destroy()
+		}
+	}()
+	for _, op := range ops {
+		var deps []condition.Node
+		for _, d := range op.deps {
+			deps = append(deps, conds[d].WaitNode())
+		}
+		c, err := bcastComm(g, backend, deps...)
+		if err != nil {
+			return 0, err
+		}
+		conds = append(conds, c)
+		if err := op.enqueue(&ucp.RequestParam{Condition: c}); err != nil {
+			return 0, err
+		}
+	}
 	x, err := g.Instantiate()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer x.Close()
 	s, err := backend.NewStream()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer s.Close()
+	t0 := time.Now()
 	for i := 0; i < n; i++ {
 		if err := x.Launch(s); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return s.Synchronize()
+	if err := s.Synchronize(); err != nil {
+		return 0, err
+	}
+	d := time.Since(t0)
+	for _, c := range conds {
+		if err := c.Err(); err != nil {
+			return 0, err
+		}
+	}
+	return d, nil
 }
 
-// bcastComm adds a communication node after deps.
-func bcastComm(g *graph.Host, backend stream.Backend, deps ...condition.Node) (*condition.Condition, error) {
-	return condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: g, Deps: deps})
+// bcastRun runs the warm-up and the blocks of round (the loop's) and of the graph of
+// ops, n of each in all, and returns the loop's and the graph's time per block.
+func bcastRun(role string, n int, round func() error, ops []bcastOp) (loops, graphs []time.Duration, err error) {
+	backend := stream.NewHostBackend()
+	defer backend.Close()
+	loopBlock := func(k int) (time.Duration, error) {
+		t0 := time.Now()
+		for i := 0; i < k; i++ {
+			if err := round(); err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(t0), nil
+	}
+	if _, err := loopBlock(bcastWarmup); err != nil {
+		return nil, nil, err
+	}
+	if _, err := bcastGraphBlock(backend, ops, bcastWarmup); err != nil {
+		return nil, nil, err
+	}
+	defer bcastProfile(role)()
+	for _, k := range bcastSplit(n) {
+		l, err := loopBlock(k)
+		if err != nil {
+			return nil, nil, err
+		}
+		g, err := bcastGraphBlock(backend, ops, k)
+		if err != nil {
+			return nil, nil, err
+		}
+		loops, graphs = append(loops, l), append(graphs, g)
+	}
+	return loops, graphs, nil
 }
 
 // bcastPeer is process B or C.
@@ -361,25 +456,25 @@ func bcastPeer(role string) error {
 		return err
 	}
 	buf := make([]byte, bcastMsg)
-	var toC *ucp.Endpoint
-	if role == "b" {
-		addr := make([]byte, 4096)
-		r, err := w.TagRecvNbx(addr, tagAddrC, ^uint64(0), nil)
-		if err := wait(r, err); err != nil {
+	if role == "c" {
+		recvC := func(p *ucp.RequestParam) error {
+			_, err := w.TagRecvNbx(buf, tagBC, ^uint64(0), p)
 			return err
 		}
-		if toC, err = w.ConnectAddress(addr[:r.Length()], noPeerErr); err != nil {
-			return err
-		}
+		round := func() error { return wait(w.TagRecvNbx(buf, tagBC, ^uint64(0), nil)) }
+		_, _, err := bcastRun(role, n, round, []bcastOp{{enqueue: recvC}})
+		return err
 	}
-	// The loop.
-	for i := 0; i < bcastWarmup+n; i++ {
-		if role == "c" {
-			if err := wait(w.TagRecvNbx(buf, tagBC, ^uint64(0), nil)); err != nil {
-				return err
-			}
-			continue
-		}
+	addr := make([]byte, 4096)
+	r, err := w.TagRecvNbx(addr, tagAddrC, ^uint64(0), nil)
+	if err := wait(r, err); err != nil {
+		return err
+	}
+	toC, err := w.ConnectAddress(addr[:r.Length()], noPeerErr)
+	if err != nil {
+		return err
+	}
+	round := func() error {
 		if err := wait(w.TagRecvNbx(buf, tagAB, ^uint64(0), nil)); err != nil {
 			return err
 		}
@@ -390,50 +485,24 @@ func bcastPeer(role string) error {
 		if err := wait(toA.TagSendNbx(buf, tagBA, nil)); err != nil {
 			return err
 		}
-		if err := s1.Wait(ctx); err != nil {
+		return s1.Wait(ctx)
+	}
+	ops := []bcastOp{
+		{enqueue: func(p *ucp.RequestParam) error {
+			_, err := w.TagRecvNbx(buf, tagAB, ^uint64(0), p)
 			return err
-		}
-	}
-	// The graph.
-	defer bcastProfile(role)()
-	backend := stream.NewHostBackend()
-	defer backend.Close()
-	g := graph.NewHost()
-	recvTag := uint64(tagAB)
-	if role == "c" {
-		recvTag = tagBC
-	}
-	recv, err := bcastComm(g, backend)
-	if err != nil {
-		return err
-	}
-	if _, err := w.TagRecvNbx(buf, recvTag, ^uint64(0), &ucp.RequestParam{Condition: recv}); err != nil {
-		return err
-	}
-	conds := []*condition.Condition{recv}
-	if role == "b" {
-		for _, to := range []struct {
-			ep  *ucp.Endpoint
-			tag uint64
-		}{{toC, tagBC}, {toA, tagBA}} {
-			c, err := bcastComm(g, backend, recv.WaitNode())
-			if err != nil {
-				return err
-			}
-			if _, err := to.ep.TagSendNbx(buf, to.tag, &ucp.RequestParam{Condition: c}); err != nil {
-				return err
-			}
-			conds = append(conds, c)
-		}
-	}
-	if err := bcastGraphRun(g, backend, bcastWarmup+n); err != nil {
-		return err
-	}
-	for _, c := range conds {
-		if err := c.Err(); err != nil {
+		}},
+		{deps: []int{0}, enqueue: func(p *ucp.RequestParam) error {
+			_, err := toC.TagSendNbx(buf, tagBC, p)
 			return err
-		}
-		_ = c.Destroy()
+		}},
+		{deps: []int{0}, enqueue: func(p *ucp.RequestParam) error {
+			_, err := toA.TagSendNbx(buf, tagBA, p)
+			return err
+		}},
+	}
+	if _, _, err := bcastRun(role, n, round, ops); err != nil {
+		return err
 	}
 	f, err := w.FlushNbx(nil)
 	return wait(f, err)
@@ -471,15 +540,7 @@ func BenchmarkBroadcast3(b *testing.B) {
 	require.NoError(b, err)
 	require.NoError(b, wait(toB.TagSendNbx(recvAddr(tagHelloC), tagAddrC, nil)))
 	out, echo := []byte("8 bytes!"), make([]byte, bcastMsg)
-
-	b.ResetTimer()
-	b.StopTimer()
-	var loop time.Duration
-	for i := 0; i < bcastWarmup+b.N; i++ {
-		if i == bcastWarmup {
-			b.StartTimer()
-			loop = -time.Duration(time.Now().UnixNano())
-		}
+	round := func() error {
 		s, err := toB.TagSendNbx(out, tagAB, nil)
 		if err == nil {
 			err = wait(w.TagRecvNbx(echo, tagBA, ^uint64(0), nil))
@@ -487,39 +548,23 @@ func BenchmarkBroadcast3(b *testing.B) {
 		if err == nil {
 			err = s.Wait(ctx)
 		}
-		if err != nil {
-			require.NoError(b, err)
-		}
+		return err
 	}
-	loop += time.Duration(time.Now().UnixNano())
+	ops := []bcastOp{
+		{enqueue: func(p *ucp.RequestParam) error {
+			_, err := toB.TagSendNbx(out, tagAB, p)
+			return err
+		}},
+		{enqueue: func(p *ucp.RequestParam) error {
+			_, err := w.TagRecvNbx(echo, tagBA, ^uint64(0), p)
+			return err
+		}},
+	}
+	b.ResetTimer()
+	loops, graphs, err := bcastRun("a", b.N, round, ops)
 	b.StopTimer()
+	require.NoError(b, err, "B: %s\nC: %s", &outs[0], &outs[1])
 	require.Equal(b, out, echo)
-	clear(echo)
-
-	backend := stream.NewHostBackend()
-	defer backend.Close()
-	g := graph.NewHost()
-	send, err := bcastComm(g, backend)
-	require.NoError(b, err)
-	_, err = toB.TagSendNbx(out, tagAB, &ucp.RequestParam{Condition: send})
-	require.NoError(b, err)
-	recv, err := bcastComm(g, backend)
-	require.NoError(b, err)
-	_, err = w.TagRecvNbx(echo, tagBA, ^uint64(0), &ucp.RequestParam{Condition: recv})
-	require.NoError(b, err)
-	require.NoError(b, bcastGraphRun(g, backend, bcastWarmup))
-	b.StartTimer()
-	stopProfile := bcastProfile("a")
-	t0 := time.Now()
-	require.NoError(b, bcastGraphRun(g, backend, b.N))
-	launches := time.Since(t0)
-	stopProfile()
-	b.StopTimer()
-	require.Equal(b, out, echo)
-	require.NoError(b, send.Err())
-	require.NoError(b, recv.Err())
-	_ = send.Destroy()
-	_ = recv.Destroy()
 	for i, ch := range exits {
 		select {
 		case err := <-ch:
@@ -528,7 +573,15 @@ func BenchmarkBroadcast3(b *testing.B) {
 			require.FailNowf(b, "peer did not finish", "process %c: %s", 'B'+i, &outs[i])
 		}
 	}
+	var loop, launches time.Duration
+	ratios := make([]float64, len(loops))
+	for i := range loops {
+		loop, launches = loop+loops[i], launches+graphs[i]
+		ratios[i] = float64(graphs[i]) / float64(loops[i])
+	}
+	slices.Sort(ratios)
 	b.ReportMetric(float64(launches.Nanoseconds())/float64(b.N), "ns/op")
 	b.ReportMetric(float64(loop.Nanoseconds())/float64(b.N), "loop-ns/round")
 	b.ReportMetric(float64(launches)/float64(loop), "x-loop")
+	b.ReportMetric(ratios[len(ratios)/2], "x-loop-median")
 }
