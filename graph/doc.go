@@ -8,7 +8,13 @@
 // (Host, HostExec) launch on host streams; CUDA graphs (CUDA, AdoptCUDA) are launched
 // with the driver's own calls and need no host thread while they run.
 //
-// In a host graph, a communication node whose only dependency is another
+// A host graph made of communication nodes only, in layers (every node depends on all
+// nodes of the layers before its own and on nothing else: a relay's receive, then its
+// sends), launches as one completion chain (condition.Chain) of the tag operations:
+// each layer is posted from the completion callback of the one before, in C, and a
+// launch costs about what the same messages cost from a host loop. An operation that
+// fails is recorded in its condition (Err) and the layers after it still run, as in any
+// launch. In other host graphs, a communication node whose only dependency is another
 // communication node starts in the engine's round that completes the first (a relay's
 // forward starts as its receive completes), without a pass through the launch. A
 // launch that reaches a communication node whose condition carries no operation fails

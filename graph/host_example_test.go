@@ -12,8 +12,9 @@ import (
 )
 
 // A relay as a host graph, launched three times: each launch receives a message and
-// sends it back. The echo depends only on the receive, so the engine starts it in the
-// round that completes the receive.
+// sends it back. The graph is communication nodes in layers (the receive, then the echo
+// that depends on it), so each launch runs as one completion chain: the echo is posted
+// from the receive's completion callback, in C.
 func ExampleHostExec_Launch() {
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	if err != nil {
