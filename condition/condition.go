@@ -139,6 +139,9 @@ type Condition struct {
 	mu          sync.Mutex
 	armed       uint64      // last sequence number handed out
 	destroyed   atomic.Bool // written under mu; read without it by the engine
+	// chained counts the host graphs' chains running the condition's operations
+	// (graphChain.Run): Destroy refuses then, as while a launch runs them node by node.
+	chained atomic.Int32
 	drivers     []streamcore.Driver
 	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
 	node        Node                              // Graph category: the start node
@@ -624,7 +627,7 @@ func (c *Condition) Destroy() error {
 			c.destroyed.Store(true)
 			return c.words.Close()
 		}
-		if c.trigger.Load() != 0 || c.done.Load() != 0 {
+		if c.trigger.Load() != 0 || c.done.Load() != 0 || c.chained.Load() > 0 {
 			return fmt.Errorf("destroy: a launch is running the operation: %w", ErrBusy)
 		}
 		c.destroyed.Store(true)

@@ -103,11 +103,20 @@ func (g *graphChain) Run() (bool, error) {
 	if e.graphGen.Load() != g.gen || e.trace.Load() != nil {
 		return false, nil
 	}
-	for _, c := range g.conds {
-		if c.destroyed.Load() || c.done.Load() == GraphFailed {
+	for i, c := range g.conds {
+		// Under the condition's lock, against Destroy (which refuses while chained).
+		c.mu.Lock()
+		usable := !c.destroyed.Load() && c.done.Load() != GraphFailed
+		if usable {
+			c.chained.Add(1)
+		}
+		c.mu.Unlock()
+		if !usable {
+			g.unchain(i)
 			return false, nil // the node-by-node launch reports it
 		}
 	}
+	defer g.unchain(len(g.conds))
 	e.chainRuns.Add(1)
 	if err := g.chain.Start(); err != nil {
 		e.chainRuns.Add(-1)
@@ -129,6 +138,13 @@ func (g *graphChain) Run() (bool, error) {
 		err = ErrClosed
 	}
 	return true, fmt.Errorf("chained launch stopped: %w", err)
+}
+
+// unchain ends the chained run of the first n conditions.
+func (g *graphChain) unchain(n int) {
+	for _, c := range g.conds[:n] {
+		c.chained.Add(-1)
+	}
 }
 
 // Close implements streamcore.ChainedLaunch.

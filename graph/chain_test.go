@@ -10,6 +10,7 @@ import (
 
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -201,9 +202,11 @@ func TestGraphChainedLaunchesOnTwoStreams(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
+	var streams []stream.Stream
 	for range 2 {
 		s, err := l.backend.NewStream()
 		require.NoError(t, err)
+		streams = append(streams, s)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -214,7 +217,6 @@ func TestGraphChainedLaunchesOnTwoStreams(t *testing.T) {
 				}
 			}
 		}()
-		defer func() { require.NoError(t, syncErr(t, ctx, s)) }()
 	}
 	wg.Wait()
 	// Both streams' launches receive into one buffer: only the count is checked.
@@ -227,8 +229,12 @@ func TestGraphChainedLaunchesOnTwoStreams(t *testing.T) {
 		require.NoError(t, r.Wait(ctx), "reply %d", k)
 		require.NoError(t, sr.Wait(ctx))
 	}
+	for _, s := range streams {
+		require.NoError(t, syncErr(t, ctx, s))
+	}
+	// Each launch ran as the chain, or node by node (its echo started by the engine).
 	require.Equal(t, uint64(launches), graph.ChainedLaunches(x)+graph.ChainedStarts(x))
-	t.Cleanup(func() { endGraph(t, x, recv, echo) })
+	endGraph(t, x, recv, echo)
 }
 
 // Closing the worker after chained launches: the next launch fails (ErrOperationFailed,
@@ -255,4 +261,45 @@ func TestGraphChainedLaunchAfterWorkerClose(t *testing.T) {
 	require.NoError(t, x.Close())
 	_ = recv.Destroy()
 	_ = echo.Destroy()
+}
+
+// Destroying a condition while a chained launch runs its operation is refused
+// (ErrBusy), as while a launch runs it node by node; once the launch is done it
+// succeeds. (Should the Destroy come before the launch started, the launch fails with
+// ErrClosed and nothing is received: checked too.)
+func TestGraphChainedLaunchRefusesDestroy(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 8)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// One launch first, so the chain exists and the next launch runs it at once.
+	require.NoError(t, x.Launch(s))
+	pingB(t, ctx, l, 1)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+
+	require.NoError(t, x.Launch(s))
+	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	err = recv.Destroy()
+	if err == nil {
+		t.Log("Destroy came before the launch started")
+		require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrClosed)
+		require.NoError(t, x.Close())
+		return
+	}
+	require.ErrorIs(t, err, condition.ErrBusy)
+	copy(in, "--------")
+	sr, err := l.ab.TagSendNbx([]byte("8 bytes!"), 1, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, []byte("8 bytes!"), in)
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
 }
