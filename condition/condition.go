@@ -136,12 +136,12 @@ type Condition struct {
 	// sequence order even with concurrent callers. It is held while a stream enqueue
 	// blocks (a CUDA stream stuck in a wait stops accepting work), so the engine must
 	// never need it: Retire uses only retired and errMu.
-	mu          sync.Mutex
-	armed       uint64      // last sequence number handed out
-	destroyed   atomic.Bool // written under mu; read without it by the engine
+	mu        sync.Mutex
+	armed     uint64      // last sequence number handed out
+	destroyed atomic.Bool // written under mu; read without it by the engine
 	// chained counts the host graphs' chains running the condition's operations
 	// (graphChain.Run): Destroy refuses then, as while a launch runs them node by node.
-	chained atomic.Int32
+	chained     atomic.Int32
 	drivers     []streamcore.Driver
 	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
 	node        Node                              // Graph category: the start node
