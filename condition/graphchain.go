@@ -37,7 +37,12 @@ type graphChain struct {
 // name them by trigger word. Every operation must be a ChainOperation moved in one part
 // as is, and the engine must not trace (a chain records no timeline).
 func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLaunch, error) {
-	if e.trace.Load() != nil {
+	switch {
+	case e == nil:
+		return nil, fmt.Errorf("chain launch: nil engine: %w", ErrInvalidParam)
+	case len(layers) == 0:
+		return nil, fmt.Errorf("%w: no layers", errNotChainable)
+	case e.trace.Load() != nil:
 		return nil, fmt.Errorf("%w: the engine traces", errNotChainable)
 	}
 	type entry struct {
