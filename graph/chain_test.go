@@ -11,6 +11,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/trace"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -302,4 +303,46 @@ func TestGraphChainedLaunchRefusesDestroy(t *testing.T) {
 	require.Equal(t, []byte("8 bytes!"), in)
 	require.NoError(t, x.Close())
 	require.NoError(t, recv.Destroy())
+}
+
+// Graphs in layers that cannot run as a chain launch node by node, and correctly: the
+// engine of a traced worker (a chain records no timelines), and a node whose operation
+// a chain cannot hold (a flush).
+func TestGraphUnchainableLaunchesNodeByNode(t *testing.T) {
+	for _, tc := range []string{"traced", "flush"} {
+		t.Run(tc, func(t *testing.T) {
+			l := newLink(t)
+			if tc == "traced" {
+				require.NoError(t, l.b.Trace(trace.NewRecorder()))
+			}
+			in := make([]byte, 64)
+			g := graph.NewHost()
+			recv := recvNode(t, l, g, nil, in, 1)
+			echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+			conds := []*condition.Condition{recv, echo}
+			if tc == "flush" {
+				c := graphCondition(t, l, g, []condition.Node{recv.WaitNode()}, false)
+				_, err := l.ba.FlushNbx(&ucp.RequestParam{Condition: c})
+				require.NoError(t, err)
+				conds = append(conds, c)
+			}
+			x, err := g.Instantiate()
+			require.NoError(t, err)
+			s, err := l.backend.NewStream()
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			for range 20 {
+				require.NoError(t, x.Launch(s))
+				echoFromA(t, ctx, l, 1, 1, 2)
+				require.NoError(t, syncErr(t, ctx, s))
+			}
+			require.Zero(t, graph.ChainedLaunches(x))
+			require.Equal(t, uint64(20*(len(conds)-1)), graph.ChainedStarts(x))
+			endGraph(t, x, conds...)
+			if tc == "traced" {
+				require.NoError(t, l.b.Trace(nil))
+			}
+		})
+	}
 }
