@@ -62,6 +62,9 @@ type ChainRunner interface {
 	// OpErr is the error of operation i (in the order they were enqueued) in the last
 	// run: nil if it succeeded or did not complete in it.
 	OpErr(i int) error
+	// CancelOp cancels operation i if it is posted and pending: it completes with
+	// ErrCanceled (a run that keeps going goes on).
+	CancelOp(i int)
 	// Running reports whether a run is under way.
 	Running() bool
 	// IterationTimes are the durations of the last iterations (up to 2048), oldest first.
@@ -226,6 +229,13 @@ func (c *Chain) OpErr(i int) error {
 		return nil
 	}
 	return r.OpErr(i)
+}
+
+// cancelOp cancels operation i if it is posted and pending.
+func (c *Chain) cancelOp(i int) {
+	if r, err := c.usable("cancel"); err == nil {
+		r.CancelOp(i)
+	}
 }
 
 // IterationTimes are the durations of the last iterations of the run (up to 2048),

@@ -139,9 +139,12 @@ type Condition struct {
 	mu        sync.Mutex
 	armed     uint64      // last sequence number handed out
 	destroyed atomic.Bool // written under mu; read without it by the engine
-	// chained counts the host graphs' chains running the condition's operations
-	// (graphChain.Run): Destroy refuses then, as while a launch runs them node by node.
+	// chained is 1 while a host graph's chain runs the condition's operations
+	// (graphChain.Run, chainRun the chain; both changed under mu): Destroy refuses
+	// then, as while a launch runs them node by node, the engine leaves a trigger
+	// stored meanwhile for after it, and a Cancel of an operation reaches the chain.
 	chained     atomic.Int32
+	chainRun    atomic.Pointer[graphChain]
 	drivers     []streamcore.Driver
 	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
 	node        Node                              // Graph category: the start node

@@ -347,8 +347,8 @@ func (e *Engine) Drive() bool {
 // call, or that a host graph's chain runs (it progresses the transport itself). Only
 // the engine's goroutine calls it.
 func (e *Engine) othersDrive() bool {
-	if e.chainRuns.Load() > 0 {
-		return true
+	if e.chainRuns.Load() > 0 && !e.inflight.Load() {
+		return true // with operations of its own in flight, it drives them on
 	}
 	if !e.driven.Load() {
 		return false
@@ -836,8 +836,8 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 		e.retired = append(e.retired, ch.ops...)
 		return true
 	}
-	if cond.trigger.Load() != 1 {
-		return false
+	if cond.trigger.Load() != 1 || cond.chained.Load() != 0 {
+		return false // a trigger stored while a chain runs the operations waits for it
 	}
 	cond.trigger.Store(0)
 	tr := e.trace.Load()

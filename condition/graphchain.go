@@ -31,6 +31,7 @@ type graphChain struct {
 	gen    uint64       // e.graphGen when the chain was made
 	conds  []*Condition // every condition of the chain
 	opCond []*Condition // the condition of each chained operation, in enqueue order
+	opPart []*part      // and its part
 }
 
 // ChainLaunch implements streamcore.Chainer for the engine's Graph conditions: layers
@@ -48,12 +49,18 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 	type entry struct {
 		cond  *Condition
 		ops   []ChainOperation
-		parts []*protocol.Part
+		parts []*part
 	}
 	rows := make([][]entry, len(layers))
-	gen := e.graphGen.Load() // before the parts are taken (Engine.add)
+	gen := e.graphGen.Load() // before the look at the parts added (Engine.add)
+	// A round takes what was enqueued (only rounds may: a full round follows what they
+	// took into the channels); parts still waiting to be taken make the chain wait.
+	e.round()
 	e.mu.Lock()
-	e.takeIncomingLocked()
+	if e.added() {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%w: operations being enqueued", errNotChainable)
+	}
 	for li, layer := range layers {
 		if len(layer) == 0 {
 			e.mu.Unlock()
@@ -72,7 +79,7 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 					e.mu.Unlock()
 					return nil, fmt.Errorf("%w: %s", errNotChainable, p.op.what)
 				}
-				en.ops, en.parts = append(en.ops, co), append(en.parts, p.plan)
+				en.ops, en.parts = append(en.ops, co), append(en.parts, p)
 			}
 			rows[li] = append(rows[li], en)
 		}
@@ -90,11 +97,11 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 		}
 		for _, en := range row {
 			for k, op := range en.ops {
-				if err := op.EnqueueChain(c, en.parts[k]); err != nil {
+				if err := op.EnqueueChain(c, en.parts[k].plan); err != nil {
 					_ = c.Destroy()
 					return nil, fmt.Errorf("%w: %w", errNotChainable, err)
 				}
-				g.opCond = append(g.opCond, en.cond)
+				g.opCond, g.opPart = append(g.opCond, en.cond), append(g.opPart, en.parts[k])
 			}
 			g.conds = append(g.conds, en.cond)
 		}
@@ -109,16 +116,21 @@ func (g *graphChain) Run() (bool, error) {
 		return false, nil
 	}
 	for i, c := range g.conds {
-		// Under the condition's lock, against Destroy (which refuses while chained).
+		// Under the condition's lock, against Destroy and against a launch node by
+		// node: one of them at a time runs a condition's operations.
 		c.mu.Lock()
-		usable := !c.destroyed.Load() && c.done.Load() != GraphFailed
+		usable := !c.destroyed.Load() && c.trigger.Load() == 0 && c.done.Load() == 0 &&
+			c.chained.Load() == 0 && len(c.drivers) == 1 && c.drivers[0] == streamcore.Driver(e)
 		if usable {
-			c.chained.Add(1)
+			c.chained.Store(1)
+			c.chainRun.Store(g)
 		}
 		c.mu.Unlock()
 		if !usable {
+			// Destroyed, failed for good, running, on another engine too: the
+			// node-by-node launch does what is right for it.
 			g.unchain(i)
-			return false, nil // the node-by-node launch reports it
+			return false, nil
 		}
 	}
 	defer g.unchain(len(g.conds))
@@ -145,10 +157,28 @@ func (g *graphChain) Run() (bool, error) {
 	return true, fmt.Errorf("chained launch stopped: %w", err)
 }
 
-// unchain ends the chained run of the first n conditions.
+// unchain ends the chained run of the first n conditions; a launch node by node that
+// stored a trigger meanwhile (the engine left it for after the chain) is kicked.
 func (g *graphChain) unchain(n int) {
+	kick := false
 	for _, c := range g.conds[:n] {
-		c.chained.Add(-1)
+		c.mu.Lock()
+		c.chainRun.Store(nil)
+		c.chained.Store(0)
+		c.mu.Unlock()
+		kick = kick || c.trigger.Load() != 0
+	}
+	if kick {
+		g.e.Kick()
+	}
+}
+
+// cancel cancels p's operation in the running chain (Op.Cancel).
+func (g *graphChain) cancel(p *part) {
+	for i, q := range g.opPart {
+		if q == p {
+			g.chain.cancelOp(i)
+		}
 	}
 }
 

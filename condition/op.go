@@ -449,6 +449,9 @@ func (p *part) cancel() {
 	if inner != nil {
 		inner.Cancel()
 	}
+	if g := p.cond.chainRun.Load(); g != nil {
+		g.cancel(p) // a host graph's chain runs it (graphChain)
+	}
 }
 
 // ErrCanceled matches operations canceled by Cancel or by their engine closing.

@@ -346,3 +346,161 @@ func TestGraphUnchainableLaunchesNodeByNode(t *testing.T) {
 		})
 	}
 }
+
+// A launch node by node of one graph while another graph launches as a chain on the
+// same worker: making the chain again (an operation of the other graph was added)
+// must not take the other graph's operations from the engine's queue outside a round
+// (before, the other graph's launch hung for good at its second iteration).
+func TestGraphChainBesideNodeByNodeGraph(t *testing.T) {
+	l := newLink(t)
+	const launches = 200
+	// G1 (chained): B receives tag 1 and echoes tag 2.
+	in := make([]byte, 64)
+	g1 := graph.NewHost()
+	recv := recvNode(t, l, g1, nil, in, 1)
+	echo := sendNode(t, l, g1, []condition.Node{recv.WaitNode()}, in, 2)
+	x1, err := g1.Instantiate()
+	require.NoError(t, err)
+	s1, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		for range launches {
+			if err := x1.Launch(s1); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	// G2 (node by node: a task first) made and launched meanwhile, from B to A.
+	var conds []*condition.Condition
+	for k := range 20 {
+		g2 := graph.NewHost()
+		task, err := g2.AddTask(nil, func() error { return nil })
+		require.NoError(t, err)
+		c := graphCondition(t, l, g2, []condition.Node{task}, false)
+		_, err = l.ba.TagSendNbx([]byte{byte(k), 0, 0, 0, 0, 0, 0, 0}, 9, &ucp.RequestParam{Condition: c})
+		require.NoError(t, err)
+		conds = append(conds, c)
+		x2, err := g2.Instantiate()
+		require.NoError(t, err)
+		s2, err := l.backend.NewStream()
+		require.NoError(t, err)
+		got := make([]byte, 8)
+		r, err := l.a.TagRecvNbx(got, 9, ^uint64(0), nil)
+		require.NoError(t, err)
+		require.NoError(t, x2.Launch(s2))
+		require.NoError(t, r.Wait(ctx), "graph %d", k)
+		require.Equal(t, byte(k), got[0])
+		require.NoError(t, syncErr(t, ctx, s2))
+		require.NoError(t, x2.Close())
+		require.NoError(t, s2.Close())
+	}
+	echoFromA(t, ctx, l, launches, 1, 2)
+	require.NoError(t, <-done)
+	require.NoError(t, syncErr(t, ctx, s1))
+	require.NotZero(t, graph.ChainedLaunches(x1))
+	endGraph(t, x1, recv, echo)
+	for _, c := range conds {
+		require.NoError(t, c.Err())
+		require.NoError(t, c.Destroy())
+	}
+}
+
+// Closing the endpoint of a chained launch's send while the launch waits in its
+// receive: as node by node, the receive gets its message, the send fails with
+// ErrClosed (recorded in its condition, never posted on the closed endpoint), and the
+// launch completes.
+func TestGraphChainedLaunchEndpointClosed(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 64)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, x.Launch(s))
+	echoFromA(t, ctx, l, 1, 1, 2)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+
+	require.NoError(t, x.Launch(s))
+	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	require.NoError(t, l.ba.Close())
+	sr, err := l.ab.TagSendNbx([]byte("8 bytes!"), 1, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, []byte("8 bytes!"), in[:8], "the receive got its message")
+	require.NoError(t, recv.Err())
+	require.ErrorIs(t, echo.Err(), ucp.ErrClosed)
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+	require.NoError(t, echo.Destroy())
+}
+
+// Canceling a chained launch's pending receive (its Request) ends it as node by node:
+// the receive completes with ErrCanceled, recorded in its condition, and the launch
+// completes.
+func TestGraphChainedLaunchCancel(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 8)
+	g := graph.NewHost()
+	c := graphCondition(t, l, g, nil, false)
+	req, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, x.Launch(s))
+	pingB(t, ctx, l, 1)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+
+	require.NoError(t, x.Launch(s))
+	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	req.Cancel()
+	require.NoError(t, syncErr(t, ctx, s))
+	require.ErrorIs(t, c.Err(), ucp.ErrCanceled)
+	require.NoError(t, x.Close())
+	require.NoError(t, c.Destroy())
+}
+
+// The worker closing while a chained launch waits in its receive fails the launch
+// (ErrOperationFailed, matching ErrClosed) instead of leaving it waiting.
+func TestGraphChainedLaunchWorkerClosedMidRun(t *testing.T) {
+	l := newLink(t)
+	in := make([]byte, 8)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, in, 1)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, x.Launch(s))
+	pingB(t, ctx, l, 1)
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+
+	require.NoError(t, x.Launch(s))
+	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	require.NoError(t, l.b.Close())
+	err = syncErr(t, ctx, s)
+	require.ErrorIs(t, err, graph.ErrOperationFailed)
+	require.ErrorIs(t, err, graph.ErrClosed)
+	require.Equal(t, uint64(2), graph.ChainedLaunches(x), "the launch ran as a chain")
+	require.NoError(t, x.Close())
+	_ = recv.Destroy()
+}

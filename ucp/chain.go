@@ -146,7 +146,23 @@ func (r *chainRunner) OpErr(i int) error {
 	if r.destroyed || i < 0 || i >= r.raw.Ops() {
 		return nil
 	}
-	return opErr("chain", statusErr(r.raw.OpStatus(i)), "operation %d", i)
+	st := r.raw.OpStatus(i)
+	if st == ucx.ErrCanceled && r.raw.EPClosed(i) {
+		return opErr("chain", ErrClosed, "operation %d: its endpoint was closed", i)
+	}
+	return opErr("chain", statusErr(st), "operation %d", i)
+}
+
+// CancelOp cancels operation i if it is posted and pending (condition.ChainRunner).
+func (r *chainRunner) CancelOp(i int) {
+	w := r.w
+	w.mu.Lock()
+	if !r.destroyed && !w.closed.Load() && !r.raw.Detached() {
+		r.raw.CancelOp(i)
+		w.raw.Reap()
+		w.afterLocked()
+	}
+	w.unlockDeferred()
 }
 
 // Test progresses once and reports whether the run ended.
@@ -180,6 +196,7 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 	// The spin and yield clock restarts whenever the run moved: a chain waits for its
 	// whole run, and only a run that stalls should yield the processor or park.
 	last, _ := r.raw.Result()
+	bound := parkBoundMin
 	for i := 0; ; i++ {
 		w.mu.Lock()
 		if err := r.usableLocked("chain_wait"); err != nil {
@@ -206,7 +223,7 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 			}
 		}
 		if iters, _ := r.raw.Result(); iters != last {
-			last, started, i = iters, false, 0
+			last, started, i, bound = iters, false, 0, parkBoundMin
 		}
 		if i == 0 {
 			continue
@@ -222,8 +239,15 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 		if now-start < w.spinTime || w.efd < 0 {
 			continue
 		}
-		if ended, err := r.park(ctx); ended {
+		parked := monotonic()
+		if ended, err := r.park(ctx, bound); ended {
 			return err
+		}
+		if monotonic()-parked >= bound {
+			// The bound ended the sleep: one progress pass, then park again (longer).
+			start, i = monotonic()-w.spinTime, 1
+			bound = min(2*bound, parkBoundMax)
+			continue
 		}
 		started, i = false, 0
 	}
@@ -294,7 +318,7 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 // park arms the worker and sleeps until the event fd fires (the chain's end signals it
 // when another goroutine's progress ended the run), ctx ends or the worker closes. It
 // reports whether the wait is over.
-func (r *chainRunner) park(ctx context.Context) (bool, error) {
+func (r *chainRunner) park(ctx context.Context, bound time.Duration) (bool, error) {
 	w := r.w
 	w.mu.Lock()
 	for try := 0; ; try++ {
@@ -306,7 +330,7 @@ func (r *chainRunner) park(ctx context.Context) (bool, error) {
 			w.mu.Unlock()
 			return false, nil // ended or paused for pulls: Wait's loop tells which
 		}
-		if w.raw.Arm() == ucx.OK {
+		if w.armLocked() == ucx.OK {
 			break
 		}
 		r.raw.Wait(1)
@@ -318,7 +342,7 @@ func (r *chainRunner) park(ctx context.Context) (bool, error) {
 	}
 	r.parked++
 	r.raw.SetParked(true)
-	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Time{})
+	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Now().Add(bound))
 	w.mu.Lock()
 	r.parked--
 	if !w.closed.Load() && !r.raw.Detached() {

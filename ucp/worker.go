@@ -372,7 +372,7 @@ func (w *Worker) WaitForEvents(ctx context.Context, timeout time.Duration) error
 		w.mu.Unlock()
 		return opErr("worker_wait", ErrClosed, "")
 	}
-	if w.raw.Arm() != ucx.OK {
+	if w.armLocked() != ucx.OK {
 		w.mu.Unlock() // busy: events are pending
 		return ctx.Err()
 	}
@@ -435,7 +435,7 @@ func (w *Worker) Arm() error {
 	if w.efd < 0 {
 		return opErr("worker_arm", ErrUnsupported, "worker without wakeup")
 	}
-	return opErr("worker_arm", statusErr(w.raw.Arm()), "")
+	return opErr("worker_arm", statusErr(w.armLocked()), "")
 }
 
 // drainLocked delivers queued events. Completion work that touches only ucpx state

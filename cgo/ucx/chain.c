@@ -164,6 +164,9 @@ static void *post(ucpxu_chain_t *c, ucpxu_chain_op_t *op)
         p.memh = (ucp_mem_h)op->memh;
     }
     if (op->kind == UCPXU_CHAIN_SEND) {
+        if (op->ep_closed) {
+            return UCS_STATUS_PTR(UCS_ERR_CANCELED);
+        }
         p.cb.send = chain_send_cb;
         return ucp_tag_send_nbx((ucp_ep_h)op->ep, (void*)op->buf, op->len,
                                 ucpxu_send_tag(c->w, op->tag), &p);
@@ -366,31 +369,31 @@ void ucpxu_chain_free(uintptr_t cp)
     free(c);
 }
 
-/* ucpxu_chains_ep_closed stops the runs of w's chains that send on ep, which Go is
- * closing: a completion must not post on it afterwards (UCX forbids using a closed
- * endpoint). Their pending operations are canceled; the run ends with CANCELED. */
+/* ucpxu_chains_ep_closed marks the sends of w's chains on ep, which Go is closing:
+ * they are not posted again (UCX forbids using a closed endpoint) and fail with
+ * CANCELED instead, as a send on a closed endpoint fails in Go; a send already posted
+ * completes as the close lets it. */
 void ucpxu_chains_ep_closed(ucpxu_worker_t *w, uintptr_t ep)
 {
     ucpxu_chain_t *c;
     int k;
     for (c = w->chains; c != NULL; c = c->next) {
-        int uses = 0;
-        for (k = 0; k < c->nops && !uses; k++) {
-            uses = c->ops[k].kind == UCPXU_CHAIN_SEND && c->ops[k].ep == ep;
-        }
-        if (!uses || !(c->running || c->npull > 0)) {
-            continue;
-        }
-        c->stopping = 1;
-        if (c->status == UCS_OK) {
-            c->status = UCS_ERR_CANCELED;
-        }
         for (k = 0; k < c->nops; k++) {
-            if (c->ops[k].req != NULL) {
-                ucp_request_cancel(w->worker, c->ops[k].req);
+            if (c->ops[k].kind == UCPXU_CHAIN_SEND && c->ops[k].ep == ep) {
+                c->ops[k].ep_closed = 1;
             }
         }
     }
+}
+
+/* ucpxu_chain_cancel_op cancels operation i if it is posted and pending. */
+void ucpxu_chain_cancel_op(uintptr_t cp, int i)
+{
+    ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
+    if (c->w == NULL || i < 0 || i >= c->nops || c->ops[i].req == NULL) {
+        return;
+    }
+    ucp_request_cancel(c->w->worker, c->ops[i].req);
 }
 
 /* ucpxu_chains_shutdown stops every chain of a worker about to be destroyed (its

@@ -343,6 +343,7 @@ typedef struct {
     int            pull;        /* RECV: got a pulled message, Go is to pull its data */
     int            recv_status; /* RECV: its status */
     int            status;      /* its last completion's status in this run */
+    int            ep_closed;   /* SEND: its endpoint was closed: never posted again */
 } ucpxu_chain_op_t;
 
 struct ucpxu_chain {
@@ -382,6 +383,7 @@ void         ucpxu_chain_pulled(uintptr_t c, int i, int st, size_t len);
 int          ucpxu_chain_resume(uintptr_t c);
 void         ucpxu_chains_shutdown(ucpxu_worker_t *w);
 void         ucpxu_chains_ep_closed(ucpxu_worker_t *w, uintptr_t ep);
+void         ucpxu_chain_cancel_op(uintptr_t c, int i);
 uint64_t     ucpxu_ticks(void);
 
 

@@ -748,8 +748,8 @@ func (w *Worker) TakeChainWake() bool {
 	return true
 }
 
-// ChainsEPClosed stops the runs of w's chains that send on e (being closed): their
-// pending operations are canceled and the runs end with ErrCanceled.
+// ChainsEPClosed marks the sends of w's chains on e (being closed): they are not
+// posted again and fail with ErrCanceled.
 func (w *Worker) ChainsEPClosed(e *EP) { C.ucpxu_chains_ep_closed(w.w, e.u()) }
 
 // NewChain makes an empty chain on w; nil if out of memory.
@@ -775,6 +775,17 @@ func (c *Chain) Add(step, kind int, e *EP, buf unsafe.Pointer, n int, tag, mask 
 // does not stop the run.
 func (c *Chain) Start(repeat uint64, keepGoing bool) Status {
 	return Status(C.ucpxu_chain_start(c.h, C.uint64_t(repeat), cbool(keepGoing)))
+}
+
+// CancelOp cancels operation i if it is posted and pending.
+func (c *Chain) CancelOp(i int) { C.ucpxu_chain_cancel_op(c.h, C.int(i)) }
+
+// EPClosed reports whether operation i is a send whose endpoint was closed.
+func (c *Chain) EPClosed(i int) bool {
+	if i < 0 || i >= int(c.c.nops) {
+		return false
+	}
+	return (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i].ep_closed != 0
 }
 
 // OpStatus is operation i's last completion status in the current or last run (OK
