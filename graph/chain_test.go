@@ -15,6 +15,48 @@ import (
 	"github.com/ucpx/ucpx/ucp"
 )
 
+// relayGraph is B's relay: a graph receiving tag 1 into in (size bytes) and echoing it
+// to A with tag 2.
+func relayGraph(t *testing.T, l *link, size int) (in []byte, g *graph.Host, recv, echo *condition.Condition) {
+	t.Helper()
+	in = make([]byte, size)
+	g = graph.NewHost()
+	recv = recvNode(t, l, g, nil, in, 1)
+	echo = sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	return in, g, recv, echo
+}
+
+// launchable instantiates g and makes a host stream and a context (a minute) to launch
+// it with.
+func launchable(t *testing.T, l *link, g *graph.Host) (*graph.HostExec, stream.Stream, context.Context) {
+	t.Helper()
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return x, s, ctx
+}
+
+// launchOnce launches x once, with peer doing the other side, and checks the launch
+// ran as a chain (the first of x): a later launch runs the chain at once.
+func launchOnce(t *testing.T, ctx context.Context, x *graph.HostExec, s stream.Stream, peer func()) {
+	t.Helper()
+	require.NoError(t, x.Launch(s))
+	peer()
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+}
+
+// launchIntoReceive launches x and gives the launch the time to reach its receive,
+// which waits for a message nobody sent yet.
+func launchIntoReceive(t *testing.T, x *graph.HostExec, s stream.Stream) {
+	t.Helper()
+	require.NoError(t, x.Launch(s))
+	time.Sleep(20 * time.Millisecond)
+}
+
 // echoFromA sends out from a with tag to b, receives the replies with replyTags at a
 // and checks each is out; n times, out changing every time.
 func echoFromA(t *testing.T, ctx context.Context, l *link, n int, tag uint64, replyTags ...uint64) {
@@ -43,10 +85,7 @@ func echoFromA(t *testing.T, ctx context.Context, l *link, n int, tag uint64, re
 func TestGraphLaunchesAsOneChain(t *testing.T) {
 	l := newLink(t)
 	const launches = 1000
-	in := make([]byte, 64)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	in, g, recv, echo := relayGraph(t, l, 64)
 	again := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 3)
 	x, err := g.Instantiate()
 	require.NoError(t, err)
@@ -74,12 +113,7 @@ func TestGraphNotInLayersLaunchesNodeByNode(t *testing.T) {
 	recv := recvNode(t, l, g, nil, in, 1)
 	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
 	late := recvNode(t, l, g, nil, other, 3)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	x, s, ctx := launchable(t, l, g)
 	for range 50 {
 		require.NoError(t, x.Launch(s))
 		echoFromA(t, ctx, l, 1, 1, 2)
@@ -95,16 +129,8 @@ func TestGraphNotInLayersLaunchesNodeByNode(t *testing.T) {
 // completes, as a launch node by node does; the next launch runs clean.
 func TestGraphChainedLaunchOperationFails(t *testing.T) {
 	l := newLink(t)
-	in := make([]byte, 8)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	_, g, recv, echo := relayGraph(t, l, 8)
+	x, s, ctx := launchable(t, l, g)
 	require.NoError(t, x.Launch(s))
 	long, err := l.ab.TagSendNbx(make([]byte, 64), 1, nil)
 	require.NoError(t, err)
@@ -141,19 +167,11 @@ func TestGraphChainFollowsItsConditions(t *testing.T) {
 	g := graph.NewHost()
 	recv := recvNode(t, l, g, nil, in, 1)
 	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, x.Launch(s))
-	echoFromA(t, ctx, l, 1, 1, 2)
-	require.NoError(t, syncErr(t, ctx, s))
-	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	x, s, ctx := launchable(t, l, g)
+	launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
 
 	// recv gets a second receive, echo a second send.
-	_, err = l.b.TagRecvNbx(in2, 11, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	_, err := l.b.TagRecvNbx(in2, 11, ^uint64(0), &ucp.RequestParam{Condition: recv})
 	require.NoError(t, err)
 	_, err = l.ba.TagSendNbx(in2, 12, &ucp.RequestParam{Condition: echo})
 	require.NoError(t, err)
@@ -194,10 +212,7 @@ func TestGraphChainFollowsItsConditions(t *testing.T) {
 func TestGraphChainedLaunchesOnTwoStreams(t *testing.T) {
 	l := newLink(t)
 	const launches = 200
-	in := make([]byte, 64)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	_, g, recv, echo := relayGraph(t, l, 64)
 	x, err := g.Instantiate()
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -242,20 +257,9 @@ func TestGraphChainedLaunchesOnTwoStreams(t *testing.T) {
 // matching ErrClosed) instead of waiting forever.
 func TestGraphChainedLaunchAfterWorkerClose(t *testing.T) {
 	l := newLink(t)
-	in := make([]byte, 64)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, x.Launch(s))
-	echoFromA(t, ctx, l, 1, 1, 2)
-	require.NoError(t, syncErr(t, ctx, s))
-	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	_, g, recv, echo := relayGraph(t, l, 64)
+	x, s, ctx := launchable(t, l, g)
+	launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
 	require.NoError(t, l.b.Close())
 	require.NoError(t, x.Launch(s))
 	require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrOperationFailed)
@@ -273,21 +277,12 @@ func TestGraphChainedLaunchRefusesDestroy(t *testing.T) {
 	in := make([]byte, 8)
 	g := graph.NewHost()
 	recv := recvNode(t, l, g, nil, in, 1)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	x, s, ctx := launchable(t, l, g)
 	// One launch first, so the chain exists and the next launch runs it at once.
-	require.NoError(t, x.Launch(s))
-	pingB(t, ctx, l, 1)
-	require.NoError(t, syncErr(t, ctx, s))
-	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
 
-	require.NoError(t, x.Launch(s))
-	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
-	err = recv.Destroy()
+	launchIntoReceive(t, x, s)
+	err := recv.Destroy()
 	if err == nil {
 		t.Log("Destroy came before the launch started")
 		require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrClosed)
@@ -326,12 +321,7 @@ func TestGraphUnchainableLaunchesNodeByNode(t *testing.T) {
 				require.NoError(t, err)
 				conds = append(conds, c)
 			}
-			x, err := g.Instantiate()
-			require.NoError(t, err)
-			s, err := l.backend.NewStream()
-			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			x, s, ctx := launchable(t, l, g)
 			for range 20 {
 				require.NoError(t, x.Launch(s))
 				echoFromA(t, ctx, l, 1, 1, 2)
@@ -416,23 +406,11 @@ func TestGraphChainBesideNodeByNodeGraph(t *testing.T) {
 // launch completes.
 func TestGraphChainedLaunchEndpointClosed(t *testing.T) {
 	l := newLink(t)
-	in := make([]byte, 64)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, x.Launch(s))
-	echoFromA(t, ctx, l, 1, 1, 2)
-	require.NoError(t, syncErr(t, ctx, s))
-	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	in, g, recv, echo := relayGraph(t, l, 64)
+	x, s, ctx := launchable(t, l, g)
+	launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
 
-	require.NoError(t, x.Launch(s))
-	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	launchIntoReceive(t, x, s)
 	require.NoError(t, l.ba.Close())
 	sr, err := l.ab.TagSendNbx([]byte("8 bytes!"), 1, nil)
 	require.NoError(t, err)
@@ -456,19 +434,10 @@ func TestGraphChainedLaunchCancel(t *testing.T) {
 	c := graphCondition(t, l, g, nil, false)
 	req, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: c})
 	require.NoError(t, err)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, x.Launch(s))
-	pingB(t, ctx, l, 1)
-	require.NoError(t, syncErr(t, ctx, s))
-	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	x, s, ctx := launchable(t, l, g)
+	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
 
-	require.NoError(t, x.Launch(s))
-	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	launchIntoReceive(t, x, s)
 	req.Cancel()
 	require.NoError(t, syncErr(t, ctx, s))
 	require.ErrorIs(t, c.Err(), ucp.ErrCanceled)
@@ -483,21 +452,12 @@ func TestGraphChainedLaunchWorkerClosedMidRun(t *testing.T) {
 	in := make([]byte, 8)
 	g := graph.NewHost()
 	recv := recvNode(t, l, g, nil, in, 1)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, x.Launch(s))
-	pingB(t, ctx, l, 1)
-	require.NoError(t, syncErr(t, ctx, s))
-	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+	x, s, ctx := launchable(t, l, g)
+	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
 
-	require.NoError(t, x.Launch(s))
-	time.Sleep(20 * time.Millisecond) // the launch waits in its receive
+	launchIntoReceive(t, x, s)
 	require.NoError(t, l.b.Close())
-	err = syncErr(t, ctx, s)
+	err := syncErr(t, ctx, s)
 	require.ErrorIs(t, err, graph.ErrOperationFailed)
 	require.ErrorIs(t, err, graph.ErrClosed)
 	require.Equal(t, uint64(2), graph.ChainedLaunches(x), "the launch ran as a chain")
