@@ -62,6 +62,11 @@ var (
 	// ErrBusy: Destroy was called while operations were still pending; nothing was lost
 	// and the condition is still usable.
 	ErrBusy = errs.New("condition: operations pending", errs.Busy)
+	// ErrStreamFull: a Stream condition on a CUDA stream has MaxPendingCUDA operations
+	// that have not completed; the operation was not enqueued (wait for earlier ones,
+	// or release what holds the stream back). It matches ErrBusy (and every package's
+	// ErrBusy).
+	ErrStreamFull = errs.New("condition: too many operations pending on the CUDA stream", ErrBusy)
 )
 
 // Param configures Create.
@@ -254,6 +259,13 @@ func (c *Condition) fire(err error) {
 	c.words.Notify() // host graph wait nodes park on it
 }
 
+// MaxPendingCUDA bounds the operations of one Stream condition on a CUDA stream that
+// are enqueued and not completed (each is a trigger store and a completion wait on the
+// stream): past a few thousand memops waiting behind a wait nobody answers, the
+// driver's enqueue call blocks, and with it the caller (DESIGN "Proxy engine"). The
+// operations of a BeginGroup/EndGroup group count at their enqueue, one by one.
+const MaxPendingCUDA = 512
+
 // GraphFailed is the completion-word value of a Graph condition whose operation can run
 // no more (its worker closed): graph wait nodes fail instead of waiting forever.
 const GraphFailed = ^uint64(0)
@@ -329,6 +341,11 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		return c.armGroupLocked(streamOrdered, work, record)
 	}
 	if c.category == Stream {
+		if c.stream.Kind() == streamcore.KindCUDA && c.armed-c.retired.Load() >= MaxPendingCUDA {
+			// The driver blocks an enqueue on a stream whose queue of memops is full
+			// (a stream held back by a wait nobody answers): refuse before that.
+			return 0, fmt.Errorf("arm: %d operations of the condition wait on its CUDA stream: %w", c.armed-c.retired.Load(), ErrStreamFull)
+		}
 		if work.before != nil {
 			if err := work.before(c.stream); err != nil {
 				return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
