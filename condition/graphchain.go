@@ -54,8 +54,10 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 	rows := make([][]entry, len(layers))
 	gen := e.graphGen.Load() // before the look at the parts added (Engine.add)
 	// A round takes what was enqueued (only rounds may: a full round follows what they
-	// took into the channels); parts still waiting to be taken make the chain wait.
-	e.round()
+	// took into the channels), waiting for one another goroutine runs; parts enqueued
+	// since make the chain wait.
+	e.drive.Lock()
+	e.roundLocked() // unlocks drive
 	e.mu.Lock()
 	if e.added() {
 		e.mu.Unlock()
