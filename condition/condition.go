@@ -341,10 +341,8 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		return c.armGroupLocked(streamOrdered, work, record)
 	}
 	if c.category == Stream {
-		if c.stream.Kind() == streamcore.KindCUDA && c.armed-c.retired.Load() >= MaxPendingCUDA {
-			// The driver blocks an enqueue on a stream whose queue of memops is full
-			// (a stream held back by a wait nobody answers): refuse before that.
-			return 0, fmt.Errorf("arm: %d operations of the condition wait on its CUDA stream: %w", c.armed-c.retired.Load(), ErrStreamFull)
+		if err := c.fullLocked(); err != nil {
+			return 0, err
 		}
 		if work.before != nil {
 			if err := work.before(c.stream); err != nil {
@@ -382,6 +380,17 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 	record(seq)
 	c.armed = seq
 	return seq, nil
+}
+
+// fullLocked refuses another operation of a Stream condition on a CUDA stream with
+// MaxPendingCUDA operations not completed: the driver blocks an enqueue on a stream
+// whose queue of memops is full (a stream held back by a wait nobody answers), and the
+// caller with it. Caller holds c.mu.
+func (c *Condition) fullLocked() error {
+	if n := c.armed - c.retired.Load(); n >= MaxPendingCUDA && c.stream.Kind() == streamcore.KindCUDA {
+		return fmt.Errorf("arm: %d operations of the condition wait on its CUDA stream: %w", n, ErrStreamFull)
+	}
+	return nil
 }
 
 // retire marks operation seq completed (with err, nil on success). Operations retire

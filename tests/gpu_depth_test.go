@@ -49,7 +49,7 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	received := make(chan error, 1)
 	go func() { // the receiver takes every message, so no send waits for room
 		in := make([]byte, 8)
-		for range n + 1 {
+		for range 2*n + 1 {
 			r, err := ws[1].TagRecvNbx(in, 1, ^uint64(0), nil)
 			if err == nil {
 				err = r.Wait(ctx)
@@ -94,6 +94,42 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	r, err := ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c})
 	require.NoError(t, err, "the condition takes operations again")
 	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, s.Synchronize())
+
+	// Groups count their operations one by one too: behind the closed gate again,
+	// groups of one operation stop at the bound as single operations do.
+	gate.Word(0).Store(0)
+	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
+	reqs = reqs[:0]
+	go func() {
+		for range 4 * n {
+			if err := c.BeginGroup(); err != nil {
+				enqueued <- err
+				return
+			}
+			r, err := ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c})
+			if gerr := c.EndGroup(); err == nil {
+				err = gerr
+			}
+			if err != nil {
+				enqueued <- err
+				return
+			}
+			reqs = append(reqs, r)
+		}
+		enqueued <- nil
+	}()
+	select {
+	case err := <-enqueued:
+		require.ErrorIs(t, err, condition.ErrStreamFull)
+	case <-time.After(time.Minute):
+		require.FailNow(t, "an enqueue of a group hung behind the closed gate")
+	}
+	require.Len(t, reqs, n)
+	gate.Word(0).Store(1)
+	for i, r := range reqs {
+		require.NoError(t, r.Wait(ctx), "grouped operation %d", i)
+	}
 	require.NoError(t, <-received)
 	require.NoError(t, s.Synchronize())
 	require.NoError(t, c.Destroy())
