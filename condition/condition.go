@@ -144,11 +144,10 @@ type Condition struct {
 	mu        sync.Mutex
 	armed     uint64      // last sequence number handed out
 	destroyed atomic.Bool // written under mu; read without it by the engine
-	// chained is 1 while a host graph's chain runs the condition's operations
-	// (graphChain.Run, chainRun the chain; both changed under mu): Destroy refuses
-	// then, as while a launch runs them node by node, the engine leaves a trigger
-	// stored meanwhile for after it, and a Cancel of an operation reaches the chain.
-	chained     atomic.Int32
+	// chainRun is the host graph's chain running the condition's operations, nil if
+	// none (graphChain.Run; set and cleared under mu): Destroy refuses meanwhile, as
+	// while a launch runs them node by node, the engine leaves a trigger stored
+	// meanwhile for after it, and a Cancel of an operation reaches the chain.
 	chainRun    atomic.Pointer[graphChain]
 	drivers     []streamcore.Driver
 	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
@@ -656,7 +655,7 @@ func (c *Condition) Destroy() error {
 			c.destroyed.Store(true)
 			return c.words.Close()
 		}
-		if c.trigger.Load() != 0 || c.done.Load() != 0 || c.chained.Load() > 0 {
+		if c.trigger.Load() != 0 || c.done.Load() != 0 || c.chainRun.Load() != nil {
 			return fmt.Errorf("destroy: a launch is running the operation: %w", ErrBusy)
 		}
 		c.destroyed.Store(true)

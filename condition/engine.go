@@ -836,7 +836,7 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 		e.retired = append(e.retired, ch.ops...)
 		return true
 	}
-	if cond.trigger.Load() != 1 || cond.chained.Load() != 0 {
+	if cond.trigger.Load() != 1 || cond.chainRun.Load() != nil {
 		return false // a trigger stored while a chain runs the operations waits for it
 	}
 	cond.trigger.Store(0)

@@ -30,8 +30,7 @@ type graphChain struct {
 	chain  *Chain
 	gen    uint64       // e.graphGen when the chain was made
 	conds  []*Condition // every condition of the chain
-	opCond []*Condition // the condition of each chained operation, in enqueue order
-	opPart []*part      // and its part
+	opPart []*part      // each chained operation's part, in enqueue order
 }
 
 // ChainLaunch implements streamcore.Chainer for the engine's Graph conditions: layers
@@ -46,69 +45,59 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 	case e.trace.Load() != nil:
 		return nil, fmt.Errorf("%w: the engine traces", errNotChainable)
 	}
-	type entry struct {
-		cond  *Condition
-		ops   []ChainOperation
-		parts []*part
-	}
-	rows := make([][]entry, len(layers))
-	gen := e.graphGen.Load() // before the look at the parts added (Engine.add)
+	g := &graphChain{e: e, chain: &Chain{repeat: 1, keepGoing: true}}
+	g.gen = e.graphGen.Load() // before the look at the parts added (Engine.add)
 	// A round takes what was enqueued (only rounds may: a full round follows what they
 	// took into the channels), waiting for one another goroutine runs; parts enqueued
-	// since make the chain wait.
+	// since make the chain wait. The operations join the chain under mu, which rounds
+	// hold while they issue (mu before the worker's lock, as there).
 	e.drive.Lock()
 	e.roundLocked() // unlocks drive
 	e.mu.Lock()
+	err := g.enqueueLocked(layers)
+	e.mu.Unlock()
+	if err != nil {
+		_ = g.chain.Destroy()
+		return nil, err
+	}
+	return g, nil
+}
+
+// enqueueLocked adds the operations of the layers' conditions to the chain, a step
+// per layer. Caller holds e.mu.
+func (g *graphChain) enqueueLocked(layers [][]*streamcore.Word) error {
+	e := g.e
 	if e.added() {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%w: operations being enqueued", errNotChainable)
+		return fmt.Errorf("%w: operations being enqueued", errNotChainable)
 	}
 	for li, layer := range layers {
 		if len(layer) == 0 {
-			e.mu.Unlock()
-			return nil, fmt.Errorf("%w: an empty layer", errNotChainable)
+			return fmt.Errorf("%w: an empty layer", errNotChainable)
+		}
+		if li > 0 {
+			if err := g.chain.Then(); err != nil {
+				return err
+			}
 		}
 		for _, t := range layer {
 			ch := e.byTrigger[t]
 			if ch == nil || len(ch.ops) == 0 || ch.running > 0 || ch.cond.destroyed.Load() {
-				e.mu.Unlock()
-				return nil, fmt.Errorf("%w: a node without operations, or running", errNotChainable)
+				return fmt.Errorf("%w: a node without operations, or running", errNotChainable)
 			}
-			en := entry{cond: ch.cond}
 			for _, p := range ch.ops {
 				co, ok := p.op.operation.(ChainOperation)
 				if !ok || len(p.op.plan.Parts) != 1 || p.op.plan.Staged() || p.canceled {
-					e.mu.Unlock()
-					return nil, fmt.Errorf("%w: %s", errNotChainable, p.op.what)
+					return fmt.Errorf("%w: %s", errNotChainable, p.op.what)
 				}
-				en.ops, en.parts = append(en.ops, co), append(en.parts, p)
+				if err := co.EnqueueChain(g.chain, p.plan); err != nil {
+					return fmt.Errorf("%w: %w", errNotChainable, err)
+				}
+				g.opPart = append(g.opPart, p)
 			}
-			rows[li] = append(rows[li], en)
+			g.conds = append(g.conds, ch.cond)
 		}
 	}
-	e.mu.Unlock()
-	// Operations added from here on change graphGen: the first Run then declines.
-	c := &Chain{repeat: 1, keepGoing: true}
-	g := &graphChain{e: e, chain: c, gen: gen}
-	for li, row := range rows {
-		if li > 0 {
-			if err := c.Then(); err != nil {
-				_ = c.Destroy()
-				return nil, err
-			}
-		}
-		for _, en := range row {
-			for k, op := range en.ops {
-				if err := op.EnqueueChain(c, en.parts[k].plan); err != nil {
-					_ = c.Destroy()
-					return nil, fmt.Errorf("%w: %w", errNotChainable, err)
-				}
-				g.opCond, g.opPart = append(g.opCond, en.cond), append(g.opPart, en.parts[k])
-			}
-			g.conds = append(g.conds, en.cond)
-		}
-	}
-	return g, nil
+	return nil
 }
 
 // Run implements streamcore.ChainedLaunch.
@@ -122,9 +111,8 @@ func (g *graphChain) Run() (bool, error) {
 		// node: one of them at a time runs a condition's operations.
 		c.mu.Lock()
 		usable := !c.destroyed.Load() && c.trigger.Load() == 0 && c.done.Load() == 0 &&
-			c.chained.Load() == 0 && len(c.drivers) == 1 && c.drivers[0] == streamcore.Driver(e)
+			c.chainRun.Load() == nil && len(c.drivers) == 1 && c.drivers[0] == streamcore.Driver(e)
 		if usable {
-			c.chained.Store(1)
 			c.chainRun.Store(g)
 		}
 		c.mu.Unlock()
@@ -145,9 +133,9 @@ func (g *graphChain) Run() (bool, error) {
 	e.chainRuns.Add(-1)
 	e.Release() // as a driver does when it stops: work the run saw arrive is the engine's
 	completed := g.chain.Iterations() == 1
-	for i, c := range g.opCond {
+	for i, p := range g.opPart {
 		if oerr := g.chain.OpErr(i); oerr != nil {
-			c.recordErr(oerr, "graph operation")
+			p.cond.recordErr(oerr, "graph operation")
 		}
 	}
 	if completed {
@@ -166,7 +154,6 @@ func (g *graphChain) unchain(n int) {
 	for _, c := range g.conds[:n] {
 		c.mu.Lock()
 		c.chainRun.Store(nil)
-		c.chained.Store(0)
 		c.mu.Unlock()
 		kick = kick || c.trigger.Load() != 0
 	}
