@@ -336,48 +336,48 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		return 0, fmt.Errorf("arm: %w", ErrDestroyed)
 	}
 	seq := c.armed + 1
-	if c.category == Stream && c.group != nil {
-		return c.armGroupLocked(streamOrdered, work, record)
-	}
-	if c.category == Stream {
-		if err := c.fullLocked(); err != nil {
-			return 0, err
-		}
-		if work.before != nil {
-			if err := work.before(c.stream); err != nil {
-				return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
-			}
-		}
-		// The trigger and the completion wait go in one enqueue (one driver call on
-		// CUDA). If the stream refuses it (closed, sticky error), nothing is armed.
-		polled := streamOrdered && work.poll
-		var err error
-		if streamOrdered && !polled {
-			err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, streamcore.GEQ)
-		} else {
-			err = c.stream.WriteValue(c.trigger, seq)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
-		}
+	if c.category != Stream {
 		record(seq)
 		c.armed = seq
-		if polled {
-			if err := c.pollLocked(seq, work.trace); err != nil {
-				return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
-			}
-		}
-		if streamOrdered {
-			if work.after != nil {
-				if err := work.after(c.stream); err != nil {
-					return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)
-				}
-			}
-		}
 		return seq, nil
+	}
+	if err := c.fullLocked(); err != nil {
+		return 0, err
+	}
+	if c.group != nil {
+		return c.armGroupLocked(streamOrdered, work, record)
+	}
+	if work.before != nil {
+		if err := work.before(c.stream); err != nil {
+			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
+		}
+	}
+	// The trigger and the completion wait go in one enqueue (one driver call on
+	// CUDA). If the stream refuses it (closed, sticky error), nothing is armed.
+	polled := streamOrdered && work.poll
+	var err error
+	if streamOrdered && !polled {
+		err = c.stream.WriteThenWait(c.trigger, seq, c.done, seq, streamcore.GEQ)
+	} else {
+		err = c.stream.WriteValue(c.trigger, seq)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
 	}
 	record(seq)
 	c.armed = seq
+	if polled {
+		if err := c.pollLocked(seq, work.trace); err != nil {
+			return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
+		}
+	}
+	if streamOrdered {
+		if work.after != nil {
+			if err := work.after(c.stream); err != nil {
+				return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)
+			}
+		}
+	}
 	return seq, nil
 }
 

@@ -111,9 +111,6 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 // enqueued now (it precedes the group's trigger either way), the rest at EndGroup.
 // Caller holds c.mu.
 func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record func(seq uint64)) (uint64, error) {
-	if err := c.fullLocked(); err != nil {
-		return 0, err
-	}
 	if work.before != nil {
 		if err := work.before(c.stream); err != nil {
 			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
