@@ -49,19 +49,12 @@ func (g *registry) watch(r *Request, it iterSince, now bool) {
 // moveLater is the mover's delayed start: it runs once some sender's partitions
 // waited drainDelay; younger ones get their delay.
 func (g *registry) moveLater() {
-	if left, late, _ := g.pumpWaiters(); left > 0 {
-		g.moveOrWait(late)
-	}
-}
-
-// moveOrWait runs the mover while some sender's partitions waited drainDelay, and
-// otherwise looks again after the delay.
-func (g *registry) moveOrWait(late bool) {
-	if late {
+	switch left, late, _ := g.pumpWaiters(); {
+	case left > 0 && late:
 		g.mover()
-		return
+	case left > 0:
+		time.AfterFunc(drainDelay, g.moveLater)
 	}
-	time.AfterFunc(drainDelay, g.moveLater)
 }
 
 // mover pumps the senders whose partitions waited drainDelay and progresses the
@@ -74,7 +67,7 @@ func (g *registry) mover() {
 	g.progressWhile(&g.waiters, &g.moving, movePollMin, movePollMax, func() (bool, bool) {
 		left, late, moved := g.pumpWaiters()
 		if left > 0 && !late {
-			g.moveOrWait(false) // only young ones left: look again after their delay
+			time.AfterFunc(drainDelay, g.moveLater) // only young ones left: look again after their delay
 			return false, moved
 		}
 		return left > 0, moved

@@ -1092,6 +1092,11 @@ func (r *Request) kernelMovesLocked() bool {
 // signalSentLocked releases the streams waiting (WaitOnStream) for the current
 // iteration's partitions to move. Caller holds r.mu.
 func (r *Request) signalSentLocked() {
+	// Only WaitOnStream's wait reads the word, and it watches the iteration it waits
+	// for (earlier ones were signalled when they completed, or failed).
+	if r.sentWatched != r.iter {
+		return
+	}
 	if r.sentWord != nil && r.sentWord.Word(0).Load() != failedWord {
 		r.sentWord.Word(0).Store(r.iter)
 		r.sentWord.Notify()
