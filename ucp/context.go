@@ -45,6 +45,9 @@ const (
 	MemoryROCmManaged MemoryType = ucx.MemROCmManaged
 )
 
+// known reports whether m is one of the memory types above.
+func (m MemoryType) known() bool { return m >= MemoryUnknown && m <= MemoryROCmManaged }
+
 func (m MemoryType) String() string {
 	switch m {
 	case MemoryUnknown:
@@ -340,7 +343,7 @@ func (c *Context) MemMapPtr(addr uintptr, length int, memType MemoryType) (*MemH
 	if addr == 0 || length <= 0 {
 		return nil, opErr("mem_map", ErrInvalidParam, "addr %#x length %d", addr, length)
 	}
-	if memType < MemoryUnknown || memType > MemoryROCmManaged {
+	if !memType.known() {
 		return nil, opErr("mem_map", ErrInvalidParam, "unknown memory type %d", int(memType))
 	}
 	m := &MemH{ctx: c, memType: memType}

@@ -64,7 +64,7 @@ func (p *RequestParam) checkCommon(op string, c *Context) error {
 		// never filled.
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.Flags %#x", uint32(p.Flags&^knownOpFlags))
 	}
-	if p.MemoryType < MemoryUnknown || p.MemoryType > MemoryROCmManaged {
+	if !p.MemoryType.known() {
 		return opErr(op, ErrInvalidParam, "unknown RequestParam.MemoryType %d", int(p.MemoryType))
 	}
 	if p.AmFlags&^knownAmFlags != 0 {
