@@ -196,7 +196,7 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 	// The spin and yield clock restarts whenever the run moved: a chain waits for its
 	// whole run, and only a run that stalls should yield the processor or park.
 	last, _ := r.raw.Result()
-	bound := parkBoundMin
+	bound := parkBound{parkBoundMin}
 	for i := 0; ; i++ {
 		w.mu.Lock()
 		if err := r.usableLocked("chain_wait"); err != nil {
@@ -223,7 +223,7 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 			}
 		}
 		if iters, _ := r.raw.Result(); iters != last {
-			last, started, i, bound = iters, false, 0, parkBoundMin
+			last, started, i, bound.d = iters, false, 0, parkBoundMin
 		}
 		if i == 0 {
 			continue
@@ -240,13 +240,11 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 			continue
 		}
 		parked := monotonic()
-		if ended, err := r.park(ctx, bound); ended {
+		if ended, err := r.park(ctx, bound.d); ended {
 			return err
 		}
-		if monotonic()-parked >= bound {
-			// The bound ended the sleep: one progress pass, then park again (longer).
-			start, i = monotonic()-w.spinTime, 1
-			bound = min(2*bound, parkBoundMax)
+		if bound.expired(parked) {
+			start, i = monotonic()-w.spinTime, 1 // one progress pass, then park again
 			continue
 		}
 		started, i = false, 0
@@ -316,8 +314,8 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 }
 
 // park arms the worker and sleeps until the event fd fires (the chain's end signals it
-// when another goroutine's progress ended the run), ctx ends or the worker closes. It
-// reports whether the wait is over.
+// when another goroutine's progress ended the run), ctx ends, the worker closes or
+// bound passes (parkBoundMin). It reports whether the wait is over.
 func (r *chainRunner) park(ctx context.Context, bound time.Duration) (bool, error) {
 	w := r.w
 	w.mu.Lock()

@@ -58,7 +58,7 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 	done := ctx.Done()
 	var start time.Duration
 	started := false
-	bound := parkBoundMin
+	bound := parkBound{parkBoundMin}
 	for i := 0; ; i++ {
 		w.stepAside()
 		w.mu.Lock()
@@ -107,13 +107,11 @@ func (w *Worker) waitRequest(ctx context.Context, r *Request) error {
 			continue // spin; without wakeup, keep polling
 		}
 		parked := monotonic()
-		if finished, err := w.parkOn(ctx, r, bound); finished {
+		if finished, err := w.parkOn(ctx, r, bound.d); finished {
 			return err
 		}
-		if monotonic()-parked >= bound {
-			// The bound ended the sleep: one progress pass, then park again (longer).
-			start, i = monotonic()-w.spinTime, 1
-			bound = min(2*bound, parkBoundMax)
+		if bound.expired(parked) {
+			start, i = monotonic()-w.spinTime, 1 // one progress pass, then park again
 			continue
 		}
 		// After a wake-up, spin again.
@@ -198,6 +196,19 @@ const (
 	parkBoundMin = 50 * time.Millisecond
 	parkBoundMax = time.Second
 )
+
+// parkBound is a wait's current sleep bound d.
+type parkBound struct{ d time.Duration }
+
+// expired reports whether the bound ended a sleep that began at parked (monotonic),
+// and then doubles it: the sleep after it may be longer.
+func (b *parkBound) expired(parked time.Duration) bool {
+	if monotonic()-parked < b.d {
+		return false
+	}
+	b.d = min(2*b.d, parkBoundMax)
+	return true
+}
 
 // armLocked arms the worker for its event fd (ucp_worker_arm). Busy means events were
 // pending, and the call consumed the fd's signal of them: a leader asleep in the
