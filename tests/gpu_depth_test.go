@@ -63,35 +63,12 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	}()
 
 	out := []byte("8 bytes!")
-	var reqs []*ucp.Request
-	enqueued := make(chan error, 1)
-	go func() {
-		for range 4 * n {
-			r, err := ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c})
-			if err != nil {
-				enqueued <- err
-				return
-			}
-			reqs = append(reqs, r)
-		}
-		enqueued <- nil
-	}()
-	select {
-	case err := <-enqueued:
-		require.ErrorIs(t, err, condition.ErrStreamFull)
-		require.ErrorIs(t, err, condition.ErrBusy)
-		require.ErrorIs(t, err, ucp.ErrBusy)
-	case <-time.After(time.Minute):
-		require.FailNow(t, "an enqueue hung behind the closed gate")
-	}
-	require.Len(t, reqs, n)
-
+	send := func() (*ucp.Request, error) { return ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c}) }
+	reqs := fillUntilRefused(t, n, "single", send)
 	gate.Word(0).Store(1)
-	for i, r := range reqs {
-		require.NoError(t, r.Wait(ctx), "operation %d", i)
-	}
+	waitEach(t, ctx, reqs)
 	require.NoError(t, s.Synchronize())
-	r, err := ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c})
+	r, err := send()
 	require.NoError(t, err, "the condition takes operations again")
 	require.NoError(t, r.Wait(ctx))
 	require.NoError(t, s.Synchronize())
@@ -100,39 +77,59 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	// groups of one operation stop at the bound as single operations do.
 	gate.Word(0).Store(0)
 	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
-	reqs = reqs[:0]
+	reqs = fillUntilRefused(t, n, "grouped", func() (*ucp.Request, error) {
+		if err := c.BeginGroup(); err != nil {
+			return nil, err
+		}
+		r, err := send()
+		if gerr := c.EndGroup(); err == nil {
+			err = gerr
+		}
+		return r, err
+	})
+	gate.Word(0).Store(1)
+	waitEach(t, ctx, reqs)
+	require.NoError(t, <-received)
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, c.Destroy())
+}
+
+// fillUntilRefused enqueues (on a goroutine, so that a hang fails the test) until
+// enqueue is refused, and checks that it took n operations and was refused with
+// ErrStreamFull, which matches condition's and ucp's ErrBusy.
+func fillUntilRefused(t *testing.T, n int, what string, enqueue func() (*ucp.Request, error)) []*ucp.Request {
+	t.Helper()
+	var reqs []*ucp.Request
+	refused := make(chan error, 1)
 	go func() {
 		for range 4 * n {
-			if err := c.BeginGroup(); err != nil {
-				enqueued <- err
-				return
-			}
-			r, err := ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c})
-			if gerr := c.EndGroup(); err == nil {
-				err = gerr
-			}
+			r, err := enqueue()
 			if err != nil {
-				enqueued <- err
+				refused <- err
 				return
 			}
 			reqs = append(reqs, r)
 		}
-		enqueued <- nil
+		refused <- nil
 	}()
 	select {
-	case err := <-enqueued:
-		require.ErrorIs(t, err, condition.ErrStreamFull)
+	case err := <-refused:
+		require.ErrorIs(t, err, condition.ErrStreamFull, what)
+		require.ErrorIs(t, err, condition.ErrBusy, what)
+		require.ErrorIs(t, err, ucp.ErrBusy, what)
 	case <-time.After(time.Minute):
-		require.FailNow(t, "an enqueue of a group hung behind the closed gate")
+		require.FailNow(t, "an enqueue hung behind the closed gate", what)
 	}
-	require.Len(t, reqs, n)
-	gate.Word(0).Store(1)
+	require.Len(t, reqs, n, what)
+	return reqs
+}
+
+// waitEach waits for every request.
+func waitEach(t *testing.T, ctx context.Context, reqs []*ucp.Request) {
+	t.Helper()
 	for i, r := range reqs {
-		require.NoError(t, r.Wait(ctx), "grouped operation %d", i)
+		require.NoError(t, r.Wait(ctx), "operation %d", i)
 	}
-	require.NoError(t, <-received)
-	require.NoError(t, s.Synchronize())
-	require.NoError(t, c.Destroy())
 }
 
 // TestStreamDepthUnderFakeDriver runs TestGPUStreamConditionDepth against the fake
