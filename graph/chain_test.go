@@ -49,6 +49,21 @@ func launchOnce(t *testing.T, ctx context.Context, x *graph.HostExec, s stream.S
 	require.Equal(t, uint64(1), graph.ChainedLaunches(x))
 }
 
+// receiverLaunched is B's graph of one receive (tag 1 into in, 8 bytes; req its
+// Request), instantiated and launched once as a chain, so the next launch runs the
+// chain at once.
+func receiverLaunched(t *testing.T, l *link) (in []byte, recv *condition.Condition, req *ucp.Request, x *graph.HostExec, s stream.Stream, ctx context.Context) {
+	t.Helper()
+	in = make([]byte, 8)
+	g := graph.NewHost()
+	recv = graphCondition(t, l, g, nil, false)
+	req, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	x, s, ctx = launchable(t, l, g)
+	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
+	return in, recv, req, x, s, ctx
+}
+
 // launchIntoReceive launches x and gives the launch the time to reach its receive,
 // which waits for a message nobody sent yet.
 func launchIntoReceive(t *testing.T, x *graph.HostExec, s stream.Stream) {
@@ -274,12 +289,7 @@ func TestGraphChainedLaunchAfterWorkerClose(t *testing.T) {
 // ErrClosed and nothing is received: checked too.)
 func TestGraphChainedLaunchRefusesDestroy(t *testing.T) {
 	l := newLink(t)
-	in := make([]byte, 8)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	x, s, ctx := launchable(t, l, g)
-	// One launch first, so the chain exists and the next launch runs it at once.
-	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
+	in, recv, _, x, s, ctx := receiverLaunched(t, l)
 
 	launchIntoReceive(t, x, s)
 	err := recv.Destroy()
@@ -429,13 +439,7 @@ func TestGraphChainedLaunchEndpointClosed(t *testing.T) {
 // completes.
 func TestGraphChainedLaunchCancel(t *testing.T) {
 	l := newLink(t)
-	in := make([]byte, 8)
-	g := graph.NewHost()
-	c := graphCondition(t, l, g, nil, false)
-	req, err := l.b.TagRecvNbx(in, 1, ^uint64(0), &ucp.RequestParam{Condition: c})
-	require.NoError(t, err)
-	x, s, ctx := launchable(t, l, g)
-	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
+	_, c, req, x, s, ctx := receiverLaunched(t, l)
 
 	launchIntoReceive(t, x, s)
 	// Canceled until it takes: a Cancel before the launch posted its receive (a slow
@@ -451,7 +455,7 @@ func TestGraphChainedLaunchCancel(t *testing.T) {
 			}
 		}
 	}()
-	err = syncErr(t, ctx, s)
+	err := syncErr(t, ctx, s)
 	close(stop)
 	require.NoError(t, err)
 	require.ErrorIs(t, c.Err(), ucp.ErrCanceled)
@@ -463,11 +467,7 @@ func TestGraphChainedLaunchCancel(t *testing.T) {
 // (ErrOperationFailed, matching ErrClosed) instead of leaving it waiting.
 func TestGraphChainedLaunchWorkerClosedMidRun(t *testing.T) {
 	l := newLink(t)
-	in := make([]byte, 8)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	x, s, ctx := launchable(t, l, g)
-	launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 1) })
+	_, recv, _, x, s, ctx := receiverLaunched(t, l)
 
 	launchIntoReceive(t, x, s)
 	require.NoError(t, l.b.Close())
