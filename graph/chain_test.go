@@ -178,10 +178,8 @@ func TestGraphChainedLaunchOperationFails(t *testing.T) {
 // ErrClosed, as node by node.
 func TestGraphChainFollowsItsConditions(t *testing.T) {
 	l := newLink(t)
-	in, in2 := make([]byte, 64), make([]byte, 64)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
+	_, g, recv, echo := relayGraph(t, l, 64)
+	in2 := make([]byte, 64)
 	x, s, ctx := launchable(t, l, g)
 	launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
 
