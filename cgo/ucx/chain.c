@@ -90,6 +90,12 @@ ucs_status_t ucpxu_chain_add(uintptr_t cp, int step, int kind, uintptr_t ep, uin
 
 static void run(ucpxu_chain_t *c);
 
+/* failed_stop: an operation failed and the run does not keep going. */
+static inline int failed_stop(const ucpxu_chain_t *c)
+{
+    return c->status != UCS_OK && !c->keep_going;
+}
+
 /* op_done accounts one completed operation of the current step. */
 static inline void op_done(ucpxu_chain_t *c, ucpxu_chain_op_t *op, ucs_status_t st)
 {
@@ -232,7 +238,7 @@ static void run(ucpxu_chain_t *c)
 {
     while (c->outstanding == 0) {
         int next;
-        if ((c->status != UCS_OK && !c->keep_going) || c->stopping || c->npull > 0) {
+        if (failed_stop(c) || c->stopping || c->npull > 0) {
             finish(c);
             return;
         }
@@ -335,7 +341,7 @@ void ucpxu_chain_pulled(uintptr_t cp, int i, int st, size_t len)
 int ucpxu_chain_resume(uintptr_t cp)
 {
     ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
-    if (c->running || c->npull > 0 || (c->status != UCS_OK && !c->keep_going) || c->stopping || c->w == NULL ||
+    if (c->running || c->npull > 0 || failed_stop(c) || c->stopping || c->w == NULL ||
         c->iters >= c->repeat) {
         return 0;
     }
