@@ -62,7 +62,7 @@ var (
 	// ErrBusy: Destroy was called while operations were still pending; nothing was lost
 	// and the condition is still usable.
 	ErrBusy = errs.New("condition: operations pending", errs.Busy)
-	// ErrStreamFull: a Stream condition on a CUDA stream has MaxPendingCUDA operations
+	// ErrStreamFull: the Stream conditions on a CUDA stream have MaxPendingCUDA operations
 	// that have not completed; the operation was not enqueued (wait for earlier ones,
 	// or release what holds the stream back). It matches ErrBusy (and every package's
 	// ErrBusy).
@@ -135,7 +135,10 @@ type Condition struct {
 	// ucpx_status).
 	status  *streamcore.Word
 	timeout time.Duration
-	_       [64]byte // the engine reads the fields above every round; enqueuers write the ones below
+	// depth: a Stream condition on a CUDA stream counts its pending operations there
+	// (MaxPendingCUDA); nil otherwise.
+	depth *streamDepth
+	_     [64]byte // the engine reads the fields above every round; enqueuers write the ones below
 
 	// mu orders sequence assignment with the stream enqueues, so stream order is
 	// sequence order even with concurrent callers. It is held while a stream enqueue
@@ -211,6 +214,10 @@ func Create(p Param) (*Condition, error) {
 		return nil, fmt.Errorf("condition words: %w", err)
 	}
 	failer, _ := p.Stream.(streamcore.Failer)
+	var depth *streamDepth
+	if p.Category == Stream && p.Stream.Kind() == streamcore.KindCUDA {
+		depth = acquireDepth(p.Stream.Handle())
+	}
 	c := &Condition{
 		id:       nextID.Add(1),
 		category: p.Category,
@@ -222,6 +229,7 @@ func Create(p Param) (*Condition, error) {
 		done:     words.Word(1),
 		status:   words.Word(2),
 		timeout:  p.Timeout,
+		depth:    depth,
 	}
 	if p.Category == Graph {
 		c.node, c.waitNode, err = p.Graph.AddSignalNodes(p.Deps, c.trigger, c.done, p.Split)
@@ -258,11 +266,12 @@ func (c *Condition) fire(err error) {
 	c.words.Notify() // host graph wait nodes park on it
 }
 
-// MaxPendingCUDA bounds the operations of one Stream condition on a CUDA stream that
-// are enqueued and not completed (each is a trigger store and a completion wait on the
-// stream): past a few thousand memops waiting behind a wait nobody answers, the
-// driver's enqueue call blocks, and with it the caller (DESIGN "Proxy engine"). The
-// operations of a BeginGroup/EndGroup group count at their enqueue, one by one.
+// MaxPendingCUDA bounds the operations of the Stream conditions on one CUDA stream that
+// are enqueued and not completed, all conditions on the stream together (each is a
+// trigger store and a completion wait on the stream): past a few thousand memops
+// waiting behind a wait nobody answers, the driver's enqueue call blocks, and with it
+// the caller (DESIGN "Proxy engine"). The operations of a BeginGroup/EndGroup group
+// count at their enqueue, one by one; an operation moved in parts counts each part.
 const MaxPendingCUDA = 512
 
 // GraphFailed is the completion-word value of a Graph condition whose operation can run
@@ -341,7 +350,7 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		c.armed = seq
 		return seq, nil
 	}
-	if err := c.fullLocked(); err != nil {
+	if err := c.reserveLocked(1); err != nil {
 		return 0, err
 	}
 	if c.group != nil {
@@ -349,6 +358,7 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 	}
 	if work.before != nil {
 		if err := work.before(c.stream); err != nil {
+			c.unreserve(1)
 			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
 		}
 	}
@@ -362,6 +372,7 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		err = c.stream.WriteValue(c.trigger, seq)
 	}
 	if err != nil {
+		c.unreserve(1)
 		return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
 	}
 	record(seq)
@@ -379,17 +390,6 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 		}
 	}
 	return seq, nil
-}
-
-// fullLocked refuses another operation of a Stream condition on a CUDA stream with
-// MaxPendingCUDA operations not completed: the driver blocks an enqueue on a stream
-// whose queue of memops is full (a stream held back by a wait nobody answers), and the
-// caller with it. Caller holds c.mu.
-func (c *Condition) fullLocked() error {
-	if n := c.armed - c.retired.Load(); n >= MaxPendingCUDA && c.stream.Kind() == streamcore.KindCUDA {
-		return fmt.Errorf("arm: %d operations of the condition wait on its CUDA stream: %w", n, ErrStreamFull)
-	}
-	return nil
 }
 
 // retire marks operation seq completed (with err, nil on success). Operations retire
@@ -410,6 +410,7 @@ func (c *Condition) retire(seq uint64, err error) {
 		c.status.Store(seq) // before done: a waiter that sees done sees the status
 	}
 	c.retired.Store(seq) // retirements come in sequence order, from one goroutine at a time
+	c.unreserve(1)
 	c.done.Store(seq)
 }
 
@@ -684,6 +685,9 @@ func (c *Condition) Destroy() error {
 			c.destroyed.Store(false)
 			c.stamps = stamps
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
+		}
+		if c.depth != nil {
+			c.depth.release()
 		}
 	}
 	stamps.close()

@@ -113,6 +113,7 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record func(seq uint64)) (uint64, error) {
 	if work.before != nil {
 		if err := work.before(c.stream); err != nil {
+			c.unreserve(1)
 			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
 		}
 	}

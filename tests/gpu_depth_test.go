@@ -14,8 +14,8 @@ import (
 	"github.com/ucpx/ucpx/ucp"
 )
 
-// A Stream condition on a CUDA stream held back by a wait nobody answers takes
-// condition.MaxPendingCUDA operations and refuses the next with ErrStreamFull (which
+// The Stream conditions on a CUDA stream held back by a wait nobody answers take
+// condition.MaxPendingCUDA operations together and refuse the next with ErrStreamFull (which
 // matches ErrBusy) instead of enqueueing it: past a few thousand memops behind such a
 // wait the driver's enqueue call blocks, and the caller with it. Once the stream moves
 // on every operation completes, and the condition takes more.
@@ -49,7 +49,7 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	received := make(chan error, 1)
 	go func() { // the receiver takes every message, so no send waits for room
 		in := make([]byte, 8)
-		for range 2*n + 1 {
+		for range 3*n + 1 {
 			r, err := ws[1].TagRecvNbx(in, 1, ^uint64(0), nil)
 			if err == nil {
 				err = r.Wait(ctx)
@@ -89,8 +89,35 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	})
 	gate.Word(0).Store(1)
 	waitEach(t, ctx, reqs)
+	require.NoError(t, s.Synchronize())
+
+	// The bound is the stream's, not the condition's: every condition's operations
+	// wait in the stream's one queue. A second condition, on another wrapper of the
+	// same CUDA stream, takes what the first left of the bound, and then neither
+	// takes more.
+	gate.Word(0).Store(0)
+	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
+	wrapped, err := stream.WrapCUDAStream(s.Handle())
+	require.NoError(t, err)
+	c2, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: wrapped})
+	require.NoError(t, err)
+	reqs = reqs[:0]
+	for range n / 4 {
+		r, err := send()
+		require.NoError(t, err)
+		reqs = append(reqs, r)
+	}
+	reqs = append(reqs, fillUntilRefused(t, n-n/4, "second condition", func() (*ucp.Request, error) {
+		return ep.TagSendNbx(out, 1, &ucp.RequestParam{Condition: c2})
+	})...)
+	_, err = send()
+	require.ErrorIs(t, err, condition.ErrStreamFull, "the first condition is refused too")
+	gate.Word(0).Store(1)
+	waitEach(t, ctx, reqs)
 	require.NoError(t, <-received)
 	require.NoError(t, s.Synchronize())
+	require.NoError(t, c2.Destroy())
+	require.NoError(t, wrapped.Close())
 	require.NoError(t, c.Destroy())
 }
 
@@ -120,7 +147,7 @@ func fillUntilRefused(t *testing.T, n int, what string, enqueue func() (*ucp.Req
 	case <-time.After(time.Minute):
 		require.FailNow(t, "an enqueue hung behind the closed gate", what)
 	}
-	require.Len(t, reqs, n, what)
+	require.Equal(t, n, len(reqs), what)
 	return reqs
 }
 
