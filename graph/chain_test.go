@@ -2,6 +2,7 @@ package graph_test
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -279,6 +280,33 @@ func TestGraphChainedLaunchAfterWorkerClose(t *testing.T) {
 	require.NoError(t, x.Close())
 	_ = recv.Destroy()
 	_ = echo.Destroy()
+}
+
+// An executable graph dropped without Close releases its launch chain (whose C side
+// would otherwise live as long as the worker), and the graph's conditions still run
+// in another executable graph of the same graph.
+func TestGraphDroppedExecReleasesItsChain(t *testing.T) {
+	l := newLink(t)
+	_, g, recv, echo := relayGraph(t, l, 64)
+	held, s, ctx := func() (func() bool, stream.Stream, context.Context) {
+		x, s, ctx := launchable(t, l, g)
+		launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
+		return graph.ChainHeld(x), s, ctx
+	}()
+	require.True(t, held(), "the launch made its chain")
+	deadline := time.Now().Add(10 * time.Second)
+	for held() && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	require.False(t, held(), "the dropped executable graph's chain was not released")
+
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
+	require.NoError(t, echo.Destroy())
 }
 
 // Destroying a condition while a chained launch runs its operation is refused

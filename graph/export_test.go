@@ -6,3 +6,14 @@ func ChainedStarts(x *HostExec) uint64 { return x.chainedStarts.Load() }
 
 // ChainedLaunches is the number of x's launches run as one completion chain.
 func ChainedLaunches(x *HostExec) uint64 { return x.chainedLaunches.Load() }
+
+// ChainHeld reports, through a function that keeps x itself unreachable, whether x's
+// prepared launch chain is held (made and not released).
+func ChainHeld(x *HostExec) func() bool {
+	c := x.chain
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.run != nil
+	}
+}

@@ -195,13 +195,9 @@ type HostExec struct {
 	// node depends on all nodes of the layers before its own and on nothing else (nil
 	// otherwise). Such a launch runs as one completion chain of the nodes' engine
 	// (stream.Chainer), each layer posted from the completion of the one before, with
-	// no Go between the hops; chain is the prepared run (under chainMu).
-	layers  [][]*stream.Word
-	chainMu sync.Mutex
-	chain   stream.ChainedLaunch
-	// chainSkip: launches to go node by node before the engine is asked again for a
-	// chain it could not make (chainBackoff: the last such pause, doubling).
-	chainSkip, chainBackoff int
+	// no Go between the hops; chain holds the prepared run.
+	layers [][]*stream.Word
+	chain  *launchChain
 	// chainedLaunches counts the launches run as a chain (tests).
 	chainedLaunches atomic.Uint64
 	// owed: completion words of communication nodes a failed launch left in flight.
@@ -275,7 +271,10 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	if visited != n {
 		return nil, fmt.Errorf("instantiate: %d of %d nodes are on a cycle: %w", n-visited, n, ErrCycle)
 	}
-	x.layers = x.chainLayers(g.nodes)
+	if x.layers = x.chainLayers(g.nodes); x.layers != nil {
+		x.chain = &launchChain{}
+		runtime.AddCleanup(x, func(c *launchChain) { _ = c.release() }, x.chain)
+	}
 	return x, nil
 }
 
@@ -336,6 +335,29 @@ func (x *HostExec) chainLayers(nodes []*HostNode) [][]*stream.Word {
 	return layers
 }
 
+// launchChain is the prepared chain of an executable graph's launches, kept apart from
+// the HostExec so that a HostExec dropped without Close still releases it (a cleanup):
+// the chain's C side lives with the worker until then.
+type launchChain struct {
+	mu  sync.Mutex // launches of one executable graph on several streams take turns
+	run stream.ChainedLaunch
+	// skip: launches to go node by node before the engine is asked again for a chain
+	// it could not make (backoff: the last such pause, doubling).
+	skip, backoff int
+}
+
+// release closes the prepared run, if any.
+func (c *launchChain) release() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.run == nil {
+		return nil
+	}
+	err := c.run.Close()
+	c.run = nil
+	return err
+}
+
 // maxChainBackoff bounds the launches between two requests for a chain.
 const maxChainBackoff = 4096
 
@@ -346,30 +368,31 @@ const maxChainNodes = 4096
 // reports false, having done nothing, where the launch must go node by node. Launches
 // of one executable graph on several streams take turns here.
 func (x *HostExec) runChained() (bool, error) {
-	x.chainMu.Lock()
-	defer x.chainMu.Unlock()
+	c := x.chain
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for range 2 { // a chain that declines is made again once, for this launch
-		if x.chain == nil {
-			if x.chainSkip > 0 {
-				x.chainSkip--
+		if c.run == nil {
+			if c.skip > 0 {
+				c.skip--
 				return false, nil
 			}
-			c, ok := x.trigger[0].Block().Driver().(stream.Chainer)
+			ch, ok := x.trigger[0].Block().Driver().(stream.Chainer)
 			if !ok {
 				return false, nil // no engine yet (no operation enqueued), or not one that chains
 			}
-			ch, err := c.ChainLaunch(x.layers)
+			run, err := ch.ChainLaunch(x.layers)
 			if err != nil {
 				// Not now (a node without its operation yet, one in flight from a
 				// launch node by node) or not at all: asked again later, less often
 				// each time.
-				x.chainBackoff = min(max(2*x.chainBackoff, 16), maxChainBackoff)
-				x.chainSkip = x.chainBackoff
+				c.backoff = min(max(2*c.backoff, 16), maxChainBackoff)
+				c.skip = c.backoff
 				return false, nil
 			}
-			x.chain, x.chainBackoff = ch, 0
+			c.run, c.backoff = run, 0
 		}
-		ran, err := x.chain.Run()
+		ran, err := c.run.Run()
 		if ran {
 			x.chainedLaunches.Add(1)
 			if err != nil {
@@ -378,8 +401,8 @@ func (x *HostExec) runChained() (bool, error) {
 			return true, nil
 		}
 		// The nodes changed since it was made (or it cannot start now).
-		_ = x.chain.Close()
-		x.chain = nil
+		_ = c.run.Close()
+		c.run = nil
 	}
 	return false, nil
 }
@@ -813,12 +836,8 @@ func (x *HostExec) Close() error {
 		return fmt.Errorf("close: %d launch(es) not finished: %w", n, ErrInFlight)
 	}
 	x.closed = true
-	x.chainMu.Lock()
-	defer x.chainMu.Unlock()
 	if x.chain != nil {
-		err := x.chain.Close()
-		x.chain = nil
-		return err
+		return x.chain.release()
 	}
 	return nil
 }
