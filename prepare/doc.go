@@ -25,11 +25,12 @@
 // operation), ucpx_parrived(h, q) and ucpx_pstatus(h, q) see receive partitions
 // arrive. PreadyHandle and ParrivedHandle do the same from host goroutines.
 //
-// A sender's iteration completes (Wait, Test) once the buffer may be reused and the
-// receiver acknowledged the iteration with one small write: UCX may hold a
-// put-with-signal's signal in the sender's queue after reporting it complete, so a
-// sender that stopped progressing after its Wait would otherwise leave the receiver
-// waiting. The receiver's Wait returns once its acknowledgement was sent. Between
+// A sender's iteration completes (Wait, Test) once the buffer may be reused. The
+// receiver acknowledges each iteration with one small write, which the sender's worker
+// registry waits for in the background (progressing the worker until it lands): UCX
+// may hold a put-with-signal's signal in the sender's queue after reporting it
+// complete, so a sender that stopped progressing after its Wait would otherwise leave
+// the receiver waiting. The receiver's Wait returns once its acknowledgement was sent. Between
 // iterations neither side needs progressing. A partition made ready before the
 // receiver's readiness arrived moves when it arrives even if the sender calls nothing
 // more: the worker's registry moves it (and progresses the worker for it) once it has
@@ -65,6 +66,11 @@
 // in a Python process), set CUDA_DEVICE_MAX_CONNECTIONS=32 before that library does.
 //
 // A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
-// and releases every stream, graph and kernel waiting on the request. The contents of
-// a receive buffer in an iteration that failed are undefined.
+// and releases every stream, graph and kernel waiting on the request; closing the
+// request's worker (or its context) does the same with ErrClosed. The contents of a
+// receive buffer in an iteration that failed are undefined. Requests that cannot be
+// matched — buffers of different lengths, partition counts that do not split the
+// peer's buffer — fail on both sides with ErrInvalidParam: the side that finds out
+// answers the handshake with a refusal. A partition has at most one PreadyNode in a
+// graph (each takes one readiness per launch).
 package prepare

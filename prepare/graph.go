@@ -2,6 +2,7 @@ package prepare
 
 import (
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -51,6 +52,11 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.nodeOfLocked(g, p) {
+		// Each node takes one ready flag a launch: a second node of p would take the
+		// next iteration's, and the last launch's would wait for good.
+		return nil, fmt.Errorf("pready node: partition %d has a node in this graph already: %w", p, ErrInvalidParam)
+	}
 	switch {
 	case r.remote.bufKey.Device():
 		if !r.direct {
@@ -64,6 +70,7 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 			return nil, fmt.Errorf("pready node: %w", err)
 		}
 		r.stats.Puts++
+		r.addNodeLocked(g, p)
 		return n, nil
 	case r.st != nil:
 		// A staged partition's copy would need a copy node per launch ahead of the
@@ -86,7 +93,31 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 		return nil, fmt.Errorf("pready node: %w", err)
 	}
 	r.graphConds = append(r.graphConds, cond)
+	r.addNodeLocked(g, p)
 	return cond.Node(), nil
+}
+
+// graphPart names a partition's PreadyNode in one graph.
+type graphPart struct {
+	g any
+	p int
+}
+
+// nodeOfLocked reports whether partition p has a PreadyNode in g. A graph of a type Go
+// cannot compare (a caller's own GraphBuilder) is not told apart, and not checked.
+func (r *Request) nodeOfLocked(g condition.GraphBuilder, p int) bool {
+	return reflect.TypeOf(g).Comparable() && r.nodes[graphPart{g, p}]
+}
+
+// addNodeLocked records partition p's PreadyNode in g.
+func (r *Request) addNodeLocked(g condition.GraphBuilder, p int) {
+	if !reflect.TypeOf(g).Comparable() {
+		return
+	}
+	if r.nodes == nil {
+		r.nodes = map[graphPart]bool{}
+	}
+	r.nodes[graphPart{g, p}] = true
 }
 
 // gateNodeLocked adds the node that waits for the receiver's ready flag of p and

@@ -293,7 +293,23 @@ func registryOf(w *ucp.Worker) (*registry, error) {
 		registries.Delete(w)
 		return nil, fmt.Errorf("prepare phase handler: %w", err)
 	}
+	w.OnClose(reg.workerClosed)
 	return reg, nil
+}
+
+// workerClosed fails every request of the closed worker, which releases the streams
+// and graphs waiting on their words (Request.fail), and forgets the registry.
+func (g *registry) workerClosed() {
+	registries.CompareAndDelete(g.w, g)
+	g.mu.Lock()
+	reqs := make([]*Request, 0, len(g.reqs))
+	for _, r := range g.reqs {
+		reqs = append(reqs, r)
+	}
+	g.mu.Unlock()
+	for _, r := range reqs {
+		r.fail(fmt.Errorf("the worker closed: %w", ErrClosed))
+	}
 }
 
 // add gives r its index and hands it a handshake that came before it.
@@ -370,41 +386,63 @@ func (g *registry) keepEarlyLocked(k matchKey, h handshake) {
 	g.earlyBytes += h.size()
 }
 
-// onHandshake takes the peer's handshake.
+// onHandshake takes the peer's handshake. One r cannot take (buffers of different
+// lengths, partitions that do not split the peer's, keys that do not unpack) fails r
+// and is answered with a refusal, which fails the peer's request too: each side learns
+// why at its PrepareAll or Start, where otherwise a sender would resend until its
+// context ended and a receiver would wait for data that never comes.
 func (r *Request) onHandshake(h handshake) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	select {
-	case <-r.prepared:
-		return // a duplicate: the first one counts
-	default:
+	var refuse bool
+	var failed error
+	func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if h.refused() {
+			failed = fmt.Errorf("prepare: the peer refused the match (its buffer has %d bytes, this one %d): %w", h.length, len(r.buf), ErrInvalidParam)
+			return
+		}
+		select {
+		case <-r.prepared:
+			return // a duplicate: the first one counts
+		default:
+		}
+		if r.peerInfo.parts != 0 {
+			return // a resent handshake that came again before this side finished
+		}
+		if r.err != nil {
+			refuse = r.refusedPeer // answer a resent handshake of a peer refused before
+			return
+		}
+		var err error
+		switch {
+		case h.length != uint64(len(r.buf)):
+			err = fmt.Errorf("prepare: the peer's buffer has %d bytes, this one %d: %w", h.length, len(r.buf), ErrInvalidParam)
+		case h.length%uint64(h.parts) != 0:
+			err = fmt.Errorf("prepare: the peer's %d partitions do not split %d bytes: %w", h.parts, h.length, ErrInvalidParam)
+		}
+		if err == nil {
+			err = r.takeRemoteLocked(h)
+		}
+		if err != nil {
+			r.refusedPeer, refuse, failed = true, true, err
+			return
+		}
+		r.peerInfo = h
+		r.stats.TagMatches++
+		if r.role == sender {
+			close(r.prepared)
+		}
+		// A receiver is prepared once its own handshake went out (PrepareAll).
+	}()
+	if failed != nil {
+		r.fail(failed) // no stream stays blocked on the request
 	}
-	if r.peerInfo.parts != 0 {
-		return // a resent handshake that came again before this side finished
+	if refuse {
+		// Best effort: a peer that does not get it fails its own way (its context, or
+		// the endpoint's failure). AmHandlers may call ucpx methods.
+		ref := r.refusal()
+		_, _ = r.peer.AmSendNbx(HandshakeAM, nil, ref.marshal(), &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
 	}
-	if r.err != nil {
-		return
-	}
-	var err error
-	switch {
-	case h.length != uint64(len(r.buf)):
-		err = fmt.Errorf("prepare: the peer's buffer has %d bytes, this one %d: %w", h.length, len(r.buf), ErrInvalidParam)
-	case h.length%uint64(h.parts) != 0:
-		err = fmt.Errorf("prepare: the peer's %d partitions do not split %d bytes: %w", h.parts, h.length, ErrInvalidParam)
-	}
-	if err == nil {
-		err = r.takeRemoteLocked(h)
-	}
-	if err != nil {
-		r.err = err
-		return
-	}
-	r.peerInfo = h
-	r.stats.TagMatches++
-	if r.role == sender {
-		close(r.prepared)
-	}
-	// A receiver is prepared once its own handshake went out (PrepareAll).
 }
 
 // takeRemoteLocked unpacks the peer's keys.

@@ -97,6 +97,9 @@ type Request struct {
 	ownMemh bool
 	backend stream.Backend
 	ownBack bool
+	// dropFailureHook takes back the peer's failure hook (Free): the endpoint would
+	// keep the freed request, buffer and all, as long as it lives.
+	dropFailureHook func()
 	// xfer is the memory the puts read (sender) or land in (receiver), registered by
 	// memh: buf itself, or a staged request's host copy of it (st).
 	xfer []byte
@@ -125,13 +128,18 @@ type Request struct {
 	mu       sync.Mutex
 	prepared chan struct{} // closed once the peer's handshake arrived
 	peerInfo handshake
-	sent     bool         // the own handshake went out
-	hsData   []byte       // its bytes, alive until the send completed
-	hsReq    *ucp.Request // its send
-	sentAt   time.Time    // when it was (last) sent
-	remote   remote
-	err      error // the peer failed (or the request was freed)
-	freed    bool
+	// nodes: the partitions with a PreadyNode, by graph (under mu).
+	nodes map[graphPart]bool
+	// refusedPeer: r refused the peer's handshake (onHandshake), and answers its
+	// resends with the refusal again.
+	refusedPeer bool
+	sent        bool         // the own handshake went out
+	hsData      []byte       // its bytes, alive until the send completed
+	hsReq       *ucp.Request // its send
+	sentAt      time.Time    // when it was (last) sent
+	remote      remote
+	err         error // the peer failed (or the request was freed)
+	freed       bool
 
 	iter   uint64 // iterations started
 	active bool   // an iteration started and not yet completed
@@ -253,7 +261,7 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		}
 	}
 	reg.add(r)
-	p.Peer.OnFailure(func(_ *ucp.Endpoint, err error) { r.fail(err) })
+	r.dropFailureHook = p.Peer.OnFailure(func(_ *ucp.Endpoint, err error) { r.fail(err) })
 	return r, nil
 }
 
@@ -847,6 +855,9 @@ func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.errLocked(); err != nil {
+		return err // freed (ErrClosed) or failed, before what it was asked
+	}
 	switch {
 	case r.role != receiver:
 		return fmt.Errorf("arrived on stream on a send request: %w", ErrInvalidParam)
@@ -856,9 +867,6 @@ func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
 		return fmt.Errorf("arrived on stream before Start: %w", ErrInvalidParam)
 	case s == nil || s.Kind() != r.backend.Kind():
 		return fmt.Errorf("arrived on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
-	}
-	if err := r.errLocked(); err != nil {
-		return err
 	}
 	if r.st != nil {
 		if err := s.WaitValue(r.st.landed.Word(p), r.iter, stream.GEQ); err != nil {
@@ -1145,6 +1153,7 @@ func (r *Request) Free() error {
 		}
 	}
 	r.reg.remove(r)
+	r.dropFailureHook()
 	if r.remote.bufKey != nil {
 		_ = r.remote.bufKey.Close()
 	}
@@ -1239,8 +1248,21 @@ func unmarshalHandshake(b []byte) (handshake, error) {
 	if h.ackKey, ok = key(); !ok || len(rest) != 0 {
 		return h, bad
 	}
-	if (h.role != sender && h.role != receiver) || h.parts == 0 || h.parts > maxPartitions {
+	if (h.role != sender && h.role != receiver) || h.parts > maxPartitions {
 		return h, bad
+	}
+	if h.parts == 0 && (len(h.bufKey) != 0 || len(h.wordKey) != 0 || len(h.ackKey) != 0) {
+		return h, bad // a refusal carries no keys
 	}
 	return h, nil
 }
+
+// refusal is the handshake that answers one r could not take: no partitions, no keys,
+// and r's own buffer length, so the peer fails its request (and the streams waiting on
+// it) with the reason instead of resending until its context ends.
+func (r *Request) refusal() handshake {
+	return handshake{role: r.role, tag: r.tag, index: uint32(r.index), length: uint64(len(r.buf))}
+}
+
+// refused reports whether h is a refusal.
+func (h *handshake) refused() bool { return h.parts == 0 }

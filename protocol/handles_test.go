@@ -39,6 +39,13 @@ func TestHandlesTakeBadArguments(t *testing.T) {
 	require.ErrorIs(t, pl.Plan(protocol.Transfer{}, protocol.Route{Backend: b}, nil), protocol.ErrInvalidParam, "no plan to fill")
 	require.ErrorIs(t, pool.Reserve(64, -1), protocol.ErrInvalidParam)
 	require.ErrorIs(t, pool.Reserve(64, 1<<40), protocol.ErrInvalidParam, "more buffers than a reservation holds")
+	for _, n := range []int{0, -1, 1<<62 + 1} {
+		_, err := pool.Get(n)
+		require.ErrorIs(t, err, protocol.ErrInvalidParam, "a buffer of %d bytes", n)
+		_, _, err = pool.Lend(n, nil)
+		require.ErrorIs(t, err, protocol.ErrInvalidParam, "a loan of %d bytes", n)
+		require.ErrorIs(t, pool.Reserve(n, 2), protocol.ErrInvalidParam, "a reservation of %d bytes", n)
+	}
 	_, err = protocol.NewWorkspace(b, -1)
 	require.ErrorIs(t, err, protocol.ErrInvalidParam)
 	_, err = protocol.NewWorkspace(b, 1<<62)

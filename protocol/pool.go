@@ -120,6 +120,10 @@ func (s *Pool) Classify(addr uintptr) (Kind, error) {
 	return KindHost, nil
 }
 
+// maxBuffer bounds what Get lends (class rounds up to a power of two, which must not
+// overflow).
+const maxBuffer = 1 << 40
+
 func class(n int) int {
 	if n <= minClass {
 		return minClass
@@ -131,6 +135,9 @@ func class(n int) int {
 func (s *Pool) Get(n int) (*Buffer, error) {
 	if s == nil {
 		return nil, fmt.Errorf("staging buffer: nil pool: %w", ErrInvalidParam)
+	}
+	if n <= 0 || n > maxBuffer {
+		return nil, fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
 	}
 	c := class(n)
 	s.mu.Lock()

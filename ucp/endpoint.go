@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -37,8 +38,8 @@ type Endpoint struct {
 	err    error // the peer failure, once reported
 	closed bool
 	recvs  map[*Request]struct{} // receives with RequestParam.Peer == this endpoint
-	// failureHooks run once the peer fails (OnFailure).
-	failureHooks []func(*Endpoint, error)
+	// failureHooks run once the peer fails (OnFailure), in the order they were added.
+	failureHooks []*failureHook
 	// peer is who the endpoint reaches, as authenticated by the handshake or the
 	// sealed worker address (peerKnown); UnpackRkey accepts only its keys.
 	peer      peerInfo
@@ -303,28 +304,42 @@ func (ep *Endpoint) failLocked(st error) {
 		ep.w.deferred = append(ep.w.deferred, func() { h(ep, st) })
 	}
 	for _, h := range ep.failureHooks {
-		ep.w.deferred = append(ep.w.deferred, func() { h(ep, st) })
+		ep.w.deferred = append(ep.w.deferred, func() { h.fn(ep, st) })
 	}
 	ep.failureHooks = nil
 }
 
+// failureHook is one OnFailure function (a pointer, so that its remover finds it).
+type failureHook struct{ fn func(*Endpoint, error) }
+
 // OnFailure adds fn to what runs once the peer fails (besides
 // EndpointParams.ErrorHandler), on the goroutine that drove progress, without worker
 // locks held: layers above ucp (prepared operations) release what waits on the peer.
-// If the peer failed already, fn runs now.
-func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) {
-	if ep == nil {
-		return
+// If the peer failed already, fn runs now. remove takes fn back (it does not run
+// later; idempotent): a layer that adds a hook per object removes it when the object
+// goes, or the endpoint keeps every one. A nil endpoint or fn adds nothing.
+func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) (remove func()) {
+	if ep == nil || fn == nil {
+		return func() {}
 	}
 	w := ep.w
+	h := &failureHook{fn: fn}
 	w.mu.Lock()
 	err := ep.err
 	if err == nil {
-		ep.failureHooks = append(ep.failureHooks, fn)
+		ep.failureHooks = append(ep.failureHooks, h)
 	}
 	w.mu.Unlock()
 	if err != nil {
 		fn(ep, err)
+		return func() {}
+	}
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if i := slices.Index(ep.failureHooks, h); i >= 0 {
+			ep.failureHooks = slices.Delete(ep.failureHooks, i, i+1)
+		}
 	}
 }
 

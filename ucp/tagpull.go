@@ -274,11 +274,11 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64,
 	}
 	ep.internal = true
 	// Nobody else holds it: closed (and forgotten) once its peer fails.
-	ep.failureHooks = append(ep.failureHooks, func(ep *Endpoint, _ error) {
+	ep.failureHooks = append(ep.failureHooks, &failureHook{fn: func(ep *Endpoint, _ error) {
 		w.mu.Lock()
 		w.closeInternalLocked(ep)
 		w.unlockDeferred()
-	})
+	}})
 	w.answerTruncLocked() // answers that waited for an endpoint to this sender
 	// startWatch takes w.mu: after the deferred unlock.
 	w.deferred = append(w.deferred, ep.startWatch)

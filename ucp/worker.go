@@ -3,6 +3,7 @@ package ucp
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -62,6 +63,8 @@ type Worker struct {
 	nextID    uint64
 	events    []ucx.Event
 	deferred  []func() // user callbacks to run after mu is released
+	// closeHooks run once Close is done (OnClose).
+	closeHooks []*closeHook
 	// The last Fence's gate (fence.go).
 	fenceBefore  []*Request
 	fenceFlush   *Request
@@ -629,7 +632,45 @@ func (w *Worker) Close() error {
 	live.workers.Add(-1)
 	runDeferred(cbs)
 	runDeferred(ipcClose)
+	w.mu.Lock()
+	hooks := w.closeHooks
+	w.closeHooks = nil
+	w.mu.Unlock()
+	for _, h := range hooks {
+		h.fn()
+	}
 	return nil
+}
+
+// closeHook is one OnClose function (a pointer, so that its remover finds it).
+type closeHook struct{ fn func() }
+
+// OnClose adds fn to what runs once the worker closed, on the goroutine that closed
+// it, without worker locks held: layers above ucp (prepared operations) fail what
+// still waits on the worker, streams included. If the worker is closed already, fn
+// runs now. remove takes fn back (idempotent). A nil worker or fn adds nothing.
+func (w *Worker) OnClose(fn func()) (remove func()) {
+	if w == nil || fn == nil {
+		return func() {}
+	}
+	h := &closeHook{fn: fn}
+	w.mu.Lock()
+	closed := w.closed.Load()
+	if !closed {
+		w.closeHooks = append(w.closeHooks, h)
+	}
+	w.mu.Unlock()
+	if closed {
+		fn()
+		return func() {}
+	}
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if i := slices.Index(w.closeHooks, h); i >= 0 {
+			w.closeHooks = slices.Delete(w.closeHooks, i, i+1)
+		}
+	}
 }
 
 func (w *Worker) pendingCountLocked() int {
