@@ -118,7 +118,9 @@ type Context struct {
 	ipc      *ctxIPC                // the CUDA IPC path, with ContextParams.Device
 	pulls    map[uint64]*pullExport // allocations exported for pulled active messages, by base
 	closed   bool
-	trust    *trust
+	// cleanupOwed: Close found workers still closing; the last of them cleans up.
+	cleanupOwed bool
+	trust       *trust
 	// revokeTimeout is ContextParams.RevokeTimeout, resolved.
 	revokeTimeout time.Duration
 }
@@ -279,9 +281,23 @@ func (c *Context) Close() error {
 	if c.ipc != nil {
 		_ = c.ipc.imp.Close()
 	}
+	// A worker another goroutine is still closing (its Close came first, and this
+	// one's returned ErrClosed at once) still uses the UCX context: the last of them
+	// to finish cleans up instead (Worker.Close).
+	c.mu.Lock()
+	c.cleanupOwed = len(c.workers) > 0
+	owed := c.cleanupOwed
+	c.mu.Unlock()
+	if !owed {
+		c.cleanup()
+	}
+	return nil
+}
+
+// cleanup releases the UCX context, once no worker of it exists.
+func (c *Context) cleanup() {
 	c.raw.Cleanup()
 	live.contexts.Add(-1)
-	return nil
 }
 
 func (c *Context) register(add func() error) error {

@@ -144,11 +144,23 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 	const op = "tag_send_recv"
 	w := ep.w
 	sreq, sst := ucx.PtrStatus(w.raw.SendReq())
-	if sst != ucx.OK && sst != ucx.InProgress {
-		w.afterCallUnlock()
-		return 0, 0, opErr(op, Status(sst), "send: len %d tag %#x", len(sbuf), stag)
-	}
 	rreq, rst := ucx.PtrStatus(rptr)
+	if sst != ucx.OK && sst != ucx.InProgress {
+		serr := opErr(op, Status(sst), "send: len %d tag %#x", len(sbuf), stag)
+		if rst != ucx.InProgress {
+			w.afterCallUnlock() // the receive was not posted, or ended in the call
+			return 0, 0, serr
+		}
+		// The send failed while the receive waits: UCX would fill rbuf after the call
+		// returned, with a message a later receive should have had. Canceled, and
+		// waited for, before the call returns.
+		rr := w.trackPooledLocked(op, rreq, bufPtr(rbuf))
+		rr.setRecvBuf(w.ctx, rbuf, 0)
+		w.raw.Cancel(rreq)
+		w.afterCallUnlock()
+		_, _, _ = w.finishPooled(ctx, rr)
+		return 0, 0, serr
+	}
 	var sr, rr *Request
 	if sst == ucx.InProgress {
 		sr = w.trackPooledLocked(op, sreq, bufPtr(sbuf))

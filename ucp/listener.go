@@ -172,7 +172,13 @@ func (l *Listener) serve() {
 			r := l.handshake(c)
 			l.wg.Done() // before the handler: it may close the listener
 			if r != nil {
-				l.handler(r)
+				// A handler that panics before deciding leaves the peer waiting:
+				// recovered (RecoveredPanics) and rejected.
+				panicked := true
+				runRecovered(func() { l.handler(r); panicked = false })
+				if panicked {
+					_ = r.Reject()
+				}
 			}
 		}()
 	}

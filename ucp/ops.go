@@ -10,12 +10,13 @@ import (
 )
 
 // DeviceBuffer presents n bytes at addr, memory Go does not manage (device memory from
-// cuMemAlloc, pinned host or C memory), as a slice to pass to nbx calls. Go code must
-// never index it: for device memory that faults. With a Stream condition on a CUDA
+// cuMemAlloc, pinned host or C memory), as a slice to pass to nbx calls (nil for a
+// zero address or length, or a range that wraps). Go code must never index it: for
+// device memory that faults. With a Stream condition on a CUDA
 // backend, device memory is staged when UCX has no CUDA transport.
 func DeviceBuffer(addr uintptr, n int) []byte {
-	if addr == 0 || n <= 0 {
-		return nil
+	if addr == 0 || n <= 0 || addr+uintptr(n) < addr {
+		return nil // nothing, or a range that wraps around the address space
 	}
 	return unsafe.Slice((*byte)(ucx.Addr(addr)), n)
 }

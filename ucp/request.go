@@ -214,6 +214,9 @@ func (r *Request) Test() (bool, error) {
 	if r.done.Load() {
 		return true, r.err
 	}
+	if r.w == nil {
+		return false, opErr("test", ErrInvalidParam, "a Request never issued")
+	}
 	r.w.progressFor(r, 1)
 	if r.done.Load() {
 		return true, r.err
@@ -235,6 +238,9 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 	if r.done.Load() {
 		return r.err
+	}
+	if r.w == nil {
+		return opErr("wait", ErrInvalidParam, "a Request never issued")
 	}
 	if r.ipc != nil {
 		return r.w.waitIPC(ctx, r)
@@ -274,7 +280,7 @@ func (r *Request) Cancel() {
 		r.cop.Cancel()
 		return
 	}
-	if r.done.Load() {
+	if r.done.Load() || r.w == nil { // a zero Request was never issued
 		return
 	}
 	w := r.w

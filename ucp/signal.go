@@ -1,6 +1,7 @@
 package ucp
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -236,12 +237,17 @@ func (s *Signals) PackRkey() ([]byte, error) {
 	return s.memh.PackRkey()
 }
 
-// Close deregisters and frees the words; streams must no longer wait on them.
+// Close deregisters and frees the words; streams must no longer wait on them. Where
+// the registration stays (the revocation timed out: peers that imported the key may
+// still write), the words stay too and Close returns that error: close again later.
 func (s *Signals) Close() error {
 	if s == nil {
 		return opErr("signals_close", ErrInvalidParam, "nil signals")
 	}
 	err := s.memh.Close()
+	if errors.Is(err, ErrTimedOut) {
+		return fmt.Errorf("signals: %w", err) // still registered: the words stay
+	}
 	s.block.SetDriver(nil)
 	if cerr := s.block.Close(); err == nil {
 		err = cerr

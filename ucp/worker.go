@@ -626,12 +626,20 @@ func (w *Worker) Close() error {
 	}
 	w.mu.Unlock()
 
-	w.ctx.mu.Lock()
-	delete(w.ctx.workers, w)
-	w.ctx.mu.Unlock()
+	c := w.ctx
+	c.mu.Lock()
+	delete(c.workers, w)
+	cleanup := c.cleanupOwed && len(c.workers) == 0
+	if cleanup {
+		c.cleanupOwed = false
+	}
+	c.mu.Unlock()
 	live.workers.Add(-1)
 	runDeferred(cbs)
 	runDeferred(ipcClose)
+	if cleanup {
+		c.cleanup() // the context's Close came while this worker closed
+	}
 	w.mu.Lock()
 	hooks := w.closeHooks
 	w.closeHooks = nil

@@ -1,0 +1,144 @@
+package ucp
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A worker's Close and its context's Close racing never tear the UCX context down
+// under the worker being destroyed (this crashed: ucp_cleanup ran beside
+// ucp_worker_destroy); both return, the second worker Close with ErrClosed.
+func TestWorkerAndContextCloseConcurrently(t *testing.T) {
+	for i := range 20 {
+		p := newShmPair(t)
+		wdone := make(chan error, 1)
+		go func() { wdone <- p.a.Close() }()
+		time.Sleep(time.Duration(i%5) * 100 * time.Microsecond)
+		require.NoError(t, p.ctxA.Close())
+		if err := <-wdone; err != nil {
+			require.ErrorIs(t, err, ErrClosed)
+		}
+		p.ctxA = nil
+	}
+}
+
+// A TagSendRecv whose send fails while its receive waits returns the send's error and
+// leaves no receive posted: a later message with the receive's tag goes to a later
+// receive, and the failed call's buffer is never written after it returned.
+func TestTagSendRecvSendFailureTakesBackTheReceive(t *testing.T) {
+	for range 10 {
+		p := newPair(t, map[string]string{"TLS": "tcp"})
+		require.NoError(t, p.ctxB.Close())
+		p.ctxB = nil
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rbuf := make([]byte, 64)
+		_, _, err := p.epA.TagSendRecv(ctx, make([]byte, 4<<20), 1, rbuf, 77, ^uint64(0))
+		cancel()
+		require.Error(t, err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			continue // the send did not fail in time: try again
+		}
+		addrA, err := p.a.Address()
+		require.NoError(t, err)
+		self, err := p.a.ConnectAddress(addrA, &EndpointParams{NoPeerErrorHandling: true})
+		require.NoError(t, err)
+		sreq, err := self.TagSendNbx([]byte("hello"), 77, nil)
+		require.NoError(t, err)
+		fresh := make([]byte, 64)
+		rreq, err := p.a.TagRecvNbx(fresh, 77, ^uint64(0), nil)
+		require.NoError(t, err)
+		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer wcancel()
+		require.NoError(t, rreq.Wait(wctx), "the later receive gets the message")
+		require.NoError(t, sreq.Wait(wctx))
+		require.Equal(t, "hello", string(fresh[:rreq.Length()]))
+		require.Equal(t, make([]byte, 64), rbuf, "the failed call's buffer was written")
+		return
+	}
+	t.Skip("the send never failed within the call's deadline")
+}
+
+// A ConnHandler that panics before deciding is recovered (RecoveredPanics) and the
+// connection rejected: the process lives, and the peer's Connect fails instead of
+// waiting.
+func TestConnHandlerPanicRejects(t *testing.T) {
+	c1, err := NewContext(ContextParams{})
+	require.NoError(t, err)
+	defer c1.Close()
+	c2, err := NewContext(ContextParams{})
+	require.NoError(t, err)
+	defer c2.Close()
+	w1, err := c1.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	w2, err := c2.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	before := len(RecoveredPanics())
+	l, err := w1.Listen("127.0.0.1:0", &ListenerParams{ConnHandler: func(*ConnRequest) { panic("boom in ConnHandler") }})
+	require.NoError(t, err)
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = w2.Connect(ctx, l.Addr(), nil)
+	require.Error(t, err)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "Connect waited for a handler that panicked: %v", err)
+	require.Eventually(t, func() bool { return len(RecoveredPanics()) > before }, 5*time.Second, time.Millisecond)
+}
+
+// A zero Request (RequestParam.Request may carry one) that was never issued answers
+// Test and Wait with ErrInvalidParam and ignores Cancel, instead of panicking.
+func TestZeroRequest(t *testing.T) {
+	var r Request
+	done, err := r.Test()
+	require.False(t, done)
+	require.ErrorIs(t, err, ErrInvalidParam)
+	require.ErrorIs(t, r.Wait(context.Background()), ErrInvalidParam)
+	r.Cancel()
+	require.False(t, r.Done())
+}
+
+// DeviceBuffer refuses a range that wraps around the address space (nil) instead of
+// panicking.
+func TestDeviceBufferWraps(t *testing.T) {
+	require.Nil(t, DeviceBuffer(^uintptr(0)-4, 16))
+	require.Len(t, DeviceBuffer(0x1000, 16), 16)
+}
+
+// Signals whose key's revocation timed out stay registered, and so do their words:
+// Close says so and frees nothing, and a later Close, once the peer answered, does.
+func TestSignalsCloseKeepsWordsWhileRegistered(t *testing.T) {
+	old := revokeInProcess
+	revokeInProcess = false // as between processes
+	defer func() { revokeInProcess = old }()
+	p := shmPairWith(t, WorkerParams{})
+	p.ctxB.revokeTimeout = 100 * time.Millisecond
+	sigs, err := p.b.NewSignals(hostBackend(t), 4)
+	require.NoError(t, err)
+	key, err := sigs.PackRkey()
+	require.NoError(t, err)
+	rk, err := p.epA.UnpackRkey(key)
+	require.NoError(t, err)
+	for range 1000 { // B learns of the import; then A stops progressing
+		p.a.Progress()
+		p.b.Progress()
+	}
+	err = sigs.Close()
+	if err == nil {
+		t.Skip("B did not learn of the import in time")
+	}
+	require.ErrorIs(t, err, ErrTimedOut)
+	require.False(t, sigs.block.Closed(), "the words were freed while still registered")
+	deadline := time.Now().Add(10 * time.Second)
+	for err = sigs.Close(); err != nil && time.Now().Before(deadline); err = sigs.Close() {
+		for range 100 {
+			p.a.Progress()
+			p.b.Progress()
+		}
+	}
+	require.NoError(t, err)
+	require.True(t, sigs.block.Closed())
+	_ = rk.Close()
+}
