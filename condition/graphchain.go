@@ -101,7 +101,7 @@ func (g *graphChain) enqueueLocked(layers [][]*streamcore.Word) error {
 }
 
 // Run implements streamcore.ChainedLaunch.
-func (g *graphChain) Run() (bool, error) {
+func (g *graphChain) Run(ctx context.Context) (bool, error) {
 	e := g.e
 	if e.graphGen.Load() != g.gen || e.trace.Load() != nil {
 		return false, nil
@@ -129,7 +129,12 @@ func (g *graphChain) Run() (bool, error) {
 		e.chainRuns.Add(-1)
 		return false, nil // an endpoint closed or failed, the worker closed: likewise
 	}
-	err := g.chain.Wait(context.Background())
+	err := g.chain.Wait(ctx)
+	if err != nil && ctx.Err() != nil && g.chain.Iterations() != 1 {
+		// Given up (the launch's stream closed): the run stops, its pending operations
+		// canceled, rather than post later layers on its own.
+		_ = g.chain.Destroy()
+	}
 	e.chainRuns.Add(-1)
 	e.Release() // as a driver does when it stops: work the run saw arrive is the engine's
 	completed := g.chain.Iterations() == 1

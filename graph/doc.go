@@ -22,4 +22,12 @@
 // its dependents do not run. Communication operations such a launch left in flight
 // still complete; until they have, later launches of the executable graph fail with
 // ErrInFlight rather than take those completions for their own.
+//
+// Launches of one executable graph with communication nodes run one at a time, also
+// when enqueued on several streams (they share the nodes' words), as a CUDA graph's
+// launches do. A task that panics or calls runtime.Goexit fails its launch with
+// ErrTaskPanicked. A launch waiting for an operation when its stream is closed gives up
+// after the stream's close grace (stream.ErrAbandoned), as a blocked stream wait does,
+// leaving the operation in flight as above. A launch its stream dropped (the stream
+// stopped on an error, or its Close abandoned the launch) is not counted by InFlight.
 package graph

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"context"
 	"fmt"
 	"math/bits"
 	"reflect"
@@ -187,8 +188,13 @@ type HostExec struct {
 	roots      []int
 	mu         sync.Mutex // orders Launch against Close
 	inFlight   atomic.Int64
-	launched   func() // runLaunch's method value
-	closed     bool
+	// onStream: the launches of each stream (under mu), see streamLaunches.
+	onStream map[stream.Stream]*streamLaunches
+	// runSem lets one run at a time use the communication nodes' words, which every
+	// launch shares (two overlapping runs could both store a trigger the engine takes
+	// once, and one would wait for good); nil for a graph without such nodes.
+	runSem chan struct{}
+	closed bool
 	// chainedStarts counts the nodes whose trigger an engine stored (tests).
 	chainedStarts atomic.Uint64
 	// layers: the trigger words of a graph of communication nodes only, whose every
@@ -222,7 +228,6 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
 		trigger: make([]*stream.Word, n), op: make([]opWords, n), follow: make([][]int, n),
 		deps: make([][]int, n), children: make([][]int, n)}
-	x.launched = x.runLaunch
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
 		x.tasks[node.id] = node.task
@@ -270,6 +275,9 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	}
 	if visited != n {
 		return nil, fmt.Errorf("instantiate: %d of %d nodes are on a cycle: %w", n-visited, n, ErrCycle)
+	}
+	if len(x.waitBlocks) > 0 {
+		x.runSem = make(chan struct{}, 1)
 	}
 	if x.layers = x.chainLayers(g.nodes); x.layers != nil {
 		x.chain = &launchChain{}
@@ -367,7 +375,7 @@ const maxChainNodes = 4096
 // runChained runs the launch as the nodes' engine's chain (see HostExec.layers); it
 // reports false, having done nothing, where the launch must go node by node. Launches
 // of one executable graph on several streams take turns here.
-func (x *HostExec) runChained() (bool, error) {
+func (x *HostExec) runChained(sl *streamLaunches) (bool, error) {
 	c := x.chain
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -392,10 +400,15 @@ func (x *HostExec) runChained() (bool, error) {
 			}
 			c.run, c.backoff = run, 0
 		}
-		ran, err := c.run.Run()
+		ran, err := c.run.Run(sl.abandon)
 		if ran {
 			x.chainedLaunches.Add(1)
-			if err != nil {
+			switch {
+			case err != nil && sl.abandon.Err() != nil:
+				_ = c.run.Close() // stopped for good: made again at the next launch
+				c.run = nil
+				return true, errAbandoned
+			case err != nil:
 				return true, fmt.Errorf("%w: %w", ErrOperationFailed, err)
 			}
 			return true, nil
@@ -410,6 +423,10 @@ func (x *HostExec) runChained() (bool, error) {
 // Launch enqueues one run of the graph on s: it starts when s gets there, and later
 // work on s runs after every node has finished. A failed node fails the launch (the
 // stream's sticky error, returned by Synchronize), and its dependents do not run.
+// Launches of a graph with communication nodes run one at a time, also on several
+// streams (they share the nodes' words), as a CUDA graph's do. A launch waiting for an
+// operation when s is closed gives up after the stream's close grace (ErrAbandoned),
+// as a blocked stream wait does.
 func (x *HostExec) Launch(s stream.Stream) error {
 	if x == nil {
 		return fmt.Errorf("launch: nil executable graph: %w", ErrInvalidParam)
@@ -422,21 +439,97 @@ func (x *HostExec) Launch(s stream.Stream) error {
 		x.mu.Unlock()
 		return fmt.Errorf("launch: %w", ErrClosed)
 	}
+	sl := x.launchesOnLocked(s)
+	sl.queued.Add(1)
 	x.inFlight.Add(1)
 	x.mu.Unlock()
-	if err := s.LaunchHostFunc(x.launched); err != nil {
+	if err := s.LaunchHostFunc(sl.run); err != nil {
+		sl.queued.Add(-1)
 		x.inFlight.Add(-1)
 		return fmt.Errorf("launch: %w", err)
 	}
 	return nil
 }
 
-// runLaunch is one launch as the stream runs it (HostExec.launched, made once: a
-// launch allocates no closure). A failed node fails it.
-func (x *HostExec) runLaunch() {
-	defer x.inFlight.Add(-1)
-	if err := x.run(); err != nil {
+// streamLaunches is what an executable graph keeps for each stream it is launched on:
+// the function the stream runs for a launch (made once per stream: a launch allocates
+// no closure), how many of its launches have not run, and how the stream tells a
+// waiting launch that it is closing.
+type streamLaunches struct {
+	s      stream.Stream
+	run    func()
+	queued atomic.Int64
+	// abandon is done when the stream's Close has waited its grace (stream.Closing;
+	// never for other streams).
+	abandon context.Context
+}
+
+// maxStreamRecords: past this many streams' records, Launch forgets those with no
+// launch queued (a stream launched on again gets a new one).
+const maxStreamRecords = 16
+
+// launchesOnLocked returns s's record, made on first use. Caller holds x.mu.
+func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
+	if sl := x.onStream[s]; sl != nil {
+		return sl
+	}
+	if x.onStream == nil {
+		x.onStream = map[stream.Stream]*streamLaunches{}
+	}
+	if len(x.onStream) >= maxStreamRecords {
+		for k, sl := range x.onStream {
+			if sl.queued.Load() == 0 {
+				delete(x.onStream, k)
+			}
+		}
+	}
+	sl := &streamLaunches{s: s, abandon: context.Background()}
+	if c, ok := s.(stream.Closing); ok {
+		sl.abandon = c.Abandon()
+	}
+	sl.run = func() { x.runLaunch(sl) }
+	x.onStream[s] = sl
+	return sl
+}
+
+// liveLocked is the number of launches enqueued and not finished that can still run:
+// those of a stream that stopped (a sticky error, or Close abandoning its work) were
+// dropped with its queue and never will. Caller holds x.mu.
+func (x *HostExec) liveLocked() int64 {
+	n := x.inFlight.Load()
+	for _, sl := range x.onStream {
+		if q := sl.queued.Load(); q > 0 {
+			if f, ok := sl.s.(stream.Failer); ok && f.Failed() != nil {
+				n -= q
+			}
+		}
+	}
+	return max(n, 0)
+}
+
+// runLaunch is one launch as the stream runs it. A failed node fails it.
+func (x *HostExec) runLaunch(sl *streamLaunches) {
+	defer func() {
+		sl.queued.Add(-1)
+		x.inFlight.Add(-1)
+	}()
+	if err := x.run(sl); err != nil {
 		panic(err) // becomes the stream's sticky error (stream.PanicError)
+	}
+}
+
+// errAbandoned: the launch's stream was closed while the launch waited, and the close
+// grace passed.
+var errAbandoned = fmt.Errorf("graph: launch still waiting after its stream's Close grace: %w", stream.ErrAbandoned)
+
+// acquireRun takes x.runSem for a run on sl's stream, giving up once the stream's
+// Close has waited its grace.
+func (x *HostExec) acquireRun(sl *streamLaunches) error {
+	select {
+	case x.runSem <- struct{}{}:
+		return nil
+	case <-sl.abandon.Done(): // Background's is nil: never
+		return errAbandoned
 	}
 }
 
@@ -445,10 +538,16 @@ func (x *HostExec) runLaunch() {
 // communication nodes wait in the loop, which drives the engine and parks on the words'
 // notification, so N communication nodes cost no goroutine each. It returns the first
 // node error; dependents of a failed node do not run.
-func (x *HostExec) run() error {
+func (x *HostExec) run(sl *streamLaunches) error {
 	n := len(x.tasks)
 	if n == 0 {
 		return nil
+	}
+	if x.runSem != nil {
+		if err := x.acquireRun(sl); err != nil {
+			return err
+		}
+		defer func() { <-x.runSem }()
 	}
 	if x.owing.Load() {
 		if err := x.settleOwed(); err != nil {
@@ -456,7 +555,7 @@ func (x *HostExec) run() error {
 		}
 	}
 	if x.layers != nil {
-		if ran, err := x.runChained(); ran {
+		if ran, err := x.runChained(sl); ran {
 			return err
 		}
 	}
@@ -538,7 +637,19 @@ func (x *HostExec) run() error {
 				continue
 			}
 			running++
-			go func(i int) { results <- finished{i, runTask(i, x.tasks[i])} }(i)
+			go func(i int) {
+				// Sent however the task ends: one that calls runtime.Goexit (t.FailNow)
+				// unwinds past runTask's recover, and the launch would wait for good.
+				r, returned := finished{node: i}, false
+				defer func() {
+					if !returned {
+						r.err = fmt.Errorf("graph: task of node %d called runtime.Goexit: %w", i, ErrTaskPanicked)
+					}
+					results <- r
+				}()
+				r.err = runTask(i, x.tasks[i])
+				returned = true
+			}(i)
 		}
 		// Kicked after every trigger that became ready together was stored, once per
 		// driver: its round issues them all.
@@ -621,7 +732,13 @@ func (x *HostExec) run() error {
 				}
 				continue
 			}
-			x.park(waits, results, collect, scratch)
+			if sl.abandon.Err() != nil {
+				// Its stream's Close waited the grace: it gives up, as the stream's own
+				// waits do; its operations still in flight are owed.
+				firstErr = errAbandoned
+				continue
+			}
+			x.park(waits, results, collect, scratch, sl.abandon.Done())
 			continue
 		}
 		collect(<-results) // only user tasks left
@@ -764,10 +881,12 @@ const launchSpinFor = 100 * time.Microsecond
 const parkSafety = 5 * time.Millisecond
 
 // park sleeps until a waited word's block is notified (the engine fired it), a task
-// finishes, or the safety bound passes. Before sleeping it releases the engines of the
-// waited words: the launch stops driving their rounds, so they drive on their own
-// (they sleep on their transport's event, not on a timer).
-func (x *HostExec) park(waits []int, results chan finished, collect func(finished), p *parking) {
+// finishes, abandon is closed (the stream's Close waited its grace), or the safety
+// bound passes. Before
+// sleeping it releases the engines of the waited words: the launch stops driving their
+// rounds, so they drive on their own (they sleep on their transport's event, not on a
+// timer).
+func (x *HostExec) park(waits []int, results chan finished, collect func(finished), p *parking, abandon <-chan struct{}) {
 	if p.timer == nil {
 		p.timer = time.NewTimer(parkSafety)
 	} else {
@@ -786,6 +905,7 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 		case r := <-results:
 			collect(r)
 		case <-p.timer.C:
+		case <-abandon:
 		}
 		return
 	}
@@ -793,6 +913,9 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 	p.cases = append(p.cases[:0],
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(results)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.timer.C)})
+	if abandon != nil {
+		p.cases = append(p.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(abandon)})
+	}
 	for _, i := range waits {
 		block := x.waitFor[i].Block()
 		p.cases = append(p.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(block.Changed())})
@@ -813,12 +936,15 @@ func (x *HostExec) park(waits []int, results chan finished, collect func(finishe
 	}
 }
 
-// InFlight is the number of launches enqueued and not finished.
+// InFlight is the number of launches enqueued and not finished, but for those their
+// stream dropped (it stopped on an error, or its Close abandoned them): they never run.
 func (x *HostExec) InFlight() int {
 	if x == nil {
 		return 0
 	}
-	return int(x.inFlight.Load())
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return int(x.liveLocked())
 }
 
 // Close releases the executable graph. With launches in flight it returns an error
@@ -832,7 +958,7 @@ func (x *HostExec) Close() error {
 	if x.closed {
 		return fmt.Errorf("close: %w", ErrClosed)
 	}
-	if n := x.inFlight.Load(); n > 0 {
+	if n := x.liveLocked(); n > 0 {
 		return fmt.Errorf("close: %d launch(es) not finished: %w", n, ErrInFlight)
 	}
 	x.closed = true

@@ -67,6 +67,8 @@ type (
 	ChainedLaunch = streamcore.ChainedLaunch
 	// Failer is a Stream that tells it stopped for good (streamcore.Failer).
 	Failer = streamcore.Failer
+	// Closing is a Stream whose Close a waiting host func can see (streamcore.Closing).
+	Closing = streamcore.Closing
 	// HostStaging is what the CUDA backend offers for staging device memory
 	// (streamcore.HostStaging).
 	HostStaging = streamcore.HostStaging

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -73,7 +74,11 @@ type hostStream struct {
 
 	wake    chan struct{} // capacity 1; one token per park
 	closing chan struct{} // closed by Close, wakes a parked wait
-	done    chan struct{} // closed when the executor has exited
+	// abandon is done the grace after Close (streamcore.Closing): host funcs that wait
+	// themselves give up then, as the stream's own waits do.
+	abandon    context.Context
+	abandonNow context.CancelFunc
+	done       chan struct{} // closed when the executor has exited
 
 	closingFlag atomic.Bool           // Close was called (read by polling waits)
 	sticky      atomic.Pointer[error] // first failure; nil while healthy
@@ -112,6 +117,7 @@ func newHostStream(b *hostBackend, cfg hostConfig) *hostStream {
 		done:     make(chan struct{}),
 		progress: make(chan struct{}),
 	}
+	s.abandon, s.abandonNow = context.WithCancel(context.Background())
 	registerWordAccessor(s)
 	go s.run()
 	return s
@@ -345,6 +351,9 @@ func (s *hostStream) Close() error {
 	return s.err()
 }
 
+// Abandon implements streamcore.Closing.
+func (s *hostStream) Abandon() context.Context { return s.abandon }
+
 // beginClose marks the stream closed and wakes its executor; false if already closed.
 func (s *hostStream) beginClose() bool {
 	s.mu.Lock()
@@ -355,6 +364,7 @@ func (s *hostStream) beginClose() bool {
 	s.closed = true
 	s.closingFlag.Store(true)
 	close(s.closing)
+	time.AfterFunc(s.grace, s.abandonNow)
 	if s.parked {
 		s.parked = false
 		s.wake <- struct{}{}

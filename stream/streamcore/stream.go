@@ -1,6 +1,7 @@
 package streamcore
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/ucpx/ucpx/internal/errs"
@@ -91,6 +92,14 @@ var (
 type Failer interface {
 	// Failed returns the error that stopped the stream, nil while it runs.
 	Failed() error
+}
+
+// Closing is implemented by streams whose Close abandons a blocked wait after a grace
+// period (host streams): a host func that waits itself (a host graph's launch) gives up
+// when the stream's own waits would, so Close never hangs on it.
+type Closing interface {
+	// Abandon is done once Close was called and its grace passed.
+	Abandon() context.Context
 }
 
 // Stream is an ordered queue of work. Every method enqueues and returns without waiting

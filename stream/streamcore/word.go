@@ -1,6 +1,7 @@
 package streamcore
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -223,8 +224,10 @@ type ChainedLaunch interface {
 	// nothing done, when the chain no longer describes the nodes (an operation was
 	// added to one, a condition was destroyed or failed for good, tracing started) or
 	// cannot start (an endpoint closed): the caller launches node by node, and may
-	// prepare a new chain. err is set when the run could not finish (the worker closed).
-	Run() (ran bool, err error)
+	// prepare a new chain. err is set when the run could not finish (the worker closed,
+	// or ctx ended: the run is stopped, its pending operations canceled, and the chain
+	// can run no more).
+	Run(ctx context.Context) (ran bool, err error)
 	// Close releases the chain.
 	Close() error
 }
