@@ -113,7 +113,7 @@ func (r *chainRunner) Start(repeat uint64, keepGoing bool) error {
 func (r *chainRunner) usableLocked(op string) error {
 	switch {
 	case r.destroyed:
-		return opErr(op, ErrClosed, "chain destroyed")
+		return opErr(op, condition.ErrDestroyed, "chain destroyed")
 	case r.w.closed.Load() || r.raw.Detached():
 		return opErr(op, ErrClosed, "worker closed")
 	}

@@ -198,7 +198,13 @@ func TestChainErrors(t *testing.T) {
 	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancelShort()
 	require.ErrorIs(t, never.Wait(short), context.DeadlineExceeded)
+	waited := make(chan error, 1)
+	go func() { waited <- never.Wait(ctx) }()
+	time.Sleep(10 * time.Millisecond)
 	require.NoError(t, never.Destroy()) // cancels the receive
+	// A Wait under way says what a Wait after Destroy says.
+	require.ErrorIs(t, <-waited, condition.ErrDestroyed)
+	require.ErrorIs(t, never.Wait(ctx), condition.ErrDestroyed)
 }
 
 // A chain left running when its worker closes: Close cancels it, and Wait and
