@@ -3,6 +3,8 @@ package condition
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,6 +160,7 @@ type Condition struct {
 	waitNode    Node                              // Graph category: the completion node
 	captured    []*Condition                      // Stream category: operations enqueued under stream capture
 	group       *group                            // Stream category: the open BeginGroup, if any
+	foreign     []streamcore.Stream               // other streams given a wait on done (waitOnStream)
 	stamps      *deviceStamps                     // Stream category, traced: device stamps of polls
 	groupBuf    group                             // what group points to: one group at a time, reused
 
@@ -500,18 +503,34 @@ func (c *Condition) waitOnStream(s streamcore.Stream, seq uint64) error {
 	if c.category == Graph {
 		return fmt.Errorf("wait on stream for a graph operation (it completes inside its graph): %w", ErrInvalidParam)
 	}
+	// Under c.mu, against Destroy: the wait reads the completion word, which Destroy
+	// frees only once every stream given such a wait has passed it (foreign).
 	c.mu.Lock()
-	destroyed := c.destroyed.Load()
-	grouped := c.group != nil && s == c.stream && seq > c.group.last
-	c.mu.Unlock()
-	if destroyed {
+	defer c.mu.Unlock()
+	if c.destroyed.Load() {
 		return fmt.Errorf("wait on stream: %w", ErrDestroyed)
 	}
-	if grouped {
+	own := sameStream(s, c.stream)
+	if own && c.group != nil && seq > c.group.last {
 		// The wait would sit ahead of the group's trigger on the same stream.
 		return fmt.Errorf("wait on the condition's own stream for an operation of an open group: %w", ErrInvalidParam)
 	}
-	return s.WaitValue(c.done, seq, streamcore.GEQ)
+	if err := s.WaitValue(c.done, seq, streamcore.GEQ); err != nil {
+		return err
+	}
+	if !own && !slices.ContainsFunc(c.foreign, func(f streamcore.Stream) bool { return sameStream(f, s) }) {
+		c.foreign = append(c.foreign, s)
+	}
+	return nil
+}
+
+// sameStream reports whether a and b are one stream (false for a type Go cannot
+// compare: such a stream is then kept once per wait).
+func sameStream(a, b streamcore.Stream) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
 }
 
 // DeviceHandle is what a kernel (or a host goroutine) triggers a KernelTriggered
@@ -638,7 +657,10 @@ func (ds drivers) Release() {
 }
 
 // Destroy releases the condition. With operations still pending it returns an error
-// matching ErrBusy and changes nothing. A second Destroy returns ErrDestroyed.
+// matching ErrBusy and changes nothing. A second Destroy returns ErrDestroyed. Its
+// words are freed once every stream that waits on them (its own, and those given a
+// wait by WaitOnStream) has passed its waits: on host streams in stream order, without
+// blocking; on CUDA streams Destroy synchronizes them, as cudaFree does.
 func (c *Condition) Destroy() error {
 	if c == nil {
 		return fmt.Errorf("destroy: nil condition: %w", ErrInvalidParam)
@@ -670,26 +692,46 @@ func (c *Condition) Destroy() error {
 	}
 	c.destroyed.Store(true)
 	stamps := c.takeStampsLocked()
-	if c.stream != nil && c.stream.Kind() == streamcore.KindHost {
-		// The stream may not yet have run the last (already satisfied) completion
-		// wait: free the words in stream order, never blocking on the stream.
+	// Streams may not yet have run their last (already satisfied) waits on the
+	// completion word: the condition's own, and those given one by WaitOnStream.
+	waiting := c.foreign
+	if c.stream != nil {
+		waiting = append(waiting, c.stream)
+	}
+	if c.backend.Kind() == streamcore.KindHost {
+		// Freed in stream order, by the last of them to get there: never blocking on
+		// a stream. A stream that takes no more work (closed, failed) reads no more.
 		words := c.words
-		if err := c.stream.LaunchHostFunc(func() { _ = words.Close(); stamps.close() }); err == nil {
-			return nil
+		left := atomic.Int64{}
+		left.Store(int64(len(waiting)) + 1)
+		release := func() {
+			if left.Add(-1) == 0 {
+				_ = words.Close()
+				stamps.close()
+			}
 		}
-	} else if c.stream != nil {
-		// CUDA host functions may not call CUDA (cuMemFreeHost): synchronize instead,
-		// as cudaFree does. Every armed operation has retired, so the waits on the
-		// completion word are satisfied.
-		if err := c.stream.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) {
+		for _, s := range waiting {
+			if s.LaunchHostFunc(release) != nil {
+				release()
+			}
+		}
+		release()
+		return nil
+	}
+	// CUDA host functions may not call CUDA (cuMemFreeHost): synchronize instead, as
+	// cudaFree does. Every armed operation has retired, so the waits on the completion
+	// word are satisfied. A foreign stream that failed runs nothing more.
+	for _, s := range waiting {
+		if err := s.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) && sameStream(s, c.stream) {
 			c.destroyed.Store(false)
 			c.stamps = stamps
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
 		}
-		if c.depth != nil {
-			c.depth.release()
-		}
 	}
+	if c.depth != nil {
+		c.depth.release()
+	}
+	c.foreign = nil
 	stamps.close()
 	return c.words.Close()
 }

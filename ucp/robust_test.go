@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/ucpx/ucpx/condition"
 )
 
 // A worker's Close and its context's Close racing never tear the UCX context down
@@ -141,4 +142,50 @@ func TestSignalsCloseKeepsWordsWhileRegistered(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, sigs.block.Closed())
 	_ = rk.Close()
+}
+
+// Destroying a condition frees its completion word only once every stream given a
+// wait on it (WaitOnStream) has passed it: another stream still behind other work when
+// the operation completed and the condition was destroyed runs its wait, later work
+// and all, instead of failing on a freed word. (KernelTriggered conditions the same.)
+func TestDestroyWaitsForForeignStreams(t *testing.T) {
+	p := newShmPair(t)
+	b := hostBackend(t)
+	for _, cat := range []condition.Category{condition.Stream, condition.KernelTriggered} {
+		s1, err := b.NewStream()
+		require.NoError(t, err)
+		s2, err := b.NewStream()
+		require.NoError(t, err)
+		prm := condition.Param{Category: cat, Backend: b}
+		if cat == condition.Stream {
+			prm.Stream = s1
+		}
+		c, err := condition.Create(prm)
+		require.NoError(t, err)
+		buf := make([]byte, 8)
+		req, err := p.b.TagRecvNbx(buf, 31, ^uint64(0), &RequestParam{Condition: c})
+		require.NoError(t, err)
+		gate := make(chan struct{})
+		require.NoError(t, s2.LaunchHostFunc(func() { <-gate }))
+		require.NoError(t, req.WaitOnStream(s2))
+		ran := false
+		require.NoError(t, s2.LaunchHostFunc(func() { ran = true }))
+		if cat == condition.KernelTriggered {
+			h, err := c.DeviceHandle()
+			require.NoError(t, err)
+			require.NoError(t, condition.Trigger(h))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		sr, err := p.epA.TagSendNbx([]byte("8 bytes!"), 31, nil)
+		require.NoError(t, err)
+		require.NoError(t, sr.Wait(ctx))
+		require.NoError(t, req.Wait(ctx))
+		cancel()
+		require.NoError(t, c.Destroy(), "%v", cat)
+		close(gate)
+		require.NoError(t, s2.Synchronize(), "%v: the other stream's wait read a freed word", cat)
+		require.True(t, ran, "%v", cat)
+		require.NoError(t, s1.Close())
+		require.NoError(t, s2.Close())
+	}
 }
