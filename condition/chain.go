@@ -134,6 +134,9 @@ func (c *Chain) Then() error {
 	if c.stepOps == 0 {
 		return fmt.Errorf("chain then: step %d has no operation: %w", c.step, ErrInvalidParam)
 	}
+	if c.runner != nil && c.runner.Running() {
+		return fmt.Errorf("chain then: running (wait for it before adding steps): %w", ErrBusy)
+	}
 	c.step++
 	c.stepOps = 0
 	return nil

@@ -147,6 +147,22 @@ func TestHandleAfterDestroy(t *testing.T) {
 	require.True(t, Test(h))
 }
 
+// A group left open (and empty) by a Destroy ends with ErrDestroyed, like every other
+// call on the destroyed condition.
+func TestEndGroupAfterDestroy(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	c, err := Create(Param{Category: Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	require.NoError(t, c.BeginGroup())
+	require.NoError(t, c.Destroy())
+	require.ErrorIs(t, c.EndGroup(), ErrDestroyed)
+	require.ErrorIs(t, c.EndGroup(), ErrInvalidParam, "no group is open any more")
+}
+
 // The Condition of a failed Create is nil: its methods report that instead of crashing.
 func TestNilCondition(t *testing.T) {
 	var c *Condition

@@ -80,6 +80,9 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 		return false, fmt.Errorf("end group: no group is open: %w", ErrInvalidParam)
 	}
 	c.group = nil
+	if c.destroyed.Load() { // destroyed with the group open and empty
+		return false, fmt.Errorf("end group: %w", ErrDestroyed)
+	}
 	if c.armed == g.last {
 		return false, nil // an empty group enqueues nothing
 	}

@@ -397,6 +397,9 @@ func (r *Request) onHandshake(h handshake) {
 	func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		if r.freed {
+			return // a handshake found just before Free forgot r: its keys would leak
+		}
 		if h.refused() {
 			failed = fmt.Errorf("prepare: the peer refused the match (its buffer has %d bytes, this one %d): %w", h.length, len(r.buf), ErrInvalidParam)
 			return

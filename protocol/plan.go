@@ -44,6 +44,9 @@ type Config struct {
 	Stats *Stats
 }
 
+// MinStagingPart is the smallest Config.StagingPart (a workspace's smallest slot).
+const MinStagingPart = 4 << 10
+
 // Defaults of Config.
 const (
 	DefaultStagingPart         = 4 << 20
@@ -69,6 +72,11 @@ func (c Config) Resolve() (Config, error) {
 	}
 	if !c.Staging.valid() {
 		return c, fmt.Errorf("protocol config: unknown staging policy %v: %w", c.Staging, ErrInvalidParam)
+	}
+	if c.StagingPart != 0 && c.StagingPart < MinStagingPart {
+		// Each part holds a staging buffer and its own stream work: tiny parts multiply
+		// both (a byte per part made a transfer of n bytes n parts).
+		return c, fmt.Errorf("protocol config: StagingPart %d below %d: %w", c.StagingPart, MinStagingPart, ErrInvalidParam)
 	}
 	d := DefaultConfig()
 	if c.StagingPart == 0 {

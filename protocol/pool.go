@@ -45,7 +45,8 @@ const minClass = 64 << 10
 // buffer moves through. Its memory is C memory, so UCX and the GPU's copy engine may
 // hold its address.
 type Buffer struct {
-	mem streamcore.Pinned
+	mem    streamcore.Pinned
+	pooled bool // in the pool, not lent (under the pool's mu)
 }
 
 // Bytes is the whole buffer (its size class: at least what was asked for).
@@ -148,6 +149,7 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 	if l := s.free[c]; len(l) > 0 {
 		m := l[len(l)-1]
 		s.free[c] = l[:len(l)-1]
+		m.pooled = false
 		s.lent++
 		s.mu.Unlock()
 		return m, nil
@@ -165,13 +167,18 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 }
 
 // Put returns a lent buffer. Safe from any goroutine (including stream host functions,
-// where it must not call CUDA: it only queues the buffer).
+// where it must not call CUDA: it only queues the buffer). A buffer put back twice is
+// taken once: lent twice, two users would share it.
 func (s *Pool) Put(m *Buffer) {
 	if s == nil || m == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if m.pooled {
+		return
+	}
+	m.pooled = true
 	s.lent--
 	if s.closed {
 		s.freeLater = append(s.freeLater, m)

@@ -44,7 +44,7 @@ func TestConfigResolve(t *testing.T) {
 	require.Equal(t, 1<<20, c.StagingPart)
 	require.Equal(t, time.Microsecond, c.RingAfter)
 	require.Equal(t, DefaultPollCompletionBytes, c.PollCompletionBytes)
-	for _, bad := range []Config{{StagingPart: -1}, {PollCompletionBytes: -1}, {RingAfter: -1}, {ReserveBuffers: -1}} {
+	for _, bad := range []Config{{StagingPart: -1}, {StagingPart: 1}, {StagingPart: MinStagingPart - 1}, {PollCompletionBytes: -1}, {RingAfter: -1}, {ReserveBuffers: -1}} {
 		_, err := bad.Resolve()
 		require.ErrorIs(t, err, ErrInvalidParam, "%+v", bad)
 	}

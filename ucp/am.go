@@ -1,6 +1,7 @@
 package ucp
 
 import (
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -45,7 +46,7 @@ type AmMessage struct {
 	data     unsafe.Pointer
 	flags    uint64
 	replyEP  *Endpoint
-	retained bool
+	retained atomic.Bool
 	consumed bool     // under w.mu
 	pull     *pullRef // the data lies in the sender's device buffer (ampull.go)
 }
@@ -114,7 +115,7 @@ func (w *Worker) deliverAmLocked(ev *ucx.Event) {
 	w.deferred = append(w.deferred, func() {
 		// Released even if fn panics (runDeferred recovers the panic).
 		defer func() {
-			if !msg.retained {
+			if !msg.retained.Load() {
 				msg.Release()
 			}
 		}()
@@ -123,19 +124,29 @@ func (w *Worker) deliverAmLocked(ev *ucx.Event) {
 }
 
 // Length is the length of the message's data.
-func (m *AmMessage) Length() int { return m.length }
+func (m *AmMessage) Length() int {
+	if m == nil {
+		return 0
+	}
+	return m.length
+}
 
 // IsRendezvous reports whether the data must be pulled with RecvData.
-func (m *AmMessage) IsRendezvous() bool { return m.flags&ucx.AmRecvRndv != 0 }
+func (m *AmMessage) IsRendezvous() bool { return m != nil && m.flags&ucx.AmRecvRndv != 0 }
 
 // ReplyEndpoint is the endpoint to reply on, if the sender set AmReply.
-func (m *AmMessage) ReplyEndpoint() *Endpoint { return m.replyEP }
+func (m *AmMessage) ReplyEndpoint() *Endpoint {
+	if m == nil {
+		return nil
+	}
+	return m.replyEP
+}
 
 // Data is the eager data (nil for rendezvous messages, after Release, and once the
 // worker closed unless the data was copied out of UCX's buffers). It points into UCX
 // or C memory: copy what must outlive the handler or call Retain.
 func (m *AmMessage) Data() []byte {
-	if m.IsRendezvous() || m.data == nil || m.length == 0 {
+	if m == nil || m.w == nil || m.IsRendezvous() || m.data == nil || m.length == 0 {
 		return nil
 	}
 	m.w.mu.Lock()
@@ -148,12 +159,19 @@ func (m *AmMessage) Data() []byte {
 
 // Retain keeps the message's data beyond the handler; the holder must later call
 // Release or RecvData.
-func (m *AmMessage) Retain() { m.retained = true }
+func (m *AmMessage) Retain() {
+	if m != nil {
+		m.retained.Store(true)
+	}
+}
 
 // RecvData receives the message's data into buf (ucp_am_recv_data_nbx for
 // rendezvous; a copy for eager data). It consumes the message.
 func (m *AmMessage) RecvData(buf []byte, p *RequestParam) (*Request, error) {
 	const op = "am_recv_data_nbx"
+	if m == nil || m.w == nil {
+		return nil, opErr(op, ErrInvalidParam, "nil or zero message")
+	}
 	p = param(p)
 	if err := p.check(op, m.w.ctx); err != nil {
 		return nil, err
@@ -192,6 +210,9 @@ func (m *AmMessage) RecvData(buf []byte, p *RequestParam) (*Request, error) {
 
 // Release drops the message's data. Releasing twice does nothing.
 func (m *AmMessage) Release() {
+	if m == nil || m.w == nil {
+		return
+	}
 	m.w.mu.Lock()
 	defer m.w.mu.Unlock()
 	m.releaseLocked()

@@ -247,7 +247,7 @@ func (w *Worker) onPull(msg *AmMessage) {
 		return
 	}
 	defer func() {
-		if !um.retained {
+		if !um.retained.Load() {
 			um.Release()
 		}
 	}()

@@ -195,6 +195,7 @@ func TestChainErrors(t *testing.T) {
 	_, err = p.b.TagRecvNbx(make([]byte, 8), 99, ^uint64(0), &RequestParam{Chain: never})
 	require.NoError(t, err)
 	require.NoError(t, never.Start())
+	require.ErrorIs(t, never.Then(), ErrBusy, "a step added to a running chain")
 	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancelShort()
 	require.ErrorIs(t, never.Wait(short), context.DeadlineExceeded)

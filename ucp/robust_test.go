@@ -189,3 +189,18 @@ func TestDestroyWaitsForForeignStreams(t *testing.T) {
 		require.NoError(t, s2.Close())
 	}
 }
+
+// A nil or zero AmMessage (never delivered) answers every method without a panic:
+// no data, RecvData refused with ErrInvalidParam.
+func TestZeroAmMessage(t *testing.T) {
+	for _, m := range []*AmMessage{nil, {}} {
+		require.Nil(t, m.Data())
+		require.Zero(t, m.Length())
+		require.False(t, m.IsRendezvous())
+		require.Nil(t, m.ReplyEndpoint())
+		m.Retain()
+		m.Release()
+		_, err := m.RecvData(make([]byte, 8), nil)
+		require.ErrorIs(t, err, ErrInvalidParam)
+	}
+}
