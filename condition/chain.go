@@ -2,6 +2,7 @@ package condition
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -252,7 +253,8 @@ func (c *Chain) IterationTimes() []time.Duration {
 }
 
 // Destroy stops a run (its pending operations are canceled) and releases the chain.
-// A second Destroy returns ErrDestroyed.
+// A second Destroy returns ErrDestroyed. If the transport still holds operations after
+// canceling them (ErrBusy), nothing is released: Destroy again later.
 func (c *Chain) Destroy() error {
 	if c == nil {
 		return fmt.Errorf("chain destroy: nil chain: %w", ErrInvalidParam)
@@ -264,7 +266,12 @@ func (c *Chain) Destroy() error {
 	}
 	c.destroyed = true
 	if c.runner != nil {
-		return c.runner.Destroy()
+		if err := c.runner.Destroy(); err != nil {
+			if errors.Is(err, ErrBusy) {
+				c.destroyed = false // operations UCX still holds: Destroy again later
+			}
+			return err
+		}
 	}
 	return nil
 }

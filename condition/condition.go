@@ -711,7 +711,13 @@ func (c *Condition) Destroy() error {
 			}
 		}
 		for _, s := range waiting {
-			if s.LaunchHostFunc(release) != nil {
+			var err error
+			if d, ok := s.(streamcore.HostFuncDropper); ok {
+				err = d.LaunchHostFuncOrDrop(release, release) // a stream that drops it reads no more
+			} else {
+				err = s.LaunchHostFunc(release)
+			}
+			if err != nil {
 				release()
 			}
 		}

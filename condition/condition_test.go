@@ -303,3 +303,24 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		require.NoError(t, b.Close())
 	}
 }
+
+// A stream given a wait on a destroyed condition's words that then drops its work (its
+// Close abandons a wait before it) releases the words all the same: they are freed
+// once no stream will read them, not never.
+func TestDestroyedWordsFreedWhenAWaitingStreamDrops(t *testing.T) {
+	b := stream.NewHostBackend(stream.WithCloseGrace(10 * time.Millisecond))
+	defer b.Close()
+	s2, err := b.NewStream()
+	require.NoError(t, err)
+	gate, err := b.AllocWords(1)
+	require.NoError(t, err)
+	defer gate.Close()
+	require.NoError(t, s2.WaitValue(gate.Word(0), 1, stream.GEQ)) // nobody answers
+	c, err := Create(Param{Category: KernelTriggered, Backend: b})
+	require.NoError(t, err)
+	require.NoError(t, c.waitOnStream(s2, 0))
+	require.NoError(t, c.Destroy())
+	require.False(t, c.words.Closed(), "s2 has yet to pass its wait")
+	require.ErrorIs(t, s2.Close(), stream.ErrAbandoned)
+	require.Eventually(t, c.words.Closed, 5*time.Second, time.Millisecond)
+}

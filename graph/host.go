@@ -35,6 +35,7 @@ type Host struct {
 	mu     sync.Mutex
 	nodes  []*HostNode
 	closed bool
+	words  *nodeWords // made at the first Instantiate of a graph with communication nodes
 }
 
 // HostNode is a node of a Host graph. It is a condition.Node, so the nodes of graph
@@ -190,11 +191,7 @@ type HostExec struct {
 	inFlight   atomic.Int64
 	// onStream: the launches of each stream (under mu), see streamLaunches.
 	onStream map[stream.Stream]*streamLaunches
-	// runSem lets one run at a time use the communication nodes' words, which every
-	// launch shares (two overlapping runs could both store a trigger the engine takes
-	// once, and one would wait for good); nil for a graph without such nodes.
-	runSem chan struct{}
-	closed bool
+	closed   bool
 	// chainedStarts counts the nodes whose trigger an engine stored (tests).
 	chainedStarts atomic.Uint64
 	// layers: the trigger words of a graph of communication nodes only, whose every
@@ -206,6 +203,17 @@ type HostExec struct {
 	chain  *launchChain
 	// chainedLaunches counts the launches run as a chain (tests).
 	chainedLaunches atomic.Uint64
+	// words: the communication nodes' words' state, shared by every executable graph
+	// of the graph (they all use the same words).
+	words *nodeWords
+}
+
+// nodeWords is what the executable graphs of one Host share about its communication
+// nodes' words.
+type nodeWords struct {
+	// runSem lets one run at a time use the words (two overlapping runs could both
+	// store a trigger the engine takes once, and one would wait for good).
+	runSem chan struct{}
 	// owed: completion words of communication nodes a failed launch left in flight.
 	// Their operations still complete and store 1, which a later launch would take
 	// for its own; settleOwed consumes them first (owing: owed is not empty).
@@ -277,7 +285,10 @@ func (g *Host) Instantiate() (*HostExec, error) {
 		return nil, fmt.Errorf("instantiate: %d of %d nodes are on a cycle: %w", n-visited, n, ErrCycle)
 	}
 	if len(x.waitBlocks) > 0 {
-		x.runSem = make(chan struct{}, 1)
+		if g.words == nil {
+			g.words = &nodeWords{runSem: make(chan struct{}, 1)}
+		}
+		x.words = g.words
 	}
 	if x.layers = x.chainLayers(g.nodes); x.layers != nil {
 		x.chain = &launchChain{}
@@ -375,7 +386,7 @@ const maxChainNodes = 4096
 // runChained runs the launch as the nodes' engine's chain (see HostExec.layers); it
 // reports false, having done nothing, where the launch must go node by node. Launches
 // of one executable graph on several streams take turns here.
-func (x *HostExec) runChained(sl *streamLaunches) (bool, error) {
+func (x *HostExec) runChained(abandon context.Context) (bool, error) {
 	c := x.chain
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -400,11 +411,11 @@ func (x *HostExec) runChained(sl *streamLaunches) (bool, error) {
 			}
 			c.run, c.backoff = run, 0
 		}
-		ran, err := c.run.Run(sl.abandon)
+		ran, err := c.run.Run(abandon)
 		if ran {
 			x.chainedLaunches.Add(1)
 			switch {
-			case err != nil && sl.abandon.Err() != nil:
+			case err != nil && abandon.Err() != nil:
 				_ = c.run.Close() // stopped for good: made again at the next launch
 				c.run = nil
 				return true, errAbandoned
@@ -443,9 +454,14 @@ func (x *HostExec) Launch(s stream.Stream) error {
 	sl.queued.Add(1)
 	x.inFlight.Add(1)
 	x.mu.Unlock()
-	if err := s.LaunchHostFunc(sl.run); err != nil {
-		sl.queued.Add(-1)
-		x.inFlight.Add(-1)
+	var err error
+	if d, ok := s.(stream.HostFuncDropper); ok {
+		err = d.LaunchHostFuncOrDrop(sl.run, sl.dropped)
+	} else {
+		err = s.LaunchHostFunc(sl.run)
+	}
+	if err != nil {
+		sl.dropped()
 		return fmt.Errorf("launch: %w", err)
 	}
 	return nil
@@ -460,8 +476,11 @@ type streamLaunches struct {
 	run    func()
 	queued atomic.Int64
 	// abandon is done when the stream's Close has waited its grace (stream.Closing;
-	// never for other streams).
+	// never for other streams); grace is that grace.
 	abandon context.Context
+	grace   time.Duration
+	// dropped: a launch the stream dropped (stream.HostFuncDropper) is not in flight.
+	dropped func()
 }
 
 // maxStreamRecords: past this many streams' records, Launch forgets those with no
@@ -470,7 +489,9 @@ const maxStreamRecords = 16
 
 // launchesOnLocked returns s's record, made on first use. Caller holds x.mu.
 func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
-	if sl := x.onStream[s]; sl != nil {
+	if !reflect.TypeOf(s).Comparable() {
+		// not kept (a map key must compare)
+	} else if sl := x.onStream[s]; sl != nil {
 		return sl
 	}
 	if x.onStream == nil {
@@ -485,10 +506,16 @@ func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
 	}
 	sl := &streamLaunches{s: s, abandon: context.Background()}
 	if c, ok := s.(stream.Closing); ok {
-		sl.abandon = c.Abandon()
+		sl.abandon, sl.grace = c.Abandon(), c.CloseGrace()
 	}
 	sl.run = func() { x.runLaunch(sl) }
-	x.onStream[s] = sl
+	sl.dropped = func() {
+		sl.queued.Add(-1)
+		x.inFlight.Add(-1)
+	}
+	if reflect.TypeOf(s).Comparable() { // a stream Go cannot compare gets a record per launch
+		x.onStream[s] = sl
+	}
 	return sl
 }
 
@@ -522,16 +549,22 @@ func (x *HostExec) runLaunch(sl *streamLaunches) {
 // grace passed.
 var errAbandoned = fmt.Errorf("graph: launch still waiting after its stream's Close grace: %w", stream.ErrAbandoned)
 
-// acquireRun takes x.runSem for a run on sl's stream, giving up once the stream's
-// Close has waited its grace.
-func (x *HostExec) acquireRun(sl *streamLaunches) error {
+// acquire takes runSem for a run, giving up once abandon is done.
+func (w *nodeWords) acquire(abandon context.Context) error {
 	select {
-	case x.runSem <- struct{}{}:
+	case w.runSem <- struct{}{}: // first: with both ready, select would pick at random
 		return nil
-	case <-sl.abandon.Done(): // Background's is nil: never
+	default:
+	}
+	select {
+	case w.runSem <- struct{}{}:
+		return nil
+	case <-abandon.Done(): // Background's is nil: never
 		return errAbandoned
 	}
 }
+
+func (w *nodeWords) release() { <-w.runSem }
 
 // run executes the DAG once, as an event loop on the launching goroutine: user tasks
 // run on their own goroutines (they may block), signal tasks run inline, and
@@ -543,19 +576,27 @@ func (x *HostExec) run(sl *streamLaunches) error {
 	if n == 0 {
 		return nil
 	}
-	if x.runSem != nil {
-		if err := x.acquireRun(sl); err != nil {
+	abandon := sl.abandon
+	if abandon.Err() != nil {
+		// Close's grace had passed when this launch began: it gets a grace of its own,
+		// as a stream wait that begins then does.
+		ctx, cancel := context.WithTimeout(context.Background(), sl.grace)
+		defer cancel()
+		abandon = ctx
+	}
+	if x.words != nil {
+		if err := x.words.acquire(abandon); err != nil {
 			return err
 		}
-		defer func() { <-x.runSem }()
-	}
-	if x.owing.Load() {
-		if err := x.settleOwed(); err != nil {
-			return err
+		defer x.words.release()
+		if x.words.owing.Load() {
+			if err := x.settleOwed(); err != nil {
+				return err
+			}
 		}
 	}
 	if x.layers != nil {
-		if ran, err := x.runChained(sl); ran {
+		if ran, err := x.runChained(abandon); ran {
 			return err
 		}
 	}
@@ -732,13 +773,13 @@ func (x *HostExec) run(sl *streamLaunches) error {
 				}
 				continue
 			}
-			if sl.abandon.Err() != nil {
+			if abandon.Err() != nil {
 				// Its stream's Close waited the grace: it gives up, as the stream's own
 				// waits do; its operations still in flight are owed.
 				firstErr = errAbandoned
 				continue
 			}
-			x.park(waits, results, collect, scratch, sl.abandon.Done())
+			x.park(waits, results, collect, scratch, abandon.Done())
 			continue
 		}
 		collect(<-results) // only user tasks left
@@ -749,29 +790,32 @@ func (x *HostExec) run(sl *streamLaunches) error {
 // the communication nodes it was waiting for, and of the followers an engine will
 // start (chained, not reached).
 func (x *HostExec) oweInFlight(waits []int, chained []bool) {
-	x.owedMu.Lock()
-	defer x.owedMu.Unlock()
-	if x.owed == nil {
-		x.owed = map[*stream.Word]bool{}
+	if x.words == nil {
+		return // no communication node
+	}
+	x.words.owedMu.Lock()
+	defer x.words.owedMu.Unlock()
+	if x.words.owed == nil {
+		x.words.owed = map[*stream.Word]bool{}
 	}
 	for _, i := range waits {
-		x.owed[x.waitFor[i]] = true
+		x.words.owed[x.waitFor[i]] = true
 	}
 	for c, armed := range chained {
 		if armed {
-			x.owed[x.op[c].done] = true
+			x.words.owed[x.op[c].done] = true
 		}
 	}
-	x.owing.Store(len(x.owed) > 0)
+	x.words.owing.Store(len(x.words.owed) > 0)
 }
 
 // settleOwed takes the completions a failed launch left in flight (see owed) before
 // a launch uses the words again; while one is still in flight the launch fails with
 // ErrInFlight rather than take that completion for its own.
 func (x *HostExec) settleOwed() error {
-	x.owedMu.Lock()
-	defer x.owedMu.Unlock()
-	for w := range x.owed {
+	x.words.owedMu.Lock()
+	defer x.words.owedMu.Unlock()
+	for w := range x.words.owed {
 		switch v, ok := w.TryLoad(); {
 		case !ok, v == condition.GraphFailed:
 			// Gone, or failed for good: the launch fails at the node itself.
@@ -780,10 +824,10 @@ func (x *HostExec) settleOwed() error {
 		default:
 			continue
 		}
-		delete(x.owed, w)
+		delete(x.words.owed, w)
 	}
-	x.owing.Store(len(x.owed) > 0)
-	if n := len(x.owed); n > 0 {
+	x.words.owing.Store(len(x.words.owed) > 0)
+	if n := len(x.words.owed); n > 0 {
 		return fmt.Errorf("%d communication node(s) of a failed launch still in flight (launch again once they complete): %w", n, ErrInFlight)
 	}
 	return nil

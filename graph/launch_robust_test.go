@@ -30,9 +30,10 @@ func TestHostGraphTaskGoexit(t *testing.T) {
 	require.NoError(t, x.Close())
 }
 
-// Launches of one executable graph with a communication node, overlapping on two
-// streams, all complete: they share the node's words, and run one at a time. (Two
-// runs storing the trigger together got one operation, and one waited for good.)
+// Launches of a graph with a communication node, overlapping on two streams, all
+// complete: they share the node's words, and run one at a time, also when they are
+// launches of two executable graphs of the graph. (Two runs storing the trigger
+// together got one operation, and one waited for good.)
 func TestHostGraphOverlappingLaunchesOnTwoStreams(t *testing.T) {
 	l := newLink(t)
 	g := graph.NewHost()
@@ -40,6 +41,8 @@ func TestHostGraphOverlappingLaunchesOnTwoStreams(t *testing.T) {
 	require.NoError(t, err)
 	recv := recvNode(t, l, g, []condition.Node{task}, make([]byte, 64), 5)
 	x, err := g.Instantiate()
+	require.NoError(t, err)
+	x2, err := g.Instantiate()
 	require.NoError(t, err)
 	const perStream = 50
 	var ss [2]stream.Stream
@@ -49,17 +52,43 @@ func TestHostGraphOverlappingLaunchesOnTwoStreams(t *testing.T) {
 		defer ss[i].Close()
 	}
 	for range perStream {
-		for _, s := range ss {
-			require.NoError(t, x.Launch(s))
-		}
+		require.NoError(t, x.Launch(ss[0]))
+		require.NoError(t, x.Launch(ss[1]))
+		require.NoError(t, x2.Launch(ss[1]))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for range 2 * perStream {
+	for range 3 * perStream {
 		pingB(t, ctx, l, 5)
 	}
 	for _, s := range ss {
 		require.NoError(t, syncErr(t, ctx, s))
+	}
+	require.Zero(t, x.InFlight())
+	require.NoError(t, x2.Close())
+	endGraph(t, x, recv)
+}
+
+// A launch that begins after its stream's Close was called, behind other work, and
+// then waits (here: not at all, its message is there) gets a grace of its own: Close
+// drains it like any queued work instead of failing it at random.
+func TestHostGraphLaunchAfterCloseDrains(t *testing.T) {
+	l := newLink(t)
+	g := graph.NewHost()
+	recv := recvNode(t, l, g, nil, make([]byte, 8), 12)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	quick := stream.NewHostBackend(stream.WithCloseGrace(5 * time.Millisecond))
+	defer quick.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 20 {
+		s, err := quick.NewStream()
+		require.NoError(t, err)
+		pingB(t, ctx, l, 12)
+		require.NoError(t, s.LaunchHostFunc(func() { time.Sleep(30 * time.Millisecond) }))
+		require.NoError(t, x.Launch(s))
+		require.NoError(t, s.Close())
 	}
 	require.Zero(t, x.InFlight())
 	endGraph(t, x, recv)

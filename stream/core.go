@@ -69,6 +69,9 @@ type (
 	Failer = streamcore.Failer
 	// Closing is a Stream whose Close a waiting host func can see (streamcore.Closing).
 	Closing = streamcore.Closing
+	// HostFuncDropper is a Stream that tells a host func it dropped
+	// (streamcore.HostFuncDropper).
+	HostFuncDropper = streamcore.HostFuncDropper
 	// HostStaging is what the CUDA backend offers for staging device memory
 	// (streamcore.HostStaging).
 	HostStaging = streamcore.HostStaging

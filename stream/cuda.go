@@ -653,7 +653,10 @@ func (e *cudaEvent) Close() error {
 // WrapCUDAStream adopts a CUstream made elsewhere (the CUDA runtime, PyTorch,
 // gorgonia.org/cu) as a Stream, so conditions can be enqueued on a framework's
 // stream. The Stream borrows the handle: Close synchronizes it but does not
-// destroy it. Events for it come from a backend of the same device.
+// destroy it. Events for it come from a backend of the same device. It loads ucpx's
+// signal kernels into the stream's context, and the driver's module load waits for
+// the context's streams: wrap a stream before work that may hold it back (a wait
+// nobody answers yet).
 func WrapCUDAStream(handle uintptr) (Stream, error) {
 	if err := cuda.Load(); err != nil {
 		return nil, fmt.Errorf("stream: WrapCUDAStream: %w", err)

@@ -26,14 +26,16 @@ const (
 // allocates nothing once the queue's slices have grown.
 type hostOp struct {
 	kind  opKind
-	cmp   Compare     // opWaitValue
-	word  *Word       // opWriteValue, opWaitValue
-	value uint64      // opWriteValue, opWaitValue; opWaitEvent: the peer sequence to reach
-	fn    func()      // opHostFunc
-	peer  *hostStream // opWaitEvent: the stream the event was recorded on
-	dst   uintptr     // opCopy
-	src   uintptr     // opCopy
-	n     int         // opCopy
+	cmp   Compare // opWaitValue
+	word  *Word   // opWriteValue, opWaitValue
+	value uint64  // opWriteValue, opWaitValue; opWaitEvent: the peer sequence to reach
+	fn    func()  // opHostFunc
+	// dropped runs instead of fn when the stream drops the op (LaunchHostFuncOrDrop).
+	dropped func()
+	peer    *hostStream // opWaitEvent: the stream the event was recorded on
+	dst     uintptr     // opCopy
+	src     uintptr     // opCopy
+	n       int         // opCopy
 }
 
 // Idle policy of the executor: after draining its queue it keeps polling for new work
@@ -241,6 +243,14 @@ func (s *hostStream) LaunchHostFunc(fn func()) error {
 	return s.enqueue(hostOp{kind: opHostFunc, fn: fn})
 }
 
+// LaunchHostFuncOrDrop implements streamcore.HostFuncDropper.
+func (s *hostStream) LaunchHostFuncOrDrop(fn, dropped func()) error {
+	if fn == nil || dropped == nil {
+		return fmt.Errorf("stream: host LaunchHostFuncOrDrop: nil func: %w", ErrInvalidArgument)
+	}
+	return s.enqueue(hostOp{kind: opHostFunc, fn: fn, dropped: dropped})
+}
+
 // Copy validates like the CUDA backend: positive length, non-nil addresses, no address
 // wrap-around and no overlap. The addresses themselves cannot be checked: a bad one
 // faults in C, like a bad pointer anywhere else.
@@ -354,6 +364,9 @@ func (s *hostStream) Close() error {
 // Abandon implements streamcore.Closing.
 func (s *hostStream) Abandon() context.Context { return s.abandon }
 
+// CloseGrace implements streamcore.Closing.
+func (s *hostStream) CloseGrace() time.Duration { return s.grace }
+
 // beginClose marks the stream closed and wakes its executor; false if already closed.
 func (s *hostStream) beginClose() bool {
 	s.mu.Lock()
@@ -459,19 +472,31 @@ func (s *hostStream) idleWait() {
 	}
 }
 
-// execBatch runs ops in order until one fails; after a failure the rest are dropped.
+// execBatch runs ops in order until one fails; after a failure the rest are dropped
+// (their dropped funcs run).
 func (s *hostStream) execBatch(batch []hostOp) {
 	for i := range batch {
 		if s.sticky.Load() != nil {
+			dropAll(batch[i:])
 			return
 		}
 		if err := s.exec(&batch[i]); err != nil {
 			s.fail(err)
+			dropAll(batch[i+1:])
 			return
 		}
 		c := s.completed.Add(1)
 		if w := s.want.Load(); w != 0 && c >= w {
 			s.notify()
+		}
+	}
+}
+
+// dropAll runs the dropped funcs of ops the stream will not run.
+func dropAll(ops []hostOp) {
+	for i := range ops {
+		if d := ops[i].dropped; d != nil {
+			runHostFunc(d) // a panic in it must not stop the executor
 		}
 	}
 }

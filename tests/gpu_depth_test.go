@@ -27,6 +27,11 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	gate, err := b.AllocWords(1)
 	require.NoError(t, err)
 	defer gate.Close()
+	// A second wrapper of s, for the last part: made now, while nothing holds s back
+	// (WrapCUDAStream loads ucpx's kernels, and loading a module waits for the
+	// context's streams).
+	wrapped, err := stream.WrapCUDAStream(s.Handle())
+	require.NoError(t, err)
 	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
 
 	var ws [2]*ucp.Worker
@@ -97,8 +102,6 @@ func TestGPUStreamConditionDepth(t *testing.T) {
 	// takes more.
 	gate.Word(0).Store(0)
 	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
-	wrapped, err := stream.WrapCUDAStream(s.Handle())
-	require.NoError(t, err)
 	c2, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: wrapped})
 	require.NoError(t, err)
 	reqs = reqs[:0]

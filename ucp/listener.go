@@ -172,13 +172,20 @@ func (l *Listener) serve() {
 			r := l.handshake(c)
 			l.wg.Done() // before the handler: it may close the listener
 			if r != nil {
-				// A handler that panics before deciding leaves the peer waiting:
-				// recovered (RecoveredPanics) and rejected.
-				panicked := true
-				runRecovered(func() { l.handler(r); panicked = false })
-				if panicked {
+				// A handler that panics (recovered: RecoveredPanics) or calls
+				// runtime.Goexit before deciding would leave the peer waiting: the
+				// request is rejected (a no-op once decided).
+				returned := false
+				defer func() {
+					if !returned {
+						_ = r.Reject()
+					}
+				}()
+				runRecovered(func() { l.handler(r); returned = true })
+				if !returned {
 					_ = r.Reject()
 				}
+				returned = true
 			}
 		}()
 	}

@@ -3,6 +3,7 @@ package ucp
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -78,14 +79,19 @@ func TestConnHandlerPanicRejects(t *testing.T) {
 	w2, err := c2.NewWorker(WorkerParams{})
 	require.NoError(t, err)
 	before := len(RecoveredPanics())
-	l, err := w1.Listen("127.0.0.1:0", &ListenerParams{ConnHandler: func(*ConnRequest) { panic("boom in ConnHandler") }})
-	require.NoError(t, err)
-	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_, err = w2.Connect(ctx, l.Addr(), nil)
-	require.Error(t, err)
-	require.False(t, errors.Is(err, context.DeadlineExceeded), "Connect waited for a handler that panicked: %v", err)
+	for _, h := range []func(*ConnRequest){
+		func(*ConnRequest) { panic("boom in ConnHandler") },
+		func(*ConnRequest) { runtime.Goexit() },
+	} {
+		l, err := w1.Listen("127.0.0.1:0", &ListenerParams{ConnHandler: h})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err = w2.Connect(ctx, l.Addr(), nil)
+		cancel()
+		require.Error(t, err)
+		require.False(t, errors.Is(err, context.DeadlineExceeded), "Connect waited for a handler that never decided: %v", err)
+		require.NoError(t, l.Close())
+	}
 	require.Eventually(t, func() bool { return len(RecoveredPanics()) > before }, 5*time.Second, time.Millisecond)
 }
 

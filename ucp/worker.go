@@ -655,8 +655,9 @@ type closeHook struct{ fn func() }
 
 // OnClose adds fn to what runs once the worker closed, on the goroutine that closed
 // it, without worker locks held: layers above ucp (prepared operations) fail what
-// still waits on the worker, streams included. If the worker is closed already, fn
-// runs now. remove takes fn back (idempotent). A nil worker or fn adds nothing.
+// still waits on the worker, streams included. If Close was called already (it may
+// still be under way on another goroutine), fn runs now. remove takes fn back
+// (idempotent). A nil worker or fn adds nothing.
 func (w *Worker) OnClose(fn func()) (remove func()) {
 	if w == nil || fn == nil {
 		return func() {}

@@ -3,6 +3,7 @@ package streamcore
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/ucpx/ucpx/internal/errs"
 )
@@ -94,12 +95,23 @@ type Failer interface {
 	Failed() error
 }
 
+// HostFuncDropper is a Stream that tells a host func it will never run: dropped runs
+// instead of fn (on the stream's executor: it must be quick and must not block) when
+// the stream drops it, after a failure or when Close abandons its work. Host streams
+// implement it; layers that count what a host func releases use it, so nothing stays
+// held by work a stream dropped.
+type HostFuncDropper interface {
+	LaunchHostFuncOrDrop(fn, dropped func()) error
+}
+
 // Closing is implemented by streams whose Close abandons a blocked wait after a grace
 // period (host streams): a host func that waits itself (a host graph's launch) gives up
 // when the stream's own waits would, so Close never hangs on it.
 type Closing interface {
 	// Abandon is done once Close was called and its grace passed.
 	Abandon() context.Context
+	// CloseGrace is that grace: a wait that begins after Abandon is done gets as long.
+	CloseGrace() time.Duration
 }
 
 // Stream is an ordered queue of work. Every method enqueues and returns without waiting
