@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strings"
+
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // PhaseStats are the percentiles of one phase's durations, in microseconds.
@@ -27,6 +30,9 @@ type Summary struct {
 // ReadFile parses Chrome trace JSON as WriteJSON writes it.
 func ReadFile(r io.Reader) (File, error) {
 	var f File
+	if r == nil {
+		return f, fmt.Errorf("trace: nil reader: %w", errs.InvalidParam)
+	}
 	if err := json.NewDecoder(r).Decode(&f); err != nil {
 		return f, fmt.Errorf("trace: %w", err)
 	}
@@ -59,7 +65,9 @@ func Summarize(f File) Summary {
 			continue
 		}
 		sort.Float64s(d)
-		at := func(q float64) float64 { return d[min(len(d)-1, int(q*float64(len(d))))] }
+		// Nearest rank: the smallest value with at least a fraction q of them at or
+		// below it (p50 of 1..100 is 50, p99 is 99).
+		at := func(q float64) float64 { return d[max(0, int(math.Ceil(q*float64(len(d))))-1)] }
 		st := PhaseStats{Phase: name, Count: len(d), P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: d[len(d)-1]}
 		for _, x := range d {
 			st.Sum += x

@@ -37,9 +37,10 @@ type Op struct {
 // off (what FromEnv returns without UCPX_TRACE): it records nothing and writes an
 // empty trace.
 type Recorder struct {
-	path  string // FromEnv's file, written by Flush
-	start time.Time
-	mu    sync.Mutex
+	path    string // FromEnv's file, written by Flush
+	flushMu sync.Mutex
+	start   time.Time
+	mu      sync.Mutex
 	// Timelines are kept in fixed chunks of pointer-free records (the op and protocol
 	// names interned): recording one never copies those before it, and the garbage
 	// collector never scans them.
@@ -72,16 +73,30 @@ type record struct {
 // chunkOps is how many records a chunk holds (about 72 KiB).
 const chunkOps = 1024
 
-// intern returns name's index; r.mu held.
+// intern returns name's index; r.mu held. Past 1<<16-1 distinct names the rest share
+// the last index, named overflowName, rather than take another's name.
 func (r *Recorder) intern(name string) uint16 {
+	if r.word == nil { // a zero Recorder
+		r.word = map[string]uint16{}
+	}
 	i, ok := r.word[name]
-	if !ok && len(r.words) < 1<<16 {
+	switch {
+	case ok:
+	case len(r.words) < 1<<16-1:
 		i = uint16(len(r.words))
 		r.words = append(r.words, name)
 		r.word[name] = i
+	default:
+		if len(r.words) == 1<<16-1 {
+			r.words = append(r.words, overflowName)
+		}
+		i = 1<<16 - 1
 	}
 	return i
 }
+
+// overflowName names the operations of a recorder that saw too many distinct names.
+const overflowName = "(other: more than 65535 names)"
 
 func (r *Recorder) op(rec *record) Op {
 	return Op{Track: rec.track, What: r.words[rec.what], Seq: rec.seq, Bytes: rec.bytes, Plan: r.words[rec.plan],
@@ -157,6 +172,10 @@ func (r *Recorder) Flush() error {
 	if r == nil || r.path == "" {
 		return nil
 	}
+	// Engines closing at once flush one file: one writer at a time, or their writes
+	// interleave in it.
+	r.flushMu.Lock()
+	defer r.flushMu.Unlock()
 	return r.WriteFile(r.path)
 }
 
@@ -174,6 +193,9 @@ func (r *Recorder) Name(track uint64, name string) {
 		return
 	}
 	r.mu.Lock()
+	if r.names == nil { // a zero Recorder
+		r.names = map[uint64]string{}
+	}
 	if _, ok := r.names[track]; !ok {
 		r.names[track] = name
 	}

@@ -2,8 +2,10 @@ package trace
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -62,10 +64,41 @@ func TestSummarize(t *testing.T) {
 	require.Len(t, s.Phases, 4)
 	inFlight := s.Phases[2]
 	require.Equal(t, PhaseInFlight, inFlight.Phase)
-	require.InDelta(t, 5.0, inFlight.P50, 1e-9) // 50 * 100 ns
+	require.InDelta(t, 4.9, inFlight.P50, 1e-9) // nearest rank: the 50th of 0, 0.1, ..., 9.9 µs
+	require.InDelta(t, 9.8, inFlight.P99, 1e-9) // the 99th
 	require.InDelta(t, 9.9, inFlight.Max, 1e-9)
 	require.InDelta(t, 1.0, s.Phases[0].P99, 1e-9)
 	require.Contains(t, s.String(), "in flight")
+}
+
+// Percentiles are nearest-rank: of two values p50 is the first; a zero Recorder
+// records and names without a panic; a nil reader is refused; names past the
+// interning limit are labelled as such, not as another operation.
+func TestSummaryEdges(t *testing.T) {
+	r := NewRecorder()
+	r.Record(Op{Track: 1, What: "a", Seq: 1, Enqueue: 10, Trigger: 20, Issue: 30, Done: 1030, Store: 1040})
+	r.Record(Op{Track: 1, What: "a", Seq: 2, Enqueue: 10, Trigger: 20, Issue: 30, Done: 2030, Store: 2040})
+	s := Summarize(File{TraceEvents: r.Events()})
+	i := slices.IndexFunc(s.Phases, func(p PhaseStats) bool { return p.Phase == PhaseInFlight })
+	require.GreaterOrEqual(t, i, 0)
+	require.InDelta(t, 1.0, s.Phases[i].P50, 1e-9)
+	require.InDelta(t, 2.0, s.Phases[i].P99, 1e-9)
+
+	var zero Recorder
+	zero.Name(1, "track")
+	zero.Record(Op{Track: 1, What: "x", Seq: 1})
+	require.Len(t, zero.Ops(), 1)
+
+	_, err := ReadFile(nil)
+	require.ErrorIs(t, err, errs.InvalidParam)
+
+	many := NewRecorder()
+	for i := range 1<<16 + 10 {
+		many.Record(Op{Track: 1, What: fmt.Sprint("op", i), Seq: uint64(i + 1)})
+	}
+	ops := many.Ops()
+	require.Equal(t, "op0", ops[0].What)
+	require.Equal(t, overflowName, ops[len(ops)-1].What)
 }
 
 // BenchmarkOpTimeline is what tracing adds to one conditioned operation when on, as

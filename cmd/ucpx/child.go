@@ -100,7 +100,9 @@ func watchParent(what string) {
 	}()
 }
 
-// prefixWriter writes whole lines, each preceded by prefix.
+// prefixWriter writes whole lines, each preceded by prefix. A line longer than
+// maxPrefixedLine is written in pieces of that size (each prefixed), so a child that
+// writes without newlines costs bounded memory, and each byte is scanned once.
 type prefixWriter struct {
 	mu     sync.Mutex
 	w      io.Writer
@@ -108,19 +110,31 @@ type prefixWriter struct {
 	buf    []byte
 }
 
+const maxPrefixedLine = 64 << 10
+
 func (pw *prefixWriter) Write(b []byte) (int, error) {
 	pw.mu.Lock()
 	defer pw.mu.Unlock()
-	pw.buf = append(pw.buf, b...)
-	for {
-		i := bytes.IndexByte(pw.buf, '\n')
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
-			break
+			room := maxPrefixedLine - len(pw.buf)
+			if len(b) < room {
+				pw.buf = append(pw.buf, b...)
+				break
+			}
+			pw.buf = append(pw.buf, b[:room]...)
+			b = b[room:]
+			fmt.Fprintf(pw.w, "%s%s\n", pw.prefix, pw.buf)
+			pw.buf = pw.buf[:0]
+			continue
 		}
-		fmt.Fprintf(pw.w, "%s%s\n", pw.prefix, pw.buf[:i])
-		pw.buf = pw.buf[i+1:]
+		fmt.Fprintf(pw.w, "%s%s%s\n", pw.prefix, pw.buf, b[:i])
+		pw.buf = pw.buf[:0]
+		b = b[i+1:]
 	}
-	return len(b), nil
+	return n, nil
 }
 
 func (pw *prefixWriter) flush() {

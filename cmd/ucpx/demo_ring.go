@@ -115,6 +115,9 @@ func ringAllgather(ctx context.Context, job *bootstrap.Job, iters, block int, st
 	if err != nil {
 		return err
 	}
+	if len(p) != 8 {
+		return fmt.Errorf("the store's demo-ring/params holds %d bytes, want 8", len(p))
+	}
 	if v := binary.LittleEndian.Uint64(p); int(v>>32) != iters || int(uint32(v)) != block {
 		return fmt.Errorf("rank 0 runs %d iterations of %d B, this rank %d of %d B", v>>32, uint32(v), iters, block)
 	}
