@@ -9,7 +9,6 @@ import (
 
 	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
-	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/stream"
@@ -169,26 +168,21 @@ func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
 	}
 }
 
-// copyWordKernelLocked is ucpx_signal_copy_word (src, dst), from a module the request
-// loads once for its direct graph nodes and unloads in Free. Caller holds r.mu.
+// copyWordKernelLocked is ucpx_signal_copy_word (src, dst), from the backend's signal
+// kernels (loaded with the backend: a module loaded now would wait for the context's
+// streams, which may be held back). Caller holds r.mu.
 func (r *Request) copyWordKernelLocked() (*cuda.Function, error) {
 	if r.copyWord != nil {
 		return r.copyWord, nil
 	}
-	cctx, _, ok := stream.CUDAContext(r.backend)
-	if !ok {
+	if _, _, ok := stream.CUDAContext(r.backend); !ok {
 		return nil, fmt.Errorf("a CUDA graph needs the request's Backend to be CUDA: %w", ErrInvalidParam)
 	}
-	m, err := cctx.LoadModule(device.SignalKernelsPTX())
+	fn, err := stream.CUDACopyWordKernel(r.backend)
 	if err != nil {
 		return nil, err
 	}
-	fn, err := m.Function(device.KernelSignalCopyWord)
-	if err != nil {
-		_ = m.Close()
-		return nil, err
-	}
-	r.copyMod, r.copyWord = m, fn
+	r.copyWord = fn
 	return fn, nil
 }
 

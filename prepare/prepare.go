@@ -110,8 +110,8 @@ type Request struct {
 	// by clearing it at every launch — the direct path's, and CUDA graph gates — which
 	// takes the failure value too (see holdFailed).
 	clearingNodes bool
-	// copyMod, copyWord: the copy-word kernel of direct CUDA graph nodes (graph.go).
-	copyMod  *cuda.Module
+	// copyWord: the copy-word kernel of direct CUDA graph nodes (graph.go), the
+	// backend's.
 	copyWord *cuda.Function
 
 	// Words of this side: a sender's ready flags (one per own partition, set to the
@@ -1164,9 +1164,6 @@ func (r *Request) Free() error {
 		_ = r.remote.ackKey.Close()
 	}
 	r.release()
-	if r.copyMod != nil {
-		_ = r.copyMod.Close()
-	}
 	return first
 }
 

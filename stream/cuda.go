@@ -704,6 +704,22 @@ func CUDAContext(b Backend) (*cuda.Context, cuda.Caps, bool) {
 	return cb.ctx, cb.caps, true
 }
 
+// CUDACopyWordKernel returns ucpx_signal_copy_word from a CUDA backend's signal
+// kernels, loaded when the backend opened, for layers that put it in CUDA graphs:
+// loading a module later waits for the context's streams, which may be held back.
+func CUDACopyWordKernel(b Backend) (*cuda.Function, error) {
+	cb, ok := b.(*cudaBackend)
+	switch {
+	case !ok || cb == nil:
+		return nil, fmt.Errorf("stream: copy-word kernel of a backend that is not CUDA: %w", ErrInvalidArgument)
+	case cb.copyFn == nil && cb.pollErr != nil:
+		return nil, fmt.Errorf("stream: the backend's signal kernels did not load: %w", cb.pollErr)
+	case cb.copyFn == nil:
+		return nil, fmt.Errorf("stream: the backend has no copy-word kernel: %w", ErrNotSupported)
+	}
+	return cb.copyFn, nil
+}
+
 // Capturing reports whether the stream is recording its work into a graph (CUDA
 // stream capture, begun here or by other code that owns the CUstream) instead of
 // running it (cuStreamIsCapturing). A capture that was invalidated is an error: work
