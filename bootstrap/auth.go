@@ -4,11 +4,13 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ucpx/ucpx/ucp"
@@ -111,7 +113,11 @@ func clientHandshake(c net.Conn, key []byte) error {
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer c.SetDeadline(time.Time{})
 	in := make([]byte, len(handshakeMagic)+1+nonceLen)
-	if _, err := io.ReadFull(c, in); err != nil {
+	if n, err := io.ReadFull(c, in); err != nil {
+		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			// Closed unheard: a rendezvous with too many connections not joined yet.
+			return fmt.Errorf("%w: %v", errNoGreeting, err)
+		}
 		return fmt.Errorf("bootstrap: handshake: %v: %w", err, ErrProtocol)
 	}
 	if string(in[:len(handshakeMagic)]) != handshakeMagic {

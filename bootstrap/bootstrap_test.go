@@ -264,9 +264,12 @@ func TestRankFailureReachesBarrierAndOnFailure(t *testing.T) {
 	require.ErrorIs(t, err, ErrRankFailed)
 	require.Eventually(t, func() bool { return fmt.Sprint(jobs[0].Failed()) == "[2]" }, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, []int{2}, jobs[1].Failed())
-	mu.Lock()
-	require.Equal(t, map[int][]int{0: {2}, 1: {2}}, heard)
-	mu.Unlock()
+	// OnFailure runs on the job's own goroutine, soon after Failed lists the rank.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint(heard) == fmt.Sprint(map[int][]int{0: {2}, 1: {2}})
+	}, 10*time.Second, 5*time.Millisecond)
 	closeAll(t, jobs[:2])
 	_ = jobs[2].Close()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -12,54 +13,77 @@ import (
 // Store is a job's key-value store on the rendezvous (the TCPStore habit): Set
 // publishes, Get reads what is there, Wait blocks until a key is set. Keys are 1 to
 // MaxKey bytes, values up to MaxValue; keys starting with "ucpx/" belong to the
-// bootstrap. Safe for concurrent use.
+// bootstrap. Safe for concurrent use. A wait that its context ends is withdrawn from
+// the rendezvous, so a rank may poll with short deadlines for as long as it likes.
+// Once its Job is closed, calls fail with ErrClosed; if the rendezvous goes away, with
+// ErrRendezvousLost. A Store not made by a Job (the zero value) answers ErrInvalidParam.
 type Store struct {
 	c    net.Conn
 	wmu  sync.Mutex
 	mu   sync.Mutex
 	next uint32
 	reqs map[uint32]chan frame
-	err  error // set once the connection is lost
+	err  error // set once the connection is lost or closed
 	dead chan struct{}
-	// onFailed runs (on the reader goroutine) for each rank the server says failed.
+	// cancels: the rendezvous drops a withdrawn Wait (opCancel; its hello said so).
+	cancels bool
+	// onFailed runs (on the reader goroutine, so it must not block: the Job only
+	// records the failure and queues OnFailure) for each rank the server says failed.
 	onFailed func(rank int)
 	size     int // the job's; a failure of a rank outside it is dropped
 }
+
+// newStore serves the protocol on c, a connection past its handshake.
+func newStore(c net.Conn, size int, onFailed func(int)) *Store {
+	s := &Store{c: c, reqs: map[uint32]chan frame{}, dead: make(chan struct{}), onFailed: onFailed, size: size}
+	go s.read()
+	return s
+}
+
+// errNoGreeting marks a connection the rendezvous closed before its greeting: it had
+// too many connections that had not joined yet (maxUnjoined), so dial tries again.
+var errNoGreeting = errors.New("bootstrap: the rendezvous closed the connection before its greeting")
 
 // dial connects to the rendezvous, authenticates and joins as rank of size.
 func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed func(int)) (*Store, error) {
 	var d net.Dialer
 	var c net.Conn
-	var err error
-	// Rank 0 may not serve yet: retry until ctx ends, as torchrun's agents do, soon
-	// at first (ranks start together) and at most every 200 ms.
+	// Rank 0 may not serve yet, or may be busy with many joining ranks: retry until
+	// ctx ends, as torchrun's agents do, soon at first (ranks start together) and at
+	// most every 200 ms (with jitter, so that a crowd of ranks spreads out).
 	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		var err error
 		c, err = d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			break
+			setKeepAlive(c)
+			stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+			err = clientHandshake(c, rendezvousKey(key))
+			if stopped := stop(); stopped && err == nil {
+				break
+			}
+			_ = c.Close()
+			if ctx.Err() == nil && !errors.Is(err, errNoGreeting) {
+				return nil, err // refused: authentication, not a rendezvous
+			}
 		}
+		jitter := time.Duration(rand.Int64N(int64(wait)/2 + 1))
+		t := time.NewTimer(wait/2 + jitter)
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("bootstrap: rendezvous %s: %v: %w", addr, err, ErrTimedOut)
-		case <-time.After(wait):
+			t.Stop()
+			return nil, fmt.Errorf("%w (last: %v)", ctxErr(ctx, "rendezvous "+addr), err)
+		case <-t.C:
 		}
 	}
-	setKeepAlive(c)
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-	err = clientHandshake(c, rendezvousKey(key))
-	if !stop() || err != nil {
-		_ = c.Close()
-		if err == nil {
-			err = fmt.Errorf("bootstrap: rendezvous %s: %w", addr, ErrTimedOut)
-		}
-		return nil, err
-	}
-	s := &Store{c: c, reqs: map[uint32]chan frame{}, dead: make(chan struct{}), onFailed: onFailed, size: size}
-	go s.read()
-	if _, err := s.call(ctx, &frame{op: opHello, rank: uint32(rank), size: uint32(size)}); err != nil {
+	s := newStore(c, size, onFailed)
+	v, err := s.call(ctx, &frame{op: opHello, rank: uint32(rank), size: uint32(size)})
+	if err != nil {
 		_ = s.close()
 		return nil, err
 	}
+	s.mu.Lock()
+	s.cancels = len(v) > 0 && v[0]&featCancel != 0
+	s.mu.Unlock()
 	return s, nil
 }
 
@@ -93,8 +117,29 @@ func (s *Store) read() {
 	close(s.dead)
 }
 
-// call sends a request and waits for its answer.
+// call sends a request and waits for its answer; a Wait that ctx ends is withdrawn.
 func (s *Store) call(ctx context.Context, f *frame) ([]byte, error) {
+	ch, err := s.start(f)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.await(ctx, ch)
+	if err != nil && r == nil {
+		s.abandon(f)
+	}
+	return answer(r, err)
+}
+
+// errNoStore is what a Store that was not made by a Job answers.
+func errNoStore(op string) error {
+	return fmt.Errorf("bootstrap: store %s: not a Job's store: %w", op, ErrInvalidParam)
+}
+
+// start sends a request; its answer will come on the channel.
+func (s *Store) start(f *frame) (chan frame, error) {
+	if s.c == nil || s.dead == nil {
+		return nil, errNoStore("request")
+	}
 	ch := make(chan frame, 1)
 	s.mu.Lock()
 	if s.err != nil {
@@ -109,45 +154,80 @@ func (s *Store) call(ctx context.Context, f *frame) ([]byte, error) {
 	f.id = s.next
 	s.reqs[f.id] = ch
 	s.mu.Unlock()
-	forget := func() {
-		s.mu.Lock()
-		delete(s.reqs, f.id)
-		s.mu.Unlock()
+	if err := s.write(f.encode(nil)); err != nil {
+		s.forget(f.id)
+		return nil, err
 	}
+	return ch, nil
+}
+
+func (s *Store) write(b []byte) error {
 	s.wmu.Lock()
-	_ = s.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	_, err := s.c.Write(f.encode(nil))
+	_ = s.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, err := s.c.Write(b)
 	s.wmu.Unlock()
 	if err != nil {
-		forget()
 		_ = s.c.Close()
-		return nil, fmt.Errorf("bootstrap: rendezvous: %v: %w", err, ErrRendezvousLost)
+		return fmt.Errorf("bootstrap: rendezvous: %v: %w", err, ErrRendezvousLost)
 	}
-	answer := func(r frame) ([]byte, error) {
-		if r.op == opOK {
-			return r.value, nil
-		}
-		return nil, replyErr(&r)
+	return nil
+}
+
+func (s *Store) forget(id uint32) {
+	s.mu.Lock()
+	delete(s.reqs, id)
+	s.mu.Unlock()
+}
+
+// abandon forgets a request nobody waits for any more; a Wait is withdrawn from the
+// rendezvous, so abandoned Waits do not pile up there.
+func (s *Store) abandon(f *frame) {
+	s.mu.Lock()
+	_, live := s.reqs[f.id]
+	delete(s.reqs, f.id)
+	cancels := s.cancels && s.err == nil
+	s.mu.Unlock()
+	if live && cancels && f.op == opGet && f.wait {
+		_ = s.write((&frame{op: opCancel, id: f.id}).encode(nil))
 	}
+}
+
+// await waits for the answer of a request: the frame, or (nil frame) the error of
+// the connection's end or of ctx.
+func (s *Store) await(ctx context.Context, ch chan frame) (*frame, error) {
 	select {
 	case r := <-ch:
-		return answer(r)
+		return &r, nil
 	case <-s.dead:
 		// The reader delivers a reply before it reports the connection's end: a
 		// server that answers and then hangs up (a refused hello) is heard.
 		select {
 		case r := <-ch:
-			return answer(r)
+			return &r, nil
 		default:
 		}
-		forget()
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return nil, s.err
 	case <-ctx.Done():
-		forget()
-		return nil, fmt.Errorf("bootstrap: %v: %w", ctx.Err(), ErrTimedOut)
+		select {
+		case r := <-ch: // answered as ctx ended: the answer counts
+			return &r, nil
+		default:
+		}
+		return nil, ctxErr(ctx, "rendezvous")
 	}
+}
+
+// answer turns a reply into the caller's result.
+func answer(r *frame, err error) ([]byte, error) {
+	if r == nil {
+		return nil, err
+	}
+	if r.op == opOK {
+		return r.value, nil
+	}
+	return nil, replyErr(r)
 }
 
 func replyErr(f *frame) error {
@@ -156,6 +236,8 @@ func replyErr(f *frame) error {
 		return fmt.Errorf("bootstrap: %s: %w", f.message, ErrNotFound)
 	case codeRank:
 		return &RankError{Rank: int(f.rank), Err: fmt.Errorf("bootstrap: %s: %w", f.message, ErrRankFailed)}
+	case codeLeft:
+		return &RankError{Rank: int(f.rank), Err: fmt.Errorf("bootstrap: %s: %w", f.message, ErrClosed)}
 	case codeTaken:
 		return fmt.Errorf("bootstrap: %s: %w", f.message, ErrRankTaken)
 	case codeFull:
@@ -218,7 +300,16 @@ func (s *Store) bye(ctx context.Context) error {
 	return err
 }
 
+// close ends the store on purpose: its calls (pending and later) fail with ErrClosed.
 func (s *Store) close() error {
+	if s == nil || s.c == nil || s.dead == nil {
+		return nil
+	}
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = fmt.Errorf("bootstrap: store: %w", ErrClosed)
+	}
+	s.mu.Unlock()
 	err := s.c.Close()
 	<-s.dead
 	if errors.Is(err, net.ErrClosed) {

@@ -18,12 +18,28 @@
 // Failure: endpoints use UCX's peer error handling, so a rank's death fails every
 // operation pending on it (ucp.ErrPeerFailed) and releases the streams waiting on
 // them; Job.Failed and Options.OnFailure name the rank, as does a RankError
-// (ErrRankFailed) from a barrier. The rendezvous also sees a rank's connection drop
-// without a goodbye (TCP keepalive notices a silent host in about 4 s) and tells every
-// rank. A failed job is not repaired: survivors and the restarted rank form a new job
-// (a new rendezvous), as torchrun's elastic agents do.
+// (ErrRankFailed, which matches ucp.ErrPeerFailed) from a barrier. The rendezvous also
+// sees a rank's connection drop without a goodbye (TCP keepalive notices a silent host
+// in about 4 s) and tells every rank. OnFailure runs on a goroutine of the job's, one
+// failure at a time and in order, so it may use the Store and Barrier. A rank that
+// leaves on purpose (Job.Close) has not failed, but no barrier can complete without
+// it: pending and later barriers fail at once with a RankError naming it that matches
+// ErrClosed (and ErrRankFailed). A failed job is not repaired: survivors and the
+// restarted rank form a new job (a new rendezvous), as torchrun's elastic agents do.
+//
+// Waits: a wait that its context ends fails with ErrTimedOut and
+// context.DeadlineExceeded (a deadline) or ErrCanceled and context.Canceled (a
+// cancel). A Store.Wait so abandoned is withdrawn from the rendezvous; a Barrier so
+// abandoned has still arrived, and the job's next Barrier call resumes it: either may
+// be retried with short deadlines. New gives up when its context ends (rank 0 stops
+// serving at once).
 //
 // The rendezvous protocol is length-prefixed frames whose every length is bounded
 // (MaxKey, MaxValue, MaxFrame) before anything is allocated; bytes that are not the
-// protocol close that connection with ErrProtocol and disturb no other rank.
+// protocol close that connection with ErrProtocol and disturb no other rank. The
+// rendezvous answers each connection through its own bounded queue: a rank that stops
+// reading stalls nobody else, its requests are no longer read, and it is cut off (as
+// failed) when its queue overflows or nothing could be written to it for 10 s. Past 64
+// connections that have not joined yet, a new one is closed at once; a joining rank
+// tries again until its context ends, so any number of ranks may start together.
 package bootstrap

@@ -20,6 +20,8 @@ func FuzzDecode(f *testing.F) {
 		{op: opOK, id: 6, value: []byte("v")},
 		{op: opErr, id: 7, code: codeRank, rank: 2, message: "rank 2 failed"},
 		{op: opFailed, rank: 9},
+		{op: opCancel, id: 8},
+		{op: opErr, id: 9, code: codeLeft, rank: 1, message: "rank 1 left the job"},
 	} {
 		f.Add(fr.encode(nil))
 	}

@@ -3,8 +3,8 @@ package bootstrap
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -48,8 +48,10 @@ type Options struct {
 	// Listen is where rank 0 serves (default: the rendezvous address).
 	Listen string
 	// OnFailure runs once per failed rank, whether UCX reported its endpoint failed
-	// or the rendezvous saw it go without leaving; on a goroutine of the job's, so it
-	// must not block for long.
+	// or the rendezvous saw it go without leaving: one call at a time, in the order
+	// the failures were recorded, on a goroutine of the job's (never the store's
+	// reader nor UCX's progress), so it may use the Store, Barrier and Endpoint; while
+	// it blocks, later failures wait for their call (Job.Failed lists them at once).
 	OnFailure func(rank int, err error)
 	// Timeout bounds a lazy Endpoint's wait for the peer's address (DefaultTimeout).
 	Timeout time.Duration
@@ -58,7 +60,7 @@ type Options struct {
 // Config is what FromEnv reads from the environment.
 type Config struct {
 	Rank, Size int
-	Rendezvous string // host:port of rank 0's rendezvous
+	Rendezvous string // host:port (port 1..65535) of rank 0's rendezvous
 }
 
 // ConfigFromEnv reads UCPX_RANK, UCPX_SIZE and UCPX_RENDEZVOUS.
@@ -82,8 +84,8 @@ func (c Config) check() error {
 	if c.Size < 1 || c.Size > MaxRanks || c.Rank < 0 || c.Rank >= c.Size {
 		return fmt.Errorf("bootstrap: rank %d of %d (want 0 <= rank < size <= %d): %w", c.Rank, c.Size, MaxRanks, ErrInvalidParam)
 	}
-	if _, _, err := net.SplitHostPort(c.Rendezvous); err != nil {
-		return fmt.Errorf("bootstrap: rendezvous %q is not host:port: %v: %w", c.Rendezvous, err, ErrInvalidParam)
+	if err := checkHostPort(c.Rendezvous, false); err != nil {
+		return fmt.Errorf("bootstrap: rendezvous: %w", err)
 	}
 	return nil
 }
@@ -105,7 +107,23 @@ type Job struct {
 	byEP    map[*ucp.Endpoint]int
 	failed  map[int]error
 	barrier uint64
-	closed  bool
+	// abandoned: barriers whose callers gave up (ctx ended), by generation; the next
+	// Barrier calls resume them.
+	abandoned []*barrierCall
+	// events: failures waiting for OnFailure; delivering while a goroutine calls it.
+	events     []failure
+	delivering bool
+	closed     bool
+}
+
+type barrierCall struct {
+	gen uint64
+	ch  chan frame
+}
+
+type failure struct {
+	rank int
+	err  error
 }
 
 // FromEnv joins the job that UCPX_RANK, UCPX_SIZE and UCPX_RENDEZVOUS describe (as
@@ -120,8 +138,9 @@ func FromEnv(ctx context.Context, opts *Options) (*Job, error) {
 
 // New joins a job: rank 0 serves the rendezvous, every rank authenticates, publishes
 // its worker address and waits until all Size ranks have joined (ctx bounds the wait;
-// DefaultTimeout without a deadline). No endpoint is created here: Endpoint(r) makes
-// the one to rank r when first asked.
+// DefaultTimeout without a deadline). If the job does not form in time, New returns
+// as ctx ends (ErrTimedOut), rank 0 having stopped serving. No endpoint is created
+// here: Endpoint(r) makes the one to rank r when first asked.
 func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("bootstrap: new: nil context: %w", ErrInvalidParam)
@@ -153,7 +172,8 @@ func New(ctx context.Context, c Config, opts *Options) (*Job, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			_ = j.Close()
+			// Nobody used a job that never formed: rank 0 stops serving at once.
+			_ = j.close(false)
 		}
 	}()
 	if j.Rank == 0 {
@@ -246,7 +266,13 @@ func (j *Job) Store() *Store {
 }
 
 // Barrier returns once every rank has called it as often as this one; it fails with
-// a RankError (ErrRankFailed) if a rank failed before all arrived.
+// a RankError (ErrRankFailed) naming a rank that failed before all arrived, or at
+// once naming a rank that has left the job (Job.Close: the error matches ErrClosed
+// too), since the barrier can no longer complete.
+//
+// A call that ctx ends (ErrTimedOut or ErrCanceled) has still arrived: the job's next
+// Barrier call resumes that same barrier instead of arriving at a new one, so a rank
+// may retry with short deadlines until the others arrive.
 func (j *Job) Barrier(ctx context.Context) error {
 	if j == nil {
 		return errNilJob("barrier")
@@ -259,10 +285,33 @@ func (j *Job) Barrier(ctx context.Context) error {
 		j.mu.Unlock()
 		return fmt.Errorf("bootstrap: barrier: %w", ErrClosed)
 	}
-	j.barrier++
-	gen := j.barrier
-	j.mu.Unlock()
-	_, err := j.store.call(ctx, &frame{op: opBarrier, gen: gen})
+	if j.store == nil {
+		j.mu.Unlock()
+		return errNotMade("barrier")
+	}
+	var b *barrierCall
+	if len(j.abandoned) > 0 {
+		b = j.abandoned[0]
+		j.abandoned = j.abandoned[1:]
+		j.mu.Unlock()
+	} else {
+		j.barrier++
+		b = &barrierCall{gen: j.barrier}
+		j.mu.Unlock()
+		var err error
+		if b.ch, err = j.store.start(&frame{op: opBarrier, gen: b.gen}); err != nil {
+			return err
+		}
+	}
+	r, err := j.store.await(ctx, b.ch)
+	if r == nil && ctx.Err() != nil {
+		// Still arrived: the next call waits for this barrier's answer.
+		j.mu.Lock()
+		i := sort.Search(len(j.abandoned), func(i int) bool { return j.abandoned[i].gen > b.gen })
+		j.abandoned = slices.Insert(j.abandoned, i, b)
+		j.mu.Unlock()
+	}
+	_, err = answer(r, err)
 	return err
 }
 
@@ -275,6 +324,9 @@ func (j *Job) Endpoint(rank int) (*ucp.Endpoint, error) {
 	}
 	if rank < 0 || rank >= j.Size {
 		return nil, fmt.Errorf("bootstrap: rank %d of a job of %d: %w", rank, j.Size, ErrInvalidParam)
+	}
+	if j.store == nil || j.worker == nil || j.eps == nil || j.dialing == nil {
+		return nil, errNotMade("endpoint")
 	}
 	for {
 		j.mu.Lock()
@@ -379,16 +431,39 @@ func (j *Job) FailedErr(rank int) error {
 	return j.failed[rank]
 }
 
+// markFailed records a rank's failure and queues its OnFailure call; it never blocks
+// (it runs on the store's reader and on UCX's progress).
 func (j *Job) markFailed(rank int, err error) {
 	j.mu.Lock()
-	_, had := j.failed[rank]
-	if !had {
-		j.failed[rank] = err
+	defer j.mu.Unlock()
+	if _, had := j.failed[rank]; had || j.failed == nil {
+		return
 	}
+	j.failed[rank] = err
 	fn := j.opts.OnFailure
-	j.mu.Unlock()
-	if !had && fn != nil {
-		fn(rank, err)
+	if fn == nil {
+		return
+	}
+	j.events = append(j.events, failure{rank, err})
+	if !j.delivering {
+		j.delivering = true
+		go j.deliver(fn)
+	}
+}
+
+// deliver calls OnFailure for the queued failures, in order, until none is left.
+func (j *Job) deliver(fn func(int, error)) {
+	for {
+		j.mu.Lock()
+		if len(j.events) == 0 {
+			j.delivering = false
+			j.mu.Unlock()
+			return
+		}
+		ev := j.events[0]
+		j.events = j.events[1:]
+		j.mu.Unlock()
+		fn(ev.rank, ev.err)
 	}
 }
 
@@ -401,6 +476,11 @@ func (j *Job) Close() error {
 	if j == nil {
 		return errNilJob("close")
 	}
+	return j.close(true)
+}
+
+// close is Close; rank 0 waits for the others to leave only if wait.
+func (j *Job) close(wait bool) error {
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
@@ -438,9 +518,13 @@ func (j *Job) Close() error {
 		keep(j.ctx.Close())
 	}
 	if j.server != nil {
-		select {
-		case <-j.server.Done():
-		case <-time.After(DefaultTimeout):
+		if wait {
+			t := time.NewTimer(DefaultTimeout)
+			select {
+			case <-j.server.Done():
+			case <-t.C:
+			}
+			t.Stop()
 		}
 		_ = j.server.Close()
 	}
@@ -450,4 +534,9 @@ func (j *Job) Close() error {
 // errNilJob is what a nil Job's methods return (the handle of a failed Join).
 func errNilJob(op string) error {
 	return fmt.Errorf("bootstrap: %s: nil job: %w", op, ErrInvalidParam)
+}
+
+// errNotMade is what a Job that New did not make (a zero value) returns.
+func errNotMade(op string) error {
+	return fmt.Errorf("bootstrap: %s: a Job not made by New: %w", op, ErrInvalidParam)
 }

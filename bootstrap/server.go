@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -30,17 +31,35 @@ type Server struct {
 	closed   bool
 	done     chan struct{} // closed when every rank joined and went (or Close)
 	wg       sync.WaitGroup
+	// The package's maxPending, queueSoft and queueHard, as Serve found them.
+	maxPending, queueSoft, queueHard int
 }
 
 // Store limits of a server: beyond them Set fails (codeFull).
 const (
 	maxStoreBytes = 256 << 20
 	maxStoreKeys  = 1 << 20
-	// maxPending bounds the unanswered requests (Waits, barriers) of one connection.
-	maxPending = 4096
 	// maxUnjoined bounds the connections that have not joined: past it a new one is
-	// closed at once (as ucp's listener bounds its handshakes).
+	// closed at once (as ucp's listener bounds its handshakes) and its client tries
+	// again (dial).
 	maxUnjoined = 64
+	// writeTimeout bounds one write to a peer: a peer that reads nothing for that long
+	// is cut off (a rank: as failed).
+	writeTimeout = 10 * time.Second
+	// writeBatch bounds the bytes of one write (each gets writeTimeout).
+	writeBatch = 4 << 20
+)
+
+var (
+	// maxPending bounds the unanswered requests (Waits, barriers) of one connection;
+	// a Wait withdrawn by its client (opCancel) no longer counts.
+	maxPending = 4096
+	// queueSoft: while more than this is queued for a connection, its requests are not
+	// read (a peer that sends without reading throttles only itself).
+	queueSoft = 4 << 20
+	// queueHard bounds what is queued for a connection (the answers of its Waits, as
+	// others set the keys): past it the connection is dropped (a rank: as failed).
+	queueHard = 64 << 20
 )
 
 // helloTimeout bounds the time from a connection's acceptance to its hello (the
@@ -54,11 +73,27 @@ type waiter struct {
 
 type sconn struct {
 	c       net.Conn
-	wmu     sync.Mutex
 	rank    uint32
 	joined  bool
 	bye     bool
-	pending int // requests not answered yet (under Server.mu)
+	pending int               // requests not answered yet (under Server.mu)
+	waits   map[uint32]string // id -> key of its Waits (under Server.mu)
+
+	// The write queue: frames go out on the connection's writer goroutine, so no
+	// peer's reading stalls the server or another peer.
+	qmu     sync.Mutex
+	qcond   sync.Cond // on qmu: frames queued, room made, closing
+	q       [][]byte
+	qbytes  int  // queued and being written
+	qclosed bool // takes no more frames: the writer writes what is queued and closes c
+	soft    int  // the server's queueSoft
+	hard    int  // the server's queueHard
+}
+
+func newSconn(c net.Conn, soft, hard int) *sconn {
+	sc := &sconn{c: c, waits: map[uint32]string{}, soft: soft, hard: hard}
+	sc.qcond.L = &sc.qmu
+	return sc
 }
 
 // Serve starts a rendezvous for a job of size ranks on addr ("host:port"; port 0
@@ -66,6 +101,9 @@ type sconn struct {
 func Serve(addr string, size int, key []byte, insecure bool) (*Server, error) {
 	if size < 1 || size > MaxRanks {
 		return nil, fmt.Errorf("bootstrap: job size %d (want 1..%d): %w", size, MaxRanks, ErrInvalidParam)
+	}
+	if err := checkHostPort(addr, true); err != nil {
+		return nil, err
 	}
 	if key == nil && !insecure && !loopbackOnly(addr) {
 		return nil, fmt.Errorf("bootstrap: rendezvous on %s without a key: set %s (ucpx launch writes one) or Options.Insecure to serve unauthenticated: %w", addr, EnvAuthKeyFile, ErrAuth)
@@ -82,21 +120,57 @@ func Serve(addr string, size int, key []byte, insecure bool) (*Server, error) {
 		kv: map[string][]byte{}, waiters: map[string][]waiter{},
 		ranks: map[uint32]*sconn{}, gone: map[uint32]bool{},
 		barrier: map[uint64][]waiter{}, conns: map[*sconn]struct{}{},
-		done: make(chan struct{}),
+		done:       make(chan struct{}),
+		maxPending: maxPending, queueSoft: queueSoft, queueHard: queueHard,
 	}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
 }
 
-// Addr is the address the server listens on.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+// checkHostPort checks that addr is "host:port" with a port of 1..65535 (0 too when
+// listening: the system picks one).
+func checkHostPort(addr string, listen bool) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("bootstrap: address %q is not host:port: %v: %w", addr, err, ErrInvalidParam)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		if n, err = net.LookupPort("tcp", port); err != nil || port == "" {
+			return fmt.Errorf("bootstrap: address %q: port %q is not a number or a service: %w", addr, port, ErrInvalidParam)
+		}
+	}
+	if n < 0 || n > 65535 || (n == 0 && !listen) {
+		return fmt.Errorf("bootstrap: address %q: port %d out of range: %w", addr, n, ErrInvalidParam)
+	}
+	return nil
+}
 
-// Done is closed once every rank of the job has joined and gone (left or failed).
-func (s *Server) Done() <-chan struct{} { return s.done }
+// Addr is the address the server listens on ("" for a nil or zero Server).
+func (s *Server) Addr() string {
+	if s == nil || s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Done is closed once every rank of the job has joined and gone (left or failed), or
+// the server closed; a nil or zero Server's is closed.
+func (s *Server) Done() <-chan struct{} {
+	if s == nil || s.done == nil {
+		return closedChan
+	}
+	return s.done
+}
 
 // Close stops the server and drops every connection.
 func (s *Server) Close() error {
+	if s == nil || s.ln == nil || s.done == nil {
+		return fmt.Errorf("bootstrap: server close: not a served Server: %w", ErrInvalidParam)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -105,6 +179,7 @@ func (s *Server) Close() error {
 	s.closed = true
 	for c := range s.conns {
 		_ = c.c.Close()
+		c.finish()
 	}
 	s.finishLocked()
 	s.mu.Unlock()
@@ -129,7 +204,7 @@ func (s *Server) accept() {
 			return
 		}
 		setKeepAlive(c)
-		sc := &sconn{c: c}
+		sc := newSconn(c, s.queueSoft, s.queueHard)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -143,9 +218,10 @@ func (s *Server) accept() {
 		}
 		s.unjoined++
 		s.conns[sc] = struct{}{}
+		s.wg.Add(2)
 		s.mu.Unlock()
-		s.wg.Add(1)
 		go s.serve(sc)
+		go s.write(sc)
 	}
 }
 
@@ -166,6 +242,9 @@ func (s *Server) serve(c *sconn) {
 	}
 	_ = c.c.SetReadDeadline(deadline) // until the hello
 	for {
+		if !c.waitRoom() {
+			return
+		}
 		f, err := readFrame(c.c)
 		if err != nil {
 			if errors.Is(err, ErrProtocol) {
@@ -191,8 +270,28 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		c.sendLocked(f.id, codeInvalid, 0, "first request must be hello")
 		return false
 	}
-	if c.pending >= maxPending {
-		c.sendLocked(f.id, codeInvalid, 0, fmt.Sprintf("more than %d requests unanswered", maxPending))
+	if f.op == opCancel {
+		// Withdraw a Wait; one already answered (or never made) is no error.
+		if key, ok := c.waits[f.id]; ok {
+			delete(c.waits, f.id)
+			ws := s.waiters[key]
+			for i, w := range ws {
+				if w.c == c && w.id == f.id {
+					ws = append(ws[:i:i], ws[i+1:]...)
+					c.pending--
+					break
+				}
+			}
+			if len(ws) == 0 {
+				delete(s.waiters, key)
+			} else {
+				s.waiters[key] = ws
+			}
+		}
+		return true
+	}
+	if c.pending >= s.maxPending {
+		c.sendLocked(f.id, codeInvalid, 0, fmt.Sprintf("more than %d requests unanswered", s.maxPending))
 		return false
 	}
 	switch f.op {
@@ -216,7 +315,7 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		c.joined, c.rank = true, f.rank
 		s.ranks[f.rank] = c
 		s.unjoined--
-		c.replyLocked(f.id, nil)
+		c.replyLocked(f.id, []byte{featCancel})
 		// A rank that joins late still learns who failed before it came.
 		for r, failed := range s.gone {
 			if failed {
@@ -237,6 +336,7 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		c.replyLocked(f.id, nil)
 		for _, w := range s.waiters[f.key] {
 			w.c.pending--
+			delete(w.c.waits, w.id)
 			w.c.replyLocked(w.id, f.value)
 		}
 		delete(s.waiters, f.key)
@@ -245,16 +345,15 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 			c.replyLocked(f.id, v)
 		} else if f.wait {
 			c.pending++
+			c.waits[f.id] = f.key
 			s.waiters[f.key] = append(s.waiters[f.key], waiter{c, f.id})
 		} else {
 			c.sendLocked(f.id, codeNotFound, 0, fmt.Sprintf("key %q not set", f.key))
 		}
 	case opBarrier:
-		for r, failed := range s.gone {
-			if failed {
-				c.sendLocked(f.id, codeRank, r, fmt.Sprintf("rank %d failed", r))
-				return true
-			}
+		if r, failed, ok := s.goneRankLocked(); ok {
+			c.sendGoneLocked(f.id, r, failed)
+			return true
 		}
 		ws := append(s.barrier[f.gen], waiter{c, f.id})
 		c.pending++
@@ -277,24 +376,47 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 	return true
 }
 
+// goneRankLocked names the lowest rank that has gone, preferring one that failed:
+// a barrier cannot complete without it.
+func (s *Server) goneRankLocked() (rank uint32, failed, ok bool) {
+	for r, f := range s.gone {
+		if !ok || (f && !failed) || (f == failed && r < rank) {
+			rank, failed, ok = r, f, true
+		}
+	}
+	return rank, failed, ok
+}
+
+// sendGoneLocked fails a barrier request: rank failed, or left the job.
+func (c *sconn) sendGoneLocked(id, rank uint32, failed bool) {
+	if failed {
+		c.sendLocked(id, codeRank, rank, fmt.Sprintf("rank %d failed", rank))
+	} else {
+		c.sendLocked(id, codeLeft, rank, fmt.Sprintf("rank %d left the job", rank))
+	}
+}
+
 // drop forgets a connection; a rank that went without Bye has failed: every rank is
-// told and every barrier fails naming it.
+// told. Once a rank has gone (failed or left), every barrier fails naming it.
 func (s *Server) drop(c *sconn) {
-	_ = c.c.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	c.finish() // the writer writes what is queued, then closes the connection
 	delete(s.conns, c)
 	if !c.joined {
 		s.unjoined-- // counted since its accept
 	}
-	for k, ws := range s.waiters {
-		s.waiters[k] = without(ws, c)
+	for id, k := range c.waits {
+		s.waiters[k] = without(s.waiters[k], c)
 		if len(s.waiters[k]) == 0 {
 			delete(s.waiters, k)
 		}
+		delete(c.waits, id)
 	}
 	for g, ws := range s.barrier {
-		s.barrier[g] = without(ws, c)
+		if s.barrier[g] = without(ws, c); len(s.barrier[g]) == 0 {
+			delete(s.barrier, g)
+		}
 	}
 	if !c.joined || s.ranks[c.rank] != c {
 		return
@@ -302,16 +424,18 @@ func (s *Server) drop(c *sconn) {
 	delete(s.ranks, c.rank)
 	failed := !c.bye
 	s.gone[c.rank] = failed
-	if failed && !s.closed {
-		for o := range s.conns {
-			if o.joined {
-				o.sendFrameLocked(&frame{op: opFailed, rank: c.rank})
+	if !s.closed {
+		if failed {
+			for o := range s.conns {
+				if o.joined {
+					o.sendFrameLocked(&frame{op: opFailed, rank: c.rank})
+				}
 			}
 		}
 		for g, ws := range s.barrier {
 			for _, w := range ws {
 				w.c.pending--
-				w.c.sendLocked(w.id, codeRank, c.rank, fmt.Sprintf("rank %d failed", c.rank))
+				w.c.sendGoneLocked(w.id, c.rank, failed)
 			}
 			delete(s.barrier, g)
 		}
@@ -331,20 +455,87 @@ func without(ws []waiter, c *sconn) []waiter {
 	return out
 }
 
-// Writes happen under Server.mu, so frames of one connection never interleave; a
-// peer that stops reading is cut off by the write deadline instead of stalling the
-// server.
-func (c *sconn) sendFrameLocked(f *frame) {
-	c.send(f)
+// send queues a frame for the connection's writer; past queueHard the connection is
+// cut off (its reader then ends and drops it: a rank as failed).
+func (c *sconn) send(f *frame) {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if c.qclosed {
+		return
+	}
+	b := f.encode(nil)
+	if c.qbytes > 0 && c.qbytes+len(b) > c.hard {
+		c.qclosed, c.q = true, nil
+		c.qcond.Broadcast()
+		_ = c.c.Close()
+		return
+	}
+	c.q = append(c.q, b)
+	c.qbytes += len(b)
+	c.qcond.Broadcast()
 }
 
-func (c *sconn) send(f *frame) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	_ = c.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.c.Write(f.encode(nil)); err != nil {
-		_ = c.c.Close()
+// finish makes the writer write what is queued, then close the connection.
+func (c *sconn) finish() {
+	c.qmu.Lock()
+	c.qclosed = true
+	c.qcond.Broadcast()
+	c.qmu.Unlock()
+}
+
+// waitRoom waits until the connection's queue is below queueSoft; false once the
+// connection is closing.
+func (c *sconn) waitRoom() bool {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	for c.qbytes > c.soft && !c.qclosed {
+		c.qcond.Wait()
 	}
+	return !c.qclosed
+}
+
+// write is a connection's writer: a peer that does not read for writeTimeout is cut
+// off.
+func (s *Server) write(c *sconn) {
+	defer s.wg.Done()
+	defer c.c.Close()
+	for {
+		c.qmu.Lock()
+		for len(c.q) == 0 && !c.qclosed {
+			c.qcond.Wait()
+		}
+		// A batch of at most writeBatch bytes (or one frame) per writeTimeout.
+		n, k := 0, 0
+		for k < len(c.q) && (k == 0 || n+len(c.q[k]) <= writeBatch) {
+			n += len(c.q[k])
+			k++
+		}
+		bufs := c.q[:k:k]
+		if c.q = c.q[k:]; len(c.q) == 0 {
+			c.q = nil
+		}
+		c.qmu.Unlock()
+		if len(bufs) == 0 {
+			return // closing, all written
+		}
+		_ = c.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+		nb := net.Buffers(bufs)
+		_, err := nb.WriteTo(c.c)
+		c.qmu.Lock()
+		c.qbytes -= n
+		if err != nil {
+			c.qclosed, c.q, c.qbytes = true, nil, 0
+		}
+		c.qcond.Broadcast()
+		c.qmu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (c *sconn) sendFrameLocked(f *frame) {
+	c.send(f)
 }
 
 func (c *sconn) replyLocked(id uint32, v []byte) {

@@ -11,7 +11,9 @@ import (
 //	u32 length (big endian, of what follows) | u8 op | u32 id | payload
 //
 // The client's id names the request a reply answers; the server pushes events with
-// id 0. Every length is bounded before anything is allocated, so a peer's bytes cost
+// id 0. opCancel names the Wait it withdraws by its id and gets no reply; a client
+// sends it only to a server whose reply to hello announced featCancel, so old and new
+// clients and servers work together. Every length is bounded before anything is allocated, so a peer's bytes cost
 // at most MaxFrame of memory per connection and never a crash (FuzzDecode).
 
 // Limits of the protocol.
@@ -38,7 +40,14 @@ const (
 	opOK                    // s->c: value (may be empty)
 	opErr                   // s->c: code u8, rank u32, message
 	opFailed                // s->c event: rank u32 (left without Bye)
+	opCancel                // c->s: withdraw the Wait of this id (no reply); sent only to a server whose hello reply has featCancel
 	opLast
+)
+
+// Features a server announces in the value of its reply to hello (a server that
+// replies with an empty value has none; a client that knows none ignores the value).
+const (
+	featCancel = 1 << 0 // opCancel withdraws a Wait
 )
 
 // Error codes of opErr.
@@ -48,6 +57,7 @@ const (
 	codeRank     = 3 // a rank failed (rank field): the barrier cannot complete
 	codeTaken    = 4 // Hello: another connection holds this rank
 	codeFull     = 5 // the store is full
+	codeLeft     = 6 // a rank left the job (rank field, Bye): the barrier cannot complete
 )
 
 type frame struct {
@@ -114,7 +124,7 @@ func decodeFrame(b []byte) (frame, error) {
 		f.wait = w == 1
 	case opBarrier:
 		f.gen = d.u64()
-	case opBye:
+	case opBye, opCancel:
 	case opOK:
 		f.value = d.bytes(MaxValue)
 	case opErr:
