@@ -210,3 +210,40 @@ func TestZeroAmMessage(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidParam)
 	}
 }
+
+// A worker made on a closed context fails with ErrClosed in an *OpError, as every ucp
+// call's error is.
+func TestNewWorkerOnClosedContext(t *testing.T) {
+	c, err := NewContext(ContextParams{})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	_, err = c.NewWorker(WorkerParams{})
+	require.ErrorIs(t, err, ErrClosed)
+	var oe *OpError
+	require.ErrorAs(t, err, &oe)
+}
+
+// NewWorker racing its context's Close never touches a destroyed UCX worker: it either
+// fails with ErrClosed or returns a worker the Close then closed.
+func TestNewWorkerRacingContextClose(t *testing.T) {
+	for i := range 50 {
+		c, err := NewContext(ContextParams{})
+		require.NoError(t, err)
+		made := make(chan error, 1)
+		go func() {
+			w, err := c.NewWorker(WorkerParams{})
+			if err == nil {
+				err = w.Close() // nil, or ErrClosed if the context's Close got it first
+				if errors.Is(err, ErrClosed) {
+					err = nil
+				}
+			} else if errors.Is(err, ErrClosed) {
+				err = nil
+			}
+			made <- err
+		}()
+		time.Sleep(time.Duration(i%5) * 50 * time.Microsecond)
+		require.NoError(t, c.Close())
+		require.NoError(t, <-made)
+	}
+}

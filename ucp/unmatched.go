@@ -76,8 +76,11 @@ func (w *Worker) startUnmatched(limit int64) error {
 		w.unmatchedLimit = uint64(limit)
 	}
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() { // its context closed meanwhile
+		return ErrClosed
+	}
 	w.raw.SetUnmatched(w.unmatchedLimit, w.source)
-	w.mu.Unlock()
 	return nil
 }
 

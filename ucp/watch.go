@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -156,6 +157,10 @@ func (ep *Endpoint) sent(r *Request, err error) (*Request, error) {
 // finds the stand-in, not r or whatever reuses it.
 func (w *Worker) orphanLocked(r *Request, err error) {
 	stand := &Request{w: w, op: r.op + " (orphaned)", req: r.req, slot: r.slot, notify: r.notify}
+	// The buffer stays pinned with the stand-in (the pin moves to it): UCX may still
+	// write into it (a rendezvous under way), and the collector must not reuse it.
+	stand.pin, stand.pinned = r.pin, r.pinned
+	r.pin, r.pinned = runtime.Pinner{}, false
 	w.pending[r.slot] = stand
 	if w.orphans == nil {
 		w.orphans = map[*Request]bool{}

@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -154,16 +155,19 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 		w.raw = raw
 		w.mu.yield = raw.YieldWord()
 		w.maxAmHeader = raw.MaxAmHeader()
+		if wakeup {
+			// Before the context knows the worker: its Close may destroy it from then on.
+			if fd, st := raw.EventFD(); st == ucx.OK {
+				w.efd = fd
+			}
+		}
 		c.workers[w] = struct{}{}
 		return nil
 	})
-	if err != nil {
+	if errors.Is(err, ErrClosed) {
+		return nil, opErr("worker_create", err, "the context is closed")
+	} else if err != nil {
 		return nil, err
-	}
-	if wakeup {
-		if fd, st := w.raw.EventFD(); st == ucx.OK {
-			w.efd = fd
-		}
 	}
 	live.workers.Add(1)
 	if err := w.startUnmatched(p.UnmatchedLimit); err != nil {
