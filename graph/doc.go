@@ -21,7 +21,8 @@
 // with ErrNoOperation; a failed task fails the launch (the stream's sticky error) and
 // its dependents do not run. Communication operations such a launch left in flight
 // still complete; until they have, later launches of the executable graph fail with
-// ErrInFlight rather than take those completions for their own.
+// ErrInFlight rather than take those completions for their own. Like any failed
+// launch, that failure is the stream's sticky error: launch again on another stream.
 //
 // Launches of one executable graph with communication nodes run one at a time, also
 // when enqueued on several streams (they share the nodes' words), as a CUDA graph's

@@ -1127,7 +1127,11 @@ func (r *Request) Free() error {
 		return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
 	}
 	r.freed = true
-	ack := r.ackReq
+	// Operations that read or write the request's registered memory: the ack write
+	// (it reads r.ones), puts and the readiness write an iteration that failed left
+	// behind (a dead peer's endpoint fails them soon). They leave, bounded, before that
+	// memory is deregistered and freed.
+	pending := append([]*ucp.Request{r.ackReq, r.readyReq}, r.inflight...)
 	conds := r.graphConds
 	for _, c := range r.streamConds {
 		conds = append(conds, c)
@@ -1143,13 +1147,12 @@ func (r *Request) Free() error {
 	if err := dev.close(); err != nil && first == nil {
 		first = err
 	}
-	// The ack write reads r.ones: let it leave (bounded) before that is freed.
-	for deadline := time.Now().Add(time.Second); ack != nil && !ack.Done(); {
-		if time.Now().After(deadline) {
-			break
-		}
-		if r.w.Progress() == 0 {
-			runtime.Gosched()
+	deadline := time.Now().Add(time.Second)
+	for _, req := range pending {
+		for req != nil && !req.Done() && time.Now().Before(deadline) {
+			if r.w.Progress() == 0 {
+				runtime.Gosched()
+			}
 		}
 	}
 	r.reg.remove(r)
