@@ -3,9 +3,11 @@
 // (Graph, built by package graph), or a kernel calling the trigger function with the
 // condition's DeviceHandle (KernelTriggered; on host backends a goroutine calls Trigger).
 //
-// A condition owns two signal words (stream.Word): the trigger word T and the completion
-// word D. Every operation enqueued with the condition gets the next sequence number k
-// (Arm). For a Stream condition, Arm enqueues "store k into T" on the stream and, for
+// A condition owns three signal words (stream.Word): the trigger word T, the completion
+// word D and, beside D, a status word telling which operation failed last (StatusAt,
+// ucpx_status). Every operation enqueued with the condition (an nbx call with
+// RequestParam.Condition) gets the next sequence number k. For a Stream condition, its
+// enqueue puts "store k into T" on the stream and, for
 // stream-ordered completion, "wait until D >= k": work enqueued on the stream later (a
 // kernel, a copy, an event record) runs only after the operation completed. The
 // Engine (one per ucp.Worker, the proxy) watches T, issues the operations up to it in

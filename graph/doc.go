@@ -24,9 +24,9 @@
 // ErrInFlight rather than take those completions for their own. Like any failed
 // launch, that failure is the stream's sticky error: launch again on another stream.
 //
-// Launches of one executable graph with communication nodes run one at a time, also
-// when enqueued on several streams (they share the nodes' words), as a CUDA graph's
-// launches do. A task that panics or calls runtime.Goexit fails its launch with
+// Launches of a graph with communication nodes run one at a time, also when enqueued on
+// several streams or made from several executable graphs of the graph (they share the
+// nodes' words), as a CUDA graph's launches do. A task that panics or calls runtime.Goexit fails its launch with
 // ErrTaskPanicked. A launch waiting for an operation when its stream is closed gives up
 // after the stream's close grace (stream.ErrAbandoned), as a blocked stream wait does,
 // leaving the operation in flight as above. A launch its stream dropped (the stream

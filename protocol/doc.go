@@ -28,5 +28,6 @@
 // IPCExporter and IPCImporter cache CUDA IPC handles and mappings keyed by allocation
 // and buffer id, IPCMessage is their wire message, and LocalHostIdentity with IPCReach
 // decide whether two processes can use CUDA IPC at all. They reach the driver through
-// IPCDriver. The data path that uses them is not wired yet.
+// IPCDriver. Package ucp uses them for its same-host device path (ucp/ipc.go: device
+// regions' keys, their mappings in UnpackRkey, copies on streams).
 package protocol

@@ -34,8 +34,10 @@
 //     yielding the processor to other threads (sched_yield) past 100 µs; then, on a
 //     worker with wakeup, it arms the event fd (ucp_worker_arm) and parks in Go's
 //     netpoller on it until it fires, the request completes on another goroutine, ctx
-//     ends or the worker closes: no timed slices, no sleeps, no OS thread blocked
-//     per waiter (one waiter sleeps on the fd, the others on channels it wakes).
+//     ends, the worker closes or a bound passes (50 ms doubling to 1 s, then one
+//     progress pass: UCX 1.13 can leave an arrival unsignalled; 1 ms while CUDA IPC
+//     copies are pending): no OS thread blocked per waiter (one waiter sleeps on the
+//     fd, the others on channels it wakes).
 //     Without wakeup (WorkerParams.NoWakeup) it keeps polling, as ucx_perftest does.
 //     Request.Test runs one round.
 //   - The blocking calls Endpoint.TagSend, Worker.TagRecv and Endpoint.TagSendRecv
@@ -107,6 +109,8 @@
 // ErrPeerFailed and runs the endpoint's ErrorHandler. Tag receives are not tied to an
 // endpoint in UCX; name the expected sender in RequestParam.Peer and the receive fails
 // with the peer's error too. UCX 1.13 selects only tcp for endpoints with peer error
-// handling; shared memory needs NoPeerErrorHandling, where a dead peer is noticed only
-// through the caller's context deadline.
+// handling; shared memory needs NoPeerErrorHandling. There UCX notices no dead peer,
+// but ucpx watches a peer on the same machine through a pidfd and fails its endpoint,
+// and the receives naming it, when it exits; a peer on another host is then noticed
+// only through the caller's context deadline.
 package ucp

@@ -294,8 +294,8 @@ uint64_t ucpxu_context_mem_types(ucp_context_h ctx)
  * again), so a message to an id nobody registered, below the table's capacity, called
  * whatever the memory held: any peer could crash the process. Setting every id once,
  * highest first, makes the table whole in one growth (UCX then drops such a message
- * with a warning); later registrations never grow it. Without the AM feature the
- * first call fails and nothing is done. */
+ * with a warning); later registrations never grow it. Called only on contexts with
+ * the AM feature (without it UCX refuses the first call and logs an error). */
 static void am_table_init(ucp_worker_h worker)
 {
     ucp_am_handler_param_t p;
@@ -310,7 +310,7 @@ static void am_table_init(ucp_worker_h worker)
     }
 }
 
-ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t **w_p)
+ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, int am, ucpxu_worker_t **w_p)
 {
     ucp_worker_params_t params = {0};
     ucpxu_worker_t *w = calloc(1, sizeof(*w));
@@ -339,7 +339,9 @@ ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t *
         free(w);
         return st;
     }
-    am_table_init(w->worker);
+    if (am) { /* without the feature UCX refuses, and logs an error on stdout */
+        am_table_init(w->worker);
+    }
     *w_p = w;
     return UCS_OK;
 }

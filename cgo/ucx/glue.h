@@ -228,7 +228,7 @@ ucs_status_t ucpxu_init(uint64_t features, const char **cfg_kv, int n_kv,
 size_t       ucpxu_request_size(void);
 uint64_t     ucpxu_context_mem_types(ucp_context_h ctx);
 
-ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, ucpxu_worker_t **w_p);
+ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, int am, ucpxu_worker_t **w_p);
 void         ucpxu_worker_destroy(ucpxu_worker_t *w);
 /* ucpxu_share_release frees a destroyed worker's share unless C callers keep it. */
 void         ucpxu_share_release(ucpxu_share_t *s);

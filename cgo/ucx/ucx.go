@@ -144,7 +144,10 @@ func Version() (major, minor, release uint) {
 }
 
 // Context is a ucp_context_h.
-type Context struct{ h C.ucp_context_h }
+type Context struct {
+	h        C.ucp_context_h
+	features uint64 // what Init asked for
+}
 
 // Init creates a context. cfg holds UCX configuration overrides (name without the UCX_ prefix).
 func Init(features uint64, cfg map[string]string, estimatedEPs int) (*Context, Status) {
@@ -165,7 +168,7 @@ func Init(features uint64, cfg map[string]string, estimatedEPs int) (*Context, S
 		arr = &a[0]
 		defer C.free(unsafe.Pointer(arr))
 	}
-	c := &Context{}
+	c := &Context{features: features}
 	st := C.ucpxu_init(C.uint64_t(features), arr, C.int(len(kv)/2), C.size_t(estimatedEPs), &c.h)
 	if st != C.UCS_OK {
 		return nil, Status(st)
@@ -238,7 +241,7 @@ type Result struct {
 // NewWorker creates a worker in serialized thread mode.
 func (c *Context) NewWorker(wakeup bool) (*Worker, Status) {
 	w := &Worker{}
-	st := C.ucpxu_worker_create(c.h, cbool(wakeup), &w.w)
+	st := C.ucpxu_worker_create(c.h, cbool(wakeup), cbool(c.features&FeatureAM != 0), &w.w)
 	if st != C.UCS_OK {
 		return nil, Status(st)
 	}

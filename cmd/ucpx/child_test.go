@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -48,4 +51,16 @@ func TestTraceHelp(t *testing.T) {
 	st, _, errs := run(t, "trace", "frobnicate")
 	require.Equal(t, 2, st)
 	require.Contains(t, errs, "usage")
+}
+
+// `ucpx perf --json` writes nothing but the report on the process's stdout, UCX's own
+// logging included (a context without active messages made UCX log an error there),
+// so the file feeds `--from` and `--reference` as is.
+func TestPerfJSONStdoutIsJSON(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "perf", "--tests", "tag_lat", "--sizes", "8", "--iters", "500", "--json")
+	cmd.Env = append(os.Environ(), reexecEnv+"=1")
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal(out, &rep), "stdout is not the JSON report:\n%.300s", out)
 }
