@@ -247,3 +247,37 @@ func TestNewWorkerRacingContextClose(t *testing.T) {
 		require.NoError(t, <-made)
 	}
 }
+
+// Closing an endpoint toward a peer that never progresses gives up after its timeout
+// with ErrTimedOut (once, not twice the timeout), and the worker's Close afterwards
+// releases UCX's close request: UCX asserted on it in ucp_worker_destroy (an abort).
+func TestEndpointCloseTowardSilentPeer(t *testing.T) {
+	cfg := map[string]string{"TLS": "tcp"}
+	c1, err := NewContext(ContextParams{Config: cfg})
+	require.NoError(t, err)
+	defer c1.Close()
+	c2, err := NewContext(ContextParams{Config: cfg})
+	require.NoError(t, err)
+	defer c2.Close()
+	w1, err := c1.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	w2, err := c2.NewWorker(WorkerParams{}) // never progressed
+	require.NoError(t, err)
+	addr, err := w2.Address()
+	require.NoError(t, err)
+	ep, err := w1.ConnectAddress(addr, nil)
+	require.NoError(t, err)
+	for range 64 { // sends back up behind the silent peer
+		if _, err := ep.TagSendNbx(make([]byte, 8), 1, nil); err != nil {
+			break
+		}
+	}
+	start := time.Now()
+	err = ep.closeWith(false, 200*time.Millisecond)
+	if err != nil {
+		require.ErrorIs(t, err, ErrTimedOut)
+		require.Less(t, time.Since(start), 2*time.Second)
+	}
+	require.NoError(t, w1.Close())
+	require.NoError(t, w2.Close())
+}

@@ -570,7 +570,10 @@ func (w *Worker) Close() error {
 	w.raw.Reap()
 	w.afterLocked()
 	for _, r := range w.pending {
-		if r != nil { // UCX never completed it: fail it ourselves
+		if r != nil { // UCX never completed it: fail it ourselves, and release it to UCX
+			if r.req != nil {
+				w.raw.Abandon(r.req)
+			}
 			r.req = nil
 			r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed"), 0, 0)
 		}

@@ -355,7 +355,9 @@ void ucpxu_worker_destroy(ucpxu_worker_t *w)
     for (i = 0; i < w->nevents; i++) {
         ucpxu_event_t *ev = &w->events[i];
         if (ev->type == UCPX_EV_REQ_DONE) {
-            ucp_request_free(ev->ptr);
+            if (((ucpxu_req_t *)ev->ptr)->slot != UCPXU_SLOT_ABANDONED) {
+                ucp_request_free(ev->ptr);
+            }
         } else if (ev->type == UCPX_EV_AM_RECV) {
             free(ev->header);
             if (ev->flags & UCPX_AM_COPIED) {
@@ -370,7 +372,9 @@ void ucpxu_worker_destroy(ucpxu_worker_t *w)
     while (w->done != NULL) {
         ucpxu_req_t *r = w->done;
         w->done = r->next;
-        release(r);
+        if (r->slot != UCPXU_SLOT_ABANDONED) {
+            release(r);
+        }
     }
     ucp_worker_destroy(w->worker);
     free(w->events);
@@ -841,6 +845,18 @@ void *ucpxu_worker_flush(uintptr_t w, uint32_t flags)
 }
 
 void ucpxu_cancel(uintptr_t w, uintptr_t req) { ucp_request_cancel(W(w)->worker, PTR(req)); }
+
+/* ucpxu_abandon hands back a request Go gives up on as its worker closes (UCX never
+ * completed it: a close or flush toward a peer that does not progress). UCX frees it
+ * when it completes, and ucp_worker_destroy then finds it released instead of
+ * asserting; the worker's destruction does not free it again. */
+void ucpxu_abandon(uintptr_t w, uintptr_t req)
+{
+    ucpxu_req_t *r = PTR(req);
+    (void)w;
+    r->slot = UCPXU_SLOT_ABANDONED;
+    ucp_request_free(r);
+}
 
 ucs_status_t ucpxu_arm(uintptr_t w) { return ucp_worker_arm(W(w)->worker); }
 

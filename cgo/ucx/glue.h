@@ -229,6 +229,10 @@ size_t       ucpxu_request_size(void);
 uint64_t     ucpxu_context_mem_types(ucp_context_h ctx);
 
 ucs_status_t ucpxu_worker_create(ucp_context_h ctx, int wakeup, int am, ucpxu_worker_t **w_p);
+
+/* The slot of a request Go gave up on (ucpxu_abandon): UCX frees it itself. */
+#define UCPXU_SLOT_ABANDONED UINT64_MAX
+void ucpxu_abandon(uintptr_t w, uintptr_t req);
 void         ucpxu_worker_destroy(ucpxu_worker_t *w);
 /* ucpxu_share_release frees a destroyed worker's share unless C callers keep it. */
 void         ucpxu_share_release(ucpxu_share_t *s);

@@ -703,6 +703,10 @@ func (w *Worker) RefPingPong(e *EP, sbuf, rbuf unsafe.Pointer, size int, n uint6
 // Cancel cancels a pending request.
 func (w *Worker) Cancel(req unsafe.Pointer) { C.ucpxu_cancel(w.h, u(req)) }
 
+// Abandon hands back a request UCX never completed, as the worker closes: UCX frees it
+// when it completes (ucp_worker_destroy asserts on one not released).
+func (w *Worker) Abandon(req unsafe.Pointer) { C.ucpxu_abandon(w.h, u(req)) }
+
 // PtrStatus decodes a ucs_status_ptr_t: (nil, OK) done, (nil, err) failed, (req, InProgress) pending.
 func PtrStatus(p unsafe.Pointer) (unsafe.Pointer, Status) {
 	u := uintptr(p)
