@@ -22,7 +22,8 @@
  *    const qualifiers: the header is checked against the Go exports by the compiler).
  *  - A handle of the wrong kind, or one already destroyed, gives
  *    UCPX_ERR_INVALID_HANDLE. Destroying a parent (context, worker) closes its
- *    children in the library; their handles must still be destroyed to be freed.
+ *    children in the library; their handles must still be destroyed to be freed
+ *    (which then returns UCPX_OK).
  *  - libcuda is opened at run time (dlopen), never linked; host-only programs need
  *    no GPU and no driver. CUDA streams and events are passed as uintptr_t (a
  *    CUstream is a cudaStream_t, a CUevent a cudaEvent_t).

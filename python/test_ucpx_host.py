@@ -3,6 +3,7 @@ process exchange tag messages and do RMA through libucpx.so. tests/capi_test.go 
 it where python3 exists (UCPX_LIB names the library); prints "OK python".
 """
 import ctypes
+import gc
 import os
 import sys
 
@@ -74,6 +75,23 @@ def main():
             raise AssertionError("a bad address was accepted")
         except ucpx.Error as e:
             assert e.code == ucpx.ERR_INVALID_ADDR and "address" in str(e), e
+        # A timeout a C int cannot hold is refused, not wrapped into a short (or an
+        # endless) one.
+        for bad in (4294967.297, -1):
+            try:
+                b.tag_recv_wait(addr(back), 8, tag=0x99, timeout=bad)
+                raise AssertionError(f"timeout {bad} was accepted")
+            except ValueError:
+                pass
+        # A request dropped without close frees its handle (its send still completes).
+        s = ab.tag_send(addr(src), 8, tag=0x98)
+        h = s.handle
+        del s
+        gc.collect()
+        done = ctypes.c_int(0)
+        assert ucpx._lib.ucpx_request_test(h, ctypes.byref(done)) == ucpx.ERR_INVALID_HANDLE, "the dropped request's handle is still live"
+        got = (ctypes.c_ubyte * 8)()
+        assert b.tag_recv_wait(addr(got), 8, tag=0x98, timeout=30) == (8, 0x98)
         rkey.close()
         mem.close()
         ab.close()

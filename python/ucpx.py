@@ -186,7 +186,14 @@ def _string(name, handle):
 
 
 def _ms(timeout):
-    return -1 if timeout is None else int(timeout * 1000)
+    """Milliseconds for a C int: None waits forever; more than the int holds is refused
+    (ctypes would wrap it, and a wrapped timeout can come out negative: forever)."""
+    if timeout is None:
+        return -1
+    ms = int(timeout * 1000)
+    if ms < 0 or ms > 2**31 - 1:
+        raise ValueError(f"timeout {timeout!r} s: want 0 to {(2**31 - 1) / 1000} s, or None")
+    return ms
 
 
 class _Handle:
@@ -197,8 +204,14 @@ class _Handle:
 
     def close(self):
         if self.handle:
-            h, self.handle = self.handle, 0
-            _call(self._destroy, h)
+            try:
+                _call(self._destroy, self.handle)
+            except Error as e:
+                if e.code == ERR_BUSY:
+                    raise  # nothing changed: the handle stays, close again later
+                self.handle = 0
+                raise
+            self.handle = 0
 
     def __enter__(self):
         return self
@@ -310,6 +323,15 @@ class CudaCondition(_Handle):
 
 class Request(_Handle):
     _destroy = "ucpx_request_free"
+
+    def __del__(self):
+        # A request dropped without close is freed with the object (the library's
+        # handle table would keep it for good); its operation still runs to
+        # completion. Only requests: a context or worker closes its children.
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def test(self):
         done = _I(0)

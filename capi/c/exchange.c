@@ -289,6 +289,8 @@ static void partitions(void) {
 		if (rank == 0) fill(buf, N, 200 + it);
 		else memset(buf, 0, N);
 		CHECK(ucpx_pstart(preq));
+		if (it == 0) /* BUSY changes nothing: the handle stays usable */
+			EXPECT(ucpx_pfree(preq) == UCPX_ERR_BUSY, "pfree with an iteration in flight");
 		if (rank == 0) {
 			for (int p = P - 1; p >= 0; p--) CHECK(ucpx_pready(preq, p));
 		}

@@ -113,6 +113,12 @@ int main(void) {
 	FAILS(ucpx_precv_init(worker, ep, buf, sizeof buf, 4, 9, NULL));
 	ucpx_handle_t none[2] = {0, 0};
 	FAILS(ucpx_prepare_all(none, 2, 10));
+	FAILS(ucpx_prepare_all(none, (size_t)-1, 10)); /* a huge count: refused, not read */
+	{
+		/* A length past what a size_t - 1 fits in int: the message is copied whole. */
+		static char big[4096];
+		EXPECT(ucpx_last_error(big, (size_t)-1) > 0 && big[0] != 0, "last error with a huge length");
+	}
 
 	/* The live handles still work: a put into our own memory, a message to ourselves. */
 	char src[8] = "payload";
@@ -138,6 +144,15 @@ int main(void) {
 	FAILS(ucpx_worker_progress(worker, NULL));
 	CHECK(ucpx_context_destroy(ctx));
 	FAILS(ucpx_context_destroy(ctx));
+
+	/* A child whose parent was destroyed first was closed with it: destroying its
+	 * handle frees it, without an error, once. */
+	ucpx_handle_t ctx2, worker2;
+	CHECK(ucpx_context_create(&ctx2));
+	CHECK(ucpx_worker_create(ctx2, 0, &worker2));
+	CHECK(ucpx_context_destroy(ctx2));
+	CHECK(ucpx_worker_destroy(worker2));
+	FAILS(ucpx_worker_destroy(worker2));
 	free(addr);
 	free(packed);
 	printf("OK nulls\n");

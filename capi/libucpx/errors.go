@@ -49,7 +49,7 @@ func code(err error) C.int {
 		return C.UCPX_ERR_INVALID_HANDLE
 	case errors.Is(err, errBufferTooSmall), errors.Is(err, ucp.ErrBufferTooSmall):
 		return C.UCPX_ERR_BUFFER_TOO_SMALL
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ucp.ErrTimedOut):
 		return C.UCPX_ERR_TIMEOUT
 	case errors.Is(err, ucp.ErrMessageTruncated):
 		return C.UCPX_ERR_TRUNCATED
@@ -85,7 +85,7 @@ func ucpx_last_error(buf *C.char, n C.size_t) C.size_t {
 	msg := lastErr.m[unix.Gettid()]
 	lastErr.Unlock()
 	if buf != nil && n > 0 {
-		copyString(buf, msg[:min(len(msg), int(n)-1)])
+		copyString(buf, msg[:min(uint64(len(msg)), uint64(n)-1)])
 	}
 	return C.size_t(len(msg))
 }

@@ -77,7 +77,10 @@ func destroy[T interface{ Close() error }](h C.ucpx_handle_t, kind string) C.int
 	if err != nil {
 		return status(err)
 	}
-	return status(o.Close())
+	if err := o.Close(); !errors.Is(err, ucp.ErrClosed) { // closed with its parent: freed, fine
+		return status(err)
+	}
+	return C.UCPX_OK
 }
 
 // hexOut writes b hex-encoded through putString, or returns err.
@@ -590,10 +593,17 @@ func ucpx_precv_init(wh, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, par
 	return pinit(false, wh, eh, buf, n, parts, tag, out)
 }
 
+// maxPrepareAll bounds one ucpx_prepare_all's array (a larger n is a caller's bug,
+// and the array is read before anything else is checked).
+const maxPrepareAll = 1 << 20
+
 //export ucpx_prepare_all
 func ucpx_prepare_all(hs *C.ucpx_handle_t, n C.size_t, ms C.int) C.int {
 	if hs == nil && n > 0 {
 		return status(invalid("NULL request array"))
+	}
+	if uint64(n) > maxPrepareAll {
+		return status(invalid("%d requests (at most %d)", uint64(n), uint64(maxPrepareAll)))
 	}
 	reqs := make([]*prepare.Request, 0, int(n))
 	for _, h := range unsafe.Slice(hs, int(n)) {
@@ -654,5 +664,9 @@ func ucpx_pfree(h C.ucpx_handle_t) C.int {
 	if err != nil {
 		return status(err)
 	}
-	return status(r.Free())
+	err = r.Free()
+	if errors.Is(err, prepare.ErrBusy) {
+		putBack(h, r) // BUSY: nothing changed, the handle stays
+	}
+	return status(err)
 }
