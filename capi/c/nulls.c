@@ -114,6 +114,9 @@ int main(void) {
 	ucpx_handle_t none[2] = {0, 0};
 	FAILS(ucpx_prepare_all(none, 2, 10));
 	FAILS(ucpx_prepare_all(none, (size_t)-1, 10)); /* a huge count: refused, not read */
+	EXPECT(ucpx_tag_send_wait(ep, buf, (size_t)-1, 1, 10) == UCPX_ERR_INVALID_PARAM, "a length past INT64_MAX");
+	EXPECT(ucpx_tag_recv_wait(worker, buf, (size_t)-1, 1, ~0ull, 10, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
+	       "a receive length past INT64_MAX");
 	{
 		/* A length past what a size_t - 1 fits in int: the message is copied whole. */
 		static char big[4096];
