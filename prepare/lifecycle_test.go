@@ -29,6 +29,20 @@ func prepareBoth(t *testing.T, send, recv *prepare.Request) (serr, rerr error) {
 	return serr, rerr
 }
 
+// hostLink is shmLink with a host backend, closed when the test ends.
+func hostLink(t *testing.T) (*link, stream.Backend) {
+	t.Helper()
+	b, err := stream.Open(stream.Host)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	return shmLink(t), b
+}
+
+// onBackend is pairWith's change for requests on backend b.
+func onBackend(b stream.Backend) func(prepare.Params) prepare.Params {
+	return func(p prepare.Params) prepare.Params { p.Backend = b; return p }
+}
+
 // Buffers of different lengths fail the match on both sides with ErrInvalidParam,
 // well before any deadline: the receiver refuses the sender's handshake, and the
 // sender learns it from the refusal instead of resending until its context ends.
@@ -56,21 +70,11 @@ func TestMismatchedRequestsFailBothSides(t *testing.T) {
 // iteration in flight with ErrClosed: Wait returns, a stream waiting on the receiver's
 // arrivals moves on, and both requests can be freed.
 func TestWorkerCloseFailsRequests(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
+	l, b := hostLink(t)
 	s, err := b.NewStream()
 	require.NoError(t, err)
 	defer s.Close()
-	sbuf, rbuf := make([]byte, 256), make([]byte, 256)
-	send, err := prepare.PsendInit(l.s, sbuf, prepare.Params{Peer: l.toR, Tag: 0x52, Partitions: 4, Backend: b})
-	require.NoError(t, err)
-	recv, err := prepare.PrecvInit(l.r, rbuf, prepare.Params{Peer: l.toS, Tag: 0x52, Partitions: 4, Backend: b})
-	require.NoError(t, err)
-	serr, rerr := prepareBoth(t, send, recv)
-	require.NoError(t, serr)
-	require.NoError(t, rerr)
+	send, recv, _, _ := pairWith(t, l, 256, 4, 4, 0x52, onBackend(b))
 	require.NoError(t, recv.Start())
 	require.NoError(t, send.Start())
 	require.NoError(t, recv.WaitOnStream(s)) // no partition is made ready: it waits
@@ -121,19 +125,10 @@ func TestWorkerCloseFailsRequests(t *testing.T) {
 // second would take the next iteration's and leave the last launch waiting for good.
 // Another graph may have its own.
 func TestPreadyNodeOncePerGraph(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
-	send, err := prepare.PsendInit(l.s, make([]byte, 64), prepare.Params{Peer: l.toR, Tag: 0x55, Partitions: 2, Backend: b})
-	require.NoError(t, err)
-	recv, err := prepare.PrecvInit(l.r, make([]byte, 64), prepare.Params{Peer: l.toS, Tag: 0x55, Partitions: 2, Backend: b})
-	require.NoError(t, err)
-	serr, rerr := prepareBoth(t, send, recv)
-	require.NoError(t, serr)
-	require.NoError(t, rerr)
+	l, b := hostLink(t)
+	send, recv, _, _ := pairWith(t, l, 64, 2, 2, 0x55, onBackend(b))
 	g := graph.NewHost()
-	_, err = send.PreadyNode(g, nil, 0)
+	_, err := send.PreadyNode(g, nil, 0)
 	require.NoError(t, err)
 	_, err = send.PreadyNode(g, nil, 0)
 	require.ErrorIs(t, err, ucp.ErrInvalidParam, "partition 0 twice in one graph")
@@ -147,10 +142,7 @@ func TestPreadyNodeOncePerGraph(t *testing.T) {
 
 // Every method of a freed request says ErrClosed, the receiver's stream calls too.
 func TestFreedReceiverStreamCallsAreClosed(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
+	l, b := hostLink(t)
 	s, err := b.NewStream()
 	require.NoError(t, err)
 	defer s.Close()

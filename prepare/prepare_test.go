@@ -650,10 +650,7 @@ func partitionedOnStreams(t *testing.T, l *link, mod func(prepare.Params) prepar
 // PreadyNode in a host graph: each launch is an iteration of the graph's partitions,
 // with no host call per launch on the sending side.
 func TestPartitionedHostGraph(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
+	l, b := hostLink(t)
 	const parts, size = 4, 512
 	launches := 1000
 	if testing.Short() {
@@ -842,13 +839,10 @@ func TestForgedHandshakesAreBounded(t *testing.T) {
 // matching ErrPeerFailed, also when the value came from the peer's write alone (the
 // request itself saw no failure).
 func TestPreadyNodeForgedFailure(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
-	send, _, _, _ := pairWith(t, l, 256, 2, 2, 0x53, func(p prepare.Params) prepare.Params { p.Backend = b; return p })
+	l, b := hostLink(t)
+	send, _, _, _ := pairWith(t, l, 256, 2, 2, 0x53, onBackend(b))
 	g := graph.NewHost()
-	_, err = send.PreadyNode(g, nil, 0)
+	_, err := send.PreadyNode(g, nil, 0)
 	require.NoError(t, err)
 	exec, s := instantiateOn(t, g, b)
 	prepare.ForgeFailedFlag(send, 0)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -334,13 +333,7 @@ func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) (remove func()) 
 		fn(ep, err)
 		return func() {}
 	}
-	return func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if i := slices.Index(ep.failureHooks, h); i >= 0 {
-			ep.failureHooks = slices.Delete(ep.failureHooks, i, i+1)
-		}
-	}
+	return hookRemover(w, &ep.failureHooks, h)
 }
 
 // CloseNbx starts closing the endpoint (ucp_ep_close_nbx): flush mode completes

@@ -680,11 +680,17 @@ func (w *Worker) OnClose(fn func()) (remove func()) {
 		fn()
 		return func() {}
 	}
+	return hookRemover(w, &w.closeHooks, h)
+}
+
+// hookRemover is the remover OnClose and OnFailure return: it takes h out of *hooks
+// under w.mu, once (later calls find it gone).
+func hookRemover[H any](w *Worker, hooks *[]*H, h *H) func() {
 	return func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if i := slices.Index(w.closeHooks, h); i >= 0 {
-			w.closeHooks = slices.Delete(w.closeHooks, i, i+1)
+		if i := slices.Index(*hooks, h); i >= 0 {
+			*hooks = slices.Delete(*hooks, i, i+1)
 		}
 	}
 }
