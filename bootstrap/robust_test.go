@@ -412,10 +412,13 @@ func TestSlowReaderDoesNotStallTheRendezvous(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Second)
 }
 
-// A rank whose queue of answers overflows queueHard is cut off as failed, at once.
-func TestOverflowingQueueFailsTheRank(t *testing.T) {
-	defer func(n int) { queueHard = n }(queueHard)
-	queueHard = 2 << 20
+// One Set answering many Waits of a rank shares the value among their answers instead
+// of copying it into the rank's queue once per Wait: a reading rank is never cut off
+// by such a burst (it was, once the copies passed queueHard, on any link slower than
+// loopback). A rank that stops reading is cut off as failed by the write deadline.
+func TestBurstOfAnswersIsSharedAndSilentRankCutOff(t *testing.T) {
+	defer func(n int, d time.Duration) { queueHard, writeTimeout = n, d }(queueHard, writeTimeout)
+	queueHard, writeTimeout = 2<<20, 300*time.Millisecond
 	srv, err := Serve("127.0.0.1:0", 2, nil, false)
 	require.NoError(t, err)
 	defer srv.Close()
@@ -425,7 +428,7 @@ func TestOverflowingQueueFailsTheRank(t *testing.T) {
 	s0, err := dial(ctx, srv.Addr(), nil, 0, 2, func(r int) { failed <- r })
 	require.NoError(t, err)
 	defer s0.close()
-	raw := rawRank(t, srv, 1, 2)
+	raw := rawRank(t, srv, 1, 2) // never reads again
 	defer raw.Close()
 	const waits = 32
 	var reqs []byte
@@ -439,14 +442,51 @@ func TestOverflowingQueueFailsTheRank(t *testing.T) {
 		defer srv.mu.Unlock()
 		return len(srv.waiters["big"]) == waits
 	}, 5*time.Second, time.Millisecond)
-	start := time.Now()
-	require.NoError(t, s0.Set(ctx, "big", make([]byte, MaxValue))) // 32 MiB for rank 1
+	require.NoError(t, s0.Set(ctx, "big", make([]byte, MaxValue))) // 32 MiB of answers
+	srv.mu.Lock()
+	for c := range srv.writing {
+		c.qmu.Lock()
+		require.Less(t, c.qown, queueHard, "the answers copied the value")
+		c.qmu.Unlock()
+	}
+	srv.mu.Unlock()
 	select {
 	case r := <-failed:
-		require.Equal(t, 1, r)
+		require.Equal(t, 1, r, "the silent rank, once its writes stalled")
 	case <-time.After(5 * time.Second):
-		t.Fatal("the rank whose queue overflowed was not failed")
+		t.Fatal("the rank that stopped reading was not cut off")
 	}
-	require.Less(t, time.Since(start), 5*time.Second)
 	require.NoError(t, s0.Set(ctx, "still", []byte("serving")))
+}
+
+// Close does not wait on the writer of a connection already dropped (its peer
+// half-closed and reads nothing): it closes that connection too (it waited one write
+// deadline per batch queued).
+func TestCloseDoesNotWaitForDroppedWriters(t *testing.T) {
+	srv, err := Serve("127.0.0.1:0", 2, nil, false)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s0, err := dial(ctx, srv.Addr(), nil, 0, 2, func(int) {})
+	require.NoError(t, err)
+	defer s0.close()
+	raw := rawRank(t, srv, 1, 2)
+	defer raw.Close()
+	var reqs []byte
+	for i := range 40 {
+		reqs = (&frame{op: opGet, id: uint32(i + 2), key: "big", wait: true}).encode(reqs)
+	}
+	_, err = raw.Write(reqs)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.waiters["big"]) == 40
+	}, 5*time.Second, time.Millisecond)
+	require.NoError(t, s0.Set(ctx, "big", make([]byte, MaxValue)))
+	require.NoError(t, raw.(*net.TCPConn).CloseWrite())
+	time.Sleep(50 * time.Millisecond) // the server reads the end and drops the rank
+	start := time.Now()
+	require.NoError(t, srv.Close())
+	require.Less(t, time.Since(start), 3*time.Second)
 }

@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -25,14 +26,17 @@ type Server struct {
 	gone    map[uint32]bool   // rank -> failed (true) or left with Bye (false)
 	barrier map[uint64][]waiter
 	conns   map[*sconn]struct{}
+	writing map[*sconn]struct{} // connections whose writer runs (Close closes them, dropped or not)
 	// unjoined counts connections that have not joined yet (authenticating, or
 	// authenticated without their hello): maxUnjoined bounds them.
 	unjoined int
 	closed   bool
 	done     chan struct{} // closed when every rank joined and went (or Close)
 	wg       sync.WaitGroup
-	// The package's maxPending, queueSoft and queueHard, as Serve found them.
+	// The package's maxPending, queueSoft, queueHard and writeTimeout, as Serve found
+	// them.
 	maxPending, queueSoft, queueHard int
+	writeTimeout                     time.Duration
 }
 
 // Store limits of a server: beyond them Set fails (codeFull).
@@ -43,22 +47,23 @@ const (
 	// closed at once (as ucp's listener bounds its handshakes) and its client tries
 	// again (dial).
 	maxUnjoined = 64
-	// writeTimeout bounds one write to a peer: a peer that reads nothing for that long
-	// is cut off (a rank: as failed).
-	writeTimeout = 10 * time.Second
 	// writeBatch bounds the bytes of one write (each gets writeTimeout).
 	writeBatch = 4 << 20
 )
 
 var (
+	// writeTimeout bounds one write to a peer: a peer that reads nothing for that long
+	// is cut off (a rank: as failed).
+	writeTimeout = 10 * time.Second
 	// maxPending bounds the unanswered requests (Waits, barriers) of one connection;
 	// a Wait withdrawn by its client (opCancel) no longer counts.
 	maxPending = 4096
 	// queueSoft: while more than this is queued for a connection, its requests are not
 	// read (a peer that sends without reading throttles only itself).
 	queueSoft = 4 << 20
-	// queueHard bounds what is queued for a connection (the answers of its Waits, as
-	// others set the keys): past it the connection is dropped (a rank: as failed).
+	// queueHard bounds the memory a connection's queue holds of its own (answers'
+	// headers, small values, failure notices; large values are the store's, shared):
+	// past it the connection is dropped (a rank: as failed).
 	queueHard = 64 << 20
 )
 
@@ -83,15 +88,18 @@ type sconn struct {
 	// peer's reading stalls the server or another peer.
 	qmu     sync.Mutex
 	qcond   sync.Cond // on qmu: frames queued, room made, closing
-	q       [][]byte
+	q       []queued
 	qbytes  int  // queued and being written
+	qown    int  // of which the queue's own memory (queueHard)
 	qclosed bool // takes no more frames: the writer writes what is queued and closes c
 	soft    int  // the server's queueSoft
 	hard    int  // the server's queueHard
+	// writeTimeout: the package's, as Serve found it.
+	writeTimeout time.Duration
 }
 
-func newSconn(c net.Conn, soft, hard int) *sconn {
-	sc := &sconn{c: c, waits: map[uint32]string{}, soft: soft, hard: hard}
+func newSconn(c net.Conn, soft, hard int, wt time.Duration) *sconn {
+	sc := &sconn{c: c, waits: map[uint32]string{}, soft: soft, hard: hard, writeTimeout: wt}
 	sc.qcond.L = &sc.qmu
 	return sc
 }
@@ -119,9 +127,9 @@ func Serve(addr string, size int, key []byte, insecure bool) (*Server, error) {
 		ln: ln, key: rendezvousKey(key), size: size,
 		kv: map[string][]byte{}, waiters: map[string][]waiter{},
 		ranks: map[uint32]*sconn{}, gone: map[uint32]bool{},
-		barrier: map[uint64][]waiter{}, conns: map[*sconn]struct{}{},
+		barrier: map[uint64][]waiter{}, conns: map[*sconn]struct{}{}, writing: map[*sconn]struct{}{},
 		done:       make(chan struct{}),
-		maxPending: maxPending, queueSoft: queueSoft, queueHard: queueHard,
+		maxPending: maxPending, queueSoft: queueSoft, queueHard: queueHard, writeTimeout: writeTimeout,
 	}
 	s.wg.Add(1)
 	go s.accept()
@@ -177,7 +185,7 @@ func (s *Server) Close() error {
 		return fmt.Errorf("bootstrap: server: %w", ErrClosed)
 	}
 	s.closed = true
-	for c := range s.conns {
+	for c := range s.writing { // dropped ones too: their writers may still write
 		_ = c.c.Close()
 		c.finish()
 	}
@@ -204,7 +212,7 @@ func (s *Server) accept() {
 			return
 		}
 		setKeepAlive(c)
-		sc := newSconn(c, s.queueSoft, s.queueHard)
+		sc := newSconn(c, s.queueSoft, s.queueHard, s.writeTimeout)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -218,6 +226,7 @@ func (s *Server) accept() {
 		}
 		s.unjoined++
 		s.conns[sc] = struct{}{}
+		s.writing[sc] = struct{}{}
 		s.wg.Add(2)
 		s.mu.Unlock()
 		go s.serve(sc)
@@ -458,22 +467,44 @@ func without(ws []waiter, c *sconn) []waiter {
 // send queues a frame for the connection's writer; past queueHard the connection is
 // cut off (its reader then ends and drops it: a rank as failed).
 func (c *sconn) send(f *frame) {
+	c.queue(f.encode(nil), nil)
+}
+
+// queue adds a frame of own bytes and then shared ones (a stored value, never written
+// in place: a Set stores a new slice). queueHard bounds the own bytes only: answers
+// to the connection's own Waits share the store's value, so a burst of them (one Set
+// answering many Waits of a reading peer) holds no memory of its own and cuts nobody
+// off; the writer's deadline still cuts off a peer that stops reading.
+func (c *sconn) queue(own, shared []byte) {
 	c.qmu.Lock()
 	defer c.qmu.Unlock()
 	if c.qclosed {
 		return
 	}
-	b := f.encode(nil)
-	if c.qbytes > 0 && c.qbytes+len(b) > c.hard {
+	if c.qown > 0 && c.qown+len(own) > c.hard {
 		c.qclosed, c.q = true, nil
 		c.qcond.Broadcast()
 		_ = c.c.Close()
 		return
 	}
-	c.q = append(c.q, b)
-	c.qbytes += len(b)
+	c.q = append(c.q, queued{own, len(own)})
+	if len(shared) > 0 {
+		c.q = append(c.q, queued{shared, 0})
+	}
+	c.qbytes += len(own) + len(shared)
+	c.qown += len(own)
 	c.qcond.Broadcast()
 }
+
+// queued is one piece of a connection's write queue; own is how many of its bytes are
+// the queue's own memory (0 for a shared value).
+type queued struct {
+	b   []byte
+	own int
+}
+
+// sharedValueFrom: an answer with a value this large queues the value by reference.
+const sharedValueFrom = 4 << 10
 
 // finish makes the writer write what is queued, then close the connection.
 func (c *sconn) finish() {
@@ -498,19 +529,28 @@ func (c *sconn) waitRoom() bool {
 // off.
 func (s *Server) write(c *sconn) {
 	defer s.wg.Done()
-	defer c.c.Close()
+	defer func() {
+		_ = c.c.Close()
+		s.mu.Lock()
+		delete(s.writing, c)
+		s.mu.Unlock()
+	}()
 	for {
 		c.qmu.Lock()
 		for len(c.q) == 0 && !c.qclosed {
 			c.qcond.Wait()
 		}
-		// A batch of at most writeBatch bytes (or one frame) per writeTimeout.
-		n, k := 0, 0
-		for k < len(c.q) && (k == 0 || n+len(c.q[k]) <= writeBatch) {
-			n += len(c.q[k])
+		// A batch of at most writeBatch bytes (or one piece) per writeTimeout.
+		n, own, k := 0, 0, 0
+		for k < len(c.q) && (k == 0 || n+len(c.q[k].b) <= writeBatch) {
+			n += len(c.q[k].b)
+			own += c.q[k].own
 			k++
 		}
-		bufs := c.q[:k:k]
+		bufs := make(net.Buffers, k)
+		for i := range k {
+			bufs[i] = c.q[i].b
+		}
 		if c.q = c.q[k:]; len(c.q) == 0 {
 			c.q = nil
 		}
@@ -518,13 +558,13 @@ func (s *Server) write(c *sconn) {
 		if len(bufs) == 0 {
 			return // closing, all written
 		}
-		_ = c.c.SetWriteDeadline(time.Now().Add(writeTimeout))
-		nb := net.Buffers(bufs)
-		_, err := nb.WriteTo(c.c)
+		_ = c.c.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+		_, err := bufs.WriteTo(c.c)
 		c.qmu.Lock()
 		c.qbytes -= n
+		c.qown -= own
 		if err != nil {
-			c.qclosed, c.q, c.qbytes = true, nil, 0
+			c.qclosed, c.q, c.qbytes, c.qown = true, nil, 0, 0
 		}
 		c.qcond.Broadcast()
 		c.qmu.Unlock()
@@ -539,7 +579,17 @@ func (c *sconn) sendFrameLocked(f *frame) {
 }
 
 func (c *sconn) replyLocked(id uint32, v []byte) {
-	c.send(&frame{op: opOK, id: id, value: v})
+	if len(v) < sharedValueFrom {
+		c.send(&frame{op: opOK, id: id, value: v})
+		return
+	}
+	// The frame opOK encodes, its value by reference.
+	hdr := make([]byte, 0, 4+1+4+4)
+	hdr = binary.BigEndian.AppendUint32(hdr, uint32(1+4+4+len(v)))
+	hdr = append(hdr, byte(opOK))
+	hdr = binary.BigEndian.AppendUint32(hdr, id)
+	hdr = binary.BigEndian.AppendUint32(hdr, uint32(len(v)))
+	c.queue(hdr, v)
 }
 
 func (c *sconn) sendLocked(id uint32, code uint8, rank uint32, msg string) {

@@ -660,13 +660,16 @@ func ucpx_pwait(h C.ucpx_handle_t, ms C.int) C.int {
 
 //export ucpx_pfree
 func ucpx_pfree(h C.ucpx_handle_t) C.int {
-	r, err := take[*prepare.Request](h, "partitioned request")
+	r, err := get[*prepare.Request](h, "partitioned request")
 	if err != nil {
 		return status(err)
 	}
 	err = r.Free()
 	if errors.Is(err, prepare.ErrBusy) {
-		putBack(h, r) // BUSY: nothing changed, the handle stays
+		return status(err) // nothing changed: the handle stays, usable meanwhile too
+	}
+	if !handles.CompareAndDelete(uint64(h), r) {
+		return status(fmt.Errorf("partitioned request %d: %w", uint64(h), errInvalidHandle)) // another thread freed it first
 	}
 	return status(err)
 }
