@@ -39,7 +39,9 @@
 // protocol close that connection with ErrProtocol and disturb no other rank. The
 // rendezvous answers each connection through its own bounded queue: a rank that stops
 // reading stalls nobody else, its requests are no longer read, and it is cut off (as
-// failed) when its queue overflows or nothing could be written to it for 10 s. Past 64
+// failed) when nothing could be written to it for 10 s, or its queue's own memory
+// overflows (answers share a stored value: a Set answering many of a rank's Waits
+// does not copy it for each). Past 64
 // connections that have not joined yet, a new one is closed at once; a joining rank
 // tries again until its context ends, so any number of ranks may start together.
 package bootstrap
