@@ -519,9 +519,24 @@ func (c *Condition) waitOnStream(s streamcore.Stream, seq uint64) error {
 		return err
 	}
 	if !own && !slices.ContainsFunc(c.foreign, func(f streamcore.Stream) bool { return sameStream(f, s) }) {
+		if len(c.foreign) >= pruneForeignAt {
+			c.foreign = slices.DeleteFunc(c.foreign, streamDone)
+		}
 		c.foreign = append(c.foreign, s)
 	}
 	return nil
+}
+
+// pruneForeignAt: a condition given waits on this many other streams forgets those
+// that will run nothing more (streamDone) before it adds one, so streams made and
+// closed per iteration do not pile up until Destroy.
+const pruneForeignAt = 16
+
+// streamDone reports whether s will run no more work: closed (a CUDA stream's Close
+// synchronized it), or a host stream stopped on an error.
+func streamDone(s streamcore.Stream) bool {
+	_, err := s.Query()
+	return err != nil && (errors.Is(err, streamcore.ErrClosed) || s.Kind() == streamcore.KindHost)
 }
 
 // sameStream reports whether a and b are one stream (false for a type Go cannot

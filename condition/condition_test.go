@@ -324,3 +324,21 @@ func TestDestroyedWordsFreedWhenAWaitingStreamDrops(t *testing.T) {
 	require.ErrorIs(t, s2.Close(), stream.ErrAbandoned)
 	require.Eventually(t, c.words.Closed, 5*time.Second, time.Millisecond)
 }
+
+// Streams made and closed one after another, each given a wait on a condition, do
+// not pile up in it: closed ones are forgotten as new ones come.
+func TestForeignStreamsPruned(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	c, err := Create(Param{Category: KernelTriggered, Backend: b})
+	require.NoError(t, err)
+	for range 100 {
+		s, err := b.NewStream()
+		require.NoError(t, err)
+		require.NoError(t, c.waitOnStream(s, 0))
+		require.NoError(t, s.Close())
+	}
+	require.LessOrEqual(t, len(c.foreign), pruneForeignAt)
+	require.NoError(t, c.Destroy())
+	require.Eventually(t, c.words.Closed, 5*time.Second, time.Millisecond)
+}

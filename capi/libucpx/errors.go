@@ -35,10 +35,18 @@ func status(err error) C.int {
 		return C.UCPX_OK
 	}
 	lastErr.Lock()
+	if len(lastErr.m) >= maxErrThreads {
+		// Threads come and go (their ids are reused): past this many, the messages of
+		// the others are dropped rather than kept for good.
+		clear(lastErr.m)
+	}
 	lastErr.m[unix.Gettid()] = err.Error()
 	lastErr.Unlock()
 	return code(err)
 }
+
+// maxErrThreads bounds the threads whose last error is kept.
+const maxErrThreads = 4096
 
 // code maps an error to its ucpx_status; the narrower kinds are tested first.
 func code(err error) C.int {
