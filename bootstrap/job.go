@@ -52,6 +52,7 @@ type Options struct {
 	// the failures were recorded, on a goroutine of the job's (never the store's
 	// reader nor UCX's progress), so it may use the Store, Barrier and Endpoint; while
 	// it blocks, later failures wait for their call (Job.Failed lists them at once).
+	// No call starts once Close began (one under way may still be running).
 	OnFailure func(rank int, err error)
 	// Timeout bounds a lazy Endpoint's wait for the peer's address (DefaultTimeout).
 	Timeout time.Duration
@@ -441,7 +442,7 @@ func (j *Job) markFailed(rank int, err error) {
 	}
 	j.failed[rank] = err
 	fn := j.opts.OnFailure
-	if fn == nil {
+	if fn == nil || j.closed {
 		return
 	}
 	j.events = append(j.events, failure{rank, err})
@@ -487,6 +488,7 @@ func (j *Job) close(wait bool) error {
 		return fmt.Errorf("bootstrap: job: %w", ErrClosed)
 	}
 	j.closed = true
+	j.events = nil // failures not delivered yet are not: no call starts after Close
 	eps := j.eps
 	j.eps = map[int]*ucp.Endpoint{}
 	j.mu.Unlock()

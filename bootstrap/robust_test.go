@@ -207,6 +207,26 @@ func TestOnFailureInOrder(t *testing.T) {
 	}
 }
 
+// No OnFailure call starts once Close began: failures queued behind a call under way
+// are dropped, and later ones are not queued.
+func TestOnFailureStopsAtClose(t *testing.T) {
+	release := make(chan struct{})
+	calls := make(chan int, 10)
+	j := &Job{failed: map[int]error{}, eps: map[int]*ucp.Endpoint{}, opts: Options{OnFailure: func(r int, _ error) {
+		calls <- r
+		<-release
+	}}}
+	j.markFailed(1, ErrRankFailed)
+	require.Equal(t, 1, <-calls) // under way
+	j.markFailed(2, ErrRankFailed)
+	require.NoError(t, j.Close())
+	j.markFailed(3, ErrRankFailed)
+	close(release)
+	time.Sleep(20 * time.Millisecond)
+	require.Empty(t, calls, "a call started after Close")
+	require.Len(t, j.Failed(), 3, "Failed still lists them")
+}
+
 // More ranks than maxUnjoined connect at once: those turned away try again, and all
 // join.
 func TestManyRanksJoinAtOnce(t *testing.T) {
