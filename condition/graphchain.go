@@ -125,24 +125,26 @@ func (g *graphChain) Run(ctx context.Context) (bool, error) {
 	}
 	defer g.unchain(len(g.conds))
 	e.chainRuns.Add(1)
+	defer e.chainRuns.Add(-1)
 	if err := g.chain.Start(); err != nil {
-		e.chainRuns.Add(-1)
 		return false, nil // an endpoint closed or failed, the worker closed: likewise
 	}
 	err := g.chain.Wait(ctx)
-	if err != nil && ctx.Err() != nil && g.chain.Iterations() != 1 {
-		// Given up (the launch's stream closed): the run stops, its pending operations
-		// canceled, rather than post later layers on its own.
-		_ = g.chain.Destroy()
-	}
-	e.chainRuns.Add(-1)
-	e.Release() // as a driver does when it stops: work the run saw arrive is the engine's
-	completed := g.chain.Iterations() == 1
-	for i, p := range g.opPart {
-		if oerr := g.chain.OpErr(i); oerr != nil {
-			p.cond.recordErr(oerr, "graph operation")
+	if err != nil {
+		// Wait returns the run's first failure: only then has any operation one.
+		for i, p := range g.opPart {
+			if oerr := g.chain.OpErr(i); oerr != nil {
+				p.cond.recordErr(oerr, "graph operation")
+			}
 		}
 	}
+	completed := g.chain.Iterations() == 1
+	if !completed && ctx.Err() != nil {
+		// Given up (the launch's stream closed): the run stops, its pending operations
+		// canceled, rather than post later layers on its own. The chain can run no more.
+		_ = g.chain.Destroy()
+	}
+	e.Release() // as a driver does when it stops: work the run saw arrive is the engine's
 	if completed {
 		return true, nil // failures, if any, are the conditions' (as node by node)
 	}
@@ -172,6 +174,7 @@ func (g *graphChain) cancel(p *part) {
 	for i, q := range g.opPart {
 		if q == p {
 			g.chain.cancelOp(i)
+			return
 		}
 	}
 }
