@@ -38,6 +38,7 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 	if err := c.reserveLocked(len(work)); err != nil {
 		return 0, err
 	}
+	defer func() { c.unreserve(len(work) - armed) }() // parts not armed give their room back
 	first := c.armed + 1
 	last := c.armed + uint64(len(work))
 	eachTrigger := false
@@ -48,13 +49,11 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 		for i, w := range work {
 			if w.before != nil {
 				if err := w.before(c.stream); err != nil {
-					c.unreserve(len(work) - armed)
 					return armed, fmt.Errorf("arm part %d: enqueue work before the trigger: %w", i, err)
 				}
 			}
 			seq := first + uint64(i)
 			if err := c.stream.WriteValue(c.trigger, seq); err != nil {
-				c.unreserve(len(work) - armed)
 				return armed, fmt.Errorf("arm part %d: enqueue trigger: %w", i, err)
 			}
 			record(i, seq)
@@ -63,7 +62,6 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 		}
 	} else {
 		if err := c.stream.WriteValue(c.trigger, last); err != nil {
-			c.unreserve(len(work))
 			return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
 		}
 		for i := range work {

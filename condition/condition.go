@@ -356,14 +356,15 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 	if err := c.reserveLocked(1); err != nil {
 		return 0, err
 	}
-	if c.group != nil {
-		return c.armGroupLocked(streamOrdered, work, record)
-	}
+	// Work before the trigger precedes a group's trigger too: enqueued now either way.
 	if work.before != nil {
 		if err := work.before(c.stream); err != nil {
 			c.unreserve(1)
 			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
 		}
+	}
+	if c.group != nil {
+		return c.armGroupLocked(streamOrdered, work, record)
 	}
 	// The trigger and the completion wait go in one enqueue (one driver call on
 	// CUDA). If the stream refuses it (closed, sticky error), nothing is armed.

@@ -40,7 +40,7 @@ func acquireDepth(h uintptr) *streamDepth {
 func (d *streamDepth) release() {
 	depthsMu.Lock()
 	defer depthsMu.Unlock()
-	if d.refs--; d.refs == 0 && depths[d.key] == d {
+	if d.refs--; d.refs == 0 {
 		delete(depths, d.key)
 	}
 }
@@ -63,7 +63,7 @@ func (d *streamDepth) reserve(n int) error {
 // reserveLocked is reserve for a condition (nil-safe: only Stream conditions on a CUDA
 // stream count). Caller holds c.mu.
 func (c *Condition) reserveLocked(n int) error {
-	if c.depth == nil || n <= 0 {
+	if c.depth == nil {
 		return nil
 	}
 	return c.depth.reserve(n)

@@ -110,16 +110,9 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 	return false, nil
 }
 
-// armGroupLocked arms one operation of the open group: work before the trigger is
-// enqueued now (it precedes the group's trigger either way), the rest at EndGroup.
-// Caller holds c.mu.
+// armGroupLocked arms one operation of the open group (arm enqueued its work before
+// the trigger); the rest is enqueued at EndGroup. Caller holds c.mu.
 func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record func(seq uint64)) (uint64, error) {
-	if work.before != nil {
-		if err := work.before(c.stream); err != nil {
-			c.unreserve(1)
-			return 0, fmt.Errorf("arm: enqueue work before the trigger: %w", err)
-		}
-	}
 	seq := c.armed + 1
 	record(seq)
 	c.armed = seq
