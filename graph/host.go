@@ -3,7 +3,6 @@ package graph
 import (
 	"context"
 	"fmt"
-	"math/bits"
 	"reflect"
 	"runtime"
 	"slices"
@@ -302,9 +301,13 @@ func (g *Host) Instantiate() (*HostExec, error) {
 // exactly layers: a node of layer L depends, directly or not, on every node of layers
 // 0..L-1 and on nothing else. Run as a chain, each layer starts once every operation
 // of the one before completed, which then adds no wait the graph does not have.
+//
+// That holds when each node of layer L > 0 depends directly on every node of layer
+// L-1: an ancestor at L-1 reached through another node would put the node at L+1, and
+// by induction the layers below come with them.
 func (x *HostExec) chainLayers(nodes []*HostNode) [][]*stream.Word {
 	n := len(nodes)
-	if n == 0 || n > maxChainNodes {
+	if n == 0 {
 		return nil
 	}
 	for _, node := range nodes {
@@ -314,20 +317,13 @@ func (x *HostExec) chainLayers(nodes []*HostNode) [][]*stream.Word {
 	}
 	// Nodes are added after their dependencies, so ids are a topological order.
 	level := make([]int, n)
-	words := (n + 63) / 64
-	anc := make([]uint64, n*words) // anc[i*words:]: the ancestors of node i
-	count := []int{}               // nodes per level
+	var count []int // nodes per level
 	for i := range n {
-		a := anc[i*words : (i+1)*words]
 		for _, d := range x.deps[i] {
 			if d >= i {
 				return nil
 			}
 			level[i] = max(level[i], level[d]+1)
-			a[d/64] |= 1 << (d % 64)
-			for k, v := range anc[d*words : (d+1)*words] {
-				a[k] |= v
-			}
 		}
 		if level[i] == len(count) {
 			count = append(count, 0)
@@ -335,21 +331,20 @@ func (x *HostExec) chainLayers(nodes []*HostNode) [][]*stream.Word {
 		count[level[i]]++
 	}
 	layers := make([][]*stream.Word, len(count))
-	below := make([]int, len(count)+1) // nodes in levels < L
-	for l, c := range count {
-		below[l+1] = below[l] + c
-	}
 	for i := range n {
-		ancestors := 0
-		for _, v := range anc[i*words : (i+1)*words] {
-			ancestors += bits.OnesCount64(v)
+		l := level[i]
+		if l > 0 {
+			prev := 0 // its dependencies at l-1 (x.deps holds each once)
+			for _, d := range x.deps[i] {
+				if level[d] == l-1 {
+					prev++
+				}
+			}
+			if prev != count[l-1] {
+				return nil
+			}
 		}
-		// Its ancestors are all in lower levels, so as many as those levels hold
-		// means all of them.
-		if ancestors != below[level[i]] {
-			return nil
-		}
-		layers[level[i]] = append(layers[level[i]], x.trigger[i])
+		layers[l] = append(layers[l], x.trigger[i])
 	}
 	return layers
 }
@@ -379,9 +374,6 @@ func (c *launchChain) release() error {
 
 // maxChainBackoff bounds the launches between two requests for a chain.
 const maxChainBackoff = 4096
-
-// maxChainNodes bounds the graphs chainLayers examines (its ancestor sets are n² bits).
-const maxChainNodes = 4096
 
 // runChained runs the launch as the nodes' engine's chain (see HostExec.layers); it
 // reports false, having done nothing, where the launch must go node by node. Launches
@@ -456,12 +448,12 @@ func (x *HostExec) Launch(s stream.Stream) error {
 	x.mu.Unlock()
 	var err error
 	if d, ok := s.(stream.HostFuncDropper); ok {
-		err = d.LaunchHostFuncOrDrop(sl.run, sl.dropped)
+		err = d.LaunchHostFuncOrDrop(sl.run, sl.leave)
 	} else {
 		err = s.LaunchHostFunc(sl.run)
 	}
 	if err != nil {
-		sl.dropped()
+		sl.leave()
 		return fmt.Errorf("launch: %w", err)
 	}
 	return nil
@@ -479,8 +471,8 @@ type streamLaunches struct {
 	// never for other streams); grace is that grace.
 	abandon context.Context
 	grace   time.Duration
-	// dropped: a launch the stream dropped (stream.HostFuncDropper) is not in flight.
-	dropped func()
+	// leave: a launch leaves, run or dropped by the stream (stream.HostFuncDropper).
+	leave func()
 }
 
 // maxStreamRecords: past this many streams' records, Launch forgets those with no
@@ -489,10 +481,9 @@ const maxStreamRecords = 16
 
 // launchesOnLocked returns s's record, made on first use. Caller holds x.mu.
 func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
-	if !reflect.TypeOf(s).Comparable() {
-		// not kept (a map key must compare)
-	} else if sl := x.onStream[s]; sl != nil {
-		return sl
+	keep := reflect.TypeOf(s).Comparable() // a map key must compare: others get a record per launch
+	if keep && x.onStream[s] != nil {
+		return x.onStream[s]
 	}
 	if x.onStream == nil {
 		x.onStream = map[stream.Stream]*streamLaunches{}
@@ -509,11 +500,11 @@ func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
 		sl.abandon, sl.grace = c.Abandon(), c.CloseGrace()
 	}
 	sl.run = func() { x.runLaunch(sl) }
-	sl.dropped = func() {
+	sl.leave = func() {
 		sl.queued.Add(-1)
 		x.inFlight.Add(-1)
 	}
-	if reflect.TypeOf(s).Comparable() { // a stream Go cannot compare gets a record per launch
+	if keep {
 		x.onStream[s] = sl
 	}
 	return sl
@@ -536,10 +527,7 @@ func (x *HostExec) liveLocked() int64 {
 
 // runLaunch is one launch as the stream runs it. A failed node fails it.
 func (x *HostExec) runLaunch(sl *streamLaunches) {
-	defer func() {
-		sl.queued.Add(-1)
-		x.inFlight.Add(-1)
-	}()
+	defer sl.leave()
 	if err := x.run(sl); err != nil {
 		panic(err) // becomes the stream's sticky error (stream.PanicError)
 	}
