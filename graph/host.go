@@ -482,8 +482,10 @@ const maxStreamRecords = 16
 // launchesOnLocked returns s's record, made on first use. Caller holds x.mu.
 func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
 	keep := reflect.TypeOf(s).Comparable() // a map key must compare: others get a record per launch
-	if keep && x.onStream[s] != nil {
-		return x.onStream[s]
+	if keep {
+		if sl := x.onStream[s]; sl != nil {
+			return sl
+		}
 	}
 	if x.onStream == nil {
 		x.onStream = map[stream.Stream]*streamLaunches{}
