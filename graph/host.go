@@ -187,7 +187,10 @@ type HostExec struct {
 	states     sync.Pool // *launchState
 	roots      []int
 	mu         sync.Mutex // orders Launch against Close
-	inFlight   atomic.Int64
+	// inFlight counts launches enqueued and not finished; leave (made once) takes one
+	// off, when a launch ends or its stream drops it (stream.HostFuncDropper).
+	inFlight atomic.Int64
+	leave    func()
 	// onStream: the launches of each stream (under mu), see streamLaunches.
 	onStream map[stream.Stream]*streamLaunches
 	closed   bool
@@ -235,6 +238,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
 		trigger: make([]*stream.Word, n), op: make([]opWords, n), follow: make([][]int, n),
 		deps: make([][]int, n), children: make([][]int, n)}
+	x.leave = func() { x.inFlight.Add(-1) }
 	indegree := make([]int, n)
 	for _, node := range g.nodes {
 		x.tasks[node.id] = node.task
@@ -443,17 +447,16 @@ func (x *HostExec) Launch(s stream.Stream) error {
 		return fmt.Errorf("launch: %w", ErrClosed)
 	}
 	sl := x.launchesOnLocked(s)
-	sl.queued.Add(1)
 	x.inFlight.Add(1)
 	x.mu.Unlock()
 	var err error
 	if d, ok := s.(stream.HostFuncDropper); ok {
-		err = d.LaunchHostFuncOrDrop(sl.run, sl.leave)
+		err = d.LaunchHostFuncOrDrop(sl.run, x.leave) // a launch the stream drops leaves too
 	} else {
 		err = s.LaunchHostFunc(sl.run)
 	}
 	if err != nil {
-		sl.leave()
+		x.leave()
 		return fmt.Errorf("launch: %w", err)
 	}
 	return nil
@@ -461,22 +464,17 @@ func (x *HostExec) Launch(s stream.Stream) error {
 
 // streamLaunches is what an executable graph keeps for each stream it is launched on:
 // the function the stream runs for a launch (made once per stream: a launch allocates
-// no closure), how many of its launches have not run, and how the stream tells a
-// waiting launch that it is closing.
+// no closure), and how the stream tells a waiting launch that it is closing.
 type streamLaunches struct {
-	s      stream.Stream
-	run    func()
-	queued atomic.Int64
+	run func()
 	// abandon is done when the stream's Close has waited its grace (stream.Closing;
 	// never for other streams); grace is that grace.
 	abandon context.Context
 	grace   time.Duration
-	// leave: a launch leaves, run or dropped by the stream (stream.HostFuncDropper).
-	leave func()
 }
 
-// maxStreamRecords: past this many streams' records, Launch forgets those with no
-// launch queued (a stream launched on again gets a new one).
+// maxStreamRecords: past this many streams' records, Launch forgets them (a launch
+// queued keeps its own; a stream launched on again gets a new one).
 const maxStreamRecords = 16
 
 // launchesOnLocked returns s's record, made on first use. Caller holds x.mu.
@@ -491,45 +489,22 @@ func (x *HostExec) launchesOnLocked(s stream.Stream) *streamLaunches {
 		x.onStream = map[stream.Stream]*streamLaunches{}
 	}
 	if len(x.onStream) >= maxStreamRecords {
-		for k, sl := range x.onStream {
-			if sl.queued.Load() == 0 {
-				delete(x.onStream, k)
-			}
-		}
+		clear(x.onStream)
 	}
-	sl := &streamLaunches{s: s, abandon: context.Background()}
+	sl := &streamLaunches{abandon: context.Background()}
 	if c, ok := s.(stream.Closing); ok {
 		sl.abandon, sl.grace = c.Abandon(), c.CloseGrace()
 	}
 	sl.run = func() { x.runLaunch(sl) }
-	sl.leave = func() {
-		sl.queued.Add(-1)
-		x.inFlight.Add(-1)
-	}
 	if keep {
 		x.onStream[s] = sl
 	}
 	return sl
 }
 
-// liveLocked is the number of launches enqueued and not finished that can still run:
-// those of a stream that stopped (a sticky error, or Close abandoning its work) were
-// dropped with its queue and never will. Caller holds x.mu.
-func (x *HostExec) liveLocked() int64 {
-	n := x.inFlight.Load()
-	for _, sl := range x.onStream {
-		if q := sl.queued.Load(); q > 0 {
-			if f, ok := sl.s.(stream.Failer); ok && f.Failed() != nil {
-				n -= q
-			}
-		}
-	}
-	return max(n, 0)
-}
-
 // runLaunch is one launch as the stream runs it. A failed node fails it.
 func (x *HostExec) runLaunch(sl *streamLaunches) {
-	defer sl.leave()
+	defer x.leave()
 	if err := x.run(sl); err != nil {
 		panic(err) // becomes the stream's sticky error (stream.PanicError)
 	}
@@ -976,9 +951,7 @@ func (x *HostExec) InFlight() int {
 	if x == nil {
 		return 0
 	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return int(x.liveLocked())
+	return int(x.inFlight.Load())
 }
 
 // Close releases the executable graph. With launches in flight it returns an error
@@ -992,7 +965,7 @@ func (x *HostExec) Close() error {
 	if x.closed {
 		return fmt.Errorf("close: %w", ErrClosed)
 	}
-	if n := x.liveLocked(); n > 0 {
+	if n := x.inFlight.Load(); n > 0 {
 		return fmt.Errorf("close: %d launch(es) not finished: %w", n, ErrInFlight)
 	}
 	x.closed = true

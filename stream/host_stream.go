@@ -73,6 +73,7 @@ type hostStream struct {
 	pending []hostOp // enqueued, not yet taken by the executor
 	parked  bool     // the executor sleeps on wake and needs a token
 	closed  bool     // Close was called: no new work
+	failed  error    // the stream failed (fail): no new work; sticky once dropped work is
 
 	wake    chan struct{} // capacity 1; one token per park
 	closing chan struct{} // closed by Close, wakes a parked wait
@@ -90,6 +91,7 @@ type hostStream struct {
 	_         [56]byte
 	completed atomic.Uint64 // operations run so far, in order (executor only)
 	taken     uint64        // operations taken from pending (executor only)
+	at        int           // the index in its batch of the operation running (executor only)
 	// held (executor only): the block whose driver the executor drove in a WaitValue
 	// that ended and has not released yet. Back-to-back operations on the same driver
 	// (a Stream condition's iterations) keep driving it; releasing after each one let
@@ -155,9 +157,9 @@ func (s *hostStream) enqueueOps(ops ...hostOp) error {
 		s.mu.Unlock()
 		return errClosedStream()
 	}
-	if p := s.sticky.Load(); p != nil {
+	if s.failed != nil {
 		s.mu.Unlock()
-		return *p
+		return s.failed
 	}
 	s.pending = append(s.pending, ops...)
 	s.tail.Store(s.tail.Load() + uint64(len(ops)))
@@ -390,18 +392,19 @@ func (s *hostStream) beginClose() bool {
 // run is the executor goroutine.
 func (s *hostStream) run() {
 	returned := false
+	var batch []hostOp
 	defer func() {
 		if returned {
 			s.exit()
 			return
 		}
 		// A host func called runtime.Goexit (t.FailNow in a test callback, for
-		// one), which unwinds this goroutine past recover. Fail the stream and carry
-		// on in a fresh goroutine, so Close and waiters still see a live executor.
-		s.fail(fmt.Errorf("stream: host func called runtime.Goexit"))
+		// one), which unwinds this goroutine past recover. Fail the stream (the rest
+		// of its batch dropped) and carry on in a fresh goroutine, so Close and
+		// waiters still see a live executor.
+		s.fail(fmt.Errorf("stream: host func called runtime.Goexit"), batch[s.at+1:])
 		go s.run()
 	}()
-	var batch []hostOp
 	for {
 		var ok bool
 		batch, ok = s.next(batch)
@@ -480,9 +483,9 @@ func (s *hostStream) execBatch(batch []hostOp) {
 			dropAll(batch[i:])
 			return
 		}
+		s.at = i
 		if err := s.exec(&batch[i]); err != nil {
-			s.fail(err)
-			dropAll(batch[i+1:])
+			s.fail(err, batch[i+1:])
 			return
 		}
 		c := s.completed.Add(1)
@@ -631,8 +634,22 @@ func (s *hostStream) abandoned(what string) error {
 		what, s.grace, dropped, ErrAbandoned)
 }
 
-// fail records err as the sticky error (the first one wins) and wakes all waiters.
-func (s *hostStream) fail(err error) {
+// fail records err as the sticky error (the first one wins), rest being the operations
+// of the failed one's batch after it, and wakes all waiters.
+func (s *hostStream) fail(err error, rest []hostOp) {
+	// No new work from here; the rest of the batch and all that is pending are
+	// dropped (their dropped funcs run) before the failure shows (sticky), so whoever
+	// sees it sees what they release released. Executor only.
+	s.mu.Lock()
+	if s.failed == nil {
+		s.failed = err
+	}
+	pending := s.pending
+	s.pending = nil
+	s.taken += uint64(len(pending))
+	s.mu.Unlock()
+	dropAll(rest)
+	dropAll(pending)
 	s.sticky.CompareAndSwap(nil, &err)
 	s.notify()
 }

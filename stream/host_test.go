@@ -543,6 +543,31 @@ func TestHostGoexitInCallback(t *testing.T) {
 	waitGoroutines(t, base)
 }
 
+// Work a failing stream will not run has its dropped funcs run before the failure
+// shows: by the time Synchronize returns the error, every one ran once (and no run
+// func did). Whether the failure is a panic or a Goexit, and whether the work sat in
+// the failed operation's batch or was enqueued after it.
+func TestHostDroppedBeforeFailureShows(t *testing.T) {
+	for _, failing := range []func(){func() { panic("boom") }, runtime.Goexit} {
+		b := newTestBackend(t)
+		s := newTestStream(t, b)
+		gate := make(chan struct{})
+		require.NoError(t, s.LaunchHostFunc(func() { <-gate })) // the rest queues behind it
+		require.NoError(t, s.LaunchHostFunc(failing))
+		var ran, dropped atomic.Int32
+		d := s.(HostFuncDropper)
+		for range 3 {
+			require.NoError(t, d.LaunchHostFuncOrDrop(func() { ran.Add(1) }, func() { dropped.Add(1) }))
+		}
+		close(gate)
+		require.Error(t, s.Synchronize())
+		require.Equal(t, int32(3), dropped.Load(), "dropped funcs not run when the failure showed")
+		require.Zero(t, ran.Load())
+		require.Error(t, d.LaunchHostFuncOrDrop(func() {}, func() {}), "a failed stream takes no work")
+		_ = s.Close()
+	}
+}
+
 func TestHostCopy(t *testing.T) {
 	const words = 1 << 15 // 256 KiB of C memory: first half source, second destination
 	b := newTestBackend(t)

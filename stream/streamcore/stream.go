@@ -97,9 +97,10 @@ type Failer interface {
 
 // HostFuncDropper is a Stream that tells a host func it will never run: dropped runs
 // instead of fn (on the stream's executor: it must be quick and must not block) when
-// the stream drops it, after a failure or when Close abandons its work. Host streams
-// implement it; layers that count what a host func releases use it, so nothing stays
-// held by work a stream dropped.
+// the stream drops it, after a failure or when Close abandons its work; every dropped
+// func ran before the failure shows (Synchronize, Failed). Host streams implement it;
+// layers that count what a host func releases use it, so nothing stays held by work
+// a stream dropped.
 type HostFuncDropper interface {
 	LaunchHostFuncOrDrop(fn, dropped func()) error
 }
