@@ -172,18 +172,10 @@ func (r *Request) awaitReady(flag *stream.Word, p int) (uint64, error) {
 // kernels (loaded with the backend: a module loaded now would wait for the context's
 // streams, which may be held back). Caller holds r.mu.
 func (r *Request) copyWordKernelLocked() (*cuda.Function, error) {
-	if r.copyWord != nil {
-		return r.copyWord, nil
-	}
 	if _, _, ok := stream.CUDAContext(r.backend); !ok {
 		return nil, fmt.Errorf("a CUDA graph needs the request's Backend to be CUDA: %w", ErrInvalidParam)
 	}
-	fn, err := stream.CUDACopyWordKernel(r.backend)
-	if err != nil {
-		return nil, err
-	}
-	r.copyWord = fn
-	return fn, nil
+	return stream.CUDACopyWordKernel(r.backend)
 }
 
 // directNodeLocked adds the direct path's nodes of partition p (see PreadyNode).

@@ -392,51 +392,7 @@ func (g *registry) keepEarlyLocked(k matchKey, h handshake) {
 // why at its PrepareAll or Start, where otherwise a sender would resend until its
 // context ended and a receiver would wait for data that never comes.
 func (r *Request) onHandshake(h handshake) {
-	var refuse bool
-	var failed error
-	func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.freed {
-			return // a handshake found just before Free forgot r: its keys would leak
-		}
-		if h.refused() {
-			failed = fmt.Errorf("prepare: the peer refused the match (its buffer has %d bytes, this one %d): %w", h.length, len(r.buf), ErrInvalidParam)
-			return
-		}
-		select {
-		case <-r.prepared:
-			return // a duplicate: the first one counts
-		default:
-		}
-		if r.peerInfo.parts != 0 {
-			return // a resent handshake that came again before this side finished
-		}
-		if r.err != nil {
-			refuse = r.refusedPeer // answer a resent handshake of a peer refused before
-			return
-		}
-		var err error
-		switch {
-		case h.length != uint64(len(r.buf)):
-			err = fmt.Errorf("prepare: the peer's buffer has %d bytes, this one %d: %w", h.length, len(r.buf), ErrInvalidParam)
-		case h.length%uint64(h.parts) != 0:
-			err = fmt.Errorf("prepare: the peer's %d partitions do not split %d bytes: %w", h.parts, h.length, ErrInvalidParam)
-		}
-		if err == nil {
-			err = r.takeRemoteLocked(h)
-		}
-		if err != nil {
-			r.refusedPeer, refuse, failed = true, true, err
-			return
-		}
-		r.peerInfo = h
-		r.stats.TagMatches++
-		if r.role == sender {
-			close(r.prepared)
-		}
-		// A receiver is prepared once its own handshake went out (PrepareAll).
-	}()
+	refuse, failed := r.takeHandshake(h)
 	if failed != nil {
 		r.fail(failed) // no stream stays blocked on the request
 	}
@@ -444,8 +400,52 @@ func (r *Request) onHandshake(h handshake) {
 		// Best effort: a peer that does not get it fails its own way (its context, or
 		// the endpoint's failure). AmHandlers may call ucpx methods.
 		ref := r.refusal()
-		_, _ = r.peer.AmSendNbx(HandshakeAM, nil, ref.marshal(), &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
+		_, _ = r.sendHandshake(ref.marshal())
 	}
+}
+
+// takeHandshake is onHandshake under r.mu: whether to answer with a refusal, and the
+// error r fails with (which onHandshake applies once r.mu is released).
+func (r *Request) takeHandshake(h handshake) (refuse bool, failed error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.freed:
+		return false, nil // a handshake found just before Free forgot r: its keys would leak
+	case h.refused():
+		return false, fmt.Errorf("prepare: the peer refused the match (its buffer has %d bytes, this one %d): %w", h.length, len(r.buf), ErrInvalidParam)
+	case r.isPrepared():
+		return false, nil // a duplicate: the first one counts
+	case r.peerInfo.parts != 0:
+		return false, nil // a resent handshake that came again before this side finished
+	case r.err != nil:
+		return r.refusedPeer, nil // answer a resent handshake of a peer refused before
+	}
+	var err error
+	switch {
+	case h.length != uint64(len(r.buf)):
+		err = fmt.Errorf("prepare: the peer's buffer has %d bytes, this one %d: %w", h.length, len(r.buf), ErrInvalidParam)
+	case h.length%uint64(h.parts) != 0:
+		err = fmt.Errorf("prepare: the peer's %d partitions do not split %d bytes: %w", h.parts, h.length, ErrInvalidParam)
+	default:
+		err = r.takeRemoteLocked(h)
+	}
+	if err != nil {
+		r.refusedPeer = true
+		return true, err
+	}
+	r.peerInfo = h
+	r.stats.TagMatches++
+	if r.role == sender {
+		close(r.prepared)
+	}
+	// A receiver is prepared once its own handshake went out (PrepareAll).
+	return false, nil
+}
+
+// sendHandshake sends b, a marshalled handshake, to r's peer.
+func (r *Request) sendHandshake(b []byte) (*ucp.Request, error) {
+	return r.peer.AmSendNbx(HandshakeAM, nil, b, &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
 }
 
 // takeRemoteLocked unpacks the peer's keys.
@@ -566,14 +566,16 @@ const resendAfter = 20 * time.Millisecond
 
 // resendDueLocked reports whether a sender should send its handshake again.
 func (r *Request) resendDueLocked() bool {
-	if r.role != sender || !r.sent || !r.hsReq.Done() || time.Since(r.sentAt) < resendAfter {
-		return false
-	}
+	return r.role == sender && r.sent && r.hsReq.Done() && time.Since(r.sentAt) >= resendAfter && !r.isPrepared()
+}
+
+// isPrepared reports whether r's prepare phase is done.
+func (r *Request) isPrepared() bool {
 	select {
 	case <-r.prepared:
-		return false
-	default:
 		return true
+	default:
+		return false
 	}
 }
 
@@ -599,7 +601,7 @@ func (r *Request) prepareStep() (bool, error) {
 			return false, fmt.Errorf("prepare: %w", err)
 		}
 		r.hsData = h.marshal()
-		req, err := r.peer.AmSendNbx(HandshakeAM, nil, r.hsData, &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
+		req, err := r.sendHandshake(r.hsData)
 		if err != nil {
 			return false, fmt.Errorf("prepare: send handshake: %w", err)
 		}
@@ -612,10 +614,8 @@ func (r *Request) prepareStep() (bool, error) {
 		r.err = fmt.Errorf("prepare: send handshake: %w", err)
 		return false, r.err
 	}
-	select {
-	case <-r.prepared:
+	if r.isPrepared() {
 		return true, nil
-	default:
 	}
 	if r.role == receiver {
 		close(r.prepared)

@@ -10,7 +10,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/internal/errs"
@@ -110,9 +109,6 @@ type Request struct {
 	// by clearing it at every launch — the direct path's, and CUDA graph gates — which
 	// takes the failure value too (see holdFailed).
 	clearingNodes bool
-	// copyWord: the copy-word kernel of direct CUDA graph nodes (graph.go), the
-	// backend's.
-	copyWord *cuda.Function
 
 	// Words of this side: a sender's ready flags (one per own partition, set to the
 	// iteration by the receiver's Start, taken by storing 0), a receiver's arrival
@@ -523,10 +519,8 @@ func StartAll(reqs ...*Request) error {
 
 // ensurePrepared runs the prepare phase for r alone if it has not run.
 func (r *Request) ensurePrepared() error {
-	select {
-	case <-r.prepared:
+	if r.isPrepared() {
 		return nil
-	default:
 	}
 	return PrepareAll(context.Background(), r)
 }

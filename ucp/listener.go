@@ -182,10 +182,6 @@ func (l *Listener) serve() {
 					}
 				}()
 				runRecovered(func() { l.handler(r); returned = true })
-				if !returned {
-					_ = r.Reject()
-				}
-				returned = true
 			}
 		}()
 	}
