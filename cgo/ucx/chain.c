@@ -96,14 +96,20 @@ static inline int failed_stop(const ucpxu_chain_t *c)
     return c->status != UCS_OK && !c->keep_going;
 }
 
-/* op_done accounts one completed operation of the current step. */
-static inline void op_done(ucpxu_chain_t *c, ucpxu_chain_op_t *op, ucs_status_t st)
+/* note_status records op's status, and the run's first failure. */
+static inline void note_status(ucpxu_chain_t *c, ucpxu_chain_op_t *op, ucs_status_t st)
 {
-    c->outstanding--;
     op->status = st;
     if (st != UCS_OK && c->status == UCS_OK) {
         c->status = st;
     }
+}
+
+/* op_done accounts one completed operation of the current step. */
+static inline void op_done(ucpxu_chain_t *c, ucpxu_chain_op_t *op, ucs_status_t st)
+{
+    c->outstanding--;
+    note_status(c, op, st);
 }
 
 /* completed is every chained operation's completion (a callback). Outside a step's
@@ -331,10 +337,7 @@ void ucpxu_chain_pulled(uintptr_t cp, int i, int st, size_t len)
     op->recv_len = len;
     c->npull--;
     if (st != UCS_OK) {
-        op->status = st;
-        if (c->status == UCS_OK) {
-            c->status = st;
-        }
+        note_status(c, op, st);
     }
 }
 
