@@ -849,7 +849,8 @@ void ucpxu_cancel(uintptr_t w, uintptr_t req) { ucp_request_cancel(W(w)->worker,
 /* ucpxu_abandon hands back a request Go gives up on as its worker closes (UCX never
  * completed it: a close or flush toward a peer that does not progress). UCX frees it
  * when it completes, and ucp_worker_destroy then finds it released instead of
- * asserting; the worker's destruction does not free it again. */
+ * asserting; the worker's destruction does not free it again (stopping a chain there
+ * progresses the worker, which can complete it onto the done list). */
 void ucpxu_abandon(uintptr_t w, uintptr_t req)
 {
     ucpxu_req_t *r = PTR(req);
