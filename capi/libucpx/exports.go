@@ -668,8 +668,8 @@ func ucpx_pfree(h C.ucpx_handle_t) C.int {
 	if errors.Is(err, prepare.ErrBusy) {
 		return status(err) // nothing changed: the handle stays, usable meanwhile too
 	}
-	if !handles.CompareAndDelete(uint64(h), r) {
-		return status(fmt.Errorf("partitioned request %d: %w", uint64(h), errInvalidHandle)) // another thread freed it first
+	if derr := drop(h, r, "partitioned request"); derr != nil {
+		return status(derr) // another thread freed it first
 	}
 	return status(err)
 }

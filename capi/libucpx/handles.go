@@ -74,14 +74,26 @@ func optional[T any](h C.ucpx_handle_t, kind string) (T, error) {
 func take[T any](h C.ucpx_handle_t, kind string) (T, error) {
 	o, _ := handles.Load(uint64(h))
 	t, err := as[T](o, h, kind)
-	if err == nil && !handles.CompareAndDelete(uint64(h), o) {
-		var zero T
-		return zero, fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
+	if err == nil {
+		err = drop(h, o, kind)
 	}
-	if err == nil && h&C.UCPXC_FAST_BIT != 0 {
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return t, nil
+}
+
+// drop removes handle h if it still holds o: one of two concurrent removals gets it,
+// the other errInvalidHandle.
+func drop(h C.ucpx_handle_t, o any, kind string) error {
+	if !handles.CompareAndDelete(uint64(h), o) {
+		return fmt.Errorf("%s handle %d: %w", kind, uint64(h), errInvalidHandle)
+	}
+	if h&C.UCPXC_FAST_BIT != 0 {
 		C.ucpxc_fast_set(C.uint64_t(h), nil)
 	}
-	return t, err
+	return nil
 }
 
 // putBack restores a handle take removed, when the destroy it was for failed
