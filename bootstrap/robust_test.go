@@ -510,3 +510,14 @@ func TestCloseDoesNotWaitForDroppedWriters(t *testing.T) {
 	require.NoError(t, srv.Close())
 	require.Less(t, time.Since(start), 3*time.Second)
 }
+
+// A value queued by reference goes out as the frame encode would write whole.
+func TestOKHeaderMatchesEncode(t *testing.T) {
+	for _, n := range []int{0, 1, sharedValueFrom, MaxValue} {
+		v := make([]byte, n)
+		for i := range v {
+			v[i] = byte(i)
+		}
+		require.Equal(t, (&frame{op: opOK, id: 77, value: v}).encode(nil), append(okHeader(77, n), v...), "%d bytes", n)
+	}
+}

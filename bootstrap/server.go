@@ -1,10 +1,10 @@
 package bootstrap
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -25,7 +25,6 @@ type Server struct {
 	ranks   map[uint32]*sconn // joined and not yet gone
 	gone    map[uint32]bool   // rank -> failed (true) or left with Bye (false)
 	barrier map[uint64][]waiter
-	conns   map[*sconn]struct{}
 	writing map[*sconn]struct{} // connections whose writer runs (Close closes them, dropped or not)
 	// unjoined counts connections that have not joined yet (authenticating, or
 	// authenticated without their hello): maxUnjoined bounds them.
@@ -89,17 +88,14 @@ type sconn struct {
 	qmu     sync.Mutex
 	qcond   sync.Cond // on qmu: frames queued, room made, closing
 	q       []queued
-	qbytes  int  // queued and being written
-	qown    int  // of which the queue's own memory (queueHard)
-	qclosed bool // takes no more frames: the writer writes what is queued and closes c
-	soft    int  // the server's queueSoft
-	hard    int  // the server's queueHard
-	// writeTimeout: the package's, as Serve found it.
-	writeTimeout time.Duration
+	qbytes  int     // queued and being written
+	qown    int     // of which the queue's own memory (queueHard)
+	qclosed bool    // takes no more frames: the writer writes what is queued and closes c
+	srv     *Server // its limits
 }
 
-func newSconn(c net.Conn, soft, hard int, wt time.Duration) *sconn {
-	sc := &sconn{c: c, waits: map[uint32]string{}, soft: soft, hard: hard, writeTimeout: wt}
+func newSconn(c net.Conn, srv *Server) *sconn {
+	sc := &sconn{c: c, waits: map[uint32]string{}, srv: srv}
 	sc.qcond.L = &sc.qmu
 	return sc
 }
@@ -127,7 +123,7 @@ func Serve(addr string, size int, key []byte, insecure bool) (*Server, error) {
 		ln: ln, key: rendezvousKey(key), size: size,
 		kv: map[string][]byte{}, waiters: map[string][]waiter{},
 		ranks: map[uint32]*sconn{}, gone: map[uint32]bool{},
-		barrier: map[uint64][]waiter{}, conns: map[*sconn]struct{}{}, writing: map[*sconn]struct{}{},
+		barrier: map[uint64][]waiter{}, writing: map[*sconn]struct{}{},
 		done:       make(chan struct{}),
 		maxPending: maxPending, queueSoft: queueSoft, queueHard: queueHard, writeTimeout: writeTimeout,
 	}
@@ -212,7 +208,7 @@ func (s *Server) accept() {
 			return
 		}
 		setKeepAlive(c)
-		sc := newSconn(c, s.queueSoft, s.queueHard, s.writeTimeout)
+		sc := newSconn(c, s)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -225,7 +221,6 @@ func (s *Server) accept() {
 			continue
 		}
 		s.unjoined++
-		s.conns[sc] = struct{}{}
 		s.writing[sc] = struct{}{}
 		s.wg.Add(2)
 		s.mu.Unlock()
@@ -283,19 +278,8 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		// Withdraw a Wait; one already answered (or never made) is no error.
 		if key, ok := c.waits[f.id]; ok {
 			delete(c.waits, f.id)
-			ws := s.waiters[key]
-			for i, w := range ws {
-				if w.c == c && w.id == f.id {
-					ws = append(ws[:i:i], ws[i+1:]...)
-					c.pending--
-					break
-				}
-			}
-			if len(ws) == 0 {
-				delete(s.waiters, key)
-			} else {
-				s.waiters[key] = ws
-			}
+			s.unwaitLocked(key, func(w waiter) bool { return w.c == c && w.id == f.id })
+			c.pending--
 		}
 		return true
 	}
@@ -328,7 +312,7 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		// A rank that joins late still learns who failed before it came.
 		for r, failed := range s.gone {
 			if failed {
-				c.sendFrameLocked(&frame{op: opFailed, rank: r})
+				c.send(&frame{op: opFailed, rank: r})
 			}
 		}
 	case opSet:
@@ -411,17 +395,13 @@ func (s *Server) drop(c *sconn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.finish() // the writer writes what is queued, then closes the connection
-	delete(s.conns, c)
 	if !c.joined {
 		s.unjoined-- // counted since its accept
 	}
-	for id, k := range c.waits {
-		s.waiters[k] = without(s.waiters[k], c)
-		if len(s.waiters[k]) == 0 {
-			delete(s.waiters, k)
-		}
-		delete(c.waits, id)
+	for _, k := range c.waits {
+		s.unwaitLocked(k, func(w waiter) bool { return w.c == c })
 	}
+	clear(c.waits)
 	for g, ws := range s.barrier {
 		if s.barrier[g] = without(ws, c); len(s.barrier[g]) == 0 {
 			delete(s.barrier, g)
@@ -435,10 +415,8 @@ func (s *Server) drop(c *sconn) {
 	s.gone[c.rank] = failed
 	if !s.closed {
 		if failed {
-			for o := range s.conns {
-				if o.joined {
-					o.sendFrameLocked(&frame{op: opFailed, rank: c.rank})
-				}
+			for _, o := range s.ranks { // the joined connections
+				o.send(&frame{op: opFailed, rank: c.rank})
 			}
 		}
 		for g, ws := range s.barrier {
@@ -451,6 +429,16 @@ func (s *Server) drop(c *sconn) {
 	}
 	if len(s.gone) == s.size {
 		s.finishLocked()
+	}
+}
+
+// unwaitLocked takes the waiters gone reports out of key's (none left: the key too).
+// Caller holds s.mu.
+func (s *Server) unwaitLocked(key string, gone func(waiter) bool) {
+	if ws := slices.DeleteFunc(s.waiters[key], gone); len(ws) > 0 {
+		s.waiters[key] = ws
+	} else {
+		delete(s.waiters, key)
 	}
 }
 
@@ -481,7 +469,7 @@ func (c *sconn) queue(own, shared []byte) {
 	if c.qclosed {
 		return
 	}
-	if c.qown > 0 && c.qown+len(own) > c.hard {
+	if c.qown > 0 && c.qown+len(own) > c.srv.queueHard {
 		c.qclosed, c.q = true, nil
 		c.qcond.Broadcast()
 		_ = c.c.Close()
@@ -519,7 +507,7 @@ func (c *sconn) finish() {
 func (c *sconn) waitRoom() bool {
 	c.qmu.Lock()
 	defer c.qmu.Unlock()
-	for c.qbytes > c.soft && !c.qclosed {
+	for c.qbytes > c.srv.queueSoft && !c.qclosed {
 		c.qcond.Wait()
 	}
 	return !c.qclosed
@@ -558,7 +546,7 @@ func (s *Server) write(c *sconn) {
 		if len(bufs) == 0 {
 			return // closing, all written
 		}
-		_ = c.c.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+		_ = c.c.SetWriteDeadline(time.Now().Add(s.writeTimeout))
 		_, err := bufs.WriteTo(c.c)
 		c.qmu.Lock()
 		c.qbytes -= n
@@ -574,22 +562,12 @@ func (s *Server) write(c *sconn) {
 	}
 }
 
-func (c *sconn) sendFrameLocked(f *frame) {
-	c.send(f)
-}
-
 func (c *sconn) replyLocked(id uint32, v []byte) {
 	if len(v) < sharedValueFrom {
 		c.send(&frame{op: opOK, id: id, value: v})
 		return
 	}
-	// The frame opOK encodes, its value by reference.
-	hdr := make([]byte, 0, 4+1+4+4)
-	hdr = binary.BigEndian.AppendUint32(hdr, uint32(1+4+4+len(v)))
-	hdr = append(hdr, byte(opOK))
-	hdr = binary.BigEndian.AppendUint32(hdr, id)
-	hdr = binary.BigEndian.AppendUint32(hdr, uint32(len(v)))
-	c.queue(hdr, v)
+	c.queue(okHeader(id, len(v)), v) // the value by reference
 }
 
 func (c *sconn) sendLocked(id uint32, code uint8, rank uint32, msg string) {

@@ -182,6 +182,16 @@ func (f *frame) encode(dst []byte) []byte {
 	return dst
 }
 
+// okHeader is the encoding of an opOK frame of id with a value of n bytes, up to the
+// value: a value queued by reference follows it.
+func okHeader(id uint32, n int) []byte {
+	hdr := make([]byte, 0, 4+1+4+4)
+	hdr = binary.BigEndian.AppendUint32(hdr, uint32(1+4+4+n))
+	hdr = append(hdr, byte(opOK))
+	hdr = binary.BigEndian.AppendUint32(hdr, id)
+	return binary.BigEndian.AppendUint32(hdr, uint32(n))
+}
+
 func appendKey(dst []byte, k string) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(k)))
 	return append(dst, k...)
