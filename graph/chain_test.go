@@ -103,15 +103,10 @@ func TestGraphLaunchesAsOneChain(t *testing.T) {
 	const launches = 1000
 	in, g, recv, echo := relayGraph(t, l, 64)
 	again := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 3)
-	x, err := g.Instantiate()
-	require.NoError(t, err)
-	s, err := l.backend.NewStream()
-	require.NoError(t, err)
+	x, s, ctx := launchable(t, l, g)
 	for range launches {
 		require.NoError(t, x.Launch(s))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	echoFromA(t, ctx, l, launches, 1, 2, 3)
 	require.NoError(t, syncErr(t, ctx, s))
 	require.Equal(t, uint64(launches), graph.ChainedLaunches(x))
@@ -124,11 +119,8 @@ func TestGraphLaunchesAsOneChain(t *testing.T) {
 // recv(3), which waits for send(2): the graph must launch node by node, and does.
 func TestGraphNotInLayersLaunchesNodeByNode(t *testing.T) {
 	l := newLink(t)
-	in, other := make([]byte, 64), make([]byte, 8)
-	g := graph.NewHost()
-	recv := recvNode(t, l, g, nil, in, 1)
-	echo := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 2)
-	late := recvNode(t, l, g, nil, other, 3)
+	_, g, recv, echo := relayGraph(t, l, 64)
+	late := recvNode(t, l, g, nil, make([]byte, 8), 3)
 	x, s, ctx := launchable(t, l, g)
 	for range 50 {
 		require.NoError(t, x.Launch(s))
@@ -216,9 +208,7 @@ func TestGraphChainFollowsItsConditions(t *testing.T) {
 	require.NoError(t, sr.Wait(ctx))
 	require.NoError(t, sr2.Wait(ctx))
 	require.Equal(t, uint64(4), graph.ChainedLaunches(x))
-	require.NoError(t, recv.Err())
-	require.NoError(t, x.Close())
-	require.NoError(t, recv.Destroy())
+	endGraph(t, x, recv)
 }
 
 // Launches of one chained graph on two streams at once take turns: every launch runs
@@ -332,8 +322,7 @@ func TestGraphChainedLaunchRefusesDestroy(t *testing.T) {
 	require.NoError(t, sr.Wait(ctx))
 	require.NoError(t, syncErr(t, ctx, s))
 	require.Equal(t, []byte("8 bytes!"), in)
-	require.NoError(t, x.Close())
-	require.NoError(t, recv.Destroy())
+	endGraph(t, x, recv)
 }
 
 // Graphs in layers that cannot run as a chain launch node by node, and correctly: the
@@ -381,16 +370,8 @@ func TestGraphChainBesideNodeByNodeGraph(t *testing.T) {
 	l := newLink(t)
 	const launches = 200
 	// G1 (chained): B receives tag 1 and echoes tag 2.
-	in := make([]byte, 64)
-	g1 := graph.NewHost()
-	recv := recvNode(t, l, g1, nil, in, 1)
-	echo := sendNode(t, l, g1, []condition.Node{recv.WaitNode()}, in, 2)
-	x1, err := g1.Instantiate()
-	require.NoError(t, err)
-	s1, err := l.backend.NewStream()
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	_, g1, recv, echo := relayGraph(t, l, 64)
+	x1, s1, ctx := launchable(t, l, g1)
 	done := make(chan error, 1)
 	go func() {
 		for range launches {

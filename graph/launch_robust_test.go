@@ -150,10 +150,7 @@ func TestHostGraphLaunchAbandonedByClose(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if chained { // the first launch makes the chain
-			require.NoError(t, x.Launch(s))
-			pingB(t, ctx, l, 11)
-			require.NoError(t, syncErr(t, ctx, s))
-			require.Equal(t, uint64(1), graph.ChainedLaunches(x))
+			launchOnce(t, ctx, x, s, func() { pingB(t, ctx, l, 11) })
 		}
 		require.NoError(t, x.Launch(s))
 		time.Sleep(20 * time.Millisecond)
