@@ -329,8 +329,7 @@ func TestFailedRankOutsideTheJobIsDropped(t *testing.T) {
 	client, server := net.Pipe()
 	defer server.Close()
 	got := make(chan int, 4)
-	s := &Store{c: client, reqs: map[uint32]chan frame{}, dead: make(chan struct{}), onFailed: func(r int) { got <- r }, size: 4}
-	go s.read()
+	s := newStore(client, 4, func(r int) { got <- r })
 	defer s.close()
 	for _, r := range []uint32{1000, 4, 1 << 31, 3} {
 		f := frame{op: opFailed, rank: r}

@@ -16,6 +16,42 @@ import (
 )
 
 // rawRank joins srv as rank of size over a bare connection (no key) and reads the
+// serveDial serves a job of size ranks on loopback (no key) and joins it as rank 0
+// (onFailed as dial's); the server, the store and ctx (10 s) end with the test.
+func serveDial(t *testing.T, size int, onFailed func(int)) (*Server, *Store, context.Context) {
+	t.Helper()
+	srv, err := Serve("127.0.0.1:0", size, nil, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	s, err := dial(ctx, srv.Addr(), nil, 0, size, onFailed)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.close() })
+	return srv, s, ctx
+}
+
+// sendGets writes n Gets of key on c (ids from 2), waiting ones with wait.
+func sendGets(t *testing.T, c net.Conn, key string, n int, wait bool) {
+	t.Helper()
+	var reqs []byte
+	for i := range n {
+		reqs = (&frame{op: opGet, id: uint32(i + 2), key: key, wait: wait}).encode(reqs)
+	}
+	_, err := c.Write(reqs)
+	require.NoError(t, err)
+}
+
+// eventuallyLocked is require.Eventually (5 s) of cond under the server's lock.
+func eventuallyLocked(t *testing.T, srv *Server, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return cond()
+	}, 5*time.Second, time.Millisecond)
+}
+
 // hello's reply; afterwards the test writes frames and reads nothing.
 func rawRank(t *testing.T, srv *Server, rank, size int) net.Conn {
 	t.Helper()
@@ -61,16 +97,9 @@ func TestNewRank0GivesUpWithItsContext(t *testing.T) {
 func TestAbandonedWaitsDoNotPileUp(t *testing.T) {
 	defer func(n int) { maxPending = n }(maxPending)
 	maxPending = 8
-	srv, err := Serve("127.0.0.1:0", 2, nil, false)
-	require.NoError(t, err)
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	var failed []int
 	var mu sync.Mutex
-	s0, err := dial(ctx, srv.Addr(), nil, 0, 2, func(r int) { mu.Lock(); failed = append(failed, r); mu.Unlock() })
-	require.NoError(t, err)
-	defer s0.close()
+	srv, s0, ctx := serveDial(t, 2, func(r int) { mu.Lock(); failed = append(failed, r); mu.Unlock() })
 	for i := 0; i < 5*maxPending; i++ {
 		short, c := context.WithTimeout(ctx, time.Millisecond)
 		_, err := s0.Wait(short, "never")
@@ -244,7 +273,7 @@ func TestManyRanksJoinAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		held = append(held, c)
 	}
-	require.Eventually(t, func() bool { srv.mu.Lock(); defer srv.mu.Unlock(); return srv.unjoined == maxUnjoined }, 5*time.Second, time.Millisecond)
+	eventuallyLocked(t, srv, func() bool { return srv.unjoined == maxUnjoined })
 	time.AfterFunc(200*time.Millisecond, func() {
 		for _, c := range held {
 			_ = c.Close()
@@ -311,16 +340,9 @@ func TestErrorVocabulary(t *testing.T) {
 	require.ErrorIs(t, ErrTimedOut, ucp.ErrTimedOut)
 	require.ErrorIs(t, ErrCanceled, ucp.ErrCanceled)
 
-	srv, err := Serve("127.0.0.1:0", 1, nil, false)
-	require.NoError(t, err)
-	defer srv.Close()
-	bg, cancelBG := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancelBG()
-	s, err := dial(bg, srv.Addr(), nil, 0, 1, nil)
-	require.NoError(t, err)
-	defer s.close()
+	_, s, bg := serveDial(t, 1, nil)
 	short, c := context.WithTimeout(bg, 10*time.Millisecond)
-	_, err = s.Wait(short, "never")
+	_, err := s.Wait(short, "never")
 	c()
 	require.ErrorIs(t, err, ErrTimedOut)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
@@ -364,7 +386,7 @@ func TestStoreSaysClosedAfterClose(t *testing.T) {
 	require.NoError(t, err)
 	waiting := make(chan error, 1)
 	go func() { _, err := s.Wait(ctx, "never"); waiting <- err }()
-	require.Eventually(t, func() bool { srv.mu.Lock(); defer srv.mu.Unlock(); return len(srv.waiters) == 1 }, 5*time.Second, time.Millisecond)
+	eventuallyLocked(t, srv, func() bool { return len(srv.waiters) == 1 })
 	require.NoError(t, s.close())
 	err = <-waiting
 	require.ErrorIs(t, err, ErrClosed)
@@ -402,23 +424,11 @@ func TestZeroValues(t *testing.T) {
 // A rank that stops reading does not stall the rendezvous for the others: its
 // answers wait in its own queue, and its further requests are not read.
 func TestSlowReaderDoesNotStallTheRendezvous(t *testing.T) {
-	srv, err := Serve("127.0.0.1:0", 2, nil, false)
-	require.NoError(t, err)
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s0, err := dial(ctx, srv.Addr(), nil, 0, 2, nil)
-	require.NoError(t, err)
-	defer s0.close()
+	srv, s0, ctx := serveDial(t, 2, nil)
 	require.NoError(t, s0.Set(ctx, "big", make([]byte, MaxValue)))
 	raw := rawRank(t, srv, 1, 2)
 	defer raw.Close()
-	var reqs []byte
-	for i := range 64 { // 64 MiB of answers that nobody reads
-		reqs = (&frame{op: opGet, id: uint32(i + 2), key: "big"}).encode(reqs)
-	}
-	_, err = raw.Write(reqs)
-	require.NoError(t, err)
+	sendGets(t, raw, "big", 64, false) // 64 MiB of answers that nobody reads
 	time.Sleep(300 * time.Millisecond) // the server answers into full buffers
 	quick, c := context.WithTimeout(ctx, 3*time.Second)
 	defer c()
@@ -439,29 +449,13 @@ func TestSlowReaderDoesNotStallTheRendezvous(t *testing.T) {
 func TestBurstOfAnswersIsSharedAndSilentRankCutOff(t *testing.T) {
 	defer func(n int, d time.Duration) { queueHard, writeTimeout = n, d }(queueHard, writeTimeout)
 	queueHard, writeTimeout = 2<<20, 300*time.Millisecond
-	srv, err := Serve("127.0.0.1:0", 2, nil, false)
-	require.NoError(t, err)
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	failed := make(chan int, 2)
-	s0, err := dial(ctx, srv.Addr(), nil, 0, 2, func(r int) { failed <- r })
-	require.NoError(t, err)
-	defer s0.close()
+	srv, s0, ctx := serveDial(t, 2, func(r int) { failed <- r })
 	raw := rawRank(t, srv, 1, 2) // never reads again
 	defer raw.Close()
 	const waits = 32
-	var reqs []byte
-	for i := range waits {
-		reqs = (&frame{op: opGet, id: uint32(i + 2), key: "big", wait: true}).encode(reqs)
-	}
-	_, err = raw.Write(reqs)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.waiters["big"]) == waits
-	}, 5*time.Second, time.Millisecond)
+	sendGets(t, raw, "big", waits, true)
+	eventuallyLocked(t, srv, func() bool { return len(srv.waiters["big"]) == waits })
 	require.NoError(t, s0.Set(ctx, "big", make([]byte, MaxValue))) // 32 MiB of answers
 	srv.mu.Lock()
 	for c := range srv.writing {
@@ -483,26 +477,11 @@ func TestBurstOfAnswersIsSharedAndSilentRankCutOff(t *testing.T) {
 // half-closed and reads nothing): it closes that connection too (it waited one write
 // deadline per batch queued).
 func TestCloseDoesNotWaitForDroppedWriters(t *testing.T) {
-	srv, err := Serve("127.0.0.1:0", 2, nil, false)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s0, err := dial(ctx, srv.Addr(), nil, 0, 2, func(int) {})
-	require.NoError(t, err)
-	defer s0.close()
+	srv, s0, ctx := serveDial(t, 2, func(int) {})
 	raw := rawRank(t, srv, 1, 2)
 	defer raw.Close()
-	var reqs []byte
-	for i := range 40 {
-		reqs = (&frame{op: opGet, id: uint32(i + 2), key: "big", wait: true}).encode(reqs)
-	}
-	_, err = raw.Write(reqs)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.waiters["big"]) == 40
-	}, 5*time.Second, time.Millisecond)
+	sendGets(t, raw, "big", 40, true)
+	eventuallyLocked(t, srv, func() bool { return len(srv.waiters["big"]) == 40 })
 	require.NoError(t, s0.Set(ctx, "big", make([]byte, MaxValue)))
 	require.NoError(t, raw.(*net.TCPConn).CloseWrite())
 	time.Sleep(50 * time.Millisecond) // the server reads the end and drops the rank
