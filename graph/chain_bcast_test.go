@@ -39,7 +39,7 @@ func TestGraphChainedBroadcast(t *testing.T) {
 	}
 	ab, ba, bc := ep(0, 1), ep(1, 0), ep(1, 2)
 	node := func(g *graph.Host, deps ...condition.Node) *condition.Condition {
-		c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: backend, Graph: g, Deps: deps})
+		c, err := bcastComm(g, backend, deps...)
 		require.NoError(t, err)
 		return c
 	}

@@ -868,10 +868,7 @@ func instantiateOn(t *testing.T, g *graph.Host, b stream.Backend) (*graph.HostEx
 // PreadyNode checks its arguments before the prepare phase, which waits for a peer
 // that may never make its request: bad input fails at the call, not after the match.
 func TestPreadyNodeBadInputBeforePrepare(t *testing.T) {
-	l := shmLink(t)
-	b, err := stream.Open(stream.Host)
-	require.NoError(t, err)
-	defer b.Close()
+	l, b := hostLink(t)
 	send, err := prepare.PsendInit(l.s, make([]byte, 64), prepare.Params{Peer: l.toR, Tag: 0x54, Partitions: 4, Backend: b})
 	require.NoError(t, err)
 	defer send.Free()

@@ -44,9 +44,7 @@ func TestTagSendRecvSendFailureTakesBackTheReceive(t *testing.T) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			continue // the send did not fail in time: try again
 		}
-		addrA, err := p.a.Address()
-		require.NoError(t, err)
-		self, err := p.a.ConnectAddress(addrA, &EndpointParams{NoPeerErrorHandling: true})
+		self, err := p.a.ConnectAddress(mustAddress(t, p.a), &EndpointParams{NoPeerErrorHandling: true})
 		require.NoError(t, err)
 		sreq, err := self.TagSendNbx([]byte("hello"), 77, nil)
 		require.NoError(t, err)
