@@ -133,9 +133,6 @@ type Engine struct {
 	// progress the transport, and the engine's goroutine keeps out of their way as
 	// it does for a goroutine that drives its rounds (othersDrive).
 	chainRuns atomic.Int32
-	// graphGen counts the changes of the Graph conditions' operations (one added, a
-	// channel removed): a host graph's chain made before a change no longer runs.
-	graphGen atomic.Uint64
 	// Under drive: the triggers a round takes (copied out, as issuing one may remove a
 	// destroyed condition's channel, which takes followMu), and the blocks of those it
 	// could not issue itself (another engine's), kicked once the round let go of mu.
@@ -198,7 +195,6 @@ func NewEngine(t Transport, cfg protocol.Config, cudaTransport bool) (*Engine, e
 // for an enqueuer. One condition's parts arrive in sequence order: arming holds the
 // condition's lock while it calls add, and the round takes them in push order.
 func (e *Engine) add(p *part) error {
-	graph := p.cond != nil && p.cond.category == Graph
 	for {
 		head := e.incoming.Load()
 		if head == closedIncoming {
@@ -208,9 +204,6 @@ func (e *Engine) add(p *part) error {
 		if e.incoming.CompareAndSwap(head, p) {
 			break
 		}
-	}
-	if graph {
-		e.graphGen.Add(1) // after the push: ChainLaunch reads it before taking the pushed
 	}
 	// A goroutine that drives the rounds takes the part too (or releases them to the
 	// engine, seeing it added): waking the engine's goroutine for it would only have it
@@ -278,7 +271,6 @@ func (e *Engine) removeLocked(ch *channel) {
 		e.polled.Add(-1)
 	}
 	if ch.cond.category == Graph {
-		e.graphGen.Add(1)
 		delete(e.byTrigger, ch.cond.trigger)
 		e.followMu.Lock()
 		e.nfollow.Add(-int32(len(e.follows[ch.cond.done])))

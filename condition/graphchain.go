@@ -26,11 +26,13 @@ var errNotChainable = errs.New("condition: the graph's operations cannot run as 
 // by the transport from the completion of the step before. The engine's own state of
 // those conditions is untouched: their triggers stay 0, so it issues nothing for them.
 type graphChain struct {
-	e      *Engine
-	chain  *Chain
-	gen    uint64       // e.graphGen when the chain was made
-	conds  []*Condition // every condition of the chain
-	opPart []*part      // each chained operation's part, in enqueue order
+	e     *Engine
+	chain *Chain
+	conds []*Condition // every condition of the chain
+	// armed: each condition's last sequence number when the chain was made; one armed
+	// since (an operation added) means the chain no longer describes the node.
+	armed  []uint64
+	opPart []*part // each chained operation's part, in enqueue order
 }
 
 // ChainLaunch implements streamcore.Chainer for the engine's Graph conditions: layers
@@ -46,7 +48,6 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 		return nil, fmt.Errorf("%w: the engine traces", errNotChainable)
 	}
 	g := &graphChain{e: e, chain: &Chain{repeat: 1, keepGoing: true}}
-	g.gen = e.graphGen.Load() // before the look at the parts added (Engine.add)
 	// A round takes what was enqueued (only rounds may: a full round follows what they
 	// took into the channels), waiting for one another goroutine runs; parts enqueued
 	// since make the chain wait. The operations join the chain under mu, which rounds
@@ -95,6 +96,7 @@ func (g *graphChain) enqueueLocked(layers [][]*streamcore.Word) error {
 				g.opPart = append(g.opPart, p)
 			}
 			g.conds = append(g.conds, ch.cond)
+			g.armed = append(g.armed, ch.ops[len(ch.ops)-1].seq)
 		}
 	}
 	return nil
@@ -103,14 +105,14 @@ func (g *graphChain) enqueueLocked(layers [][]*streamcore.Word) error {
 // Run implements streamcore.ChainedLaunch.
 func (g *graphChain) Run(ctx context.Context) (bool, error) {
 	e := g.e
-	if e.graphGen.Load() != g.gen || e.trace.Load() != nil {
+	if e.trace.Load() != nil || e.incoming.Load() == closedIncoming {
 		return false, nil
 	}
 	for i, c := range g.conds {
-		// Under the condition's lock, against Destroy and against a launch node by
-		// node: one of them at a time runs a condition's operations.
+		// Under the condition's lock, against Destroy, an operation added (arm) and a
+		// launch node by node: one of them at a time runs a condition's operations.
 		c.mu.Lock()
-		usable := !c.destroyed.Load() && c.trigger.Load() == 0 && c.done.Load() == 0 &&
+		usable := !c.destroyed.Load() && c.armed == g.armed[i] && c.trigger.Load() == 0 && c.done.Load() == 0 &&
 			c.chainRun.Load() == nil && len(c.drivers) == 1 && c.drivers[0] == streamcore.Driver(e)
 		if usable {
 			c.chainRun.Store(g)
