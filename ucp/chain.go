@@ -146,8 +146,8 @@ func (r *chainRunner) OpErr(i int) error {
 	if r.destroyed || i < 0 || i >= r.raw.Ops() {
 		return nil
 	}
-	st := r.raw.OpStatus(i)
-	if st == ucx.ErrCanceled && r.raw.EPClosed(i) {
+	st, epClosed := r.raw.OpStatus(i)
+	if st == ucx.ErrCanceled && epClosed {
 		return opErr("chain", ErrClosed, "operation %d: its endpoint was closed", i)
 	}
 	return opErr("chain", statusErr(st), "operation %d", i)

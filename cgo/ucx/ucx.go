@@ -787,21 +787,15 @@ func (c *Chain) Start(repeat uint64, keepGoing bool) Status {
 // CancelOp cancels operation i if it is posted and pending.
 func (c *Chain) CancelOp(i int) { C.ucpxu_chain_cancel_op(c.h, C.int(i)) }
 
-// EPClosed reports whether operation i is a send whose endpoint was closed.
-func (c *Chain) EPClosed(i int) bool {
-	if i < 0 || i >= int(c.c.nops) {
-		return false
-	}
-	return (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i].ep_closed != 0
-}
+// op is operation i (0 <= i < Ops()).
+func (c *Chain) op(i int) *C.ucpxu_chain_op_t { return &unsafe.Slice(c.c.ops, c.c.nops)[i] }
 
 // OpStatus is operation i's last completion status in the current or last run (OK
-// if it succeeded or has not completed in it).
-func (c *Chain) OpStatus(i int) Status {
-	if i < 0 || i >= int(c.c.nops) {
-		return ErrInvalidParam
-	}
-	return Status((*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i].status)
+// if it succeeded or has not completed in it), and whether it is a send whose
+// endpoint was closed.
+func (c *Chain) OpStatus(i int) (st Status, epClosed bool) {
+	op := c.op(i)
+	return Status(op.status), op.ep_closed != 0
 }
 
 // Wait progresses until the chain stops or spins rounds pass, then reaps; it reports
@@ -831,14 +825,14 @@ func (c *Chain) Result() (iters uint64, st Status) {
 
 // RecvInfo is the sender tag and length of the last message operation i received.
 func (c *Chain) RecvInfo(i int) (uint64, int) {
-	op := (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i]
+	op := c.op(i)
 	return uint64(op.recv_tag), int(op.recv_len)
 }
 
 // PullInfo is operation i's pulled message, if it got one the run paused for: its
 // status, sender tag (with the source bits) and length.
 func (c *Chain) PullInfo(i int) (pulled bool, st Status, tag uint64, n int) {
-	op := (*[1 << 20]C.ucpxu_chain_op_t)(unsafe.Pointer(c.c.ops))[i]
+	op := c.op(i)
 	return op.pull != 0, Status(op.recv_status), uint64(op.recv_tag), int(op.recv_len)
 }
 
