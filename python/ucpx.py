@@ -207,9 +207,8 @@ class _Handle:
             try:
                 _call(self._destroy, self.handle)
             except Error as e:
-                if e.code == ERR_BUSY:
-                    raise  # nothing changed: the handle stays, close again later
-                self.handle = 0
+                if e.code != ERR_BUSY:  # BUSY: nothing changed, the handle stays
+                    self.handle = 0
                 raise
             self.handle = 0
 
