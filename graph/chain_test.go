@@ -294,9 +294,7 @@ func TestGraphDroppedExecReleasesItsChain(t *testing.T) {
 	x, err := g.Instantiate()
 	require.NoError(t, err)
 	launchOnce(t, ctx, x, s, func() { echoFromA(t, ctx, l, 1, 1, 2) })
-	require.NoError(t, x.Close())
-	require.NoError(t, recv.Destroy())
-	require.NoError(t, echo.Destroy())
+	endGraph(t, x, recv, echo)
 }
 
 // Destroying a condition while a chained launch runs its operation is refused
