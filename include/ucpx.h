@@ -200,7 +200,8 @@ int ucpx_ep_flush(ucpx_handle_t ep, ucpx_handle_t *request);
  * handle (the low-latency path: a ping-pong's round trip is one call). Host memory;
  * buffers may be reused once the call returns. timeout_ms < 0 waits forever, else
  * UCPX_ERR_TIMEOUT (a receive is then canceled; a send may still be in flight).
- * length and sender_tag may be NULL. ucpx_tag_sendrecv sends sbuf, then receives the
+ * length and sender_tag may be NULL; they are set on UCPX_OK and on UCPX_ERR_TRUNCATED
+ * (then the message's length). ucpx_tag_sendrecv sends sbuf, then receives the
  * reply into rbuf. A call whose operations complete within its spin (a ping-pong's
  * round trip usually does) runs in C alone; the worker is then busy for other threads
  * only while the call runs, as for any call on it. */

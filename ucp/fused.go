@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -63,8 +64,9 @@ func (ep *Endpoint) tagSendAfterLocked(ctx context.Context, ptr unsafe.Pointer, 
 
 // TagRecv receives a message whose tag matches tag under mask into buf
 // (ucp_tag_recv_nbx) and waits for it. It returns the received length and the
-// sender's tag; a longer message fails with ErrMessageTruncated. When ctx ends first it
-// cancels the receive and returns ctx's error.
+// sender's tag; a longer message fails with ErrMessageTruncated, and n and senderTag
+// then tell the message's length and tag. When ctx ends first it cancels the receive
+// and returns ctx's error.
 func (w *Worker) TagRecv(ctx context.Context, buf []byte, tag, mask uint64) (n int, senderTag uint64, err error) {
 	const op = "tag_recv"
 	if w == nil {
@@ -106,6 +108,9 @@ func (w *Worker) tagRecvAfterLocked(ctx context.Context, ptr unsafe.Pointer, buf
 		return n, senderTag, nil
 	case ucx.InProgress:
 		return w.finishPooled(ctx, r)
+	case ucx.ErrMessageTruncated:
+		// What arrived, as Request.Length and SenderTag tell it for an nbx receive.
+		return n, senderTag, opErr(op, Status(st), "len %d tag %#x mask %#x: message %d bytes", len(buf), tag, mask, n)
 	}
 	return 0, 0, opErr(op, Status(st), "len %d tag %#x mask %#x", len(buf), tag, mask)
 }
@@ -176,7 +181,7 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 	}
 	w.afterCallUnlock()
 	if rst != ucx.OK && rst != ucx.InProgress {
-		err = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x", len(rbuf), rtag, rmask)
+		err = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x: message %d bytes", len(rbuf), rtag, rmask, n)
 	}
 	if rr != nil {
 		n, senderTag, err = w.finishPooled(ctx, rr)
@@ -186,10 +191,10 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 			err = serr
 		}
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrMessageTruncated) {
 		return 0, 0, err
 	}
-	return n, senderTag, nil
+	return n, senderTag, err
 }
 
 // pulledNowLocked is the Request of a fused receive that completed in the call with a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -92,8 +93,26 @@ func TestFusedErrors(t *testing.T) {
 	require.Equal(t, "12345678", string(buf))
 
 	require.NoError(t, p.epA.TagSend(ctx2, make([]byte, 64), 8))
-	_, _, err = p.b.TagRecv(ctx2, make([]byte, 8), 8, ^uint64(0))
+	n, tag, err = p.b.TagRecv(ctx2, make([]byte, 8), 8, ^uint64(0))
 	require.ErrorIs(t, err, ErrMessageTruncated)
+	require.Equal(t, 64, n, "a truncated message's length")
+	require.Equal(t, uint64(8), tag)
+	// The same with the receive posted before the message comes, and as a reply.
+	got := make(chan error, 1)
+	go func() {
+		n, tag, err := p.b.TagRecv(ctx2, make([]byte, 8), 9, ^uint64(0))
+		if err == nil || n != 64 || tag != 9 {
+			got <- fmt.Errorf("posted receive: n %d tag %d err %v", n, tag, err)
+			return
+		}
+		got <- p.epB.TagSend(ctx2, make([]byte, 32), 11)
+	}()
+	time.Sleep(10 * time.Millisecond)
+	n, tag, err = p.epA.TagSendRecv(ctx2, make([]byte, 64), 9, make([]byte, 4), 11, ^uint64(0))
+	require.ErrorIs(t, err, ErrMessageTruncated)
+	require.Equal(t, 32, n)
+	require.Equal(t, uint64(11), tag)
+	require.NoError(t, <-got)
 
 	require.NoError(t, p.epA.Close())
 	require.ErrorIs(t, p.epA.TagSend(ctx2, []byte("x"), 1), ErrClosed)

@@ -203,6 +203,25 @@ static void blocking(char *peer_addr) {
 	free(bout);
 	free(bin);
 
+	/* A message longer than the buffer: UCPX_ERR_TRUNCATED, with its length and tag. */
+	{
+		unsigned char long_msg[64] = {0}, short_buf[8];
+		got = 0;
+		stag = 0;
+		if (rank == 0) {
+			CHECK(ucpx_tag_send_wait(ep, long_msg, sizeof long_msg, 0xA200, TIMEOUT));
+			EXPECT(ucpx_tag_sendrecv(ep, out, 8, 0xA202, short_buf, sizeof short_buf, 0xA203, ~0ull, TIMEOUT, &got,
+			                         &stag) == UCPX_ERR_TRUNCATED && got == sizeof long_msg && stag == 0xA203,
+			       "a truncated reply: got %zu tag %#llx", got, (unsigned long long)stag);
+		} else {
+			EXPECT(ucpx_tag_recv_wait(worker, short_buf, sizeof short_buf, 0xA200, ~0ull, TIMEOUT, &got, &stag) ==
+			               UCPX_ERR_TRUNCATED && got == sizeof long_msg && stag == 0xA200,
+			       "a truncated message: got %zu tag %#llx", got, (unsigned long long)stag);
+			CHECK(ucpx_tag_recv_wait(worker, short_buf, sizeof short_buf, 0xA202, ~0ull, TIMEOUT, NULL, NULL));
+			CHECK(ucpx_tag_send_wait(ep, long_msg, sizeof long_msg, 0xA203, TIMEOUT));
+		}
+	}
+
 	/* What the blocking calls refuse, with the codes the Go path gives. */
 	EXPECT(ucpx_tag_sendrecv(ep, out, 8, 1ull << 50, in, 8, 2, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
 	       "a tag above UCPX_MAX_TAG");

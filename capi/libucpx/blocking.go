@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/internal/cabi"
@@ -19,9 +20,10 @@ import (
 // it could not take go the whole way here (the ucpxi_tag_* calls).
 
 // recvStatus returns a receive's status, and its length and sender tag through
-// length and senderTag (either may be NULL).
+// length and senderTag (either may be NULL): also for a truncated message, whose
+// length is the message's.
 func recvStatus(n int, tag uint64, err error, length *C.size_t, senderTag *C.uint64_t) C.int {
-	if err != nil {
+	if err != nil && !errors.Is(err, ucp.ErrMessageTruncated) {
 		return status(err)
 	}
 	if length != nil {
@@ -30,7 +32,7 @@ func recvStatus(n int, tag uint64, err error, length *C.size_t, senderTag *C.uin
 	if senderTag != nil {
 		*senderTag = C.uint64_t(tag)
 	}
-	return C.UCPX_OK
+	return status(err)
 }
 
 //export ucpxi_tag_send_wait
