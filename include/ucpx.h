@@ -175,7 +175,10 @@ int ucpx_condition_destroy(ucpx_handle_t condition);
 /* Each operation returns a request handle in *request (never 0 on success), even when
  * the operation completed in place. condition is 0 for none, else a condition handle;
  * flags are UCPX_OP_* values; mem_type describes buf. buf must stay valid until the
- * request completes. */
+ * request completes. A call that fails sets *request to 0 (every call with a handle
+ * output does), except one that enqueued its operation on a condition's stream and then
+ * failed at a later step: the operation runs, and *request is its handle, to wait on
+ * and free as any other (buf is in use until it completes). */
 /* Tags are at most UCPX_MAX_TAG (48 bits: the top 16 carry the sender's source id, which
  * the receiver's unmatched-data limit charges); a larger tag is UCPX_ERR_INVALID_PARAM.
  * Masks may have any bits set. */

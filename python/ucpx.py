@@ -74,6 +74,7 @@ class Error(Exception):
         super().__init__(f"{call}: {_name(code)}: {message}")
         self.code = code
         self.call = call
+        self.request = None  # an operation's Request that runs despite the error
 
 
 def _find_library():
@@ -175,6 +176,19 @@ def _new(name, *args):
     return h.value
 
 
+def _new_request(name, *args):
+    """An operation's Request. A call that enqueued its operation and then failed at a
+    later step returns a handle with its error (ucpx.h): the Error carries it as
+    .request, since the operation still runs and its buffer is in use until it ends."""
+    h = _H(0)
+    rc = getattr(_lib, name)(*args, ctypes.byref(h))
+    if rc != OK:
+        err = Error(rc, name, last_error())
+        err.request = Request(h.value) if h.value else None
+        raise err
+    return Request(h.value)
+
+
 def _string(name, handle):
     need = _SZ(0)
     rc = getattr(_lib, name)(handle, None, 0, ctypes.byref(need))
@@ -257,7 +271,7 @@ class Worker(_Handle):
 
     def tag_recv(self, addr, nbytes, tag, mask=FULL_MASK, mem_type=MEMORY_HOST, condition=None, flags=0):
         """Receives into nbytes at addr (tensor.data_ptr()); returns a Request."""
-        return Request(_new("ucpx_tag_recv", self.handle, addr, nbytes, tag, mask, mem_type, _cond(condition), flags))
+        return _new_request("ucpx_tag_recv", self.handle, addr, nbytes, tag, mask, mem_type, _cond(condition), flags)
 
     def tag_recv_wait(self, addr, nbytes, tag, mask=FULL_MASK, timeout=None):
         """Blocking receive into host memory; returns (length, sender_tag)."""
@@ -270,7 +284,7 @@ class Endpoint(_Handle):
     _destroy = "ucpx_ep_destroy"
 
     def tag_send(self, addr, nbytes, tag, mem_type=MEMORY_HOST, condition=None, flags=0):
-        return Request(_new("ucpx_tag_send", self.handle, addr, nbytes, tag, mem_type, _cond(condition), flags))
+        return _new_request("ucpx_tag_send", self.handle, addr, nbytes, tag, mem_type, _cond(condition), flags)
 
     def tag_send_wait(self, addr, nbytes, tag, timeout=None):
         _call("ucpx_tag_send_wait", self.handle, addr, nbytes, tag, _ms(timeout))
@@ -279,13 +293,13 @@ class Endpoint(_Handle):
         return Rkey(_new("ucpx_rkey_unpack", self.handle, packed.encode()))
 
     def put(self, addr, nbytes, raddr, rkey, mem_type=MEMORY_HOST, condition=None, flags=0):
-        return Request(_new("ucpx_put", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags))
+        return _new_request("ucpx_put", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags)
 
     def get(self, addr, nbytes, raddr, rkey, mem_type=MEMORY_HOST, condition=None, flags=0):
-        return Request(_new("ucpx_get", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags))
+        return _new_request("ucpx_get", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags)
 
     def flush(self):
-        return Request(_new("ucpx_ep_flush", self.handle))
+        return _new_request("ucpx_ep_flush", self.handle)
 
 
 class Memory(_Handle):

@@ -63,7 +63,7 @@ int main(void) {
 	FAILS(ucpx_pfree(0));
 
 	/* Live handles, NULL or bad pointers and sizes. */
-	ucpx_handle_t ctx = 0, worker = 0, ep = 0, mem = 0, rkey = 0, req = 0;
+	ucpx_handle_t ctx = 0, worker = 0, ep = 0, mem = 0, rkey = 0, req = 0, rkey2 = 0;
 	CHECK(ucpx_context_create(&ctx));
 	FAILS(ucpx_worker_create(ctx, 0, NULL));
 	CHECK(ucpx_worker_create(ctx, 0, &worker));
@@ -92,7 +92,15 @@ int main(void) {
 	CHECK(ucpx_rkey_unpack(ep, packed, &rkey));
 	CHECK(ucpx_rkey_region(rkey, &u, &n));
 	EXPECT(n == sizeof buf, "region of %zu bytes", n);
+	req = 12345; /* a failed call leaves no stale handle behind */
 	FAILS(ucpx_tag_send(ep, NULL, 8, 1, 0, 0, 0, &req));
+	EXPECT(req == 0, "*request after a failed call: %llu", (unsigned long long)req);
+	h = 12345;
+	FAILS(ucpx_psend_init(worker, ep, buf, sizeof buf, 0, 9, &h));
+	EXPECT(h == 0, "*request after a failed init: %llu", (unsigned long long)h);
+	rkey2 = 12345;
+	FAILS(ucpx_rkey_unpack(ep, "garbage", &rkey2));
+	EXPECT(rkey2 == 0, "*rkey after a failed unpack: %llu", (unsigned long long)rkey2);
 	FAILS(ucpx_tag_send(ep, buf, 8, 1, 0, 0, 0, NULL));
 	FAILS(ucpx_tag_send(ep, buf, 8, 1, 99, 0, 0, &req));
 	FAILS(ucpx_tag_recv(worker, NULL, 8, 1, ~0ull, 0, 0, 0, &req));

@@ -53,6 +53,14 @@ func buffer(p unsafe.Pointer, n C.size_t) ([]byte, error) {
 	return ucp.DeviceBuffer(uintptr(p), int(n)), nil
 }
 
+// clearHandle sets *out to 0 where out is given: a call that fails returns no handle,
+// whatever the caller's variable held (a request may still come with an error: issued).
+func clearHandle(out *C.ucpx_handle_t) {
+	if out != nil {
+		*out = 0
+	}
+}
+
 // outBuffer is buffer for an operation that returns a request handle through out.
 func outBuffer(p unsafe.Pointer, n C.size_t, out *C.ucpx_handle_t) ([]byte, error) {
 	b, err := buffer(p, n)
@@ -122,6 +130,7 @@ func timeoutCtx(ms C.int) (context.Context, context.CancelFunc) {
 
 //export ucpx_context_create
 func ucpx_context_create(out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	if out == nil {
 		return status(invalid("NULL output pointer"))
 	}
@@ -136,6 +145,7 @@ func ucpx_context_destroy(h C.ucpx_handle_t) C.int {
 
 //export ucpx_worker_create
 func ucpx_worker_create(ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	c, err := get[*ucp.Context](ch, "context")
 	if err != nil {
 		return status(err)
@@ -197,6 +207,7 @@ func ucpx_worker_progress(h C.ucpx_handle_t, count *C.int) C.int {
 
 //export ucpx_ep_create
 func ucpx_ep_create(wh C.ucpx_handle_t, address *C.char, flags C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	w, err := get[*ucp.Worker](wh, "worker")
 	if err != nil {
 		return status(err)
@@ -224,6 +235,7 @@ func ucpx_ep_destroy(h C.ucpx_handle_t) C.int {
 
 //export ucpx_mem_map
 func ucpx_mem_map(ch C.ucpx_handle_t, addr unsafe.Pointer, n C.size_t, mt C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	c, err := get[*ucp.Context](ch, "context")
 	if err != nil {
 		return status(err)
@@ -256,6 +268,7 @@ func ucpx_rkey_pack(h C.ucpx_handle_t, buf *C.char, n C.size_t, needed *C.size_t
 
 //export ucpx_rkey_unpack
 func ucpx_rkey_unpack(eh C.ucpx_handle_t, packed *C.char, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	ep, err := get[*ucp.Endpoint](eh, "endpoint")
 	if err != nil {
 		return status(err)
@@ -308,6 +321,7 @@ func openCUDA() (stream.Backend, error) {
 
 //export ucpx_cuda_condition_create
 func ucpx_cuda_condition_create(raw C.uintptr_t, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	if raw == 0 || out == nil {
 		return status(invalid("NULL stream (the legacy default stream cannot be wrapped) or output pointer"))
 	}
@@ -400,6 +414,7 @@ func issued(r *ucp.Request, c *cond, err error, out *C.ucpx_handle_t) C.int {
 
 //export ucpx_tag_send
 func ucpx_tag_send(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag C.uint64_t, mt C.int, ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	ep, err := get[*ucp.Endpoint](eh, "endpoint")
 	if err != nil {
 		return status(err)
@@ -418,6 +433,7 @@ func ucpx_tag_send(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag C.uin
 
 //export ucpx_tag_recv
 func ucpx_tag_recv(wh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, tag, mask C.uint64_t, mt C.int, ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	w, err := get[*ucp.Worker](wh, "worker")
 	if err != nil {
 		return status(err)
@@ -462,16 +478,19 @@ func rma(put bool, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, raddr C.u
 
 //export ucpx_put
 func ucpx_put(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, raddr C.uint64_t, rh C.ucpx_handle_t, mt C.int, ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	return rma(true, eh, buf, n, raddr, rh, mt, ch, flags, out)
 }
 
 //export ucpx_get
 func ucpx_get(eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, raddr C.uint64_t, rh C.ucpx_handle_t, mt C.int, ch C.ucpx_handle_t, flags C.int, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	return rma(false, eh, buf, n, raddr, rh, mt, ch, flags, out)
 }
 
 //export ucpx_ep_flush
 func ucpx_ep_flush(eh C.ucpx_handle_t, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	ep, err := get[*ucp.Endpoint](eh, "endpoint")
 	if err != nil {
 		return status(err)
@@ -585,11 +604,13 @@ func pinit(send bool, wh, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, pa
 
 //export ucpx_psend_init
 func ucpx_psend_init(wh, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, parts C.int, tag C.uint64_t, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	return pinit(true, wh, eh, buf, n, parts, tag, out)
 }
 
 //export ucpx_precv_init
 func ucpx_precv_init(wh, eh C.ucpx_handle_t, buf unsafe.Pointer, n C.size_t, parts C.int, tag C.uint64_t, out *C.ucpx_handle_t) C.int {
+	clearHandle(out)
 	return pinit(false, wh, eh, buf, n, parts, tag, out)
 }
 
