@@ -398,6 +398,42 @@ func TestUnjoinedConnectionsAreBounded(t *testing.T) {
 	require.Less(t, time.Since(start), 5*time.Second, "the server kept a connection without hello")
 }
 
+// Connections held open and silent in every unjoined slot keep no rank out for their
+// handshake's timeout: once they have waited evictUnjoinedAfter, a new connection takes
+// the oldest one's slot.
+func TestSilentConnectionsGiveWayToRanks(t *testing.T) {
+	defer func(d time.Duration) { evictUnjoinedAfter = d }(evictUnjoinedAfter)
+	evictUnjoinedAfter = 200 * time.Millisecond
+	key := NewKey()
+	srv, err := Serve("127.0.0.1:0", 1, key, false)
+	require.NoError(t, err)
+	defer srv.Close()
+	var held []net.Conn
+	for range maxUnjoined {
+		c, err := net.Dial("tcp", srv.Addr())
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	eventuallyLocked(t, srv, func() bool { return srv.unjoined == maxUnjoined })
+	time.Sleep(2 * evictUnjoinedAfter)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	st, err := dial(ctx, srv.Addr(), key, 0, 1, nil)
+	require.NoError(t, err, "a rank kept out by silent connections")
+	require.Less(t, time.Since(start), 2*time.Second)
+	_ = st.bye(ctx)
+	require.NoError(t, st.close())
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	require.LessOrEqual(t, srv.unjoined, maxUnjoined, "the bound holds")
+}
+
 // A live job, its store, and the same closed, answer zero arguments (nil contexts,
 // rank 0, empty keys) with errors or zero values: no panic, no hang.
 func TestJobTakesZeroArguments(t *testing.T) {

@@ -27,11 +27,15 @@ type Server struct {
 	barrier map[uint64][]waiter
 	writing map[*sconn]struct{} // connections whose writer runs (Close closes them, dropped or not)
 	// unjoined counts connections that have not joined yet (authenticating, or
-	// authenticated without their hello): maxUnjoined bounds them.
-	unjoined int
-	closed   bool
-	done     chan struct{} // closed when every rank joined and went (or Close)
-	wg       sync.WaitGroup
+	// authenticated without their hello): maxUnjoined bounds them. waitingJoin holds
+	// them in accept order (and some that joined or went since: pruned as it is read);
+	// evicting counts those closed to make room that have not gone yet.
+	unjoined    int
+	waitingJoin []*sconn
+	evicting    int
+	closed      bool
+	done        chan struct{} // closed when every rank joined and went (or Close)
+	wg          sync.WaitGroup
 	// The package's maxPending, queueSoft, queueHard and writeTimeout, as Serve found
 	// them.
 	maxPending, queueSoft, queueHard int
@@ -42,8 +46,10 @@ type Server struct {
 const (
 	maxStoreBytes = 256 << 20
 	maxStoreKeys  = 1 << 20
-	// maxUnjoined bounds the connections that have not joined: past it a new one is
-	// closed at once (as ucp's listener bounds its handshakes) and its client tries
+	// maxUnjoined bounds the connections that have not joined: past it the oldest one,
+	// if it has waited evictUnjoinedAfter, is closed to make room (connections held open
+	// and silent cannot keep ranks out for their handshake's timeout), else the new one
+	// is closed at once (as ucp's listener bounds its handshakes) and its client tries
 	// again (dial).
 	maxUnjoined = 64
 	// writeBatch bounds the bytes of one write (each gets writeTimeout).
@@ -70,18 +76,26 @@ var (
 // handshake included).
 var helloTimeout = 2 * handshakeTimeout
 
+// evictUnjoinedAfter: a connection that has not joined this long after its accept gives
+// its slot to a new one when every slot is taken. A rank's handshake and hello take
+// milliseconds.
+var evictUnjoinedAfter = time.Second
+
 type waiter struct {
 	c  *sconn
 	id uint32
 }
 
 type sconn struct {
-	c       net.Conn
-	rank    uint32
-	joined  bool
-	bye     bool
-	pending int               // requests not answered yet (under Server.mu)
-	waits   map[uint32]string // id -> key of its Waits (under Server.mu)
+	c        net.Conn
+	accepted time.Time
+	rank     uint32
+	joined   bool
+	bye      bool
+	dropped  bool              // under Server.mu
+	evicted  bool              // closed to make room for a newer connection (under Server.mu)
+	pending  int               // requests not answered yet (under Server.mu)
+	waits    map[uint32]string // id -> key of its Waits (under Server.mu)
 
 	// The write queue: frames go out on the connection's writer goroutine, so no
 	// peer's reading stalls the server or another peer.
@@ -95,7 +109,7 @@ type sconn struct {
 }
 
 func newSconn(c net.Conn, srv *Server) *sconn {
-	sc := &sconn{c: c, waits: map[uint32]string{}, srv: srv}
+	sc := &sconn{c: c, accepted: time.Now(), waits: map[uint32]string{}, srv: srv}
 	sc.qcond.L = &sc.qmu
 	return sc
 }
@@ -215,17 +229,48 @@ func (s *Server) accept() {
 			_ = c.Close()
 			return
 		}
-		if s.unjoined >= maxUnjoined {
+		if s.unjoined-s.evicting >= maxUnjoined && !s.evictOldestLocked() {
 			s.mu.Unlock()
 			_ = c.Close()
 			continue
 		}
 		s.unjoined++
+		s.pruneWaitingJoinLocked()
+		s.waitingJoin = append(s.waitingJoin, sc)
 		s.writing[sc] = struct{}{}
 		s.wg.Add(2)
 		s.mu.Unlock()
 		go s.serve(sc)
 		go s.write(sc)
+	}
+}
+
+// evictOldestLocked closes the oldest connection that has not joined if it has waited
+// evictUnjoinedAfter, and reports whether it did. Its serve goroutine then drops it.
+func (s *Server) evictOldestLocked() bool {
+	s.pruneWaitingJoinLocked()
+	if len(s.waitingJoin) == 0 || time.Since(s.waitingJoin[0].accepted) < evictUnjoinedAfter {
+		return false
+	}
+	c := s.waitingJoin[0]
+	s.waitingJoin[0] = nil
+	s.waitingJoin = s.waitingJoin[1:]
+	c.evicted = true
+	s.evicting++
+	_ = c.c.Close()
+	return true
+}
+
+// pruneWaitingJoinLocked removes from the front of waitingJoin the connections that
+// joined, went or are being evicted.
+func (s *Server) pruneWaitingJoinLocked() {
+	for len(s.waitingJoin) > 0 {
+		c := s.waitingJoin[0]
+		if !c.joined && !c.dropped && !c.evicted {
+			return
+		}
+		s.waitingJoin[0] = nil
+		s.waitingJoin = s.waitingJoin[1:]
 	}
 }
 
@@ -395,8 +440,12 @@ func (s *Server) drop(c *sconn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.finish() // the writer writes what is queued, then closes the connection
+	c.dropped = true
 	if !c.joined {
 		s.unjoined-- // counted since its accept
+		if c.evicted {
+			s.evicting--
+		}
 	}
 	for _, k := range c.waits {
 		s.unwaitLocked(k, func(w waiter) bool { return w.c == c })
