@@ -500,3 +500,33 @@ func TestOKHeaderMatchesEncode(t *testing.T) {
 		require.Equal(t, (&frame{op: opOK, id: 77, value: v}).encode(nil), append(okHeader(77, n), v...), "%d bytes", n)
 	}
 }
+
+// A rank that arrives twice at one barrier counts once: the barrier waits for the rank
+// that has not come.
+func TestDuplicateBarrierArrivalCountsOnce(t *testing.T) {
+	srv, s, ctx := serveDial(t, 3, nil)
+	c := rawRank(t, srv, 1, 3)
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() { _, err := s.call(ctx, &frame{op: opBarrier, gen: 1}); done <- err }()
+	var b []byte
+	b = (&frame{op: opBarrier, id: 2, gen: 1}).encode(b)
+	b = (&frame{op: opBarrier, id: 3, gen: 1}).encode(b)
+	_, err := c.Write(b)
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		t.Fatalf("a barrier of 3 ranks completed (err %v) with ranks 0 and 1 arrived (rank 1 twice)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	c2 := rawRank(t, srv, 2, 3)
+	defer c2.Close()
+	_, err = c2.Write((&frame{op: opBarrier, id: 2, gen: 1}).encode(nil))
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the barrier did not complete once rank 2 came")
+	}
+}

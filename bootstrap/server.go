@@ -393,6 +393,14 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 			c.sendGoneLocked(f.id, r, failed)
 			return true
 		}
+		for _, w := range s.barrier[f.gen] {
+			if w.c == c {
+				// Only distinct ranks count: a rank's second arrival would release
+				// the barrier for one that never came.
+				c.sendLocked(f.id, codeInvalid, 0, fmt.Sprintf("rank %d is in barrier %d already", c.rank, f.gen))
+				return true
+			}
+		}
 		ws := append(s.barrier[f.gen], waiter{c, f.id})
 		c.pending++
 		if len(ws) < s.size {
