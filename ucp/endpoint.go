@@ -96,7 +96,7 @@ func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string, 
 	}
 	if peer != nil {
 		ep.peer, ep.peerKnown = *peer, true
-		ep.source = sourceOf(peer.id, peer.addr)
+		ep.source = sourceOf(w.ctx.trust, peer.id, peer.addr)
 		ep.peer.addr = nil
 		ep.sameDevice = ep.Reach(nil) == protocol.ReachSameDevice
 	}

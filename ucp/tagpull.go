@@ -20,7 +20,10 @@ import (
 // and copies nothing. One too short even for the descriptor answers the sender by tag
 // (ctlPullTrunc) once the pulls of that tag it is doing from that sender are done; the
 // sender then completes its oldest send of the tag, which is the truncated one:
-// messages of one tag from one sender match in order. Before its first pulled message
+// messages of one tag from one sender match in order. The sender is the one whose
+// source id the tag carries, which nothing in a truncated message proves: with an
+// auth key a peer without it cannot compute another's id (sourceOf); without a key a
+// forged message could complete another sender's send early. Before its first pulled message
 // on an endpoint the sender sends its address (a hello on PullAM): a receiver with no
 // endpoint to it makes one then, so that even an answer by tag has somewhere to go. A
 // send falls back to staging where the descriptor would be longer than the data.
@@ -239,7 +242,7 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64,
 	if err != nil {
 		return nil, err
 	}
-	src := sourceOf(peer.id, peer.addr)
+	src := sourceOf(w.ctx.trust, peer.id, peer.addr)
 	if peer.id != sender || (want != anySource && src != want) {
 		return nil, opErr("pull", ErrInvalidParam, "a pulled message's address is not its sender's")
 	}

@@ -1,7 +1,6 @@
 package ucp
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 
@@ -46,15 +45,16 @@ func checkTag(op string, tag uint64) error {
 }
 
 // sourceOf is the source id a worker's sends carry, from what its peers learn about
-// it (the handshake or its sealed address): the context's identity and the worker's
-// UCX address: 15 bits (the tag's top bit marks pulled messages, tagpull.go). Two
-// workers share an id with probability 2^-15 per pair; they then share one budget.
-func sourceOf(id [idLen]byte, addr []byte) uint64 {
-	h := sha256.New()
-	h.Write(id[:])
-	h.Write(addr)
-	var sum [sha256.Size]byte
-	return uint64(binary.LittleEndian.Uint16(h.Sum(sum[:0]))) & (1<<(63-TagBits) - 1)
+// it (the handshake or its sealed address): a MAC, under the context's master secret
+// (trust.master: from the auth key), of its identity and its UCX address: 15 bits (the
+// tag's top bit marks pulled messages, tagpull.go). Tag messages carry no proof of
+// who sent them, so with an auth key a peer that lacks it cannot compute another's id
+// and charge its messages to it (its unmatched-data cut-off, tagpull.go's answers by
+// tag); without a key anyone can. Two workers share an id with probability 2^-15 per
+// pair; they then share one budget.
+func sourceOf(t *trust, id [idLen]byte, addr []byte) uint64 {
+	sum := macOf(t.master[:], "ucpx source id", id[:], addr)
+	return uint64(binary.LittleEndian.Uint16(sum)) & (1<<(63-TagBits) - 1)
 }
 
 // startUnmatched sets this worker's source id and its ledger's limit.
@@ -66,7 +66,7 @@ func (w *Worker) startUnmatched(limit int64) error {
 	if err != nil {
 		return err
 	}
-	w.source = sourceOf(self.id, self.addr)
+	w.source = sourceOf(w.ctx.trust, self.id, self.addr)
 	switch {
 	case limit == 0:
 		w.unmatchedLimit = DefaultUnmatchedLimit

@@ -352,3 +352,72 @@ func TestUnmatchedTotalIsBounded(t *testing.T) {
 		require.NoError(t, r.Err())
 	}
 }
+
+// With an auth key, a peer cannot charge its unmatched messages to another: the
+// source id it can compute for an honest peer from what is public (its identity and
+// address, as a peer without the key would) is not the one that peer's tags carry, so
+// flooding under it cuts nobody off but the flooder, and the honest peer's messages
+// are delivered.
+func TestUnmatchedSourceCannotBeClaimedWithoutKey(t *testing.T) {
+	const limit = 256 << 10
+	key, err := GenerateAuthKey()
+	require.NoError(t, err)
+	keyed := ContextParams{AuthKey: key}
+	newWorker := func(wp WorkerParams) *Worker {
+		c, err := NewContext(keyed)
+		require.NoError(t, err)
+		w, err := c.NewWorker(wp)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = w.Close(); _ = c.Close() })
+		return w
+	}
+	victim := newWorker(WorkerParams{UnmatchedLimit: limit})
+	attackerW, honestW := newWorker(WorkerParams{}), newWorker(WorkerParams{})
+	addr, err := victim.Address()
+	require.NoError(t, err)
+	noErr := &EndpointParams{NoPeerErrorHandling: true}
+	attacker, err := attackerW.ConnectAddress(addr, noErr)
+	require.NoError(t, err)
+	honest, err := honestW.ConnectAddress(addr, noErr)
+	require.NoError(t, err)
+	self, err := honestW.selfInfo()
+	require.NoError(t, err)
+	public, err := newTrust(nil)
+	require.NoError(t, err)
+	claimed := sourceOf(public, self.id, self.addr)
+	require.NotEqual(t, honestW.source, claimed, "the keyed id is not the public one (one chance in 2^15)")
+	attackerW.mu.Lock()
+	attackerW.raw.SetUnmatched(attackerW.unmatchedLimit, claimed)
+	attackerW.mu.Unlock()
+	drive := func(r *Request, ws ...*Worker) {
+		for deadline := time.Now().Add(10 * time.Second); !r.Done(); {
+			for _, w := range ws {
+				w.Progress()
+			}
+			require.True(t, time.Now().Before(deadline), "request pending")
+		}
+	}
+	msg := make([]byte, 4096)
+	for range 2 * limit / len(msg) {
+		r, err := attacker.TagSendNbx(msg, 7, nil)
+		require.NoError(t, err)
+		drive(r, attackerW, victim)
+	}
+	for range 20000 {
+		attackerW.Progress()
+		victim.Progress()
+	}
+	victim.mu.Lock()
+	victim.raw.TakeUnmatched() // the ledger's look, as a busy worker makes it
+	victim.mu.Unlock()
+	payload := []byte("from the honest peer")
+	sr, err := honest.TagSendNbx(payload, 9, nil)
+	require.NoError(t, err)
+	drive(sr, honestW, victim)
+	in := make([]byte, 64)
+	rr, err := victim.TagRecvNbx(in, 9, MaxTag, nil)
+	require.NoError(t, err)
+	drive(rr, honestW, victim)
+	require.NoError(t, rr.Err())
+	require.Equal(t, payload, in[:rr.Length()])
+}

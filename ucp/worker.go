@@ -35,7 +35,10 @@ type WorkerParams struct {
 	// before a receive matches them (Endpoint.UnmatchedHeld says how it is counted):
 	// past it, every endpoint to that peer fails with an error matching
 	// ErrExceedsLimit, and what the peer sent and sends unmatched is discarded. A
-	// peer's identity is what its handshake or sealed address proved. All peers
+	// message is charged to the peer whose source id its tag carries (TagBits), an id
+	// derived from what the peer's handshake or sealed address proved: with an auth
+	// key only key holders can compute a peer's id; without one any peer can claim
+	// another's and get it cut off. All peers
 	// together may hold four limits; past that the peer holding most is cut off. 0:
 	// DefaultUnmatchedLimit (256 MiB); negative: no limit, which also stops looking.
 	UnmatchedLimit int64
