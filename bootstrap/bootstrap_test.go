@@ -294,6 +294,36 @@ func TestCallersWorker(t *testing.T) {
 	require.NoError(t, err, "the caller's worker stays open")
 }
 
+// An endpoint whose dial ends after Close began is closed, not handed out: Close
+// closed the endpoints it saw, and on the caller's worker nothing else would close it.
+func TestEndpointDialedDuringClose(t *testing.T) {
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	jobs := startJob(t, 1, func(int) *Options { return &Options{Worker: w} })
+	j := jobs[0]
+	dialed, release := make(chan struct{}), make(chan struct{})
+	defer func(f func()) { afterConnect = f }(afterConnect)
+	afterConnect = func() { close(dialed); <-release }
+	type result struct {
+		ep  *ucp.Endpoint
+		err error
+	}
+	got := make(chan result, 1)
+	go func() { ep, err := j.Endpoint(0); got <- result{ep, err} }()
+	<-dialed
+	closed := make(chan error, 1)
+	go func() { closed <- j.Close() }()
+	require.Eventually(t, func() bool { j.mu.Lock(); defer j.mu.Unlock(); return j.closed }, 5*time.Second, time.Millisecond)
+	close(release)
+	r := <-got
+	require.ErrorIs(t, r.err, ErrClosed)
+	require.Nil(t, r.ep)
+	require.NoError(t, <-closed)
+}
+
 // The handles a failed Join returns are nil; their methods answer ErrInvalidParam (or a
 // zero value) instead of crashing.
 func TestNilJobAndStore(t *testing.T) {

@@ -345,17 +345,39 @@ func (j *Job) Endpoint(rank int) (*ucp.Endpoint, error) {
 			j.dialing[rank] = wait
 			j.mu.Unlock()
 			ep, err := j.connect(rank)
+			afterConnect()
 			j.mu.Lock()
 			delete(j.dialing, rank)
 			close(wait)
-			if err == nil {
+			closed := j.closed
+			if err == nil && !closed {
 				j.eps[rank], j.byEP[ep] = ep, rank
 			}
 			j.mu.Unlock()
+			if err == nil && closed {
+				// Close ran while this dialed: it closed the endpoints it saw, not
+				// this one.
+				j.closeLate(ep)
+				return nil, fmt.Errorf("bootstrap: endpoint: %w", ErrClosed)
+			}
 			return ep, err
 		}
 		j.mu.Unlock()
 		<-wait
+	}
+}
+
+// afterConnect runs between a dial and its endpoint's registration (tests widen the
+// window Close may come in).
+var afterConnect = func() {}
+
+// closeLate force-closes an endpoint made after Close began, as Close closes the
+// job's endpoints.
+func (j *Job) closeLate(ep *ucp.Endpoint) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if req, err := ep.CloseNbx(true); err == nil {
+		_ = req.Wait(ctx)
 	}
 }
 
