@@ -46,10 +46,13 @@ type ChainParam struct {
 
 // ChainRunner is a transport's side of a chain: it holds the chain's operations and
 // posts each step from the completion of the one before. Package ucp implements it;
-// users call Chain's methods.
+// users call Chain's methods. Chain calls it without holding its lock (a Wait must
+// not block Destroy), so every method may race Destroy and must not touch a
+// destroyed runner's state: after Destroy, Start, Wait and Test give ErrDestroyed.
 type ChainRunner interface {
 	// Start posts step 0 of the first of repeat iterations; keepGoing: a failed
-	// operation does not stop the run (the later steps are posted all the same).
+	// operation does not stop the run (the later steps are posted all the same). A run
+	// under way gives ErrBusy.
 	Start(repeat uint64, keepGoing bool) error
 	// Wait waits until the run ended (every iteration done, or an error), driving the
 	// transport; ctx ending returns ctx's error and leaves the run going.
@@ -179,10 +182,7 @@ func (c *Chain) Start() error {
 	if err != nil {
 		return err
 	}
-	if r.Running() {
-		return fmt.Errorf("chain start: running: %w", ErrBusy)
-	}
-	return r.Start(c.repeat, c.keepGoing)
+	return r.Start(c.repeat, c.keepGoing) // the runner gives ErrBusy (its check and start are one step)
 }
 
 // Wait waits until the run ended and returns its error: the first operation error, or

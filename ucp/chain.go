@@ -18,7 +18,9 @@ import (
 // end signals the worker when a waiter is parked and another goroutine's progress
 // ended it). A ping-pong of chains costs what the same loop costs in C.
 
-// chainRunner is the worker's side of one chain (condition.ChainRunner).
+// chainRunner is the worker's side of one chain (condition.ChainRunner). Every read or
+// call of raw holds w.mu and checks destroyed: Destroy frees raw under w.mu, and
+// condition.Chain calls the runner without its own lock, so a call may race Destroy.
 type chainRunner struct {
 	w   *Worker
 	raw *ucx.Chain
@@ -97,6 +99,11 @@ func (r *chainRunner) Start(repeat uint64, keepGoing bool) error {
 		w.mu.Unlock()
 		return err
 	}
+	if r.raw.Running() {
+		// Checked here, under w.mu, so that of two racing Starts one runs.
+		w.mu.Unlock()
+		return opErr("chain_start", condition.ErrBusy, "running")
+	}
 	for _, ep := range r.eps {
 		// C holds the UCX endpoint: posting on one closed (or being closed) is
 		// undefined in UCX.
@@ -121,18 +128,42 @@ func (r *chainRunner) usableLocked(op string) error {
 }
 
 // Running reports whether a run is under way.
-func (r *chainRunner) Running() bool { return r.raw.Running() }
+func (r *chainRunner) Running() bool {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	return !r.destroyed && r.raw.Running()
+}
 
-// Iterations completed by the current or last run.
+// Iterations completed by the current or last run (0 once destroyed, as
+// condition.Chain.Iterations).
 func (r *chainRunner) Iterations() uint64 {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	if r.destroyed {
+		return 0
+	}
 	n, _ := r.raw.Result()
 	return n
 }
 
-// Err is the first error of the last run.
+// Err is the first error of the last run (nil once destroyed, as condition.Chain.Err).
 func (r *chainRunner) Err() error {
-	if r.raw.Running() {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	if r.destroyed || r.raw.Running() {
 		return nil
+	}
+	_, st := r.raw.Result()
+	return opErr("chain", statusErr(st), "")
+}
+
+// endErr is the error of a run Wait or Test saw end: ErrDestroyed if Destroy came
+// in between.
+func (r *chainRunner) endErr(op string) error {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	if r.destroyed {
+		return opErr(op, condition.ErrDestroyed, "chain destroyed")
 	}
 	_, st := r.raw.Result()
 	return opErr("chain", statusErr(st), "")
@@ -174,17 +205,20 @@ func (r *chainRunner) Test() (bool, error) {
 		return true, err
 	}
 	running := r.raw.Wait(1)
+	_, st := r.raw.Result()
+	paused := !running && r.raw.Pulls() > 0
 	w.afterCallUnlock()
 	if running {
 		return false, nil
 	}
-	if r.paused() {
+	if paused {
 		resumed, err := r.settlePulls(nil)
 		if err != nil || resumed || r.paused() {
 			return false, err
 		}
+		return true, r.endErr("chain_test")
 	}
-	return true, r.Err()
+	return true, opErr("chain", statusErr(st), "")
 }
 
 // Wait drives progress until the run ends, with the wait policy of Request.Wait.
@@ -194,8 +228,10 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 	var start time.Duration
 	started := false
 	// The spin and yield clock restarts whenever the run moved: a chain waits for its
-	// whole run, and only a run that stalls should yield the processor or park.
-	last, _ := r.raw.Result()
+	// whole run, and only a run that stalls should yield the processor or park. The
+	// chain's state is read under the lock of the progress call (Destroy may free it
+	// once w.mu is let go).
+	var last uint64 // a change on the first pass resets only what is already reset
 	bound := parkBound{parkBoundMin}
 	for i := 0; ; i++ {
 		w.mu.Lock()
@@ -204,16 +240,21 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 			return err
 		}
 		running := r.raw.Wait(spinRounds)
+		iters, st := r.raw.Result()
+		paused := !running && r.raw.Pulls() > 0
 		w.afterCallUnlock()
-		if !running && r.paused() {
+		if paused {
 			resumed, err := r.settlePulls(ctx)
 			if err != nil {
 				return err
 			}
-			running = resumed
+			if !resumed {
+				return r.endErr("chain_wait")
+			}
+			running = true
 		}
 		if !running {
-			return r.Err()
+			return opErr("chain", statusErr(st), "")
 		}
 		if done != nil {
 			select {
@@ -222,7 +263,7 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 			default:
 			}
 		}
-		if iters, _ := r.raw.Result(); iters != last {
+		if iters != last {
 			last, started, i, bound.d = iters, false, 0, parkBoundMin
 		}
 		if i == 0 {
@@ -292,6 +333,10 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 			continue
 		}
 		w.mu.Lock()
+		if r.destroyed {
+			w.mu.Unlock()
+			return false, opErr("chain_wait", condition.ErrDestroyed, "chain destroyed")
+		}
 		st := ucx.OK
 		if q.err != nil {
 			st = ucx.ErrIOError
@@ -308,6 +353,10 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	w.mu.Lock()
+	if r.destroyed {
+		w.mu.Unlock()
+		return false, opErr("chain_wait", condition.ErrDestroyed, "chain destroyed")
+	}
 	resumed := r.raw.Resume()
 	w.afterCallUnlock()
 	return resumed, nil
@@ -343,7 +392,7 @@ func (r *chainRunner) park(ctx context.Context, bound time.Duration) (bool, erro
 	w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Now().Add(bound))
 	w.mu.Lock()
 	r.parked--
-	if !w.closed.Load() && !r.raw.Detached() {
+	if !r.destroyed && !w.closed.Load() && !r.raw.Detached() { // Destroy ran while we slept
 		r.raw.SetParked(r.parked > 0)
 	}
 	w.mu.Unlock()
