@@ -323,8 +323,19 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 		r.pulling[i] = q
 		w.pullArrivedLocked(q, st, n, tag)
 	}
-	w.unlockDeferred()
+	// A copy: another goroutine waiting on the same run settles pulls too, under
+	// w.mu, while this one waits outside it.
+	type pull struct {
+		i int
+		q *Request
+	}
+	pulls := make([]pull, 0, len(r.pulling))
 	for i, q := range r.pulling {
+		pulls = append(pulls, pull{i, q})
+	}
+	w.unlockDeferred()
+	for _, pl := range pulls {
+		i, q := pl.i, pl.q
 		if ctx != nil {
 			if err := q.Wait(ctx); err != nil && !q.Done() {
 				return false, err
@@ -345,14 +356,17 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 				st = ucx.Status(s)
 			}
 		}
-		r.raw.Pulled(i, st, q.length)
-		delete(r.pulling, i)
+		if r.pulling[i] == q { // not settled by another waiter meanwhile
+			r.raw.Pulled(i, st, q.length)
+			delete(r.pulling, i)
+		}
 		w.mu.Unlock()
 	}
+	w.mu.Lock()
 	if len(r.pulling) > 0 {
+		w.mu.Unlock()
 		return false, nil
 	}
-	w.mu.Lock()
 	if r.destroyed {
 		w.mu.Unlock()
 		return false, opErr("chain_wait", condition.ErrDestroyed, "chain destroyed")

@@ -181,6 +181,44 @@ func TestTagPullChain(t *testing.T) {
 	require.Zero(t, p.a.StagingStats().Bytes, "every send went by pull")
 }
 
+// Several goroutines waiting on one chain whose run pauses for pulls settle them
+// together: each pull is reported to the chain once, the data is right, and nothing
+// races (-race).
+func TestTagPullChainManyWaiters(t *testing.T) {
+	const n = 64 << 10
+	p, ctx, src, _, data := pullSource(t, n, 15)
+	const iters = 8
+	ch, err := condition.NewChain(condition.ChainParam{Repeat: iters})
+	require.NoError(t, err)
+	in := make([]byte, n)
+	_, err = p.b.TagRecvNbx(in, 1, MaxTag, &RequestParam{Chain: ch})
+	require.NoError(t, err)
+	require.NoError(t, ch.Then())
+	_, err = p.epB.TagSendNbx(in, 2, &RequestParam{Chain: ch})
+	require.NoError(t, err)
+	require.NoError(t, ch.Start())
+	const waiters = 4
+	stop := make(chan error, waiters)
+	for range waiters {
+		go func() { stop <- ch.Wait(ctx) }()
+	}
+	for i := 0; i < iters; i++ {
+		sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 1, devParam)
+		require.NoError(t, err)
+		echo := make([]byte, n)
+		got, _, err := p.a.TagRecv(ctx, echo, 2, MaxTag)
+		require.NoError(t, err)
+		require.Equal(t, n, got)
+		require.Equal(t, checksum(data), checksum(echo), "iteration %d", i)
+		require.NoError(t, sr.Wait(ctx))
+	}
+	for range waiters {
+		require.NoError(t, <-stop)
+	}
+	require.Equal(t, uint64(iters), ch.Iterations())
+	require.NoError(t, ch.Destroy())
+}
+
 // A conditioned send is issued by the engine at its trigger, and goes by pull too;
 // StageAlways stages instead, with the same data.
 func TestTagPullConditionedAndStaged(t *testing.T) {
