@@ -99,8 +99,14 @@ func (w *Worker) deliverAmLocked(ev *ucx.Event) {
 		msg.Header = append([]byte(nil), unsafe.Slice((*byte)(ev.Header), ev.HeaderLen)...)
 		ucx.Free(ev.Header)
 	}
-	if ev.Flags&ucx.AmRecvReplyEP != 0 {
-		msg.replyEP = w.replyEndpointLocked(ev.ReplyEP)
+	if ev.Flags&ucx.AmRecvReplyEP != 0 && ev.ReplyEP != nil {
+		if ev.ID == PullAM && w.replyHelloLocked(msg.Header, ev.ReplyEP) {
+			msg.releaseLocked()
+			return
+		}
+		if ev.ID != PullAM { // a pulled message replies on its sender's endpoint (onPull)
+			msg.replyEP = w.replyEndpointLocked(ev.ReplyEP)
+		}
 	}
 	if ev.ID == RevokeAM && w.pullControlLocked(msg.Header) {
 		msg.releaseLocked()
@@ -134,7 +140,16 @@ func (m *AmMessage) Length() int {
 // IsRendezvous reports whether the data must be pulled with RecvData.
 func (m *AmMessage) IsRendezvous() bool { return m != nil && m.flags&ucx.AmRecvRndv != 0 }
 
-// ReplyEndpoint is the endpoint to reply on, if the sender set AmReply.
+// ReplyEndpoint is the endpoint to reply on, if the sender set AmReply: an endpoint
+// this worker owns to the sender, never UCX's internal reply endpoint (UCX destroys
+// that one, unreported, when the connection fails, so a later call on it would use
+// freed memory). It is this worker's own endpoint the message came through, or else
+// the one made to the sender from the address a ucpx sender sends ahead of its first
+// AmReply message on an endpoint (or the address a pulled message carries). It stays
+// valid beyond the handler and the message, like any endpoint: once the sender is
+// gone, its calls fail with an error matching ErrPeerFailed. nil without AmReply, or
+// where no such endpoint can be had (the sender's address never came; the worker's
+// endpoints made for pulls and replies are at their limit).
 func (m *AmMessage) ReplyEndpoint() *Endpoint {
 	if m == nil {
 		return nil
@@ -278,11 +293,100 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 		})
 	}
 	w := ep.w
+	var hello []byte
+	if p.AmFlags&AmReply != 0 && !ep.replyHello.Load() {
+		hello = ep.replyHelloMessage()
+	}
 	w.lockIssue()
 	defer w.mu.Unlock()
 	if err := ep.usableLocked(op); err != nil {
 		return nil, err
 	}
+	if hello != nil && ep.replyHello.CompareAndSwap(false, true) {
+		// Ahead of the message on the same endpoint: its receiver knows whom to reply to.
+		_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, uint32(AmReply), -1, nil), &defaultParam, nil, bufPtr(hello))
+	}
 	ptr := w.raw.AmSend(ep.raw, id, bufPtr(header), len(header), bufPtr(buf), len(buf), p.flags(), uint32(p.AmFlags), p.memType(), p.MemH.rawOrNil())
 	return ep.sent(w.postLocked(op, ptr, p, nil, bufPtr(header), bufPtr(buf)))
+}
+
+// Reply endpoints. UCX hands an active message's receiver the endpoint the sender's
+// connection ends in (ucp_am_recv_param_t.reply_ep). Where the receiver made no
+// endpoint of its own to the sender, that is one UCX made itself: not the user's, so
+// when the connection fails UCX destroys it at once, from whichever progress call
+// noticed (the one that delivered the message included), and tells nobody (no error
+// callback: ucp_ep_set_failed in UCX 1.13). ucpx runs handlers after progress, so such
+// an endpoint may be gone before the handler even runs: it is never used. Instead a
+// sender sends its sealed address on PullAM (a hello with AmReply) ahead of its first
+// AmReply message on an endpoint; the receiver records the sender by UCX's endpoint
+// (w.replies) and resolves later messages through it to an endpoint it owns to the
+// sender (senderEndpointLocked: its own, or an internal one made from the address),
+// whose failure it is told about.
+
+// replyPeer is the sender behind one UCX reply endpoint (w.replies).
+type replyPeer struct {
+	peer      peerInfo
+	src       uint64
+	noPeerErr bool
+	ep        *Endpoint // the last endpoint resolved to the sender
+}
+
+// replyHelloMessage is the hello that goes ahead of ep's first AmReply message, nil
+// where it cannot go (the address unavailable, or longer than an AM header may be).
+func (ep *Endpoint) replyHelloMessage() []byte {
+	w := ep.w
+	self, err := w.pullAddress()
+	if err != nil {
+		return nil
+	}
+	hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag|ep.pullFlags(), 0, 0, 0, nil, self, nil))
+	if m := w.maxAmHeader; m > 0 && len(hello) > m {
+		return nil
+	}
+	return hello
+}
+
+// replyHelloLocked records the sender of a hello that came with reply endpoint raw;
+// it reports whether header was such a hello. Caller holds w.mu.
+func (w *Worker) replyHelloLocked(header []byte, raw unsafe.Pointer) bool {
+	sender, plain, err := w.ctx.trust.seal.open(pullMagic, header)
+	if err != nil {
+		return false
+	}
+	_, flags, _, _, addr, _, ok := decodePull(plain)
+	if !ok || flags&pullHelloFlag == 0 {
+		return false
+	}
+	peer, err := openAddress(w.ctx.trust.seal, addr)
+	if err != nil || peer.id != sender {
+		return true // a forged address: no reply goes to it
+	}
+	if w.replies == nil {
+		w.replies = map[unsafe.Pointer]*replyPeer{}
+	}
+	// raw replaces whoever had it before: UCX reuses a destroyed endpoint's memory. The
+	// map is bounded by the endpoints UCX holds at once.
+	w.replies[raw] = &replyPeer{peer: peer, src: sourceOf(peer.id, peer.addr), noPeerErr: flags&pullNoPeerErrFlag != 0}
+	return true
+}
+
+// replyEndpointLocked resolves the UCX reply endpoint raw of a message being
+// delivered to an endpoint this worker owns (ReplyEndpoint), or nil. Caller holds w.mu.
+func (w *Worker) replyEndpointLocked(raw unsafe.Pointer) *Endpoint {
+	if ep := w.eps[raw]; ep != nil {
+		return ep // this worker's own: UCX keeps it until ucpx closes it
+	}
+	rp := w.replies[raw]
+	if rp == nil {
+		return nil
+	}
+	if rp.ep != nil && rp.ep.usableLocked("") == nil {
+		return rp.ep
+	}
+	ep, err := w.senderEndpointLocked(&rp.peer, rp.src, 0, rp.noPeerErr)
+	if err != nil {
+		return nil
+	}
+	rp.ep = ep
+	return ep
 }

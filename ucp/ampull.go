@@ -209,6 +209,9 @@ func (w *Worker) failPullsLocked(ep *Endpoint, err error) {
 // onPull delivers a pulled message (the internal handler of PullAM) to the handler of
 // its id, as a rendezvous message whose data RecvData pulls.
 func (w *Worker) onPull(msg *AmMessage) {
+	if w.ctx.ipc == nil {
+		return // nobody pulls here (reply hellos are handled as they are drained: am.go)
+	}
 	sender, plain, err := w.ctx.trust.seal.open(pullMagic, msg.Header)
 	if err != nil {
 		return // not from a peer of ours: dropped
@@ -237,7 +240,7 @@ func (w *Worker) onPull(msg *AmMessage) {
 	}
 	um := &AmMessage{w: w, ID: id, Header: header, length: int(ref.length), flags: ucx.AmRecvRndv, pull: ref}
 	if AmSendFlags(flags)&AmReply != 0 {
-		um.replyEP = msg.replyEP
+		um.replyEP = ref.ep // the sender's endpoint (UCX's reply endpoint is never used: am.go)
 	}
 	w.mu.Lock()
 	h := w.am[uint64(id)]

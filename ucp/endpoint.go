@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
 	"github.com/ucpx/ucpx/protocol"
@@ -32,7 +32,6 @@ type Endpoint struct {
 	raw    *ucx.EP
 	params EndpointParams
 	name   string
-	owned  bool // false for reply endpoints UCX created itself
 	// Under w.mu.
 	err    error // the peer failure, once reported
 	closed bool
@@ -59,6 +58,9 @@ type Endpoint struct {
 	// pullHello: this worker's address went to the peer ahead of a pulled tag
 	// message (tagpull.go; under w.mu).
 	pullHello bool
+	// replyHello: this worker's address went to the peer ahead of the first AmReply
+	// message on the endpoint (ReplyEndpoint).
+	replyHello atomic.Bool
 	// fast: the endpoint's record for C callers (cshare.go; under w.mu), retired
 	// once the endpoint is no longer usable.
 	fast *ucx.Fast
@@ -90,7 +92,7 @@ func (ep *Endpoint) Err() error {
 }
 
 func (w *Worker) addEndpointLocked(raw *ucx.EP, p *EndpointParams, name string, peer *peerInfo) *Endpoint {
-	ep := &Endpoint{w: w, raw: raw, name: name, owned: true, recvs: map[*Request]struct{}{}}
+	ep := &Endpoint{w: w, raw: raw, name: name, recvs: map[*Request]struct{}{}}
 	if p != nil {
 		ep.params = *p
 	}
@@ -276,6 +278,11 @@ func (ep *Endpoint) sameWorker(op string, w *Worker) error {
 }
 
 func (ep *Endpoint) usableLocked(op string) error {
+	if ep.err != nil && ep.internal && !ep.w.closed.Load() {
+		// Closed by the worker because its peer failed: its holders (reply endpoints)
+		// see the failure.
+		return opErr(op, ep.err, "%s", ep)
+	}
 	if ep.closed || ep.w.closed.Load() {
 		return opErr(op, ErrClosed, "%s", ep)
 	}
@@ -354,7 +361,7 @@ func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 	if ep.closed || w.closed.Load() {
 		return nil, opErr("ep_close_nbx", ErrClosed, "%s", ep)
 	}
-	if force && ep.owned && ep.params.NoPeerErrorHandling && ep.err == nil {
+	if force && ep.params.NoPeerErrorHandling && ep.err == nil {
 		// UCX refuses force mode without peer error handling (and would leave the
 		// endpoint open): refuse it here, before anything changes.
 		return nil, opErr("ep_close_nbx", ErrInvalidParam, "%s: force close needs peer error handling (EndpointParams.NoPeerErrorHandling is set); close in flush mode", ep)
@@ -363,7 +370,7 @@ func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 		force = true // UCX requires force mode on a failed endpoint
 	}
 	ep.markClosedLocked()
-	if !ep.owned || ep.rawClosed {
+	if ep.rawClosed {
 		return completedRequest, nil
 	}
 	ep.rawClosed = true
@@ -386,9 +393,7 @@ func (ep *Endpoint) markClosedLocked() {
 		ep.watch.stop()
 	}
 	delete(ep.w.eps, ep.raw.Ptr())
-	if ep.owned {
-		live.endpoints.Add(-1)
-	}
+	live.endpoints.Add(-1)
 }
 
 // Close closes the endpoint gracefully (flush). A flush that has not finished after
@@ -428,7 +433,7 @@ func (ep *Endpoint) forceCloseLocked() {
 		return
 	}
 	ep.markClosedLocked()
-	if ep.owned && !ep.rawClosed {
+	if !ep.rawClosed {
 		ep.rawClosed = true
 		// Without peer error handling UCX refuses force mode; the worker's destruction,
 		// which follows, releases such an endpoint.
@@ -436,17 +441,6 @@ func (ep *Endpoint) forceCloseLocked() {
 			_, _ = ep.w.postLocked("ep_close_nbx", ep.w.raw.Close(ep.raw, true), &defaultParam, nil)
 		}
 	}
-}
-
-// replyEndpointLocked finds (or wraps, unowned) the endpoint UCX gave for an AM reply.
-func (w *Worker) replyEndpointLocked(p unsafe.Pointer) *Endpoint {
-	if p == nil {
-		return nil
-	}
-	if ep := w.eps[p]; ep != nil {
-		return ep
-	}
-	return &Endpoint{w: w, raw: ucx.EPFromPtr(p), name: "reply", recvs: map[*Request]struct{}{}}
 }
 
 // HostIdentity is where this context runs as its peers learn it: the boot, the IPC

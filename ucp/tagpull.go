@@ -248,6 +248,13 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64,
 	}
 	w.mu.Lock()
 	defer w.unlockDeferred()
+	return w.senderEndpointLocked(&peer, src, op, noPeerErr)
+}
+
+// senderEndpointLocked is replyEndpoint for an opened, checked address: the endpoint
+// to peer (source id src) this worker has, or one made to it. Caller holds w.mu.
+func (w *Worker) senderEndpointLocked(peer *peerInfo, src, op uint64, noPeerErr bool) (*Endpoint, error) {
+	sender := peer.id
 	if ep := w.pullSenderLocked(sender, src); ep != nil {
 		return ep, nil
 	}
@@ -267,16 +274,17 @@ func (w *Worker) replyEndpoint(sender [idLen]byte, addr []byte, want, op uint64,
 	params := &EndpointParams{NoPeerErrorHandling: noPeerErr}
 	if n >= maxInternalEndpoints {
 		if op != 0 {
-			w.answerRefusedLocked(&peer, params, op)
+			w.answerRefusedLocked(peer, params, op)
 		}
 		return nil, opErr("pull", ErrExceedsLimit, "%d endpoints made for pulls already", n)
 	}
-	ep, err := w.connectLocked(&peer, params, "pull-sender", "pull sender's address")
+	ep, err := w.connectLocked(peer, params, "pull-sender", "pull sender's address")
 	if err != nil {
 		return nil, err
 	}
 	ep.internal = true
-	// Nobody else holds it: closed (and forgotten) once its peer fails.
+	// Closed (and forgotten) once its peer fails; who holds it as a reply endpoint
+	// then gets the failure (usableLocked).
 	ep.failureHooks = append(ep.failureHooks, &failureHook{fn: func(ep *Endpoint, _ error) {
 		w.mu.Lock()
 		w.closeInternalLocked(ep)

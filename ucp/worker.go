@@ -61,6 +61,7 @@ type Worker struct {
 	pending   []*Request // slot -> request waiting on a UCX request
 	freeSlots []int
 	eps       map[unsafe.Pointer]*Endpoint
+	replies   map[unsafe.Pointer]*replyPeer // senders by UCX reply endpoint (am.go)
 	listeners map[uint64]*Listener
 	am        map[uint64]*amHandler
 	rkeys     map[*Rkey]struct{}
@@ -183,12 +184,11 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 			_ = w.Close()
 			return nil, err
 		}
-		// Pulled active messages (ampull.go): only a peer IPC reaches sends them.
-		if c.ipc != nil {
-			if err := w.setAmHandler(PullAM, w.onPull); err != nil {
-				_ = w.Close()
-				return nil, err
-			}
+		// Pulled active messages (ampull.go), which only a peer IPC reaches sends, and
+		// the hellos ahead of AmReply messages (am.go), which any peer sends.
+		if err := w.setAmHandler(PullAM, w.onPull); err != nil {
+			_ = w.Close()
+			return nil, err
 		}
 	}
 	if p.ProgressThread {

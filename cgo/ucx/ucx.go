@@ -495,9 +495,6 @@ type EP struct{ h C.ucp_ep_h }
 // Ptr is the raw handle, used as a map key to find the Go endpoint of an event.
 func (e *EP) Ptr() unsafe.Pointer { return unsafe.Pointer(e.h) }
 
-// EPFromPtr wraps a raw ucp_ep_h handed over in an event (AM reply endpoint).
-func EPFromPtr(p unsafe.Pointer) *EP { return &EP{h: C.ucp_ep_h(p)} }
-
 // ConnectSockaddr creates a client-server endpoint to ip:port.
 func (w *Worker) ConnectSockaddr(ip []byte, port int, peerErr bool) (*EP, Status) {
 	e := &EP{}
