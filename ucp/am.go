@@ -364,11 +364,21 @@ func (w *Worker) replyHelloLocked(header []byte, raw unsafe.Pointer) bool {
 	if w.replies == nil {
 		w.replies = map[unsafe.Pointer]*replyPeer{}
 	}
-	// raw replaces whoever had it before: UCX reuses a destroyed endpoint's memory. The
-	// map is bounded by the endpoints UCX holds at once.
-	w.replies[raw] = &replyPeer{peer: peer, src: sourceOf(peer.id, peer.addr), noPeerErr: flags&pullNoPeerErrFlag != 0}
+	// raw replaces whoever had it before: UCX reuses a destroyed endpoint's memory.
+	// Endpoints UCX destroyed leave their entries behind: past maxReplies one goes
+	// (its messages then have no reply endpoint).
+	if _, had := w.replies[raw]; !had && len(w.replies) >= maxReplies {
+		for k := range w.replies {
+			delete(w.replies, k)
+			break
+		}
+	}
+	w.replies[raw] = &replyPeer{peer: peer, src: sourceOf(w.ctx.trust, peer.id, peer.addr), noPeerErr: flags&pullNoPeerErrFlag != 0}
 	return true
 }
+
+// maxReplies bounds the senders a worker remembers for reply endpoints.
+const maxReplies = 4096
 
 // replyEndpointLocked resolves the UCX reply endpoint raw of a message being
 // delivered to an endpoint this worker owns (ReplyEndpoint), or nil. Caller holds w.mu.
