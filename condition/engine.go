@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ucpx/ucpx/internal/goid"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 	"github.com/ucpx/ucpx/trace"
@@ -94,6 +95,17 @@ type Engine struct {
 	exited   chan struct{}
 	retired  []*part // the round's scratch list (under drive)
 	inbox    []*part // channelLocked's scratch list (under mu)
+	// id is the engine's goroutine (goid): a callback it runs may close the engine,
+	// and Close does not wait for that goroutine's exit then.
+	id atomic.Uint64
+	// due: the callbacks of the Ops the round retired (under drive). Handed to
+	// callbacks when the round lets go of drive (unlockDrive).
+	due dueList
+	// callbacks: the Ops whose callback is due, in retirement order; cbRunning: a
+	// goroutine runs them (runCallbacks). Under cbMu.
+	cbMu      sync.Mutex
+	callbacks dueList
+	cbRunning bool
 	// fired: the Graph conditions whose launch the round completed, fired once the
 	// round stored inflight (under drive).
 	fired []firedLaunch
@@ -354,6 +366,7 @@ func (e *Engine) othersDrive() bool {
 // and nothing it calls needs thread affinity.
 func (e *Engine) run() {
 	defer close(e.exited)
+	e.id.Store(goid.Current())
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	idle := 0
@@ -548,7 +561,7 @@ func (e *Engine) round() (progressed, active, busy bool) {
 }
 
 func (e *Engine) roundLocked() (progressed, active bool) {
-	defer e.drive.Unlock()
+	defer e.unlockDrive()
 	if e.quiet() {
 		// Nothing to issue or retire: only progress what is in flight.
 		if e.last.inflight && e.transport.Progress(e.waitOn) {
@@ -678,9 +691,10 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 	e.mu.Unlock()
 	e.last.inflight, e.waitOn = inflight, waitOn
 	if len(e.retired) > 0 {
-		// Outside e.mu: retiring takes the condition's error lock and runs callbacks.
+		// Outside e.mu: retiring takes the condition's error lock. Callbacks run once
+		// drive is released too (unlockDrive).
 		for i, p := range e.retired {
-			p.retire(nil)
+			p.retire(nil, &e.due)
 			if c := p.cond; c.backend.Kind() == streamcore.KindHost && (i+1 == len(e.retired) || e.retired[i+1].cond != c) {
 				// Host executors waiting on the completion word park on its block.
 				c.words.Notify()
@@ -710,6 +724,50 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 		progressed = true
 	}
 	return progressed, true
+}
+
+// unlockDrive releases drive, then runs the callbacks of the Ops the round retired:
+// outside the engine's locks, so that a callback may wait on another operation or
+// close the engine (its worker). Rounds queue them under drive, so they run in
+// retirement order, one at a time, on the goroutine running them already if there is
+// one (it may be this one, further up its stack: a callback that drove a round).
+func (e *Engine) unlockDrive() {
+	run := false
+	if e.due.head != nil {
+		e.cbMu.Lock()
+		e.callbacks.append(&e.due)
+		run = !e.cbRunning
+		e.cbRunning = true
+		e.cbMu.Unlock()
+	}
+	e.drive.Unlock()
+	if run {
+		e.runCallbacks()
+	}
+}
+
+// runCallbacks runs the queued callbacks until none is left.
+func (e *Engine) runCallbacks() {
+	finished := false
+	defer func() {
+		if !finished { // a callback panicked: the next round's runner takes the rest
+			e.cbMu.Lock()
+			e.cbRunning = false
+			e.cbMu.Unlock()
+		}
+	}()
+	for {
+		e.cbMu.Lock()
+		o := e.callbacks.pop()
+		if o == nil {
+			e.cbRunning = false
+			e.cbMu.Unlock()
+			finished = true
+			return
+		}
+		e.cbMu.Unlock()
+		o.cb()
+	}
 }
 
 // Follow implements streamcore.Follower for the completion words of the engine's Graph
@@ -880,7 +938,8 @@ func (e *Engine) launchDoneLocked(ch *channel) bool {
 
 // Close stops the engine and fails every operation it still holds, so no stream
 // stays blocked on a completion word; later submissions fail with ErrClosed. Call it
-// after the transport finished every operation the engine issued.
+// after the transport finished every operation the engine issued. A callback may
+// call it; the engine's goroutine, if it ran the callback, ends once it returned.
 func (e *Engine) Close() error {
 	pending := e.incoming.Swap(closedIncoming)
 	if pending == closedIncoming {
@@ -888,7 +947,11 @@ func (e *Engine) Close() error {
 	}
 	close(e.stop)
 	e.wakeUp()
-	<-e.exited
+	// Not when a callback run by the engine's goroutine closes it: that would wait for
+	// itself. It holds no lock Close takes there, and stops once the callback returned.
+	if goid.Current() != e.id.Load() {
+		<-e.exited
+	}
 	e.mu.Lock()
 	e.channelLocked(pending)
 	var left []*part
@@ -902,13 +965,13 @@ func (e *Engine) Close() error {
 	for _, p := range left {
 		switch {
 		case p.cond.category == Graph:
-			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"))
+			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"), nil)
 		case !p.issued:
-			p.retire(errClosedWhile(p.op.what, "before the condition triggered"))
+			p.retire(errClosedWhile(p.op.what, "before the condition triggered"), nil)
 		case p.err == nil && !p.inner.Done():
-			p.retire(errClosedWhile(p.op.what, "with the operation in flight"))
+			p.retire(errClosedWhile(p.op.what, "with the operation in flight"), nil)
 		default:
-			p.retire(nil)
+			p.retire(nil, nil)
 		}
 	}
 	return e.planner.Close()

@@ -23,7 +23,9 @@ type Submission struct {
 	// NonBlocking, with a Stream condition, enqueues only the trigger: the stream does
 	// not wait for completion (Op.WaitOnStream orders a stream after it later).
 	NonBlocking bool
-	// Callback runs once the operation completed, on the goroutine that retired it.
+	// Callback runs once the operation completed: on the goroutine that retired it,
+	// after the engine's round let go of the engine's locks (or on a goroutine running
+	// earlier rounds' callbacks then), in retirement order. It may close the engine.
 	Callback func()
 }
 
@@ -49,6 +51,47 @@ type Op struct {
 	// finished: done and retired, so the condition's words show it too. Set under mu
 	// (doneChan checks it there), read by Wait without.
 	finished atomic.Bool
+	// nextDue links the Ops whose callback is due (dueList).
+	nextDue *Op
+}
+
+// dueList is a queue of completed Ops whose callback has yet to run, linked through
+// Op.nextDue: a round collects them, so that callbacks run outside its locks.
+type dueList struct{ head, tail *Op }
+
+func (l *dueList) push(o *Op) {
+	if l.tail == nil {
+		l.head = o
+	} else {
+		l.tail.nextDue = o
+	}
+	l.tail = o
+}
+
+// pop takes the oldest Op, nil if none.
+func (l *dueList) pop() *Op {
+	o := l.head
+	if o != nil {
+		l.head, o.nextDue = o.nextDue, nil
+		if l.head == nil {
+			l.tail = nil
+		}
+	}
+	return o
+}
+
+// append moves m's Ops to the end of l.
+func (l *dueList) append(m *dueList) {
+	if m.head == nil {
+		return
+	}
+	if l.tail == nil {
+		l.head = m.head
+	} else {
+		l.tail.nextDue = m.head
+	}
+	l.tail = m.tail
+	*m = dueList{}
 }
 
 // part is the engine's unit: one sequence number of a condition.
@@ -162,7 +205,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	}
 	if addErr != nil {
 		// Armed but the engine closed: fail it so streams move on.
-		p.retire(errClosedWhile(s.What, "before the condition triggered"))
+		p.retire(errClosedWhile(s.What, "before the condition triggered"), nil)
 		return nil
 	}
 	if err != nil {
@@ -210,7 +253,7 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 	if addErr != nil {
 		closed := errClosedWhile(o.what, "before the condition triggered")
 		for _, p := range o.parts[added:armed] {
-			p.retire(closed)
+			p.retire(closed, nil)
 		}
 		if armed < n {
 			o.finishParts(n-armed, closed)
@@ -240,13 +283,14 @@ func (o *Op) finishParts(k int, err error) {
 	last, first := o.left == 0, o.err
 	o.mu.Unlock()
 	if last {
-		o.complete(first, nil)
+		o.complete(first, nil, nil)
 	}
 }
 
 // retire ends part p (err: a failure found by the engine itself, nil to take the
-// operation's own result) and advances its condition's completion word.
-func (p *part) retire(err error) {
+// operation's own result) and advances its condition's completion word. The Op's
+// callback joins due if due is not nil, else it runs now.
+func (p *part) retire(err error, due *dueList) {
 	o := p.op
 	c := o.cond
 	if c.category == Graph {
@@ -258,7 +302,7 @@ func (p *part) retire(err error) {
 			c.releaseWords()
 			err = c.Err() // the first error any launch met
 		}
-		o.complete(err, nil)
+		o.complete(err, nil, due)
 		return
 	}
 	switch {
@@ -281,17 +325,17 @@ func (p *part) retire(err error) {
 		last, first := o.left == 0, o.err
 		o.mu.Unlock()
 		if last {
-			o.complete(first, nil)
+			o.complete(first, nil, due)
 		}
 		return
 	}
-	o.complete(err, func() { c.retire(p.seq, err) })
+	o.complete(err, func() { c.retire(p.seq, err) }, due)
 }
 
 // complete ends the Op with err. It is done before retire runs (a stream the
 // completion word releases sees it done); a blocked waiter is woken and the callback
-// runs after (a woken waiter may destroy the condition).
-func (o *Op) complete(err error, retire func()) {
+// runs after (a woken waiter may destroy the condition), or joins due if not nil.
+func (o *Op) complete(err error, retire func(), due *dueList) {
 	o.err = err
 	o.done.Store(true)
 	if retire != nil {
@@ -303,7 +347,11 @@ func (o *Op) complete(err error, retire func()) {
 		close(o.doneCh)
 	}
 	o.mu.Unlock()
-	if o.cb != nil {
+	switch {
+	case o.cb == nil:
+	case due != nil:
+		due.push(o)
+	default:
 		o.cb()
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ucpx/ucpx/internal/goid"
 )
 
 // progressThread is the goroutine of WorkerParams.ProgressThread: it progresses the
@@ -17,6 +19,9 @@ type progressThread struct {
 	stopOnce sync.Once
 	exited   chan struct{}
 	parks    atomic.Int64 // times it parked on the event fd
+	// id is the thread's goroutine (goid): callbacks run on it, and one that closes
+	// the worker must not wait for its exit.
+	id atomic.Uint64
 }
 
 func (w *Worker) startProgressThread() {
@@ -27,6 +32,7 @@ func (w *Worker) startProgressThread() {
 
 func (w *Worker) runProgressThread(t *progressThread) {
 	defer close(t.exited)
+	t.id.Store(goid.Current())
 	ctx := doneCtx{t.stop} // a park on the event fd ends at stop
 	idle := 0
 	var idleSince time.Duration
@@ -36,12 +42,14 @@ func (w *Worker) runProgressThread(t *progressThread) {
 	// behind every one.
 	seen := w.raw.Progressed()
 	for {
+		n := w.Progress()
+		// Looked at after Progress: a callback it ran may have closed the worker, and
+		// the UCX worker is gone then.
 		select {
 		case <-t.stop:
 			return
 		default:
 		}
-		n := w.Progress()
 		if now := w.raw.Progressed(); n > 0 || now != seen {
 			seen, idle = now, 0
 			continue
@@ -80,12 +88,16 @@ func (w *Worker) runProgressThread(t *progressThread) {
 	}
 }
 
-// stopProgressThread ends the goroutine and waits for it. Caller does not hold w.mu.
+// stopProgressThread ends the goroutine and waits for it, unless called on it (a
+// callback closes the worker): it is in no UCX call then, and returns once the
+// callback did. Caller does not hold w.mu.
 func (w *Worker) stopProgressThread() {
 	t := w.progress
 	if t == nil {
 		return
 	}
 	t.stopOnce.Do(func() { close(t.stop) })
-	<-t.exited
+	if goid.Current() != t.id.Load() {
+		<-t.exited
+	}
 }

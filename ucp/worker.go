@@ -527,7 +527,8 @@ const closeKeepaliveRounds = 4
 
 // Close cancels pending operations, force-closes endpoints and listeners, and
 // destroys the worker. Pending requests complete with ErrCanceled or a peer error.
-// A second Close returns ErrClosed.
+// A second Close returns ErrClosed. A callback may call it, on the progress thread or
+// the engine's goroutine too: that goroutine ends once the callback returned.
 func (w *Worker) Close() error {
 	if w == nil {
 		return opErr("worker_destroy", ErrInvalidParam, "nil worker")
