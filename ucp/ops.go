@@ -3,6 +3,7 @@ package ucp
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -320,8 +321,11 @@ type AtomicParam struct {
 	// Size is 4 or 8 (bytes); 0 means 8.
 	Size int
 	// Operand: the value to add/and/or/xor/swap in, or the compare value of Cswap.
+	// With Size 4 it must fit 32 bits (ErrInvalidParam otherwise): a wider value
+	// would be truncated, so Cswap would compare, and Add add, another value.
 	Operand uint64
-	// Swap is the value Cswap stores when the comparison holds.
+	// Swap is the value Cswap stores when the comparison holds; with Size 4 it must
+	// fit 32 bits, as Operand.
 	Swap uint64
 	// Fetch asks for the remote value before the operation (always on for Swap/Cswap).
 	Fetch bool
@@ -346,6 +350,13 @@ func (ep *Endpoint) AtomicNbx(a AtomicParam, raddr uint64, rkey *Rkey, p *Reques
 	}
 	if a.Op < AtomicAdd || a.Op > AtomicXor {
 		return nil, opErr(op, ErrInvalidParam, "op %d", a.Op)
+	}
+	// A 32-bit word takes 32-bit values: a wider one would reach UCX truncated.
+	if a.Size == 4 && a.Operand > math.MaxUint32 {
+		return nil, opErr(op, ErrInvalidParam, "operand %#x wider than size 4", a.Operand)
+	}
+	if a.Size == 4 && a.Op == AtomicCswap && a.Swap > math.MaxUint32 {
+		return nil, opErr(op, ErrInvalidParam, "swap %#x wider than size 4", a.Swap)
 	}
 	if raddr%uint64(a.Size) != 0 {
 		return nil, opErr(op, ErrInvalidParam, "raddr %#x not aligned to %d", raddr, a.Size)

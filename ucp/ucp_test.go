@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -374,6 +375,39 @@ func TestAtomics(t *testing.T) {
 		require.ErrorIs(t, err, ErrOutOfRange)
 		require.NoError(t, remote.Close())
 	})
+}
+
+// A 32-bit atomic refuses, at the call, an operand (or Cswap's swap value) wider than
+// 32 bits: UCX would get it truncated, so Cswap would compare and swap other values.
+func TestAtomic32RefusesWideOperand(t *testing.T) {
+	p := newShmPair(t)
+	remote, err := p.ctxB.MemAlloc(64)
+	require.NoError(t, err)
+	pk, err := remote.PackRkey()
+	require.NoError(t, err)
+	rk, err := p.epA.UnpackRkey(pk)
+	require.NoError(t, err)
+	binary.NativeEndian.PutUint32(remote.Bytes(), 7)
+	for _, a := range []AtomicParam{
+		{Op: AtomicCswap, Size: 4, Operand: 1<<32 | 7, Swap: 9}, // compares 7 truncated
+		{Op: AtomicCswap, Size: 4, Operand: 7, Swap: 1<<32 | 9},
+		{Op: AtomicAdd, Size: 4, Operand: 1<<32 | 1},
+		{Op: AtomicSwap, Size: 4, Operand: 1 << 40},
+	} {
+		r, err := p.epA.AtomicNbx(a, rk.Base(), rk, nil)
+		if err == nil {
+			p.wait(t, r)
+		}
+		require.ErrorIs(t, err, ErrInvalidParam, "%+v", a)
+		require.Nil(t, r)
+	}
+	require.EqualValues(t, 7, binary.NativeEndian.Uint32(remote.Bytes()), "nothing reached the word")
+	// The widest 32-bit values go through.
+	r, err := p.epA.AtomicNbx(AtomicParam{Op: AtomicCswap, Size: 4, Operand: 7, Swap: math.MaxUint32}, rk.Base(), rk, nil)
+	require.NoError(t, err)
+	p.wait(t, r)
+	require.EqualValues(t, 7, r.Fetched())
+	require.EqualValues(t, uint32(math.MaxUint32), binary.NativeEndian.Uint32(remote.Bytes()))
 }
 
 func TestConcurrentSendersAndReceivers(t *testing.T) {
