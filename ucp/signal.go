@@ -3,6 +3,7 @@ package ucp
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/protocol"
@@ -51,6 +52,8 @@ type Signal struct {
 // leaves on a later progress call: keep progressing the worker (or give it
 // WorkerParams.ProgressThread) until the peer has seen the signal, as package prepare
 // does with its acknowledgements. With a Condition, both start when it triggers.
+// RequestParam.Callback runs once, with the returned Request, after both the data and
+// the signal completed (not at all when both completed in place).
 func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signal, p *RequestParam) (*Request, error) {
 	const op = "put_signal_nbx"
 	if ep == nil {
@@ -108,63 +111,100 @@ func (ep *Endpoint) PutSignalNbx(buf []byte, raddr uint64, rkey *Rkey, sig Signa
 	if err := sig.Rkey.checkLocked(op, ep, sig.Addr, 8); err != nil {
 		return nil, err
 	}
+	// The two parts go with part's param: the caller's Callback runs once, with the
+	// Request returned, when both are done (join), not once per part.
+	part := *p
+	var j *signalJoin
+	if p.Callback != nil {
+		j = &signalJoin{cb: p.Callback}
+		part.Callback = j.part
+	}
 	var data *Request
+	pending := int32(0) // parts that went pending: each runs the join once
 	if len(buf) > 0 {
-		ptr := w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, uint32(p.Flags), p.memType(), p.MemH.rawOrNil())
-		r, err := w.postLocked(op, ptr, p, nil, bufPtr(buf))
+		ptr := w.raw.Put(ep.raw, bufPtr(buf), len(buf), raddr, rkey.raw, part.flags(), part.memType(), part.MemH.rawOrNil())
+		r, err := w.postLocked(op, ptr, &part, nil, bufPtr(buf))
 		if err != nil {
 			return nil, opErr(op, unwrapOp(err), "len %d raddr %#x", len(buf), raddr)
 		}
 		data = r
+		switch {
+		case !data.done.Load():
+			pending++
+		case p.staged != nil:
+			p.staged(data) // done in place: no completion gives the staging memory back
+		}
 		// The fence orders the signal after the data at the target.
 		if err := statusErr(w.raw.Fence()); err != nil {
 			return nil, opErr(op, err, "fence")
 		}
 	}
+	sp := part
+	sp.MemoryType, sp.MemH, sp.Request, sp.staged = MemoryHost, nil, nil, nil
+	var signal *Request
+	var err error
 	if sig.Op == SignalStore {
-		return ep.putStoreLocked(op, data, sig, p)
+		signal, err = ep.putStoreLocked(op, sig, &sp)
+	} else {
+		// Add needs no reply: the signal leaves after the data and lands after it, and
+		// the caller waits only for what protects buf. Set is a swap, whose reply UCX
+		// needs.
+		a := AtomicParam{Op: AtomicAdd, Operand: sig.Value, Size: 8}
+		if sig.Op == SignalSet {
+			a = AtomicParam{Op: AtomicSwap, Operand: sig.Value, Size: 8}
+		}
+		signal, err = ep.atomicLocked(op, a, sig.Addr, sig.Rkey, &sp)
 	}
-	// Add needs no reply: the signal leaves after the data and lands after it, and the
-	// caller waits only for what protects buf. Set is a swap, whose reply UCX needs.
-	a := AtomicParam{Op: AtomicAdd, Operand: sig.Value, Size: 8}
-	if sig.Op == SignalSet {
-		a = AtomicParam{Op: AtomicSwap, Operand: sig.Value, Size: 8}
-	}
-	sp := *p
-	sp.MemoryType, sp.MemH = MemoryHost, nil
-	signal, err := ep.atomicLocked(op, a, sig.Addr, sig.Rkey, &sp)
 	if err != nil {
-		return nil, err
+		return nil, err // the join never counts down to the Callback
+	}
+	if !signal.done.Load() {
+		pending++
 	}
 	// The Request the caller waits on is the signal's while it is pending: the signal
 	// must leave before the caller may stop progressing (a peer waits for it), and on
 	// one endpoint it leaves after the data (the fence), so the data left too. Else
 	// the data's while that is pending, else done.
-	if !signal.done.Load() || data == nil || data.done.Load() {
-		return signal, nil
+	r := signal
+	if signal.done.Load() && data != nil && !data.done.Load() {
+		r = data
 	}
-	return data, nil
+	if j != nil {
+		// Under w.mu, so before any join runs (they are deferred until it is
+		// released). Both parts done in place run none, as UCX's in-place completions.
+		j.r = r
+		j.left.Store(pending)
+	}
+	return r, nil
+}
+
+// signalJoin runs a PutSignalNbx's Callback with its Request once the last of its
+// pending parts completed.
+type signalJoin struct {
+	left atomic.Int32
+	r    *Request
+	cb   func(*Request)
+}
+
+func (j *signalJoin) part(*Request) {
+	if j.left.Add(-1) == 0 {
+		j.cb(j.r)
+	}
 }
 
 // putStoreLocked writes sig.Value into the signal word with a put (SignalStore), after
-// data (nil for an empty buffer), and returns the Request as PutSignalNbx does. The
-// value's source is a word of its own, kept (pinned) while UCX reads it. Caller holds
-// w.mu.
-func (ep *Endpoint) putStoreLocked(op string, data *Request, sig Signal, p *RequestParam) (*Request, error) {
+// the data, with p (host memory, no caller's Request). The value's source is a word of
+// its own, kept (pinned) while UCX reads it. Caller holds w.mu.
+func (ep *Endpoint) putStoreLocked(op string, sig Signal, p *RequestParam) (*Request, error) {
 	w := ep.w
 	v := new(uint64)
 	*v = sig.Value
-	ptr := w.raw.Put(ep.raw, unsafe.Pointer(v), 8, sig.Addr, sig.Rkey.raw, uint32(p.Flags), int(MemoryHost), nil)
-	sp := *p
-	sp.MemoryType, sp.MemH, sp.Request = MemoryHost, nil, nil
-	signal, err := w.postLocked(op, ptr, &sp, nil, unsafe.Pointer(v))
+	ptr := w.raw.Put(ep.raw, unsafe.Pointer(v), 8, sig.Addr, sig.Rkey.raw, p.flags(), int(MemoryHost), nil)
+	signal, err := w.postLocked(op, ptr, p, nil, unsafe.Pointer(v))
 	if err != nil {
 		return nil, opErr(op, unwrapOp(err), "signal store raddr %#x", sig.Addr)
 	}
-	if !signal.done.Load() || data == nil || data.done.Load() {
-		return signal, nil
-	}
-	return data, nil
+	return signal, nil
 }
 
 // Signals are registered 64-bit signal words that peers update (PutSignalNbx,

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
 )
 
@@ -143,6 +146,79 @@ func TestPutSignalChecksAtTheCall(t *testing.T) {
 		require.ErrorIs(t, err, tc.want, tc.name)
 	}
 	require.Zero(t, tg.sigs.Word(0).Load(), "nothing reached the target")
+}
+
+// A put with signal runs its Callback once, with the Request the call returned, once
+// both parts completed: not once per part (the data's with a Request the caller never
+// got). So does one enqueued with a Condition.
+func TestPutSignalCallbackRunsOnce(t *testing.T) {
+	p := newShmPair(t)
+	b := hostBackend(t)
+	tg := newTarget(t, p, b, 1<<20, 1)
+	kc, fire := kernelCondition(t)
+	want := uint64(0)
+	for _, cond := range []bool{false, true} {
+		for _, op := range []SignalOp{SignalAdd, SignalSet, SignalStore} {
+			for _, n := range []int{0, 8, 1 << 20} {
+				var calls atomic.Int32
+				var got atomic.Pointer[Request]
+				var doneAtCall atomic.Bool
+				prm := &RequestParam{Flags: NoImmediateCompletion, Callback: func(r *Request) {
+					calls.Add(1)
+					got.Store(r)
+					doneAtCall.Store(r.Done())
+				}}
+				if cond {
+					prm.Condition = kc
+				}
+				want++
+				v := want
+				if op == SignalAdd {
+					v = 1 // the word held want-1
+				}
+				r, err := p.epA.PutSignalNbx(make([]byte, n), tg.dataKey.Base(), tg.dataKey,
+					Signal{Op: op, Value: v, Addr: tg.sigs.Addr(0), Rkey: tg.sigKey}, prm)
+				require.NoError(t, err)
+				if cond {
+					fire()
+				}
+				p.wait(t, r)
+				progressAll(t, 10*time.Second, func() bool {
+					return tg.sigs.Word(0).Load() == want && calls.Load() > 0
+				}, p.a, p.b)
+				for range 100 {
+					p.a.Progress()
+					p.b.Progress()
+				}
+				what := fmt.Sprintf("condition %v, %v, %d bytes", cond, op, n)
+				require.EqualValues(t, 1, calls.Load(), "%s: Callback runs once", what)
+				require.Same(t, r, got.Load(), "%s: Callback gets the call's Request", what)
+				require.True(t, doneAtCall.Load(), what)
+				require.NoError(t, r.Err(), what)
+			}
+		}
+	}
+}
+
+// A staged put with signal whose data completes in place while its signal is pending
+// gives its staging memory back: the memory lent stays one buffer over many rounds.
+func TestPutSignalStagedGivesMemoryBack(t *testing.T) {
+	p := newShmPair(t)
+	tg := newTarget(t, p, hostBackend(t), 64, 1)
+	var first uint64
+	for i := range 20 {
+		r, err := p.epA.PutSignalNbx(make([]byte, 8), tg.dataKey.Base(), tg.dataKey,
+			Signal{Op: SignalSet, Value: uint64(i), Addr: tg.sigs.Addr(0), Rkey: tg.sigKey},
+			&RequestParam{Staging: protocol.StageAlways})
+		require.NoError(t, err)
+		p.wait(t, r)
+		if i == 0 {
+			first = p.a.StagingStats().HighWater
+		}
+	}
+	st := p.a.StagingStats()
+	require.EqualValues(t, 20, st.Parts)
+	require.Equal(t, first, st.HighWater, "staging memory lent stays one buffer")
 }
 
 // targetAdd adds 1 to the target's first signal word from A with a fetching atomic,
