@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,6 +259,80 @@ func TestCallerOwnedRequest(t *testing.T) {
 	_, c := streamCondition(t, hostBackend(t))
 	_, err = p.epA.TagSendNbx([]byte("z"), 6, &RequestParam{Request: new(Request), Condition: c})
 	require.ErrorIs(t, err, ErrInvalidParam, "a caller-owned request with a condition")
+}
+
+// A caller-owned Request that is done but whose Callback has not returned yet is not
+// reused (ErrBusy): the Callback sees its own operation's results, not the next one's.
+func TestRequestReuseWaitsForCallback(t *testing.T) {
+	p := newShmPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The callback of an earlier receive holds the goroutine that completed both, so
+	// R is done and its Callback queued behind it.
+	release, ranR := make(chan struct{}), make(chan struct{})
+	var lenR atomic.Int64
+	r0, err := p.b.TagRecvNbx(make([]byte, 8), 10, ^uint64(0), &RequestParam{Callback: func(*Request) { <-release }})
+	require.NoError(t, err)
+	var R Request
+	_, err = p.b.TagRecvNbx(make([]byte, 8), 11, ^uint64(0), &RequestParam{Request: &R,
+		Callback: func(q *Request) { lenR.Store(int64(q.Length())); close(ranR) }})
+	require.NoError(t, err)
+	_, err = p.epA.TagSendNbx([]byte("aaaa"), 10, nil)
+	require.NoError(t, err)
+	_, err = p.epA.TagSendNbx([]byte("bbbbbbb"), 11, nil)
+	require.NoError(t, err)
+	progressed := make(chan struct{})
+	go func() {
+		defer close(progressed)
+		for !(r0.Done() && R.Done()) {
+			p.b.Progress()
+		}
+	}()
+	for !R.Done() {
+		p.a.Progress()
+		require.NoError(t, ctx.Err())
+	}
+	_, err = p.b.TagRecvNbx(make([]byte, 8), 12, ^uint64(0), &RequestParam{Request: &R})
+	require.ErrorIs(t, err, ErrBusy, "reused before its Callback ran")
+	close(release)
+	<-ranR
+	<-progressed
+	require.EqualValues(t, 7, lenR.Load(), "the Callback sees its own operation")
+
+	// While the Callback runs, from another goroutine or from the Callback itself.
+	inCb, reusedInCb := make(chan struct{}), make(chan error, 1)
+	release = make(chan struct{})
+	_, err = p.b.TagRecvNbx(make([]byte, 8), 13, ^uint64(0), &RequestParam{Request: &R, Callback: func(q *Request) {
+		close(inCb)
+		<-release
+		_, err := p.b.TagRecvNbx(make([]byte, 8), 14, ^uint64(0), &RequestParam{Request: q})
+		reusedInCb <- err
+	}})
+	require.NoError(t, err)
+	_, err = p.epA.TagSendNbx([]byte("c"), 13, nil)
+	require.NoError(t, err)
+	progressed = make(chan struct{})
+	go func() {
+		defer close(progressed)
+		for !R.Done() {
+			p.b.Progress()
+		}
+	}()
+	<-inCb
+	_, err = p.b.TagRecvNbx(make([]byte, 8), 14, ^uint64(0), &RequestParam{Request: &R})
+	require.ErrorIs(t, err, ErrBusy, "reused while its Callback runs")
+	close(release)
+	require.ErrorIs(t, <-reusedInCb, ErrBusy, "reused from its own Callback")
+
+	<-progressed // the Progress that ran the Callback returned
+
+	// Once the Callback returned, it may be reused.
+	_, err = p.b.TagRecvNbx(make([]byte, 8), 15, ^uint64(0), &RequestParam{Request: &R})
+	require.NoError(t, err)
+	_, err = p.epA.TagSendNbx([]byte("dd"), 15, nil)
+	require.NoError(t, err)
+	p.wait(t, &R)
+	require.Equal(t, 2, R.Length())
 }
 
 // A request completed by another request's wait is done as soon as that wait returns:

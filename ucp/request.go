@@ -70,8 +70,11 @@ type RequestParam struct {
 	// loop's request): the call tracks the operation in it and returns it, so the call
 	// allocates nothing. Any Request the caller holds that is done may be reused (a zero
 	// Request too); one still pending gives ErrInvalidParam, and so does a Condition or
-	// a call that issues several operations (PutSignalNbx). Its previous results are
-	// gone once it is reused. One goroutine at a time may reuse it.
+	// a call that issues several operations (PutSignalNbx). One that is done but whose
+	// Callback has not returned yet (it runs on the goroutine that drove the progress,
+	// which may be another) gives ErrBusy, also from within that Callback: the
+	// Callback sees its own operation's results. Its previous results are gone once it
+	// is reused. One goroutine at a time may reuse it.
 	Request *Request
 	// Staging is the operation's workspace policy (protocol.StageAlways,
 	// StageNever, ...); the zero value takes the context's (ContextParams.Protocol).
@@ -105,6 +108,9 @@ type Request struct {
 	op   string
 	req  unsafe.Pointer // UCX request while pending (under w.mu)
 	done atomic.Bool
+	// cbDue: the operation's Callback is queued and has not returned yet; a reuse
+	// then would show the Callback the next operation.
+	cbDue atomic.Bool
 	// parked counts goroutines parked on the event fd for this request: its completion
 	// by another goroutine must wake them.
 	parked atomic.Int32
@@ -336,14 +342,19 @@ func (r *Request) completeLocked(err error, length int, tag uint64) {
 	if r.peer != nil {
 		delete(r.peer.recvs, r)
 	}
+	if r.cb != nil {
+		// Before done: a reuse that sees done sees cbDue too (checkReuse).
+		r.cbDue.Store(true)
+		cb := r.cb
+		r.w.deferred = append(r.w.deferred, func() {
+			defer r.cbDue.Store(false) // also when cb panics (runDeferred recovers)
+			cb(r)
+		})
+	}
 	r.done.Store(true)
 	r.w.completions.Add(1)
 	if r.parked.Load() > 0 {
 		r.w.wakeParked = true
-	}
-	if r.cb != nil {
-		cb := r.cb
-		r.w.deferred = append(r.w.deferred, func() { cb(r) })
 	}
 }
 
@@ -373,6 +384,8 @@ func (p *RequestParam) checkReuse(op string) error {
 		return opErr(op, ErrInvalidParam, "RequestParam.Request is not the caller's to reuse (%s)", r.op)
 	case r.w != nil && !r.done.Load():
 		return opErr(op, ErrInvalidParam, "RequestParam.Request is still pending (%s): wait for it or use another", r.op)
+	case r.cbDue.Load(): // after done: see completeLocked
+		return opErr(op, ErrBusy, "RequestParam.Request is done but its Callback has not returned yet (%s): reuse it after that or use another", r.op)
 	}
 	return nil
 }
