@@ -949,7 +949,7 @@ func (e *Engine) Close() error {
 	e.wakeUp()
 	// Not when a callback run by the engine's goroutine closes it: that would wait for
 	// itself. It holds no lock Close takes there, and stops once the callback returned.
-	if goid.Current() != e.id.Load() {
+	if !goid.Is(e.id.Load()) {
 		<-e.exited
 	}
 	e.mu.Lock()

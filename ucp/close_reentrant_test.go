@@ -10,20 +10,6 @@ import (
 	"github.com/ucpx/ucpx/stream"
 )
 
-// selfLoop is a worker connected to itself over shared memory.
-func selfLoop(t *testing.T, wp WorkerParams) (*Context, *Worker, *Endpoint) {
-	t.Helper()
-	c, err := NewContext(ContextParams{})
-	require.NoError(t, err)
-	w, err := c.NewWorker(wp)
-	require.NoError(t, err)
-	addr, err := w.Address()
-	require.NoError(t, err)
-	ep, err := w.ConnectAddress(addr, &EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	return c, w, ep
-}
-
 // A request Callback that closes its worker, run on the worker's progress thread.
 func TestCloseFromCallbackOnProgressThread(t *testing.T) {
 	c, w, ep := selfLoop(t, WorkerParams{ProgressThread: true})

@@ -97,7 +97,7 @@ func (w *Worker) stopProgressThread() {
 		return
 	}
 	t.stopOnce.Do(func() { close(t.stop) })
-	if goid.Current() != t.id.Load() {
+	if !goid.Is(t.id.Load()) {
 		<-t.exited
 	}
 }

@@ -7,13 +7,15 @@ package goid
 
 import "runtime"
 
-// Current returns the calling goroutine's id (never 0).
+// Current returns the calling goroutine's id, or 0 where the trace's header is not
+// the expected one (a runtime that changed it): callers then take every goroutine for
+// another one (Is).
 func Current() uint64 {
 	var buf [64]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	const prefix = "goroutine "
 	if len(b) < len(prefix) || string(b[:len(prefix)]) != prefix {
-		panic("goid: unexpected stack trace header: " + string(b))
+		return 0
 	}
 	var id uint64
 	for _, c := range b[len(prefix):] {
@@ -22,8 +24,9 @@ func Current() uint64 {
 		}
 		id = id*10 + uint64(c-'0')
 	}
-	if id == 0 {
-		panic("goid: unexpected stack trace header: " + string(b))
-	}
 	return id
 }
+
+// Is reports whether the calling goroutine is the one whose id was recorded (0: none,
+// or unknown).
+func Is(id uint64) bool { return id != 0 && Current() == id }

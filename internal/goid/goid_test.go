@@ -7,7 +7,7 @@ import (
 
 func TestCurrent(t *testing.T) {
 	me := Current()
-	if me == 0 || Current() != me {
+	if me == 0 || Current() != me || !Is(me) || Is(0) {
 		t.Fatalf("Current: %d, then %d", me, Current())
 	}
 	ids := make([]uint64, 8)
