@@ -54,7 +54,11 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 			}
 			seq := first + uint64(i)
 			if err := c.stream.WriteValue(c.trigger, seq); err != nil {
-				return armed, fmt.Errorf("arm part %d: enqueue trigger: %w", i, err)
+				err = fmt.Errorf("arm part %d: enqueue trigger: %w", i, err)
+				if w.before != nil {
+					err = beforeQueued{err} // part armed (== i) has its copy queued
+				}
+				return armed, err
 			}
 			record(i, seq)
 			c.armed = seq

@@ -337,6 +337,13 @@ type streamWork struct {
 	trace *trace.Recorder
 }
 
+// beforeQueued is an arm error after an operation's work before its trigger was
+// enqueued (a copy into a staging buffer): the operation will not run, but its buffer
+// is in use until the stream gets past that work.
+type beforeQueued struct{ error }
+
+func (e beforeQueued) Unwrap() error { return e.error }
+
 // arm reserves the next sequence number for one operation. record runs first, with the
 // number, so the engine knows the operation before the trigger can reach it. For a
 // Stream condition arm then enqueues work.before, the trigger store, and with
@@ -377,7 +384,11 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 	}
 	if err != nil {
 		c.unreserve(1)
-		return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
+		err = fmt.Errorf("arm: enqueue trigger: %w", err)
+		if work.before != nil {
+			err = beforeQueued{err}
+		}
+		return 0, err
 	}
 	record(seq)
 	c.armed = seq

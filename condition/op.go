@@ -2,6 +2,7 @@ package condition
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -210,7 +211,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	}
 	if err != nil {
 		if p.seq == 0 {
-			o.plan.Unused(0)
+			o.unused(0, err)
 			return err
 		}
 		// The trigger is enqueued (the operation will run) but the completion wait
@@ -249,7 +250,7 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 		c.attachDriver(e)
 	}
 	// Parts never armed give their staging back and count as ended now.
-	o.plan.Unused(armed)
+	o.unused(armed, err)
 	if addErr != nil {
 		closed := errClosedWhile(o.what, "before the condition triggered")
 		for _, p := range o.parts[added:armed] {
@@ -270,6 +271,19 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 		return fmt.Errorf("the operation runs in %d of %d parts: %w", armed, n, err)
 	}
 	return nil
+}
+
+// unused gives back the staging of o's parts from..end, which will not run. Where arm
+// failed with the copy into part from's buffer enqueued (beforeQueued), that buffer
+// goes back in stream order, once the copy is done; if the stream takes nothing more,
+// it is never given back (the copy may still write it).
+func (o *Op) unused(from int, err error) {
+	var bq beforeQueued
+	if err != nil && errors.As(err, &bq) && from < len(o.plan.Parts) {
+		o.plan.UnusedAfter(from, o.cond.stream)
+		from++
+	}
+	o.plan.Unused(from)
 }
 
 // finishParts counts k parts as ended (err from one of them); the last ends the Op

@@ -626,6 +626,22 @@ func (p *Plan) Unused(from int) {
 	}
 }
 
+// UnusedAfter gives back the staging buffer of part i, which will never run, once s
+// has done the work already enqueued on it (a copy into the buffer): from a host
+// function, which calls no CUDA. A stream that takes no host function keeps it for
+// good rather than lend it while a copy may still write it.
+func (p *Plan) UnusedAfter(i int, s streamcore.Stream) {
+	if i < 0 || i >= len(p.Parts) {
+		return
+	}
+	u := p.Parts[i].unused
+	if u == nil {
+		return
+	}
+	p.Parts[i].unused, p.Parts[i].Release = nil, nil
+	_ = s.LaunchHostFunc(u)
+}
+
 // Staged reports whether the plan moves its buffer through staging.
 func (p *Plan) Staged() bool { return len(p.Parts) > 0 && p.Parts[0].Staged }
 
