@@ -546,6 +546,14 @@ const pruneForeignAt = 16
 
 // streamDone reports whether s will run no more work: closed (a CUDA stream's Close
 // synchronized it), or a host stream stopped on an error.
+// streamStopped reports whether s stopped for good: its query fails (closed, failed,
+// or on CUDA a sticky error of its context), where a running stream's says only
+// whether its work is done.
+func streamStopped(s streamcore.Stream) bool {
+	_, err := s.Query()
+	return err != nil
+}
+
 func streamDone(s streamcore.Stream) bool {
 	_, err := s.Query()
 	return err != nil && (errors.Is(err, streamcore.ErrClosed) || s.Kind() == streamcore.KindHost)
@@ -755,7 +763,8 @@ func (c *Condition) Destroy() error {
 	// cudaFree does. Every armed operation has retired, so the waits on the completion
 	// word are satisfied. A foreign stream that failed runs nothing more.
 	for _, s := range waiting {
-		if err := s.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) && sameStream(s, c.stream) {
+		// A stream that stopped (closed, or its context dead) runs nothing more.
+		if err := s.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) && sameStream(s, c.stream) && !streamStopped(s) {
 			c.destroyed.Store(false)
 			c.stamps = stamps
 			return fmt.Errorf("destroy: synchronize stream: %w", err)

@@ -350,6 +350,37 @@ type cudaStream struct {
 	b      *cudaBackend
 	s      *cuda.Stream
 	closed atomic.Bool
+	// failed: the sticky error a query found (the context is dead: the stream runs
+	// nothing more); lastQuery: when Failed last asked the driver (UnixNano).
+	failed    atomic.Pointer[error]
+	lastQuery atomic.Int64
+}
+
+// failedQueryEvery bounds how often Failed asks the driver: a caller may ask at every
+// round of a polling loop.
+const failedQueryEvery = time.Millisecond
+
+// Failed reports the error that stopped the stream (streamcore.Failer): a sticky error
+// of its context (an illegal address in a kernel, ...), after which it runs nothing
+// more, or ErrClosed after Close; nil while it may still run. It asks the driver
+// (cuStreamQuery, which does not wait) at most once per failedQueryEvery.
+func (s *cudaStream) Failed() error {
+	if s.closed.Load() {
+		return s.errClosed("Failed")
+	}
+	if e := s.failed.Load(); e != nil {
+		return *e
+	}
+	now := time.Now().UnixNano()
+	if last := s.lastQuery.Load(); now-last < int64(failedQueryEvery) || !s.lastQuery.CompareAndSwap(last, now) {
+		return nil
+	}
+	if _, err := s.s.Query(); err != nil {
+		err = s.wrap("Query", err)
+		s.failed.Store(&err)
+		return err
+	}
+	return nil
 }
 
 func (s *cudaStream) Kind() Kind { return KindCUDA }

@@ -164,7 +164,17 @@ static void run_kernel(op *o) {
 	}
 }
 
+/* FAKECUDA_STICKY=code (read at every call): the context met a sticky error, as after
+ * an illegal address: streams run nothing more, and their queries and synchronizations
+ * return code. */
+static int sticky(void) {
+	const char *v = getenv("FAKECUDA_STICKY");
+	return v && *v ? atoi(v) : 0;
+}
+
 static void run_op(op *o) {
+	if (sticky())
+		return; /* a dead context runs nothing */
 	if (getenv("FAKECUDA_TRACE"))
 		fprintf(stderr, "fakecuda: op %d width %d addr %#llx value %#llx flags %#x\n", o->kind, o->width,
 			(unsigned long long)o->addr, (unsigned long long)o->value, o->flags);
@@ -355,7 +365,7 @@ CUresult cuCtxSynchronize(void) {
 		return E_INVALID_CONTEXT;
 	for (int i = 0; i < nstreams; i++)
 		drain(streams[i]);
-	return OK;
+	return sticky() ? sticky() : OK;
 }
 CUresult cuCtxEnablePeerAccess(CUcontext p, unsigned f) { return E_PEER_UNSUPPORTED; }
 CUresult cuCtxDisablePeerAccess(CUcontext p) { return E_PEER_UNSUPPORTED; }
@@ -387,8 +397,12 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 	pthread_mutex_unlock(&s->mu);
 	return OK;
 }
-CUresult cuStreamSynchronize(CUstream s) { drain(s); return OK; }
-CUresult cuStreamQuery(CUstream s) { return __atomic_load_n(&s->done, __ATOMIC_ACQUIRE) == s->enq ? OK : E_NOT_READY; }
+CUresult cuStreamSynchronize(CUstream s) { drain(s); return sticky() ? sticky() : OK; }
+CUresult cuStreamQuery(CUstream s) {
+	if (sticky())
+		return sticky();
+	return __atomic_load_n(&s->done, __ATOMIC_ACQUIRE) == s->enq ? OK : E_NOT_READY;
+}
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) {
 	op o = {.kind = OP_WAITEV, .ev = e};
 	return submit(s, 6, &o, 1);

@@ -1,0 +1,64 @@
+package tests
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/internal/testenv/streamenv"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// envStickyChild marks the child process TestStickyErrorUnderFakeDriver runs: only
+// there may the fake driver's context be made to fail.
+const envStickyChild = "UCPX_TEST_STICKY_CHILD"
+
+// A CUDA stream whose context met a sticky error (an illegal address) before it reached
+// an operation's trigger runs nothing more: the operation fails with the stream's
+// error instead of waiting for a trigger that never comes, and the condition can be
+// destroyed. Only under the fake driver, which can be told its context died
+// (FAKECUDA_STICKY); a real GPU's would stay dead for the rest of the process.
+func TestFakeDriverStickyErrorBeforeTrigger(t *testing.T) {
+	if os.Getenv(envStickyChild) == "" {
+		t.Skip("run by TestStickyErrorUnderFakeDriver against the fake driver")
+	}
+	b := streamenv.CUDABackend(t)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	gate, err := b.AllocWords(1)
+	require.NoError(t, err)
+	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	r, err := w.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	t.Setenv("FAKECUDA_STICKY", "700") // CUDA_ERROR_ILLEGAL_ADDRESS
+	gate.Word(0).Store(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = r.Wait(ctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the operation waited for a trigger a dead stream never stores")
+	require.ErrorIs(t, c.Err(), err)
+	require.NoError(t, c.Destroy(), "a condition of a dead stream is destroyed")
+}
+
+// TestStickyErrorUnderFakeDriver runs TestFakeDriverStickyErrorBeforeTrigger against
+// the fake driver.
+func TestStickyErrorUnderFakeDriver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child process against the fake driver")
+	}
+	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverStickyErrorBeforeTrigger"}, envStickyChild+"=1")
+}
