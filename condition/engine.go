@@ -962,16 +962,30 @@ func (e *Engine) Close() error {
 	}
 	e.mu.Unlock()
 	defer func() { _ = e.trace.Load().Flush() }()
+	// Their callbacks join the queue, behind those already due: a Close from a
+	// callback leaves them to the goroutine running the callbacks (further up its
+	// stack), so they keep retirement order and run one at a time.
+	var due dueList
 	for _, p := range left {
 		switch {
 		case p.cond.category == Graph:
-			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"), nil)
+			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"), &due)
 		case !p.issued:
-			p.retire(errClosedWhile(p.op.what, "before the condition triggered"), nil)
+			p.retire(errClosedWhile(p.op.what, "before the condition triggered"), &due)
 		case p.err == nil && !p.inner.Done():
-			p.retire(errClosedWhile(p.op.what, "with the operation in flight"), nil)
+			p.retire(errClosedWhile(p.op.what, "with the operation in flight"), &due)
 		default:
-			p.retire(nil, nil)
+			p.retire(nil, &due)
+		}
+	}
+	if due.head != nil {
+		e.cbMu.Lock()
+		e.callbacks.append(&due)
+		run := !e.cbRunning
+		e.cbRunning = true
+		e.cbMu.Unlock()
+		if run {
+			e.runCallbacks()
 		}
 	}
 	return e.planner.Close()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/internal/goid"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 	"github.com/ucpx/ucpx/trace"
@@ -436,12 +437,41 @@ func (o *Op) Wait(ctx context.Context) error {
 			}
 		}
 	}
+	if goid.Is(o.eng.id.Load()) {
+		// A callback on the engine's own goroutine waits: it is the goroutine that
+		// would complete the operation, so it keeps driving the rounds instead of
+		// sleeping until they are done.
+		return o.driveUntilFinished(ctx)
+	}
 	o.eng.Release()
 	select {
 	case <-o.doneChan():
 		return o.err
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// driveUntilFinished drives the engine's rounds until o finished or ctx ends, pausing
+// briefly between rounds that found nothing to do.
+func (o *Op) driveUntilFinished(ctx context.Context) error {
+	defer o.eng.Release()
+	for idle := 0; ; {
+		if o.finished.Load() {
+			return o.err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if o.eng.Drive() {
+			idle = 0
+			continue
+		}
+		if idle++; idle < 4096 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
 	}
 }
 

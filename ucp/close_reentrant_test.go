@@ -1,6 +1,8 @@
 package ucp
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,4 +84,107 @@ func TestCloseFromConditionedCallback(t *testing.T) {
 		require.NoError(t, hb.Close())
 		require.NoError(t, c.Close())
 	}
+}
+
+// A callback that closes its worker leaves the callbacks due after it to run as they
+// would have: each once, in retirement order, one at a time.
+func TestCondCallbacksInOrderWhenClosedFromCallback(t *testing.T) {
+	c, w, ep := selfLoop(t, WorkerParams{})
+	hb := stream.NewHostBackend()
+	s, err := hb.NewStream()
+	require.NoError(t, err)
+	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s})
+	require.NoError(t, err)
+	const n, k = 64, 8
+	var mu sync.Mutex
+	counts := make([]int, n)
+	var order []int
+	closed := make(chan struct{})
+	for i := range n {
+		_, err := w.TagRecvNbx(make([]byte, 8), uint64(i), ^uint64(0), nil)
+		require.NoError(t, err)
+	}
+	for i := range n {
+		_, err := ep.TagSendNbx([]byte("12345678"), uint64(i), &RequestParam{Condition: cond,
+			Flags: NoImmediateCompletion | NonBlockingEnqueue,
+			Callback: func(*Request) {
+				mu.Lock()
+				counts[i]++
+				order = append(order, i)
+				mu.Unlock()
+				if i == k {
+					_ = w.Close()
+					close(closed)
+				}
+			}})
+		require.NoError(t, err)
+	}
+	go func() {
+		for {
+			select {
+			case <-closed:
+				return
+			default:
+				w.Progress()
+			}
+		}
+	}()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("callback never ran")
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == n
+	}, 10*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, cnt := range counts {
+		require.Equal(t, 1, cnt, "callback %d", i)
+	}
+	for j := 1; j < len(order); j++ {
+		require.Greater(t, order[j], order[j-1], "callbacks out of retirement order: %v", order)
+	}
+	_ = cond.Destroy()
+	_ = s.Close()
+	_ = hb.Close()
+	_ = c.Close()
+}
+
+// A callback run on the engine's goroutine may wait for another conditioned operation:
+// it keeps driving the rounds that complete it rather than sleeping until they do.
+func TestCondCallbackWaitsOnLaterOp(t *testing.T) {
+	c, w, ep := selfLoop(t, WorkerParams{ProgressThread: true})
+	defer c.Close()
+	hb := stream.NewHostBackend()
+	defer hb.Close()
+	s, err := hb.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s})
+	require.NoError(t, err)
+	_, err = w.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+	require.NoError(t, err)
+	res, posted := make(chan error, 1), make(chan struct{})
+	_, err = ep.TagSendNbx([]byte("12345678"), 1, &RequestParam{Condition: cond,
+		Flags: NoImmediateCompletion | NonBlockingEnqueue,
+		Callback: func(*Request) {
+			r2, err := w.TagRecvNbx(make([]byte, 8), 2, ^uint64(0), &RequestParam{Condition: cond, Flags: NonBlockingEnqueue})
+			close(posted)
+			if err != nil {
+				res <- err
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			res <- r2.Wait(ctx)
+		}})
+	require.NoError(t, err)
+	<-posted
+	time.Sleep(300 * time.Millisecond) // the callback's Wait is past its spin
+	_, err = ep.TagSendNbx([]byte("abcdefgh"), 2, nil)
+	require.NoError(t, err)
+	require.NoError(t, <-res, "the callback's Wait never saw its operation complete")
 }
