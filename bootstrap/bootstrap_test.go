@@ -274,14 +274,22 @@ func TestRankFailureReachesBarrierAndOnFailure(t *testing.T) {
 	_ = jobs[2].Close()
 }
 
-// A job can use a worker the caller made; Close leaves it open.
-func TestCallersWorker(t *testing.T) {
+// callersWorkerJob is a job of one rank on a worker the test made (closed with the
+// test).
+func callersWorkerJob(t *testing.T) (*ucp.Worker, *Job) {
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	require.NoError(t, err)
-	defer uctx.Close()
+	t.Cleanup(func() { _ = uctx.Close() })
 	w, err := uctx.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
 	jobs := startJob(t, 1, func(int) *Options { return &Options{Worker: w} })
+	return w, jobs[0]
+}
+
+// A job can use a worker the caller made; Close leaves it open.
+func TestCallersWorker(t *testing.T) {
+	w, job := callersWorkerJob(t)
+	jobs := []*Job{job}
 	require.Same(t, w, jobs[0].Worker())
 	ep, err := jobs[0].Endpoint(0)
 	require.NoError(t, err)
@@ -297,13 +305,7 @@ func TestCallersWorker(t *testing.T) {
 // An endpoint whose dial ends after Close began is closed, not handed out: Close
 // closed the endpoints it saw, and on the caller's worker nothing else would close it.
 func TestEndpointDialedDuringClose(t *testing.T) {
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	defer uctx.Close()
-	w, err := uctx.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
-	jobs := startJob(t, 1, func(int) *Options { return &Options{Worker: w} })
-	j := jobs[0]
+	_, j := callersWorkerJob(t)
 	dialed, release := make(chan struct{}), make(chan struct{})
 	defer func(f func()) { afterConnect = f }(afterConnect)
 	afterConnect = func() { close(dialed); <-release }

@@ -150,45 +150,18 @@ func TestTagPullTruncated(t *testing.T) {
 // A chain's receive that gets a pulled message pauses the run, pulls the data on the
 // goroutine that waits for the chain, and goes on: the chain's next step sends back
 // what was pulled.
-func TestTagPullChain(t *testing.T) {
-	const n = 256 << 10
-	p, ctx, src, _, data := pullSource(t, n, 13)
-	const iters = 3
-	ch, err := condition.NewChain(condition.ChainParam{Repeat: iters})
-	require.NoError(t, err)
-	in := make([]byte, n)
-	_, err = p.b.TagRecvNbx(in, 1, MaxTag, &RequestParam{Chain: ch})
-	require.NoError(t, err)
-	require.NoError(t, ch.Then())
-	_, err = p.epB.TagSendNbx(in, 2, &RequestParam{Chain: ch})
-	require.NoError(t, err)
-	require.NoError(t, ch.Start())
-	stop := make(chan error, 1)
-	go func() { stop <- ch.Wait(ctx) }()
-	for i := 0; i < iters; i++ {
-		sr, err := p.epA.TagSendNbx(DeviceBuffer(src.Ptr(), n), 1, devParam)
-		require.NoError(t, err)
-		echo := make([]byte, n)
-		got, _, err := p.a.TagRecv(ctx, echo, 2, MaxTag)
-		require.NoError(t, err)
-		require.Equal(t, n, got)
-		require.Equal(t, checksum(data), checksum(echo), "iteration %d: the chain sent on what it pulled", i)
-		require.NoError(t, sr.Wait(ctx))
-	}
-	require.NoError(t, <-stop)
-	require.Equal(t, uint64(iters), ch.Iterations())
-	require.NoError(t, ch.Destroy())
-	require.Zero(t, p.a.StagingStats().Bytes, "every send went by pull")
-}
+func TestTagPullChain(t *testing.T) { tagPullChain(t, 256<<10, 3, 1) }
 
 // Several goroutines waiting on one chain whose run pauses for pulls settle them
 // together: each pull is reported to the chain once, the data is right, and nothing
 // races (-race).
-func TestTagPullChainManyWaiters(t *testing.T) {
-	const n = 64 << 10
-	p, ctx, src, _, data := pullSource(t, n, 15)
-	const iters = 8
-	ch, err := condition.NewChain(condition.ChainParam{Repeat: iters})
+func TestTagPullChainManyWaiters(t *testing.T) { tagPullChain(t, 64<<10, 8, 4) }
+
+// tagPullChain runs a chain that receives pulled messages of n bytes and echoes them,
+// iters times, with waiters goroutines waiting on it.
+func tagPullChain(t *testing.T, n, iters, waiters int) {
+	p, ctx, src, _, data := pullSource(t, n, 13)
+	ch, err := condition.NewChain(condition.ChainParam{Repeat: uint64(iters)})
 	require.NoError(t, err)
 	in := make([]byte, n)
 	_, err = p.b.TagRecvNbx(in, 1, MaxTag, &RequestParam{Chain: ch})
@@ -197,7 +170,6 @@ func TestTagPullChainManyWaiters(t *testing.T) {
 	_, err = p.epB.TagSendNbx(in, 2, &RequestParam{Chain: ch})
 	require.NoError(t, err)
 	require.NoError(t, ch.Start())
-	const waiters = 4
 	stop := make(chan error, waiters)
 	for range waiters {
 		go func() { stop <- ch.Wait(ctx) }()
@@ -209,7 +181,7 @@ func TestTagPullChainManyWaiters(t *testing.T) {
 		got, _, err := p.a.TagRecv(ctx, echo, 2, MaxTag)
 		require.NoError(t, err)
 		require.Equal(t, n, got)
-		require.Equal(t, checksum(data), checksum(echo), "iteration %d", i)
+		require.Equal(t, checksum(data), checksum(echo), "iteration %d: the chain sent on what it pulled", i)
 		require.NoError(t, sr.Wait(ctx))
 	}
 	for range waiters {
@@ -217,6 +189,7 @@ func TestTagPullChainManyWaiters(t *testing.T) {
 	}
 	require.Equal(t, uint64(iters), ch.Iterations())
 	require.NoError(t, ch.Destroy())
+	require.Zero(t, p.a.StagingStats().Bytes, "every send went by pull")
 }
 
 // A conditioned send is issued by the engine at its trigger, and goes by pull too;
