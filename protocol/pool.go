@@ -87,11 +87,14 @@ type Pool struct {
 	freeLater []*Buffer // returned after Close, freed by the next Close
 	lent      int
 	closed    bool
+	// idle counts, per class, the Reservations held and not lending: each keeps one
+	// free buffer of its class that Get does not take.
+	idle map[int]int
 }
 
 // NewPool makes the staging pool of backend b.
 func NewPool(b streamcore.Backend) *Pool {
-	s := &Pool{free: map[int][]*Buffer{}}
+	s := &Pool{free: map[int][]*Buffer{}, idle: map[int]int{}}
 	if hs, ok := b.(streamcore.HostStaging); ok {
 		s.staging = hs
 	}
@@ -140,30 +143,55 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 	if n <= 0 || n > maxBuffer {
 		return nil, fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
 	}
-	c := class(n)
+	b, _, err := s.get(class(n), nil)
+	return b, err
+}
+
+// get lends a buffer of class c: a cached one beyond those the idle Reservations keep,
+// or (own), for r held for class c and not lending, the one r keeps.
+func (s *Pool) get(c int, r *Reservation) (b *Buffer, own bool, err error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
-	if l := s.free[c]; len(l) > 0 {
+	keep := s.idle[c]
+	own = r != nil && r.pool == s && r.held && !r.lending && r.class == c
+	if own {
+		keep-- // the free buffer r keeps is taken now
+		s.idle[c]--
+		r.lending = true
+	}
+	if l := s.free[c]; len(l) > keep {
 		m := l[len(l)-1]
 		s.free[c] = l[:len(l)-1]
 		m.pooled = false
 		s.lent++
 		s.mu.Unlock()
-		return m, nil
+		return m, own, nil
 	}
 	s.lent++
 	s.mu.Unlock()
-	m, err := allocStaging(s.staging, c) // host backends stage only under StageAlways
+	m, err := s.alloc(c)
 	if err != nil {
 		s.mu.Lock()
 		s.lent--
+		if own {
+			s.endLendingLocked(r)
+		}
 		s.mu.Unlock()
+		return nil, false, err
+	}
+	return &Buffer{mem: m}, own, nil
+}
+
+// alloc allocates a buffer of class c.
+func (s *Pool) alloc(c int) (streamcore.Pinned, error) {
+	m, err := allocStaging(s.staging, c) // host backends stage only under StageAlways
+	if err != nil {
 		return nil, fmt.Errorf("staging buffer of %d bytes: %w", c, err)
 	}
-	return &Buffer{mem: m}, nil
+	return m, nil
 }
 
 // Put returns a lent buffer. Safe from any goroutine (including stream host functions,
@@ -175,6 +203,10 @@ func (s *Pool) Put(m *Buffer) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.putLocked(m)
+}
+
+func (s *Pool) putLocked(m *Buffer) {
 	if m.pooled {
 		return
 	}
@@ -226,8 +258,9 @@ func (s *Pool) Close() error {
 // maxReserve bounds Reserve's count: a reservation is a few buffers per class.
 const maxReserve = 4096
 
-// Reserve allocates count buffers of at least n bytes into the cache now, so that the
-// operations that need them later find them without an allocation.
+// Reserve allocates count buffers of at least n bytes into the cache now (beyond those
+// Reservations keep), so that the operations that need them later likely find them
+// without an allocation. One operation's own claim on a buffer is Hold.
 func (s *Pool) Reserve(n, count int) error {
 	if s == nil || count < 0 || count > maxReserve {
 		return fmt.Errorf("reserve %d buffers (at most %d): %w", count, maxReserve, ErrInvalidParam)
@@ -252,10 +285,100 @@ func (s *Pool) Reserve(n, count int) error {
 // counted in st (bytes, parts, high water); release gives it back and uncounts it.
 // Get may allocate pinned memory: call it where blocking is harmless.
 func (s *Pool) Lend(n int, st *Stats) (buf *Buffer, release func(), err error) {
+	return s.LendReserved(nil, n, st)
+}
+
+// Reservation is one operation's claim, from its submit to its end, on a staging
+// buffer of a Pool (Hold): the engine issues the operation later, where it must not
+// allocate pinned memory (a driver call that may wait for the user's stream work).
+// Reservations add up: each keeps one cached buffer of its class out of Get's reach
+// while it is not lending it. The zero value holds nothing.
+type Reservation struct {
+	pool    *Pool
+	class   int
+	held    bool // under pool.mu
+	lending bool // its buffer is lent (LendReserved), under pool.mu
+}
+
+// Hold reserves a buffer of at least n bytes for r, allocating it now unless the cache
+// has one to spare. Release ends the reservation.
+func (s *Pool) Hold(r *Reservation, n int) error {
+	if s == nil || r == nil {
+		return fmt.Errorf("hold: nil pool or reservation: %w", ErrInvalidParam)
+	}
+	if n <= 0 || n > maxBuffer {
+		return fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
+	}
+	c := class(n)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.held {
+		return fmt.Errorf("hold: the reservation is held already: %w", ErrInvalidParam)
+	}
+	for len(s.free[c]) <= s.idle[c] {
+		if s.closed {
+			return ErrClosed
+		}
+		s.mu.Unlock() // allocating takes long: Get and Put go on meanwhile
+		m, err := s.alloc(c)
+		s.mu.Lock()
+		if err != nil {
+			return err
+		}
+		b := &Buffer{mem: m, pooled: true}
+		if s.closed {
+			s.freeLater = append(s.freeLater, b)
+			return ErrClosed
+		}
+		s.free[c] = append(s.free[c], b)
+	}
+	if s.closed {
+		return ErrClosed
+	}
+	s.idle[c]++
+	r.pool, r.class, r.held, r.lending = s, c, true, false
+	return nil
+}
+
+// Release ends r's reservation (a no-op on one not held, or ended already); a buffer
+// it lends stays lent until given back.
+func (r *Reservation) Release() {
+	if r == nil || r.pool == nil {
+		return
+	}
+	s := r.pool
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !r.held {
+		return
+	}
+	r.held = false
+	if !r.lending {
+		s.idle[r.class]--
+	}
+}
+
+// endLendingLocked marks r's buffer given back: while r is held, the pool keeps a
+// buffer for it again (in the same critical section as the Put, so no Get takes it).
+func (s *Pool) endLendingLocked(r *Reservation) {
+	if r.lending {
+		r.lending = false
+		if r.held {
+			s.idle[r.class]++
+		}
+	}
+}
+
+// LendReserved is Lend of the buffer r (held on s for n bytes' class, nil for none)
+// keeps, which needs no allocation; otherwise it lends as Lend does.
+func (s *Pool) LendReserved(r *Reservation, n int, st *Stats) (buf *Buffer, release func(), err error) {
 	if s == nil {
 		return nil, nil, fmt.Errorf("lend: nil pool: %w", ErrInvalidParam)
 	}
-	b, err := s.Get(n)
+	if n <= 0 || n > maxBuffer {
+		return nil, nil, fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
+	}
+	b, own, err := s.get(class(n), r)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -265,7 +388,12 @@ func (s *Pool) Lend(n int, st *Stats) (buf *Buffer, release func(), err error) {
 	return b, func() {
 		once.Do(func() {
 			st.giveBack(b.Size())
-			s.Put(b)
+			s.mu.Lock()
+			s.putLocked(b)
+			if own {
+				s.endLendingLocked(r)
+			}
+			s.mu.Unlock()
 		})
 	}, nil
 }

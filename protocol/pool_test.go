@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 func TestHostBackendNeedsNoStaging(t *testing.T) {
@@ -88,4 +89,64 @@ func TestPlanHostBackend(t *testing.T) {
 	require.Equal(t, &dev[0], &plan.Parts[0].Buf[0])
 	off.StageOffStream = func() error { return ErrClosed }
 	require.ErrorIs(t, pl.Plan(off, Route{Backend: b}, &plan), ErrClosed)
+}
+
+// countPinned is a backend with HostStaging that counts pinned allocations.
+type countPinned struct {
+	streamcore.Backend
+	n *int
+}
+
+func (countPinned) Locate(uintptr) (bool, bool, error) { return true, false, nil }
+func (c countPinned) AllocPinned(n int) (streamcore.Pinned, error) {
+	*c.n++
+	return allocHost(n)
+}
+
+// Reservations add up (each keeps a buffer Get does not take), a held one lends its
+// buffer without an allocation, and one ended (at most once, also while lending) frees
+// its buffer for others: the pool does not grow.
+func TestReservationsAddUp(t *testing.T) {
+	hb := stream.NewHostBackend()
+	defer hb.Close()
+	allocs := 0
+	s := NewPool(countPinned{hb, &allocs})
+	var st Stats
+	const n = 100 << 10
+	var r1, r2, r3 Reservation
+	require.NoError(t, s.Hold(&r1, n))
+	require.NoError(t, s.Hold(&r2, n))
+	require.Equal(t, 2, allocs, "one buffer per reservation")
+	require.ErrorIs(t, s.Hold(&r1, n), ErrInvalidParam)
+	b, err := s.Get(n)
+	require.NoError(t, err)
+	require.Equal(t, 3, allocs, "Get takes no reserved buffer")
+	s.Put(b)
+	_, rel1, err := s.LendReserved(&r1, n, &st)
+	require.NoError(t, err)
+	_, rel2, err := s.LendReserved(&r2, n, &st)
+	require.NoError(t, err)
+	require.Equal(t, 3, allocs, "a reservation lends its own buffer")
+	r1.Release() // while lending: its buffer comes back later
+	r1.Release()
+	rel1()
+	rel2()
+	rel2()
+	require.NoError(t, s.Hold(&r3, n))
+	require.Equal(t, 3, allocs, "r1's buffer is free again")
+	r2.Release()
+	r3.Release()
+	var got []*Buffer
+	for range 3 {
+		b, err := s.Get(n)
+		require.NoError(t, err)
+		got = append(got, b)
+	}
+	require.Equal(t, 3, allocs, "ended reservations keep nothing")
+	require.Equal(t, 3, s.Lent())
+	for _, b := range got {
+		s.Put(b)
+	}
+	require.NoError(t, s.Close())
+	require.ErrorIs(t, s.Hold(&r3, n), ErrClosed)
 }

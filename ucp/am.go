@@ -278,7 +278,7 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 		reissue := func(_ int, b []byte, ip *RequestParam) (*Request, error) { return ep.AmSendNbx(id, header, b, ip) }
 		if ep.pullable(p, buf, true) {
 			// Issued at the trigger as a send without a condition: the receiver pulls.
-			return ep.w.submitDirect(op, p, buf, reissue)
+			return ep.w.submitDirect(op, p, buf, false, reissue)
 		}
 		return ep.w.submit(op, p, buf, protocol.Out, false, reissue)
 	}

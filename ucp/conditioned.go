@@ -41,7 +41,7 @@ func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 		// neither the inner Request nor the buffer's pin is its.
 		staged := c.param
 		staged.MemoryType, staged.MemH = MemoryHost, nil
-		staged.Request, staged.pinnedBuf = nil, false
+		staged.Request, staged.pinnedBuf, staged.stageRes = nil, false, nil
 		ip = &staged
 	}
 	r, err := c.w.issueLocking(func() (*Request, error) { return c.issue(p.Offset, p.Buf, ip) })
@@ -83,6 +83,10 @@ type condRequest struct {
 	// operation completed for good (its condition destroyed, or the engine closed), so
 	// its issue at every launch does not pin and unpin it.
 	pin runtime.Pinner
+	// res: the staging buffer of an operation the engine issues staged through the
+	// device (devstage.go), reserved at the call for the same life as pin, so the
+	// engine allocates no pinned memory at any issue.
+	res protocol.Reservation
 }
 
 // engine returns the worker's engine, starting it on first use.
@@ -123,12 +127,13 @@ func (t workerTransport) Completions() uint64 { return t.w.completions.Load() }
 // it (on the part of buf at offset off) once the condition triggers. Everything the
 // call can check is checked here, so bad input fails at the call.
 func (w *Worker) submit(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
-	return w.submitTransfer(op, p, buf, dir, splittable, false, issue)
+	return w.submitTransfer(op, p, buf, dir, splittable, false, false, issue)
 }
 
 // submitTransfer is submit; direct says the operation moves device memory itself (the
-// CUDA IPC path), so the plan stages nothing.
-func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable, direct bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
+// CUDA IPC path), so the plan stages nothing; stageDirect, that the call at the trigger
+// stages it through the device's pool (ipcIssueOn under StageAlways).
+func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir protocol.Direction, splittable, direct, stageDirect bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
 	if w.closed.Load() {
 		return nil, opErr(op, ErrClosed, "")
 	}
@@ -151,6 +156,13 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		c.operation.param.noPull = p.noPull || p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
 		c.operation.param.Staging = protocol.StageWhenNeeded
 	} // else the call at the trigger applies it (ipcIssue)
+	// reserves: the engine's issue stages through the device's pool, from c.res.
+	reserves := direct && stageDirect
+	if reserves {
+		if err := w.prepareDevice(len(buf), &c.res); err != nil {
+			return nil, opErr(op, err, "staging memory")
+		}
+	}
 	pinned := false
 	if op == "tag_send_nbx" || op == "tag_recv_nbx" {
 		c.operation.param.Request = &c.inner
@@ -179,15 +191,22 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		// Where the plan finds no stream to stage on, the engine issues the call with
 		// no condition at the trigger, which stages through the context's device
 		// (devstage.go); what that needs is made when the plan decides so.
-		sub.Transfer.StageOffStream = func() error { return w.prepareDevice(len(buf)) }
+		sub.Transfer.StageOffStream = func() error { return w.prepareDevice(len(buf), &c.res) }
+		reserves = true
 		// A tag receive a pulled message can fill (tagpull.go) is staged at the issue,
 		// where the pull writes the device memory directly.
 		sub.Transfer.PullableIn = op == "tag_recv_nbx" && len(buf) >= tagPullConditioned
 	}
+	if reserves {
+		c.operation.param.stageRes = &c.res // held only if the plan stages off stream
+	}
 	switch cb := p.Callback; {
-	case pinned:
+	case pinned || reserves:
 		sub.Callback = func() {
-			c.pin.Unpin()
+			c.res.Release() // a no-op if none was made
+			if pinned {
+				c.pin.Unpin()
+			}
 			if cb != nil {
 				cb(r)
 			}
@@ -204,6 +223,7 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		if pinned {
 			c.pin.Unpin()
 		}
+		c.res.Release() // the plan may have reserved before the engine refused it
 		return nil, opErr(op, err, "condition")
 	}
 	return r, nil

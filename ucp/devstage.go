@@ -34,16 +34,18 @@ func (w *Worker) devicePool() *protocol.Pool {
 }
 
 // prepareDevice makes what a device operation of n bytes will need (a staging buffer,
-// the worker's stream, an event) before the engine issues it, so the engine makes no
-// allocating driver call: called at submit, on the caller's goroutine.
-func (w *Worker) prepareDevice(n int) error {
+// held in res until the operation ended, the worker's stream, an event) before the
+// engine issues it, so the engine makes no allocating driver call: called at submit,
+// on the caller's goroutine.
+func (w *Worker) prepareDevice(n int, res *protocol.Reservation) error {
 	if n > 0 {
-		if err := w.devicePool().Reserve(n, 1); err != nil {
+		if err := w.devicePool().Hold(res, n); err != nil {
 			return err
 		}
 	}
 	ev, _, err := w.ipcResources()
 	if err != nil {
+		res.Release()
 		return err
 	}
 	w.mu.Lock()
@@ -57,11 +59,12 @@ func (w *Worker) prepareDevice(n int) error {
 func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protocol.Direction, issue func(b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
 	ip := *p
 	ip.MemoryType, ip.MemH, ip.Staging = MemoryHost, nil, protocol.StageWhenNeeded
-	ip.Callback, ip.Request = nil, nil
+	ip.Callback, ip.Request, ip.stageRes = nil, nil, nil
 	if len(buf) == 0 {
 		return issue(buf, &ip)
 	}
-	mem, release, err := w.devicePool().Lend(len(buf), &w.staging)
+	// The engine's issue takes the buffer reserved at the submit (no allocation there).
+	mem, release, err := w.devicePool().LendReserved(p.stageRes, len(buf), &w.staging)
 	if err != nil {
 		return nil, opErr(op, err, "staging memory")
 	}

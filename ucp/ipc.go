@@ -312,10 +312,10 @@ func (ep *Endpoint) putSignalIPC(op string, buf []byte, raddr uint64, rkey *Rkey
 //
 // Under StageAlways enqueue copies through a pinned buffer of the device's pool (its
 // stage argument), lent here, counted in StagingStats and given back when the Request
-// completes (its finish); for the engine's call at the trigger it is reserved here, so the engine
-// allocates nothing; a capturing stream is not staged (a graph would reuse a buffer
-// given back after the capture). check runs under the worker's lock (the keys'
-// revocation).
+// completes (its finish); for the engine's call at the trigger it is reserved at the
+// submit (submitDirect), for the operation's life, so the engine allocates nothing; a
+// capturing stream is not staged (a graph would reuse a buffer given back after the
+// capture). check runs under the worker's lock (the keys' revocation).
 func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func() error, enqueue ipcEnqueue, reissue func(off int, b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
 	w := ep.w
 	staged := len(buf) > 0 && p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
@@ -324,12 +324,7 @@ func (ep *Endpoint) ipcIssue(op string, p *RequestParam, buf []byte, check func(
 	uncaptured := false
 	if cond != nil {
 		if cond.Category() != condition.Stream || !w.onIPCDevice(cond.Backend()) {
-			if staged {
-				if err := w.prepareDevice(len(buf)); err != nil {
-					return nil, opErr(op, err, "staging memory")
-				}
-			}
-			return w.submitDirect(op, p, buf, reissue)
+			return w.submitDirect(op, p, buf, staged, reissue)
 		}
 		s = cond.Stream()
 		// The copy of a declared device buffer on the stream itself looks at capture
@@ -374,7 +369,7 @@ func (ep *Endpoint) ipcIssueOn(op string, p *RequestParam, buf []byte, s streamc
 	var stage uintptr
 	release := func() {}
 	if staged {
-		mem, give, err := w.devicePool().Lend(len(buf), &w.staging)
+		mem, give, err := w.devicePool().LendReserved(p.stageRes, len(buf), &w.staging) // the engine's issue: reserved at the submit
 		if err != nil {
 			return nil, opErr(op, err, "staging memory")
 		}
@@ -927,9 +922,10 @@ func (r *Rkey) DeviceAddress(raddr uint64, n int) (uintptr, error) {
 }
 
 // submitDirect hands an IPC operation to the engine, which issues it (as the call
-// without a condition) at the trigger; nothing is staged.
-func (w *Worker) submitDirect(op string, p *RequestParam, buf []byte, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
-	return w.submitTransfer(op, p, buf, protocol.Out, false, true, issue)
+// without a condition) at the trigger; the plan stages nothing. staged: the call at the
+// trigger copies through the device's pool, from a buffer reserved now.
+func (w *Worker) submitDirect(op string, p *RequestParam, buf []byte, staged bool, issue func(off int, buf []byte, p *RequestParam) (*Request, error)) (*Request, error) {
+	return w.submitTransfer(op, p, buf, protocol.Out, false, true, staged, issue)
 }
 
 // ipcWaitOnStream orders s after an IPC copy, or after the copies a flush waits for.

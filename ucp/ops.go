@@ -111,7 +111,7 @@ func (ep *Endpoint) TagSendNbx(buf []byte, tag uint64, p *RequestParam) (*Reques
 		reissue := func(_ int, b []byte, ip *RequestParam) (*Request, error) { return ep.TagSendNbx(b, tag, ip) }
 		if ep.tagPullable(p, buf, true) {
 			// Issued at the trigger as a send without a condition: the receiver pulls.
-			return ep.w.submitDirect("tag_send_nbx", p, buf, reissue)
+			return ep.w.submitDirect("tag_send_nbx", p, buf, false, reissue)
 		}
 		return ep.w.submit("tag_send_nbx", p, buf, protocol.Out, false, reissue)
 	}

@@ -96,6 +96,9 @@ type RequestParam struct {
 	// pinnedBuf: the buffer stays pinned for the operation's life by its owner (a
 	// conditioned operation's condRequest), so an issue does not pin it again.
 	pinnedBuf bool
+	// stageRes: the staging buffer reserved at the submit of an operation the engine
+	// issues staged through the device (its condRequest's), lent at the issue.
+	stageRes *protocol.Reservation
 }
 
 var defaultParam RequestParam
