@@ -354,6 +354,7 @@ type cudaStream struct {
 	// nothing more); lastQuery: when Failed last asked the driver (UnixNano).
 	failed    atomic.Pointer[error]
 	lastQuery atomic.Int64
+	asked     atomic.Uint32 // Failed's calls: it reads the clock at every 64th
 }
 
 // failedQueryEvery bounds how often Failed asks the driver: a caller may ask at every
@@ -363,13 +364,17 @@ const failedQueryEvery = time.Millisecond
 // Failed reports the error that stopped the stream (streamcore.Failer): a sticky error
 // of its context (an illegal address in a kernel, ...), after which it runs nothing
 // more, or ErrClosed after Close; nil while it may still run. It asks the driver
-// (cuStreamQuery, which does not wait) at most once per failedQueryEvery.
+// (cuStreamQuery, which does not wait) at most once per failedQueryEvery, and reads the
+// clock at one call in 64: the engine asks at every round.
 func (s *cudaStream) Failed() error {
 	if s.closed.Load() {
 		return s.errClosed("Failed")
 	}
 	if e := s.failed.Load(); e != nil {
 		return *e
+	}
+	if s.asked.Add(1)%64 != 1 {
+		return nil
 	}
 	now := time.Now().UnixNano()
 	if last := s.lastQuery.Load(); now-last < int64(failedQueryEvery) || !s.lastQuery.CompareAndSwap(last, now) {
