@@ -32,7 +32,9 @@ import (
 // its mapped arrival counter (both are host memory), a memop write taking the flag.
 // Launch the graph only for iterations the receiver starts, and Free the request only
 // after its launches completed: the nodes hold the receiver's mapped addresses, which
-// Free (and the receiver's Free) unmap.
+// Free (and the receiver's Free) unmap. A sender with a PreadyNode iterates by its
+// graphs' launches only: its Start is refused (ErrInvalidParam), as a host iteration
+// after launches this side does not count would tell the receiver an older iteration.
 func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
 	if r == nil {
 		return nil, fmt.Errorf("pready node: nil request: %w", ErrInvalidParam)

@@ -177,3 +177,33 @@ func TestFreedRequestIsCollected(t *testing.T) {
 	}
 	require.Zero(t, kept, "freed requests' buffers still reachable")
 }
+
+// A sender made ready by PreadyNode iterates by its graph's launches: a host iteration
+// after them is refused (it would store an older iteration into the receiver's arrival
+// counters, and the receiver would wait for good), and the launches go on working.
+func TestHostIterationsAfterGraphLaunchesRefused(t *testing.T) {
+	l, b := hostLink(t)
+	const parts, size = 2, 64
+	send, recv, sbuf, rbuf := pairWith(t, l, parts*size, parts, parts, 0x69, onBackend(b))
+	g := graph.NewHost()
+	for p := range parts {
+		_, err := send.PreadyNode(g, nil, p)
+		require.NoError(t, err)
+	}
+	exec, s := instantiateOn(t, g, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	launch := func(i int) {
+		fill(sbuf, i)
+		require.NoError(t, recv.Start())
+		require.NoError(t, exec.Launch(s))
+		require.NoError(t, recv.Wait(ctx))
+		require.NoError(t, s.Synchronize())
+		require.NoError(t, checkFilled(rbuf, i))
+	}
+	for i := 1; i <= 3; i++ {
+		launch(i)
+	}
+	require.ErrorIs(t, send.Start(), prepare.ErrInvalidParam)
+	launch(4)
+}

@@ -26,6 +26,7 @@ type Params struct {
 	Tag uint64
 	// Partitions splits the buffer into that many equal parts. The sender's and the
 	// receiver's counts may differ (the buffer's length must be a multiple of each).
+	// An empty buffer is refused (ErrInvalidParam), where MPI allows a count of 0.
 	Partitions int
 	// MemH, if set, is a registration covering the buffer; otherwise the buffer is
 	// registered by the request (and deregistered by Free).
@@ -206,7 +207,9 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		return nil, fmt.Errorf("%s: Peer must be an endpoint of the worker: %w", op, ErrInvalidParam)
 	case p.Partitions <= 0 || p.Partitions > maxPartitions:
 		return nil, fmt.Errorf("%s: %d partitions (want 1 to %d): %w", op, p.Partitions, maxPartitions, ErrInvalidParam)
-	case len(buf) == 0 || len(buf)%p.Partitions != 0:
+	case len(buf) == 0:
+		return nil, fmt.Errorf("%s: an empty buffer (a prepared request moves at least one byte per partition): %w", op, ErrInvalidParam)
+	case len(buf)%p.Partitions != 0:
 		return nil, fmt.Errorf("%s: %d bytes do not split into %d equal partitions: %w", op, len(buf), p.Partitions, ErrInvalidParam)
 	case p.MemoryType < ucp.MemoryUnknown || p.MemoryType > ucp.MemoryROCmManaged:
 		return nil, fmt.Errorf("%s: unknown memory type %d: %w", op, int(p.MemoryType), ErrInvalidParam)
@@ -466,6 +469,11 @@ func (r *Request) Start() error {
 	}
 	if r.active {
 		return fmt.Errorf("start: iteration %d is not complete: %w", r.iter, ErrInvalidParam)
+	}
+	if r.role == sender && len(r.nodes) > 0 {
+		// Its graphs' launches are its iterations, which this side does not count: a
+		// host iteration after them would tell the receiver an older one.
+		return fmt.Errorf("start: the sender's partitions are made ready by PreadyNode: it iterates by its graphs' launches: %w", ErrInvalidParam)
 	}
 	r.iter++
 	r.active = true
