@@ -154,36 +154,34 @@ func TestCondCallbacksInOrderWhenClosedFromCallback(t *testing.T) {
 }
 
 // A callback run on the engine's goroutine may wait for another conditioned operation:
-// it keeps driving the rounds that complete it rather than sleeping until they do.
+// it keeps driving the rounds that complete it rather than sleeping until they do. The
+// operations are kernel-triggered, so the engine's goroutine runs their rounds (a
+// callback run by a host stream's executor must not wait for work of that stream, as
+// a CUDA host function must not).
 func TestCondCallbackWaitsOnLaterOp(t *testing.T) {
 	c, w, ep := selfLoop(t, WorkerParams{ProgressThread: true})
 	defer c.Close()
-	hb := stream.NewHostBackend()
-	defer hb.Close()
-	s, err := hb.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s})
-	require.NoError(t, err)
-	_, err = w.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+	kc, trigger := kernelCondition(t)
+	_, err := w.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
 	require.NoError(t, err)
 	res, posted := make(chan error, 1), make(chan struct{})
-	_, err = ep.TagSendNbx([]byte("12345678"), 1, &RequestParam{Condition: cond,
-		Flags: NoImmediateCompletion | NonBlockingEnqueue,
+	_, err = ep.TagSendNbx([]byte("12345678"), 1, &RequestParam{Condition: kc,
 		Callback: func(*Request) {
-			r2, err := w.TagRecvNbx(make([]byte, 8), 2, ^uint64(0), &RequestParam{Condition: cond, Flags: NonBlockingEnqueue})
+			r2, err := w.TagRecvNbx(make([]byte, 8), 2, ^uint64(0), &RequestParam{Condition: kc})
 			close(posted)
 			if err != nil {
 				res <- err
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			res <- r2.Wait(ctx)
 		}})
 	require.NoError(t, err)
+	trigger()
 	<-posted
 	time.Sleep(300 * time.Millisecond) // the callback's Wait is past its spin
+	trigger()
 	_, err = ep.TagSendNbx([]byte("abcdefgh"), 2, nil)
 	require.NoError(t, err)
 	require.NoError(t, <-res, "the callback's Wait never saw its operation complete")

@@ -37,6 +37,10 @@ type RequestParam struct {
 	// goroutine that drove the progress which completed it, without worker locks held.
 	// As in UCX it does not run for operations that complete immediately (the call's
 	// returned Request is already done); set NoImmediateCompletion to always get it.
+	// With a Condition it runs after the engine's round that retired the operation, in
+	// retirement order; that round may run on a host stream's executor, so a Callback
+	// must not wait for later work of the condition's stream (as a CUDA host function
+	// must not).
 	Callback func(*Request)
 	// MemoryType of the local buffer; the zero value means host memory for Go slices.
 	// Use MemoryUnknown to let UCX detect it.
