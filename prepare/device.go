@@ -365,8 +365,9 @@ func (d *deviceState) close() error {
 	return first
 }
 
-// destroyCondition destroys c, waiting up to 5 s for operations a failure left to
-// retire (their streams were released; the engine ends them). nil-safe.
+// destroyCondition destroys c, waiting up to 5 s while a launch runs a graph
+// condition's operation (Free destroys stream and kernel-triggered conditions only
+// once none of their operations is pending). nil-safe.
 func destroyCondition(c *condition.Condition) error {
 	if c == nil {
 		return nil

@@ -3,10 +3,13 @@ package prepare
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -170,8 +173,11 @@ type Request struct {
 	ackIter uint64 // the iteration ackReq acknowledges
 
 	streamConds map[stream.Stream]*condition.Condition
-	graphConds  []*condition.Condition
-	dev         *deviceState // sender: DeviceHandle's conditions (device.go); nil until used
+	// streams: the streams given work that reads the request's words or memory
+	// (noteStreamLocked); Free frees them only once each stream passed that work.
+	streams    []stream.Stream
+	graphConds []*condition.Condition
+	dev        *deviceState // sender: DeviceHandle's conditions (device.go); nil until used
 
 	stats Stats
 }
@@ -779,6 +785,7 @@ func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
 	if err != nil {
 		return err
 	}
+	r.noteStreamLocked(s)
 	flag := r.words.Word(p)
 	// GEQ 1: released by the iteration and by the failure value.
 	if err := s.WaitValue(flag, 1, stream.GEQ); err != nil {
@@ -870,6 +877,7 @@ func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
 	case s == nil || s.Kind() != r.backend.Kind():
 		return fmt.Errorf("arrived on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
 	}
+	r.noteStreamLocked(s)
 	if r.st != nil {
 		if err := s.WaitValue(r.st.landed.Word(p), r.iter, stream.GEQ); err != nil {
 			return fmt.Errorf("arrived on stream: %w", err)
@@ -1060,6 +1068,7 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 		}
 		return nil
 	}
+	r.noteStreamLocked(s)
 	if err := s.WaitValue(r.sentWord.Word(0), r.iter, stream.GEQ); err != nil {
 		return fmt.Errorf("wait on stream: %w", err)
 	}
@@ -1113,20 +1122,58 @@ func (r *Request) signalSentLocked() {
 	}
 }
 
-// Free releases the request (MPI_Request_free). With an iteration in flight it fails
-// with ErrBusy and changes nothing.
+// Free releases the request (MPI_Request_free). It either releases the request and
+// returns nil, or fails and changes nothing (the request stays as it was; Free may be
+// called again): with ErrBusy while an iteration is in flight, or, after a failure,
+// while an operation of the request has not completed because a stream has yet to
+// reach it (a PreadyOnStream queued behind work the stream still runs: the stream
+// ends it when it gets there, which Free does not wait for); with ErrClosed once
+// freed.
+//
+// Streams given a wait or work on the request (WaitOnStream, ArrivedOnStream,
+// PreadyOnStream) may not have got to it yet, satisfied as it is: the request's words,
+// registrations and host copy are freed only once each such stream passed it, on host
+// streams in stream order without blocking Free, on CUDA streams by synchronizing
+// them, as cudaFree does. Kernels and graph launches that use the request
+// (DeviceHandle, PreadyNode) must have completed before Free.
 func (r *Request) Free() error {
 	if r == nil {
 		return fmt.Errorf("free: nil request: %w", ErrInvalidParam)
 	}
-	r.mu.Lock()
-	if r.freed {
+	// Operations a failure left behind retire soon once their stream got to them; one
+	// behind work its stream still runs may wait for as long as the caller holds the
+	// stream back, which Free must not.
+	deadline := time.Now().Add(retireWait)
+	var heldSince time.Time
+	for {
+		r.mu.Lock()
+		if r.freed {
+			r.mu.Unlock()
+			return fmt.Errorf("free: %w", ErrClosed)
+		}
+		if r.active && r.err == nil {
+			r.mu.Unlock()
+			return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
+		}
+		c, n := r.pendingCondLocked()
+		if c == nil {
+			break // with r.mu: nothing arms a condition of r meanwhile
+		}
 		r.mu.Unlock()
-		return fmt.Errorf("free: %w", ErrClosed)
-	}
-	if r.active && r.err == nil {
-		r.mu.Unlock()
-		return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
+		now := time.Now()
+		if s := c.Stream(); s != nil && streamRunning(s) {
+			if heldSince.IsZero() {
+				heldSince = now
+			}
+		} else {
+			heldSince = time.Time{}
+		}
+		if now.After(deadline) || (!heldSince.IsZero() && now.Sub(heldSince) > heldGrace) {
+			return fmt.Errorf("free: %d operation(s) not completed: %w", n, ErrBusy)
+		}
+		if r.w.Progress() == 0 {
+			time.Sleep(20 * time.Microsecond)
+		}
 	}
 	r.freed = true
 	// Operations that read or write the request's registered memory: the ack write
@@ -1139,17 +1186,16 @@ func (r *Request) Free() error {
 		conds = append(conds, c)
 	}
 	dev := r.dev
+	streams := r.streams
+	r.streams = nil
 	r.mu.Unlock()
-	var first error
+	// From here on nothing is left for a retry: what cannot be released (a graph
+	// launch still running its operation) stays allocated rather than freed under it.
 	for _, c := range conds {
-		if err := destroyCondition(c); err != nil && first == nil {
-			first = err
-		}
+		_ = destroyCondition(c)
 	}
-	if err := dev.close(); err != nil && first == nil {
-		first = err
-	}
-	deadline := time.Now().Add(time.Second)
+	_ = dev.close()
+	deadline = time.Now().Add(time.Second)
 	for _, req := range pending {
 		for req != nil && !req.Done() && time.Now().Before(deadline) {
 			if r.w.Progress() == 0 {
@@ -1168,8 +1214,114 @@ func (r *Request) Free() error {
 	if r.remote.ackKey != nil {
 		_ = r.remote.ackKey.Close()
 	}
-	r.release()
-	return first
+	r.releaseAfter(streams)
+	return nil
+}
+
+// retireWait bounds Free's wait for operations a failure left to retire; heldGrace is
+// how long it waits while the stream of one still runs work (it may be held back).
+const (
+	retireWait = time.Second
+	heldGrace  = 100 * time.Millisecond
+)
+
+// pendingCondLocked is a condition of the request with operations not yet retired, if
+// any, and how many operations of the request are pending. Caller holds r.mu.
+func (r *Request) pendingCondLocked() (*condition.Condition, int) {
+	var first *condition.Condition
+	n := 0
+	count := func(c *condition.Condition) {
+		if k := c.Pending(); k > 0 {
+			n += k
+			if first == nil {
+				first = c
+			}
+		}
+	}
+	for _, c := range r.streamConds {
+		count(c)
+	}
+	if r.dev != nil {
+		for _, c := range r.dev.conds {
+			count(c)
+		}
+	}
+	return first, n
+}
+
+// noteStreamLocked records s, about to be given work that reads the request's words
+// or memory, for Free (releaseAfter). Caller holds r.mu.
+func (r *Request) noteStreamLocked(s stream.Stream) {
+	if slices.ContainsFunc(r.streams, func(f stream.Stream) bool { return sameStream(f, s) }) {
+		return
+	}
+	if len(r.streams) >= pruneStreamsAt {
+		// Streams made and closed per iteration must not pile up until Free.
+		r.streams = slices.DeleteFunc(r.streams, streamStopped)
+	}
+	r.streams = append(r.streams, s)
+}
+
+// pruneStreamsAt: noteStreamLocked forgets stopped streams once it holds this many.
+const pruneStreamsAt = 16
+
+// releaseAfter releases what the request holds once every stream of streams passed
+// the work it was given. A host stream runs a host function in stream order (or drops
+// it, and then reads no more); the last to run hands release to a goroutine, as it
+// deregisters memory and closes streams, which must not hold up a stream's executor.
+// CUDA host functions may not call CUDA: the streams are synchronized instead, as
+// cudaFree does.
+func (r *Request) releaseAfter(streams []stream.Stream) {
+	if r.backend.Kind() != stream.KindHost {
+		for _, s := range streams {
+			_ = s.Synchronize() // a stream that failed or closed runs nothing more
+		}
+		r.release()
+		return
+	}
+	var left atomic.Int64
+	left.Store(int64(len(streams)) + 1)
+	passed := func() {
+		if left.Add(-1) == 0 {
+			go r.release()
+		}
+	}
+	for _, s := range streams {
+		var err error
+		if d, ok := s.(stream.HostFuncDropper); ok {
+			err = d.LaunchHostFuncOrDrop(passed, passed)
+		} else {
+			err = s.LaunchHostFunc(passed)
+		}
+		if err != nil {
+			passed() // a stream that takes no more work reads no more
+		}
+	}
+	if left.Add(-1) == 0 {
+		r.release() // every stream passed already
+	}
+}
+
+// streamRunning reports whether s still has work to run.
+func streamRunning(s stream.Stream) bool {
+	done, err := s.Query()
+	return err == nil && !done
+}
+
+// streamStopped reports whether s will run no more work: closed, or a host stream
+// stopped by an error (a CUDA stream's error may be one of its last work only).
+func streamStopped(s stream.Stream) bool {
+	_, err := s.Query()
+	return err != nil && (errors.Is(err, stream.ErrClosed) || s.Kind() == stream.KindHost)
+}
+
+// sameStream reports whether a and b are one stream (false for a type Go cannot
+// compare: such a stream is then recorded once per call).
+func sameStream(a, b stream.Stream) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
 }
 
 // handshake is what each side sends its peer in the prepare phase.

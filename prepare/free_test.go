@@ -1,0 +1,120 @@
+package prepare_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/prepare"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// A receiver's WaitOnStream queued behind work the stream has not run yet (a host
+// function standing in for a long kernel): the host Wait completes the iteration and
+// Free succeeds, but the words stay until the stream passed its wait, so the stream
+// neither fails nor drops the work behind it.
+func TestFreeKeepsWordsUntilReceiverStreamPassedItsWait(t *testing.T) {
+	l, b := hostLink(t)
+	send, recv, sbuf, rbuf := pairWith(t, l, 4*64, 4, 4, 0x66, onBackend(b))
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	require.NoError(t, prepare.StartAll(recv, send))
+	require.NoError(t, recv.WaitOnStream(s))
+	var copied []byte
+	require.NoError(t, s.LaunchHostFunc(func() { copied = append([]byte(nil), rbuf...) }))
+	fill(sbuf, 1)
+	require.NoError(t, send.PreadyRange(0, 3))
+	require.NoError(t, send.Wait(ctx))
+	require.NoError(t, recv.Wait(ctx))
+	require.NoError(t, recv.Free())
+	close(gate)
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the stream's pending wait read freed words")
+		require.NoError(t, checkFilled(copied, 1))
+	case <-time.After(10 * time.Second):
+		t.Fatal("stream hung")
+	}
+	require.ErrorIs(t, recv.Free(), ucp.ErrClosed)
+}
+
+// The same with a sender's WaitOnStream (it waits on the request's sent word).
+func TestFreeKeepsWordsUntilSenderStreamPassedItsWait(t *testing.T) {
+	l, b := hostLink(t)
+	send, recv, sbuf, _ := pairWith(t, l, 4*64, 4, 4, 0x67, onBackend(b))
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	require.NoError(t, send.Start())
+	fill(sbuf, 1)
+	require.NoError(t, send.Pready(0))
+	require.NoError(t, send.WaitOnStream(s)) // not every partition ready yet
+	reused := false
+	require.NoError(t, s.LaunchHostFunc(func() { reused = true }))
+	require.NoError(t, recv.Start())
+	require.NoError(t, send.PreadyRange(1, 3))
+	require.NoError(t, send.Wait(ctx))
+	require.NoError(t, recv.Wait(ctx))
+	require.NoError(t, send.Free())
+	close(gate)
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the stream's pending wait read freed words")
+		require.True(t, reused)
+	case <-time.After(10 * time.Second):
+		t.Fatal("stream hung")
+	}
+}
+
+// After a peer failure, Free with a PreadyOnStream the stream has not reached yet
+// returns ErrBusy at once and changes nothing: the stream later passes its work
+// without error, and then Free succeeds (once).
+func TestFreeAfterFailureWithHeldPreadyOnStreamIsBusy(t *testing.T) {
+	l, b := hostLink(t)
+	send, recv, sbuf, _ := pairWith(t, l, 4*64, 4, 4, 0x68, onBackend(b))
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	require.NoError(t, prepare.StartAll(recv, send))
+	fill(sbuf, 1)
+	require.NoError(t, send.PreadyOnStream(s, 0))
+	prepare.Fail(send, ucp.ErrPeerFailed)
+	start := time.Now()
+	freeErr := send.Free()
+	took := time.Since(start)
+	close(gate)
+	serr := make(chan error, 1)
+	go func() { serr <- s.Synchronize() }()
+	select {
+	case err = <-serr:
+	case <-time.After(15 * time.Second):
+		t.Fatal("stream hung")
+	}
+	require.Less(t, took, 2*time.Second, "Free blocked on a stream the caller holds back (err %v)", freeErr)
+	require.ErrorIs(t, freeErr, ucp.ErrBusy, "Free with an operation the stream has not reached")
+	require.NoError(t, err, "the stream failed on the request's words")
+	require.Eventually(t, func() bool {
+		err := send.Free()
+		require.True(t, err == nil || errors.Is(err, ucp.ErrBusy), "%v", err)
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond, "Free once the stream passed its work")
+	require.ErrorIs(t, send.Free(), ucp.ErrClosed)
+}
