@@ -2,6 +2,7 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -185,4 +186,38 @@ func TestCondCallbackWaitsOnLaterOp(t *testing.T) {
 	_, err = ep.TagSendNbx([]byte("abcdefgh"), 2, nil)
 	require.NoError(t, err)
 	require.NoError(t, <-res, "the callback's Wait never saw its operation complete")
+}
+
+// A conditioned operation's Callback that panics is recovered (RecoveredPanics), as
+// every user callback is, and the callbacks due after it still run.
+func TestCondCallbackPanicRecovered(t *testing.T) {
+	c, w, ep := selfLoop(t, WorkerParams{})
+	defer c.Close()
+	kc, trigger := kernelCondition(t)
+	for tag := uint64(1); tag <= 2; tag++ {
+		_, err := w.TagRecvNbx(make([]byte, 8), tag, ^uint64(0), nil)
+		require.NoError(t, err)
+	}
+	_ = RecoveredPanics()
+	ran := make(chan struct{})
+	_, err := ep.TagSendNbx([]byte("12345678"), 1, &RequestParam{Condition: kc, Flags: NoImmediateCompletion,
+		Callback: func(*Request) { panic("boom in a conditioned callback") }})
+	require.NoError(t, err)
+	r2, err := ep.TagSendNbx([]byte("12345678"), 2, &RequestParam{Condition: kc, Flags: NoImmediateCompletion,
+		Callback: func(*Request) { close(ran) }})
+	require.NoError(t, err)
+	trigger()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, r2.Wait(ctx))
+	select {
+	case <-ran:
+	case <-ctx.Done():
+		t.Fatal("the callback after the panicking one did not run")
+	}
+	var found bool
+	for _, e := range RecoveredPanics() {
+		found = found || errors.Is(e, ErrPanic)
+	}
+	require.True(t, found, "the panic was recovered and kept")
 }

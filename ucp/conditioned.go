@@ -208,11 +208,11 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 				c.pin.Unpin()
 			}
 			if cb != nil {
-				cb(r)
+				runRecovered(func() { cb(r) })
 			}
 		}
 	case cb != nil:
-		sub.Callback = func() { cb(r) }
+		sub.Callback = func() { runRecovered(func() { cb(r) }) }
 	}
 	if err := eng.Submit(&c.op, p.Condition, &c.operation, sub); err != nil {
 		if c.op.Submitted() {
