@@ -106,6 +106,9 @@ type Engine struct {
 	cbMu      sync.Mutex
 	callbacks dueList
 	cbRunning bool
+	// ownInCallback: the engine's goroutine runs user callbacks (Close does not wait
+	// for it then).
+	ownInCallback atomic.Bool
 	// fired: the Graph conditions whose launch the round completed, fired once the
 	// round stored inflight (under drive).
 	fired []firedLaunch
@@ -379,7 +382,7 @@ func (e *Engine) run() {
 			return
 		default:
 		}
-		progressed, active, busy := e.round()
+		progressed, active, busy := e.roundOn(true)
 		if !active {
 			// Nothing pending: sleep until an operation is added.
 			if !e.park(timer, 0, false, func(active, _ bool) bool { return !active }) {
@@ -454,7 +457,7 @@ func (e *Engine) run() {
 				// before.
 				e.inTransport.Store(true)
 				slept, progressed := true, false
-				if progressed, _, _ = e.round(); !progressed {
+				if progressed, _, _ = e.roundOn(true); !progressed {
 					// The sleep is bounded: UCX signals arrivals, not everything an
 					// operation may wait for (a send queued until the peer frees
 					// resources completes only by progress).
@@ -503,7 +506,7 @@ func (e *Engine) park(timer *time.Timer, bound time.Duration, sharing bool, stay
 		e.sharing.Store(false)
 		e.parked.Store(false)
 	}()
-	if _, active, busy := e.round(); !stay(active, busy) {
+	if _, active, busy := e.roundOn(true); !stay(active, busy) {
 		return true
 	}
 	var expired <-chan time.Time
@@ -552,16 +555,20 @@ const engineYieldFor = 100 * time.Microsecond
 
 // round is one pass of the engine unless another goroutine runs one (busy). active
 // reports whether operations are pending.
-func (e *Engine) round() (progressed, active, busy bool) {
+func (e *Engine) round() (progressed, active, busy bool) { return e.roundOn(false) }
+
+// roundOn is round; own says the engine's own goroutine runs it (its callbacks then
+// mark that goroutine as in a callback: Close does not wait for it).
+func (e *Engine) roundOn(own bool) (progressed, active, busy bool) {
 	if !e.drive.TryLock() {
 		return false, true, true
 	}
-	progressed, active = e.roundLocked()
+	progressed, active = e.roundLocked(own)
 	return progressed, active, false
 }
 
-func (e *Engine) roundLocked() (progressed, active bool) {
-	defer e.unlockDrive()
+func (e *Engine) roundLocked(own bool) (progressed, active bool) {
+	defer e.unlockDrive(own)
 	if e.quiet() {
 		// Nothing to issue or retire: only progress what is in flight.
 		if e.last.inflight && e.transport.Progress(e.waitOn) {
@@ -731,7 +738,7 @@ func (e *Engine) roundLocked() (progressed, active bool) {
 // close the engine (its worker). Rounds queue them under drive, so they run in
 // retirement order, one at a time, on the goroutine running them already if there is
 // one (it may be this one, further up its stack: a callback that drove a round).
-func (e *Engine) unlockDrive() {
+func (e *Engine) unlockDrive(own bool) {
 	run := false
 	if e.due.head != nil {
 		e.cbMu.Lock()
@@ -742,6 +749,10 @@ func (e *Engine) unlockDrive() {
 	}
 	e.drive.Unlock()
 	if run {
+		if own {
+			e.ownInCallback.Store(true)
+			defer e.ownInCallback.Store(false)
+		}
 		e.runCallbacks()
 	}
 }
@@ -767,6 +778,20 @@ func (e *Engine) runCallbacks() {
 		}
 		e.cbMu.Unlock()
 		o.cb()
+	}
+}
+
+// awaitExitOrCallback waits until the engine's goroutine exited, or is found running
+// user callbacks (looked at every millisecond: it may enter one after a first look).
+func (e *Engine) awaitExitOrCallback() {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !e.ownInCallback.Load() {
+		select {
+		case <-e.exited:
+			return
+		case <-tick.C:
+		}
 	}
 }
 
@@ -947,10 +972,12 @@ func (e *Engine) Close() error {
 	}
 	close(e.stop)
 	e.wakeUp()
-	// Not when a callback run by the engine's goroutine closes it: that would wait for
-	// itself. It holds no lock Close takes there, and stops once the callback returned.
+	// Not when a callback run by the engine's goroutine closes it (that would wait for
+	// itself), nor while that goroutine is in a callback (which may wait for an
+	// operation only this Close ends): it holds no lock Close takes there, and stops
+	// once the callback returned.
 	if !goid.Is(e.id.Load()) {
-		<-e.exited
+		e.awaitExitOrCallback()
 	}
 	e.mu.Lock()
 	e.channelLocked(pending)

@@ -53,7 +53,7 @@ func (e *Engine) ChainLaunch(layers [][]*streamcore.Word) (streamcore.ChainedLau
 	// since make the chain wait. The operations join the chain under mu, which rounds
 	// hold while they issue (mu before the worker's lock, as there).
 	e.drive.Lock()
-	e.roundLocked() // unlocks drive
+	e.roundLocked(false) // unlocks drive
 	e.mu.Lock()
 	err := g.enqueueLocked(layers)
 	e.mu.Unlock()

@@ -355,6 +355,9 @@ type cudaStream struct {
 	failed    atomic.Pointer[error]
 	lastQuery atomic.Int64
 	asked     atomic.Uint32 // Failed's calls: it reads the clock at every 64th
+	// gone: Close drained (or abandoned) the stream's work and destroyed it; until
+	// then the work queued before Close still runs.
+	gone atomic.Bool
 }
 
 // failedQueryEvery bounds how often Failed asks the driver: a caller may ask at every
@@ -363,12 +366,17 @@ const failedQueryEvery = time.Millisecond
 
 // Failed reports the error that stopped the stream (streamcore.Failer): a sticky error
 // of its context (an illegal address in a kernel, ...), after which it runs nothing
-// more, or ErrClosed after Close; nil while it may still run. It asks the driver
-// (cuStreamQuery, which does not wait) at most once per failedQueryEvery, and reads the
-// clock at one call in 64: the engine asks at every round.
+// more, or ErrClosed once Close has drained it (the work queued before Close runs
+// during the drain); nil while it may still run. It asks the driver (cuStreamQuery,
+// which does not wait) at most once per failedQueryEvery, and reads the clock at one
+// call in 64: the engine asks at every round. It never queries a stream being
+// captured (that would invalidate the capture), and a capture's errors do not count.
 func (s *cudaStream) Failed() error {
-	if s.closed.Load() {
+	if s.gone.Load() {
 		return s.errClosed("Failed")
+	}
+	if s.closed.Load() {
+		return nil // draining
 	}
 	if e := s.failed.Load(); e != nil {
 		return *e
@@ -380,12 +388,22 @@ func (s *cudaStream) Failed() error {
 	if last := s.lastQuery.Load(); now-last < int64(failedQueryEvery) || !s.lastQuery.CompareAndSwap(last, now) {
 		return nil
 	}
-	if _, err := s.s.Query(); err != nil {
+	if st, err := s.s.CaptureStatus(); err != nil || st != cuda.CaptureNone {
+		return nil
+	}
+	if _, err := s.s.Query(); err != nil && !captureError(err) {
 		err = s.wrap("Query", err)
 		s.failed.Store(&err)
 		return err
 	}
 	return nil
+}
+
+// captureError reports whether err is one of the driver's stream-capture errors
+// (CUDA_ERROR_STREAM_CAPTURE_*, 900-908): a capture's state, not a dead context.
+func captureError(err error) bool {
+	var ce *cuda.Error
+	return errors.As(err, &ce) && ce.Code >= 900 && ce.Code <= 908
 }
 
 func (s *cudaStream) Kind() Kind { return KindCUDA }
@@ -626,6 +644,7 @@ func (s *cudaStream) Close() error {
 	}
 	drainErr := s.drain(cudaCloseGrace)
 	closeErr := s.s.Close()
+	s.gone.Store(true)
 	return errors.Join(drainErr, cudaErr("Close", closeErr), s.b.release())
 }
 

@@ -54,11 +54,55 @@ func TestFakeDriverStickyErrorBeforeTrigger(t *testing.T) {
 	require.NoError(t, c.Destroy(), "a condition of a dead stream is destroyed")
 }
 
-// TestStickyErrorUnderFakeDriver runs TestFakeDriverStickyErrorBeforeTrigger against
-// the fake driver.
+// A CUDA stream closed while an operation's trigger is still queued on it drains
+// normally: the trigger is stored during the drain and the operation runs, rather than
+// failing as if the stream had stopped.
+func TestFakeDriverCloseWhileTriggerQueued(t *testing.T) {
+	if os.Getenv(envStickyChild) == "" {
+		t.Skip("run by TestStickyErrorUnderFakeDriver against the fake driver")
+	}
+	b := streamenv.CUDABackend(t)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	gate, err := b.AllocWords(1)
+	require.NoError(t, err)
+	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	addr, err := w.Address()
+	require.NoError(t, err)
+	ep, err := w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	buf := make([]byte, 8)
+	r, err := w.TagRecvNbx(buf, 1, ^uint64(0), &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }() // drains: the trigger is stored before it returns
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		w.Progress()
+		time.Sleep(time.Millisecond)
+	}
+	gate.Word(0).Store(1)
+	sr, err := ep.TagSendNbx([]byte("12345678"), 1, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, <-closed, "the stream drained normally")
+	require.NoError(t, r.Wait(ctx), "an operation whose trigger the stream stored before its normal close")
+	require.Equal(t, "12345678", string(buf))
+}
+
+// TestStickyErrorUnderFakeDriver runs the fake-driver tests of this file against the
+// fake driver.
 func TestStickyErrorUnderFakeDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a child process against the fake driver")
 	}
-	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverStickyErrorBeforeTrigger"}, envStickyChild+"=1")
+	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverStickyErrorBeforeTrigger", "TestFakeDriverCloseWhileTriggerQueued"}, envStickyChild+"=1")
 }

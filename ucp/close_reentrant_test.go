@@ -221,3 +221,64 @@ func TestCondCallbackPanicRecovered(t *testing.T) {
 	}
 	require.True(t, found, "the panic was recovered and kept")
 }
+
+// Worker.Close while a callback on the engine's goroutine waits for an operation whose
+// trigger has not come: Close does not wait for that goroutine (it ends the operation
+// itself, and the callback's Wait returns its error), so neither hangs.
+func TestCloseWhileCallbackWaitsForUntriggeredOp(t *testing.T) {
+	for i := range 10 {
+		c, w, ep := selfLoop(t, WorkerParams{})
+		hb := stream.NewHostBackend()
+		s1, err := hb.NewStream()
+		require.NoError(t, err)
+		s2, err := hb.NewStream()
+		require.NoError(t, err)
+		gate := make(chan struct{})
+		require.NoError(t, s2.LaunchHostFunc(func() { <-gate }))
+		cond1, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s1})
+		require.NoError(t, err)
+		cond2, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s2})
+		require.NoError(t, err)
+		rB, err := w.TagRecvNbx(make([]byte, 8), 99, ^uint64(0), &RequestParam{Condition: cond2, Flags: NonBlockingEnqueue})
+		require.NoError(t, err)
+		rr, err := w.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), nil)
+		require.NoError(t, err)
+		inCb := make(chan struct{})
+		waited := make(chan error, 1)
+		_, err = ep.TagSendNbx([]byte("12345678"), 1, &RequestParam{Condition: cond1,
+			Flags:    NoImmediateCompletion | NonBlockingEnqueue,
+			Callback: func(*Request) { close(inCb); waited <- rB.Wait(context.Background()) }})
+		require.NoError(t, err)
+		go func() {
+			for !rr.Done() {
+				w.Progress()
+			}
+		}()
+		select {
+		case <-inCb:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("iteration %d: callback never ran", i)
+		}
+		time.Sleep(10 * time.Millisecond)
+		closed := make(chan error, 1)
+		go func() { closed <- w.Close() }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("iteration %d: Worker.Close hung while a callback waits for an operation Close ends", i)
+		}
+		select {
+		case err := <-waited:
+			require.Error(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("iteration %d: the callback's Wait never returned after Close", i)
+		}
+		close(gate)
+		_ = cond1.Destroy()
+		_ = cond2.Destroy()
+		_ = s1.Close()
+		_ = s2.Close()
+		_ = hb.Close()
+		_ = c.Close()
+	}
+}
