@@ -10,9 +10,10 @@ import (
 
 // Revocation. Each exported region has a random key id sealed into its packed rkeys.
 // An importer tells the exporter when it unpacks a key (and when it closes it); the
-// exporter's MemH.Close revokes: every importer marks its Rkeys revoked (later use
-// fails at the call with ErrRevoked), flushes the endpoint the key was used on (so no
-// put is still on its way) and acknowledges. The memory is unmapped only after every
+// exporter's MemH.Close revokes: every importer (every worker of the importing
+// context) marks its Rkeys revoked (later use fails at the call with ErrRevoked),
+// flushes the endpoint the key was used on (so no put is still on its way), unmaps
+// device regions and acknowledges. The memory is unmapped only after every
 // importer acknowledged or died; a peer that does neither within RevokeTimeout keeps
 // the memory registered, and Close says which peer it was.
 //
@@ -97,7 +98,41 @@ func (w *Worker) onControl(msg *AmMessage) {
 	case ctlAck:
 		w.ctx.noteAck(sender, keyID)
 	case ctlRevoke:
-		w.revokeImported(sender, keyID, nil)
+		w.revokeEveryWorker(sender, keyID)
+	}
+}
+
+// revokeEveryWorker handles a revocation message: the exporter counts importers per
+// context and tells one worker, so every worker of the context revokes its keys, and
+// one acknowledgement goes back once all of them flushed and unmapped (an ack after
+// this worker's alone let the exporter free memory another worker still mapped).
+func (w *Worker) revokeEveryWorker(exporter [idLen]byte, keyID uint64) {
+	ws := w.ctx.workerList()
+	var mu sync.Mutex
+	left := len(ws)
+	ack := func() {
+		mu.Lock()
+		left--
+		last := left <= 0
+		mu.Unlock()
+		if !last {
+			return
+		}
+		ep := w.endpointTo(exporter)
+		if ep == nil {
+			ep = w.ctx.anyEndpointTo(exporter)
+		}
+		if ep != nil {
+			ep.w.mu.Lock()
+			ep.sendControlLocked(ctlAck, keyID)
+			ep.w.mu.Unlock()
+		}
+	}
+	if len(ws) == 0 {
+		ack()
+	}
+	for _, x := range ws {
+		x.revokeImported(exporter, keyID, ack)
 	}
 }
 
@@ -203,8 +238,7 @@ func (c *Context) peerDead(peer [idLen]byte) bool {
 }
 
 // revokeImported makes this worker's Rkeys of (exporter, keyID) unusable, flushes the
-// endpoints they were used on, then acknowledges: through ack for an exporter in this
-// process, else with a message on the Rkey's endpoint.
+// endpoints they were used on, unmaps their device regions, then calls ack.
 func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) {
 	w.mu.Lock()
 	var eps []*Endpoint
@@ -222,19 +256,9 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		}
 	}
 	w.mu.Unlock()
-	if len(eps) == 0 && ack == nil {
-		// Nothing here (closed already): still acknowledge, so the exporter does not
-		// wait for us.
-		if ep := w.endpointTo(exporter); ep != nil {
-			w.mu.Lock()
-			ep.sendControlLocked(ctlAck, keyID)
-			w.mu.Unlock()
-		}
-		return
-	}
 	var mu sync.Mutex
 	left := len(eps)
-	done := func(ep *Endpoint) {
+	done := func() {
 		mu.Lock()
 		left--
 		last := left <= 0
@@ -250,13 +274,7 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 				w.settlePullKeysLocked(pulls)
 				w.unlockDeferred()
 			}
-			if ack != nil {
-				ack()
-				return
-			}
-			w.mu.Lock()
-			ep.sendControlLocked(ctlAck, keyID)
-			w.mu.Unlock()
+			ack()
 		}
 		if len(mapped) == 0 {
 			acknowledge()
@@ -279,14 +297,13 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		}()
 	}
 	if len(eps) == 0 {
-		ack()
+		ack() // nothing here (closed already): the exporter need not wait for us
 		return
 	}
 	for _, ep := range eps {
-		ep := ep
-		r, err := ep.FlushNbx(&RequestParam{Callback: func(*Request) { done(ep) }})
+		r, err := ep.FlushNbx(&RequestParam{Callback: func(*Request) { done() }})
 		if err != nil || r.Done() {
-			done(ep) // failed or closed endpoint: nothing can be in flight on it
+			done() // failed or closed endpoint: nothing can be in flight on it
 		}
 	}
 }

@@ -1,10 +1,13 @@
 package ucp
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
 )
 
 // revokeModes runs f with importers revoked directly (same process) and through the
@@ -27,6 +30,18 @@ func inRevokeModes(t *testing.T, f func(t *testing.T)) {
 			f(t)
 		})
 	}
+}
+
+// waitImported waits until m's exporter counts n keys of m unpacked in importer (an
+// import notice is a message: a Close before it arrives does not wait for the key).
+func waitImported(t *testing.T, m *MemH, importer *Context, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		m.ctx.mu.Lock()
+		defer m.ctx.mu.Unlock()
+		imp := m.importers[importer.trust.id]
+		return imp != nil && imp.count == n
+	}, 5*time.Second, time.Millisecond)
 }
 
 func TestRevokedKeyFailsAndLaterMemoryStaysIntact(t *testing.T) {
@@ -123,4 +138,49 @@ func TestRevokeWaitsForSilentImporter(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, rk.Close())
 	require.NoError(t, m2.Close())
+}
+
+// The exporter counts importers per context: a revocation reaches every worker of the
+// importing context that unpacked the key, and Close returns only once all of them
+// flushed and unmapped it (after an acknowledgement of one worker, the other's puts
+// wrote into the freed memory).
+func TestRevokeReachesEveryWorkerOfImporter(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
+		ca, cb := fakeDeviceContexts(t)
+		wb, err := cb.NewWorker(WorkerParams{})
+		require.NoError(t, err)
+		a1, err := ca.NewWorker(WorkerParams{})
+		require.NoError(t, err)
+		a2, err := ca.NewWorker(WorkerParams{})
+		require.NoError(t, err)
+		ep1, _ := connectWorkers(t, a1, wb)
+		ep2, _ := connectWorkers(t, a2, wb)
+		t.Cleanup(background(wb))
+		t.Cleanup(background(a1))
+		t.Cleanup(background(a2))
+
+		const n = 64 << 10
+		alloc := fakeipc.Malloc(n)
+		m, packed := deviceRegion(t, cb, alloc, 0, n)
+		rk1, err := ep1.UnpackRkey(packed)
+		require.NoError(t, err)
+		rk2, err := ep2.UnpackRkey(packed)
+		require.NoError(t, err)
+		waitImported(t, m, ca, 2)
+
+		require.NoError(t, m.Close())
+		mapped := fakeipc.Mapped(alloc.Ptr())
+		alloc.Free() // what the exporter does next
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for i, rk := range []*Rkey{rk1, rk2} {
+			r, err := rk.ep.PutNbx(pattern(n, 1), rk.Base(), rk, nil)
+			if err == nil {
+				_ = r.Wait(ctx)
+			}
+			require.ErrorIs(t, err, ErrRevoked, "worker %d's key", i+1)
+			require.NoError(t, rk.Close())
+		}
+		require.Zero(t, mapped, "mapped after the exporter's Close returned")
+	})
 }
