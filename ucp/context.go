@@ -498,6 +498,11 @@ func (m *MemH) PackRkey() ([]byte, error) {
 // releases it regardless). Peers in other processes are told with active messages: a
 // context without FeatureAM neither hears of them nor tells them. Local operations using
 // the memory must have completed. A second Close after success returns ErrClosed.
+//
+// A key packed before Close and unpacked after it does not reach the memory from this
+// process (UnpackRkey fails with ErrRevoked); a peer in another process is revoked
+// when its import notice arrives, and until then its operations with the key still
+// run: do not unpack a key of a region its owner may have closed.
 func (m *MemH) Close() error {
 	if m == nil {
 		return opErr("mem_unmap", ErrInvalidParam, "nil memh")

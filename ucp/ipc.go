@@ -878,7 +878,7 @@ func (ep *Endpoint) unpackRkeyIPC(k rkeyInfo) (*Rkey, error) {
 		_ = w.ctx.ipc.imp.Release(x.peer, x.alloc)
 		return nil, err
 	}
-	return ep.addRkeyUnlock(&Rkey{ep: ep, ipc: x, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID}), nil
+	return ep.addRkeyUnlock(&Rkey{ep: ep, ipc: x, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID})
 }
 
 // Device reports whether the key is of a device region that CUDA IPC mapped here

@@ -14,9 +14,15 @@ import (
 // forgeIPCKey is a device region's key as a hostile but authenticated B could pack
 // it: any allocation claim and handle, sealed with B's key.
 func forgeIPCKey(p *pair, a protocol.IPCAllocation, h protocol.IPCHandle, base, length uint64) []byte {
+	return forgeIPCKeyOf(p, newKeyID(), a, h, base, length)
+}
+
+// forgeIPCKeyOf is forgeIPCKey under the key id of a region B exports (a key of no
+// open region is refused in this process).
+func forgeIPCKeyOf(p *pair, keyID uint64, a protocol.IPCAllocation, h protocol.IPCHandle, base, length uint64) []byte {
 	kb := p.ctxB.trust
 	msg := protocol.IPCMessage{Kind: protocol.IPCExport, Alloc: a, Handle: h}
-	return sealRkey(kb.seal, kb.id, newKeyID(), base, length, ipcPayload(msg))
+	return sealRkey(kb.seal, kb.id, keyID, base, length, ipcPayload(msg))
 }
 
 // putGetIPC checks that a put and a get through rk move the right bytes of alloc.
@@ -63,12 +69,12 @@ func TestIPCBoundFailedOpenKeepsMapping(t *testing.T) {
 func TestIPCBoundReplacedMappingLivesWithItsKey(t *testing.T) {
 	p, _ := ipcPair(t)
 	const n = 64 << 10
-	alloc, _, rk1 := mappedRegion(t, p, n)
+	alloc, m, rk1 := mappedRegion(t, p, n)
 	base := alloc.Ptr()
 	a := alloc.Allocation()
 	a.BufferID += 1 << 32
 	before := fakeipc.Stats()
-	rk2, err := p.epA.UnpackRkey(forgeIPCKey(p, a, alloc.Handle(), uint64(base), n))
+	rk2, err := p.epA.UnpackRkey(forgeIPCKeyOf(p, m.keyID, a, alloc.Handle(), uint64(base), n))
 	require.NoError(t, err)
 	require.Equal(t, before.Closes, fakeipc.Stats().Closes, "the first mapping is still referenced")
 	require.Equal(t, 2, fakeipc.Mapped(base), "both opens held")

@@ -156,21 +156,19 @@ func (w *Worker) pullControlLocked(header []byte) bool {
 	return true
 }
 
-// noteImport records that peer unpacked the key keyID; a key already revoked is
-// revoked again at once.
-func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID uint64) {
+// noteImport records that peer unpacked the key keyID and reports whether the key is
+// live. An importer in this process (local) of a revoked key is not recorded: its
+// unpack fails. One elsewhere is sent the revocation at once; of a key still being
+// revoked it is recorded too, so that Close waits for it.
+func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID uint64) bool {
 	c.mu.Lock()
 	m := c.exports[keyID]
-	if m == nil {
+	if m == nil || local != nil && m.revoked {
 		c.mu.Unlock()
 		if local == nil {
-			if ep := w.endpointTo(peer); ep != nil {
-				w.mu.Lock()
-				ep.sendControlLocked(ctlRevoke, keyID)
-				w.mu.Unlock()
-			}
+			w.sendRevoke(peer, keyID)
 		}
-		return
+		return false
 	}
 	imp := m.importers[peer]
 	if imp == nil {
@@ -178,7 +176,22 @@ func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID 
 		m.importers[peer] = imp
 	}
 	imp.count++
+	revoked := m.revoked
 	c.mu.Unlock()
+	if revoked {
+		// Close may have stopped waiting already (it then deletes the export).
+		w.sendRevoke(peer, keyID)
+	}
+	return !revoked
+}
+
+// sendRevoke tells peer, on an endpoint of w, that the key keyID is revoked.
+func (w *Worker) sendRevoke(peer [idLen]byte, keyID uint64) {
+	if ep := w.endpointTo(peer); ep != nil {
+		w.mu.Lock()
+		ep.sendControlLocked(ctlRevoke, keyID)
+		w.mu.Unlock()
+	}
 }
 
 func (c *Context) noteRelease(peer [idLen]byte, keyID uint64) {
@@ -478,7 +491,10 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 		w.mu.Unlock()
 		return nil, opErr(op, err, "")
 	}
-	rk := ep.addRkeyUnlock(&Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID})
+	rk, err := ep.addRkeyUnlock(&Rkey{ep: ep, raw: raw, base: k.base, length: k.length, exporter: k.sender, keyID: k.keyID})
+	if err != nil {
+		return nil, err
+	}
 	if k.shared != nil {
 		if x := ep.mapSharedWords(*k.shared); x != nil {
 			w.mu.Lock()
@@ -497,20 +513,31 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 }
 
 // addRkeyUnlock records an unpacked key and tells its exporter of the import, then
-// releases w.mu (held by the caller).
-func (ep *Endpoint) addRkeyUnlock(rk *Rkey) *Rkey {
+// releases w.mu (held by the caller). A key whose exporter in this process closed (or
+// is closing) its region is destroyed and refused with ErrRevoked: nobody would
+// revoke it, and the memory may be freed already. An exporter elsewhere answers the
+// import of such a key with its revocation; until that arrives the key works (keys
+// of a region the peer may have closed must not be unpacked, as with UCX).
+func (ep *Endpoint) addRkeyUnlock(rk *Rkey) (*Rkey, error) {
 	w := ep.w
 	live.rkeys.Add(1)
+	// Recorded before the exporter hears of it, so that a revocation finds it.
 	w.rkeys[rk] = struct{}{}
 	local := localContext(rk.exporter)
 	if local == nil {
 		ep.sendControlLocked(ctlImport, rk.keyID)
 	}
 	w.mu.Unlock()
-	if local != nil {
-		local.noteImport(w, w.ctx.trust.id, w.ctx, rk.keyID)
+	if local != nil && !local.noteImport(w, w.ctx.trust.id, w.ctx, rk.keyID) {
+		w.mu.Lock()
+		if !rk.closed { // else the worker's Close destroyed it
+			rk.revoked = true // not recorded: no release notice
+			rk.destroyLocked()
+		}
+		w.mu.Unlock()
+		return nil, opErr("ep_rkey_unpack", ErrRevoked, "the key's region [%#x, +%d) was closed by its owner", rk.base, rk.length)
 	}
-	return rk
+	return rk, nil
 }
 
 // releasedLocked tells the exporter that an Rkey of its key was closed.

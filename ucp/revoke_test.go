@@ -184,3 +184,41 @@ func TestRevokeReachesEveryWorkerOfImporter(t *testing.T) {
 		require.Zero(t, mapped, "mapped after the exporter's Close returned")
 	})
 }
+
+// A key unpacked after its region was closed (a stale packed key) never writes into
+// the memory: in this process the unpack fails; from another, the exporter answers the
+// import with the revocation, which unmaps the key.
+func TestRevokeUnpackAfterMemHClose(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
+		p, _ := ipcPair(t)
+		t.Cleanup(background(p.a))
+		const n = 4096
+		alloc := fakeipc.Malloc(n)
+		m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
+		require.NoError(t, m.Close()) // nobody imported it: released at once
+		rk, err := p.epA.UnpackRkey(packed)
+		if err != nil {
+			require.ErrorIs(t, err, ErrRevoked)
+			require.True(t, revokeInProcess, "refused at the unpack in another process")
+		} else {
+			defer rk.Close()
+		}
+		// From another process the key works until the revocation arrives (documented
+		// on addRkeyUnlock): give it the time.
+		for deadline := time.Now().Add(2 * time.Second); fakeipc.Mapped(alloc.Ptr()) > 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		mapped := fakeipc.Mapped(alloc.Ptr())
+		alloc.Free()
+		if rk != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			r, err := p.epA.PutNbx(pattern(n, 3), rk.Base(), rk, nil)
+			if err == nil {
+				_ = r.Wait(ctx)
+			}
+			require.ErrorIs(t, err, ErrRevoked)
+		}
+		require.Zero(t, mapped, "the stale key is unmapped")
+	})
+}
