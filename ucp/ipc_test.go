@@ -465,3 +465,82 @@ func TestIPCCopiesCompleteWithoutOwnEvents(t *testing.T) {
 		require.Equal(t, pattern(1024, int64(i)), alloc.Bytes()[i*1024:(i+1)*1024])
 	}
 }
+
+// Closing a key with a copy still queued keeps its mapping, and the exporter's count
+// of it, until the copy ran: the exporter's MemH.Close waits for the copy, and the
+// memory freed after it is never written.
+func TestIPCRkeyCloseWaitsForQueuedCopies(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
+		p, _ := ipcPair(t)
+		t.Cleanup(background(p.a))
+		const n = 4096
+		alloc := fakeipc.Malloc(n)
+		m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
+		rk, err := p.epA.UnpackRkey(packed)
+		require.NoError(t, err)
+		waitImported(t, m, p.ctxA, 1)
+		s, err := p.a.ipcSideStream()
+		require.NoError(t, err)
+		gate := make(chan struct{})
+		open := sync.OnceFunc(func() { close(gate) })
+		t.Cleanup(open)                                         // before the worker's Close waits for its stream
+		require.NoError(t, s.LaunchHostFunc(func() { <-gate })) // the device is busy
+		r, err := p.epA.PutNbx(pattern(n, 4), rk.Base(), rk, nil)
+		require.NoError(t, err)
+		require.NoError(t, rk.Close())
+		_, err = p.epA.PutNbx(pattern(n, 4), rk.Base(), rk, nil)
+		require.ErrorIs(t, err, ErrClosed)
+
+		time.AfterFunc(100*time.Millisecond, open)
+		require.NoError(t, m.Close())
+		done := r.Done()
+		mapped := fakeipc.Mapped(alloc.Ptr())
+		alloc.Free() // what the exporter does next
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, r.Wait(ctx))
+		require.True(t, done, "the exporter's Close returned with a copy into its memory still queued")
+		require.Zero(t, mapped)
+	})
+}
+
+// A key closed with a copy queued is unmapped, and its exporter told, once the copy
+// completed: the exporter's Close then has nobody to wait for.
+func TestIPCRkeyCloseReleasesAfterCopies(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
+		p, _ := ipcPair(t)
+		const n = 4096
+		alloc := fakeipc.Malloc(n)
+		defer alloc.Free()
+		m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
+		rk, err := p.epA.UnpackRkey(packed)
+		require.NoError(t, err)
+		waitImported(t, m, p.ctxA, 1)
+		s, err := p.a.ipcSideStream()
+		require.NoError(t, err)
+		gate := make(chan struct{})
+		open := sync.OnceFunc(func() { close(gate) })
+		t.Cleanup(open)
+		require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+		r, err := p.epA.PutNbx(pattern(n, 5), rk.Base(), rk, nil)
+		require.NoError(t, err)
+		require.NoError(t, rk.Close())
+		for range 100 {
+			p.a.Progress()
+		}
+		require.Equal(t, 1, fakeipc.Mapped(alloc.Ptr()), "unmapped with the copy queued")
+		open()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, r.Wait(ctx))
+		require.Equal(t, pattern(n, 5), alloc.Bytes())
+		progressAll(t, 5*time.Second, func() bool { return fakeipc.Mapped(alloc.Ptr()) == 0 }, p.a)
+		require.Eventually(t, func() bool { // the release notice arrived
+			p.ctxB.mu.Lock()
+			defer p.ctxB.mu.Unlock()
+			return len(m.importers) == 0
+		}, 5*time.Second, time.Millisecond)
+		p.ctxB.revokeTimeout = 100 * time.Millisecond
+		require.NoError(t, m.Close(), "A does not progress: nobody to wait for")
+	})
+}

@@ -596,7 +596,15 @@ func (r *Rkey) checkRange(op string, ep *Endpoint, raddr uint64, n int) error {
 	return nil
 }
 
-// Close destroys the rkey. A second Close returns ErrClosed.
+// Close destroys the rkey: operations on it then fail with ErrClosed. A second Close
+// returns ErrClosed.
+//
+// UCX wants a key destroyed only after the operations on it completed. Close does not
+// wait, but a key mapped here (a device region by CUDA IPC, shared Signals) keeps its
+// mapping, and its exporter keeps counting it (its MemH.Close waits for it), until
+// the copies issued on the key's endpoint before Close completed (as the worker's
+// progress finds them done) and the mapping is unmapped: a copy still queued never
+// writes into memory its owner freed.
 func (r *Rkey) Close() error {
 	if r == nil {
 		return opErr("rkey_destroy", ErrInvalidParam, "nil key")
@@ -607,9 +615,37 @@ func (r *Rkey) Close() error {
 	if r.closed {
 		return opErr("rkey_destroy", ErrClosed, "")
 	}
-	r.destroyLocked()
-	r.releasedLocked()
+	if r.ipc == nil && r.shared == nil {
+		r.destroyLocked()
+		r.releasedLocked()
+		return nil
+	}
+	r.closed = true
+	if f := w.flushIPCLocked("rkey_destroy", completedRequest, r.ep, &defaultParam); f != completedRequest {
+		f.finish = func(*Request) { r.retireLocked() }
+	} else {
+		r.retireLocked()
+	}
 	return nil
+}
+
+// retireLocked ends a closed mapped key once no copy uses it: it unmaps, then drops the
+// key and tells the exporter. The key stays in w.rkeys until then, so that a
+// revocation meanwhile waits for the unmap before it acknowledges.
+func (r *Rkey) retireLocked() {
+	w := r.ep.w
+	xs := r.takeMappingsLocked()
+	go func() { // off the lock: the unmap may wait for the device
+		for _, x := range xs {
+			x.release(w.ctx)
+		}
+		w.mu.Lock()
+		if _, ok := w.rkeys[r]; ok { // else the worker's Close destroyed it
+			r.destroyLocked()
+			r.releasedLocked()
+		}
+		w.unlockDeferred()
+	}()
 }
 
 func (r *Rkey) destroyLocked() {

@@ -299,12 +299,21 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		go func() {
 			w.mu.Lock()
 			var rel []*rkeyIPC
+			var gone []chan struct{}
 			for _, rk := range mapped {
+				for _, x := range [...]*rkeyIPC{rk.ipc, rk.shared} {
+					if x != nil && x.released && x.gone != nil {
+						gone = append(gone, x.gone) // a closed key's release under way
+					}
+				}
 				rel = append(rel, rk.takeMappingsLocked()...)
 			}
 			w.mu.Unlock()
 			for _, x := range rel {
 				x.release(w.ctx)
+			}
+			for _, g := range gone {
+				<-g
 			}
 			acknowledge()
 		}()

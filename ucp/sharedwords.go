@@ -125,6 +125,9 @@ func (r *Rkey) storeShared(raddr uint64, buf []byte) {
 // release gives a mapping back: a shared segment is unmapped, a device allocation's
 // reference returned to the importer. Off any lock: both may wait for the device.
 func (x *rkeyIPC) release(c *Context) {
+	if x.gone != nil {
+		defer close(x.gone)
+	}
 	if x.unmap != nil {
 		_ = x.unmap()
 		return
@@ -139,6 +142,7 @@ func (r *Rkey) takeMappingsLocked() []*rkeyIPC {
 	for _, x := range [...]*rkeyIPC{r.ipc, r.shared} {
 		if x != nil && !x.released {
 			x.released = true
+			x.gone = make(chan struct{})
 			out = append(out, x)
 		}
 	}
