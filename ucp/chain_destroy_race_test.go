@@ -17,6 +17,7 @@ func selfLoop(t *testing.T, wp WorkerParams) (*Context, *Worker, *Endpoint) {
 	t.Helper()
 	c, err := NewContext(ContextParams{})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() }) // a test that fails early leaks nothing
 	w, err := c.NewWorker(wp)
 	require.NoError(t, err)
 	addr, err := w.Address()

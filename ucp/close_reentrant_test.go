@@ -91,11 +91,16 @@ func TestCloseFromConditionedCallback(t *testing.T) {
 // would have: each once, in retirement order, one at a time.
 func TestCondCallbacksInOrderWhenClosedFromCallback(t *testing.T) {
 	c, w, ep := selfLoop(t, WorkerParams{})
+	t.Cleanup(func() { _ = c.Close() })
 	hb := stream.NewHostBackend()
 	s, err := hb.NewStream()
 	require.NoError(t, err)
 	cond, err := condition.Create(condition.Param{Category: condition.Stream, Backend: hb, Stream: s})
 	require.NoError(t, err)
+	// The stream holds the sends back until all are enqueued: the callback that closes
+	// the worker must not run while the test still enqueues.
+	gate := make(chan struct{})
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
 	const n, k = 64, 8
 	var mu sync.Mutex
 	counts := make([]int, n)
@@ -120,6 +125,7 @@ func TestCondCallbacksInOrderWhenClosedFromCallback(t *testing.T) {
 			}})
 		require.NoError(t, err)
 	}
+	close(gate)
 	go func() {
 		for {
 			select {
