@@ -19,12 +19,9 @@ import (
 // there may the fake driver's context be made to fail.
 const envStickyChild = "UCPX_TEST_STICKY_CHILD"
 
-// A CUDA stream whose context met a sticky error (an illegal address) before it reached
-// an operation's trigger runs nothing more: the operation fails with the stream's
-// error instead of waiting for a trigger that never comes, and the condition can be
-// destroyed. Only under the fake driver, which can be told its context died
-// (FAKECUDA_STICKY); a real GPU's would stay dead for the rest of the process.
-func TestFakeDriverStickyErrorBeforeTrigger(t *testing.T) {
+// gatedCUDACondition is, in the fake driver's child only, a CUDA stream held back by a
+// gate word (store 1 to open it), a worker, and a Stream condition on the stream.
+func gatedCUDACondition(t *testing.T) (stream.Stream, *stream.Word, *ucp.Worker, *condition.Condition) {
 	if os.Getenv(envStickyChild) == "" {
 		t.Skip("run by TestStickyErrorUnderFakeDriver against the fake driver")
 	}
@@ -36,15 +33,25 @@ func TestFakeDriverStickyErrorBeforeTrigger(t *testing.T) {
 	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
 	uctx, err := ucp.NewContext(ucp.ContextParams{})
 	require.NoError(t, err)
-	defer uctx.Close()
+	t.Cleanup(func() { _ = uctx.Close() })
 	w, err := uctx.NewWorker(ucp.WorkerParams{})
 	require.NoError(t, err)
 	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
 	require.NoError(t, err)
+	return s, gate.Word(0), w, c
+}
+
+// A CUDA stream whose context met a sticky error (an illegal address) before it reached
+// an operation's trigger runs nothing more: the operation fails with the stream's
+// error instead of waiting for a trigger that never comes, and the condition can be
+// destroyed. Only under the fake driver, which can be told its context died
+// (FAKECUDA_STICKY); a real GPU's would stay dead for the rest of the process.
+func TestFakeDriverStickyErrorBeforeTrigger(t *testing.T) {
+	_, gate, w, c := gatedCUDACondition(t)
 	r, err := w.TagRecvNbx(make([]byte, 8), 1, ^uint64(0), &ucp.RequestParam{Condition: c})
 	require.NoError(t, err)
 	t.Setenv("FAKECUDA_STICKY", "700") // CUDA_ERROR_ILLEGAL_ADDRESS
-	gate.Word(0).Store(1)
+	gate.Store(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = r.Wait(ctx)
@@ -58,25 +65,10 @@ func TestFakeDriverStickyErrorBeforeTrigger(t *testing.T) {
 // normally: the trigger is stored during the drain and the operation runs, rather than
 // failing as if the stream had stopped.
 func TestFakeDriverCloseWhileTriggerQueued(t *testing.T) {
-	if os.Getenv(envStickyChild) == "" {
-		t.Skip("run by TestStickyErrorUnderFakeDriver against the fake driver")
-	}
-	b := streamenv.CUDABackend(t)
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	gate, err := b.AllocWords(1)
-	require.NoError(t, err)
-	require.NoError(t, s.WaitValue(gate.Word(0), 1, stream.GEQ))
-	uctx, err := ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	defer uctx.Close()
-	w, err := uctx.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
+	s, gate, w, c := gatedCUDACondition(t)
 	addr, err := w.Address()
 	require.NoError(t, err)
 	ep, err := w.ConnectAddress(addr, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
 	require.NoError(t, err)
 	buf := make([]byte, 8)
 	r, err := w.TagRecvNbx(buf, 1, ^uint64(0), &ucp.RequestParam{Condition: c})
@@ -87,7 +79,7 @@ func TestFakeDriverCloseWhileTriggerQueued(t *testing.T) {
 		w.Progress()
 		time.Sleep(time.Millisecond)
 	}
-	gate.Word(0).Store(1)
+	gate.Store(1)
 	sr, err := ep.TagSendNbx([]byte("12345678"), 1, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

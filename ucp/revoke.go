@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -108,14 +109,9 @@ func (w *Worker) onControl(msg *AmMessage) {
 // this worker's alone let the exporter free memory another worker still mapped).
 func (w *Worker) revokeEveryWorker(exporter [idLen]byte, keyID uint64) {
 	ws := w.ctx.workerList()
-	var mu sync.Mutex
-	left := len(ws)
+	last := countdown(len(ws))
 	ack := func() {
-		mu.Lock()
-		left--
-		last := left <= 0
-		mu.Unlock()
-		if !last {
+		if !last() {
 			return
 		}
 		ep := w.endpointTo(exporter)
@@ -269,14 +265,9 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		}
 	}
 	w.mu.Unlock()
-	var mu sync.Mutex
-	left := len(eps)
+	last := countdown(len(eps))
 	done := func() {
-		mu.Lock()
-		left--
-		last := left <= 0
-		mu.Unlock()
-		if !last {
+		if !last() {
 			return
 		}
 		acknowledge := func() {
@@ -402,14 +393,9 @@ func (m *MemH) tell(imp *importer) []*Worker {
 		return nil
 	}
 	ws := imp.local.workerList()
-	var mu sync.Mutex
-	left := len(ws)
+	last := countdown(len(ws))
 	ack := func() {
-		mu.Lock()
-		left--
-		last := left == 0
-		mu.Unlock()
-		if last {
+		if last() {
 			c.noteAck(imp.peer, m.keyID)
 		}
 	}
@@ -562,4 +548,12 @@ func (r *Rkey) releasedLocked() {
 		return
 	}
 	r.ep.sendControlLocked(ctlRelease, r.keyID)
+}
+
+// countdown returns a function that reports whether it has been called n times (or
+// more): the last of n parallel steps goes on.
+func countdown(n int) func() bool {
+	var left atomic.Int64
+	left.Store(int64(n))
+	return func() bool { return left.Add(-1) <= 0 }
 }
