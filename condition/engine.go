@@ -739,14 +739,7 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 // retirement order, one at a time, on the goroutine running them already if there is
 // one (it may be this one, further up its stack: a callback that drove a round).
 func (e *Engine) unlockDrive(own bool) {
-	run := false
-	if e.due.head != nil {
-		e.cbMu.Lock()
-		e.callbacks.append(&e.due)
-		run = !e.cbRunning
-		e.cbRunning = true
-		e.cbMu.Unlock()
-	}
+	run := e.due.head != nil && e.queueCallbacks(&e.due)
 	e.drive.Unlock()
 	if run {
 		if own {
@@ -755,6 +748,17 @@ func (e *Engine) unlockDrive(own bool) {
 		}
 		e.runCallbacks()
 	}
+}
+
+// queueCallbacks moves l's Ops to the end of the callback queue and reports whether
+// the caller is to run it (runCallbacks): no goroutine runs it already.
+func (e *Engine) queueCallbacks(l *dueList) (run bool) {
+	e.cbMu.Lock()
+	e.callbacks.append(l)
+	run = !e.cbRunning
+	e.cbRunning = true
+	e.cbMu.Unlock()
+	return run
 }
 
 // runCallbacks runs the queued callbacks until none is left.
@@ -1005,15 +1009,8 @@ func (e *Engine) Close() error {
 			p.retire(nil, &due)
 		}
 	}
-	if due.head != nil {
-		e.cbMu.Lock()
-		e.callbacks.append(&due)
-		run := !e.cbRunning
-		e.cbRunning = true
-		e.cbMu.Unlock()
-		if run {
-			e.runCallbacks()
-		}
+	if due.head != nil && e.queueCallbacks(&due) {
+		e.runCallbacks()
 	}
 	return e.planner.Close()
 }
