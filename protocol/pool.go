@@ -128,6 +128,14 @@ func (s *Pool) Classify(addr uintptr) (Kind, error) {
 // overflow).
 const maxBuffer = 1 << 40
 
+// checkSize refuses a buffer size Get, Hold and LendReserved cannot lend.
+func checkSize(n int) error {
+	if n <= 0 || n > maxBuffer {
+		return fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
+	}
+	return nil
+}
+
 func class(n int) int {
 	if n <= minClass {
 		return minClass
@@ -140,8 +148,8 @@ func (s *Pool) Get(n int) (*Buffer, error) {
 	if s == nil {
 		return nil, fmt.Errorf("staging buffer: nil pool: %w", ErrInvalidParam)
 	}
-	if n <= 0 || n > maxBuffer {
-		return nil, fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
+	if err := checkSize(n); err != nil {
+		return nil, err
 	}
 	b, _, err := s.get(class(n), nil)
 	return b, err
@@ -306,8 +314,8 @@ func (s *Pool) Hold(r *Reservation, n int) error {
 	if s == nil || r == nil {
 		return fmt.Errorf("hold: nil pool or reservation: %w", ErrInvalidParam)
 	}
-	if n <= 0 || n > maxBuffer {
-		return fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
+	if err := checkSize(n); err != nil {
+		return err
 	}
 	c := class(n)
 	s.mu.Lock()
@@ -375,8 +383,8 @@ func (s *Pool) LendReserved(r *Reservation, n int, st *Stats) (buf *Buffer, rele
 	if s == nil {
 		return nil, nil, fmt.Errorf("lend: nil pool: %w", ErrInvalidParam)
 	}
-	if n <= 0 || n > maxBuffer {
-		return nil, nil, fmt.Errorf("staging buffer of %d bytes (1 to %d): %w", n, maxBuffer, ErrInvalidParam)
+	if err := checkSize(n); err != nil {
+		return nil, nil, err
 	}
 	b, own, err := s.get(class(n), r)
 	if err != nil {
