@@ -150,13 +150,7 @@ func TestHandleAfterDestroy(t *testing.T) {
 // A group left open (and empty) by a Destroy ends with ErrDestroyed, like every other
 // call on the destroyed condition.
 func TestEndGroupAfterDestroy(t *testing.T) {
-	b := stream.NewHostBackend()
-	defer b.Close()
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	c, err := Create(Param{Category: Stream, Backend: b, Stream: s})
-	require.NoError(t, err)
+	_, c := streamCondition(t)
 	require.NoError(t, c.BeginGroup())
 	require.NoError(t, c.Destroy())
 	require.ErrorIs(t, c.EndGroup(), ErrDestroyed)
@@ -328,8 +322,7 @@ func TestDestroyedWordsFreedWhenAWaitingStreamDrops(t *testing.T) {
 // Streams made and closed one after another, each given a wait on a condition, do
 // not pile up in it: closed ones are forgotten as new ones come.
 func TestForeignStreamsPruned(t *testing.T) {
-	b := stream.NewHostBackend()
-	defer b.Close()
+	b := backend(t)
 	c, err := Create(Param{Category: KernelTriggered, Backend: b})
 	require.NoError(t, err)
 	for range 100 {
