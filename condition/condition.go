@@ -544,8 +544,6 @@ func (c *Condition) waitOnStream(s streamcore.Stream, seq uint64) error {
 // closed per iteration do not pile up until Destroy.
 const pruneForeignAt = 16
 
-// streamDone reports whether s will run no more work: closed (a CUDA stream's Close
-// synchronized it), or a host stream stopped on an error.
 // streamStopped reports whether s stopped for good: its query fails (closed, failed,
 // or on CUDA a sticky error of its context), where a running stream's says only
 // whether its work is done.
@@ -554,6 +552,8 @@ func streamStopped(s streamcore.Stream) bool {
 	return err != nil
 }
 
+// streamDone reports whether s will run no more work: closed (a CUDA stream's Close
+// synchronized it), or a host stream stopped on an error.
 func streamDone(s streamcore.Stream) bool {
 	_, err := s.Query()
 	return err != nil && (errors.Is(err, streamcore.ErrClosed) || s.Kind() == streamcore.KindHost)
