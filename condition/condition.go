@@ -3,7 +3,6 @@ package condition
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -160,7 +159,7 @@ type Condition struct {
 	waitNode    Node                              // Graph category: the completion node
 	captured    []*Condition                      // Stream category: operations enqueued under stream capture
 	group       *group                            // Stream category: the open BeginGroup, if any
-	foreign     []streamcore.Stream               // other streams given a wait on done (waitOnStream)
+	foreign     streamcore.StreamSet              // other streams given a wait on done (waitOnStream)
 	stamps      *deviceStamps                     // Stream category, traced: device stamps of polls
 	groupBuf    group                             // what group points to: one group at a time, reused
 
@@ -522,7 +521,7 @@ func (c *Condition) waitOnStream(s streamcore.Stream, seq uint64) error {
 	if c.destroyed.Load() {
 		return fmt.Errorf("wait on stream: %w", ErrDestroyed)
 	}
-	own := sameStream(s, c.stream)
+	own := streamcore.SameStream(s, c.stream)
 	if own && c.group != nil && seq > c.group.last {
 		// The wait would sit ahead of the group's trigger on the same stream.
 		return fmt.Errorf("wait on the condition's own stream for an operation of an open group: %w", ErrInvalidParam)
@@ -530,19 +529,11 @@ func (c *Condition) waitOnStream(s streamcore.Stream, seq uint64) error {
 	if err := s.WaitValue(c.done, seq, streamcore.GEQ); err != nil {
 		return err
 	}
-	if !own && !slices.ContainsFunc(c.foreign, func(f streamcore.Stream) bool { return sameStream(f, s) }) {
-		if len(c.foreign) >= pruneForeignAt {
-			c.foreign = slices.DeleteFunc(c.foreign, streamDone)
-		}
-		c.foreign = append(c.foreign, s)
+	if !own {
+		c.foreign.Add(s)
 	}
 	return nil
 }
-
-// pruneForeignAt: a condition given waits on this many other streams forgets those
-// that will run nothing more (streamDone) before it adds one, so streams made and
-// closed per iteration do not pile up until Destroy.
-const pruneForeignAt = 16
 
 // streamStopped reports whether s stopped for good: its query fails (closed, failed,
 // or on CUDA a sticky error of its context), where a running stream's says only
@@ -550,22 +541,6 @@ const pruneForeignAt = 16
 func streamStopped(s streamcore.Stream) bool {
 	_, err := s.Query()
 	return err != nil
-}
-
-// streamDone reports whether s will run no more work: closed (a CUDA stream's Close
-// synchronized it), or a host stream stopped on an error.
-func streamDone(s streamcore.Stream) bool {
-	_, err := s.Query()
-	return err != nil && (errors.Is(err, streamcore.ErrClosed) || s.Kind() == streamcore.KindHost)
-}
-
-// sameStream reports whether a and b are one stream (false for a type Go cannot
-// compare: such a stream is then kept once per wait).
-func sameStream(a, b streamcore.Stream) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	return reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
 }
 
 // DeviceHandle is what a kernel (or a host goroutine) triggers a KernelTriggered
@@ -729,34 +704,18 @@ func (c *Condition) Destroy() error {
 	stamps := c.takeStampsLocked()
 	// Streams may not yet have run their last (already satisfied) waits on the
 	// completion word: the condition's own, and those given one by WaitOnStream.
-	waiting := c.foreign
+	waiting := c.foreign.Streams()
 	if c.stream != nil {
-		waiting = append(waiting, c.stream)
+		waiting = append(slices.Clip(waiting), c.stream)
 	}
 	if c.backend.Kind() == streamcore.KindHost {
 		// Freed in stream order, by the last of them to get there: never blocking on
-		// a stream. A stream that takes no more work (closed, failed) reads no more.
+		// a stream.
 		words := c.words
-		left := atomic.Int64{}
-		left.Store(int64(len(waiting)) + 1)
-		release := func() {
-			if left.Add(-1) == 0 {
-				_ = words.Close()
-				stamps.close()
-			}
-		}
-		for _, s := range waiting {
-			var err error
-			if d, ok := s.(streamcore.HostFuncDropper); ok {
-				err = d.LaunchHostFuncOrDrop(release, release) // a stream that drops it reads no more
-			} else {
-				err = s.LaunchHostFunc(release)
-			}
-			if err != nil {
-				release()
-			}
-		}
-		release()
+		streamcore.AfterPassed(waiting, func(bool) {
+			_ = words.Close()
+			stamps.close()
+		})
 		return nil
 	}
 	// CUDA host functions may not call CUDA (cuMemFreeHost): synchronize instead, as
@@ -764,7 +723,7 @@ func (c *Condition) Destroy() error {
 	// word are satisfied. A foreign stream that failed runs nothing more.
 	for _, s := range waiting {
 		// A stream that stopped (closed, or its context dead) runs nothing more.
-		if err := s.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) && sameStream(s, c.stream) && !streamStopped(s) {
+		if err := s.Synchronize(); err != nil && !errors.Is(err, streamcore.ErrClosed) && streamcore.SameStream(s, c.stream) && !streamStopped(s) {
 			c.destroyed.Store(false)
 			c.stamps = stamps
 			return fmt.Errorf("destroy: synchronize stream: %w", err)
@@ -773,7 +732,7 @@ func (c *Condition) Destroy() error {
 	if c.depth != nil {
 		c.depth.release()
 	}
-	c.foreign = nil
+	c.foreign.Take()
 	stamps.close()
 	return c.words.Close()
 }
