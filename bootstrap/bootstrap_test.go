@@ -451,7 +451,7 @@ func TestSilentConnectionsGiveWayToRanks(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	eventuallyLocked(t, srv, func() bool { return srv.unjoined == maxUnjoined })
+	eventuallyLocked(t, srv, func() bool { return len(srv.unjoined) == maxUnjoined })
 	time.Sleep(2 * evictUnjoinedAfter)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -463,7 +463,7 @@ func TestSilentConnectionsGiveWayToRanks(t *testing.T) {
 	require.NoError(t, st.close())
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	require.LessOrEqual(t, srv.unjoined, maxUnjoined, "the bound holds")
+	require.LessOrEqual(t, len(srv.unjoined), maxUnjoined, "the bound holds")
 }
 
 // A live job, its store, and the same closed, answer zero arguments (nil contexts,

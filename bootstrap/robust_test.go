@@ -273,7 +273,7 @@ func TestManyRanksJoinAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		held = append(held, c)
 	}
-	eventuallyLocked(t, srv, func() bool { return srv.unjoined == maxUnjoined })
+	eventuallyLocked(t, srv, func() bool { return len(srv.unjoined) == maxUnjoined })
 	time.AfterFunc(200*time.Millisecond, func() {
 		for _, c := range held {
 			_ = c.Close()

@@ -26,16 +26,13 @@ type Server struct {
 	gone    map[uint32]bool   // rank -> failed (true) or left with Bye (false)
 	barrier map[uint64][]waiter
 	writing map[*sconn]struct{} // connections whose writer runs (Close closes them, dropped or not)
-	// unjoined counts connections that have not joined yet (authenticating, or
-	// authenticated without their hello): maxUnjoined bounds them. waitingJoin holds
-	// them in accept order (and some that joined or went since: pruned as it is read);
-	// evicting counts those closed to make room that have not gone yet.
-	unjoined    int
-	waitingJoin []*sconn
-	evicting    int
-	closed      bool
-	done        chan struct{} // closed when every rank joined and went (or Close)
-	wg          sync.WaitGroup
+	// unjoined: the connections that have not joined yet (authenticating, or
+	// authenticated without their hello), in accept order; maxUnjoined bounds them. One
+	// leaves it as it joins, goes or is evicted (its slot is free at once).
+	unjoined []*sconn
+	closed   bool
+	done     chan struct{} // closed when every rank joined and went (or Close)
+	wg       sync.WaitGroup
 	// The package's maxPending, queueSoft, queueHard and writeTimeout, as Serve found
 	// them.
 	maxPending, queueSoft, queueHard int
@@ -92,8 +89,6 @@ type sconn struct {
 	rank     uint32
 	joined   bool
 	bye      bool
-	dropped  bool              // under Server.mu
-	evicted  bool              // closed to make room for a newer connection (under Server.mu)
 	pending  int               // requests not answered yet (under Server.mu)
 	waits    map[uint32]string // id -> key of its Waits (under Server.mu)
 
@@ -229,14 +224,12 @@ func (s *Server) accept() {
 			_ = c.Close()
 			return
 		}
-		if s.unjoined-s.evicting >= maxUnjoined && !s.evictOldestLocked() {
+		if len(s.unjoined) >= maxUnjoined && !s.evictOldestLocked() {
 			s.mu.Unlock()
 			_ = c.Close()
 			continue
 		}
-		s.unjoined++
-		s.pruneWaitingJoinLocked()
-		s.waitingJoin = append(s.waitingJoin, sc)
+		s.unjoined = append(s.unjoined, sc)
 		s.writing[sc] = struct{}{}
 		s.wg.Add(2)
 		s.mu.Unlock()
@@ -248,29 +241,19 @@ func (s *Server) accept() {
 // evictOldestLocked closes the oldest connection that has not joined if it has waited
 // evictUnjoinedAfter, and reports whether it did. Its serve goroutine then drops it.
 func (s *Server) evictOldestLocked() bool {
-	s.pruneWaitingJoinLocked()
-	if len(s.waitingJoin) == 0 || time.Since(s.waitingJoin[0].accepted) < evictUnjoinedAfter {
+	if len(s.unjoined) == 0 || time.Since(s.unjoined[0].accepted) < evictUnjoinedAfter {
 		return false
 	}
-	c := s.waitingJoin[0]
-	s.waitingJoin[0] = nil
-	s.waitingJoin = s.waitingJoin[1:]
-	c.evicted = true
-	s.evicting++
+	c := s.unjoined[0]
+	s.leaveUnjoinedLocked(c)
 	_ = c.c.Close()
 	return true
 }
 
-// pruneWaitingJoinLocked removes from the front of waitingJoin the connections that
-// joined, went or are being evicted.
-func (s *Server) pruneWaitingJoinLocked() {
-	for len(s.waitingJoin) > 0 {
-		c := s.waitingJoin[0]
-		if !c.joined && !c.dropped && !c.evicted {
-			return
-		}
-		s.waitingJoin[0] = nil
-		s.waitingJoin = s.waitingJoin[1:]
+// leaveUnjoinedLocked takes c out of unjoined, if it is there.
+func (s *Server) leaveUnjoinedLocked(c *sconn) {
+	if i := slices.Index(s.unjoined, c); i >= 0 {
+		s.unjoined = slices.Delete(s.unjoined, i, i+1)
 	}
 }
 
@@ -352,7 +335,7 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		}
 		c.joined, c.rank = true, f.rank
 		s.ranks[f.rank] = c
-		s.unjoined--
+		s.leaveUnjoinedLocked(c)
 		c.replyLocked(f.id, []byte{featCancel})
 		// A rank that joins late still learns who failed before it came.
 		for r, failed := range s.gone {
@@ -448,13 +431,7 @@ func (s *Server) drop(c *sconn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.finish() // the writer writes what is queued, then closes the connection
-	c.dropped = true
-	if !c.joined {
-		s.unjoined-- // counted since its accept
-		if c.evicted {
-			s.evicting--
-		}
-	}
+	s.leaveUnjoinedLocked(c)
 	for _, k := range c.waits {
 		s.unwaitLocked(k, func(w waiter) bool { return w.c == c })
 	}
