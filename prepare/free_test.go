@@ -3,14 +3,44 @@ package prepare_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/prepare"
+	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
+
+// heldStream is a stream of b (closed with the test) held back by a host function, a
+// stand-in for a long kernel, until release is called.
+func heldStream(t *testing.T, b stream.Backend) (s stream.Stream, release func()) {
+	t.Helper()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	gate := make(chan struct{})
+	release = sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release) // before Close, also when the test failed while holding it
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	return s, release
+}
+
+// syncWithin synchronizes s; the test fails with hung if that takes longer than d.
+func syncWithin(t *testing.T, s stream.Stream, d time.Duration, hung string) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatal(hung)
+		return nil
+	}
+}
 
 // A receiver's WaitOnStream queued behind work the stream has not run yet (a host
 // function standing in for a long kernel): the host Wait completes the iteration and
@@ -19,13 +49,9 @@ import (
 func TestFreeKeepsWordsUntilReceiverStreamPassedItsWait(t *testing.T) {
 	l, b := hostLink(t)
 	send, recv, sbuf, rbuf := pairWith(t, l, 4*64, 4, 4, 0x66, onBackend(b))
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
+	s, release := heldStream(t, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	gate := make(chan struct{})
-	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
 	require.NoError(t, prepare.StartAll(recv, send))
 	require.NoError(t, recv.WaitOnStream(s))
 	var copied []byte
@@ -35,16 +61,9 @@ func TestFreeKeepsWordsUntilReceiverStreamPassedItsWait(t *testing.T) {
 	require.NoError(t, send.Wait(ctx))
 	require.NoError(t, recv.Wait(ctx))
 	require.NoError(t, recv.Free())
-	close(gate)
-	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "the stream's pending wait read freed words")
-		require.NoError(t, checkFilled(copied, 1))
-	case <-time.After(10 * time.Second):
-		t.Fatal("stream hung")
-	}
+	release()
+	require.NoError(t, syncWithin(t, s, 10*time.Second, "stream hung"), "the stream's pending wait read freed words")
+	require.NoError(t, checkFilled(copied, 1))
 	require.ErrorIs(t, recv.Free(), ucp.ErrClosed)
 }
 
@@ -52,13 +71,9 @@ func TestFreeKeepsWordsUntilReceiverStreamPassedItsWait(t *testing.T) {
 func TestFreeKeepsWordsUntilSenderStreamPassedItsWait(t *testing.T) {
 	l, b := hostLink(t)
 	send, recv, sbuf, _ := pairWith(t, l, 4*64, 4, 4, 0x67, onBackend(b))
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
+	s, release := heldStream(t, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	gate := make(chan struct{})
-	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
 	require.NoError(t, send.Start())
 	fill(sbuf, 1)
 	require.NoError(t, send.Pready(0))
@@ -70,16 +85,9 @@ func TestFreeKeepsWordsUntilSenderStreamPassedItsWait(t *testing.T) {
 	require.NoError(t, send.Wait(ctx))
 	require.NoError(t, recv.Wait(ctx))
 	require.NoError(t, send.Free())
-	close(gate)
-	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "the stream's pending wait read freed words")
-		require.True(t, reused)
-	case <-time.After(10 * time.Second):
-		t.Fatal("stream hung")
-	}
+	release()
+	require.NoError(t, syncWithin(t, s, 10*time.Second, "stream hung"), "the stream's pending wait read freed words")
+	require.True(t, reused)
 }
 
 // After a peer failure, Free with a PreadyOnStream the stream has not reached yet
@@ -88,11 +96,7 @@ func TestFreeKeepsWordsUntilSenderStreamPassedItsWait(t *testing.T) {
 func TestFreeAfterFailureWithHeldPreadyOnStreamIsBusy(t *testing.T) {
 	l, b := hostLink(t)
 	send, recv, sbuf, _ := pairWith(t, l, 4*64, 4, 4, 0x68, onBackend(b))
-	s, err := b.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	gate := make(chan struct{})
-	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	s, release := heldStream(t, b)
 	require.NoError(t, prepare.StartAll(recv, send))
 	fill(sbuf, 1)
 	require.NoError(t, send.PreadyOnStream(s, 0))
@@ -100,14 +104,8 @@ func TestFreeAfterFailureWithHeldPreadyOnStreamIsBusy(t *testing.T) {
 	start := time.Now()
 	freeErr := send.Free()
 	took := time.Since(start)
-	close(gate)
-	serr := make(chan error, 1)
-	go func() { serr <- s.Synchronize() }()
-	select {
-	case err = <-serr:
-	case <-time.After(15 * time.Second):
-		t.Fatal("stream hung")
-	}
+	release()
+	err := syncWithin(t, s, 15*time.Second, "stream hung")
 	require.Less(t, took, 2*time.Second, "Free blocked on a stream the caller holds back (err %v)", freeErr)
 	require.ErrorIs(t, freeErr, ucp.ErrBusy, "Free with an operation the stream has not reached")
 	require.NoError(t, err, "the stream failed on the request's words")

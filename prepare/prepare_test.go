@@ -413,14 +413,8 @@ func TestSenderWaitOnStream(t *testing.T) {
 		require.NoError(t, send.Pready(0))
 		require.NoError(t, send.WaitOnStream(s))
 		require.NoError(t, l.r.Close()) // the receiver's worker goes away
-		done := make(chan error, 1)
-		go func() { done <- s.Synchronize() }()
-		select {
-		case err := <-done:
-			require.NoError(t, err, "released, not failed: Wait reports the failure")
-		case <-time.After(20 * time.Second):
-			t.Fatal("the stream still waits for a dead receiver")
-		}
+		require.NoError(t, syncWithin(t, s, 20*time.Second, "the stream still waits for a dead receiver"),
+			"released, not failed: Wait reports the failure")
 		require.ErrorIs(t, send.Wait(ctx), ucp.ErrPeerFailed)
 	})
 }
