@@ -357,7 +357,9 @@ func (x *HostExec) chainLayers(nodes []*HostNode) [][]*stream.Word {
 // the HostExec so that a HostExec dropped without Close still releases it (a cleanup):
 // the chain's C side lives with the worker until then.
 type launchChain struct {
-	mu  sync.Mutex // launches of one executable graph on several streams take turns
+	// mu guards run against release (Close, the cleanup); launches already take
+	// turns on the words' runSem (a chained graph has only communication nodes).
+	mu  sync.Mutex
 	run stream.ChainedLaunch
 	// skip: launches to go node by node before the engine is asked again for a chain
 	// it could not make (backoff: the last such pause, doubling).
@@ -380,8 +382,8 @@ func (c *launchChain) release() error {
 const maxChainBackoff = 4096
 
 // runChained runs the launch as the nodes' engine's chain (see HostExec.layers); it
-// reports false, having done nothing, where the launch must go node by node. Launches
-// of one executable graph on several streams take turns here.
+// reports false, having done nothing, where the launch must go node by node. The
+// caller holds x.words.runSem.
 func (x *HostExec) runChained(abandon context.Context) (bool, error) {
 	c := x.chain
 	c.mu.Lock()
