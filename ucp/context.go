@@ -538,11 +538,7 @@ func (m *MemH) notifyRevoked() {
 	}
 	c.mu.Unlock()
 	for _, p := range peers {
-		if ep := c.anyEndpointTo(p); ep != nil {
-			ep.w.mu.Lock()
-			ep.sendControlLocked(ctlRevoke, m.keyID)
-			ep.w.mu.Unlock()
-		}
+		c.anyEndpointTo(p).sendControl(ctlRevoke, m.keyID)
 	}
 }
 

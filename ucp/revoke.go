@@ -74,6 +74,17 @@ func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, keyID
 	return sender, plain[0], binary.LittleEndian.Uint64(plain[1:]), nil
 }
 
+// sendControl is sendControlLocked taking ep's worker lock; a nil ep (no endpoint to
+// the peer) sends nothing.
+func (ep *Endpoint) sendControl(typ byte, keyID uint64) {
+	if ep == nil {
+		return
+	}
+	ep.w.mu.Lock()
+	ep.sendControlLocked(typ, keyID)
+	ep.w.mu.Unlock()
+}
+
 // sendControlLocked posts a revocation message on ep without waiting for it.
 func (ep *Endpoint) sendControlLocked(typ byte, keyID uint64) {
 	if ep.usableLocked("am_send_nbx") != nil || ep.w.ctx.features&FeatureAM == 0 {
@@ -108,28 +119,29 @@ func (w *Worker) onControl(msg *AmMessage) {
 // one acknowledgement goes back once all of them flushed and unmapped (an ack after
 // this worker's alone let the exporter free memory another worker still mapped).
 func (w *Worker) revokeEveryWorker(exporter [idLen]byte, keyID uint64) {
-	ws := w.ctx.workerList()
+	w.ctx.revokeWorkers(exporter, keyID, func() {
+		w.controlEndpoint(exporter).sendControl(ctlAck, keyID)
+	})
+}
+
+// revokeWorkers revokes the key (exporter, keyID) in every worker of c and calls
+// acked once all of them acknowledged (at once without workers); it returns them.
+func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func()) []*Worker {
+	ws := c.workerList()
+	if len(ws) == 0 {
+		acked()
+		return ws
+	}
 	last := countdown(len(ws))
 	ack := func() {
-		if !last() {
-			return
-		}
-		ep := w.endpointTo(exporter)
-		if ep == nil {
-			ep = w.ctx.anyEndpointTo(exporter)
-		}
-		if ep != nil {
-			ep.w.mu.Lock()
-			ep.sendControlLocked(ctlAck, keyID)
-			ep.w.mu.Unlock()
+		if last() {
+			acked()
 		}
 	}
-	if len(ws) == 0 {
-		ack()
+	for _, w := range ws {
+		w.revokeImported(exporter, keyID, ack)
 	}
-	for _, x := range ws {
-		x.revokeImported(exporter, keyID, ack)
-	}
+	return ws
 }
 
 // pullControlLocked handles a pull's control message (ctlPulled, ctlPullTrunc) as it
@@ -162,7 +174,7 @@ func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID 
 	if m == nil || local != nil && m.revoked {
 		c.mu.Unlock()
 		if local == nil {
-			w.sendRevoke(peer, keyID)
+			w.endpointTo(peer).sendControl(ctlRevoke, keyID)
 		}
 		return false
 	}
@@ -176,18 +188,9 @@ func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID 
 	c.mu.Unlock()
 	if revoked {
 		// Close may have stopped waiting already (it then deletes the export).
-		w.sendRevoke(peer, keyID)
+		w.endpointTo(peer).sendControl(ctlRevoke, keyID)
 	}
 	return !revoked
-}
-
-// sendRevoke tells peer, on an endpoint of w, that the key keyID is revoked.
-func (w *Worker) sendRevoke(peer [idLen]byte, keyID uint64) {
-	if ep := w.endpointTo(peer); ep != nil {
-		w.mu.Lock()
-		ep.sendControlLocked(ctlRevoke, keyID)
-		w.mu.Unlock()
-	}
 }
 
 func (c *Context) noteRelease(peer [idLen]byte, keyID uint64) {
@@ -381,31 +384,10 @@ func (m *MemH) revoke(timeout time.Duration) []*importer {
 func (m *MemH) tell(imp *importer) []*Worker {
 	c := m.ctx
 	if imp.local == nil {
-		ep := imp.w.endpointTo(imp.peer)
-		if ep == nil {
-			ep = c.anyEndpointTo(imp.peer)
-		}
-		if ep != nil {
-			ep.w.mu.Lock()
-			ep.sendControlLocked(ctlRevoke, m.keyID)
-			ep.w.mu.Unlock()
-		}
+		imp.w.controlEndpoint(imp.peer).sendControl(ctlRevoke, m.keyID)
 		return nil
 	}
-	ws := imp.local.workerList()
-	last := countdown(len(ws))
-	ack := func() {
-		if last() {
-			c.noteAck(imp.peer, m.keyID)
-		}
-	}
-	if len(ws) == 0 {
-		c.noteAck(imp.peer, m.keyID)
-	}
-	for _, w := range ws {
-		w.revokeImported(c.trust.id, m.keyID, ack)
-	}
-	return ws
+	return imp.local.revokeWorkers(c.trust.id, m.keyID, func() { c.noteAck(imp.peer, m.keyID) })
 }
 
 // revokeInProcess lets importers in this process be revoked directly; tests turn it
@@ -441,6 +423,15 @@ func (c *Context) anyEndpointTo(peer [idLen]byte) *Endpoint {
 		}
 	}
 	return nil
+}
+
+// controlEndpoint is an endpoint to peer for a control message: w's, else one of
+// another worker of its context (nil if none).
+func (w *Worker) controlEndpoint(peer [idLen]byte) *Endpoint {
+	if ep := w.endpointTo(peer); ep != nil {
+		return ep
+	}
+	return w.ctx.anyEndpointTo(peer)
 }
 
 func (c *Context) isClosed() bool {
