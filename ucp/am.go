@@ -304,7 +304,7 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 	}
 	if hello != nil && ep.replyHello.CompareAndSwap(false, true) {
 		// Ahead of the message on the same endpoint: its receiver knows whom to reply to.
-		_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, uint32(AmReply), -1, nil), &defaultParam, nil, bufPtr(hello))
+		ep.sendHelloLocked(op, hello, AmReply)
 	}
 	ptr := w.raw.AmSend(ep.raw, id, bufPtr(header), len(header), bufPtr(buf), len(buf), p.flags(), uint32(p.AmFlags), p.memType(), p.MemH.rawOrNil())
 	return ep.sent(w.postLocked(op, ptr, p, nil, bufPtr(header), bufPtr(buf)))
@@ -339,7 +339,7 @@ func (ep *Endpoint) replyHelloMessage() []byte {
 	if err != nil {
 		return nil
 	}
-	hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag|ep.pullFlags(), 0, 0, 0, nil, self, nil))
+	hello := ep.helloMessage(self)
 	if m := w.maxAmHeader; m > 0 && len(hello) > m {
 		return nil
 	}

@@ -84,11 +84,24 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 			// address, so that a receiver with no endpoint to it makes one (a receive
 			// too short for a descriptor can only be answered on an endpoint it has).
 			ep.pullHello = true
-			hello := w.ctx.trust.seal.seal(pullMagic, w.ctx.trust.id, encodePull(0, pullHelloFlag|ep.pullFlags(), 0, 0, 0, nil, d.self, nil))
-			_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, 0, -1, nil), &defaultParam, nil, bufPtr(hello))
+			ep.sendHelloLocked(op, ep.helloMessage(d.self), 0)
 		}
 		return w.raw.TagSend(ep.raw, bufPtr(d.sealed), len(d.sealed), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
 	})
+}
+
+// helloMessage is ep's hello: this worker's sealed address self, alone on PullAM
+// (ahead of a pulled tag message, or of an AmReply message: am.go).
+func (ep *Endpoint) helloMessage(self []byte) []byte {
+	t := ep.w.ctx.trust
+	return t.seal.seal(pullMagic, t.id, encodePull(0, pullHelloFlag|ep.pullFlags(), 0, 0, 0, nil, self, nil))
+}
+
+// sendHelloLocked posts hello on PullAM, with amFlags, waiting for nothing. Caller
+// holds w.mu.
+func (ep *Endpoint) sendHelloLocked(op string, hello []byte, amFlags AmSendFlags) {
+	w := ep.w
+	_, _ = w.postLocked(op, w.raw.AmSend(ep.raw, PullAM, bufPtr(hello), len(hello), nil, 0, 0, uint32(amFlags), -1, nil), &defaultParam, nil, bufPtr(hello))
 }
 
 // pullAddress is this worker's sealed address for pull descriptors, made once.
