@@ -103,10 +103,9 @@ type rkeyIPC struct {
 	mapped uintptr // the region's base in this process
 	peer   protocol.IPCPeer
 	alloc  protocol.IPCAllocation
-	// released: the mapping reference was taken for its release (under w.mu); gone,
-	// made then, is closed once the release is done.
-	released bool
-	gone     chan struct{}
+	// gone is made when the mapping reference is taken for its release (under w.mu),
+	// and closed once the release is done.
+	gone chan struct{}
 	// unmap: shared signal words (sharedwords.go) are unmapped, not released to
 	// the importer; host is their address for this process's CPU.
 	unmap func() error

@@ -296,7 +296,7 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 			var gone []chan struct{}
 			for _, rk := range mapped {
 				for _, x := range [...]*rkeyIPC{rk.ipc, rk.shared} {
-					if x != nil && x.released && x.gone != nil {
+					if x != nil && x.gone != nil {
 						gone = append(gone, x.gone) // a closed key's release under way
 					}
 				}
@@ -484,13 +484,12 @@ func (ep *Endpoint) unpackRkey(packed []byte) (*Rkey, error) {
 	if k.shared != nil {
 		if x := ep.mapSharedWords(*k.shared); x != nil {
 			w.mu.Lock()
-			if rk.closed || rk.revoked {
-				x.released = true
-			} else {
+			drop := rk.closed || rk.revoked
+			if !drop {
 				rk.shared = x
 			}
 			w.mu.Unlock()
-			if x.released {
+			if drop {
 				x.release(w.ctx)
 			}
 		}

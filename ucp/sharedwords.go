@@ -140,8 +140,7 @@ func (x *rkeyIPC) release(c *Context) {
 func (r *Rkey) takeMappingsLocked() []*rkeyIPC {
 	var out []*rkeyIPC
 	for _, x := range [...]*rkeyIPC{r.ipc, r.shared} {
-		if x != nil && !x.released {
-			x.released = true
+		if x != nil && x.gone == nil {
 			x.gone = make(chan struct{})
 			out = append(out, x)
 		}
