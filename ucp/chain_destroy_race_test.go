@@ -12,28 +12,12 @@ import (
 	"github.com/ucpx/ucpx/condition"
 )
 
-// selfLoop is a worker connected to itself over shared memory.
-func selfLoop(t *testing.T, wp WorkerParams) (*Context, *Worker, *Endpoint) {
-	t.Helper()
-	c, err := NewContext(ContextParams{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() }) // a test that fails early leaks nothing
-	w, err := c.NewWorker(wp)
-	require.NoError(t, err)
-	addr, err := w.Address()
-	require.NoError(t, err)
-	ep, err := w.ConnectAddress(addr, &EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	return c, w, ep
-}
-
 // Chain.Wait (parked or looping), Start, Test, Iterations and Err racing Chain.Destroy
 // must not touch the freed C chain. The race detector does not see C memory: run with
 // -asan, which reported a heap-use-after-free in (*Chain).Detached/SetParked
 // (chainRunner.park) and (*Chain).Result (chainRunner.Wait, Iterations, Err).
 func TestChainCallsRacingDestroy(t *testing.T) {
-	c, w, _ := selfLoop(t, WorkerParams{})
-	defer c.Close()
+	_, w, _ := selfLoop(t, WorkerParams{})
 	for i := range 200 {
 		ch, err := condition.NewChain(condition.ChainParam{})
 		require.NoError(t, err)

@@ -11,6 +11,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// selfLoop is a worker connected to itself over shared memory.
+func selfLoop(t *testing.T, wp WorkerParams) (*Context, *Worker, *Endpoint) {
+	t.Helper()
+	c, err := NewContext(ContextParams{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() }) // a test that fails early leaks nothing
+	w, err := c.NewWorker(wp)
+	require.NoError(t, err)
+	addr, err := w.Address()
+	require.NoError(t, err)
+	ep, err := w.ConnectAddress(addr, &EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	return c, w, ep
+}
+
 // pair is two workers in one process connected through a listener.
 type pair struct {
 	ctxA, ctxB *Context
