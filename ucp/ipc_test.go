@@ -466,6 +466,26 @@ func TestIPCCopiesCompleteWithoutOwnEvents(t *testing.T) {
 	}
 }
 
+// heldImport maps n bytes of fake device memory of B's at A, once B counts the
+// import, with A's device busy (its IPC side stream held) until open is called, at
+// the latest when the test ends (before the worker's Close waits for the stream).
+// Freeing the memory is the caller's.
+func heldImport(t *testing.T, p *pair, n int) (alloc *fakeipc.Alloc, m *MemH, rk *Rkey, open func()) {
+	t.Helper()
+	alloc = fakeipc.Malloc(n)
+	m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
+	rk, err := p.epA.UnpackRkey(packed)
+	require.NoError(t, err)
+	waitImported(t, m, p.ctxA, 1)
+	s, err := p.a.ipcSideStream()
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	open = sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open)
+	require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+	return alloc, m, rk, open
+}
+
 // Closing a key with a copy still queued keeps its mapping, and the exporter's count
 // of it, until the copy ran: the exporter's MemH.Close waits for the copy, and the
 // memory freed after it is never written.
@@ -474,17 +494,7 @@ func TestIPCRkeyCloseWaitsForQueuedCopies(t *testing.T) {
 		p, _ := ipcPair(t)
 		t.Cleanup(background(p.a))
 		const n = 4096
-		alloc := fakeipc.Malloc(n)
-		m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
-		rk, err := p.epA.UnpackRkey(packed)
-		require.NoError(t, err)
-		waitImported(t, m, p.ctxA, 1)
-		s, err := p.a.ipcSideStream()
-		require.NoError(t, err)
-		gate := make(chan struct{})
-		open := sync.OnceFunc(func() { close(gate) })
-		t.Cleanup(open)                                         // before the worker's Close waits for its stream
-		require.NoError(t, s.LaunchHostFunc(func() { <-gate })) // the device is busy
+		alloc, m, rk, open := heldImport(t, p, n)
 		r, err := p.epA.PutNbx(pattern(n, 4), rk.Base(), rk, nil)
 		require.NoError(t, err)
 		require.NoError(t, rk.Close())
@@ -510,18 +520,8 @@ func TestIPCRkeyCloseReleasesAfterCopies(t *testing.T) {
 	inRevokeModes(t, func(t *testing.T) {
 		p, _ := ipcPair(t)
 		const n = 4096
-		alloc := fakeipc.Malloc(n)
+		alloc, m, rk, open := heldImport(t, p, n)
 		defer alloc.Free()
-		m, packed := deviceRegion(t, p.ctxB, alloc, 0, n)
-		rk, err := p.epA.UnpackRkey(packed)
-		require.NoError(t, err)
-		waitImported(t, m, p.ctxA, 1)
-		s, err := p.a.ipcSideStream()
-		require.NoError(t, err)
-		gate := make(chan struct{})
-		open := sync.OnceFunc(func() { close(gate) })
-		t.Cleanup(open)
-		require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
 		r, err := p.epA.PutNbx(pattern(n, 5), rk.Base(), rk, nil)
 		require.NoError(t, err)
 		require.NoError(t, rk.Close())
