@@ -3,13 +3,10 @@ package prepare
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"reflect"
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -17,6 +14,7 @@ import (
 	"github.com/ucpx/ucpx/internal/backoff"
 	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -174,8 +172,9 @@ type Request struct {
 
 	streamConds map[stream.Stream]*condition.Condition
 	// streams: the streams given work that reads the request's words or memory
-	// (noteStreamLocked); Free frees them only once each stream passed that work.
-	streams    []stream.Stream
+	// (recorded before the work is enqueued, under mu); Free frees them only once
+	// each stream passed that work.
+	streams    streamcore.StreamSet
 	graphConds []*condition.Condition
 	dev        *deviceState // sender: DeviceHandle's conditions (device.go); nil until used
 
@@ -785,7 +784,7 @@ func (r *Request) preadyOnStreamLocked(s stream.Stream, p int) error {
 	if err != nil {
 		return err
 	}
-	r.noteStreamLocked(s)
+	r.streams.Add(s)
 	flag := r.words.Word(p)
 	// GEQ 1: released by the iteration and by the failure value.
 	if err := s.WaitValue(flag, 1, stream.GEQ); err != nil {
@@ -877,7 +876,7 @@ func (r *Request) ArrivedOnStream(s stream.Stream, p int) error {
 	case s == nil || s.Kind() != r.backend.Kind():
 		return fmt.Errorf("arrived on stream: the stream is not of the request's backend: %w", ErrInvalidParam)
 	}
-	r.noteStreamLocked(s)
+	r.streams.Add(s)
 	if r.st != nil {
 		if err := s.WaitValue(r.st.landed.Word(p), r.iter, stream.GEQ); err != nil {
 			return fmt.Errorf("arrived on stream: %w", err)
@@ -1068,7 +1067,7 @@ func (r *Request) WaitOnStream(s stream.Stream) error {
 		}
 		return nil
 	}
-	r.noteStreamLocked(s)
+	r.streams.Add(s)
 	if err := s.WaitValue(r.sentWord.Word(0), r.iter, stream.GEQ); err != nil {
 		return fmt.Errorf("wait on stream: %w", err)
 	}
@@ -1186,8 +1185,7 @@ func (r *Request) Free() error {
 		conds = append(conds, c)
 	}
 	dev := r.dev
-	streams := r.streams
-	r.streams = nil
+	streams := r.streams.Take()
 	r.mu.Unlock()
 	// From here on nothing is left for a retry: what cannot be released (a graph
 	// launch still running its operation) stays allocated rather than freed under it.
@@ -1249,22 +1247,6 @@ func (r *Request) pendingCondLocked() (*condition.Condition, int) {
 	return first, n
 }
 
-// noteStreamLocked records s, about to be given work that reads the request's words
-// or memory, for Free (releaseAfter). Caller holds r.mu.
-func (r *Request) noteStreamLocked(s stream.Stream) {
-	if slices.ContainsFunc(r.streams, func(f stream.Stream) bool { return sameStream(f, s) }) {
-		return
-	}
-	if len(r.streams) >= pruneStreamsAt {
-		// Streams made and closed per iteration must not pile up until Free.
-		r.streams = slices.DeleteFunc(r.streams, streamStopped)
-	}
-	r.streams = append(r.streams, s)
-}
-
-// pruneStreamsAt: noteStreamLocked forgets stopped streams once it holds this many.
-const pruneStreamsAt = 16
-
 // releaseAfter releases what the request holds once every stream of streams passed
 // the work it was given. A host stream runs a host function in stream order (or drops
 // it, and then reads no more); the last to run hands release to a goroutine, as it
@@ -1279,49 +1261,21 @@ func (r *Request) releaseAfter(streams []stream.Stream) {
 		r.release()
 		return
 	}
-	var left atomic.Int64
-	left.Store(int64(len(streams)) + 1)
-	passed := func() {
-		if left.Add(-1) == 0 {
+	// On a stream's executor, release (which deregisters memory and closes streams)
+	// goes to a goroutine of its own.
+	streamcore.AfterPassed(streams, func(onStream bool) {
+		if onStream {
 			go r.release()
-		}
-	}
-	for _, s := range streams {
-		var err error
-		if d, ok := s.(stream.HostFuncDropper); ok {
-			err = d.LaunchHostFuncOrDrop(passed, passed)
 		} else {
-			err = s.LaunchHostFunc(passed)
+			r.release()
 		}
-		if err != nil {
-			passed() // a stream that takes no more work reads no more
-		}
-	}
-	if left.Add(-1) == 0 {
-		r.release() // every stream passed already
-	}
+	})
 }
 
 // streamRunning reports whether s still has work to run.
 func streamRunning(s stream.Stream) bool {
 	done, err := s.Query()
 	return err == nil && !done
-}
-
-// streamStopped reports whether s will run no more work: closed, or a host stream
-// stopped by an error (a CUDA stream's error may be one of its last work only).
-func streamStopped(s stream.Stream) bool {
-	_, err := s.Query()
-	return err != nil && (errors.Is(err, stream.ErrClosed) || s.Kind() == stream.KindHost)
-}
-
-// sameStream reports whether a and b are one stream (false for a type Go cannot
-// compare: such a stream is then recorded once per call).
-func sameStream(a, b stream.Stream) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return reflect.TypeOf(a) == reflect.TypeOf(b) && reflect.TypeOf(a).Comparable() && a == b
 }
 
 // handshake is what each side sends its peer in the prepare phase.
