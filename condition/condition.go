@@ -641,6 +641,17 @@ func (c *Condition) attachDriver(d streamcore.Driver) {
 	}
 }
 
+// drivenBy reports whether c's trigger is stored by a host executor that kicks e and
+// drives e's rounds while it waits on c's completion word: an operation whose
+// completion the stream waits for then needs nothing of the engine's goroutine.
+func (c *Condition) drivenBy(e *Engine) bool {
+	if c.category != Stream || c.polledTrigger() {
+		return false
+	}
+	p := c.firstDriver.Load()
+	return p != nil && *p == streamcore.Driver(e)
+}
+
 // drivers runs several drivers (a condition used by operations of several workers).
 type drivers []streamcore.Driver
 

@@ -126,6 +126,11 @@ type Engine struct {
 	inflight atomic.Bool
 	// sharing: the engine's goroutine sleeps because another goroutine drives (run).
 	sharing atomic.Bool
+	// unawaited: the last full round left in flight an operation that no host
+	// executor's completion wait drives (part.awaited); awaitedOnly: the engine's
+	// goroutine sleeps because nothing pending needs it (run).
+	unawaited   atomic.Bool
+	awaitedOnly atomic.Bool
 
 	// What the last full round saw, so rounds in between can tell that nothing changed
 	// without taking mu (which enqueuers need). Under drive.
@@ -222,8 +227,9 @@ func (e *Engine) add(p *part) error {
 	}
 	// A goroutine that drives the rounds takes the part too (or releases them to the
 	// engine, seeing it added): waking the engine's goroutine for it would only have it
-	// compete with the driver.
-	if !e.sharing.Load() || !e.driven.Load() {
+	// compete with the driver. An awaited part's executor kicks its trigger and drives
+	// its completion itself.
+	if !p.awaited && (!e.sharing.Load() || !e.driven.Load()) {
 		e.wakeUp()
 	}
 	return nil
@@ -304,9 +310,16 @@ func (e *Engine) removeLocked(ch *channel) {
 // competes with the executor for the worker; the executor usually drives the rounds
 // that follow itself, waiting on the completion word.
 func (e *Engine) Kick() {
-	if _, _, busy := e.round(); busy {
+	if _, _, busy := e.round(); busy || e.needsOwn() {
 		e.wakeUp()
 	}
+}
+
+// needsOwn reports whether the engine's goroutine, asleep because only awaited parts
+// were pending (awaitedOnly), is needed again: the round just run by another goroutine
+// left in flight an operation no executor's wait drives, or a trigger to poll.
+func (e *Engine) needsOwn() bool {
+	return e.awaitedOnly.Load() && (e.unawaited.Load() || e.pollPending())
 }
 
 // Release hands the rounds back to the engine's goroutine (streamcore.Driver): the
@@ -318,7 +331,7 @@ func (e *Engine) Kick() {
 // sleep on a driver that has gone (park's second look).
 func (e *Engine) Release() {
 	e.driven.Store(false)
-	if e.sharing.Load() && (e.inflight.Load() || e.pollPending() || e.added()) {
+	if (e.sharing.Load() || e.awaitedOnly.Load()) && (e.inflight.Load() || e.pollPending() || e.added()) {
 		e.wakeUp()
 	}
 }
@@ -346,7 +359,10 @@ func (e *Engine) Drive() bool {
 	if !e.driven.Load() {
 		e.driven.Store(true)
 	}
-	progressed, _, _ := e.round()
+	progressed, _, busy := e.round()
+	if !busy && e.needsOwn() {
+		e.wakeUp()
+	}
 	return progressed
 }
 
@@ -385,7 +401,7 @@ func (e *Engine) run() {
 		progressed, active, busy := e.roundOn(true)
 		if !active {
 			// Nothing pending: sleep until an operation is added.
-			if !e.park(timer, 0, false, func(active, _ bool) bool { return !active }) {
+			if !e.park(timer, 0, parkIdle, func(active, _ bool) bool { return !active }) {
 				return
 			}
 			idle, shared = 0, false
@@ -396,6 +412,17 @@ func (e *Engine) run() {
 		// goroutine (measured: a host-graph launch waited 55 µs per hop for it), so
 		// once one drove, yield every round until the engine sleeps: a queued
 		// goroutine cannot say it is still there.
+		if !progressed && !busy && e.awaitedOnlyPending() {
+			// Every pending operation is awaited by a host executor, which kicks its
+			// trigger and drives its completion: rounds here would only compete with
+			// it for the worker. Release, Kick and Drive wake this goroutine when that
+			// changes; the bound lets it notice a stream that stopped.
+			if !e.park(timer, engineSleepBound, parkAwaited, func(active, busy bool) bool { return active && !busy && e.awaitedOnlyPending() }) {
+				return
+			}
+			idle, shared = 0, false
+			continue
+		}
 		shared = shared || e.othersDrive()
 		if progressed {
 			idle = 0
@@ -412,7 +439,7 @@ func (e *Engine) run() {
 			// this goroutine to compete with the driver for the worker. A trigger
 			// nobody kicks (a GPU's, KernelTriggered) keeps the engine polling: a
 			// driver may drive only now and then.
-			if !e.park(timer, engineShareBound, true, func(_, busy bool) bool { return busy || e.othersDrive() }) {
+			if !e.park(timer, engineShareBound, parkSharing, func(_, busy bool) bool { return busy || e.othersDrive() }) {
 				return
 			}
 			idle, shared = 0, false
@@ -491,19 +518,39 @@ func (e *Engine) run() {
 	}
 }
 
+// Why the engine's goroutine parks (park).
+type parkReason int
+
+const (
+	parkIdle    parkReason = iota // nothing pending
+	parkSharing                   // another goroutine drives the rounds
+	parkAwaited                   // only parts that host executors drive are pending
+)
+
+// awaitedOnlyPending reports whether every pending operation is awaited (see
+// part.awaited): none in flight that no executor's wait drives, no trigger to poll,
+// and those in flight driven by a goroutine now.
+func (e *Engine) awaitedOnlyPending() bool {
+	return !e.pollPending() && !e.unawaited.Load() && (!e.inflight.Load() || e.driven.Load())
+}
+
 // park sleeps the engine's goroutine on its wake channel, for at most bound (0: no
-// bound), announced as parked (and, with sharing, as sleeping for a driver) so that
+// bound), announced as parked (and as sharing or awaitedOnly, for why) so that
 // wake-ups reach it. One round runs after the announcement, and the goroutine sleeps
 // only if stay, given that round's active and busy, still says so: an add or a kick
 // between the caller's round and the announcement would otherwise go unseen. It
 // reports false when the engine stops.
-func (e *Engine) park(timer *time.Timer, bound time.Duration, sharing bool, stay func(active, busy bool) bool) bool {
+func (e *Engine) park(timer *time.Timer, bound time.Duration, why parkReason, stay func(active, busy bool) bool) bool {
 	e.parked.Store(true)
-	if sharing {
+	switch why {
+	case parkSharing:
 		e.sharing.Store(true)
+	case parkAwaited:
+		e.awaitedOnly.Store(true)
 	}
 	defer func() {
 		e.sharing.Store(false)
+		e.awaitedOnly.Store(false)
 		e.parked.Store(false)
 	}()
 	if _, active, busy := e.roundOn(true); !stay(active, busy) {
@@ -579,7 +626,7 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 	defer func() { e.last.changed = progressed }()
 	tr := e.trace.Load()
 	e.last.completions = e.transport.Completions()
-	inflight := false
+	inflight, unawaited := false, false
 	var bell *streamcore.WordBlock // rung once this round's completions are stored
 	var waitOn Issued
 	e.mu.Lock()
@@ -598,7 +645,7 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 				progressed = true
 			}
 			if ch.running > 0 {
-				inflight = true
+				inflight, unawaited = true, true
 			}
 			continue
 		}
@@ -670,6 +717,12 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 			if front := ch.ops[0]; waitOn == nil && front.err == nil && front.inner != nil {
 				waitOn = front.inner
 			}
+			for _, p := range ch.ops {
+				if !p.issued {
+					break
+				}
+				unawaited = unawaited || !p.awaited
+			}
 		}
 		if len(ch.ops) == 0 {
 			e.removeLocked(ch)
@@ -683,12 +736,16 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 			started, running := e.startFollowersLocked(e.fired[i].ch.cond.done)
 			progressed = progressed || started
 			inflight = inflight || running
+			unawaited = unawaited || running
 		}
 	}
 	e.scan = append(e.scan[:0], e.order...)
 	// Stored before any completion word: a driver whose word came reads it (Release).
 	if e.inflight.Load() != inflight {
 		e.inflight.Store(inflight)
+	}
+	if e.unawaited.Load() != unawaited {
+		e.unawaited.Store(unawaited)
 	}
 	for i := range e.fired {
 		e.fired[i].fire(tr)

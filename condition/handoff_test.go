@@ -95,3 +95,51 @@ func TestKickRunsTheRoundOrWakesTheEngine(t *testing.T) {
 	e.drive.Unlock()
 	require.True(t, woke(e))
 }
+
+// A part whose host executor kicks its trigger and drives its completion (awaited)
+// wakes nobody when it is enqueued, even with no driver marked and the engine parked
+// with nothing pending: the executor's kick takes it.
+func TestEnqueueOfAnAwaitedPartWakesNobody(t *testing.T) {
+	e := bareEngine()
+	require.NoError(t, e.add(&part{awaited: true}))
+	require.False(t, woke(e), "the executor's kick and completion wait run the part's rounds")
+	require.NoError(t, e.add(&part{}))
+	require.True(t, woke(e), "a part nobody awaits needs the engine's goroutine")
+}
+
+// The engine's goroutine, asleep because only awaited parts were pending, is woken by
+// a driver that stops driving with operations in flight, and by a kick or a drive whose
+// round left in flight an operation no executor awaits or a trigger to poll.
+func TestAwaitedOnlyEngineIsWokenWhenNeeded(t *testing.T) {
+	e := bareEngine()
+	e.awaitedOnly.Store(true)
+	e.Kick()
+	require.False(t, woke(e), "the kick ran the round and left nothing only the engine drives")
+	e.Drive()
+	require.False(t, woke(e))
+
+	e.unawaited.Store(true)
+	e.Kick()
+	require.True(t, woke(e), "an operation in flight that no executor's wait drives")
+	e.Drive()
+	require.True(t, woke(e))
+	e.unawaited.Store(false)
+
+	e.polled.Add(1)
+	e.Kick()
+	require.True(t, woke(e), "a trigger nobody kicks must be polled")
+	e.polled.Add(-1)
+
+	e.driven.Store(true)
+	e.Release()
+	require.False(t, woke(e), "nothing in flight, polled or added")
+	e.inflight.Store(true)
+	e.driven.Store(true)
+	e.Release()
+	require.True(t, woke(e), "the driver stopped with operations in flight: the engine progresses them")
+	require.False(t, e.awaitedOnlyPending(), "with no driver, operations in flight keep the engine up")
+	e.driven.Store(true)
+	require.True(t, e.awaitedOnlyPending(), "a driver drives what is in flight")
+	e.unawaited.Store(true)
+	require.False(t, e.awaitedOnlyPending())
+}

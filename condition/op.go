@@ -106,9 +106,13 @@ type part struct {
 	plan   *protocol.Part
 	seq    uint64
 
-	inner    Issued
-	err      error // issue error
-	issued   bool
+	inner  Issued
+	err    error // issue error
+	issued bool
+	// awaited: the stream waits for the part's completion on a host executor that
+	// kicks its trigger and drives the engine's rounds while it waits (drivenBy), so
+	// the part needs nothing of the engine's goroutine.
+	awaited  bool
 	canceled bool // canceled before its trigger: retired without being issued
 	running  bool // Graph category: issued for the current launch, not yet fired
 	// ring: a CUDA stream waits for this part with a memop wait, which the GPU looks at
@@ -195,6 +199,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 		work.trace = tr
 	}
 	var addErr error
+	p.awaited = streamOrdered && !work.poll && c.drivenBy(e)
 	_, err = c.arm(streamOrdered, work, func(seq uint64) {
 		p.seq, o.seq = seq, seq
 		if p.tl != nil {
