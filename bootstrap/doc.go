@@ -26,6 +26,11 @@
 // it: pending and later barriers fail at once with a RankError naming it that matches
 // ErrClosed (and ErrRankFailed). A failed job is not repaired: survivors and the
 // restarted rank form a new job (a new rendezvous), as torchrun's elastic agents do.
+// Endpoints made with EndpointParams.NoPeerErrorHandling (shared memory in UCX 1.13)
+// give up that detection (ucp still watches a peer process of the same host), and UCX
+// cannot force-close them: on a caller's Worker, Job.Close flushes them within 5 s,
+// closes them regardless, and names the ranks whose flush did not finish (a rank that
+// stopped progressing or died unseen) in an error matching ErrTimedOut.
 //
 // Waits: a wait that its context ends fails with ErrTimedOut and
 // context.DeadlineExceeded (a deadline) or ErrCanceled and context.Canceled (a

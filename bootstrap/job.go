@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -36,7 +37,9 @@ type Options struct {
 	WorkerParams  ucp.WorkerParams
 	// EndpointParams are used for every Endpoint; the job chains its own
 	// ErrorHandler after the given one. NoPeerErrorHandling lets UCX 1.13 use shared
-	// memory between ranks of one host, at the cost of failure detection.
+	// memory between ranks of one host, at the cost of failure detection; such
+	// endpoints cannot be force-closed, so Close flushes those it made on a caller's
+	// Worker (see Close).
 	EndpointParams ucp.EndpointParams
 	// Key authenticates the rendezvous (mutual HMAC-SHA256 challenge-response) and,
 	// as ContextParams.AuthKey of the job's own context, ucp's wire-up: worker
@@ -357,8 +360,8 @@ func (j *Job) Endpoint(rank int) (*ucp.Endpoint, error) {
 			if err == nil && closed {
 				// Close ran while this dialed: it closed the endpoints it saw, not
 				// this one.
-				j.closeLate(ep)
-				return nil, fmt.Errorf("bootstrap: endpoint: %w", ErrClosed)
+				return nil, errors.Join(fmt.Errorf("bootstrap: endpoint: %w", ErrClosed),
+					j.closeEndpoints(map[int]*ucp.Endpoint{rank: ep}))
 			}
 			return ep, err
 		}
@@ -371,14 +374,62 @@ func (j *Job) Endpoint(rank int) (*ucp.Endpoint, error) {
 // window Close may come in).
 var afterConnect = func() {}
 
-// closeLate force-closes an endpoint made after Close began, as Close closes the
-// job's endpoints.
-func (j *Job) closeLate(ep *ucp.Endpoint) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if req, err := ep.CloseNbx(true); err == nil {
-		_ = req.Wait(ctx)
+// closeFlushTimeout bounds the wait of closeEndpoints, for all its endpoints together.
+const closeFlushTimeout = 5 * time.Second
+
+// closeEndpoints closes endpoints the job made on the caller's worker, by rank. Those
+// with peer error handling are force-closed, as closing a worker does. Force mode is
+// undefined in UCX on an endpoint without it (NoPeerErrorHandling), and ucp refuses
+// it (ErrInvalidParam, the endpoint left open), so those are flushed: a flush never
+// finishes while sends are queued for a peer that stopped progressing, or died where
+// nothing tells this process (another host). Every endpoint is closed for ucp at once
+// (ucp.Live counts it no more); the flushes share one closeFlushTimeout, and the ranks
+// of those unfinished then are named in an error matching ErrTimedOut: UCX releases
+// their endpoints, with the operations still pending on them, when the worker closes.
+func (j *Job) closeEndpoints(eps map[int]*ucp.Endpoint) error {
+	force := !j.opts.EndpointParams.NoPeerErrorHandling
+	ranks := make([]int, 0, len(eps))
+	for r := range eps {
+		ranks = append(ranks, r)
 	}
+	sort.Ints(ranks)
+	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+	defer cancel()
+	var errs []error
+	reqs := make(map[int]*ucp.Request, len(ranks))
+	for _, r := range ranks {
+		req, err := eps[r].CloseNbx(force)
+		switch {
+		case err == nil:
+			reqs[r] = req
+		case errors.Is(err, ucp.ErrClosed):
+			// The caller closed the endpoint, or its worker, first: nothing is left.
+		default:
+			errs = append(errs, fmt.Errorf("bootstrap: close: endpoint to rank %d: %w", r, err))
+		}
+	}
+	var unflushed []int
+	for _, r := range ranks {
+		req := reqs[r]
+		if req == nil {
+			continue
+		}
+		err := req.Wait(ctx)
+		switch {
+		case !req.Done():
+			unflushed = append(unflushed, r)
+		case err == nil, errors.Is(err, ucp.ErrPeerFailed):
+			// Closed; a peer already gone had nothing more to hear.
+		default:
+			errs = append(errs, fmt.Errorf("bootstrap: close: endpoint to rank %d: %w", r, err))
+		}
+	}
+	if len(unflushed) > 0 {
+		errs = append(errs, ctxErr(ctx, fmt.Sprintf("close: the endpoints to ranks %v did not flush in %v "+
+			"(ranks that stopped progressing or died unseen; closed without it, and the worker's Close "+
+			"releases what is still pending on them)", unflushed, closeFlushTimeout)))
+	}
+	return errors.Join(errs...)
 }
 
 func (j *Job) connect(rank int) (*ucp.Endpoint, error) {
@@ -490,11 +541,20 @@ func (j *Job) deliver(fn func(int, error)) {
 	}
 }
 
-// Close leaves the job: it tells the rendezvous it leaves on purpose, force-closes the
-// endpoints (ranks still using them see them fail) and, if it made them, the worker
-// and context. Rank 0 keeps serving the
+// Close leaves the job: it tells the rendezvous it leaves on purpose, closes the
+// endpoints and, if it made them, the worker and context. Rank 0 keeps serving the
 // rendezvous until every rank has left or failed (at most DefaultTimeout). Call
 // Barrier first when others may still use this rank's endpoints.
+//
+// Endpoints with peer error handling are force-closed (ranks still using them see
+// them fail). On a caller's Worker, endpoints without it
+// (EndpointParams.NoPeerErrorHandling), which UCX cannot force-close, are flushed
+// instead, all within one 5 s bound. A flush cannot finish while sends are queued for
+// a rank that stopped progressing, or died where nothing tells this process (another
+// host); Close then returns an error matching ErrTimedOut that names those ranks. The
+// endpoints are closed all the same (ucp.Live no longer counts them), and the
+// caller's Worker.Close releases the UCX endpoints and the operations still pending
+// on them. A worker the job made closes every endpoint with itself.
 func (j *Job) Close() error {
 	if j == nil {
 		return errNilJob("close")
@@ -514,12 +574,8 @@ func (j *Job) close(wait bool) error {
 	eps := j.eps
 	j.eps = map[int]*ucp.Endpoint{}
 	j.mu.Unlock()
-	var first error
-	keep := func(err error) {
-		if err != nil && first == nil {
-			first = err
-		}
-	}
+	var errs []error
+	keep := func(err error) { errs = append(errs, err) } // nil ones are dropped by Join
 	if j.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = j.store.bye(ctx)
@@ -527,18 +583,13 @@ func (j *Job) close(wait bool) error {
 		keep(j.store.close())
 	}
 	if j.ctx == nil {
-		// The caller's worker: force-close what the job opened on it, as closing a
-		// worker does. A graceful close needs the peer's worker progressed, which a
-		// peer that has closed its job no longer does.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		for _, ep := range eps {
-			if req, err := ep.CloseNbx(true); err == nil {
-				_ = req.Wait(ctx)
-			}
-		}
-		cancel()
+		// The caller's worker: close what the job opened on it, force-closing as
+		// closing a worker does where UCX allows it (a flush needs the peer's worker
+		// progressed, which a peer that has closed its job no longer does), and
+		// flushing, bounded, where it does not.
+		keep(j.closeEndpoints(eps))
 	}
-	if j.ctx != nil { // closing the worker force-closes its endpoints
+	if j.ctx != nil { // closing the worker closes its endpoints
 		keep(j.ctx.Close())
 	}
 	if j.server != nil {
@@ -552,7 +603,7 @@ func (j *Job) close(wait bool) error {
 		}
 		_ = j.server.Close()
 	}
-	return first
+	return errors.Join(errs...)
 }
 
 // errNilJob is what a nil Job's methods return (the handle of a failed Join).
