@@ -23,6 +23,14 @@ import (
 // it has mapped, opens the new one and retires the old mapping, which stays open until
 // the keys that hold its address are released.
 //
+// An export Describe made (for a registered region, whose keys carry the handle) is
+// held until its Forget, and goes with the last one. One only Export made stays until
+// Forget, or until another allocation is exported at its base: nothing tells the
+// exporter an allocation was freed (CUDA has no callback for cuMemFree), so every
+// export is checked against the allocation's buffer id when it is used again and a
+// stale one is never handed out, but a user of Export keeps the cache bounded only by
+// forgetting what it frees. Package ucp uses Describe alone.
+//
 // Only legacy-IPC memory can be exported with cuIpcGetMemHandle: cuMemAlloc memory
 // (and cuMemAllocAsync from pools without an IPC handle type set). Virtual memory
 // management allocations (cuMemCreate/cuMemMap) are not legacy-IPC capable
@@ -175,6 +183,9 @@ type ipcExport struct {
 	alloc  IPCAllocation
 	handle IPCHandle
 	sent   map[IPCPeer]struct{}
+	// holds: Describes not yet given back with Forget (the regions whose keys carry
+	// the handle); the export goes with the last.
+	holds int
 }
 
 // NewIPCExporter makes the export side of the cache over drv.
@@ -198,7 +209,7 @@ func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMess
 	if e == nil {
 		return IPCRef{}, nil, fmt.Errorf("ipc export: nil exporter: %w", ErrInvalidParam)
 	}
-	ref, m, x, err := e.export(ptr, n)
+	ref, m, x, err := e.export(ptr, n, false)
 	if err != nil {
 		return IPCRef{}, nil, err
 	}
@@ -212,16 +223,18 @@ func (e *IPCExporter) Export(peer IPCPeer, ptr uintptr, n int) (IPCRef, *IPCMess
 }
 
 // Describe is Export for a message that travels to any peer (a packed remote key):
-// the reference and the IPCExport message, the handle made once per allocation.
+// the reference and the IPCExport message, the handle made once per allocation. The
+// export is held until a Forget of the allocation gives this Describe back.
 func (e *IPCExporter) Describe(ptr uintptr, n int) (IPCRef, IPCMessage, error) {
 	if e == nil {
 		return IPCRef{}, IPCMessage{}, fmt.Errorf("ipc describe: nil exporter: %w", ErrInvalidParam)
 	}
-	ref, m, _, err := e.export(ptr, n)
+	ref, m, _, err := e.export(ptr, n, true)
 	return ref, m, err
 }
 
-func (e *IPCExporter) export(ptr uintptr, n int) (IPCRef, IPCMessage, *ipcExport, error) {
+// export finds or makes the export of ptr's allocation; hold counts a Describe.
+func (e *IPCExporter) export(ptr uintptr, n int, hold bool) (IPCRef, IPCMessage, *ipcExport, error) {
 	fail := func(err error) (IPCRef, IPCMessage, *ipcExport, error) { return IPCRef{}, IPCMessage{}, nil, err }
 	if ptr == 0 || n <= 0 {
 		return fail(fmt.Errorf("IPC export of %d bytes at %#x: %w", n, ptr, ErrInvalidParam))
@@ -260,25 +273,35 @@ func (e *IPCExporter) export(ptr uintptr, n int) (IPCRef, IPCMessage, *ipcExport
 			e.byBase[a.Base] = x
 		}
 	}
+	if hold {
+		x.holds++ // under the lock that found x: a Forget cannot drop it in between
+	}
 	e.mu.Unlock()
 	return ref, IPCMessage{Kind: IPCExport, Alloc: a, Handle: x.handle}, x, nil
 }
 
-// Forget drops the export of the allocation containing base (its MemH closed, or it
-// is about to be freed) and returns the peers that had its handle, with the
-// IPCInvalidate message to send them. Forgetting what was never exported returns no
-// peers.
-func (e *IPCExporter) Forget(base uint64) ([]IPCPeer, IPCMessage) {
+// Forget gives back one Describe of allocation a (its region closed), or, for an
+// export no Describe holds (Export's alone), says a is about to be freed. Once nothing
+// holds it the export is dropped, and Forget returns the peers Export sent its handle
+// to, with the IPCInvalidate message to send them. a must be the allocation exported
+// (its buffer id): another one at its base is left alone, since whoever holds it did
+// not forget it. Forgetting what is not exported, or still held, returns no peers.
+func (e *IPCExporter) Forget(a IPCAllocation) ([]IPCPeer, IPCMessage) {
 	if e == nil {
 		return nil, IPCMessage{}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	x := e.byBase[base]
-	if x == nil {
+	x := e.byBase[a.Base]
+	if x == nil || keyOf(0, x.alloc) != keyOf(0, a) {
 		return nil, IPCMessage{}
 	}
-	delete(e.byBase, base)
+	if x.holds > 0 {
+		if x.holds--; x.holds > 0 {
+			return nil, IPCMessage{}
+		}
+	}
+	delete(e.byBase, a.Base)
 	peers := make([]IPCPeer, 0, len(x.sent))
 	for p := range x.sent {
 		peers = append(peers, p)
@@ -298,7 +321,8 @@ func (e *IPCExporter) PeerLost(peer IPCPeer) {
 	}
 }
 
-// Exported is the number of allocations exported and not forgotten.
+// Exported is the number of allocations exported and not forgotten (nor replaced by
+// another allocation at their base).
 func (e *IPCExporter) Exported() int {
 	if e == nil {
 		return 0

@@ -186,7 +186,7 @@ func TestIPCCacheAcrossReallocation(t *testing.T) {
 
 	// Forget: the peers that had it are told to unmap; the mapping stops resolving
 	// and is closed with its last reference.
-	peers, inv := ex.Forget(base)
+	peers, inv := ex.Forget(ref.Alloc)
 	require.ElementsMatch(t, []IPCPeer{1}, peers, "peer 2 only had the old allocation")
 	require.Equal(t, IPCInvalidate, inv.Kind)
 	require.NoError(t, im.Handle(1, inv))
@@ -196,7 +196,7 @@ func TestIPCCacheAcrossReallocation(t *testing.T) {
 	require.NoError(t, im.Release(1, ref.Alloc))
 	require.NoError(t, im.Release(1, ref.Alloc))
 	require.Equal(t, 2, f.closed)
-	peers, _ = ex.Forget(base)
+	peers, _ = ex.Forget(ref.Alloc)
 	require.Empty(t, peers)
 	require.Zero(t, ex.Exported())
 
@@ -217,6 +217,80 @@ func TestIPCCacheAcrossReallocation(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, msg, "a lost peer that comes back gets the handle again")
 	require.ErrorIs(t, im.Handle(3, *msg), ErrClosed)
+}
+
+// A described export (a registered region's) stays while a Describe holds it and goes
+// with the last Forget; a Forget of an allocation freed and replaced at its base
+// leaves the newer export alone; many regions registered and closed leave nothing.
+func TestIPCExportForgottenWithItsRegions(t *testing.T) {
+	f := newFakeIPC()
+	ex := NewIPCExporter(f)
+	im := NewIPCImporter(f)
+	const base, size = 0x10000000, 1 << 20
+	a1 := f.alloc(base, size, true)
+	_, m1, err := ex.Describe(base, 4096)
+	require.NoError(t, err)
+	_, _, err = ex.Describe(base+4096, 4096) // a second region of the allocation
+	require.NoError(t, err)
+	require.Equal(t, 1, f.gets)
+	require.NoError(t, im.Handle(1, m1))
+	peers, _ := ex.Forget(a1)
+	require.Empty(t, peers)
+	require.Equal(t, 1, ex.Exported(), "the second region still holds the export")
+	_, _, err = ex.Describe(base, 8)
+	require.NoError(t, err)
+	require.Equal(t, 1, f.gets, "a held export is not made again")
+	ex.Forget(a1)
+	ex.Forget(a1)
+	require.Zero(t, ex.Exported(), "the last region closed, the export goes")
+	ex.Forget(a1)
+	require.Zero(t, ex.Exported(), "a Forget too many does nothing")
+
+	// Freed without forgetting and reallocated at the base: the new export replaces
+	// the stale one, and the stale one's Forget does not drop it.
+	_, _, err = ex.Describe(base, 8)
+	require.NoError(t, err)
+	f.free(base)
+	a2 := f.alloc(base, size, true)
+	_, m2, err := ex.Describe(base, 8)
+	require.NoError(t, err)
+	require.Equal(t, a2.BufferID, m2.Alloc.BufferID)
+	ex.Forget(a1)
+	require.Equal(t, 1, ex.Exported(), "the newer allocation's export stays")
+	gets := f.gets
+	_, _, err = ex.Describe(base, 8)
+	require.NoError(t, err)
+	require.Equal(t, gets, f.gets)
+	ex.Forget(a2)
+	ex.Forget(a2)
+	require.Zero(t, ex.Exported())
+
+	// An export only Export made goes with its Forget, and its peers are told: the
+	// importer's mapping stops resolving and closes with its last reference.
+	require.NoError(t, im.Release(1, a1))
+	ref, sent := send(t, ex, im, 1, base, 64)
+	require.True(t, sent)
+	closed := f.closed
+	peers, inv := ex.Forget(ref.Alloc)
+	require.Equal(t, []IPCPeer{1}, peers)
+	require.Zero(t, ex.Exported())
+	require.NoError(t, im.Handle(1, inv))
+	require.Zero(t, im.Mapped())
+	require.Equal(t, 1, im.Retired())
+	require.NoError(t, im.Release(1, ref.Alloc))
+	require.Zero(t, im.Retired())
+	require.Equal(t, closed+1, f.closed, "the invalidated mapping is closed with its last reference")
+
+	// Many short-lived regions at ever new addresses: the cache stays empty.
+	for i := range 1000 {
+		b := uint64(0x20000000 + i*size)
+		a := f.alloc(b, size, true)
+		_, _, err := ex.Describe(uintptr(b), size)
+		require.NoError(t, err)
+		ex.Forget(a)
+		f.free(b)
+	}
+	require.Zero(t, ex.Exported())
 }
 
 func TestIPCExportRefusals(t *testing.T) {

@@ -196,7 +196,7 @@ func TestGPUIPCHandleCache(t *testing.T) {
 	}
 	child.step(t, step, want)
 	// 4: forgetting the allocation tells the child to unmap it.
-	peers, inv := ex.Forget(ref2.Alloc.Base)
+	peers, inv := ex.Forget(ref2.Alloc)
 	require.Equal(t, []protocol.IPCPeer{1}, peers)
 	b, err := inv.AppendBinary(nil)
 	require.NoError(t, err)

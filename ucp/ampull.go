@@ -81,7 +81,8 @@ func (c *Context) pullKey(ptr uintptr) (*pullExport, error) {
 	}
 	e := &pullExport{base: a.Base, size: a.Size, bufferID: a.BufferID, memh: m, packed: packed}
 	c.mu.Lock()
-	if cur := c.pulls[a.Base]; cur != nil && cur != old && cur.bufferID == a.BufferID && cur.size == a.Size {
+	cur := c.pulls[a.Base]
+	if cur != nil && cur.bufferID == a.BufferID && cur.size == a.Size {
 		c.mu.Unlock() // another send made it meanwhile
 		go m.Close()
 		return cur, nil
@@ -90,13 +91,60 @@ func (c *Context) pullKey(ptr uintptr) (*pullExport, error) {
 		c.pulls = map[uint64]*pullExport{}
 	}
 	c.pulls[a.Base] = e
+	sweep := len(c.pulls) > max(c.pullsSweep, minPullsSweep)
 	c.mu.Unlock()
-	if old != nil {
+	if cur != nil {
 		// The allocation was freed and another made at its base: its importers are
-		// told (revocation waits for their acknowledgements, so not here).
-		go old.memh.Close()
+		// told (revocation waits for their acknowledgements, so not here). Whoever
+		// takes an export out of c.pulls closes it, once.
+		go cur.memh.Close()
+	}
+	if sweep {
+		c.sweepPulls()
 	}
 	return e, nil
+}
+
+// minPullsSweep is the number of pull exports below which pullKey does not look for
+// freed ones. A variable: tests lower it.
+var minPullsSweep = 16
+
+// sweepPulls drops the pull exports whose allocation is gone (freed: the driver does
+// not know its base, or another allocation is there), closing their regions, whose
+// revocation unmaps them at the receivers. The user never registered this memory, so
+// no Close says when it is freed, and nothing else would end an export whose base is
+// not reused: the exports, and the receivers' mappings, which keep freed device memory
+// from the driver, would grow with every allocation ever sent. pullKey sweeps once the
+// exports doubled since the last sweep (a driver query each, about two per new
+// export), so at most about as many freed allocations as live ones, or
+// minPullsSweep, stay exported.
+func (c *Context) sweepPulls() {
+	c.mu.Lock()
+	es := make([]*pullExport, 0, len(c.pulls))
+	for _, e := range c.pulls {
+		es = append(es, e)
+	}
+	c.mu.Unlock()
+	var gone []*pullExport
+	for _, e := range es { // driver calls: outside the lock
+		a, err := c.ipc.dev.IPCAllocation(uintptr(e.base))
+		if err != nil || a.Base != e.base || a.BufferID != e.bufferID || a.Size != e.size {
+			gone = append(gone, e)
+		}
+	}
+	c.mu.Lock()
+	closing := gone[:0]
+	for _, e := range gone {
+		if c.pulls[e.base] == e { // else replaced or swept meanwhile, and closed there
+			delete(c.pulls, e.base)
+			closing = append(closing, e)
+		}
+	}
+	c.pullsSweep = 2 * len(c.pulls)
+	c.mu.Unlock()
+	for _, e := range closing {
+		go e.memh.Close() // revocation waits for the receivers' acknowledgements
+	}
 }
 
 // amPull sends an active message of a device buffer for the receiver to pull. It

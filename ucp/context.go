@@ -117,7 +117,10 @@ type Context struct {
 	exports  map[uint64]*MemH       // by key id, once packed
 	ipc      *ctxIPC                // the CUDA IPC path, with ContextParams.Device
 	pulls    map[uint64]*pullExport // allocations exported for pulled active messages, by base
-	closed   bool
+	// pullsSweep: the number of pulls above which pullKey next drops those of freed
+	// allocations (sweepPulls).
+	pullsSweep int
+	closed     bool
 	// cleanupOwed: Close found workers still closing; the last of them cleans up.
 	cleanupOwed bool
 	trust       *trust
@@ -560,6 +563,7 @@ func (m *MemH) release() error {
 		st = c.raw.MemUnmap(m.raw)
 	}
 	c.mu.Unlock()
+	c.forgetDevice(m)
 	m.pin.Unpin()
 	live.memhs.Add(-1)
 	return opErr("mem_unmap", statusErr(st), "")

@@ -87,7 +87,7 @@ func (c *Context) mapDevice(m *MemH, addr uintptr, length int) error {
 	if err != nil {
 		return opErr("mem_map", err, "device memory %#x (+%d)", addr, length)
 	}
-	return c.register(func() error {
+	err = c.register(func() error {
 		m.ipcExport = &msg
 		m.addr, m.length = ucx.Addr(addr), length
 		m.keyID = newKeyID()
@@ -96,6 +96,21 @@ func (c *Context) mapDevice(m *MemH, addr uintptr, length int) error {
 		live.memhs.Add(1)
 		return nil
 	})
+	if err != nil {
+		c.ipc.exp.Forget(msg.Alloc) // the Describe's hold: no region keeps it
+	}
+	return err
+}
+
+// forgetDevice gives a released device region's hold on its allocation's export back
+// (the last one drops it: the export cache holds the allocations of open regions). The
+// peers that had the handle are the region's importers, and the revocation told them
+// already (they unmapped before acknowledging): Describe sends no IPCExport of its own,
+// so Forget names no peer to send IPCInvalidate to.
+func (c *Context) forgetDevice(m *MemH) {
+	if m.ipcExport != nil {
+		c.ipc.exp.Forget(m.ipcExport.Alloc)
+	}
 }
 
 // rkeyIPC is an unpacked device region of a same-host peer, mapped here.
