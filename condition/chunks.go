@@ -1,8 +1,10 @@
 package condition
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
@@ -54,11 +56,12 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 			}
 			seq := first + uint64(i)
 			if err := c.stream.WriteValue(c.trigger, seq); err != nil {
-				err = fmt.Errorf("arm part %d: enqueue trigger: %w", i, err)
 				if w.before != nil {
-					err = beforeQueued{err} // part armed (== i) has its copy queued
+					// The copy into its staging buffer is enqueued: the buffer goes
+					// back once the stream has passed it.
+					c.giveBackLocked(w.part.takeUnused())
 				}
-				return armed, err
+				return armed, fmt.Errorf("arm part %d: enqueue trigger: %w", i, err)
 			}
 			record(i, seq)
 			c.armed = seq
@@ -74,6 +77,7 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 		c.armed = last
 		armed = len(work)
 	}
+	c.retryHeldLocked()
 	if !streamOrdered {
 		return armed, nil
 	}
@@ -86,6 +90,11 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 		}
 		if w.after != nil {
 			if err := w.after(c.stream); err != nil {
+				var refused *protocol.GiveBackRefused
+				if errors.As(err, &refused) {
+					// Its copy in is enqueued: given back once the stream passed it.
+					c.held = append(c.held, refused.Give)
+				}
 				return armed, fmt.Errorf("arm part %d: enqueue work after completion: %w", i, err)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ucpx/ucpx/device"
 	"github.com/ucpx/ucpx/internal/errs"
+	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 	"github.com/ucpx/ucpx/trace"
 )
@@ -162,6 +163,10 @@ type Condition struct {
 	foreign     streamcore.StreamSet              // other streams given a wait on done (waitOnStream)
 	stamps      *deviceStamps                     // Stream category, traced: device stamps of polls
 	groupBuf    group                             // what group points to: one group at a time, reused
+	// held: give-backs of staging buffers that must wait until the stream has passed
+	// work enqueued on them (copies) and that the stream refused as a host function:
+	// retried behind the next operation armed, run by Destroy once the stream passed.
+	held []func()
 
 	// Enqueuers write the fields above on every Arm; the engine writes retired on every
 	// Retire, from another core: the padding keeps them on different cache lines.
@@ -334,14 +339,59 @@ type streamWork struct {
 	poll bool
 	// trace: the engine's recorder when it traces: a stamping stream stamps the poll.
 	trace *trace.Recorder
+	// part is the engine's part of the work (nil for none): where the stream refuses
+	// some of the work, the condition gives the part's staging back itself, in stream
+	// order.
+	part *part
 }
 
-// beforeQueued is an arm error after an operation's work before its trigger was
-// enqueued (a copy into a staging buffer): the operation will not run, but its buffer
-// is in use until the stream gets past that work.
-type beforeQueued struct{ error }
+// giveBackLocked runs give (a staging buffer's give-back, which makes no driver call)
+// once the stream has passed the work enqueued on it so far: from a host function, or,
+// where the stream refuses one, later (held). Caller holds mu.
+func (c *Condition) giveBackLocked(give func()) {
+	if give != nil && !launchGiveBack(c.stream, give) {
+		c.held = append(c.held, give)
+	}
+}
 
-func (e beforeQueued) Unwrap() error { return e.error }
+// launchGiveBack enqueues give on s; a host stream that drops it runs it then (the
+// work before it is dropped too).
+func launchGiveBack(s streamcore.Stream, give func()) bool {
+	if d, ok := s.(streamcore.HostFuncDropper); ok {
+		return d.LaunchHostFuncOrDrop(give, give) == nil
+	}
+	return s.LaunchHostFunc(give) == nil
+}
+
+// retryHeldLocked enqueues the held give-backs again, behind the work enqueued since
+// (a refusal may pass). Caller holds mu.
+func (c *Condition) retryHeldLocked() {
+	for len(c.held) > 0 && launchGiveBack(c.stream, c.held[0]) {
+		c.held[0] = nil
+		c.held = c.held[1:]
+	}
+}
+
+// afterLocked enqueues the work after an armed part's completion (the copy in from its
+// staging buffer, then the host function giving the buffer back) and lets go of the
+// part's staging: that host function gives it back; where the stream refused only the
+// host function, the condition holds the give-back until the stream passed the copy;
+// where the copy is not enqueued either, the buffer goes back once the part retired.
+// Caller holds mu.
+func (c *Condition) afterLocked(p *part, after func(streamcore.Stream) error) error {
+	err := after(c.stream)
+	var refused *protocol.GiveBackRefused
+	switch {
+	case err == nil:
+		p.settle(nil)
+	case errors.As(err, &refused):
+		c.held = append(c.held, refused.Give)
+		p.settle(nil)
+	default:
+		p.settleUnused()
+	}
+	return err
+}
 
 // arm reserves the next sequence number for one operation. record runs first, with the
 // number, so the engine knows the operation before the trigger can reach it. For a
@@ -383,24 +433,30 @@ func (c *Condition) arm(streamOrdered bool, work streamWork, record func(seq uin
 	}
 	if err != nil {
 		c.unreserve(1)
-		err = fmt.Errorf("arm: enqueue trigger: %w", err)
 		if work.before != nil {
-			err = beforeQueued{err}
+			// The copy into the part's staging buffer is enqueued: the buffer goes
+			// back once the stream has passed it, not before.
+			c.giveBackLocked(work.part.takeUnused())
 		}
-		return 0, err
+		return 0, fmt.Errorf("arm: enqueue trigger: %w", err)
+	}
+	// An incoming staged part's buffer goes back after the copy in, or, where that is
+	// not enqueued, once the part retired (afterLocked).
+	if streamOrdered && work.after != nil {
+		work.part.holdStaging()
 	}
 	record(seq)
 	c.armed = seq
+	c.retryHeldLocked()
 	if polled {
 		if err := c.pollLocked(seq, work.trace); err != nil {
+			work.part.settleUnused()
 			return seq, fmt.Errorf("arm: enqueue completion wait: %w", err)
 		}
 	}
-	if streamOrdered {
-		if work.after != nil {
-			if err := work.after(c.stream); err != nil {
-				return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)
-			}
+	if streamOrdered && work.after != nil {
+		if err := c.afterLocked(work.part, work.after); err != nil {
+			return seq, fmt.Errorf("arm: enqueue work after completion: %w", err)
 		}
 	}
 	return seq, nil
@@ -721,11 +777,13 @@ func (c *Condition) Destroy() error {
 	}
 	if c.backend.Kind() == streamcore.KindHost {
 		// Freed in stream order, by the last of them to get there: never blocking on
-		// a stream.
-		words := c.words
+		// a stream. So are the staging buffers held for the condition's stream.
+		words, held := c.words, c.held
+		c.held = nil
 		streamcore.AfterPassed(waiting, func(bool) {
 			_ = words.Close()
 			stamps.close()
+			giveBackAll(held)
 		})
 		return nil
 	}
@@ -745,5 +803,15 @@ func (c *Condition) Destroy() error {
 	}
 	c.foreign.Take()
 	stamps.close()
+	// The stream has passed the copies on the held staging buffers, or runs nothing
+	// more.
+	giveBackAll(c.held)
+	c.held = nil
 	return c.words.Close()
+}
+
+func giveBackAll(gives []func()) {
+	for _, give := range gives {
+		give()
+	}
 }

@@ -2,7 +2,6 @@ package condition
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -120,6 +119,66 @@ type part struct {
 	ring     bool
 	issuedAt time.Time
 	tl       *trace.Op // its timeline while the engine traces
+	// held: the part's staging goes back through hold, not plan.Release: set by arm
+	// (before the engine knows the part) for the staged parts of a group, and for an
+	// incoming staged part, whose stream work around the trigger decides when its
+	// buffer is free. settled: the condition let go of hold (under the condition's mu).
+	held, settled bool
+	hold          stagingHold
+}
+
+// stagingHold gives a staged part's buffer back once both sides let go, whichever is
+// last: the engine (the part retired: the transport is done with the buffer) and the
+// condition (the stream has passed the work enqueued on the buffer, or that work
+// gives the buffer back itself).
+type stagingHold struct {
+	left atomic.Int32
+	// give is what the last let runs (nil: nothing, stream work gives the buffer back).
+	// The condition writes it before its let, and only the last let reads it.
+	give func()
+}
+
+// holdStaging makes p's staging go back through its hold. Before the engine knows p.
+func (p *part) holdStaging() {
+	if p == nil || !p.plan.Staged {
+		return
+	}
+	p.held = true
+	p.hold.left.Store(2)
+}
+
+func (h *stagingHold) let() {
+	if h.left.Add(-1) == 0 && h.give != nil {
+		h.give()
+	}
+}
+
+// settle is the condition's let of p's hold: give (nil: none) runs once p retired too.
+// Caller holds the condition's mu.
+func (p *part) settle(give func()) {
+	if p == nil || !p.held || p.settled {
+		return
+	}
+	p.settled = true
+	p.hold.give = give
+	p.hold.let()
+}
+
+// settleUnused is settle for a part whose buffer nothing enqueued on the stream
+// touches: it goes back once the part retired.
+func (p *part) settleUnused() {
+	if p != nil && p.held && !p.settled {
+		p.settle(p.plan.TakeUnused())
+	}
+}
+
+// takeUnused takes the give-back of p's staging (protocol.Part.TakeUnused); nil for no
+// part.
+func (p *part) takeUnused() func() {
+	if p == nil {
+		return nil
+	}
+	return p.plan.TakeUnused()
 }
 
 // timelines recycles timelines: tracing allocates nothing per operation.
@@ -193,7 +252,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	}
 	p := &o.single
 	*p = part{cond: c, op: o, plan: &o.plan.Parts[0], ring: o.plan.Ring}
-	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll}
+	work := streamWork{before: p.plan.Before, after: p.plan.After, poll: o.plan.Poll, part: p}
 	if tr := e.trace.Load(); tr != nil && c.category != Graph {
 		p.tl = o.timeline(tr, tr.Now())
 		work.trace = tr
@@ -217,7 +276,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	}
 	if err != nil {
 		if p.seq == 0 {
-			o.unused(0, err)
+			o.plan.Unused(0)
 			return err
 		}
 		// The trigger is enqueued (the operation will run) but the completion wait
@@ -239,7 +298,7 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 	for i := range o.plan.Parts {
 		pp := &o.plan.Parts[i]
 		o.parts[i] = &part{cond: c, op: o, plan: pp}
-		work[i] = streamWork{before: pp.Before, after: pp.After}
+		work[i] = streamWork{before: pp.Before, after: pp.After, part: o.parts[i]}
 	}
 	var addErr error
 	added := 0
@@ -256,7 +315,7 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 		c.attachDriver(e)
 	}
 	// Parts never armed give their staging back and count as ended now.
-	o.unused(armed, err)
+	o.plan.Unused(armed)
 	if addErr != nil {
 		closed := errClosedWhile(o.what, "before the condition triggered")
 		for _, p := range o.parts[added:armed] {
@@ -277,19 +336,6 @@ func (e *Engine) submitParts(o *Op, streamOrdered bool) error {
 		return fmt.Errorf("the operation runs in %d of %d parts: %w", armed, n, err)
 	}
 	return nil
-}
-
-// unused gives back the staging of o's parts from..end, which will not run. Where arm
-// failed with the copy into part from's buffer enqueued (beforeQueued), that buffer
-// goes back in stream order, once the copy is done; if the stream takes nothing more,
-// it is never given back (the copy may still write it).
-func (o *Op) unused(from int, err error) {
-	var bq beforeQueued
-	if err != nil && errors.As(err, &bq) && from < len(o.plan.Parts) {
-		o.plan.UnusedAfter(from, o.cond.stream)
-		from++
-	}
-	o.plan.Unused(from)
 }
 
 // finishParts counts k parts as ended (err from one of them); the last ends the Op
@@ -332,7 +378,9 @@ func (p *part) retire(err error, due *dueList) {
 	default:
 		err = p.inner.Err()
 	}
-	if rel := p.plan.Release; rel != nil {
+	if p.held {
+		p.hold.let()
+	} else if rel := p.plan.Release; rel != nil {
 		rel()
 	}
 	if o.parts != nil {

@@ -162,10 +162,50 @@ type Part struct {
 	// completion wait (a host-to-device copy); nil when there is nothing to do.
 	Before, After func(s streamcore.Stream) error
 	// Release returns the staging buffer of an outgoing part once the operation is
-	// done with it (an incoming part's goes back on the stream, after the copy in).
+	// done with it (an incoming part's goes back on the stream, after the copy in:
+	// where the stream refuses that, After fails with a *GiveBackRefused).
 	Release func()
-	// unused returns the staging buffer of a part that will never run.
-	unused func()
+	// unused returns the staging buffer of a part that will never run; quiet does the
+	// same without any driver call (no doorbell), so a CUDA host function may run it
+	// (TakeUnused). quiet nil: unused makes none.
+	unused, quiet func()
+}
+
+// GiveBackRefused is the error of an incoming part's After whose copy in is enqueued
+// but whose stream refused the host function that gives the staging buffer back after
+// it (cuLaunchHostFunc failing). Give gives the buffer back: the caller runs it once
+// the stream has passed the copy, never before (the copy still reads the buffer). It
+// makes no driver call, so it may run as a stream host function.
+type GiveBackRefused struct {
+	Err  error
+	Give func()
+}
+
+func (e *GiveBackRefused) Error() string {
+	return "enqueue the staging buffer's give-back after the copy in: " + e.Err.Error()
+}
+
+func (e *GiveBackRefused) Unwrap() error { return e.Err }
+
+// giveBackAfter enqueues give on s, after the copy in just enqueued there.
+func giveBackAfter(s streamcore.Stream, give func()) error {
+	if err := s.LaunchHostFunc(give); err != nil {
+		return &GiveBackRefused{Err: err, Give: give}
+	}
+	return nil
+}
+
+// TakeUnused takes the give-back of the part's staging (nil if it has none), for a
+// caller that gives the buffer back itself once nothing uses it any more: Unused and
+// Release give it back no more. The function makes no driver call, so it may run as
+// a stream host function.
+func (p *Part) TakeUnused() func() {
+	give := p.quiet
+	if give == nil {
+		give = p.unused
+	}
+	p.unused, p.quiet, p.Release = nil, nil, nil
+	return give
 }
 
 // Plan is how one operation's buffer travels.
@@ -227,6 +267,22 @@ func (pl *Planner) Prepare(b streamcore.Backend) error {
 	}
 	_, err := pl.pool(b)
 	return err
+}
+
+// Lent is how many staging buffers the planner's pools have lent and not got back
+// (workspace slots aside): zero once every staged operation ended and its streams
+// passed the copies on its buffers.
+func (pl *Planner) Lent() int {
+	if pl == nil {
+		return 0
+	}
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	n := 0
+	for _, p := range pl.pools {
+		n += p.Lent()
+	}
+	return n
 }
 
 // pool returns b's staging pool, made on first use (pinned buffers on CUDA, reserved
@@ -483,7 +539,7 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 		}
 		return m.aside(p)
 	}
-	p.unused = m.release
+	p.unused, p.quiet = m.release, m.free
 	if dir == Out {
 		p.Before = func(s streamcore.Stream) error {
 			if err := prepare(s); err != nil {
@@ -503,7 +559,7 @@ func stageLease(p *Part, l *lease, prev []uint64, busy, reused bool, pool *Pool,
 		if err := s.Copy(dev, m.addr(), l.n); err != nil {
 			return err
 		}
-		return s.LaunchHostFunc(m.free)
+		return giveBackAfter(s, m.free)
 	}
 	return m
 }
@@ -556,7 +612,7 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 			}
 			return s.Copy(m.addr(), dev+uintptr(off), l.n)
 		}
-		p.Release, p.unused = m.release, m.release
+		p.Release, p.unused, p.quiet = m.release, m.release, m.free
 		return m
 	}
 	pl := prev.l
@@ -577,6 +633,7 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 	// prev's copy-out ran before this part's trigger, so this part done means prev's
 	// memory is free.
 	p.unused = func() { prev.release(); m.release() }
+	p.quiet = func() { prev.free(); m.free() }
 	p.Release = func() { prev.release(); l.land() }
 	if reused {
 		return m
@@ -585,7 +642,7 @@ func stageReuse(p *Part, prev *leaseMem, l *lease, reused bool, pool *Pool, st *
 		if err := s.Copy(dev+uintptr(off), m.addr(), l.n); err != nil {
 			return err
 		}
-		return s.LaunchHostFunc(m.free)
+		return giveBackAfter(s, m.free)
 	}
 	return m
 }
@@ -611,7 +668,7 @@ func stage(pool *Pool, st *Stats, p *Part, dev uintptr, off, n int, dir Directio
 		if err := s.Copy(dev, buf.Addr(), n); err != nil {
 			return err
 		}
-		return s.LaunchHostFunc(put)
+		return giveBackAfter(s, put)
 	}
 	return nil
 }
@@ -620,26 +677,10 @@ func stage(pool *Pool, st *Stats, p *Part, dev uintptr, off, n int, dir Directio
 func (p *Plan) Unused(from int) {
 	for i := from; i < len(p.Parts); i++ {
 		if u := p.Parts[i].unused; u != nil {
-			p.Parts[i].unused, p.Parts[i].Release = nil, nil
+			p.Parts[i].unused, p.Parts[i].quiet, p.Parts[i].Release = nil, nil, nil
 			u()
 		}
 	}
-}
-
-// UnusedAfter gives back the staging buffer of part i, which will never run, once s
-// has done the work already enqueued on it (a copy into the buffer): from a host
-// function, which calls no CUDA. A stream that takes no host function keeps it for
-// good rather than lend it while a copy may still write it.
-func (p *Plan) UnusedAfter(i int, s streamcore.Stream) {
-	if i < 0 || i >= len(p.Parts) {
-		return
-	}
-	u := p.Parts[i].unused
-	if u == nil {
-		return
-	}
-	p.Parts[i].unused, p.Parts[i].Release = nil, nil
-	_ = s.LaunchHostFunc(u)
 }
 
 // Staged reports whether the plan moves its buffer through staging.
@@ -652,8 +693,13 @@ func (pl *Planner) Close() error {
 		return fmt.Errorf("planner close: nil planner: %w", ErrInvalidParam)
 	}
 	pl.mu.Lock()
-	pools := pl.pools
-	pl.pools, pl.closed = nil, true
+	// The pools stay (closed): Lent counts what they still lend, and a later Close
+	// frees what came back since.
+	pools := make([]*Pool, 0, len(pl.pools))
+	for _, p := range pl.pools {
+		pools = append(pools, p)
+	}
+	pl.closed = true
 	pl.last.Store(nil)
 	pl.mu.Unlock()
 	var first error

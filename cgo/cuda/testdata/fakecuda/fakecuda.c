@@ -795,7 +795,12 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 	kernel_params(o.kernel, params, o.params);
 	return submit(s, 0, &o, 1);
 }
+/* FAKECUDA_HOSTFUNC_ERROR=code (read at every call): cuLaunchHostFunc refuses with code
+ * and enqueues nothing, as a driver out of resources does; other work is taken. */
 CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *ud) {
+	const char *refuse = getenv("FAKECUDA_HOSTFUNC_ERROR");
+	if (refuse && *refuse)
+		return atoi(refuse);
 	op o = {.kind = OP_HOST, .fn = fn, .ud = ud};
 	return submit(s, 3, &o, 1);
 }
