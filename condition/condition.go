@@ -768,6 +768,11 @@ func (c *Condition) Destroy() error {
 		return fmt.Errorf("destroy: %d operation(s) not completed: %w", n, ErrBusy)
 	}
 	c.destroyed.Store(true)
+	if c.group != nil {
+		// An open group whose operations all ended (its engine closed, its stream
+		// stopped): their staging goes back as after a refused trigger.
+		c.settleGroupLocked(c.group)
+	}
 	stamps := c.takeStampsLocked()
 	// Streams may not yet have run their last (already satisfied) waits on the
 	// completion word: the condition's own, and those given one by WaitOnStream.

@@ -19,8 +19,17 @@ type group struct {
 	last    uint64 // sequence number armed last before the group began
 	ordered bool   // some operation asked for stream-ordered completion
 	polled  bool   // some stream-ordered operation asked to poll for completion
-	after   []func(s streamcore.Stream) error
-	trace   *trace.Recorder // the recorder of a traced operation of the group
+	after   []groupAfter
+	// staged: the group's staged parts, whose buffers go back once EndGroup let go of
+	// them (settleGroupLocked): the copies into them were enqueued before the trigger.
+	staged []*part
+	trace  *trace.Recorder // the recorder of a traced operation of the group
+}
+
+// groupAfter is the work after an operation's completion, which EndGroup enqueues.
+type groupAfter struct {
+	work func(s streamcore.Stream) error
+	part *part
 }
 
 // BeginGroup opens a group on a Stream condition. Operations armed until EndGroup,
@@ -39,9 +48,10 @@ func (c *Condition) BeginGroup() error {
 	case c.group != nil:
 		return fmt.Errorf("begin group: a group is already open: %w", ErrInvalidParam)
 	}
-	after := c.groupBuf.after[:0]
+	after, staged := c.groupBuf.after[:0], c.groupBuf.staged[:0]
 	clear(c.groupBuf.after)
-	c.groupBuf = group{last: c.armed, after: after}
+	clear(c.groupBuf.staged)
+	c.groupBuf = group{last: c.armed, after: after, staged: staged}
 	c.group = &c.groupBuf
 	return nil
 }
@@ -57,7 +67,8 @@ func (c *Condition) inGroup() bool {
 // stream-ordered, its completion wait and the work that follows it (copies of staged
 // receives). If the stream refuses the trigger, the operations are started from the
 // host instead, so none is left waiting for a trigger that never comes, and the error
-// is returned (and kept in Err).
+// is returned (and kept in Err); their staging buffers go back once they completed and
+// the stream passed the copies into them.
 func (c *Condition) EndGroup() error {
 	if c == nil {
 		return fmt.Errorf("end group: nil condition: %w", ErrInvalidParam)
@@ -86,6 +97,9 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 	if c.armed == g.last {
 		return false, nil // an empty group enqueues nothing
 	}
+	// Whatever is left unsettled below (the stream refused the trigger, the wait or
+	// work after it) goes back once the stream passed what was enqueued.
+	defer c.settleGroupLocked(g)
 	if g.ordered && !g.polled {
 		err = c.stream.WriteThenWait(c.trigger, c.armed, c.done, c.armed, streamcore.GEQ)
 	} else {
@@ -94,8 +108,16 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 	if err != nil {
 		err = fmt.Errorf("end group: enqueue trigger: %w", err)
 		c.recordErr(err, "group")
+		c.settleGroupLocked(g) // before the operations can start
 		c.trigger.Store(c.armed)
 		return true, err
+	}
+	// The copies into outgoing parts' buffers precede the trigger: each goes back when
+	// its part retires, as planned.
+	for _, p := range g.staged {
+		if p.plan.After == nil {
+			p.settle(p.plan.Release)
+		}
 	}
 	if g.polled {
 		if err := c.pollLocked(c.armed, g.trace); err != nil {
@@ -103,17 +125,37 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 		}
 	}
 	for _, after := range g.after {
-		if err := after(c.stream); err != nil {
+		if err := c.afterLocked(after.part, after.work); err != nil {
 			return false, fmt.Errorf("end group: enqueue work after completion: %w", err)
 		}
 	}
 	return false, nil
 }
 
+// settleGroupLocked lets go of the group's staged parts not let go of yet: their
+// buffers go back once the stream has passed the work enqueued so far (the copies into
+// them) and the parts retired. Caller holds c.mu.
+func (c *Condition) settleGroupLocked(g *group) {
+	for i, p := range g.staged {
+		if p.held && !p.settled {
+			p.settled = true
+			p.hold.give = p.takeUnused()
+			c.giveBackLocked(p.hold.let)
+		}
+		g.staged[i] = nil
+	}
+	g.staged = g.staged[:0]
+}
+
 // armGroupLocked arms one operation of the open group (arm enqueued its work before
 // the trigger); the rest is enqueued at EndGroup. Caller holds c.mu.
 func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record func(seq uint64)) (uint64, error) {
 	seq := c.armed + 1
+	if p := work.part; p != nil && p.plan.Staged {
+		// Its buffer goes back once EndGroup let go of it too.
+		p.holdStaging()
+		c.group.staged = append(c.group.staged, p)
+	}
 	record(seq)
 	c.armed = seq
 	if streamOrdered {
@@ -123,7 +165,7 @@ func (c *Condition) armGroupLocked(streamOrdered bool, work streamWork, record f
 			c.group.trace = work.trace
 		}
 		if work.after != nil {
-			c.group.after = append(c.group.after, work.after)
+			c.group.after = append(c.group.after, groupAfter{work.after, work.part})
 		}
 	}
 	return seq, nil

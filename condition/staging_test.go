@@ -186,6 +186,43 @@ func TestStagingOfRefusedGiveBackReturnsAfterTheCopyIn(t *testing.T) {
 	require.Equal(t, 0, pool.Lent(), "the staging buffer never came back")
 }
 
+// A group whose trigger the stream refused after the copies into its staging buffers
+// were enqueued (the operations then start from the host) gives those buffers back
+// only once the stream passed the copies: given back at once, another operation was
+// lent one and the late copy overwrote the bytes it sent.
+func TestStagingOfRefusedGroupReturnsAfterItsCopies(t *testing.T) {
+	e, b, pool := stagingEngine(t)
+	f, c := faultyCondition(t, b)
+	require.NoError(t, c.BeginGroup())
+	var o1 Op
+	require.NoError(t, e.Submit(&o1, c, &instant{}, Submission{What: "send", Transfer: protocol.Transfer{Buf: deviceMem(t, stagedBytes, 0xaa), Dir: protocol.Out}}))
+	f.refuseTrigger.Store(true)
+	require.ErrorIs(t, c.EndGroup(), errRefused)
+	waitOp(t, &o1) // started from the host
+	require.Equal(t, 1, pool.Lent(), "the copy into the staging buffer has yet to run")
+
+	s2, err := b.NewStream()
+	require.NoError(t, err)
+	defer s2.Close()
+	c2, err := Create(Param{Category: Stream, Backend: b, Stream: s2})
+	require.NoError(t, err)
+	require.NoError(t, c2.BeginGroup())
+	want := bytes.Repeat([]byte{0xbb}, stagedBytes)
+	sent := &instant{}
+	var o2 Op
+	require.NoError(t, e.Submit(&o2, c2, sent, Submission{What: "send", Transfer: protocol.Transfer{Buf: deviceMem(t, stagedBytes, 0xbb), Dir: protocol.Out}}))
+	require.NoError(t, s2.Synchronize()) // its copy into staging ran
+	f.open()
+	require.NoError(t, f.Synchronize()) // the refused group's late copy ran
+	require.NoError(t, c2.EndGroup())
+	waitOp(t, &o2)
+	require.True(t, bytes.Equal(want, sent.sent), "the send carried the refused group's bytes")
+	require.NoError(t, s2.Synchronize())
+	require.Equal(t, 0, pool.Lent(), "the stream passed the copies: every buffer is back")
+	require.NoError(t, c.Destroy())
+	require.NoError(t, c2.Destroy())
+}
+
 // recv and send submit a staged receive into dev (the operation fills its staging
 // buffer with data), and a staged send of src, on c.
 func recv(e *Engine, o *Op, c *Condition, dev, data []byte) error {
@@ -238,6 +275,44 @@ func TestStagingOfRefusedTriggerAndGiveBackReturnsAtDestroy(t *testing.T) {
 	require.Equal(t, 0, pool.Lent(), "the staging buffer never came back")
 }
 
+// A refused group whose give-back host function is refused too: its buffers are held
+// past the stream's copies and go back at Destroy.
+func TestStagingOfRefusedGroupAndGiveBackReturnsAtDestroy(t *testing.T) {
+	e, b, pool := stagingEngine(t)
+	f, c := faultyCondition(t, b)
+	require.NoError(t, c.BeginGroup())
+	var o1, o2 Op
+	_, err := send(e, &o1, c, deviceMem(t, stagedBytes, 0xaa))
+	require.NoError(t, err)
+	require.NoError(t, recv(e, &o2, c, deviceMem(t, stagedBytes, 0), bytes.Repeat([]byte{1}, stagedBytes)))
+	f.refuseTrigger.Store(true)
+	f.refuseHostFunc.Store(true)
+	require.ErrorIs(t, c.EndGroup(), errRefused)
+	waitOp(t, &o1)
+	waitOp(t, &o2)
+	f.open()
+	require.NoError(t, f.Synchronize())
+	require.Equal(t, 2, pool.Lent(), "held: nothing told the condition the stream passed")
+	require.NoError(t, c.Destroy())
+	require.Equal(t, 0, pool.Lent(), "the group's staging buffers never came back")
+}
+
+// A staged receive in a group whose trigger the stream refused never gets its copy in
+// enqueued: its buffer goes back all the same (it leaked).
+func TestStagingOfRefusedGroupReceiveReturns(t *testing.T) {
+	e, b, pool := stagingEngine(t)
+	f, c := faultyCondition(t, b)
+	require.NoError(t, c.BeginGroup())
+	var o Op
+	require.NoError(t, recv(e, &o, c, deviceMem(t, stagedBytes, 0), bytes.Repeat([]byte{1}, stagedBytes)))
+	f.refuseTrigger.Store(true)
+	require.ErrorIs(t, c.EndGroup(), errRefused)
+	waitOp(t, &o)
+	require.NoError(t, f.Synchronize())
+	require.Equal(t, 0, pool.Lent(), "the receive's staging buffer never came back")
+	require.NoError(t, c.Destroy())
+}
+
 // A staged receive whose completion wait or copy in the stream refused after its
 // trigger: it runs, and its buffer goes back once it completed (it leaked).
 func TestStagingOfReceiveWithoutCopyInReturns(t *testing.T) {
@@ -262,4 +337,23 @@ func TestStagingOfReceiveWithoutCopyInReturns(t *testing.T) {
 			require.NoError(t, c.Destroy())
 		})
 	}
+}
+
+// A group left open when its engine closed (its operations ended unissued) gives its
+// staging back at Destroy, once the stream passed the copies into it.
+func TestStagingOfOpenGroupReturnsAtDestroy(t *testing.T) {
+	e, b, pool := stagingEngine(t)
+	f, c := faultyCondition(t, b)
+	require.NoError(t, c.BeginGroup())
+	var o Op
+	_, err := send(e, &o, c, deviceMem(t, stagedBytes, 0xaa))
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	require.ErrorIs(t, o.Err(), ErrCanceled)
+	require.Equal(t, 1, pool.Lent(), "the copy into the staging buffer has yet to run")
+	f.open()
+	require.NoError(t, c.Destroy())
+	require.NoError(t, f.Synchronize())
+	require.Equal(t, 0, pool.Lent(), "the open group's staging buffer never came back")
+	require.ErrorIs(t, c.EndGroup(), ErrDestroyed)
 }
