@@ -145,6 +145,7 @@ func (b *cudaBackend) release() error {
 	if !last {
 		return nil
 	}
+	b.dropOwnExports()
 	var err error
 	if b.pollModule != nil {
 		err = cudaErr("signal kernels", b.pollModule.Close())

@@ -3,6 +3,8 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -22,6 +24,9 @@ type ipcMaps struct {
 	maps map[uintptr][]*cuda.IPCMapping
 	// peer caches CanAccessPeer by the other device's UUID.
 	peer map[[16]byte]bool
+	// exportsDropped: the backend is released, its entries in ownExports are gone and
+	// it records no more (under ownExports' lock, not mu).
+	exportsDropped bool
 }
 
 func (b *cudaBackend) DeviceUUID() ([16]byte, error) { return b.ctx.Device().UUID() }
@@ -72,12 +77,41 @@ func (b *cudaBackend) IPCAllocation(ptr uintptr) (IPCAllocation, error) {
 
 // ownExports are the handles this process exported, with what they named: CUDA
 // refuses to open a handle in the process that made it, and there the allocation is
-// already in the address space (two workers of one process).
+// already in the address space (two workers of one process), so openOwn returns it.
+//
+// An entry is kept while its allocation may still be opened. It goes when its
+// allocation is seen freed or replaced (another buffer id at its base, as
+// protocol.IPCExporter tells them apart): by an export at its base or of its handle,
+// by an open of its handle, or by a sweep of every entry each time their number has
+// doubled since the last (CUDA has no callback for cuMemFree, so nothing else tells);
+// and it goes with the last of the backends that exported it (at their release). So
+// the entries number no more than ownExportsSweepMin or twice the live ones the last
+// sweep left, however many addresses the process used before, and an export costs
+// O(1): the sweep's queries, one per entry, made on the exporter's goroutine outside
+// the lock, are amortized over the exports that doubled the map.
 var ownExports = struct {
 	sync.Mutex
-	m    map[IPCHandle]IPCAllocation
-	refs map[uintptr]int // opens of own allocations, by base
-}{m: map[IPCHandle]IPCAllocation{}, refs: map[uintptr]int{}}
+	byBase   map[uint64]*ownExport
+	byHandle map[IPCHandle]uint64 // each entry's base, by its handle
+	refs     map[uintptr]int      // opens of own allocations, by base
+	// sweepAt: the number of entries at which the next export sweeps them.
+	sweepAt int
+}{byBase: map[uint64]*ownExport{}, byHandle: map[IPCHandle]uint64{}, refs: map[uintptr]int{}, sweepAt: ownExportsSweepMin}
+
+// ownExportsSweepMin is the fewest entries that are swept.
+const ownExportsSweepMin = 64
+
+type ownExport struct {
+	handle IPCHandle
+	alloc  IPCAllocation
+	// owners: the backends that exported it and are not released yet.
+	owners []*cudaBackend
+}
+
+// sameAllocation: b is the allocation a named (CUDA never reuses a buffer id).
+func sameAllocation(a, b IPCAllocation) bool {
+	return a.Base == b.Base && a.Size == b.Size && a.BufferID == b.BufferID
+}
 
 func (b *cudaBackend) IPCGetMemHandle(base uintptr) (IPCHandle, error) {
 	raw, err := b.ctx.IPCMemHandle(base)
@@ -85,30 +119,128 @@ func (b *cudaBackend) IPCGetMemHandle(base uintptr) (IPCHandle, error) {
 		return IPCHandle{}, cudaErr("IPCGetMemHandle", err)
 	}
 	h := IPCHandle(raw)
-	if a, err := b.IPCAllocation(base); err == nil {
-		ownExports.Lock()
-		for old, o := range ownExports.m {
-			if o.Base == a.Base {
-				delete(ownExports.m, old) // an allocation freed at this address
-			}
-		}
-		ownExports.m[h] = a
-		ownExports.Unlock()
+	if a, err := b.IPCAllocation(base); err == nil && b.rememberExport(h, a) {
+		b.sweepOwnExports()
 	}
 	return h, nil
 }
 
+// rememberExport records that b exported allocation a as h, replacing what was known
+// at a's base or under h (an allocation freed there); it reports whether the entries
+// are due for a sweep.
+func (b *cudaBackend) rememberExport(h IPCHandle, a IPCAllocation) bool {
+	ownExports.Lock()
+	defer ownExports.Unlock()
+	if b.ipc.exportsDropped {
+		return false // released: release dropped what b exported, and b exports no more
+	}
+	if base, ok := ownExports.byHandle[h]; ok && base != a.Base {
+		dropOwnExportLocked(base) // a handle CUDA made again: the old allocation is gone
+	}
+	x := ownExports.byBase[a.Base]
+	if x != nil && !sameAllocation(x.alloc, a) {
+		dropOwnExportLocked(a.Base) // an allocation freed at this address
+		x = nil
+	}
+	if x == nil {
+		x = &ownExport{alloc: a}
+		ownExports.byBase[a.Base] = x
+	} else if x.handle != h {
+		delete(ownExports.byHandle, x.handle) // another handle of the same allocation
+	}
+	x.handle = h
+	ownExports.byHandle[h] = a.Base
+	for _, o := range x.owners {
+		if o == b {
+			return false
+		}
+	}
+	x.owners = append(x.owners, b)
+	return len(ownExports.byBase) >= ownExports.sweepAt
+}
+
+func dropOwnExportLocked(base uint64) {
+	x := ownExports.byBase[base]
+	if x == nil {
+		return
+	}
+	delete(ownExports.byBase, base)
+	if hb, ok := ownExports.byHandle[x.handle]; ok && hb == base {
+		delete(ownExports.byHandle, x.handle)
+	}
+}
+
+// dropOwnExportIfLocked drops the entry at a's base if it still names a.
+func dropOwnExportIfLocked(a IPCAllocation) {
+	if x := ownExports.byBase[a.Base]; x != nil && sameAllocation(x.alloc, a) {
+		dropOwnExportLocked(a.Base)
+	}
+}
+
+// sweepOwnExports drops the entries whose allocation is freed or replaced, asking the
+// driver about each outside the lock (a pointer query: it waits for no stream work).
+// One sweep runs at a time: sweepAt is out of reach until it ends.
+func (b *cudaBackend) sweepOwnExports() {
+	ownExports.Lock()
+	if len(ownExports.byBase) < ownExports.sweepAt {
+		ownExports.Unlock()
+		return
+	}
+	ownExports.sweepAt = math.MaxInt
+	known := make([]IPCAllocation, 0, len(ownExports.byBase))
+	for _, x := range ownExports.byBase {
+		known = append(known, x.alloc)
+	}
+	ownExports.Unlock()
+	var gone []IPCAllocation
+	for _, a := range known {
+		if now, err := b.IPCAllocation(uintptr(a.Base)); err != nil || !sameAllocation(now, a) {
+			gone = append(gone, a)
+		}
+	}
+	ownExports.Lock()
+	for _, a := range gone {
+		dropOwnExportIfLocked(a)
+	}
+	ownExports.sweepAt = max(ownExportsSweepMin, 2*len(ownExports.byBase))
+	ownExports.Unlock()
+}
+
+// dropOwnExports forgets b as an exporter (its last reference is released): an entry
+// no other backend exported goes, and b records no more.
+func (b *cudaBackend) dropOwnExports() {
+	ownExports.Lock()
+	defer ownExports.Unlock()
+	b.ipc.exportsDropped = true
+	for base, x := range ownExports.byBase {
+		x.owners = slices.DeleteFunc(x.owners, func(o *cudaBackend) bool { return o == b })
+		if len(x.owners) == 0 {
+			dropOwnExportLocked(base)
+		}
+	}
+}
+
 // openOwn opens a handle this process exported: the allocation's own address, if it
-// is still the allocation the handle named (same base and buffer id).
+// is still the allocation the handle named (same base and buffer id); one that is not
+// is forgotten.
 func (b *cudaBackend) openOwn(h IPCHandle) (uintptr, bool, error) {
 	ownExports.Lock()
-	a, ok := ownExports.m[h]
+	var a IPCAllocation
+	base, ok := ownExports.byHandle[h]
+	if x := ownExports.byBase[base]; ok && x != nil {
+		a = x.alloc
+	} else {
+		ok = false
+	}
 	ownExports.Unlock()
 	if !ok {
 		return 0, false, nil
 	}
 	now, err := b.IPCAllocation(uintptr(a.Base))
-	if err != nil || now.Base != a.Base || now.BufferID != a.BufferID || now.Size != a.Size {
+	if err != nil || !sameAllocation(now, a) {
+		ownExports.Lock()
+		dropOwnExportIfLocked(a)
+		ownExports.Unlock()
 		return 0, true, fmt.Errorf("stream: cuda IPCOpenMemHandle: the allocation this process exported at %#x is gone: %w", a.Base, ErrInvalidArgument)
 	}
 	ownExports.Lock()
