@@ -71,6 +71,12 @@
 // receive buffer in an iteration that failed are undefined. Requests that cannot be
 // matched — buffers of different lengths, partition counts that do not split the
 // peer's buffer — fail on both sides with ErrInvalidParam: the side that finds out
-// answers the handshake with a refusal. A partition has at most one PreadyNode in a
-// graph (each takes one readiness per launch).
+// answers the handshake with a refusal. A request whose peer's request was freed
+// before they matched fails with ErrCanceled the same way. A partition has at most one
+// PreadyNode in a graph (each takes one readiness per launch).
+//
+// A sender's handshake that comes before the receiver's request is kept for it within
+// bounds, per worker and per peer, and for about a second; a sender resends its
+// handshake every 20 ms until it is answered, so one dropped costs a resend. Handshakes
+// nobody asks for (a faulty or hostile peer's) cannot grow the process.
 package prepare

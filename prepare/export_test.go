@@ -68,7 +68,35 @@ func EarlyHeld(w *ucp.Worker) (n, bytes int) {
 	return len(g.early), g.earlyBytes
 }
 
-const MaxEarly, MaxEarlyBytes = maxEarly, maxEarlyBytes
+// EarlyHeldPerPeer is how many handshakes w's registry holds for requests not made
+// yet from each peer that has any.
+func EarlyHeldPerPeer(w *ucp.Worker) []int {
+	v, ok := registries.Load(w)
+	if !ok {
+		return nil
+	}
+	g := v.(*registry)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	per := map[*ucp.Endpoint]int{}
+	for k := range g.early {
+		per[k.peer]++
+	}
+	var ns []int
+	for _, n := range per {
+		ns = append(ns, n)
+	}
+	return ns
+}
+
+const MaxEarly, MaxEarlyBytes, MaxEarlyPerPeer = maxEarly, maxEarlyBytes, maxEarlyPerPeer
+
+// Failed is r's sticky error, looked at without progressing anything.
+func Failed(r *Request) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
 
 // ForgeFailedFlag stores the failure value into sender r's ready flag p, as a peer
 // could write it without failing.

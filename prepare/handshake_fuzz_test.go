@@ -14,6 +14,7 @@ func FuzzUnmarshalHandshake(f *testing.F) {
 	f.Add((&handshake{role: sender, tag: 7, parts: 8, length: 4096, wordBase: 0x1000, wordKey: []byte("key"), ackBase: 0x2000, ackKey: []byte("ack")}).marshal())
 	f.Add((&handshake{role: receiver, tag: 7, index: 1, parts: 1, length: 64, base: 0x3000, bufKey: []byte("buf"), wordKey: []byte("w")}).marshal())
 	f.Add((&handshake{role: receiver, tag: 7, index: 2, length: 64}).marshal()) // a refusal
+	f.Add((&handshake{role: sender, tag: 7, index: 3}).marshal())               // a freed request's refusal
 	f.Add([]byte("ucpxprep"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := unmarshalHandshake(b)

@@ -38,9 +38,12 @@ type registry struct {
 	mu    sync.Mutex
 	next  map[matchKey]int // by (peer, tag, role) with index 0: the next index
 	reqs  map[matchKey]*Request
-	early map[matchKey]handshake // handshakes that came before their request
-	// earlyBytes: what early holds (keepEarlyLocked bounds it).
+	early map[matchKey]earlyHandshake // handshakes that came before their request
+	// earlyBytes: what early holds; earlyOf: what each peer's handshakes in it hold
+	// (keepEarlyLocked bounds both); earlySweep: expireEarly is due.
 	earlyBytes int
+	earlyOf    map[*ucp.Endpoint]earlyCount
+	earlySweep bool
 	acks       *ackBlock      // the block new ack slots come from
 	host       stream.Backend // of the ack words
 	// unacked: sender requests whose iteration completed before its ack came;
@@ -284,7 +287,7 @@ func registryOf(w *ucp.Worker) (*registry, error) {
 	if r, ok := registries.Load(w); ok {
 		return r.(*registry), nil
 	}
-	reg := &registry{w: w, next: map[matchKey]int{}, reqs: map[matchKey]*Request{}, early: map[matchKey]handshake{}}
+	reg := &registry{w: w, next: map[matchKey]int{}, reqs: map[matchKey]*Request{}, early: map[matchKey]earlyHandshake{}, earlyOf: map[*ucp.Endpoint]earlyCount{}}
 	actual, loaded := registries.LoadOrStore(w, reg)
 	if loaded {
 		return actual.(*registry), nil
@@ -298,10 +301,12 @@ func registryOf(w *ucp.Worker) (*registry, error) {
 }
 
 // workerClosed fails every request of the closed worker, which releases the streams
-// and graphs waiting on their words (Request.fail), and forgets the registry.
+// and graphs waiting on their words (Request.fail), and forgets the registry and the
+// handshakes it kept.
 func (g *registry) workerClosed() {
 	registries.CompareAndDelete(g.w, g)
 	g.mu.Lock()
+	g.early, g.earlyOf, g.earlyBytes = map[matchKey]earlyHandshake{}, map[*ucp.Endpoint]earlyCount{}, 0
 	reqs := make([]*Request, 0, len(g.reqs))
 	for _, r := range g.reqs {
 		reqs = append(reqs, r)
@@ -321,14 +326,13 @@ func (g *registry) add(r *Request) {
 	k := base
 	k.index = r.index
 	g.reqs[k] = r
-	h, early := g.early[k]
+	e, early := g.early[k]
 	if early {
-		delete(g.early, k)
-		g.earlyBytes -= h.size()
+		g.dropEarlyLocked(k, e)
 	}
 	g.mu.Unlock()
 	if early {
-		r.onHandshake(h)
+		r.onHandshake(e.h)
 	}
 }
 
@@ -352,38 +356,112 @@ func (g *registry) deliver(msg *ucp.AmMessage) {
 	if h.role == sender {
 		k.role = receiver
 	}
+	base := k
+	base.index = 0
 	g.mu.Lock()
 	r := g.reqs[k]
-	if r == nil {
-		g.keepEarlyLocked(k, h)
+	freed := r == nil && k.index < g.next[base]
+	if r == nil && !freed && h.role == sender {
+		// A receiver answers a sender that exists (or was freed since): only a
+		// sender's handshake can come before its request.
+		g.keepEarlyLocked(k, h, time.Now())
 	}
 	g.mu.Unlock()
-	if r != nil {
+	switch {
+	case r != nil:
 		r.onHandshake(h)
+	case freed && !h.refused():
+		answerFreed(peer, k)
 	}
 }
 
+// answerFreed answers a handshake that names a request this worker made and freed
+// since (no request takes it, ever) with a refusal of length 0, which fails the peer's
+// request with ErrCanceled: a sender would otherwise resend until its context ended
+// (Start: for good), and a receiver whose answer came after its sender was freed
+// would wait for iterations nobody moves. Best effort, like every refusal.
+func answerFreed(peer *ucp.Endpoint, k matchKey) {
+	ref := freedRefusal(k.role, k.tag, k.index)
+	_, _ = sendHandshake(peer, ref.marshal())
+}
+
 // Handshakes kept for requests not made yet are bounded: a peer (a faulty or hostile
-// one) sending handshakes nobody asks for must not grow the process without limit. A
-// sender resends its handshake until it is answered, so one dropped here costs an
-// honest pair a resend (resendAfter), not the match.
+// one) sending handshakes nobody asks for must not grow the process without limit,
+// nor take the room other peers' handshakes need, nor keep one for good. A worker
+// keeps at most maxEarly of them in maxEarlyBytes, a peer (a reply endpoint) a quarter
+// of that, each for earlyTTL to 1.5 earlyTTL after it came (a later one for the same
+// request replaces it). Past a bound a handshake is dropped, and one too old is
+// forgotten: a sender resends its handshake every resendAfter while its PrepareAll or
+// Start waits, so that costs an honest pair a resend, not the match. A receiver's
+// answer is never kept: its sender exists before the receiver speaks (one freed since
+// is answered by answerFreed).
 const (
-	maxEarly      = 4096
-	maxEarlyBytes = 16 << 20
+	maxEarly             = 4096
+	maxEarlyBytes        = 16 << 20
+	maxEarlyPerPeer      = maxEarly / 4
+	maxEarlyBytesPerPeer = maxEarlyBytes / 4
+	earlyTTL             = time.Second
 )
 
-// keepEarlyLocked keeps h for the request k names until it is made, within the bounds
-// (past them h is dropped). Caller holds g.mu.
-func (g *registry) keepEarlyLocked(k matchKey, h handshake) {
+// earlyHandshake is a handshake kept for a request not made yet, and when it came.
+type earlyHandshake struct {
+	h  handshake
+	at time.Time
+}
+
+// earlyCount is how many handshakes one peer has kept, and their size.
+type earlyCount struct{ n, bytes int }
+
+// keepEarlyLocked keeps h, which came at now, for the request k names until it is
+// made, within the bounds (past them h is dropped). Caller holds g.mu.
+func (g *registry) keepEarlyLocked(k matchKey, h handshake, now time.Time) {
 	if old, ok := g.early[k]; ok {
-		delete(g.early, k)
-		g.earlyBytes -= old.size()
+		g.dropEarlyLocked(k, old)
 	}
-	if len(g.early) >= maxEarly || g.earlyBytes+h.size() > maxEarlyBytes {
+	size, c := h.size(), g.earlyOf[k.peer]
+	if len(g.early) >= maxEarly || g.earlyBytes+size > maxEarlyBytes ||
+		c.n >= maxEarlyPerPeer || c.bytes+size > maxEarlyBytesPerPeer {
 		return
 	}
-	g.early[k] = h
-	g.earlyBytes += h.size()
+	g.early[k] = earlyHandshake{h: h, at: now}
+	g.earlyBytes += size
+	g.earlyOf[k.peer] = earlyCount{c.n + 1, c.bytes + size}
+	if !g.earlySweep {
+		g.earlySweep = true
+		time.AfterFunc(earlyTTL/2, g.expireEarly)
+	}
+}
+
+// dropEarlyLocked forgets the kept handshake e of k. Caller holds g.mu.
+func (g *registry) dropEarlyLocked(k matchKey, e earlyHandshake) {
+	delete(g.early, k)
+	size := e.h.size()
+	g.earlyBytes -= size
+	if c := g.earlyOf[k.peer]; c.n > 1 {
+		g.earlyOf[k.peer] = earlyCount{c.n - 1, c.bytes - size}
+	} else {
+		delete(g.earlyOf, k.peer) // and with it the peer's endpoint
+	}
+}
+
+// expireEarly forgets the kept handshakes that came earlyTTL ago or more, every
+// earlyTTL/2 for as long as any is kept.
+func (g *registry) expireEarly() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	for k, e := range g.early {
+		if now.Sub(e.at) >= earlyTTL {
+			g.dropEarlyLocked(k, e)
+		}
+	}
+	if len(g.early) > 0 {
+		time.AfterFunc(earlyTTL/2, g.expireEarly)
+		return
+	}
+	g.earlySweep = false
+	// A map keeps the room it once grew to: a flood's is given back.
+	g.early, g.earlyOf = map[matchKey]earlyHandshake{}, map[*ucp.Endpoint]earlyCount{}
 }
 
 // onHandshake takes the peer's handshake. One r cannot take (buffers of different
@@ -392,34 +470,49 @@ func (g *registry) keepEarlyLocked(k matchKey, h handshake) {
 // why at its PrepareAll or Start, where otherwise a sender would resend until its
 // context ended and a receiver would wait for data that never comes.
 func (r *Request) onHandshake(h handshake) {
-	refuse, failed := r.takeHandshake(h)
+	refusal, failed := r.takeHandshake(h)
 	if failed != nil {
 		r.fail(failed) // no stream stays blocked on the request
 	}
-	if refuse {
+	if refusal != nil {
 		// Best effort: a peer that does not get it fails its own way (its context, or
 		// the endpoint's failure). AmHandlers may call ucpx methods.
-		ref := r.refusal()
-		_, _ = r.sendHandshake(ref.marshal())
+		_, _ = r.sendHandshake(refusal.marshal())
 	}
 }
 
-// takeHandshake is onHandshake under r.mu: whether to answer with a refusal, and the
-// error r fails with (which onHandshake applies once r.mu is released).
-func (r *Request) takeHandshake(h handshake) (refuse bool, failed error) {
+// takeHandshake is onHandshake under r.mu: the refusal to answer with, if any, and
+// the error r fails with (which onHandshake applies once r.mu is released).
+func (r *Request) takeHandshake(h handshake) (refusal *handshake, failed error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
 	case r.freed:
-		return false, nil // a handshake found just before Free forgot r: its keys would leak
+		// A handshake found just before Free forgot r (taking its keys would leak them):
+		// answered as deliver answers one that names r afterwards.
+		if h.refused() {
+			return nil, nil
+		}
+		ref := freedRefusal(r.role, r.tag, r.index)
+		return &ref, nil
+	case r.role == sender && r.isPrepared():
+		// The receiver's answer prepared r: what comes later is a duplicate, or the
+		// refusal of a freed receiver to a resend it had answered before (a receiver
+		// refuses a sender's handshake instead of answering it, never after).
+		return nil, nil
+	case h.refused() && h.length == 0:
+		return nil, fmt.Errorf("prepare: the peer's request was freed before the match completed: %w", ErrCanceled)
 	case h.refused():
-		return false, fmt.Errorf("prepare: the peer refused the match (its buffer has %d bytes, this one %d): %w", h.length, len(r.buf), ErrInvalidParam)
+		return nil, fmt.Errorf("prepare: the peer refused the match (its buffer has %d bytes, this one %d): %w", h.length, len(r.buf), ErrInvalidParam)
 	case r.isPrepared():
-		return false, nil // a duplicate: the first one counts
+		return nil, nil // a duplicate (of the sender's handshake): the first one counts
 	case r.peerInfo.parts != 0:
-		return false, nil // a resent handshake that came again before this side finished
+		return nil, nil // a resent handshake that came again before this side finished
+	case r.err != nil && r.refusedPeer:
+		ref := r.refusal()
+		return &ref, nil // answer a resent handshake of a peer refused before
 	case r.err != nil:
-		return r.refusedPeer, nil // answer a resent handshake of a peer refused before
+		return nil, nil
 	}
 	var err error
 	switch {
@@ -432,7 +525,8 @@ func (r *Request) takeHandshake(h handshake) (refuse bool, failed error) {
 	}
 	if err != nil {
 		r.refusedPeer = true
-		return true, err
+		ref := r.refusal()
+		return &ref, err
 	}
 	r.peerInfo = h
 	r.stats.TagMatches++
@@ -440,12 +534,15 @@ func (r *Request) takeHandshake(h handshake) (refuse bool, failed error) {
 		close(r.prepared)
 	}
 	// A receiver is prepared once its own handshake went out (PrepareAll).
-	return false, nil
+	return nil, nil
 }
 
 // sendHandshake sends b, a marshalled handshake, to r's peer.
-func (r *Request) sendHandshake(b []byte) (*ucp.Request, error) {
-	return r.peer.AmSendNbx(HandshakeAM, nil, b, &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
+func (r *Request) sendHandshake(b []byte) (*ucp.Request, error) { return sendHandshake(r.peer, b) }
+
+// sendHandshake sends b, a marshalled handshake, to peer.
+func sendHandshake(peer *ucp.Endpoint, b []byte) (*ucp.Request, error) {
+	return peer.AmSendNbx(HandshakeAM, nil, b, &ucp.RequestParam{AmFlags: ucp.AmReply | ucp.AmEager})
 }
 
 // takeRemoteLocked unpacks the peer's keys.

@@ -66,6 +66,7 @@ var (
 	ErrInvalidParam = errs.InvalidParam
 	ErrClosed       = errs.Closed
 	ErrBusy         = errs.Busy
+	ErrCanceled     = errs.Canceled
 	ErrUnsupported  = errs.Unsupported
 )
 
@@ -1370,6 +1371,13 @@ func unmarshalHandshake(b []byte) (handshake, error) {
 // it) with the reason instead of resending until its context ends.
 func (r *Request) refusal() handshake {
 	return handshake{role: r.role, tag: r.tag, index: uint32(r.index), length: uint64(len(r.buf))}
+}
+
+// freedRefusal is the refusal that answers a handshake naming a freed request of role
+// ro: length 0 (no request has an empty buffer), which the peer's request fails with
+// ErrCanceled.
+func freedRefusal(ro role, tag uint64, index int) handshake {
+	return handshake{role: ro, tag: tag, index: uint32(index)}
 }
 
 // refused reports whether h is a refusal.
