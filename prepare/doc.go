@@ -75,6 +75,12 @@
 // before they matched fails with ErrCanceled the same way. A partition has at most one
 // PreadyNode in a graph (each takes one readiness per launch).
 //
+// Free refuses an iteration in flight (ErrBusy) until it completes, its peer fails or
+// its worker closes (closing its endpoint alone does not end it): a peer still running
+// it may write into the request's memory. Free looks for a peer failure itself (it
+// progresses the worker once), so a request whose peer died is freed by Free alone,
+// retried until UCX noticed.
+//
 // A sender's handshake that comes before the receiver's request is kept for it within
 // bounds, per worker and per peer, and for about a second; a sender resends its
 // handshake every 20 ms until it is answered, so one dropped costs a resend. Handshakes

@@ -116,3 +116,48 @@ func TestFreeAfterFailureWithHeldPreadyOnStreamIsBusy(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "Free once the stream passed its work")
 	require.ErrorIs(t, send.Free(), ucp.ErrClosed)
 }
+
+// A request whose peer died in an iteration is freed by Free alone, with no Wait or
+// Test first: Free looks for the failure (progressing the worker) before it answers
+// ErrBusy, and the iteration ends with it. Here the receiver waits for partitions and
+// the sender for the receiver's readiness (nothing made ready: no mover progresses its
+// worker); the peer's context closes, which tcp reports as a peer failure.
+func TestFreeAfterPeerDiedWithoutWait(t *testing.T) {
+	for _, role := range []string{"receiver", "sender"} {
+		t.Run(role, func(t *testing.T) {
+			l := tcpLink(t)
+			send, recv, _, _ := pair(t, l, 4*64, 4, 4, 0x6a)
+			r, peer := recv, l.ctxS
+			if role == "sender" {
+				r, peer = send, l.ctxR
+			}
+			require.NoError(t, r.Start())
+			require.NoError(t, peer.Close())
+			require.Eventually(t, func() bool {
+				err := r.Free()
+				require.True(t, err == nil || errors.Is(err, ucp.ErrBusy), "%v", err)
+				return err == nil
+			}, 20*time.Second, time.Millisecond, "Free of a request whose peer died")
+			require.ErrorIs(t, r.Free(), ucp.ErrClosed)
+		})
+	}
+}
+
+// Free of an iteration in flight whose peer is alive says ErrBusy and changes nothing:
+// the iteration still completes, with the data.
+func TestFreeInFlightIsBusyAndChangesNothing(t *testing.T) {
+	l := shmLink(t)
+	send, recv, sbuf, rbuf := pair(t, l, 4*64, 4, 4, 0x6b)
+	require.NoError(t, prepare.StartAll(recv, send))
+	require.ErrorIs(t, recv.Free(), ucp.ErrBusy)
+	require.ErrorIs(t, send.Free(), ucp.ErrBusy)
+	fill(sbuf, 1)
+	require.NoError(t, send.PreadyRange(0, 3))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, send.Wait(ctx))
+	require.NoError(t, recv.Wait(ctx))
+	require.NoError(t, checkFilled(rbuf, 1))
+	require.NoError(t, send.Free())
+	require.NoError(t, recv.Free())
+}

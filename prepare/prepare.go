@@ -1130,6 +1130,14 @@ func (r *Request) signalSentLocked() {
 // ends it when it gets there, which Free does not wait for); with ErrClosed once
 // freed.
 //
+// An iteration in flight ends when it completes, when the peer fails (it completes
+// with the failure, matching ucp.ErrPeerFailed) or when the worker closes (ErrClosed);
+// closing the endpoint alone does not end it. Memory a peer may still write into is
+// never released under it. Before it answers ErrBusy, Free progresses the worker once
+// and looks at the endpoint, as a Wait would: a peer failure UCX noticed ends the
+// iteration there, so a request whose peer died is freed by Free alone (retried until
+// UCX notices), with no Wait or Test first.
+//
 // Streams given a wait or work on the request (WaitOnStream, ArrivedOnStream,
 // PreadyOnStream) may not have got to it yet, satisfied as it is: the request's words,
 // registrations and host copy are freed only once each such stream passed it, on host
@@ -1145,6 +1153,7 @@ func (r *Request) Free() error {
 	// stream back, which Free must not.
 	deadline := time.Now().Add(retireWait)
 	var heldSince time.Time
+	looked := false
 	for {
 		r.mu.Lock()
 		if r.freed {
@@ -1152,8 +1161,14 @@ func (r *Request) Free() error {
 			return fmt.Errorf("free: %w", ErrClosed)
 		}
 		if r.active && r.err == nil {
+			iter := r.iter
 			r.mu.Unlock()
-			return fmt.Errorf("free: iteration %d in flight: %w", r.iter, ErrBusy)
+			if !looked {
+				looked = true
+				r.noticeFailure()
+				continue
+			}
+			return fmt.Errorf("free: iteration %d in flight (it ends when it completes, the peer fails or the worker closes): %w", iter, ErrBusy)
 		}
 		c, n := r.pendingCondLocked()
 		if c == nil {
@@ -1215,6 +1230,16 @@ func (r *Request) Free() error {
 	}
 	r.releaseAfter(streams)
 	return nil
+}
+
+// noticeFailure lets a peer failure UCX can see reach r, as a Wait would: one round
+// of progress (the endpoint's failure hooks run in it) and the endpoint's own record
+// of the failure (its hook may be queued behind another goroutine's progress).
+func (r *Request) noticeFailure() {
+	r.w.Progress()
+	if err := r.peer.Err(); err != nil {
+		r.fail(err)
+	}
 }
 
 // retireWait bounds Free's wait for operations a failure left to retire; heldGrace is
