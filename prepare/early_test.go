@@ -76,6 +76,7 @@ func progressing(t *testing.T, w *ucp.Worker) {
 func TestEarlyHandshakesBoundedPerPeer(t *testing.T) {
 	l := shmLink(t)
 	pair(t, l, 64, 2, 2, 0x58) // the receiver's worker has its handshake handler now
+	defer prepare.FreezeEarlyClock(l.r)()
 	sendForged(t, l.toR, l.r, prepare.MaxEarly+10, 0x7100_0000, 64)
 	progressUntil(t, "the flood was not delivered", func() bool {
 		n, _ := prepare.EarlyHeld(l.r)
@@ -108,6 +109,7 @@ func TestEarlyHandshakesBoundedPerPeer(t *testing.T) {
 func TestEarlyHandshakesExpire(t *testing.T) {
 	l := shmLink(t)
 	pair(t, l, 64, 2, 2, 0x59) // handshake handlers on both workers
+	thaw := prepare.FreezeEarlyClock(l.r)
 	const forged = 16
 	sendForged(t, l.toR, l.r, forged, 0x7300_0000, 64)
 
@@ -123,6 +125,7 @@ func TestEarlyHandshakesExpire(t *testing.T) {
 		return n == forged+1
 	}, l.s, l.r)
 
+	thaw()
 	progressUntil(t, "handshakes for requests never made were kept for good", func() bool {
 		n, bytes := prepare.EarlyHeld(l.r)
 		return n == 0 && bytes == 0
@@ -166,6 +169,7 @@ func TestHandshakeForFreedReceiverFailsSender(t *testing.T) {
 func TestAnswerForFreedSenderFailsReceiver(t *testing.T) {
 	l := shmLink(t)
 	pair(t, l, 64, 2, 2, 0x5d) // handshake handlers on both workers
+	defer prepare.FreezeEarlyClock(l.r)()
 	send, err := prepare.PsendInit(l.s, make([]byte, 64), prepare.Params{Peer: l.toR, Tag: 0x5e, Partitions: 2})
 	require.NoError(t, err)
 	gone, cancel := context.WithCancel(context.Background())

@@ -1,6 +1,10 @@
 package prepare
 
-import "github.com/ucpx/ucpx/ucp"
+import (
+	"time"
+
+	"github.com/ucpx/ucpx/ucp"
+)
 
 // Fail records err as the peer's failure, as the endpoint's failure hook does.
 func Fail(r *Request, err error) { r.fail(err) }
@@ -90,6 +94,26 @@ func EarlyHeldPerPeer(w *ucp.Worker) []int {
 }
 
 const MaxEarly, MaxEarlyBytes, MaxEarlyPerPeer = maxEarly, maxEarlyBytes, maxEarlyPerPeer
+
+// FreezeEarlyClock stops the clock w's registry tells the age of kept handshakes by,
+// so that none grows old (a test of the bounds must not race their expiry), until
+// thaw: then the handshakes kept meanwhile are as old as the freeze.
+func FreezeEarlyClock(w *ucp.Worker) (thaw func()) {
+	v, ok := registries.Load(w)
+	if !ok {
+		panic("FreezeEarlyClock: the worker has no prepared requests yet")
+	}
+	g := v.(*registry)
+	frozen := time.Now()
+	g.mu.Lock()
+	g.clock = func() time.Time { return frozen }
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		g.clock = time.Now
+		g.mu.Unlock()
+	}
+}
 
 // Failed is r's sticky error, looked at without progressing anything.
 func Failed(r *Request) error {

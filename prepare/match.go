@@ -44,8 +44,10 @@ type registry struct {
 	earlyBytes int
 	earlyOf    map[*ucp.Endpoint]earlyCount
 	earlySweep bool
-	acks       *ackBlock      // the block new ack slots come from
-	host       stream.Backend // of the ack words
+	// clock tells the age of a kept handshake: time.Now (a test may stop it).
+	clock func() time.Time
+	acks  *ackBlock      // the block new ack slots come from
+	host  stream.Backend // of the ack words
 	// unacked: sender requests whose iteration completed before its ack came;
 	// draining: the drainer runs or is due; eagerLeft: an ack was late, and the drainer
 	// starts at once for this many more drains (the registry is eager while it is
@@ -287,7 +289,10 @@ func registryOf(w *ucp.Worker) (*registry, error) {
 	if r, ok := registries.Load(w); ok {
 		return r.(*registry), nil
 	}
-	reg := &registry{w: w, next: map[matchKey]int{}, reqs: map[matchKey]*Request{}, early: map[matchKey]earlyHandshake{}, earlyOf: map[*ucp.Endpoint]earlyCount{}}
+	reg := &registry{
+		w: w, next: map[matchKey]int{}, reqs: map[matchKey]*Request{},
+		early: map[matchKey]earlyHandshake{}, earlyOf: map[*ucp.Endpoint]earlyCount{}, clock: time.Now,
+	}
 	actual, loaded := registries.LoadOrStore(w, reg)
 	if loaded {
 		return actual.(*registry), nil
@@ -364,7 +369,7 @@ func (g *registry) deliver(msg *ucp.AmMessage) {
 	if r == nil && !freed && h.role == sender {
 		// A receiver answers a sender that exists (or was freed since): only a
 		// sender's handshake can come before its request.
-		g.keepEarlyLocked(k, h, time.Now())
+		g.keepEarlyLocked(k, h, g.clock())
 	}
 	g.mu.Unlock()
 	switch {
@@ -449,7 +454,7 @@ func (g *registry) dropEarlyLocked(k matchKey, e earlyHandshake) {
 func (g *registry) expireEarly() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	now := time.Now()
+	now := g.clock()
 	for k, e := range g.early {
 		if now.Sub(e.at) >= earlyTTL {
 			g.dropEarlyLocked(k, e)
