@@ -169,6 +169,8 @@ func (g *Host) Close() error {
 }
 
 // HostExec is an instantiated host graph: a fixed topology, launched on host streams.
+// Only Host.Instantiate makes one: a zero HostExec's Launch fails with ErrInvalidParam
+// (it has no graph to run), and its Close, having nothing to release, succeeds once.
 type HostExec struct {
 	tasks   []func() error
 	inline  []bool
@@ -439,6 +441,10 @@ func (x *HostExec) runChained(abandon context.Context) (bool, error) {
 func (x *HostExec) Launch(s stream.Stream) error {
 	if x == nil {
 		return fmt.Errorf("launch: nil executable graph: %w", ErrInvalidParam)
+	}
+	if x.leave == nil {
+		// A zero HostExec (declared, not returned by Instantiate) has no graph to run.
+		return fmt.Errorf("launch: an executable graph not made by Host.Instantiate: %w", ErrInvalidParam)
 	}
 	if s == nil || s.Kind() != stream.KindHost {
 		return fmt.Errorf("launch: a host graph needs a host stream: %w", ErrInvalidParam)

@@ -252,6 +252,25 @@ func TestNilHostExec(t *testing.T) {
 	testenv.NilMethods(t, (*graph.Host)(nil), (*graph.HostExec)(nil))
 }
 
+// A zero HostExec (declared, not made by Instantiate) answers Launch with
+// ErrInvalidParam and enqueues nothing (its Launch dereferenced a nil function);
+// its Close succeeds once, then returns ErrClosed.
+func TestZeroHostExec(t *testing.T) {
+	var x graph.HostExec
+	s := hostStream(t)
+	require.ErrorIs(t, x.Launch(s), graph.ErrInvalidParam)
+	require.NoError(t, s.Synchronize(), "the refused launch enqueued something")
+	require.Zero(t, x.InFlight())
+	require.NoError(t, x.Close())
+	require.ErrorIs(t, x.Close(), graph.ErrClosed)
+	require.ErrorIs(t, x.Launch(s), graph.ErrInvalidParam)
+	// A zero node is of no graph.
+	g := graph.NewHost()
+	var n graph.HostNode
+	_, err := g.AddTask([]condition.Node{&n}, func() error { return nil })
+	require.ErrorIs(t, err, graph.ErrInvalidParam)
+}
+
 // A nil *Host (a typed nil behind condition.GraphBuilder too) answers ErrInvalidParam.
 func TestNilHost(t *testing.T) {
 	var g *graph.Host
@@ -270,7 +289,7 @@ func TestNilHost(t *testing.T) {
 }
 
 // A host graph, its executable, a node and a Graph condition answer zero arguments
-// with errors, open and closed.
+// with errors, open and closed; so do a zero HostExec and a zero Host.
 func TestHandlesTakeZeroArguments(t *testing.T) {
 	for _, closed := range []bool{false, true} {
 		b := stream.NewHostBackend()
@@ -283,7 +302,7 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		require.NoError(t, err)
 		x, err := g.Instantiate()
 		require.NoError(t, err)
-		handles := []any{g, x, n, c}
+		handles := []any{g, x, n, c, &graph.HostExec{}, &graph.Host{}}
 		if !closed {
 			testenv.ZeroArgs(t, map[string]bool{"Close": true, "Destroy": true}, handles...)
 			testenv.ExtremeArgs(t, map[string]bool{"Close": true, "Destroy": true}, handles...)
@@ -292,6 +311,8 @@ func TestHandlesTakeZeroArguments(t *testing.T) {
 		require.NoError(t, c.Destroy())
 		require.NoError(t, g.Close())
 		require.NoError(t, b.Close())
+		require.NoError(t, handles[4].(*graph.HostExec).Close())
+		require.NoError(t, handles[5].(*graph.Host).Close())
 		if closed {
 			testenv.ZeroArgs(t, nil, handles...)
 		}
