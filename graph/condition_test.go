@@ -619,3 +619,73 @@ func TestGraphLaunchAfterFailedLaunchWithNodeInFlight(t *testing.T) {
 	}
 	endGraph(t, x, recv, fwd)
 }
+
+// A failed launch owes no completion of a follower whose trigger no engine can store:
+// one armed on a node whose condition was destroyed (the root of the relay) or armed
+// after a destroyed follower (the middle of it). Every launch fails with the real
+// cause, ErrClosed, and so does a fresh executable graph of the Host; before, the first
+// launch failed with ErrClosed and every later one, of any executable graph of the
+// Host, with ErrInFlight for good.
+func TestGraphDestroyedNodeOwesNoFollower(t *testing.T) {
+	for _, destroyed := range []string{"root", "middle"} {
+		t.Run(destroyed, func(t *testing.T) {
+			l := newLink(t)
+			in := make([]byte, 8)
+			g := graph.NewHost()
+			task, err := g.AddTask(nil, func() error { return nil })
+			require.NoError(t, err)
+			// task -> recv -> fwd -> tail, the last two chained to the node before.
+			recv := recvNode(t, l, g, []condition.Node{task}, in, 48)
+			fwd := sendNode(t, l, g, []condition.Node{recv.WaitNode()}, in, 49)
+			tail := sendNode(t, l, g, []condition.Node{fwd.WaitNode()}, in, 50)
+			x, err := g.Instantiate()
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			got := make([]byte, 8)
+			relayed := func(tag uint64) {
+				r, err := l.a.TagRecvNbx(got, tag, ^uint64(0), nil)
+				require.NoError(t, err)
+				require.NoError(t, r.Wait(ctx))
+			}
+			// One good launch: the nodes' engine is attached to their words.
+			s, err := l.backend.NewStream()
+			require.NoError(t, err)
+			require.NoError(t, x.Launch(s))
+			pingB(t, ctx, l, 48)
+			relayed(49)
+			relayed(50)
+			require.NoError(t, syncErr(t, ctx, s))
+
+			gone, kept := recv, []*condition.Condition{fwd, tail}
+			if destroyed == "middle" {
+				gone, kept = fwd, []*condition.Condition{recv, tail}
+			}
+			require.NoError(t, gone.Destroy())
+			launch := func(x *graph.HostExec, k int) {
+				t.Helper()
+				s, err := l.backend.NewStream()
+				require.NoError(t, err)
+				require.NoError(t, x.Launch(s))
+				if destroyed == "middle" {
+					pingB(t, ctx, l, 48) // the receive runs; the forward fails
+				}
+				err = syncErr(t, ctx, s)
+				require.ErrorIs(t, err, graph.ErrClosed, "launch %d", k)
+				require.NotErrorIs(t, err, graph.ErrInFlight, "launch %d", k)
+			}
+			for k := range 3 {
+				launch(x, k)
+			}
+			require.NoError(t, x.Close())
+			x2, err := g.Instantiate()
+			require.NoError(t, err)
+			launch(x2, 3)
+			require.NoError(t, x2.Close())
+			for _, c := range kept {
+				require.NoError(t, c.Err())
+				require.NoError(t, c.Destroy())
+			}
+		})
+	}
+}

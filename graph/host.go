@@ -604,6 +604,11 @@ func (x *HostExec) run(sl *streamLaunches) error {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("node %d: %w", i, err)
 			}
+			if len(x.follow[i]) > 0 {
+				// Its operation will not complete (never started, or can run no more):
+				// no engine starts the followers armed on it, so none is owed.
+				x.disarmFollowers(i, chained)
+			}
 		case x.waitFor[i] != nil && x.waitFor[i].Block().Driver() == nil:
 			// No engine will ever complete it: its condition carries no operation. The
 			// trigger goes back to 0, or an operation enqueued later would run at once,
@@ -811,14 +816,33 @@ func (x *HostExec) settleOwed() error {
 // which it took: the launch skips their tasks. Called before i's trigger is stored,
 // and for the followers' own followers too, before anything can complete them. The
 // newest node is armed (and issued) first, the order in which a round issues triggers
-// that a launch stored together.
+// that a launch stored together. Nothing is armed on a node whose condition was
+// destroyed (its operation never completes, and its engine already dropped what was
+// armed on it): a destroyed follower is armed, the engine skips it, and the launch
+// fails there (ErrClosed), but its own followers are not.
 func (x *HostExec) armFollowers(i int, chained []bool) {
+	if x.trigger[i].Block().Closed() || x.waitFor[i].Block().Closed() {
+		return
+	}
 	f, _ := x.waitFor[i].Block().Driver().(stream.Follower)
 	for k := len(x.follow[i]) - 1; k >= 0; k-- {
 		c := x.follow[i][k]
 		chained[c] = f != nil && f.Follow(x.waitFor[i], x.trigger[c])
 		if chained[c] && len(x.follow[c]) > 0 {
 			x.armFollowers(c, chained)
+		}
+	}
+}
+
+// disarmFollowers forgets the followers armed on node i, and theirs, once i failed:
+// its operation was not started, or can run no more, so no engine stores their
+// triggers, and a failed launch must not owe their completions (a completion owed that
+// never comes failed every later launch of the graph with ErrInFlight).
+func (x *HostExec) disarmFollowers(i int, chained []bool) {
+	for _, c := range x.follow[i] {
+		if chained[c] {
+			chained[c] = false
+			x.disarmFollowers(c, chained)
 		}
 	}
 }
