@@ -271,6 +271,46 @@ func TestZeroHostExec(t *testing.T) {
 	require.ErrorIs(t, err, graph.ErrInvalidParam)
 }
 
+// AddSignalNodes (condition.GraphBuilder, exported) refuses words no launch could use
+// at the call: nil words and one word as both (ErrInvalidParam), words of a freed
+// block (ErrClosed). They were accepted, and every launch then failed at the node.
+func TestHostAddSignalNodesRefusesBadWords(t *testing.T) {
+	b := stream.NewHostBackend()
+	defer b.Close()
+	live, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer live.Close()
+	freed, err := b.AllocWords(2)
+	require.NoError(t, err)
+	require.NoError(t, freed.Close())
+	g := graph.NewHost()
+	for _, split := range []bool{false, true} {
+		for _, tc := range []struct {
+			name          string
+			trigger, done *stream.Word
+			want          error
+		}{
+			{"nil words", nil, nil, graph.ErrInvalidParam},
+			{"nil trigger", nil, live.Word(1), graph.ErrInvalidParam},
+			{"nil completion", live.Word(0), nil, graph.ErrInvalidParam},
+			{"out-of-range word", live.Word(0), live.Word(2), graph.ErrInvalidParam},
+			{"one word as both", live.Word(0), live.Word(0), graph.ErrInvalidParam},
+			{"freed words", freed.Word(0), freed.Word(1), graph.ErrClosed},
+			{"freed completion", live.Word(0), freed.Word(1), graph.ErrClosed},
+		} {
+			start, wait, err := g.AddSignalNodes(nil, tc.trigger, tc.done, split)
+			require.ErrorIs(t, err, tc.want, "%s (split %v)", tc.name, split)
+			require.Nil(t, start)
+			require.Nil(t, wait)
+		}
+	}
+	require.Zero(t, g.Len(), "a refused call added nodes")
+	start, wait, err := g.AddSignalNodes(nil, live.Word(0), live.Word(1), true)
+	require.NoError(t, err)
+	require.NotNil(t, start)
+	require.NotNil(t, wait)
+}
+
 // A nil *Host (a typed nil behind condition.GraphBuilder too) answers ErrInvalidParam.
 func TestNilHost(t *testing.T) {
 	var g *graph.Host

@@ -17,10 +17,37 @@ var ErrOperationFailed = errs.New("graph: communication operation failed permane
 // would ever complete the node. It matches ErrInvalidParam.
 var ErrNoOperation = errs.New("graph: communication node without an operation", errs.InvalidParam)
 
+// checkSignalWords refuses the words of a communication operation that no launch
+// could use: nil words, the same word twice (ErrInvalidParam), and words of a freed
+// block (ErrClosed), as the streams refuse them.
+func checkSignalWords(op string, trigger, done *stream.Word) error {
+	for _, w := range []struct {
+		name string
+		w    *stream.Word
+	}{{"trigger", trigger}, {"completion", done}} {
+		switch {
+		case w.w == nil || w.w.HostPtr() == 0 || w.w.Block() == nil:
+			return fmt.Errorf("%s: nil %s word: %w", op, w.name, ErrInvalidParam)
+		case w.w.Block().Closed():
+			return fmt.Errorf("%s: %s word of a freed block: %w", op, w.name, ErrClosed)
+		}
+	}
+	if trigger == done {
+		return fmt.Errorf("%s: the trigger word is the completion word: %w", op, ErrInvalidParam)
+	}
+	return nil
+}
+
 // AddSignalNodes implements condition.GraphBuilder for host graphs: the trigger store
-// and the completion wait of one communication operation, as host tasks.
+// and the completion wait of one communication operation, as host tasks. Nil words,
+// one word as both (ErrInvalidParam) and words of a freed block (ErrClosed) are
+// refused.
 func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, split bool) (start, wait condition.Node, err error) {
-	hd, err := hostNodes("add signal nodes", deps)
+	const op = "add signal nodes"
+	if err := checkSignalWords(op, trigger, done); err != nil {
+		return nil, nil, err
+	}
+	hd, err := hostNodes(op, deps)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -34,7 +61,6 @@ func (g *Host) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word,
 		}
 		return nil
 	}
-	const op = "add signal nodes"
 	words := opWords{trigger, done}
 	if !split {
 		n, err := g.add(op, hd, HostNode{task: fire, inline: true, trigger: trigger, waitFor: done, op: words})
