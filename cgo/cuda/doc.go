@@ -53,8 +53,10 @@
 // errors.Is(err, cuda.ErrNotReady) works regardless of the operation. Argument
 // checks made before any driver call (nil or unaligned addresses, zero sizes,
 // batches over MaxBatch) return errors matching ErrInvalidValue; use of an
-// object after Close returns one matching ErrInvalidHandle. Nothing in this
-// package panics on bad input or crashes on a closed object.
+// object after Close (a second Close too) returns one matching ErrInvalidHandle
+// and the "closed" root every ucpx package shares (ucp.ErrClosed,
+// graph.ErrClosed). Nothing in this package panics on bad input or crashes on a
+// closed object.
 //
 // # Lifetimes
 //

@@ -52,6 +52,9 @@ type Error struct {
 	Name   string // CUDA name of Code, e.g. "CUDA_ERROR_INVALID_PTX"
 	Op     string // the driver entry point (or ucpx operation) that failed; "" for sentinels
 	Detail string // extra context: the JIT log of a failed module load, a missing symbol
+	// closed: the Go side found the object closed (closedErr), not the driver; such an
+	// error is "closed" too.
+	closed bool
 }
 
 func (e *Error) Error() string {
@@ -77,13 +80,18 @@ func (e *Error) Error() string {
 // Is reports whether target is an *Error with the same code.
 // Is matches the sentinel of the same code, and the roots every ucpx package shares:
 // CUDA_ERROR_NOT_SUPPORTED (and a missing entry point) is "not supported" (matching
-// errors.ErrUnsupported too), CUDA_ERROR_INVALID_VALUE is "invalid parameter".
+// errors.ErrUnsupported too), CUDA_ERROR_INVALID_VALUE is "invalid parameter", and the
+// use of an object after Close (ErrInvalidHandle, found before any driver call) is
+// "closed" (ucp.ErrClosed, graph.ErrClosed, ...). A CUDA_ERROR_INVALID_HANDLE from the
+// driver itself is not "closed": the driver does not say why.
 func (e *Error) Is(target error) bool {
 	switch target {
 	case errs.Unsupported, errors.ErrUnsupported:
 		return e.Code == ErrNotSupported.Code
 	case errs.InvalidParam:
 		return e.Code == ErrInvalidValue.Code
+	case errs.Closed:
+		return e.closed
 	}
 	t, ok := target.(*Error)
 	return ok && t.Code == e.Code
@@ -107,7 +115,7 @@ var (
 	ErrPeerAccessUnsupported  = sentinel(217) // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
 	ErrInvalidPTX             = sentinel(218) // CUDA_ERROR_INVALID_PTX
 	ErrUnsupportedPTXVersion  = sentinel(222) // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-	ErrInvalidHandle          = sentinel(400) // CUDA_ERROR_INVALID_HANDLE; also objects used after Close
+	ErrInvalidHandle          = sentinel(400) // CUDA_ERROR_INVALID_HANDLE; also objects used after Close (those match errs.Closed too)
 	ErrNotFound               = sentinel(500) // CUDA_ERROR_NOT_FOUND
 	ErrNotReady               = sentinel(600) // CUDA_ERROR_NOT_READY
 	ErrIllegalAddress         = sentinel(700) // CUDA_ERROR_ILLEGAL_ADDRESS
@@ -162,9 +170,10 @@ func invalid(op, format string, args ...any) error {
 
 // closedErr reports use of an object after Close (or a nil/zero object). The
 // driver would answer CUDA_ERROR_INVALID_HANDLE at best and crash at worst, so
-// the Go side answers first.
+// the Go side answers first, with an error matching ErrInvalidHandle and the
+// shared "closed" root (a second Close is ErrClosed in every ucpx package).
 func closedErr(op, what string) error {
-	return &Error{Code: ErrInvalidHandle.Code, Name: ErrInvalidHandle.Name, Op: op, Detail: what + " is closed or was never created"}
+	return &Error{Code: ErrInvalidHandle.Code, Name: ErrInvalidHandle.Name, Op: op, Detail: what + " is closed or was never created", closed: true}
 }
 
 // resultNames is the CUresult table of CUDA 13.0 (cuda.h, enum cudaError_enum),

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // roundTripOps is DESIGN.md §4's relaunchable graph operation: trigger, wait for
@@ -128,6 +129,7 @@ func TestGraphNodeKinds(t *testing.T) {
 	defer x.Close()
 	require.NoError(t, g.Close()) // the exec keeps running with its callbacks
 	require.ErrorIs(t, g.Close(), cuda.ErrInvalidHandle)
+	require.ErrorIs(t, g.Close(), errs.Closed)
 	for i := 1; i <= 3; i++ {
 		require.NoError(t, x.Launch(s))
 		syncWithin(t, s, 5*time.Second)
@@ -201,7 +203,9 @@ func TestGraphExecUpdate(t *testing.T) {
 
 	require.NoError(t, x.Close())
 	require.ErrorIs(t, x.Close(), cuda.ErrInvalidHandle)
+	require.ErrorIs(t, x.Close(), errs.Closed)
 	require.ErrorIs(t, x.Launch(s), cuda.ErrInvalidHandle)
+	require.ErrorIs(t, x.Launch(s), errs.Closed)
 	require.ErrorIs(t, x.SetBatchMemOpNodeParams(node, two[:1]), cuda.ErrInvalidHandle)
 }
 

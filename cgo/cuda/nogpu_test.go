@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/internal/errs"
 	"github.com/ucpx/ucpx/internal/testenv"
 )
 
@@ -103,6 +104,38 @@ func TestErrorIs(t *testing.T) {
 		assert.Truef(t, strings.HasPrefix(s.Name, "CUDA_ERROR_"), "sentinel %d has name %q", s.Code, s.Name)
 	}
 	assert.NotErrorIs(t, cuda.ErrNoDriver, cuda.ErrNoDevice)
+}
+
+// The use of an object after Close, a second Close among it, matches the "closed" root
+// every ucpx package shares (ucp.ErrClosed, graph.ErrClosed, ...) as well as
+// ErrInvalidHandle; a CUDA_ERROR_INVALID_HANDLE from the driver does not claim a Close.
+// Before, a second Close of a wrapper (graph.AdoptCUDA's too) matched only
+// ErrInvalidHandle. Nil objects answer as closed ones do, with no driver.
+func TestClosedObjectsMatchErrClosed(t *testing.T) {
+	for name, close := range map[string]func() error{
+		"Context":          (*cuda.Context)(nil).Close,
+		"Event":            (*cuda.Event)(nil).Close,
+		"Graph":            (*cuda.Graph)(nil).Close,
+		"GraphExec":        (*cuda.GraphExec)(nil).Close,
+		"IPCMapping":       (*cuda.IPCMapping)(nil).Close,
+		"DeviceMemory":     (*cuda.DeviceMemory)(nil).Close,
+		"HostMemory":       (*cuda.HostMemory)(nil).Close,
+		"HostRegistration": (*cuda.HostRegistration)(nil).Close,
+		"Module":           (*cuda.Module)(nil).Close,
+		"Stream":           (*cuda.Stream)(nil).Close,
+	} {
+		err := close()
+		require.ErrorIs(t, err, errs.Closed, "%s", name)
+		require.ErrorIs(t, err, cuda.ErrInvalidHandle, "%s", name)
+		require.NotErrorIs(t, err, errs.InvalidParam, "%s", name)
+	}
+	_, err := (*cuda.Graph)(nil).AddEmptyNode(nil)
+	require.ErrorIs(t, err, errs.Closed)
+	require.ErrorIs(t, (*cuda.GraphExec)(nil).Launch(nil), errs.Closed)
+	driver := &cuda.Error{Code: cuda.ErrInvalidHandle.Code, Name: cuda.ErrInvalidHandle.Name, Op: "cuGraphLaunch"}
+	require.ErrorIs(t, driver, cuda.ErrInvalidHandle)
+	require.NotErrorIs(t, driver, errs.Closed, "the driver's INVALID_HANDLE claimed a Close")
+	require.NotErrorIs(t, cuda.ErrInvalidHandle, errs.Closed)
 }
 
 func TestIPCHandleMarshal(t *testing.T) {
