@@ -15,6 +15,8 @@ import (
 // name its context). The graph stays its owner's: closing the returned CUDA's Graph
 // only releases the wrapper, and the owner instantiates and launches it as usual once
 // the nodes are in. Dependencies on the owner's nodes are cuda.NodeFromHandle values.
+// Adopting one graph more than once is fine: the completion nodes added through every
+// wrapper of it form one chain (see CUDA).
 func AdoptCUDA(handle uintptr, b stream.Backend) (CUDA, error) {
 	if handle == 0 {
 		return CUDA{}, fmt.Errorf("adopt CUDA graph: nil CUgraph: %w", ErrInvalidParam)

@@ -3,6 +3,7 @@ package graph
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"weak"
 
@@ -20,12 +21,14 @@ import (
 // for completion. With Split, Node is the start node and WaitNode the completion node.
 //
 // Completion nodes of one graph wait one after another (each depends on the one
-// created before it): a memop wait occupies one of the GPU's hardware work queues
-// (CUDA_DEVICE_MAX_CONNECTIONS: CUDA's default 8, 32 once ucpx initialized CUDA)
-// while it waits, and with many independent waits blocked at once, the trigger
-// writes of other work on the same context (another graph, the peer half of a
-// loopback exchange) could get no queue and never run. Start nodes stay independent, so every operation is issued as soon
-// as its dependencies allow; only the observation of completions is ordered.
+// created before it, whichever wrapper of the CUgraph added it: two AdoptCUDA of one
+// graph share the chain): a memop wait occupies one of the GPU's hardware work queues
+// (CUDA_DEVICE_MAX_CONNECTIONS: CUDA's default 8, 32 once ucpx initialized CUDA) while
+// it waits, and with many independent waits blocked at once, the trigger writes of
+// other work on the same context (another graph, the peer half of a loopback exchange)
+// could get no queue and never run. Start nodes stay independent, so every operation is
+// issued as soon as its dependencies allow; only the observation of completions is
+// ordered.
 //
 // Order across graphs of one CUDA context: CUDA may run independent branches of a
 // graph on any of the context's hardware queues, in any order, and the ordering a memop
@@ -47,12 +50,74 @@ type CUDA struct {
 	Graph *cuda.Graph
 }
 
-// lastWait holds the completion node created last in each graph, keyed weakly so a
-// dropped graph takes its entry with it.
-var lastWait = struct {
+// waitChains holds, per CUgraph (the raw handle: every wrapper of one graph, such as
+// two AdoptCUDA of it, shares its chain), the completion node created last in it.
+var waitChains = struct {
 	sync.Mutex
-	m map[weak.Pointer[cuda.Graph]]cuda.Node
-}{m: map[weak.Pointer[cuda.Graph]]cuda.Node{}}
+	m map[uintptr]*waitChain
+}{m: map[uintptr]*waitChain{}}
+
+// waitChain is the chain of completion nodes of one CUgraph.
+type waitChain struct {
+	last cuda.Node
+	// users are the wrappers that added to the chain. While one is open the graph is
+	// alive and last is its node; once none is (closed wrappers), the graph may have
+	// been destroyed and its handle reused, so last is checked against the graph's
+	// nodes before a new wrapper chains to it. The entry goes once every user is
+	// collected.
+	users []weak.Pointer[cuda.Graph]
+}
+
+// tailLocked returns the completion node the next one added through g, whose handle
+// is h, must depend on, if any. Caller holds waitChains.
+func tailLocked(g *cuda.Graph, h uintptr) (cuda.Node, bool) {
+	ch := waitChains.m[h]
+	if ch == nil || ch.last.Handle() == 0 {
+		return cuda.Node{}, false
+	}
+	for _, u := range ch.users {
+		if w := u.Value(); w != nil && w.Handle() == h {
+			return ch.last, true // a wrapper that added to it is open: the graph is alive
+		}
+	}
+	// Every wrapper that added to the chain was closed: the graph may be another one
+	// at the same address now.
+	nodes, err := g.Nodes()
+	if err == nil && slices.Contains(nodes, ch.last) {
+		return ch.last, true
+	}
+	ch.last = cuda.Node{}
+	return cuda.Node{}, false
+}
+
+// joinLocked records w, g's new completion node, as the tail of the chain of h.
+// Caller holds waitChains.
+func joinLocked(g *cuda.Graph, h uintptr, w cuda.Node) {
+	ch := waitChains.m[h]
+	if ch == nil {
+		ch = &waitChain{}
+		waitChains.m[h] = ch
+	}
+	ch.last = w
+	me := weak.Make(g)
+	if slices.Contains(ch.users, me) {
+		return
+	}
+	ch.users = slices.DeleteFunc(ch.users, func(u weak.Pointer[cuda.Graph]) bool { return u.Value() == nil })
+	ch.users = append(ch.users, me)
+	runtime.AddCleanup(g, func(h uintptr) {
+		waitChains.Lock()
+		defer waitChains.Unlock()
+		ch := waitChains.m[h]
+		if ch == nil {
+			return
+		}
+		ch.users = slices.DeleteFunc(ch.users, func(u weak.Pointer[cuda.Graph]) bool { return u.Value() == nil })
+		if len(ch.users) == 0 {
+			delete(waitChains.m, h)
+		}
+	}, h)
+}
 
 // Kind is stream.KindCUDA.
 func (c CUDA) Kind() stream.Kind { return stream.KindCUDA }
@@ -77,24 +142,32 @@ func (c CUDA) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, 
 	if c.Graph == nil {
 		return nil, nil, fmt.Errorf("nil CUDA graph: %w", ErrInvalidParam)
 	}
+	const op = "add signal nodes"
+	if err := checkSignalWords(op, trigger, done); err != nil {
+		return nil, nil, err
+	}
 	nodes, err := CUDANodes(deps...)
 	if err != nil {
 		return nil, nil, err
 	}
 	t, d := trigger.DevicePtr(), done.DevicePtr()
 	if t == 0 || d == 0 {
-		return nil, nil, fmt.Errorf("signal words without device addresses (a host backend?): %w", ErrInvalidParam)
+		return nil, nil, fmt.Errorf("%s: signal words without device addresses (a host backend?): %w", op, ErrInvalidParam)
 	}
+	// Under the chains' lock: the nodes of one CUgraph are added one call at a time,
+	// also through several wrappers of it.
+	waitChains.Lock()
+	defer waitChains.Unlock()
 	s, err := c.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{cuda.WriteValue64Op(t, 1, cuda.WriteDefault)})
 	if err != nil {
 		return nil, nil, err
 	}
-	key := weak.Make(c.Graph)
-	lastWait.Lock()
-	defer lastWait.Unlock()
+	h := c.Graph.Handle()
+	if h == 0 {
+		return nil, nil, fmt.Errorf("%s: CUDA graph closed: %w", op, ErrClosed)
+	}
 	waitDeps := []cuda.Node{s}
-	prev, chained := lastWait.m[key]
-	if chained {
+	if prev, chained := tailLocked(c.Graph, h); chained {
 		waitDeps = append(waitDeps, prev)
 	}
 	// AND 1: released by 1 (done) and by condition.GraphFailed (all ones).
@@ -102,14 +175,7 @@ func (c CUDA) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, 
 	if err != nil {
 		return nil, nil, err
 	}
-	lastWait.m[key] = w
-	if !chained {
-		runtime.AddCleanup(c.Graph, func(k weak.Pointer[cuda.Graph]) {
-			lastWait.Lock()
-			delete(lastWait.m, k)
-			lastWait.Unlock()
-		}, key)
-	}
+	joinLocked(c.Graph, h, w)
 	if !split {
 		return w, w, nil
 	}

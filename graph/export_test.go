@@ -17,3 +17,15 @@ func ChainHeld(x *HostExec) func() bool {
 		return c.run != nil
 	}
 }
+
+// CompletionTail is the handle of the completion node that the next communication
+// node added through c waits after (the tail of its CUgraph's chain), 0 if none.
+func CompletionTail(c CUDA) uintptr {
+	waitChains.Lock()
+	defer waitChains.Unlock()
+	n, ok := tailLocked(c.Graph, c.Graph.Handle())
+	if !ok {
+		return 0
+	}
+	return n.Handle()
+}

@@ -1,0 +1,138 @@
+package graph_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/stream"
+)
+
+// TestCUDAFakeDriver runs the CUDA graph tests against the CPU emulation of the
+// driver (cgo/cuda/testdata/fakecuda) where there is no GPU.
+func TestCUDAFakeDriver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child process against the fake driver")
+	}
+	testenv.RunUnderFakeDriver(t, []string{"TestCUDAAdoptedTwiceSharesTheChain", "TestCUDASignalNodesRefuseBadWords"})
+}
+
+// The completion nodes of one CUgraph form one chain whichever wrapper adds them: two
+// AdoptCUDA of a graph used in turn, a wrapper closed meanwhile, the graph adopted
+// again once every wrapper closed. Before, the chain was kept per wrapper, so each
+// adoption started a chain of its own (independent memop waits, each holding a
+// hardware queue while it waits: with enough of them, a graph hung on a GPU). A closed
+// wrapper answers ErrClosed (its second Close too); a graph of its own has its own
+// chain.
+func TestCUDAAdoptedTwiceSharesTheChain(t *testing.T) {
+	testenv.RequireGPU(t)
+	b, err := stream.Open(stream.CUDA)
+	require.NoError(t, err)
+	defer b.Close()
+	ctx, _, ok := stream.CUDAContext(b)
+	require.True(t, ok)
+	owner, err := ctx.NewGraph()
+	require.NoError(t, err)
+	defer owner.Close()
+	a1, err := graph.AdoptCUDA(owner.Handle(), b)
+	require.NoError(t, err)
+	a2, err := graph.AdoptCUDA(owner.Handle(), b)
+	require.NoError(t, err)
+	var conds []*condition.Condition
+	defer func() {
+		for _, c := range conds {
+			require.NoError(t, c.Destroy())
+		}
+	}()
+	// add makes a condition through a and checks that its completion node followed
+	// the tail of the chain (want) and became the tail, seen through every wrapper.
+	add := func(a graph.CUDA, want uintptr, through ...graph.CUDA) uintptr {
+		t.Helper()
+		require.Equal(t, want, graph.CompletionTail(a), "the tail the new node will wait after")
+		c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: a})
+		require.NoError(t, err)
+		conds = append(conds, c)
+		w := c.WaitNode().Handle()
+		require.NotZero(t, w)
+		for _, o := range append(through, a) {
+			require.Equal(t, w, graph.CompletionTail(o), "the chain's tail seen through another wrapper")
+		}
+		return w
+	}
+	w := add(a1, 0, a2)
+	w = add(a2, w, a1)
+	w = add(a1, w, a2)
+	nodes, err := owner.Nodes()
+	require.NoError(t, err)
+	require.Len(t, nodes, 6, "a start and a completion node per condition")
+
+	require.NoError(t, a1.Graph.Close())
+	require.ErrorIs(t, a1.Graph.Close(), graph.ErrClosed)
+	_, err = condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: a1})
+	require.ErrorIs(t, err, graph.ErrClosed)
+	w = add(a2, w)
+	require.NoError(t, a2.Graph.Close())
+
+	// Every wrapper closed, the graph alive: a new adoption continues its chain.
+	a3, err := graph.AdoptCUDA(owner.Handle(), b)
+	require.NoError(t, err)
+	defer a3.Graph.Close()
+	w = add(a3, w)
+
+	// Another graph has a chain of its own.
+	other, err := ctx.NewGraph()
+	require.NoError(t, err)
+	defer other.Close()
+	o := graph.CUDA{Graph: other}
+	add(o, 0)
+	require.Equal(t, w, graph.CompletionTail(a3))
+}
+
+// CUDA.AddSignalNodes refuses words no graph could use at the call: nil words and
+// host words (ErrInvalidParam), words of a freed block (ErrClosed; before, they were
+// accepted and the graph's memops would write freed memory).
+func TestCUDASignalNodesRefuseBadWords(t *testing.T) {
+	testenv.RequireGPU(t)
+	b, err := stream.Open(stream.CUDA)
+	require.NoError(t, err)
+	defer b.Close()
+	ctx, _, ok := stream.CUDAContext(b)
+	require.True(t, ok)
+	cg, err := ctx.NewGraph()
+	require.NoError(t, err)
+	defer cg.Close()
+	g := graph.CUDA{Graph: cg}
+	hb := stream.NewHostBackend()
+	defer hb.Close()
+	host, err := hb.AllocWords(2)
+	require.NoError(t, err)
+	defer host.Close()
+	live, err := b.AllocWords(2)
+	require.NoError(t, err)
+	defer live.Close()
+	freed, err := b.AllocWords(2)
+	require.NoError(t, err)
+	require.NoError(t, freed.Close())
+	for _, tc := range []struct {
+		name          string
+		trigger, done *stream.Word
+		want          error
+	}{
+		{"nil words", nil, nil, graph.ErrInvalidParam},
+		{"host words", host.Word(0), host.Word(1), graph.ErrInvalidParam},
+		{"one word as both", live.Word(0), live.Word(0), graph.ErrInvalidParam},
+		{"freed words", freed.Word(0), freed.Word(1), graph.ErrClosed},
+		{"freed trigger", freed.Word(0), live.Word(1), graph.ErrClosed},
+	} {
+		_, _, err := g.AddSignalNodes(nil, tc.trigger, tc.done, false)
+		require.ErrorIs(t, err, tc.want, tc.name)
+	}
+	nodes, err := cg.Nodes()
+	require.NoError(t, err)
+	require.Empty(t, nodes, "a refused call added nodes")
+	_, _, err = g.AddSignalNodes(nil, live.Word(0), live.Word(1), false)
+	require.NoError(t, err)
+}
