@@ -9,35 +9,41 @@ import (
 // Stream capture: frameworks build CUDA graphs by capturing a stream. An operation
 // enqueued with a Stream condition while the condition's stream captures cannot use
 // the condition's sequence numbers (the captured memops keep their values and the
-// graph relaunches), so it becomes a persistent graph operation: Captured adds its
+// graph relaunches), so it becomes a persistent graph operation: capture adds its
 // signal nodes [store 1 into T', wait until D' & 1, store 0 into D'] to the capture,
 // on words of its own, and returns the Graph condition that carries it. Every launch
 // of the captured graph performs the operation again; stream order inside the graph
 // is the capture's order.
 
-// capture returns, when c is a Stream condition whose stream is capturing, a new
-// Graph condition whose nodes were just captured on the stream, for the one operation
-// about to be enqueued; nil when the stream is not capturing. c owns it: c.Destroy
-// destroys it. streamOrdered false (a non-blocking enqueue) is refused under capture:
-// its later wait would have no sequence number to wait for in a relaunched graph.
-func (c *Condition) capture(streamOrdered bool) (*Condition, error) {
+// capturing reports whether c is a Stream condition whose stream is capturing a
+// graph: the operation about to be enqueued then becomes a persistent graph operation
+// (capture). streamOrdered false (a non-blocking enqueue) is refused under capture: its
+// later wait would have no sequence number to wait for in a relaunched graph.
+func (c *Condition) capturing(streamOrdered bool) (bool, error) {
 	if c.category != Stream {
-		return nil, nil
+		return false, nil
 	}
-	// Every enqueue asks (one driver call on CUDA, none on host streams); the lock only
-	// when capturing. The capturing thread is the enqueuing one, so the answer holds
-	// until Arm.
+	// Every enqueue asks (one driver call on CUDA, none on host streams). The capturing
+	// thread is the enqueuing one, so the answer holds until the operation is armed.
 	capturing, err := c.stream.Capturing()
 	if err != nil || !capturing {
-		return nil, err
+		return false, err
 	}
+	if !streamOrdered {
+		return false, fmt.Errorf("non-blocking enqueue while the stream captures a graph: %w", ErrInvalidParam)
+	}
+	return true, nil
+}
+
+// capture returns a new Graph condition whose nodes were just captured on c's stream
+// (capturing reported true), for the one operation about to be enqueued. c owns it:
+// c.Destroy destroys it. The nodes stay in the capture: call it only once the
+// operation was accepted (planned), so that a refused call records nothing.
+func (c *Condition) capture() (*Condition, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.destroyed.Load() {
 		return nil, fmt.Errorf("capture: %w", ErrDestroyed)
-	}
-	if !streamOrdered {
-		return nil, fmt.Errorf("non-blocking enqueue while the stream captures a graph: %w", ErrInvalidParam)
 	}
 	g, err := Create(Param{Category: Graph, Backend: c.backend, Graph: captureBuilder{c.stream}})
 	if err != nil {

@@ -225,28 +225,40 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 		return fmt.Errorf("submit: the Op was submitted already: %w", ErrInvalidParam)
 	}
 	// Under stream capture the operation becomes a persistent graph operation of a
-	// condition of its own (same backend).
-	captured, err := c.capture(!s.NonBlocking)
+	// condition of its own (same backend), planned as one.
+	capturing, err := c.capturing(!s.NonBlocking)
 	if err != nil {
 		return err
 	}
-	if captured != nil {
-		c = captured
+	category := c.category
+	if capturing {
+		category = Graph
 	}
-	o.eng, o.cond, o.operation, o.what, o.cb = e, c, op, s.What, s.Callback
-	streamOrdered := c.category == Stream && !s.NonBlocking
+	streamOrdered := category == Stream && !s.NonBlocking
 	route := protocol.Route{
 		Backend:       c.backend,
-		OnStream:      c.category == Stream,
+		OnStream:      category == Stream,
 		StreamOrdered: streamOrdered,
 		// Only a split transfer cares, and only a Stream condition has groups: the
 		// condition's lock is not taken on every operation.
-		Grouped: s.Transfer.Splittable && c.category == Stream && c.inGroup(),
-		What:    c.category.conditionName(),
+		Grouped: s.Transfer.Splittable && category == Stream && c.inGroup(),
+		What:    category.conditionName(),
 	}
 	if err := e.planner.Plan(s.Transfer, route, &o.plan); err != nil {
 		return err
 	}
+	if capturing {
+		// Only once the plan accepted the operation: the graph condition's signal
+		// nodes go into the capture as it is made, and a captured graph keeps them
+		// (nodes with no operation would hold every launch of the graph for good).
+		captured, err := c.capture()
+		if err != nil {
+			o.plan.Unused(0)
+			return err
+		}
+		c = captured
+	}
+	o.eng, o.cond, o.operation, o.what, o.cb = e, c, op, s.What, s.Callback
 	if len(o.plan.Parts) > 1 {
 		return e.submitParts(o, streamOrdered)
 	}
