@@ -755,7 +755,7 @@ func (c *Condition) Destroy() error {
 			c.destroyed.Store(true)
 			return c.words.Close()
 		}
-		if c.trigger.Load() != 0 || c.done.Load() != 0 || c.chainRun.Load() != nil {
+		if c.chainRun.Load() != nil || c.launchRunningLocked() {
 			return fmt.Errorf("destroy: a launch is running the operation: %w", ErrBusy)
 		}
 		c.destroyed.Store(true)
@@ -813,6 +813,22 @@ func (c *Condition) Destroy() error {
 	giveBackAll(c.held)
 	c.held = nil
 	return c.words.Close()
+}
+
+// launchRunningLocked reports whether a launch runs a Graph condition's operations: it
+// stored the trigger and no engine took it yet, an engine runs them (it took the
+// trigger, which then reads 0, and the completion word reads 0 too), or the completion
+// is stored and the launch has not taken it. Each engine of the condition answers
+// under its lock, in which its round takes the trigger, issues the operations and,
+// once they completed, stores the completion word, so no state between those is seen.
+// Caller holds mu.
+func (c *Condition) launchRunningLocked() bool {
+	for _, d := range c.drivers {
+		if e, ok := d.(*Engine); ok && e.launchRunning(c) {
+			return true
+		}
+	}
+	return c.trigger.Load() != 0 || c.done.Load() != 0
 }
 
 func giveBackAll(gives []func()) {

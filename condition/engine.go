@@ -996,6 +996,18 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 	return true
 }
 
+// launchRunning reports whether c's trigger or completion word shows a launch, or the
+// engine runs c's operations for one (Condition.launchRunningLocked). Under mu, which
+// the round holds from taking the trigger to storing the completion word.
+func (e *Engine) launchRunning(c *Condition) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ch := e.active[c]; ch != nil && ch.running > 0 {
+		return true
+	}
+	return c.trigger.Load() != 0 || c.done.Load() != 0
+}
+
 // launchDoneLocked fires ch's launch if all its operations completed, and reports
 // whether it did. Caller holds e.mu and drive.
 func (e *Engine) launchDoneLocked(ch *channel) bool {

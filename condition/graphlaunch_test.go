@@ -1,0 +1,139 @@
+package condition
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/protocol"
+	"github.com/ucpx/ucpx/stream/streamcore"
+)
+
+// A Graph condition's launch played by hand: the test stores the trigger as a graph's
+// start node does and resets the completion word as its wait node does, and the
+// operation completes when the test says.
+
+// wordsOnly is a graph that adds no nodes: the test plays them.
+type wordsOnly struct{}
+
+func (wordsOnly) Kind() streamcore.Kind { return streamcore.KindHost }
+
+func (wordsOnly) AddSignalNodes([]Node, *streamcore.Word, *streamcore.Word, bool) (Node, Node, error) {
+	return nil, nil, nil
+}
+
+// heldTransport counts completions the test makes.
+type heldTransport struct {
+	completions atomic.Uint64
+}
+
+func (t *heldTransport) Progress(Issued) bool { return false }
+func (t *heldTransport) Completions() uint64  { return t.completions.Load() }
+
+// heldOp is an operation that stays in flight until finish; issued receives once per
+// issue.
+type heldOp struct {
+	t      *heldTransport
+	issued chan struct{}
+	cur    atomic.Pointer[heldIssued]
+}
+
+type heldIssued struct {
+	done atomic.Bool
+	err  error
+}
+
+func (i *heldIssued) Done() bool { return i.done.Load() }
+func (i *heldIssued) Err() error { return i.err }
+func (i *heldIssued) Cancel()    {}
+
+func (o *heldOp) Issue(*protocol.Part) (Issued, error) {
+	i := &heldIssued{}
+	o.cur.Store(i)
+	o.issued <- struct{}{}
+	return i, nil
+}
+
+// finish completes the issued operation with err.
+func (o *heldOp) finish(err error) {
+	i := o.cur.Load()
+	i.err = err
+	i.done.Store(true)
+	o.t.completions.Add(1)
+}
+
+// heldLaunch makes a Graph condition carrying one heldOp on an engine of its own.
+func heldLaunch(t *testing.T) (*Engine, *heldTransport, *Condition, *heldOp, *Op) {
+	t.Helper()
+	tr := &heldTransport{}
+	e, err := NewEngine(tr, protocol.Config{}, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	c, err := Create(Param{Category: Graph, Backend: backend(t), Graph: wordsOnly{}})
+	require.NoError(t, err)
+	op := &heldOp{t: tr, issued: make(chan struct{}, 1)}
+	var o Op
+	require.NoError(t, e.Submit(&o, c, op, Submission{What: "recv", Transfer: protocol.Transfer{Buf: make([]byte, 8), Dir: protocol.In}}))
+	return e, tr, c, op, &o
+}
+
+// driveUntil drives e until cond holds; the test fails if it does not within a
+// generous bound (a hang).
+func driveUntil(t *testing.T, e *Engine, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		require.True(t, time.Now().Before(deadline), "%s: not within 20 s", what)
+		e.Drive()
+		time.Sleep(10 * time.Microsecond)
+	}
+}
+
+// launch stores the trigger as a start node does and waits until the engine issued
+// the operation.
+func launchHeld(t *testing.T, e *Engine, c *Condition, op *heldOp) {
+	t.Helper()
+	c.trigger.Store(1)
+	driveUntil(t, e, "issue", func() bool {
+		select {
+		case <-op.issued:
+			return true
+		default:
+			return false
+		}
+	})
+}
+
+// Destroy of a Graph condition whose operation a launch runs (the engine took the
+// trigger, the operation is in flight: both words read 0) refuses with ErrBusy and
+// changes nothing, as its documentation says; once the launch took the completion it
+// succeeds. Before, it succeeded while the operation was in flight.
+func TestGraphDestroyRefusedWhileTheOperationRuns(t *testing.T) {
+	e, _, c, op, o := heldLaunch(t)
+	launchHeld(t, e, c, op)
+	require.Zero(t, c.trigger.Load(), "the engine took the trigger")
+	require.Zero(t, c.done.Load())
+	require.ErrorIs(t, c.Destroy(), ErrBusy, "Destroy with the operation in flight")
+	require.False(t, c.Destroyed())
+
+	op.finish(nil)
+	driveUntil(t, e, "completion", func() bool { return c.done.Load() == 1 })
+	require.ErrorIs(t, c.Destroy(), ErrBusy, "Destroy before the launch took the completion")
+	c.done.Store(0) // the wait node takes it
+
+	// A second launch: refused again while it runs.
+	launchHeld(t, e, c, op)
+	require.ErrorIs(t, c.Destroy(), ErrBusy)
+	op.finish(nil)
+	driveUntil(t, e, "completion", func() bool { return c.done.Load() == 1 })
+	c.done.Store(0)
+
+	require.NoError(t, c.Destroy())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, o.Wait(ctx), "the operation ends with its condition")
+	require.NoError(t, c.Err())
+}

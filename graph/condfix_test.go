@@ -1,0 +1,149 @@
+package graph_test
+
+// Regression tests of the condition package's side of graphs: Destroy of a graph
+// condition whose operation a launch runs, and a call refused under stream capture.
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ucpx/ucpx/cgo/cuda"
+	"github.com/ucpx/ucpx/condition"
+	"github.com/ucpx/ucpx/graph"
+	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
+)
+
+// inFlightRecv builds [task] -> [recv] -> [dependent] on b, where the receive's node
+// also sends a marker from b to a: its operations are issued together, the receive
+// first, so once a has the marker the launch's receive is in flight. dependent records
+// what the buffer held when it ran.
+func inFlightRecv(t *testing.T, l *link, tag uint64) (g *graph.Host, recv *condition.Condition, in []byte, saw *atomic.Value) {
+	t.Helper()
+	g = graph.NewHost()
+	task, err := g.AddTask(nil, func() error { return nil })
+	require.NoError(t, err)
+	in = []byte("--------")
+	recv = recvNode(t, l, g, []condition.Node{task}, in, tag)
+	_, err = l.ba.TagSendNbx([]byte("marker.."), tag+1, &ucp.RequestParam{Condition: recv})
+	require.NoError(t, err)
+	saw = new(atomic.Value)
+	_, err = g.AddTask([]condition.Node{recv.WaitNode()}, func() error { saw.Store(string(in)); return nil })
+	require.NoError(t, err)
+	return g, recv, in, saw
+}
+
+// awaitMarker waits for the marker inFlightRecv's node sends when a launch issues it.
+func awaitMarker(t *testing.T, ctx context.Context, l *link, tag uint64) {
+	t.Helper()
+	m := make([]byte, 8)
+	r, err := l.a.TagRecvNbx(m, tag+1, ^uint64(0), nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx), "the launch never issued its node's operations")
+	require.Equal(t, "marker..", string(m))
+}
+
+// Destroy of a graph condition while a launch node by node waits for its receive in
+// flight refuses (ErrBusy) and changes nothing: the message that comes later completes
+// that launch, and Destroy succeeds once the launch took the completion. Before,
+// Destroy returned nil (the engine had taken the trigger and the completion word read
+// 0), the launch stayed blocked, and the late message was written into the buffer after
+// Destroy had succeeded.
+func TestCondfixDestroyRefusedWhileLaunchWaits(t *testing.T) {
+	l := newLink(t)
+	const tag = 141
+	g, recv, in, saw := inFlightRecv(t, l, tag)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	require.NoError(t, x.Launch(s))
+	awaitMarker(t, ctx, l, tag)
+	require.ErrorIs(t, recv.Destroy(), condition.ErrBusy, "Destroy with the launch's receive in flight")
+	require.False(t, recv.Destroyed())
+	require.Nil(t, saw.Load(), "the dependent task ran before the receive completed")
+
+	sr, err := l.ab.TagSendNbx([]byte("goodgood"), tag, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, syncErr(t, ctx, s), "the launch completes with the message")
+	require.Equal(t, "goodgood", saw.Load())
+	require.Equal(t, "goodgood", string(in))
+	require.NoError(t, recv.Err())
+
+	// The condition still works: a second launch, then Destroy once it is done.
+	require.NoError(t, x.Launch(s))
+	awaitMarker(t, ctx, l, tag)
+	require.ErrorIs(t, recv.Destroy(), condition.ErrBusy)
+	sr, err = l.ab.TagSendNbx([]byte("again..."), tag, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+	require.NoError(t, syncErr(t, ctx, s))
+	require.Equal(t, "again...", saw.Load())
+	endGraph(t, x, recv)
+}
+
+// TestCondfixCaptureUnderFakeDriver runs the stream-capture test against the fake
+// driver.
+func TestCondfixCaptureUnderFakeDriver(t *testing.T) {
+	testenv.RunUnderFakeDriver(t, []string{"TestCondfixFakeCaptureRefusedCall"})
+}
+
+// A tag receive refused under stream capture (a device buffer, with no
+// ContextParams.Device to stage it through at every launch) leaves nothing in the
+// captured graph, whose launch then completes. Before, the refused call left its
+// graph condition's trigger store, completion wait and reset in the capture, and
+// every launch of the graph waited for good.
+func TestCondfixFakeCaptureRefusedCall(t *testing.T) {
+	testenv.RequireGPU(t)
+	b, err := stream.Open(stream.CUDA)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx, _, ok := stream.CUDAContext(b)
+	require.True(t, ok)
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	cs, ok := stream.CUDAStream(s)
+	require.True(t, ok)
+	c, err := condition.Create(condition.Param{Category: condition.Stream, Backend: b, Stream: s})
+	require.NoError(t, err)
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, uctx.Close()) })
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	dev, err := ctx.MemAlloc(4096)
+	require.NoError(t, err)
+	defer dev.Close()
+
+	require.NoError(t, cs.BeginCapture(cuda.CaptureRelaxed))
+	_, err = w.TagRecvNbx(ucp.DeviceBuffer(dev.Ptr(), 4096), 2, ^uint64(0), &ucp.RequestParam{Condition: c, MemoryType: ucp.MemoryCUDA})
+	require.ErrorIs(t, err, ucp.ErrUnsupported, "a captured device receive with no device to stage through")
+	g, err := cs.EndCapture()
+	require.NoError(t, err)
+	defer g.Close()
+	nodes, err := g.Nodes()
+	require.NoError(t, err)
+	require.Empty(t, nodes, "the refused call left nodes in the captured graph")
+	x, err := g.Instantiate(0)
+	require.NoError(t, err)
+	defer x.Close()
+	require.NoError(t, x.Launch(cs))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		require.FailNow(t, "the captured graph's launch hung")
+	}
+	require.NoError(t, c.Destroy())
+}
