@@ -71,9 +71,20 @@ type TransportWaiter interface {
 	Wake()
 }
 
+// TransportClosing is a Transport that tells it is closing (package ucp: the worker's
+// Close began, which cancels the operations in flight). A Graph condition's launch
+// that fails then is not completed as a launch that met an error: its operations can
+// run no more, so the engine marks them failed (GraphFailed) and a host graph's wait
+// node fails the launch, rather than letting it go on as if the canceled operation had
+// done its work.
+type TransportClosing interface {
+	Closing() bool
+}
+
 // Engine executes the conditioned operations of one transport (a ucp.Worker).
 type Engine struct {
 	transport Transport
+	closing   TransportClosing // transport, if it tells it is closing
 	planner   *protocol.Planner
 	// drive makes one goroutine at a time run a round.
 	drive  sync.Mutex
@@ -198,8 +209,10 @@ func NewEngine(t Transport, cfg protocol.Config, cudaTransport bool) (*Engine, e
 	if err != nil {
 		return nil, err
 	}
+	closing, _ := t.(TransportClosing)
 	e := &Engine{
 		transport: t,
+		closing:   closing,
 		planner:   pl,
 		active:    map[*Condition]*channel{},
 		wake:      make(chan struct{}, 1),
@@ -739,6 +752,13 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 			unawaited = unawaited || running
 		}
 	}
+	for i := range e.fired {
+		// A launch that failed as the transport closes: the engine lets go of the
+		// condition before its completion word says so (fire), as Close does.
+		if ch := e.fired[i].ch; e.fired[i].forGood && e.active[ch.cond] == ch {
+			e.removeLocked(ch)
+		}
+	}
 	e.scan = append(e.scan[:0], e.order...)
 	// Stored before any completion word: a driver whose word came reads it (Release).
 	if e.inflight.Load() != inflight {
@@ -748,7 +768,7 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 		e.unawaited.Store(unawaited)
 	}
 	for i := range e.fired {
-		e.fired[i].fire(tr)
+		e.fired[i].fire(tr, &e.due)
 		e.fired[i] = firedLaunch{}
 	}
 	e.fired = e.fired[:0]
@@ -911,24 +931,37 @@ func (e *Engine) startFollowersLocked(done *streamcore.Word) (started, running b
 	return started, running
 }
 
-// firedLaunch is a Graph condition's completed launch, with its first error.
+// firedLaunch is a Graph condition's completed launch, with its first error. forGood:
+// it failed as the transport closes (TransportClosing), so its operations can run no
+// more; the round removed the channel.
 type firedLaunch struct {
-	ch  *channel
-	err error
+	ch      *channel
+	err     error
+	forGood bool
 }
 
-// fire stores the launch's completion and ends its operations' timelines.
-func (f *firedLaunch) fire(tr *trace.Recorder) {
-	f.ch.cond.fire(f.err)
-	if tr == nil {
-		return
-	}
-	now := tr.Now()
-	for _, p := range f.ch.ops {
-		if p.tl != nil {
-			p.tl.Done, p.tl.Store, p.tl.Failed = now, now, f.err != nil
-			p.recordTimeline(tr)
+// fire stores the launch's completion and ends its operations' timelines. A launch
+// that failed for good retires its operations instead (their callbacks join due), which
+// marks the condition failed (GraphFailed): the launch fails rather than reading the
+// canceled operations as done.
+func (f *firedLaunch) fire(tr *trace.Recorder, due *dueList) {
+	c := f.ch.cond
+	if tr != nil {
+		now := tr.Now()
+		for _, p := range f.ch.ops {
+			if p.tl != nil {
+				p.tl.Done, p.tl.Store, p.tl.Failed = now, now, f.err != nil
+				p.recordTimeline(tr)
+			}
 		}
+	}
+	if f.forGood {
+		c.recordErr(f.err, "graph operation") // what the launch met, before the close's own error
+		for _, p := range f.ch.ops {
+			p.retire(errClosedWhile(p.op.what, "the graph operation can run no more"), due)
+		}
+	} else {
+		c.fire(f.err)
 	}
 }
 
@@ -1030,7 +1063,10 @@ func (e *Engine) launchDoneLocked(ch *channel) bool {
 		p.running = false
 	}
 	ch.running = 0
-	e.fired = append(e.fired, firedLaunch{ch, err})
+	// Failed as the transport closes (the close canceled the operations, or they
+	// could not be issued): not a launch that completed with an error.
+	forGood := err != nil && e.closing != nil && e.closing.Closing()
+	e.fired = append(e.fired, firedLaunch{ch: ch, err: err, forGood: forGood})
 	return true
 }
 

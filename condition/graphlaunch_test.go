@@ -2,6 +2,7 @@ package condition
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,13 +26,15 @@ func (wordsOnly) AddSignalNodes([]Node, *streamcore.Word, *streamcore.Word, bool
 	return nil, nil, nil
 }
 
-// heldTransport counts completions the test makes.
+// heldTransport counts completions the test makes, and may say it is closing.
 type heldTransport struct {
 	completions atomic.Uint64
+	closing     atomic.Bool
 }
 
 func (t *heldTransport) Progress(Issued) bool { return false }
 func (t *heldTransport) Completions() uint64  { return t.completions.Load() }
+func (t *heldTransport) Closing() bool        { return t.closing.Load() }
 
 // heldOp is an operation that stays in flight until finish; issued receives once per
 // issue.
@@ -136,4 +139,38 @@ func TestGraphDestroyRefusedWhileTheOperationRuns(t *testing.T) {
 	defer cancel()
 	require.NoError(t, o.Wait(ctx), "the operation ends with its condition")
 	require.NoError(t, c.Err())
+}
+
+// A launch whose operation fails as the transport closes (a worker's Close cancels
+// what is in flight) marks the condition failed for good (GraphFailed: a host graph's
+// wait node fails the launch), ends the operation and lets Destroy free the words.
+// Before, the engine stored 1, and the launch went on as if the operation had done its
+// work. A launch whose operation fails while the transport runs on (a canceled
+// receive, a dead peer) still completes (1) with the error in the condition.
+func TestGraphLaunchFailedByClosingTransportFailsForGood(t *testing.T) {
+	errCanceled := fmt.Errorf("receive: %w", ErrCanceled)
+	for _, closing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("closing=%v", closing), func(t *testing.T) {
+			e, tr, c, op, o := heldLaunch(t)
+			launchHeld(t, e, c, op)
+			tr.closing.Store(closing)
+			op.finish(errCanceled)
+			driveUntil(t, e, "completion", func() bool { return c.done.Load() != 0 })
+			require.ErrorIs(t, c.Err(), ErrCanceled)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if !closing {
+				require.EqualValues(t, 1, c.done.Load(), "a failed launch completes")
+				require.False(t, o.Done(), "the operation runs again at the next launch")
+				c.done.Store(0)
+				require.NoError(t, c.Destroy())
+				require.ErrorIs(t, o.Wait(ctx), ErrCanceled, "the operation ends with its condition, with the launch's error")
+				return
+			}
+			require.Equal(t, GraphFailed, c.done.Load(), "a launch the closing transport failed")
+			require.ErrorIs(t, o.Wait(ctx), ErrClosed, "the operation can run no more")
+			require.NoError(t, c.Destroy())
+			require.True(t, c.words.Closed(), "Destroy frees the words of a condition failed for good")
+		})
+	}
 }

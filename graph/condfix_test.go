@@ -1,7 +1,8 @@
 package graph_test
 
 // Regression tests of the condition package's side of graphs: Destroy of a graph
-// condition whose operation a launch runs, and a call refused under stream capture.
+// condition whose operation a launch runs, a worker closed mid-launch, and a call
+// refused under stream capture.
 
 import (
 	"context"
@@ -89,6 +90,41 @@ func TestCondfixDestroyRefusedWhileLaunchWaits(t *testing.T) {
 	require.NoError(t, syncErr(t, ctx, s))
 	require.Equal(t, "again...", saw.Load())
 	endGraph(t, x, recv)
+}
+
+// A worker closed while a launch node by node waits for its receive fails the launch
+// with ErrOperationFailed, and the receive's dependents do not run; later launches fail
+// too instead of waiting. Before, Close canceled the receive, the engine completed the
+// launch as one whose operation met an error (the completion word read 1), and the
+// launch returned nil with its dependent task run on a buffer nothing had filled.
+func TestCondfixWorkerCloseFailsNodeByNodeLaunch(t *testing.T) {
+	l := newLink(t)
+	const tag = 143
+	g, recv, in, saw := inFlightRecv(t, l, tag)
+	x, err := g.Instantiate()
+	require.NoError(t, err)
+	s, err := l.backend.NewStream()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	require.NoError(t, x.Launch(s))
+	awaitMarker(t, ctx, l, tag)
+	require.NoError(t, l.b.Close())
+	err = syncErr(t, ctx, s)
+	require.ErrorIs(t, err, graph.ErrOperationFailed, "a launch whose receive the worker's Close canceled")
+	require.ErrorIs(t, err, graph.ErrClosed)
+	require.Nil(t, saw.Load(), "the receive's dependent task ran")
+	require.Equal(t, "--------", string(in))
+	require.ErrorIs(t, recv.Err(), ucp.ErrCanceled)
+
+	s2, err := l.backend.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, x.Launch(s2))
+	require.ErrorIs(t, syncErr(t, ctx, s2), graph.ErrOperationFailed, "a launch after the worker closed")
+	require.Nil(t, saw.Load())
+	require.NoError(t, x.Close())
+	require.NoError(t, recv.Destroy())
 }
 
 // TestCondfixCaptureUnderFakeDriver runs the stream-capture test against the fake

@@ -123,6 +123,10 @@ func (t workerTransport) Progress(oldest condition.Issued) bool {
 
 func (t workerTransport) Completions() uint64 { return t.w.completions.Load() }
 
+// Closing implements condition.TransportClosing: Close set closed before it cancels
+// what is in flight, so a graph launch those cancellations fail fails for good.
+func (t workerTransport) Closing() bool { return t.w.closed.Load() }
+
 // submit hands an operation with a condition to the worker's engine: issue performs
 // it (on the part of buf at offset off) once the condition triggers. Everything the
 // call can check is checked here, so bad input fails at the call.
