@@ -20,6 +20,24 @@ import (
 //
 // The messages are active messages on RevokeAM, sealed like rkeys. Importers in this
 // process are handled directly, without messages.
+//
+// Freshness. The seal proves who sent a message, not when: the same bytes sent again
+// (a replay, a duplicate from a buggy peer or a forwarder) open as well. So no message
+// counts as a change: an importer's notices say how many keys of the region its
+// context holds now (ctlImport after an unpack, ctlRelease after a close), numbered
+// from one process-wide sequence (stateSeq), and the exporter takes a notice only if
+// it is newer than the last one it took from that importer; a stale one (a replay, or
+// one overtaken by a later notice sent on another endpoint) is refused. Before, each
+// notice counted one up or down: a replayed release made the exporter forget an
+// importer that still held a key, and MemH.Close freed the memory under it. An
+// acknowledgement carries the sequence number the importer's revocation started at
+// (every key noticed up to it was revoked by then), and settles the importer only if
+// no newer notice came since: an old acknowledgement cannot answer for a key unpacked
+// after it. A revocation, which names a key revoked for good (key ids are random per
+// region), may come twice (the exporter answers an import during its Close with one
+// as well): an importer acknowledges only once no revocation of the key is running in
+// its context (heldKey.revoking), so that a second one that finds nothing left to
+// revoke does not acknowledge while the first still flushes and unmaps.
 
 // RevokeAM is the active-message id ucpx reserves for revocation; SetAmHandler refuses it.
 const RevokeAM = 0xfffd
@@ -28,16 +46,90 @@ const RevokeAM = 0xfffd
 const DefaultRevokeTimeout = 2 * time.Second
 
 const (
-	ctlImport  = 1 // importer -> exporter: a key was unpacked
-	ctlRelease = 2 // importer -> exporter: the key's last Rkey was closed
+	ctlImport  = 1 // importer -> exporter: a key was unpacked; the keys held now (count, seq)
+	ctlRelease = 2 // importer -> exporter: a key was closed; the keys held now (count, seq)
 	ctlRevoke  = 3 // exporter -> importer: the key is revoked
-	ctlAck     = 4 // importer -> exporter: revoked keys are unusable and flushed
-	ctlPulled  = 5 // receiver -> sender: a pulled message's data was copied or dropped (ampull.go)
+	// ctlAck: importer -> exporter: revoked keys are unusable and flushed, every key
+	// noticed up to seq included.
+	ctlAck    = 4
+	ctlPulled = 5 // receiver -> sender: a pulled message's data was copied or dropped (ampull.go)
 	// ctlPullTrunc: receiver -> sender: a pulled tag message (the value: its tag) met a
 	// receive too short for its descriptor (tagpull.go).
 	ctlPullTrunc = 6
-	ctlLen       = 1 + 8
+	ctlLen       = 1 + 8 + 8 + 8
 )
+
+// control is a control message's contents.
+type control struct {
+	typ   byte
+	value uint64 // the key id; for pulls the op id or tag
+	count uint64 // ctlImport, ctlRelease: the keys of the region the importer's context holds
+	seq   uint64 // ctlImport, ctlRelease: the notice's number (stateSeq); ctlAck: the revocation's start
+}
+
+// stateSeq numbers this process's import notices and the starts of its revocations:
+// a notice numbered later says what its context holds later.
+var stateSeq atomic.Uint64
+
+// staleControls counts control messages refused as stale (replayed or overtaken).
+var staleControls atomic.Uint64
+
+// heldKey names the keys of one region (exporter, keyID) that one context of this
+// process holds; held is what it knows of them. Both under heldKeys' lock, which is
+// taken last (under w.mu and ctx.mu, never the other way).
+type heldKey struct {
+	c        *Context
+	exporter [idLen]byte
+	keyID    uint64
+}
+
+type held struct {
+	rkeys    map[*Rkey]struct{} // of exporters elsewhere: unpacked, not destroyed
+	revoking int                // revocations of the key running in c
+	acks     []func()           // acknowledgements waiting for them to end
+}
+
+var heldKeys = struct {
+	sync.Mutex
+	m map[heldKey]*held
+}{m: map[heldKey]*held{}}
+
+// holdLocked records rk, an Rkey of an exporter in another process, and returns the
+// notice of it: the keys of its region c holds now, and the notice's number. Caller
+// holds rk's w.mu, with rk in w.rkeys already: a revocation that starts after the
+// number was taken finds it.
+func holdLocked(c *Context, rk *Rkey) control {
+	k := heldKey{c, rk.exporter, rk.keyID}
+	heldKeys.Lock()
+	defer heldKeys.Unlock()
+	h := heldKeys.m[k]
+	if h == nil {
+		h = &held{rkeys: map[*Rkey]struct{}{}}
+		heldKeys.m[k] = h
+	}
+	h.rkeys[rk] = struct{}{}
+	return control{typ: ctlImport, value: rk.keyID, count: uint64(len(h.rkeys)), seq: stateSeq.Add(1)}
+}
+
+// unholdLocked forgets rk (destroyed) and returns the notice of it; ok is false if rk
+// was not recorded (its exporter is in this process, or was when it was unpacked).
+func unholdLocked(c *Context, rk *Rkey) (msg control, ok bool) {
+	k := heldKey{c, rk.exporter, rk.keyID}
+	heldKeys.Lock()
+	defer heldKeys.Unlock()
+	h := heldKeys.m[k]
+	if h == nil {
+		return msg, false
+	}
+	if _, ok = h.rkeys[rk]; !ok {
+		return msg, false
+	}
+	delete(h.rkeys, rk)
+	if len(h.rkeys) == 0 && h.revoking == 0 {
+		delete(heldKeys.m, k)
+	}
+	return control{typ: ctlRelease, value: rk.keyID, count: uint64(len(h.rkeys)), seq: stateSeq.Add(1)}, true
+}
 
 // contexts is every open context of this process by identity: importers here are
 // revoked directly.
@@ -49,68 +141,99 @@ type importer struct {
 	local *Context // the importer's context, if in this process
 	w     *Worker  // the exporter's worker the notice came through
 	count int      // Rkeys unpacked and not closed (as far as we know)
+	seq   uint64   // the last notice taken (noteHeld), for one elsewhere
 	told  bool     // the revocation was sent (under the exporter's ctx.mu)
-	acked bool
+	acked bool     // an acknowledgement came, covering the notices up to ackSeq
+	// ackSeq is the newest start of a revocation peer acknowledged.
+	ackSeq uint64
+}
+
+// settled reports whether the importer needs no revocation now: it holds no key, or
+// acknowledged one that covers its last notice. Caller holds the exporter's ctx.mu.
+func (i *importer) settled() bool {
+	return i.count <= 0 || i.acked && i.ackSeq >= i.seq
 }
 
 func (i *importer) String() string { return "peer " + hex.EncodeToString(i.peer[:8]) }
 
-func encodeControl(typ byte, keyID uint64) []byte {
+func encodeControl(typ byte, value uint64) []byte {
+	return encodeControlMsg(control{typ: typ, value: value})
+}
+
+func encodeControlMsg(msg control) []byte {
 	b := make([]byte, ctlLen)
-	b[0] = typ
-	binary.LittleEndian.PutUint64(b[1:], keyID)
+	b[0] = msg.typ
+	binary.LittleEndian.PutUint64(b[1:], msg.value)
+	binary.LittleEndian.PutUint64(b[9:], msg.count)
+	binary.LittleEndian.PutUint64(b[17:], msg.seq)
 	return b
 }
 
-// decodeControl opens a revocation message; anything else is ErrInvalidParam/ErrAuth.
-func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, keyID uint64, err error) {
+// decodeControl opens a control message; anything else is ErrInvalidParam/ErrAuth.
+func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, value uint64, err error) {
+	sender, msg, err := decodeControlMsg(s, header)
+	return sender, msg.typ, msg.value, err
+}
+
+func decodeControlMsg(s sealer, header []byte) (sender [idLen]byte, msg control, err error) {
 	sender, plain, err := s.open(controlMagic, header)
 	if err != nil {
-		return sender, 0, 0, err
+		return sender, msg, err
 	}
 	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlPullTrunc {
-		return sender, 0, 0, fmt.Errorf("control message of %d bytes: %w", len(plain), ErrInvalidParam)
+		return sender, msg, fmt.Errorf("control message of %d bytes: %w", len(plain), ErrInvalidParam)
 	}
-	return sender, plain[0], binary.LittleEndian.Uint64(plain[1:]), nil
+	return sender, control{
+		typ:   plain[0],
+		value: binary.LittleEndian.Uint64(plain[1:]),
+		count: binary.LittleEndian.Uint64(plain[9:]),
+		seq:   binary.LittleEndian.Uint64(plain[17:]),
+	}, nil
 }
 
 // sendControl is sendControlLocked taking ep's worker lock; a nil ep (no endpoint to
 // the peer) sends nothing.
-func (ep *Endpoint) sendControl(typ byte, keyID uint64) {
+func (ep *Endpoint) sendControl(typ byte, value uint64) {
+	ep.sendControlMsg(control{typ: typ, value: value})
+}
+
+func (ep *Endpoint) sendControlMsg(msg control) {
 	if ep == nil {
 		return
 	}
 	ep.w.mu.Lock()
-	ep.sendControlLocked(typ, keyID)
+	ep.sendControlMsgLocked(msg)
 	ep.w.mu.Unlock()
 }
 
-// sendControlLocked posts a revocation message on ep without waiting for it.
-func (ep *Endpoint) sendControlLocked(typ byte, keyID uint64) {
+// sendControlLocked posts a control message on ep without waiting for it.
+func (ep *Endpoint) sendControlLocked(typ byte, value uint64) {
+	ep.sendControlMsgLocked(control{typ: typ, value: value})
+}
+
+func (ep *Endpoint) sendControlMsgLocked(msg control) {
 	if ep.usableLocked("am_send_nbx") != nil || ep.w.ctx.features&FeatureAM == 0 {
 		return // without active messages, peers in other processes are not told
 	}
 	w := ep.w
-	h := w.ctx.trust.seal.seal(controlMagic, w.ctx.trust.id, encodeControl(typ, keyID))
+	h := w.ctx.trust.seal.seal(controlMagic, w.ctx.trust.id, encodeControlMsg(msg))
 	ptr := w.raw.AmSend(ep.raw, RevokeAM, bufPtr(h), len(h), nil, 0, 0, 0, -1, nil)
 	_, _ = w.postLocked("am_send_nbx", ptr, &defaultParam, nil, bufPtr(h))
 }
 
 // onControl handles a revocation message (the internal handler of RevokeAM).
 func (w *Worker) onControl(msg *AmMessage) {
-	sender, typ, keyID, err := decodeControl(w.ctx.trust.seal, msg.Header)
+	sender, m, err := decodeControlMsg(w.ctx.trust.seal, msg.Header)
 	if err != nil {
 		return // not from a key holder: dropped
 	}
-	switch typ {
-	case ctlImport:
-		w.ctx.noteImport(w, sender, nil, keyID)
-	case ctlRelease:
-		w.ctx.noteRelease(sender, keyID)
+	switch m.typ {
+	case ctlImport, ctlRelease:
+		w.ctx.noteHeld(w, sender, m)
 	case ctlAck:
-		w.ctx.noteAck(sender, keyID)
+		w.ctx.noteAck(sender, m.value, m.seq)
 	case ctlRevoke:
-		w.revokeEveryWorker(sender, keyID)
+		w.revokeEveryWorker(sender, m.value)
 	}
 }
 
@@ -119,23 +242,51 @@ func (w *Worker) onControl(msg *AmMessage) {
 // one acknowledgement goes back once all of them flushed and unmapped (an ack after
 // this worker's alone let the exporter free memory another worker still mapped).
 func (w *Worker) revokeEveryWorker(exporter [idLen]byte, keyID uint64) {
-	w.ctx.revokeWorkers(exporter, keyID, func() {
-		w.controlEndpoint(exporter).sendControl(ctlAck, keyID)
+	w.ctx.revokeWorkers(exporter, keyID, func(seq uint64) {
+		w.controlEndpoint(exporter).sendControlMsg(control{typ: ctlAck, value: keyID, seq: seq})
 	})
 }
 
 // revokeWorkers revokes the key (exporter, keyID) in every worker of c and calls
-// acked once all of them acknowledged (at once without workers); it returns them.
-func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func()) []*Worker {
+// acked once all of them acknowledged and no other revocation of the key is running
+// in c (at once without workers); it returns them. acked gets the revocation's start
+// (stateSeq): every key of c noticed up to it is revoked.
+func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func(seq uint64)) []*Worker {
+	k := heldKey{c, exporter, keyID}
+	heldKeys.Lock()
+	h := heldKeys.m[k]
+	if h == nil {
+		h = &held{rkeys: map[*Rkey]struct{}{}}
+		heldKeys.m[k] = h
+	}
+	h.revoking++
+	seq := stateSeq.Load() // keys noticed up to here are in their worker's rkeys already
+	heldKeys.Unlock()
+	finish := func() {
+		heldKeys.Lock()
+		h.acks = append(h.acks, func() { acked(seq) })
+		h.revoking--
+		var due []func()
+		if h.revoking == 0 {
+			due, h.acks = h.acks, nil
+			if len(h.rkeys) == 0 && heldKeys.m[k] == h {
+				delete(heldKeys.m, k)
+			}
+		}
+		heldKeys.Unlock()
+		for _, f := range due {
+			f()
+		}
+	}
 	ws := c.workerList()
 	if len(ws) == 0 {
-		acked()
+		finish()
 		return ws
 	}
 	last := countdown(len(ws))
 	ack := func() {
 		if last() {
-			acked()
+			finish()
 		}
 	}
 	for _, w := range ws {
@@ -164,18 +315,14 @@ func (w *Worker) pullControlLocked(header []byte) bool {
 	return true
 }
 
-// noteImport records that peer unpacked the key keyID and reports whether the key is
-// live. An importer in this process (local) of a revoked key is not recorded: its
-// unpack fails. One elsewhere is sent the revocation at once; of a key still being
-// revoked it is recorded too, so that Close waits for it.
+// noteImport records that local, a context of this process, unpacked the key keyID
+// (revoked directly, without messages) and reports whether the key is live; of a
+// revoked key the importer is not recorded: its unpack fails.
 func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID uint64) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	m := c.exports[keyID]
-	if m == nil || local != nil && m.revoked {
-		c.mu.Unlock()
-		if local == nil {
-			w.endpointTo(peer).sendControl(ctlRevoke, keyID)
-		}
+	if m == nil || m.revoked {
 		return false
 	}
 	imp := m.importers[peer]
@@ -184,20 +331,51 @@ func (c *Context) noteImport(w *Worker, peer [idLen]byte, local *Context, keyID 
 		m.importers[peer] = imp
 	}
 	imp.count++
+	return true
+}
+
+// noteHeld takes an import notice (ctlImport, ctlRelease) from peer, a context in
+// another process: the keys of msg.value it holds now. A notice no newer than the last
+// one taken from peer is stale and refused. An importer that holds keys of a key
+// revoked (or unknown: closed already) is sent the revocation; one that is still
+// being revoked is recorded too, so that Close waits for it. An importer's record
+// stays while the region does, at zero keys too: it remembers the last notice.
+func (c *Context) noteHeld(w *Worker, peer [idLen]byte, msg control) {
+	keyID := msg.value
+	c.mu.Lock()
+	m := c.exports[keyID]
+	if m == nil {
+		c.mu.Unlock()
+		if msg.typ == ctlImport && msg.count > 0 {
+			w.endpointTo(peer).sendControl(ctlRevoke, keyID)
+		}
+		return
+	}
+	imp := m.importers[peer]
+	if imp != nil && (imp.local != nil || msg.seq <= imp.seq) {
+		c.mu.Unlock()
+		staleControls.Add(1)
+		return
+	}
+	if imp == nil {
+		imp = &importer{peer: peer, w: w}
+		m.importers[peer] = imp
+	}
+	imp.count, imp.seq = int(msg.count), msg.seq
 	revoked := m.revoked
 	c.mu.Unlock()
-	if revoked {
+	if revoked && msg.typ == ctlImport {
 		// Close may have stopped waiting already (it then deletes the export).
 		w.endpointTo(peer).sendControl(ctlRevoke, keyID)
 	}
-	return !revoked
 }
 
+// noteRelease takes the close of a key of keyID by peer, a context of this process.
 func (c *Context) noteRelease(peer [idLen]byte, keyID uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m := c.exports[keyID]; m != nil {
-		if imp := m.importers[peer]; imp != nil {
+		if imp := m.importers[peer]; imp != nil && imp.local != nil {
 			if imp.count--; imp.count <= 0 {
 				delete(m.importers, peer)
 			}
@@ -205,12 +383,20 @@ func (c *Context) noteRelease(peer [idLen]byte, keyID uint64) {
 	}
 }
 
-func (c *Context) noteAck(peer [idLen]byte, keyID uint64) {
+// noteAck takes peer's acknowledgement of the revocation of keyID, which covers the
+// keys peer noticed up to seq: one older than peer's last notice (a replay, or one
+// that crossed a newer import) does not settle peer.
+func (c *Context) noteAck(peer [idLen]byte, keyID, seq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m := c.exports[keyID]; m != nil {
 		if imp := m.importers[peer]; imp != nil {
+			if seq < imp.seq {
+				staleControls.Add(1)
+				return
+			}
 			imp.acked = true
+			imp.ackSeq = max(imp.ackSeq, seq)
 		}
 	}
 }
@@ -346,7 +532,7 @@ func (m *MemH) revoke(timeout time.Duration) []*importer {
 		var tell, left []*importer
 		c.mu.Lock()
 		for _, imp := range m.importers {
-			if imp.acked {
+			if imp.settled() {
 				continue
 			}
 			if !imp.told {
@@ -387,7 +573,7 @@ func (m *MemH) tell(imp *importer) []*Worker {
 		imp.w.controlEndpoint(imp.peer).sendControl(ctlRevoke, m.keyID)
 		return nil
 	}
-	return imp.local.revokeWorkers(c.trust.id, m.keyID, func() { c.noteAck(imp.peer, m.keyID) })
+	return imp.local.revokeWorkers(c.trust.id, m.keyID, func(seq uint64) { c.noteAck(imp.peer, m.keyID, seq) })
 }
 
 // revokeInProcess lets importers in this process be revoked directly; tests turn it
@@ -510,7 +696,7 @@ func (ep *Endpoint) addRkeyUnlock(rk *Rkey) (*Rkey, error) {
 	w.rkeys[rk] = struct{}{}
 	local := localContext(rk.exporter)
 	if local == nil {
-		ep.sendControlLocked(ctlImport, rk.keyID)
+		ep.sendControlMsgLocked(holdLocked(w.ctx, rk))
 	}
 	w.mu.Unlock()
 	if local != nil && !local.noteImport(w, w.ctx.trust.id, w.ctx, rk.keyID) {
@@ -525,19 +711,23 @@ func (ep *Endpoint) addRkeyUnlock(rk *Rkey) (*Rkey, error) {
 	return rk, nil
 }
 
-// releasedLocked tells the exporter that an Rkey of its key was closed.
+// releasedLocked tells the exporter that an Rkey of its key was closed (destroyed).
+// Every destruction of a key comes here, so its record (heldKeys) goes.
 func (r *Rkey) releasedLocked() {
 	w := r.ep.w
+	msg, elsewhere := unholdLocked(w.ctx, r)
 	if r.revoked {
+		return
+	}
+	if elsewhere {
+		r.ep.sendControlMsgLocked(msg)
 		return
 	}
 	if c := localContext(r.exporter); c != nil {
 		me := w.ctx.trust.id
 		// Not under w.mu: the exporter takes its own locks.
 		w.deferred = append(w.deferred, func() { c.noteRelease(me, r.keyID) })
-		return
 	}
-	r.ep.sendControlLocked(ctlRelease, r.keyID)
 }
 
 // countdown returns a function that reports whether it has been called n times (or
