@@ -1,6 +1,9 @@
 package ucp
 
 import (
+	"cmp"
+	"hash/maphash"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -108,7 +111,7 @@ func (w *Worker) deliverAmLocked(ev *ucx.Event) {
 			msg.replyEP = w.replyEndpointLocked(ev.ReplyEP)
 		}
 	}
-	if ev.ID == RevokeAM && w.pullControlLocked(msg.Header) {
+	if ev.ID == RevokeAM && w.drainedControlLocked(msg.Header) {
 		msg.releaseLocked()
 		return
 	}
@@ -147,9 +150,21 @@ func (m *AmMessage) IsRendezvous() bool { return m != nil && m.flags&ucx.AmRecvR
 // the one made to the sender from the address a ucpx sender sends ahead of its first
 // AmReply message on an endpoint (or the address a pulled message carries). It stays
 // valid beyond the handler and the message, like any endpoint: once the sender is
-// gone, its calls fail with an error matching ErrPeerFailed. nil without AmReply, or
-// where no such endpoint can be had (the sender's address never came; the worker's
-// endpoints made for pulls and replies are at their limit).
+// gone, its calls fail with an error matching ErrPeerFailed.
+//
+// A worker remembers at most 4096 such senders (those whose messages arrive on
+// endpoints it did not make). Past that it forgets those whose endpoint failed, else
+// the ones it heard from least recently (256 at once), and tells each: the sender sends
+// its address again ahead of its next AmReply message on that endpoint, and its
+// messages have a reply endpoint again from there on. Memory stays bounded against a
+// peer that floods the worker with senders, and the senders it pushes out are answered
+// again.
+//
+// nil without AmReply, or where no such endpoint can be had: the sender's address
+// never came (a sender that is not ucpx's); the message was sent after the worker
+// forgot its sender and before the sender heard of it; the worker's endpoints made
+// for pulls and replies are at their limit (1024), so that the sender could not be
+// told or answered.
 func (m *AmMessage) ReplyEndpoint() *Endpoint {
 	if m == nil {
 		return nil
@@ -322,24 +337,53 @@ func (ep *Endpoint) AmSendNbx(id uint, header, buf []byte, p *RequestParam) (*Re
 // (w.replies) and resolves later messages through it to an endpoint it owns to the
 // sender (senderEndpointLocked: its own, or an internal one made from the address),
 // whose failure it is told about.
+//
+// UCX's endpoints come and go unreported, so w.replies is bounded (maxReplies): past
+// it the receiver forgets the senders whose endpoint failed, else the replyRoom least
+// recently used ones, and tells each (ctlReplyHello, on an endpoint it owns to the
+// sender's worker) which of its endpoints it forgot, by the token its hello carried;
+// the sender sends the hello again ahead of that endpoint's next AmReply message. A
+// peer that floods the receiver with senders thus costs it at most maxReplies entries,
+// and the senders it pushes out are answered again from their next message on
+// (before, the hello went once per endpoint, and a forgotten sender's messages had no
+// reply endpoint for good). The sender is told, not asked on each message, because a
+// message names nothing but UCX's endpoint, which the receiver must not use; what it
+// sent before it was told has no reply endpoint.
 
 // replyPeer is the sender behind one UCX reply endpoint (w.replies).
 type replyPeer struct {
 	peer      peerInfo
 	src       uint64
 	noPeerErr bool
-	ep        *Endpoint // the last endpoint resolved to the sender
+	// token names the sender's endpoint to the sender (replyToken), for ctlReplyHello;
+	// 0 where its hello named none.
+	token uint64
+	used  uint64    // replyClock when recorded or last resolved: the least recently used goes first
+	ep    *Endpoint // the last endpoint resolved to the sender
 }
 
-// replyHelloMessage is the hello that goes ahead of ep's first AmReply message, nil
-// where it cannot go (the address unavailable, or longer than an AM header may be).
+// replyClock orders the uses of reply senders (replyPeer.used).
+var replyClock atomic.Uint64
+
+// replySeed keys replyToken: a token tells the peer nothing about this process's memory.
+var replySeed = maphash.MakeSeed()
+
+// replyToken names ep in its reply hellos, so that a receiver that forgot it can say
+// which endpoint must send its hello again. Never 0.
+func replyToken(ep *Endpoint) uint64 { return maphash.Comparable(replySeed, ep) | 1 }
+
+// replyHelloMessage is the hello that goes ahead of ep's first AmReply message (and
+// its first after the receiver forgot it), nil where it cannot go (the address
+// unavailable, or longer than an AM header may be). The op field, which a hello does
+// not otherwise use, carries ep's token.
 func (ep *Endpoint) replyHelloMessage() []byte {
 	w := ep.w
 	self, err := w.pullAddress()
 	if err != nil {
 		return nil
 	}
-	hello := ep.helloMessage(self)
+	t := w.ctx.trust
+	hello := t.seal.seal(pullMagic, t.id, encodePull(0, pullHelloFlag|ep.pullFlags(), replyToken(ep), 0, 0, nil, self, nil))
 	if m := w.maxAmHeader; m > 0 && len(hello) > m {
 		return nil
 	}
@@ -353,7 +397,7 @@ func (w *Worker) replyHelloLocked(header []byte, raw unsafe.Pointer) bool {
 	if err != nil {
 		return false
 	}
-	_, flags, _, _, addr, _, ok := decodePull(plain)
+	_, flags, ref, _, addr, _, ok := decodePull(plain)
 	if !ok || flags&pullHelloFlag == 0 {
 		return false
 	}
@@ -361,35 +405,112 @@ func (w *Worker) replyHelloLocked(header []byte, raw unsafe.Pointer) bool {
 	if err != nil || peer.id != sender {
 		return true // a forged address: no reply goes to it
 	}
+	if w.eps[raw] != nil {
+		return true // this worker's own endpoint: the reply endpoint, nothing to remember
+	}
 	if w.replies == nil {
 		w.replies = map[unsafe.Pointer]*replyPeer{}
 	}
 	// raw replaces whoever had it before: UCX reuses a destroyed endpoint's memory.
-	// Endpoints UCX destroyed leave their entries behind: past maxReplies one goes
-	// (its messages then have no reply endpoint).
 	if _, had := w.replies[raw]; !had && len(w.replies) >= maxReplies {
-		for k := range w.replies {
-			delete(w.replies, k)
-			break
-		}
+		w.forgetReplyLocked()
 	}
-	w.replies[raw] = &replyPeer{peer: peer, src: sourceOf(w.ctx.trust, peer.id, peer.addr), noPeerErr: flags&pullNoPeerErrFlag != 0}
+	w.replies[raw] = &replyPeer{
+		peer:      peer,
+		src:       sourceOf(w.ctx.trust, peer.id, peer.addr),
+		noPeerErr: flags&pullNoPeerErrFlag != 0,
+		token:     ref.op,
+		used:      replyClock.Add(1),
+	}
 	return true
 }
 
 // maxReplies bounds the senders a worker remembers for reply endpoints.
 const maxReplies = 4096
 
+// forgetReplyLocked makes room in w.replies. Entries whose resolved endpoint failed go
+// (their sender is gone; UCX destroyed their endpoint), and those whose endpoint
+// became this worker's own; if that leaves it full, the replyRoom least recently used
+// senders go, each told to send its hello again. A flood of senders thus costs the
+// receiver a sort of w.replies per replyRoom hellos. Caller holds w.mu.
+func (w *Worker) forgetReplyLocked() {
+	type aged struct {
+		raw  unsafe.Pointer
+		used uint64
+	}
+	live := make([]aged, 0, len(w.replies))
+	for raw, rp := range w.replies {
+		if rp.ep != nil && rp.ep.err != nil || w.eps[raw] != nil {
+			delete(w.replies, raw)
+			continue
+		}
+		live = append(live, aged{raw, rp.used})
+	}
+	if len(live) < maxReplies {
+		return
+	}
+	slices.SortFunc(live, func(a, b aged) int { return cmp.Compare(a.used, b.used) })
+	type asked struct {
+		peer  [idLen]byte
+		token uint64
+	}
+	told := map[asked]bool{}
+	for _, e := range live[:len(live)-(maxReplies-replyRoom)] {
+		rp := w.replies[e.raw]
+		delete(w.replies, e.raw)
+		if k := (asked{rp.peer.id, rp.token}); !told[k] {
+			told[k] = true
+			w.askHelloLocked(rp)
+		}
+	}
+}
+
+// replyRoom is how many live senders forgetReplyLocked forgets at once.
+const replyRoom = maxReplies / 16
+
+// askHelloLocked tells the sender of rp, which this worker forgot, to send its hello
+// again ahead of its endpoint's next AmReply message, on an endpoint this worker owns
+// to it (made if need be: none can be had at the limit of internal endpoints, and
+// then that sender's later messages have no reply endpoint). Caller holds w.mu.
+func (w *Worker) askHelloLocked(rp *replyPeer) {
+	if rp.token == 0 {
+		return // its hello named no endpoint: nothing to ask
+	}
+	ep := rp.ep
+	if ep == nil || ep.usableLocked("") != nil {
+		var err error
+		if ep, err = w.senderEndpointLocked(&rp.peer, rp.src, 0, rp.noPeerErr); err != nil {
+			return
+		}
+	}
+	ep.sendControlLocked(ctlReplyHello, rp.token)
+}
+
+// helloAgainLocked handles a ctlReplyHello from peer: the endpoint of this worker that
+// token names sends its hello again ahead of its next AmReply message. Caller holds
+// w.mu.
+func (w *Worker) helloAgainLocked(peer [idLen]byte, token uint64) {
+	for _, ep := range w.eps {
+		if ep.replyHello.Load() && (!ep.peerKnown || ep.peer.id == peer) && replyToken(ep) == token {
+			ep.replyHello.Store(false)
+		}
+	}
+}
+
 // replyEndpointLocked resolves the UCX reply endpoint raw of a message being
 // delivered to an endpoint this worker owns (ReplyEndpoint), or nil. Caller holds w.mu.
 func (w *Worker) replyEndpointLocked(raw unsafe.Pointer) *Endpoint {
 	if ep := w.eps[raw]; ep != nil {
-		return ep // this worker's own: UCX keeps it until ucpx closes it
+		// This worker's own (UCX matched the endpoint it made to the sender with the
+		// sender's): UCX keeps it until ucpx closes it, and the entry is of no use.
+		delete(w.replies, raw)
+		return ep
 	}
 	rp := w.replies[raw]
 	if rp == nil {
 		return nil
 	}
+	rp.used = replyClock.Add(1)
 	if rp.ep != nil && rp.ep.usableLocked("") == nil {
 		return rp.ep
 	}

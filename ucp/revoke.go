@@ -56,13 +56,16 @@ const (
 	// ctlPullTrunc: receiver -> sender: a pulled tag message (the value: its tag) met a
 	// receive too short for its descriptor (tagpull.go).
 	ctlPullTrunc = 6
-	ctlLen       = 1 + 8 + 8 + 8
+	// ctlReplyHello: receiver -> sender of AmReply messages: it forgot the sender of
+	// the endpoint the value names, which sends its hello again (am.go).
+	ctlReplyHello = 7
+	ctlLen        = 1 + 8 + 8 + 8
 )
 
 // control is a control message's contents.
 type control struct {
 	typ   byte
-	value uint64 // the key id; for pulls the op id or tag
+	value uint64 // the key id; for pulls the op id or tag; for ctlReplyHello the endpoint's token
 	count uint64 // ctlImport, ctlRelease: the keys of the region the importer's context holds
 	seq   uint64 // ctlImport, ctlRelease: the notice's number (stateSeq); ctlAck: the revocation's start
 }
@@ -180,7 +183,7 @@ func decodeControlMsg(s sealer, header []byte) (sender [idLen]byte, msg control,
 	if err != nil {
 		return sender, msg, err
 	}
-	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlPullTrunc {
+	if len(plain) != ctlLen || plain[0] < ctlImport || plain[0] > ctlReplyHello {
 		return sender, msg, fmt.Errorf("control message of %d bytes: %w", len(plain), ErrInvalidParam)
 	}
 	return sender, control{
@@ -295,12 +298,13 @@ func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func(s
 	return ws
 }
 
-// pullControlLocked handles a pull's control message (ctlPulled, ctlPullTrunc) as it
-// is drained, under w.mu, so that a sender sees its receiver's words in the order
-// they were sent (a truncation answer completes the oldest send of its tag: the
-// acknowledgements sent before it must have completed theirs). It reports whether
-// the message was one. Caller holds w.mu.
-func (w *Worker) pullControlLocked(header []byte) bool {
+// drainedControlLocked handles the control messages that are handled as they are
+// drained, under w.mu: a pull's (ctlPulled, ctlPullTrunc), so that a sender sees its
+// receiver's words in the order they were sent (a truncation answer completes the
+// oldest send of its tag: the acknowledgements sent before it must have completed
+// theirs), and ctlReplyHello, before the sender's next AmReply message goes. It
+// reports whether the message was one. Caller holds w.mu.
+func (w *Worker) drainedControlLocked(header []byte) bool {
 	sender, typ, value, err := decodeControl(w.ctx.trust.seal, header)
 	switch {
 	case err != nil:
@@ -309,6 +313,8 @@ func (w *Worker) pullControlLocked(header []byte) bool {
 		w.onPulledLocked(sender, value)
 	case typ == ctlPullTrunc:
 		w.onPullTruncLocked(sender, value)
+	case typ == ctlReplyHello:
+		w.helloAgainLocked(sender, value)
 	default:
 		return false
 	}
