@@ -37,7 +37,7 @@ const (
 
 	rkeyMagic    = "UCR2"
 	addressMagic = "UCA2"
-	controlMagic = "UCV2"
+	controlMagic = "UCV3" // 3: every control message carries a freshness sequence (25 bytes)
 
 	rkeyFixed      = 8 + 8 + 8 // key id, base, length
 	maxRkeyPayload = 4 << 10

@@ -68,7 +68,7 @@ func FuzzOpenAddress(f *testing.F) {
 
 func FuzzControl(f *testing.F) {
 	f.Add(fuzzTrust.seal.seal(controlMagic, fuzzTrust.id, encodeControl(ctlRevoke, 7)))
-	f.Add([]byte("UCV2"))
+	f.Add([]byte("UCV3"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if _, _, _, err := decodeControl(fuzzTrust.seal, b); err != nil && !refused(err) {
 			t.Fatal(err)
