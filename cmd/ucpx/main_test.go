@@ -20,6 +20,9 @@ import (
 // the way the real binary's main does.
 func TestMain(m *testing.M) {
 	if os.Getenv(reexecEnv) != "" {
+		if os.Getenv(holdOutputsEnv) != "" {
+			afterPerfRun = holdOutputs
+		}
 		os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

@@ -116,6 +116,10 @@ type perfResult struct {
 	Wrong *int64 `json:"wrong,omitempty"`
 }
 
+// afterPerfRun, when set (by tests), runs once a perf run is over, before its outputs
+// are written.
+var afterPerfRun func()
+
 func runPerf(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("perf", "[flags]", stderr)
 	tests := fs.String("tests", strings.Join(allTests, ","), "tests to run: "+strings.Join(allTests, ",")+" (with stream --modes: tag_lat)")
@@ -242,6 +246,12 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		sink = &csvSink{w: stdout}
 	}
 	rep, err := perfMain(ctx, o, sink, stderr)
+	// The run is over: Ctrl-C and SIGTERM end the process again, as they do for any
+	// command, while the trace and the figure are written (drawing can take a while).
+	signal.Stop(sigs)
+	if afterPerfRun != nil {
+		afterPerfRun()
+	}
 	status := 0
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
@@ -264,7 +274,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if o.plotPath != "" && len(rep.Results) > 0 {
-		if perr := writePlot(o.plotPath, rep, ref); perr != nil {
+		if perr := writePlot(o.plotPath, rep, ref, stderr); perr != nil {
 			fmt.Fprintf(stderr, "ucpx perf: --plot: %v\n", perr)
 			status = 1
 		}
@@ -296,7 +306,7 @@ func replot(from, plotPath, refPath string, stderr io.Writer) int {
 			return fail(2, err)
 		}
 	}
-	if err := writePlot(plotPath, rep, ref); err != nil {
+	if err := writePlot(plotPath, rep, ref, stderr); err != nil {
 		return fail(1, fmt.Errorf("--plot: %w", err))
 	}
 	return 0

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"image/color"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -40,9 +42,18 @@ type plotSeries struct {
 }
 
 // seriesOf groups rep's rows into lines, in the order they first appear; colors
-// assigns each name a color index shared across runs.
-func seriesOf(rep *perfReport, ref bool, suffix string, colors map[string]int) []*plotSeries {
+// assigns each name a color index shared across runs. A log scale shows only values
+// above zero: a row whose size or value is not (a hand-made or damaged report) is left
+// out of that line, and counted in skipped.
+func seriesOf(rep *perfReport, ref bool, suffix string, colors map[string]int, skipped *[]string) []*plotSeries {
 	var out []*plotSeries
+	skip := func(r perfResult, what string, v float64) {
+		s := fmt.Sprintf("%s%s size %d", rowName(r), suffix, r.Size)
+		if what != "" {
+			s += fmt.Sprintf(": %s %g", what, v)
+		}
+		*skipped = append(*skipped, s)
+	}
 	byName := map[string]*plotSeries{}
 	for _, r := range rep.Results {
 		name := rowName(r)
@@ -56,20 +67,34 @@ func seriesOf(rep *perfReport, ref bool, suffix string, colors map[string]int) [
 			byName[name] = s
 			out = append(out, s)
 		}
-		if r.BandwidthMBs > 0 {
-			s.bw = append(s.bw, plotter.XY{X: float64(r.Size), Y: r.BandwidthMBs})
+		x := float64(r.Size)
+		if r.Size <= 0 {
+			skip(r, "", 0)
+			continue
 		}
-		lat := r.LatP50Us
-		if r.MeanOnly {
-			lat = r.LatAvgUs
+		if positive(r.BandwidthMBs) {
+			s.bw = append(s.bw, plotter.XY{X: x, Y: r.BandwidthMBs})
+		} else {
+			skip(r, "bandwidth", r.BandwidthMBs)
 		}
-		if (r.Test == testTagLat || r.Test == testPartLat) && lat > 0 {
+		if r.Test == testTagLat || r.Test == testPartLat {
 			s.pinged = true
-			s.lat = append(s.lat, plotter.XY{X: float64(r.Size), Y: lat})
+			lat := r.LatP50Us
+			if r.MeanOnly {
+				lat = r.LatAvgUs
+			}
+			if positive(lat) {
+				s.lat = append(s.lat, plotter.XY{X: x, Y: lat})
+			} else {
+				skip(r, "latency", lat)
+			}
 		}
 	}
 	return out
 }
+
+// positive: v can be drawn on a log scale.
+func positive(v float64) bool { return v > 0 && !math.IsInf(v, 1) }
 
 // refName labels a reference run's lines.
 func refName(ref *perfReport) string {
@@ -87,12 +112,18 @@ func plotFormat(path string) bool {
 
 // writePlot draws rep (and ref, dashed, on the same axes) as an SVG of two panels:
 // latency against size above, bandwidth against size below, log-log, a line per test
-// and mode.
-func writePlot(path string, rep, ref *perfReport) error {
+// and mode. Rows a log scale cannot show (a size or value not above zero) are left out,
+// with a note on warn; a panel left with no point is not drawn.
+func writePlot(path string, rep, ref *perfReport, warn io.Writer) error {
 	colors := map[string]int{}
-	series := seriesOf(rep, false, "", colors)
+	var skipped []string
+	series := seriesOf(rep, false, "", colors, &skipped)
 	if ref != nil {
-		series = append(series, seriesOf(ref, true, " ["+refName(ref)+"]", colors)...)
+		series = append(series, seriesOf(ref, true, " ["+refName(ref)+"]", colors, &skipped)...)
+	}
+	if len(skipped) > 0 {
+		fmt.Fprintf(warn, "ucpx perf: --plot: %d point(s) left out, a log scale shows only values above zero: %s\n",
+			len(skipped), strings.Join(skipped[:min(len(skipped), 5)], ", ")+map[bool]string{true: ", ...", false: ""}[len(skipped) > 5])
 	}
 	title := "ucpx perf"
 	for _, f := range [][2]string{{"", rep.Label}, {"", rep.Transport}, {"UCX_TLS=", rep.TLS}, {"UCX ", rep.UCXVersion}, {"", rep.Date}, {"stream backend ", rep.Backend}} {
@@ -102,30 +133,38 @@ func writePlot(path string, rep, ref *perfReport) error {
 	}
 	var sizes []int
 	for _, r := range rep.Results {
-		if !slices.Contains(sizes, r.Size) {
+		if r.Size > 0 && !slices.Contains(sizes, r.Size) {
 			sizes = append(sizes, r.Size)
 		}
 	}
 	lat := newLogPlot(plotLatTitle, plotLatAxis, sizes)
-	lat.Title.Text = title + "\n" + plotLatTitle
 	bw := newLogPlot(plotBwTitle, plotBwAxis, sizes)
-	pinged := false
+	var latPts, bwPts plotter.XYs
 	for _, s := range series {
 		if s.pinged {
-			pinged = true
+			latPts = append(latPts, s.lat...)
 			if err := addLine(lat, s, s.lat); err != nil {
 				return err
 			}
 		}
+		bwPts = append(bwPts, s.bw...)
 		if err := addLine(bw, s, s.bw); err != nil {
 			return err
 		}
 	}
-	plots := [][]*plot.Plot{{lat}, {bw}}
-	if !pinged { // bandwidth tests only
-		plots = plots[1:]
-		bw.Title.Text = title + "\n" + plotBwTitle
+	var plots [][]*plot.Plot
+	if len(latPts) > 0 {
+		plots = append(plots, []*plot.Plot{lat})
 	}
+	if len(bwPts) > 0 {
+		plots = append(plots, []*plot.Plot{bw})
+	}
+	if len(plots) == 0 {
+		return errors.New("nothing to draw: no row has a size and a latency or bandwidth above zero")
+	}
+	setLogRange(&lat.X, &lat.Y, latPts)
+	setLogRange(&bw.X, &bw.Y, bwPts)
+	plots[0][0].Title.Text = title + "\n" + plots[0][0].Title.Text
 	const w, h = 22 * vg.Centimeter, 15 * vg.Centimeter
 	var c interface {
 		vg.CanvasSizer
@@ -155,6 +194,36 @@ func writePlot(path string, rep, ref *perfReport) error {
 	return f.Close()
 }
 
+// setLogRange sets a panel's axes to cover pts (every coordinate above zero), widened
+// where all points share a value: gonum widens an empty range by one on each side,
+// which on a log scale reaches zero or below (a single point of size 1, a latency
+// under 1 µs) and panics. A size is widened to the powers of two around it, a value to
+// a decade on each side, so each axis keeps a labelled tick.
+func setLogRange(x, y *plot.Axis, pts plotter.XYs) {
+	if len(pts) == 0 {
+		return
+	}
+	x.Min, x.Max = math.Inf(1), math.Inf(-1)
+	y.Min, y.Max = math.Inf(1), math.Inf(-1)
+	for _, p := range pts {
+		x.Min, x.Max = math.Min(x.Min, p.X), math.Max(x.Max, p.X)
+		y.Min, y.Max = math.Min(y.Min, p.Y), math.Max(y.Max, p.Y)
+	}
+	widen := func(a *plot.Axis, f float64) {
+		if a.Min < a.Max {
+			return
+		}
+		if lo := a.Min / f; lo > 0 {
+			a.Min = lo
+		}
+		if hi := a.Max * f; !math.IsInf(hi, 1) {
+			a.Max = hi
+		}
+	}
+	widen(x, 2)
+	widen(y, 10)
+}
+
 func newLogPlot(title, yLabel string, sizes []int) *plot.Plot {
 	p := plot.New()
 	p.Title.Text = title
@@ -162,7 +231,7 @@ func newLogPlot(title, yLabel string, sizes []int) *plot.Plot {
 	p.Y.Label.Text = yLabel
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker = sizeTicks(sizes)
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = plot.TickerFunc(valueTicks)
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.ThumbnailWidth = vg.Centimeter
 	p.Add(plotter.NewGrid())
@@ -205,6 +274,35 @@ var plotColors = []color.Color{
 	color.RGBA{0x17, 0xbe, 0xcf, 0xff},
 }
 
+// valueTicks is gonum's LogTicks (a labelled tick per power of ten, minor ticks
+// between) for up to maxDecades decades; over a wider range (a damaged report) it
+// labels every few powers of ten and leaves the minor ticks out, so the number of
+// ticks stays bounded and their labels readable.
+func valueTicks(lo, hi float64) []plot.Tick {
+	const maxDecades = 12
+	from, to := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if math.IsInf(from, 0) || math.IsNaN(from) || math.IsInf(to, 0) || math.IsNaN(to) {
+		return nil
+	}
+	step := math.Max(1, math.Ceil((to-from)/maxDecades))
+	var ticks []plot.Tick
+	for e := from; e <= to; e += step {
+		v := math.Pow10(int(e))
+		label := strconv.FormatFloat(v, 'g', -1, 64)
+		if math.Abs(e) > 15 { // a product of two table entries: not the shortest decimal
+			label = fmt.Sprintf("1e%+03d", int(e))
+		}
+		ticks = append(ticks, plot.Tick{Value: v, Label: label})
+		for i := 2; step == 1 && e < to && i < 10; i++ {
+			ticks = append(ticks, plot.Tick{Value: v * float64(i)})
+		}
+	}
+	return ticks
+}
+
+// maxSizeTicks bounds the powers of two sizeTicks marks.
+const maxSizeTicks = 64
+
 // sizeTicks marks powers of two between lo and hi, labelling the measured sizes in
 // ucpx's notation (8, 4K, 1M), or about ten powers where more sizes were measured.
 func sizeTicks(sizes []int) plot.TickerFunc {
@@ -216,7 +314,14 @@ func sizeTicks(sizes []int) plot.TickerFunc {
 			}
 		}
 		var ticks []plot.Tick
-		for e := math.Floor(math.Log2(lo)); e <= math.Ceil(math.Log2(hi)); e++ {
+		// Powers of two from lo to hi, at most maxSizeTicks of them (every few where
+		// the range is wider); none for a range a log scale cannot have.
+		from, to := math.Floor(math.Log2(lo)), math.Ceil(math.Log2(hi))
+		if math.IsInf(from, 0) || math.IsNaN(from) || math.IsInf(to, 0) || math.IsNaN(to) {
+			return nil
+		}
+		step := math.Max(1, math.Ceil((to-from+1)/maxSizeTicks))
+		for e := from; e <= to; e += step {
 			ticks = append(ticks, plot.Tick{Value: math.Exp2(e)})
 		}
 		if len(label) == 0 {
