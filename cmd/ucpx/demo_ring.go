@@ -26,18 +26,18 @@ of all N blocks. Each rank opens one endpoint, to its right neighbour.`
 // runDemoRing is `ucpx demo-ring`.
 func runDemoRing(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("demo-ring", demoRingSynopsis, stderr)
-	iters := fs.Int("iters", 100, "allgather iterations")
+	iters := fs.Int("iters", 100, "allgather iterations (with --perf: measured iterations), at most 10000000")
 	block := fs.Int("bytes", 4096, "bytes each rank contributes per iteration (8..16 MiB)")
 	timeout := fs.Duration("timeout", 60*time.Second, "bound on the whole run")
 	perf := fs.String("perf", "", "instead of the ring, between 2 ranks: tag_lat or tag_bw of --bytes, --iters after --warmup (ucx_perftest's estimators; bench/vs-ucx-perftest.sh)")
-	warmup := fs.Int("warmup", 100, "with --perf: warm-up iterations")
-	window := fs.Int("window", 32, "with --perf tag_bw: sends outstanding (ucx_perftest's default)")
+	warmup := fs.Int("warmup", 100, "with --perf: warm-up iterations, at most 10000000")
+	window := fs.Int("window", 32, "with --perf tag_bw: sends outstanding, 1 to 65536 (ucx_perftest's default)")
 	measure := fs.Bool("measure", false, "also connect to every rank and print wire-up times and resident memory (docs/scaling.md)")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st
 	}
-	if *iters < 1 || *block < 8 || *block > 16<<20 || *warmup < 0 || *window < 1 {
-		fmt.Fprintf(stderr, "ucpx demo-ring: --iters >= 1, --bytes in [8, 16 MiB], --warmup >= 0, --window >= 1\n")
+	if *iters < 1 || *iters > maxIters || *block < 8 || *block > 16<<20 || *warmup < 0 || *warmup > maxIters || *window < 1 || *window > maxWindow {
+		fmt.Fprintf(stderr, "ucpx demo-ring: want --iters in [1, %d], --bytes in [8, 16 MiB], --warmup in [0, %d], --window in [1, %d]\n", maxIters, maxIters, maxWindow)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)

@@ -124,12 +124,12 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("perf", "[flags]", stderr)
 	tests := fs.String("tests", strings.Join(allTests, ","), "tests to run: "+strings.Join(allTests, ",")+" (with stream --modes: tag_lat)")
 	sizes := fs.String("sizes", joinSizes(defaultSizes), "message sizes in bytes (suffixes k, m: 4k = 4096)")
-	iters := fs.Int("iters", 0, "measured iterations per size (0: automatic, fewer for large sizes)")
-	warmup := fs.Int("warmup", -1, "warm-up iterations per size (-1: automatic, iters/10 but at least 10)")
+	iters := fs.Int("iters", 0, "measured iterations per size, at most 10000000 (0: automatic, fewer for large sizes)")
+	warmup := fs.Int("warmup", -1, "warm-up iterations per size, at most 10000000 (-1: automatic, iters/10 but at least 10)")
 	transport := fs.String("transport", "shm", "transport set: shm (UCX_TLS=shm) or tcp (UCX_TLS=tcp)")
 	tls := fs.String("tls", "", "UCX_TLS for both processes, overriding --transport's set")
 	peerErr := fs.String("peer-err", "auto", "peer error handling on endpoints: on, off, auto (off for shm, on for tcp; UCX 1.13 uses only tcp when on)")
-	window := fs.Int("window", 32, "outstanding operations in the bandwidth tests (ucx_perftest's default for tag_bw and ucp_put_bw)")
+	window := fs.Int("window", 32, "outstanding operations in the bandwidth tests, 1 to 65536 (ucx_perftest's default for tag_bw and ucp_put_bw)")
 	waitMode := fs.String("wait", "wait", "how both processes wait for operations: wait (Request.Wait: spin, then park on the worker) or spin (busy-poll with Request.Test)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run; the rows completed by then are printed")
 	asJSON := fs.Bool("json", false, "print machine-readable JSON instead of a table (at the end, or when stopped)")
@@ -186,12 +186,12 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	var ref *perfReport
 	switch {
 	case err != nil:
-	case o.iters < 0:
-		err = fmt.Errorf("--iters %d: must be >= 0", o.iters)
-	case o.warmup < -1:
-		err = fmt.Errorf("--warmup %d: must be >= -1", o.warmup)
-	case o.window < 1:
-		err = fmt.Errorf("--window %d: must be >= 1", o.window)
+	case o.iters < 0 || o.iters > maxIters:
+		err = fmt.Errorf("--iters %d: want 0 (automatic) to %d (every round trip is kept for exact percentiles)", o.iters, maxIters)
+	case o.warmup < -1 || o.warmup > maxIters:
+		err = fmt.Errorf("--warmup %d: want -1 (automatic) to %d", o.warmup, maxIters)
+	case o.window < 1 || o.window > maxWindow:
+		err = fmt.Errorf("--window %d: want 1 to %d", o.window, maxWindow)
 	case o.timeout <= 0:
 		err = fmt.Errorf("--timeout %v: must be positive", o.timeout)
 	case o.asJSON && o.asCSV:
@@ -362,6 +362,15 @@ func parseTests(s string) ([]string, error) {
 
 // maxSize bounds message sizes: both processes allocate two buffers of the largest.
 const maxSize = 1 << 30
+
+// maxIters bounds --iters and --warmup: the ping-pong tests keep every round trip
+// (16 bytes an iteration: its start time and its duration) for exact percentiles, so
+// a phase holds at most 160 MB of samples. maxWindow bounds --window: each side keeps
+// a request per outstanding operation.
+const (
+	maxIters  = 10_000_000
+	maxWindow = 1 << 16
+)
 
 func parseSizes(s string) ([]int, error) {
 	var out []int
@@ -886,6 +895,9 @@ func perfPeerMain(ctlAddr, tls string, peerErr, rma, part, spin, check bool, siz
 	}
 	if size <= 0 || size > maxSize {
 		return fmt.Errorf("--max-size %d out of range", size)
+	}
+	if window < 1 || window > maxWindow {
+		return fmt.Errorf("--window %d out of range", window)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

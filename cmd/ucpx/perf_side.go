@@ -555,7 +555,7 @@ func (s *perfSide) putBwResponder(ctx context.Context, ready func() error, size 
 // bytes it received under --check.
 func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, m perfMsg) error {
 	test, size, count, parts := m.Test, m.Size, m.Count, m.Parts
-	if size > s.rmem.Len() || count <= 0 {
+	if size > s.rmem.Len() || count <= 0 || count > maxIters {
 		return fmt.Errorf("bad phase: size %d (buffer %d), count %d", size, s.rmem.Len(), count)
 	}
 	s.wrong.Store(0)
