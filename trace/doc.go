@@ -10,8 +10,12 @@
 //
 // Tracing is off unless a Recorder is attached: ucp.Worker.Trace for one worker, or
 // for every worker of the process the UCPX_TRACE environment variable naming the file
-// to write ("{pid}" in it stands for the process id) or UseFile, which `ucpx demo
-// --trace` and `ucpx perf --trace` call. Off, the engine pays one atomic load per round
-// and per operation and allocates nothing. Summarize (`ucpx trace summarize FILE`)
-// gives per-phase percentiles of a trace: where the time went, without a browser.
+// to write ("{pid}" in it stands for the process id; each engine writes it as it
+// closes, when something new was recorded) or UseFile, or Use, a recorder without a
+// file that its caller writes once (`ucpx demo --trace` and `ucpx perf --trace`). Off,
+// the engine pays one atomic load per round and per operation and allocates nothing.
+// A Recorder keeps 72 bytes per operation; WriteJSON writes the events one at a time,
+// with memory that does not grow with the trace. Summarize (`ucpx trace summarize
+// FILE`, through ReadSummary, which reads a file an event at a time) gives per-phase
+// percentiles of a trace: where the time went, without a browser.
 package trace

@@ -1,10 +1,12 @@
 package trace
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -41,26 +43,133 @@ func ReadFile(r io.Reader) (File, error) {
 
 // Summarize computes the per-phase percentiles of f's operation spans.
 func Summarize(f File) Summary {
-	durs := map[string][]float64{}
-	ops := map[[2]uint64]bool{}
+	var a summer
 	for _, ev := range f.TraceEvents {
 		if ev.Ph != "X" {
 			continue
 		}
-		durs[ev.Name] = append(durs[ev.Name], ev.Dur)
-		if ev.Cat == "device" {
-			continue // the device's view of an operation counted on its own track
-		}
-		switch seq := ev.Args["seq"].(type) {
+		seq, ok := uint64(0), false
+		switch v := ev.Args["seq"].(type) {
 		case float64: // read from JSON
-			ops[[2]uint64{ev.Tid, uint64(seq)}] = true
+			seq, ok = uint64(v), true
 		case uint64: // from Events
-			ops[[2]uint64{ev.Tid, seq}] = true
+			seq, ok = v, true
+		}
+		a.add(ev.Name, ev.Cat, ev.Dur, ev.Tid, seq, ok)
+	}
+	return a.summary()
+}
+
+// ReadSummary is Summarize of the trace JSON r holds, read an event at a time: it
+// keeps a duration per span and a key per operation, not the events (a trace file of
+// a long run is large; ReadFile holds it all, with a map per event).
+func ReadSummary(r io.Reader) (Summary, error) {
+	if r == nil {
+		return Summary{}, fmt.Errorf("trace: nil reader: %w", errs.InvalidParam)
+	}
+	var a summer
+	dec := json.NewDecoder(bufio.NewReaderSize(r, 64<<10))
+	err := eachEvent(dec, func(ev *spanEvent) error {
+		if ev.Ph != "X" {
+			return nil
+		}
+		seq, err := ev.Args.Seq.Int64()
+		a.add(ev.Name, ev.Cat, ev.Dur, ev.Tid, uint64(seq), err == nil)
+		return nil
+	})
+	if err != nil {
+		return Summary{}, fmt.Errorf("trace: %w", err)
+	}
+	return a.summary(), nil
+}
+
+// spanEvent is what ReadSummary reads of an event.
+type spanEvent struct {
+	Name string  `json:"name"`
+	Cat  string  `json:"cat"`
+	Ph   string  `json:"ph"`
+	Dur  float64 `json:"dur"`
+	Tid  uint64  `json:"tid"`
+	Args struct {
+		Seq json.Number `json:"seq"`
+	} `json:"args"`
+}
+
+// eachEvent decodes the events of a {"traceEvents": [...]} document one at a time.
+func eachEvent(dec *json.Decoder, f func(*spanEvent) error) error {
+	if err := expectDelim(dec, '{'); err != nil {
+		return err
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if key, _ := t.(string); key != "traceEvents" {
+			var skip json.RawMessage // another member: displayTimeUnit, metadata
+			if err := dec.Decode(&skip); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := expectDelim(dec, '['); err != nil {
+			return fmt.Errorf("traceEvents: %w", err)
+		}
+		for i := 0; dec.More(); i++ {
+			var ev spanEvent
+			if err := dec.Decode(&ev); err != nil {
+				return fmt.Errorf("event %d: %w", i, err)
+			}
+			if err := f(&ev); err != nil {
+				return fmt.Errorf("event %d: %w", i, err)
+			}
+		}
+		if err := expectDelim(dec, ']'); err != nil {
+			return err
 		}
 	}
-	s := Summary{Ops: len(ops)}
-	for _, name := range []string{PhaseWaitTrigger, PhaseIssue, PhaseInFlight, PhaseStore, PhaseDeviceWait, PhaseDeviceSees} {
-		d := durs[name]
+	return expectDelim(dec, '}')
+}
+
+func expectDelim(dec *json.Decoder, want json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := t.(json.Delim); !ok || d != want {
+		return fmt.Errorf("want %q, found %v", want, t)
+	}
+	return nil
+}
+
+// summer accumulates spans into a Summary.
+type summer struct {
+	durs map[string][]float64
+	ops  map[[2]uint64]struct{}
+}
+
+// add counts one span; seq is its operation's sequence number where hasSeq.
+func (a *summer) add(name, cat string, dur float64, tid, seq uint64, hasSeq bool) {
+	if !slices.Contains(summaryPhases, name) {
+		return
+	}
+	if a.durs == nil {
+		a.durs, a.ops = map[string][]float64{}, map[[2]uint64]struct{}{}
+	}
+	a.durs[name] = append(a.durs[name], dur)
+	if cat == "device" || !hasSeq {
+		return // the device's view of an operation counted on its own track
+	}
+	a.ops[[2]uint64{tid, seq}] = struct{}{}
+}
+
+// summaryPhases are the phases a Summary reports, in its order.
+var summaryPhases = []string{PhaseWaitTrigger, PhaseIssue, PhaseInFlight, PhaseStore, PhaseDeviceWait, PhaseDeviceSees}
+
+func (a *summer) summary() Summary {
+	s := Summary{Ops: len(a.ops)}
+	for _, name := range summaryPhases {
+		d := a.durs[name]
 		if len(d) == 0 {
 			continue
 		}

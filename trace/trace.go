@@ -1,11 +1,13 @@
 package trace
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,8 +41,11 @@ type Op struct {
 type Recorder struct {
 	path    string // FromEnv's file, written by Flush
 	flushMu sync.Mutex
+	flushed bool   // Flush wrote the file (under flushMu)
+	wrote   uint64 // gen when it did
 	start   time.Time
 	mu      sync.Mutex
+	gen     uint64 // counts what was recorded, named or marked (under mu)
 	// Timelines are kept in fixed chunks of pointer-free records (the op and protocol
 	// names interned): recording one never copies those before it, and the garbage
 	// collector never scans them.
@@ -160,6 +165,16 @@ func UseFile(path string) *Recorder {
 	return env.r
 }
 
+// Use makes r the process's recorder from now on, as UseFile does, but with no file:
+// the engines' Flush writes nothing, and the caller writes r once, when it is done
+// (WriteFile), and sees the error. A nil r stops tracing.
+func Use(r *Recorder) {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	env.read = true
+	env.r = r
+}
+
 // expandPID replaces "{pid}" in path with the process id, so that processes sharing
 // the environment (a command and the peer it starts) write files of their own.
 func expandPID(path string) string {
@@ -167,7 +182,8 @@ func expandPID(path string) string {
 }
 
 // Flush writes everything recorded so far to the file of a FromEnv recorder (the
-// engines call it when they close); for other recorders it does nothing.
+// engines call it when they close), unless nothing was recorded since it last wrote
+// it; for other recorders it does nothing.
 func (r *Recorder) Flush() error {
 	if r == nil || r.path == "" {
 		return nil
@@ -176,7 +192,32 @@ func (r *Recorder) Flush() error {
 	// interleave in it.
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
-	return r.WriteFile(r.path)
+	r.harvest()
+	r.mu.Lock()
+	gen := r.gen
+	r.mu.Unlock()
+	if r.flushed && gen == r.wrote {
+		return nil
+	}
+	if err := r.WriteFile(r.path); err != nil {
+		return err
+	}
+	r.flushed, r.wrote = true, gen
+	return nil
+}
+
+// Len is the number of timelines recorded so far.
+func (r *Recorder) Len() int {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.chunks {
+		n += len(c)
+	}
+	return n
 }
 
 // Now is the time since the recorder started, in nanoseconds (monotonic).
@@ -198,6 +239,7 @@ func (r *Recorder) Name(track uint64, name string) {
 	}
 	if _, ok := r.names[track]; !ok {
 		r.names[track] = name
+		r.gen++
 	}
 	r.mu.Unlock()
 }
@@ -215,6 +257,7 @@ func (r *Recorder) Record(op Op) {
 	}
 	last := &r.chunks[len(r.chunks)-1]
 	*last = append(*last, rec)
+	r.gen++
 	r.mu.Unlock()
 }
 
@@ -228,6 +271,7 @@ func (r *Recorder) AddDeviceSpan(track, seq, arrived, released uint64) {
 	}
 	r.mu.Lock()
 	r.device = append(r.device, deviceSpan{track, seq, arrived, released})
+	r.gen++
 	r.mu.Unlock()
 }
 
@@ -277,6 +321,7 @@ func (r *Recorder) Mark(track uint64, name string) {
 	at := r.Now()
 	r.mu.Lock()
 	r.marks = append(r.marks, mark{track, name, at})
+	r.gen++
 	r.mu.Unlock()
 }
 
@@ -332,18 +377,63 @@ const (
 	ClockAligned = "aligned to the quickest release"
 )
 
+// snapshot is what a Recorder held at one moment: its slices are append-only (a chunk
+// is filled in place up to its fixed capacity, never moved), so their headers taken
+// under r.mu stay valid, and readable without the lock, while the engine records on.
+type snapshot struct {
+	start  time.Time
+	chunks [][]record
+	words  []string
+	names  map[uint64]string
+	marks  []mark
+	device []deviceSpan
+}
+
+// snapshot runs the harvesters, then takes what the recorder holds.
+func (r *Recorder) snapshot() snapshot {
+	r.harvest()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := snapshot{start: r.start, chunks: slices.Clone(r.chunks), words: r.words, marks: r.marks, device: r.device,
+		names: make(map[uint64]string, len(r.names))}
+	for t, n := range r.names {
+		s.names[t] = n
+	}
+	return s
+}
+
+// rawEvent is one trace event before it is written: Events makes it an Event,
+// WriteJSON encodes it directly, without a map of arguments.
+type rawEvent struct {
+	name, cat, ph, scope string
+	ts, dur              float64
+	tid                  uint64
+	args                 int // argsNone, argsName, argsOp, argsDevice
+	argName              string
+	op                   *record // argsOp; argsDevice: the host's timeline, if any
+	seq                  uint64  // argsDevice
+	clock                string  // argsDevice
+}
+
+const (
+	argsNone   = iota
+	argsName   // {"name": argName}
+	argsOp     // {"bytes", "failed", "op", "protocol", "seq"} of op
+	argsDevice // {"clock", "op", "seq"}
+)
+
 // deviceOffset returns what to subtract from a device stamp to get the recorder's
 // nanoseconds, and which of the two clocks that is. ops are the host's timelines by
-// (track, seq); r.mu held.
-func (r *Recorder) deviceOffset(ops map[[2]uint64]Op) (int64, string) {
-	wall := r.start.UnixNano()
+// (track, seq).
+func (s *snapshot) deviceOffset(ops map[[2]uint64]*record) (int64, string) {
+	wall := s.start.UnixNano()
 	minLat, found := int64(0), false
-	for _, d := range r.device {
-		op, ok := ops[[2]uint64{d.track, d.seq}]
-		if !ok {
+	for _, d := range s.device {
+		op := ops[[2]uint64{d.track, d.seq}]
+		if op == nil {
 			continue
 		}
-		lat := int64(d.released) - wall - op.Store
+		lat := int64(d.released) - wall - op.stored
 		if !found || lat < minLat {
 			minLat, found = lat, true
 		}
@@ -356,102 +446,243 @@ func (r *Recorder) deviceOffset(ops map[[2]uint64]Op) (int64, string) {
 	return wall + minLat, ClockAligned
 }
 
-// Events converts what was recorded into trace events.
+// walk hands each event of s to emit, in the trace's order: track names, the
+// operations' spans, the marks, the device tracks. ev is reused between calls.
+func (s *snapshot) walk(emit func(ev *rawEvent)) {
+	var ev rawEvent
+	tracks := make([]uint64, 0, len(s.names))
+	for t := range s.names {
+		tracks = append(tracks, t)
+	}
+	slices.Sort(tracks)
+	for _, t := range tracks {
+		ev = rawEvent{name: "thread_name", ph: "M", tid: t, args: argsName, argName: s.names[t]}
+		emit(&ev)
+	}
+	for _, c := range s.chunks {
+		for i := range c {
+			op := &c[i]
+			span := func(name string, from, to int64) {
+				if from == 0 && name != PhaseWaitTrigger {
+					return
+				}
+				ev = rawEvent{name: name, cat: s.words[op.what], ph: "X", ts: us(from), dur: us(max(to-from, 0)), tid: op.track, args: argsOp, op: op}
+				emit(&ev)
+			}
+			span(PhaseWaitTrigger, op.enqueue, op.trigger)
+			span(PhaseIssue, op.trigger, op.issue)
+			span(PhaseInFlight, op.issue, op.done)
+			span(PhaseStore, op.done, op.stored)
+		}
+	}
+	for _, m := range s.marks {
+		ev = rawEvent{name: m.name, ph: "i", scope: "t", ts: us(m.at), tid: m.track}
+		emit(&ev)
+	}
+	if len(s.device) == 0 {
+		return
+	}
+	// The host's timelines of the stamped operations only, by track and sequence
+	// number (the last one where a pair repeats).
+	ops := make(map[[2]uint64]*record, len(s.device))
+	for _, d := range s.device {
+		ops[[2]uint64{d.track, d.seq}] = nil
+	}
+	for _, c := range s.chunks {
+		for i := range c {
+			k := [2]uint64{c[i].track, c[i].seq}
+			if _, ok := ops[k]; ok {
+				ops[k] = &c[i]
+			}
+		}
+	}
+	offset, clock := s.deviceOffset(ops)
+	if clock == ClockAligned {
+		// How far the device's clock is from the wall clock (the quickest release's
+		// latency included): the reader can see how far off "as wall clock" was.
+		clock = fmt.Sprintf("%s (globaltimer - wall clock = %.1f µs)", clock, float64(offset-s.start.UnixNano())/1e3)
+	}
+	named := map[uint64]bool{}
+	for _, d := range s.device {
+		tid := d.track + DeviceTrack
+		if !named[tid] {
+			named[tid] = true
+			name := fmt.Sprintf("condition %d (device, %s)", d.track, clock)
+			if n, ok := s.names[d.track]; ok {
+				name = fmt.Sprintf("%s: device, %s", n, clock)
+			}
+			ev = rawEvent{name: "thread_name", ph: "M", tid: tid, args: argsName, argName: name}
+			emit(&ev)
+		}
+		op := ops[[2]uint64{d.track, d.seq}]
+		arrived, released := int64(d.arrived)-offset, int64(d.released)-offset
+		ev = rawEvent{name: PhaseDeviceWait, cat: "device", ph: "X", ts: us(arrived), dur: us(max(released-arrived, 0)), tid: tid,
+			args: argsDevice, op: op, seq: d.seq, clock: clock}
+		emit(&ev)
+		if op != nil && op.stored != 0 {
+			ev = rawEvent{name: PhaseDeviceSees, cat: "device", ph: "X", ts: us(op.stored), dur: us(max(released-op.stored, 0)), tid: tid,
+				args: argsDevice, op: op, seq: d.seq, clock: clock}
+			emit(&ev)
+		}
+	}
+}
+
+// Events converts what was recorded into trace events. Each event carries a map of
+// its arguments: for a large trace, WriteJSON writes the same events without them.
 func (r *Recorder) Events() []Event {
 	if r == nil {
 		return nil
 	}
-	r.harvest()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	s := r.snapshot()
 	pid := os.Getpid()
-	var ev []Event
-	tracks := make([]uint64, 0, len(r.names))
-	for t := range r.names {
-		tracks = append(tracks, t)
-	}
-	sort.Slice(tracks, func(i, j int) bool { return tracks[i] < tracks[j] })
-	for _, t := range tracks {
-		ev = append(ev, Event{Name: "thread_name", Ph: "M", Pid: pid, Tid: t, Args: map[string]any{"name": r.names[t]}})
-	}
-	r.each(func(op Op) {
-		args := map[string]any{"op": op.What, "seq": op.Seq, "bytes": op.Bytes, "protocol": op.Plan}
-		if op.Failed {
-			args["failed"] = true
-		}
-		span := func(name string, from, to int64) {
-			if from == 0 && name != PhaseWaitTrigger {
-				return
+	var out []Event
+	var opArgs map[string]any // shared by the spans of one operation, as before
+	var argsOf *record
+	s.walk(func(ev *rawEvent) {
+		e := Event{Name: ev.name, Cat: ev.cat, Ph: ev.ph, Ts: ev.ts, Dur: ev.dur, Pid: pid, Tid: ev.tid, Scope: ev.scope}
+		switch ev.args {
+		case argsName:
+			e.Args = map[string]any{"name": ev.argName}
+		case argsOp:
+			if argsOf != ev.op {
+				argsOf = ev.op
+				opArgs = map[string]any{"op": s.words[ev.op.what], "seq": ev.op.seq, "bytes": ev.op.bytes, "protocol": s.words[ev.op.plan]}
+				if ev.op.failed {
+					opArgs["failed"] = true
+				}
 			}
-			ev = append(ev, Event{Name: name, Cat: op.What, Ph: "X", Ts: us(from), Dur: us(max(to-from, 0)), Pid: pid, Tid: op.Track, Args: args})
+			e.Args = opArgs
+		case argsDevice:
+			e.Args = map[string]any{"seq": ev.seq, "clock": ev.clock}
+			if ev.op != nil {
+				e.Args["op"] = s.words[ev.op.what]
+			}
 		}
-		span(PhaseWaitTrigger, op.Enqueue, op.Trigger)
-		span(PhaseIssue, op.Trigger, op.Issue)
-		span(PhaseInFlight, op.Issue, op.Done)
-		span(PhaseStore, op.Done, op.Store)
+		out = append(out, e)
 	})
-	for _, m := range r.marks {
-		ev = append(ev, Event{Name: m.name, Ph: "i", Scope: "t", Ts: us(m.at), Pid: pid, Tid: m.track})
-	}
-	if len(r.device) > 0 {
-		ev = append(ev, r.deviceEventsLocked(pid)...)
-	}
-	return ev
+	return out
 }
 
 // us converts the recorder's nanoseconds into the trace's microseconds.
 func us(ns int64) float64 { return float64(ns) / 1e3 }
 
-// deviceEventsLocked puts the device stamps on each condition's device track; r.mu held.
-func (r *Recorder) deviceEventsLocked(pid int) []Event {
-	ops := map[[2]uint64]Op{} // the host's timelines, by track and sequence number
-	r.each(func(op Op) { ops[[2]uint64{op.Track, op.Seq}] = op })
-	offset, clock := r.deviceOffset(ops)
-	if clock == ClockAligned {
-		// How far the device's clock is from the wall clock (the quickest release's
-		// latency included): the reader can see how far off "as wall clock" was.
-		clock = fmt.Sprintf("%s (globaltimer - wall clock = %.1f µs)", clock, float64(offset-r.start.UnixNano())/1e3)
-	}
-	var ev []Event
-	named := map[uint64]bool{}
-	for _, d := range r.device {
-		tid := d.track + DeviceTrack
-		if !named[tid] {
-			named[tid] = true
-			name := fmt.Sprintf("condition %d (device, %s)", d.track, clock)
-			if n, ok := r.names[d.track]; ok {
-				name = fmt.Sprintf("%s: device, %s", n, clock)
-			}
-			ev = append(ev, Event{Name: "thread_name", Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"name": name}})
-		}
-		args := map[string]any{"seq": d.seq, "clock": clock}
-		op, ok := ops[[2]uint64{d.track, d.seq}]
-		if ok {
-			args["op"] = op.What
-		}
-		arrived, released := int64(d.arrived)-offset, int64(d.released)-offset
-		ev = append(ev, Event{Name: PhaseDeviceWait, Cat: "device", Ph: "X", Ts: us(arrived), Dur: us(max(released-arrived, 0)), Pid: pid, Tid: tid, Args: args})
-		if ok && op.Store != 0 {
-			ev = append(ev, Event{Name: PhaseDeviceSees, Cat: "device", Ph: "X", Ts: us(op.Store), Dur: us(max(released-op.Store, 0)), Pid: pid, Tid: tid, Args: args})
-		}
-	}
-	return ev
-}
-
-// WriteJSON writes the trace as Chrome trace event JSON.
+// WriteJSON writes the trace as Chrome trace event JSON, an event at a time: what it
+// needs beyond what the recorder holds does not grow with the trace.
 func (r *Recorder) WriteJSON(w io.Writer) error {
 	if w == nil {
 		return fmt.Errorf("trace: nil writer: %w", errs.InvalidParam)
 	}
-	f := File{TraceEvents: r.Events(), DisplayTimeUnit: "ns"}
-	if f.TraceEvents == nil {
-		f.TraceEvents = []Event{}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteString(`{"traceEvents":[`)
+	if r != nil {
+		enc := eventEncoder{pid: strconv.Itoa(os.Getpid()), strs: map[string][]byte{}}
+		s := r.snapshot()
+		first := true
+		s.walk(func(ev *rawEvent) {
+			if !first {
+				bw.WriteByte(',')
+			}
+			first = false
+			enc.buf = enc.event(enc.buf[:0], &s, ev)
+			bw.Write(enc.buf)
+		})
 	}
-	enc := json.NewEncoder(w)
-	if err := enc.Encode(f); err != nil {
+	bw.WriteString("],\"displayTimeUnit\":\"ns\"}\n")
+	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}
 	return nil
+}
+
+// eventEncoder appends events as encoding/json would write an Event, with the strings
+// (operation and protocol names, track names: few distinct ones) quoted once.
+type eventEncoder struct {
+	pid  string
+	strs map[string][]byte
+	buf  []byte
+}
+
+func (e *eventEncoder) str(b []byte, s string) []byte {
+	q, ok := e.strs[s]
+	if !ok {
+		q, _ = json.Marshal(s) // a string always marshals
+		if len(e.strs) < 1<<16 {
+			e.strs[s] = q
+		}
+	}
+	return append(b, q...)
+}
+
+func (e *eventEncoder) event(b []byte, s *snapshot, ev *rawEvent) []byte {
+	b = append(b, `{"name":`...)
+	b = e.str(b, ev.name)
+	if ev.cat != "" {
+		b = append(b, `,"cat":`...)
+		b = e.str(b, ev.cat)
+	}
+	b = append(b, `,"ph":`...)
+	b = e.str(b, ev.ph)
+	b = append(b, `,"ts":`...)
+	b = appendFloat(b, ev.ts)
+	if ev.dur != 0 {
+		b = append(b, `,"dur":`...)
+		b = appendFloat(b, ev.dur)
+	}
+	b = append(b, `,"pid":`...)
+	b = append(b, e.pid...)
+	b = append(b, `,"tid":`...)
+	b = strconv.AppendUint(b, ev.tid, 10)
+	if ev.scope != "" {
+		b = append(b, `,"s":`...)
+		b = e.str(b, ev.scope)
+	}
+	switch ev.args {
+	case argsName:
+		b = append(b, `,"args":{"name":`...)
+		b = e.str(b, ev.argName)
+		b = append(b, '}')
+	case argsOp: // keys in encoding/json's order for a map: sorted
+		b = append(b, `,"args":{"bytes":`...)
+		b = strconv.AppendInt(b, int64(ev.op.bytes), 10)
+		if ev.op.failed {
+			b = append(b, `,"failed":true`...)
+		}
+		b = append(b, `,"op":`...)
+		b = e.str(b, s.words[ev.op.what])
+		b = append(b, `,"protocol":`...)
+		b = e.str(b, s.words[ev.op.plan])
+		b = append(b, `,"seq":`...)
+		b = strconv.AppendUint(b, ev.op.seq, 10)
+		b = append(b, '}')
+	case argsDevice:
+		b = append(b, `,"args":{"clock":`...)
+		b = e.str(b, ev.clock)
+		if ev.op != nil {
+			b = append(b, `,"op":`...)
+			b = e.str(b, s.words[ev.op.what])
+		}
+		b = append(b, `,"seq":`...)
+		b = strconv.AppendUint(b, ev.seq, 10)
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+// appendFloat appends f as encoding/json writes a float64 (f is finite: times made
+// from int64 nanoseconds).
+func appendFloat(b []byte, f float64) []byte {
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' { // e-09 as e-9
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
 }
 
 // WriteFile writes the trace to path (replacing it).

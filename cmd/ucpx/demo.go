@@ -11,6 +11,7 @@ import (
 	"math/rand"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -155,9 +156,12 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ucpx demo: --timeout and --step-timeout must be positive")
 		return 2
 	}
+	var rec *trace.Recorder
 	if *tracePath != "" {
-		trace.UseFile(*tracePath)
-		defer trace.UseFile("")
+		// The engines of the demo record into it; it is written once, at the end.
+		rec = trace.NewRecorder()
+		trace.Use(rec)
+		defer trace.Use(nil)
 	}
 	progress := stdout
 	if *asJSON {
@@ -169,11 +173,23 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
 	}
+	status := 0
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx demo: FAILED: %v\n", err)
-		return 1
+		status = 1
 	}
-	return 0
+	if rec != nil {
+		if werr := rec.WriteFile(expandPID(*tracePath)); werr != nil {
+			fmt.Fprintf(stderr, "ucpx demo: --trace: %v\n", werr)
+			status = 1
+		}
+	}
+	return status
+}
+
+// expandPID: "{pid}" in a --trace path stands for the process id, as in UCPX_TRACE.
+func expandPID(path string) string {
+	return strings.ReplaceAll(path, "{pid}", strconv.Itoa(os.Getpid()))
 }
 
 // newDemoContext is the UCX context of either side of the demo: UCX's default

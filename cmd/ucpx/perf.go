@@ -219,9 +219,11 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	}
 	var rec *trace.Recorder
 	if o.tracePath != "" {
-		// The engines this run starts record into it (as UCPX_TRACE would).
-		rec = trace.UseFile(o.tracePath)
-		defer trace.UseFile("")
+		// The engines this run starts record into it (as UCPX_TRACE would); it is
+		// written once, when the run is over.
+		rec = trace.NewRecorder()
+		trace.Use(rec)
+		defer trace.Use(nil)
 	}
 
 	// Ctrl-C and SIGTERM stop the run like --timeout: the rows completed so far are printed.
@@ -266,10 +268,10 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	rep.Comparisons = compareModes(rep.Results)
 	sink.end(rep)
 	if rec != nil {
-		if ferr := rec.Flush(); ferr != nil {
+		if ferr := rec.WriteFile(expandPID(o.tracePath)); ferr != nil {
 			fmt.Fprintf(stderr, "ucpx perf: --trace: %v\n", ferr)
 			status = 1
-		} else if len(rec.Ops()) == 0 {
+		} else if rec.Len() == 0 {
 			fmt.Fprintf(stderr, "ucpx perf: --trace %s: no conditioned operation ran (only the stream modes of --modes make them)\n", o.tracePath)
 		}
 	}

@@ -27,12 +27,11 @@ func runTrace(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer f.Close()
-	doc, err := trace.ReadFile(f)
+	s, err := trace.ReadSummary(f) // an event at a time: a long run's trace is large
 	if err != nil {
 		fmt.Fprintf(stderr, "ucpx trace: %s: %v\n", args[1], err)
 		return 1
 	}
-	s := trace.Summarize(doc)
 	if s.Ops == 0 {
 		fmt.Fprintf(stderr, "ucpx trace: %s holds no operation timelines\n", args[1])
 		return 1
