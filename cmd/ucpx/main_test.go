@@ -187,7 +187,7 @@ func TestPerf(t *testing.T) {
 					assert.LessOrEqual(t, r.LatMinUs, r.LatTypicalUs, "implausible latency %+v", r)
 					assert.Positive(t, r.LatTypicalUs, "implausible latency %+v", r)
 					assert.Positive(t, r.LatAvgUs, "implausible latency %+v", r)
-					assert.Equal(t, r.LatTypicalUs, r.LatP50Us, "p50 is the median %+v", r)
+					assert.LessOrEqual(t, r.LatP50Us, r.LatTypicalUs, "p50 (nearest rank) is at most the upper median %+v", r)
 					assert.LessOrEqual(t, r.LatP50Us, r.LatP90Us, "percentiles %+v", r)
 					assert.LessOrEqual(t, r.LatP90Us, r.LatP99Us, "percentiles %+v", r)
 					assert.LessOrEqual(t, r.LatP99Us, r.LatMaxUs, "percentiles %+v", r)

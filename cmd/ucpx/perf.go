@@ -89,7 +89,10 @@ type perfReport struct {
 // bandwidth in MB/s with MB = 2^20 bytes; message rate in messages per second.
 // LatTypicalUs is the median of all iterations; LatLast2048Us is ucx_perftest's own
 // "typical", the median of the last 2048 iterations (its timing queue), the one to
-// compare with it; p50, p90, p99 and max are over all iterations. The stream modes
+// compare with it; both take ucx_perftest's median, the element at n/2 of the sorted
+// times (of an even count the upper middle one). p50, p90, p99 and max are over all
+// iterations, p50..p99 by the nearest-rank method (`ucpx trace summarize`'s): the
+// smallest time with at least that share of the iterations at or below it. The stream modes
 // know only their total time (the stream runs ahead of the host): MeanOnly, with the
 // mean in every latency field but the percentiles, which are zero.
 type perfResult struct {
@@ -116,12 +119,20 @@ type perfResult struct {
 	Wrong *int64 `json:"wrong,omitempty"`
 }
 
+const perfSynopsis = `[flags]
+
+Runs each test at each size between this process and a peer process it starts, a row
+as each size completes. Latency is one way (half a round trip); p50, p90 and p99 are
+over all iterations by the nearest-rank method (the smallest time with at least that
+share of the iterations at or below it, as ucpx trace summarize takes them), max is the
+largest, last2048 is ucx_perftest's typical (the median of the last 2048 iterations).`
+
 // afterPerfRun, when set (by tests), runs once a perf run is over, before its outputs
 // are written.
 var afterPerfRun func()
 
 func runPerf(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("perf", "[flags]", stderr)
+	fs := newFlagSet("perf", perfSynopsis, stderr)
 	tests := fs.String("tests", strings.Join(allTests, ","), "tests to run: "+strings.Join(allTests, ",")+" (with stream --modes: tag_lat)")
 	sizes := fs.String("sizes", joinSizes(defaultSizes), "message sizes in bytes (suffixes k, m: 4k = 4096)")
 	iters := fs.Int("iters", 0, "measured iterations per size, at most 10000000 (0: automatic, fewer for large sizes)")
@@ -826,9 +837,9 @@ func fillLatency(res *perfResult, rtts []time.Duration, total time.Duration) {
 	res.LatLast2048Us = half(last[len(last)/2])
 	slices.Sort(rtts)
 	res.LatTypicalUs = half(rtts[len(rtts)/2])
-	res.LatP50Us = res.LatTypicalUs
-	res.LatP90Us = half(rtts[min(len(rtts)-1, len(rtts)*90/100)])
-	res.LatP99Us = half(rtts[min(len(rtts)-1, len(rtts)*99/100)])
+	res.LatP50Us = half(nearestRank(rtts, 50))
+	res.LatP90Us = half(nearestRank(rtts, 90))
+	res.LatP99Us = half(nearestRank(rtts, 99))
 	res.LatMaxUs = half(rtts[len(rtts)-1])
 	res.LatMinUs = half(rtts[0])
 	res.LatAvgUs = half(total) / float64(len(rtts))
@@ -836,6 +847,14 @@ func fillLatency(res *perfResult, rtts []time.Duration, total time.Duration) {
 	oneWay := total.Seconds() / 2 / float64(len(rtts))
 	res.BandwidthMBs = float64(res.Size) / oneWay / mb
 	res.MsgRate = 1 / oneWay
+}
+
+// nearestRank is the p-th percentile of sorted (not empty) by the nearest-rank
+// method, as `ucpx trace summarize` computes it: the smallest value with at least p%
+// of them at or below it (of 1..100: p50 is 50, p90 is 90, p99 is 99).
+func nearestRank(sorted []time.Duration, p int) time.Duration {
+	n := len(sorted)
+	return sorted[max(0, (n*p+99)/100-1)]
 }
 
 // fillMean: a ping-pong of which only the total time is known (the stream modes).

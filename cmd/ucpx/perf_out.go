@@ -74,7 +74,7 @@ func (t *textSink) end(rep *perfReport) {
 	if !t.begun {
 		return
 	}
-	fmt.Fprintln(t.w, "latency: one way (half a round trip); p50..max over all iterations, last2048 = median of the last 2048 (ucx_perftest's typical); stream modes: mean only (the stream runs ahead of the host); bw tests: avg = time per message; MB = 2^20 bytes (as ucx_perftest)")
+	fmt.Fprintln(t.w, "latency: one way (half a round trip); p50..max over all iterations (percentiles by nearest rank), last2048 = median of the last 2048 (ucx_perftest's typical); stream modes: mean only (the stream runs ahead of the host); bw tests: avg = time per message; MB = 2^20 bytes (as ucx_perftest)")
 	if rep.Check {
 		fmt.Fprintln(t.w, "wrong: received bytes, warm-up included, that differ from what was sent (--check)")
 	}

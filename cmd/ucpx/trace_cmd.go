@@ -12,7 +12,7 @@ import (
 // written with UCPX_TRACE or ucp.Worker.Trace, so a trace answers "where did the time
 // go" without a browser.
 func runTrace(args []string, stdout, stderr io.Writer) int {
-	const usage = "usage: ucpx trace summarize FILE\n\nFILE is Chrome trace JSON written with UCPX_TRACE=FILE (or ucp.Worker.Trace);\nopen it in ui.perfetto.dev or chrome://tracing for the timeline.\n"
+	const usage = "usage: ucpx trace summarize FILE\n\nFILE is Chrome trace JSON written with UCPX_TRACE=FILE (or ucp.Worker.Trace);\nopen it in ui.perfetto.dev or chrome://tracing for the timeline. Percentiles are\nby nearest rank: the smallest duration with at least that share at or below it.\n"
 	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 		fmt.Fprint(stdout, usage) // asked for: not a usage error
 		return 0
