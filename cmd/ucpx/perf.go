@@ -753,6 +753,7 @@ func (s *perfSide) phase(ctx context.Context, ctl *ctlConn, test, mode string, s
 	}
 	msg := perfMsg{Op: "phase", Test: test, Size: size, Count: count, Mode: res.Mode}
 	s.progress.Store(0)
+	s.progressMask = progressMaskFor(size)
 	s.wrong.Store(0)
 	if isPartTest(test) {
 		res.Partitions, msg.Parts = parts, parts

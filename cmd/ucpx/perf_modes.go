@@ -304,7 +304,7 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 	switch base {
 	case modeSync:
 		for i := 0; i < count && err == nil; i++ {
-			if i%progressEvery == 0 {
+			if i&s.progressMask == 0 {
 				s.progress.Store(int64(i))
 			}
 			err = produce(i)
@@ -322,7 +322,7 @@ func (s *perfSide) tagLatMode(ctx context.Context, r *modeRig, mode string, size
 		// the stream in both.
 		ahead := runahead.New(runahead.StreamWindow)
 		for i := 0; i < count && err == nil; i++ {
-			if i%progressEvery == 0 {
+			if i&s.progressMask == 0 {
 				s.progress.Store(int64(i))
 			}
 			err = ahead.Ahead(ctx, i, count)
@@ -380,7 +380,7 @@ func (s *perfSide) streamMode(ctx context.Context, r *modeRig, size, count int, 
 	s.checkPongs(rp, rbuf)
 	start := time.Now()
 	for i := 0; i < count; i++ {
-		if i%progressEvery == 0 {
+		if i&s.progressMask == 0 {
 			s.progress.Store(int64(i))
 		}
 		if err := chk.Ahead(ctx, i, count); err != nil {
@@ -427,7 +427,7 @@ func (s *perfSide) kernelMode(ctx context.Context, r *modeRig, size, count int) 
 	s.checkPongs(rp, rbuf)
 	armed := 0
 	arm := func() error { // one iteration: two sequence numbers, the send first
-		if armed%progressEvery == 0 {
+		if armed&s.progressMask == 0 {
 			s.progress.Store(int64(armed)) // armed, at most runahead.KernelWindow ahead
 		}
 		armed++

@@ -260,7 +260,7 @@ func (s *perfSide) checkPartData(size int) error {
 // checkPart (--check) counts iteration i's wrong bytes once its receive completed,
 // before the next one starts, and publishes the progress.
 func (s *perfSide) checkPart(size, i int) {
-	if i%progressEvery == 0 {
+	if i&s.progressMask == 0 {
 		s.progress.Store(int64(i))
 	}
 	if s.check {
@@ -348,7 +348,7 @@ func (s *perfSide) partBwSender(ctx context.Context, ps *partSet, count int) (ti
 	}
 	start := time.Now()
 	for i := range count {
-		if i%progressEvery == 0 {
+		if i&s.progressMask == 0 {
 			s.progress.Store(int64(i))
 		}
 		if err := ps.send.Start(); err != nil {

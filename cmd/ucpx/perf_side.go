@@ -75,15 +75,26 @@ type perfSide struct {
 	// check: count received bytes that differ from what was sent into wrong (--check).
 	check bool
 	wrong atomic.Int64
-	// progress: iterations of the current phase done, updated every progressEvery
-	// (the progress line reads it from another goroutine).
-	progress atomic.Int64
-	expect   []byte // the peer's expected ping of a +work mode (--check)
+	// progress: iterations of the current phase done, published when the iteration
+	// number has no bit of progressMask set (the progress line reads it from another
+	// goroutine).
+	progress     atomic.Int64
+	progressMask int
+	expect       []byte // the peer's expected ping of a +work mode (--check)
 }
 
-// progressEvery: loops publish their iteration count every this many iterations (an
-// atomic store each iteration would be a visible part of an 8-byte round trip).
-const progressEvery = 64
+// progressMaskFor is the progress mask of a phase of messages of size: below 64 KiB
+// the loops publish their count every 64 iterations (an atomic store each iteration
+// would be a visible part of an 8-byte round trip, and 64 such iterations take
+// milliseconds); from 64 KiB every iteration (it moves that much, beside which the
+// store is nothing, and one iteration of a large size can take seconds: the progress
+// line must not say 0 done while iterations complete).
+func progressMaskFor(size int) int {
+	if size >= 64<<10 {
+		return 0
+	}
+	return 64 - 1
+}
 
 func newPerfSide(tls string, peerErr, rma, part, spin bool, size, window int) (*perfSide, error) {
 	features := ucp.FeatureTag
@@ -228,7 +239,7 @@ func (s *perfSide) tagLatInitiator(ctx context.Context, size, count int) ([]time
 	stamps := make([]int64, count+1)
 	for i := 0; i < count; i++ {
 		stamps[i] = nanotime()
-		if i%progressEvery == 0 {
+		if i&s.progressMask == 0 {
 			s.progress.Store(int64(i))
 		}
 		n, _, err := s.ep.TagSendRecv(ctx, sbuf, tagPing, rbuf, tagPong, fullMask)
@@ -265,7 +276,7 @@ func (s *perfSide) tagLatInitiatorNbx(ctx context.Context, size, count int) ([]t
 	stamps := make([]int64, count+1)
 	for i := 0; i < count; i++ {
 		stamps[i] = nanotime()
-		if i%progressEvery == 0 {
+		if i&s.progressMask == 0 {
 			s.progress.Store(int64(i))
 		}
 		sr, err := s.ep.TagSendNbx(sbuf, tagPing, sp)
@@ -400,7 +411,7 @@ func (s *perfSide) tagBwSender(ctx context.Context, size, count int) (time.Durat
 	}
 	start := time.Now()
 	for i := 0; i < count; i++ {
-		if i%progressEvery == 0 {
+		if i&s.progressMask == 0 {
 			s.progress.Store(int64(i))
 		}
 		slot := i % len(s.ring)
@@ -482,7 +493,7 @@ func (s *perfSide) putBwSender(ctx context.Context, size, count int) (time.Durat
 	var err error
 	start := time.Now()
 	for i := 0; i < count; i++ {
-		if i%progressEvery == 0 {
+		if i&s.progressMask == 0 {
 			s.progress.Store(int64(i))
 		}
 		slot := i % len(s.ring)
@@ -559,6 +570,7 @@ func (s *perfSide) respond(ctx context.Context, ctl *ctlConn, m perfMsg) error {
 		return fmt.Errorf("bad phase: size %d (buffer %d), count %d", size, s.rmem.Len(), count)
 	}
 	s.wrong.Store(0)
+	s.progressMask = progressMaskFor(size)
 	if os.Getenv(perfPeerStallEnv) == test+"/"+strconv.Itoa(size) {
 		// Fault injection for tests: never get ready, as a hung peer would not.
 		<-ctx.Done()
