@@ -158,3 +158,22 @@ func TestReadSummaryMemoryIsAFractionOfTheFile(t *testing.T) {
 	t.Logf("held %d of %d", h.max, b.Len())
 	require.Less(t, h.max, uint64(b.Len()/4), "reading a %d-byte trace held %d bytes", b.Len(), h.max)
 }
+
+// A FromEnv recorder whose file cannot be written says so on stderr, once: the
+// engines that flush it discard the error.
+func TestFlushReportsAFailureOnce(t *testing.T) {
+	forgetEnv(t)
+	var out bytes.Buffer
+	flushErrors = &out
+	defer func() { flushErrors = os.Stderr }()
+	dir := t.TempDir()
+	r := UseFile(dir) // a directory: os.Create fails
+	require.Equal(t, dir, r.Path())
+	r.Record(Op{Track: 1, What: "x", Seq: 1})
+	require.Error(t, r.Flush())
+	r.Record(Op{Track: 1, What: "x", Seq: 2})
+	require.Error(t, r.Flush())
+	require.Equal(t, 1, strings.Count(out.String(), "\n"), "%q", out.String())
+	require.Contains(t, out.String(), EnvFile+"="+dir)
+	require.Empty(t, NewRecorder().Path())
+}

@@ -39,13 +39,14 @@ type Op struct {
 // off (what FromEnv returns without UCPX_TRACE): it records nothing and writes an
 // empty trace.
 type Recorder struct {
-	path    string // FromEnv's file, written by Flush
-	flushMu sync.Mutex
-	flushed bool   // Flush wrote the file (under flushMu)
-	wrote   uint64 // gen when it did
-	start   time.Time
-	mu      sync.Mutex
-	gen     uint64 // counts what was recorded, named or marked (under mu)
+	path     string // FromEnv's file, written by Flush
+	flushMu  sync.Mutex
+	flushed  bool   // Flush wrote the file (under flushMu)
+	reported bool   // Flush reported a failure (under flushMu)
+	wrote    uint64 // gen when it did
+	start    time.Time
+	mu       sync.Mutex
+	gen      uint64 // counts what was recorded, named or marked (under mu)
 	// Timelines are kept in fixed chunks of pointer-free records (the op and protocol
 	// names interned): recording one never copies those before it, and the garbage
 	// collector never scans them.
@@ -200,10 +201,27 @@ func (r *Recorder) Flush() error {
 		return nil
 	}
 	if err := r.WriteFile(r.path); err != nil {
+		// The engines that flush have no one to tell: say it once, on stderr.
+		if !r.reported {
+			r.reported = true
+			fmt.Fprintf(flushErrors, "%v (%s=%s: the trace is not written; later failures are not reported)\n", err, EnvFile, r.path)
+		}
 		return err
 	}
 	r.flushed, r.wrote = true, gen
 	return nil
+}
+
+// flushErrors is where Flush reports its first failure.
+var flushErrors io.Writer = os.Stderr
+
+// Path is the file Flush writes: UCPX_TRACE's (its "{pid}" replaced) or UseFile's;
+// empty for other recorders.
+func (r *Recorder) Path() string {
+	if r == nil {
+		return ""
+	}
+	return r.path
 }
 
 // Len is the number of timelines recorded so far.

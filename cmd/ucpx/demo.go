@@ -156,6 +156,19 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ucpx demo: --timeout and --step-timeout must be positive")
 		return 2
 	}
+	// The trace is written at the end: its file is checked before the demo runs.
+	var err error
+	if *tracePath != "" {
+		if err = checkWritable(expandPID(*tracePath)); err != nil {
+			err = fmt.Errorf("--trace: %w", err)
+		}
+	} else {
+		err = checkTraceEnv()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ucpx demo: %v\n", err)
+		return 1
+	}
 	var rec *trace.Recorder
 	if *tracePath != "" {
 		// The engines of the demo record into it; it is written once, at the end.

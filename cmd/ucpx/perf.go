@@ -220,6 +220,25 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
 		return 2
 	}
+	// The outputs written at the end are checked before anything runs, as
+	// --cpuprofile is opened: a run must not end with its trace or figure lost.
+	switch {
+	case o.tracePath != "":
+		if err = checkWritable(expandPID(o.tracePath)); err != nil {
+			err = fmt.Errorf("--trace: %w", err)
+		}
+	default:
+		err = checkTraceEnv()
+	}
+	if err == nil && o.plotPath != "" {
+		if err = checkWritable(o.plotPath); err != nil {
+			err = fmt.Errorf("--plot: %w", err)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ucpx perf: %v\n", err)
+		return 1
+	}
 	if *cpuProfile != "" {
 		stop, err := startCPUProfile(*cpuProfile)
 		if err != nil {
