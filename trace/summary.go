@@ -3,11 +3,13 @@ package trace
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/ucpx/ucpx/internal/errs"
@@ -29,19 +31,50 @@ type Summary struct {
 	Phases []PhaseStats
 }
 
-// ReadFile parses Chrome trace JSON as WriteJSON writes it.
+// ReadFile parses Chrome trace JSON as WriteJSON writes it. It refuses a document
+// with anything but white space after it, and a span of an operation's phase with a
+// negative duration or without a sequence number that is a non-negative integer.
 func ReadFile(r io.Reader) (File, error) {
 	var f File
 	if r == nil {
 		return f, fmt.Errorf("trace: nil reader: %w", errs.InvalidParam)
 	}
-	if err := json.NewDecoder(r).Decode(&f); err != nil {
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(&f); err != nil {
 		return f, fmt.Errorf("trace: %w", err)
+	}
+	if err := atEOF(dec); err != nil {
+		return f, fmt.Errorf("trace: %w", err)
+	}
+	for i, ev := range f.TraceEvents {
+		if ev.Ph != "X" || !slices.Contains(summaryPhases, ev.Name) {
+			continue
+		}
+		if ev.Dur < 0 {
+			return f, fmt.Errorf("trace: event %d (%s): negative dur %v", i, ev.Name, ev.Dur)
+		}
+		v, ok := ev.Args["seq"].(float64) // 2^64-1 reads as 2^64
+		if !ok || v < 0 || v != math.Trunc(v) || v > 1<<64 {
+			return f, fmt.Errorf("trace: event %d (%s): args.seq %v is not a non-negative integer", i, ev.Name, ev.Args["seq"])
+		}
 	}
 	return f, nil
 }
 
-// Summarize computes the per-phase percentiles of f's operation spans.
+// atEOF: nothing but white space follows the document dec read.
+func atEOF(dec *json.Decoder) error {
+	if t, err := dec.Token(); err != io.EOF {
+		if err != nil {
+			return fmt.Errorf("after the trace: %w", err)
+		}
+		return fmt.Errorf("after the trace: unexpected %v", t)
+	}
+	return nil
+}
+
+// Summarize computes the per-phase percentiles of f's operation spans. An operation
+// is a (pid, tid, seq): a trace merged from several processes counts each process's
+// operations.
 func Summarize(f File) Summary {
 	var a summer
 	for _, ev := range f.TraceEvents {
@@ -55,14 +88,15 @@ func Summarize(f File) Summary {
 		case uint64: // from Events
 			seq, ok = v, true
 		}
-		a.add(ev.Name, ev.Cat, ev.Dur, ev.Tid, seq, ok)
+		a.add(ev.Name, ev.Cat, ev.Dur, int64(ev.Pid), ev.Tid, seq, ok)
 	}
 	return a.summary()
 }
 
 // ReadSummary is Summarize of the trace JSON r holds, read an event at a time: it
 // keeps a duration per span and a key per operation, not the events (a trace file of
-// a long run is large; ReadFile holds it all, with a map per event).
+// a long run is large; ReadFile holds it all, with a map per event). It refuses what
+// ReadFile refuses, and a pid that is not an integer.
 func ReadSummary(r io.Reader) (Summary, error) {
 	if r == nil {
 		return Summary{}, fmt.Errorf("trace: nil reader: %w", errs.InvalidParam)
@@ -70,13 +104,28 @@ func ReadSummary(r io.Reader) (Summary, error) {
 	var a summer
 	dec := json.NewDecoder(bufio.NewReaderSize(r, 64<<10))
 	err := eachEvent(dec, func(ev *spanEvent) error {
-		if ev.Ph != "X" {
-			return nil
+		if ev.Ph != "X" || !slices.Contains(summaryPhases, ev.Name) {
+			return nil // metadata, marks, spans of other tools
 		}
-		seq, err := ev.Args.Seq.Int64()
-		a.add(ev.Name, ev.Cat, ev.Dur, ev.Tid, uint64(seq), err == nil)
+		if ev.Dur < 0 {
+			return fmt.Errorf("%s: negative dur %v", ev.Name, ev.Dur)
+		}
+		seq, err := strconv.ParseUint(string(ev.Args.Seq), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: args.seq %s is not a non-negative integer", ev.Name, orNone(ev.Args.Seq))
+		}
+		var pid int64
+		if ev.Pid != nil {
+			if pid, err = strconv.ParseInt(string(ev.Pid), 10, 64); err != nil {
+				return fmt.Errorf("%s: pid %s is not an integer", ev.Name, ev.Pid)
+			}
+		}
+		a.add(ev.Name, ev.Cat, ev.Dur, pid, ev.Tid, seq, true)
 		return nil
 	})
+	if err == nil {
+		err = atEOF(dec)
+	}
 	if err != nil {
 		return Summary{}, fmt.Errorf("trace: %w", err)
 	}
@@ -85,18 +134,35 @@ func ReadSummary(r io.Reader) (Summary, error) {
 
 // spanEvent is what ReadSummary reads of an event.
 type spanEvent struct {
-	Name string  `json:"name"`
-	Cat  string  `json:"cat"`
-	Ph   string  `json:"ph"`
-	Dur  float64 `json:"dur"`
-	Tid  uint64  `json:"tid"`
+	Name string          `json:"name"`
+	Cat  string          `json:"cat"`
+	Ph   string          `json:"ph"`
+	Dur  float64         `json:"dur"`
+	Pid  json.RawMessage `json:"pid"`
+	Tid  uint64          `json:"tid"`
 	Args struct {
-		Seq json.Number `json:"seq"`
+		Seq json.RawMessage `json:"seq"`
 	} `json:"args"`
+}
+
+// orNone is a raw JSON value for a message: "none" when it is missing.
+func orNone(v json.RawMessage) string {
+	if v == nil {
+		return "(none)"
+	}
+	return string(v)
 }
 
 // eachEvent decodes the events of a {"traceEvents": [...]} document one at a time.
 func eachEvent(dec *json.Decoder, f func(*spanEvent) error) error {
+	err := decodeEvents(dec, f)
+	if errors.Is(err, io.EOF) { // within the document: it was cut short
+		return fmt.Errorf("the JSON document ends early (%w)", io.ErrUnexpectedEOF)
+	}
+	return err
+}
+
+func decodeEvents(dec *json.Decoder, f func(*spanEvent) error) error {
 	if err := expectDelim(dec, '{'); err != nil {
 		return err
 	}
@@ -145,22 +211,28 @@ func expectDelim(dec *json.Decoder, want json.Delim) error {
 // summer accumulates spans into a Summary.
 type summer struct {
 	durs map[string][]float64
-	ops  map[[2]uint64]struct{}
+	ops  map[opKey]struct{}
+}
+
+// opKey names an operation: its process, its condition's track, its sequence number.
+type opKey struct {
+	pid      int64
+	tid, seq uint64
 }
 
 // add counts one span; seq is its operation's sequence number where hasSeq.
-func (a *summer) add(name, cat string, dur float64, tid, seq uint64, hasSeq bool) {
+func (a *summer) add(name, cat string, dur float64, pid int64, tid, seq uint64, hasSeq bool) {
 	if !slices.Contains(summaryPhases, name) {
 		return
 	}
 	if a.durs == nil {
-		a.durs, a.ops = map[string][]float64{}, map[[2]uint64]struct{}{}
+		a.durs, a.ops = map[string][]float64{}, map[opKey]struct{}{}
 	}
 	a.durs[name] = append(a.durs[name], dur)
 	if cat == "device" || !hasSeq {
 		return // the device's view of an operation counted on its own track
 	}
-	a.ops[[2]uint64{tid, seq}] = struct{}{}
+	a.ops[opKey{pid, tid, seq}] = struct{}{}
 }
 
 // summaryPhases are the phases a Summary reports, in its order.

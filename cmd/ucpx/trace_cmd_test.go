@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,4 +50,41 @@ func TestDemoTraceAndSummarize(t *testing.T) {
 	require.NoError(t, os.WriteFile(empty, []byte(`{"traceEvents":[]}`), 0o644))
 	require.Equal(t, 1, dispatch([]string{"trace", "summarize", empty}, &out, &errb))
 	require.Equal(t, 1, dispatch([]string{"trace", "summarize", filepath.Join(t.TempDir(), "missing.json")}, &out, &errb))
+}
+
+// `ucpx trace summarize` refuses a malformed trace with the reason and status 1 (data
+// after the JSON, a negative dur, a sequence number that is no integer were
+// summarized with status 0), and counts a merged two-process trace's operations per
+// process.
+func TestTraceSummarizeRefusesMalformed(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(doc), 0o644))
+		return p
+	}
+	for name, tc := range map[string]struct{ doc, want string }{
+		"trail.json": {`{"traceEvents":[{"name":"issue","ph":"X","dur":5,"tid":1,"args":{"seq":1}}]} GARBAGE{{{`, "after the trace"},
+		"neg.json":   {`{"traceEvents":[{"name":"issue","ph":"X","dur":-5,"tid":1,"args":{"seq":1}}]}`, "negative dur -5"},
+		"seq.json":   {`{"traceEvents":[{"name":"issue","ph":"X","dur":5,"tid":1,"args":{"seq":1.5}},{"name":"issue","ph":"X","dur":5,"tid":1,"args":{"seq":1}}]}`, "args.seq 1.5"},
+		"noseq.json": {`{"traceEvents":[{"name":"issue","ph":"X","dur":5,"tid":1}]}`, "args.seq (none)"},
+	} {
+		var out, errb bytes.Buffer
+		st := dispatch([]string{"trace", "summarize", write(name, tc.doc)}, &out, &errb)
+		require.Equal(t, 1, st, "%s: stdout:\n%s", name, out.String())
+		require.Contains(t, errb.String(), tc.want, name)
+		require.Empty(t, out.String(), name)
+	}
+	var b strings.Builder
+	b.WriteString(`{"traceEvents":[`)
+	for i := range 8 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"name":"issue","ph":"X","dur":1,"pid":%d,"tid":1,"args":{"seq":%d}}`, 1+i%2, i/2)
+	}
+	b.WriteString(`]}`)
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, dispatch([]string{"trace", "summarize", write("twopid.json", b.String())}, &out, &errb), errb.String())
+	require.True(t, strings.HasPrefix(out.String(), "8 operations;"), "%s", out.String())
 }
