@@ -63,9 +63,9 @@ type perfOptions struct {
 type perfReport struct {
 	Date              string `json:"date"`
 	UCXVersion        string `json:"ucx_version"`
-	Transport         string `json:"transport"`
-	TLS               string `json:"tls"`      // UCX_TLS this process used
-	PeerTLS           string `json:"peer_tls"` // UCX_TLS the peer process used
+	Transport         string `json:"transport"` // of the set used: tcp, shm, or the UCX_TLS of another set
+	TLS               string `json:"tls"`       // UCX_TLS this process used
+	PeerTLS           string `json:"peer_tls"`  // UCX_TLS the peer process used
 	PeerErrorHandling bool   `json:"peer_error_handling"`
 	Window            int    `json:"window"`
 	Wait              string `json:"wait"` // wait or spin
@@ -139,7 +139,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	warmup := fs.Int("warmup", -1, "warm-up iterations per size, at most 10000000 (-1: automatic, iters/10 but at least 10)")
 	transport := fs.String("transport", "shm", "transport set: shm (UCX_TLS=shm) or tcp (UCX_TLS=tcp)")
 	tls := fs.String("tls", "", "UCX_TLS for both processes, overriding --transport's set")
-	peerErr := fs.String("peer-err", "auto", "peer error handling on endpoints: on, off, auto (off for shm, on for tcp; UCX 1.13 uses only tcp when on)")
+	peerErr := fs.String("peer-err", "auto", "peer error handling on endpoints: on, off, auto (on where the transports used, --transport's or --tls's, are tcp only; UCX 1.13 uses only tcp when on)")
 	window := fs.Int("window", 32, "outstanding operations in the bandwidth tests, 1 to 65536 (ucx_perftest's default for tag_bw and ucp_put_bw)")
 	waitMode := fs.String("wait", "wait", "how both processes wait for operations: wait (Request.Wait: spin, then park on the worker) or spin (busy-poll with Request.Test)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run; the rows completed by then are printed")
@@ -189,7 +189,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		o.sizes, err = parseSizes(*sizes)
 	}
 	if err == nil {
-		o.tls, o.peerErr, err = resolveTransport(*transport, *tls, *peerErr)
+		o.tls, o.transport, o.peerErr, err = resolveTransport(*transport, *tls, *peerErr)
 	}
 	if err == nil {
 		err = o.checkPartitions()
@@ -344,30 +344,58 @@ func replot(from, plotPath, refPath string, stderr io.Writer) int {
 	return 0
 }
 
-func resolveTransport(transport, tls, peerErr string) (string, bool, error) {
-	var defTLS string
-	var defPeerErr bool
+// resolveTransport returns the UCX_TLS both processes use, the transport it is
+// (what the report says: tcp, shm, or the UCX_TLS itself for another set) and whether
+// the endpoints use peer error handling. --tls overrides --transport's set, and then
+// the transport and --peer-err auto follow the set used, not --transport: auto is on
+// where the set is tcp only (UCX 1.13 with peer error handling selects only tcp, so on
+// would change a shared-memory set).
+func resolveTransport(transport, tls, peerErr string) (string, string, bool, error) {
 	switch transport {
-	case "shm":
-		defTLS = "shm"
-	case "tcp":
-		defTLS, defPeerErr = "tcp", true
+	case "shm", "tcp":
 	default:
-		return "", false, fmt.Errorf("--transport %q: want shm or tcp", transport)
+		return "", "", false, fmt.Errorf("--transport %q: want shm or tcp", transport)
 	}
-	if tls == "" {
-		tls = defTLS
+	if tls = strings.TrimSpace(tls); tls == "" {
+		tls = transport
 	}
+	used := transportOf(tls)
+	pe := used == "tcp"
 	switch peerErr {
 	case "auto":
 	case "on", "true", "1":
-		defPeerErr = true
+		pe = true
 	case "off", "false", "0":
-		defPeerErr = false
+		pe = false
 	default:
-		return "", false, fmt.Errorf("--peer-err %q: want on, off or auto", peerErr)
+		return "", "", false, fmt.Errorf("--peer-err %q: want on, off or auto", peerErr)
 	}
-	return tls, defPeerErr, nil
+	return tls, used, pe, nil
+}
+
+// transportOf names a UCX_TLS set: tcp where it holds tcp only, shm where it holds
+// shared-memory transports only (with self, loopback within a process), else the set
+// itself.
+func transportOf(tls string) string {
+	shm := map[string]bool{"shm": true, "sm": true, "posix": true, "sysv": true, "cma": true, "knem": true, "xpmem": true, "self": true}
+	tcp, mem, other := false, false, false
+	for _, t := range strings.Split(tls, ",") {
+		switch t = strings.TrimSpace(t); {
+		case t == "tcp":
+			tcp = true
+		case shm[t]:
+			mem = true
+		case t != "":
+			other = true
+		}
+	}
+	switch {
+	case tcp && !mem && !other:
+		return "tcp"
+	case mem && !tcp && !other:
+		return "shm"
+	}
+	return tls
 }
 
 func parseTests(s string) ([]string, error) {
