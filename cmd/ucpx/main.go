@@ -52,7 +52,7 @@ func init() {
 }
 
 func main() {
-	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(dispatch(os.Args[1:], ucxLogToStderr(), os.Stderr))
 }
 
 // dispatch runs the subcommand named by args[0] and returns the exit status.

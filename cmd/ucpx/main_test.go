@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 		if os.Getenv(holdOutputsEnv) != "" {
 			afterPerfRun = holdOutputs
 		}
-		os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(dispatch(os.Args[1:], ucxLogToStderr(), os.Stderr))
 	}
 	os.Exit(m.Run())
 }
