@@ -26,7 +26,9 @@ Starts N ranks of command on this host, each with UCPX_RANK, UCPX_SIZE,
 UCPX_RENDEZVOUS (rank 0 serves it), UCPX_LOCAL_RANK and, unless already set,
 UCPX_AUTH_KEY_FILE (a fresh key for the job, removed afterwards). Output lines are
 prefixed with the rank. When a rank fails the others are stopped (after --grace);
-the status is the first failing rank's. Across hosts, let the scheduler start one
+the status is the first failing rank's. SIGINT, SIGTERM and SIGHUP are passed on to
+the ranks; those still running --grace later are killed, and at once on a second
+signal. Across hosts, let the scheduler start one
 process per rank with the same variables (see README: slurm, ssh).`
 
 // runLaunch is `ucpx launch`.
@@ -34,7 +36,7 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("launch", launchSynopsis, stderr)
 	n := fs.Int("n", 0, "number of ranks (1..4096)")
 	rdv := fs.String("rendezvous", "", "host:port rank 0 serves the rendezvous on (default: a free loopback port)")
-	grace := fs.Duration("grace", 5*time.Second, "how long the other ranks may run on after one failed")
+	grace := fs.Duration("grace", 5*time.Second, "how long the other ranks may run on after one failed, or the ranks after a signal was passed on to them, before they are killed")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -47,6 +49,10 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if *grace < 0 {
+		fmt.Fprintf(stderr, "ucpx launch: --grace %v: must not be negative\n", *grace)
+		return 2
+	}
 	if *rdv == "" {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -56,6 +62,12 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 		*rdv = ln.Addr().String()
 		_ = ln.Close()
 	}
+	// From before the key exists until the ranks are gone, INT, TERM and HUP (a closed
+	// terminal) are the launcher's to pass on: it must outlive its ranks to remove the
+	// job's key. One that comes while the ranks start is passed on once they have.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	env := append(os.Environ(), bootstrap.EnvSize+"="+strconv.Itoa(*n), bootstrap.EnvRendezvous+"="+*rdv,
 		"UCPX_LOCAL_SIZE="+strconv.Itoa(*n))
 	if os.Getenv(bootstrap.EnvAuthKeyFile) == "" {
@@ -110,9 +122,6 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 			}
 		}()
 	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	all := make(chan struct{})
 	go func() {
 		for _, rk := range ranks {
@@ -132,6 +141,16 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	killAfter := func(d time.Duration) {
+		go func() {
+			select {
+			case <-time.After(d):
+				stop(syscall.SIGKILL)
+			case <-ctx.Done():
+			}
+		}()
+	}
+	signalled := false
 	for waiting := true; waiting; {
 		select {
 		case <-all:
@@ -140,16 +159,18 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 			if first < 0 {
 				first = r
 				fmt.Fprintf(stderr, "ucpx launch: rank %d failed (%v); stopping the others in %v\n", r, ranks[r].err, *grace)
-				go func() {
-					select {
-					case <-time.After(*grace):
-						stop(syscall.SIGKILL)
-					case <-ctx.Done():
-					}
-				}()
+				killAfter(*grace)
 			}
 		case s := <-sigs:
+			if signalled { // a rank that ignores the first must not hold the launcher
+				fmt.Fprintf(stderr, "ucpx launch: %v again: killing the ranks\n", s)
+				stop(syscall.SIGKILL)
+				continue
+			}
+			signalled = true
+			fmt.Fprintf(stderr, "ucpx launch: %v: passed on to the ranks; those still running in %v are killed\n", s, *grace)
 			stop(s)
+			killAfter(*grace)
 		}
 	}
 	if first < 0 {
