@@ -94,7 +94,9 @@ type perfReport struct {
 // iterations, p50..p99 by the nearest-rank method (`ucpx trace summarize`'s): the
 // smallest time with at least that share of the iterations at or below it. The stream modes
 // know only their total time (the stream runs ahead of the host): MeanOnly, with the
-// mean in every latency field but the percentiles, which are zero.
+// mean in lat_avg_us only. Where a latency field was not measured (the stream modes,
+// the bandwidth tests, whose lat_avg_us is the time per message) it is null in JSON
+// and empty in CSV, as the table shows "-".
 type perfResult struct {
 	Test          string  `json:"test"`
 	Mode          string  `json:"mode,omitempty"` // tag_lat: how a stream drives it (plain: no stream)
@@ -911,7 +913,6 @@ func fillMean(res *perfResult, total time.Duration) {
 	res.ElapsedS = total.Seconds()
 	oneWay := total.Seconds() / 2 / float64(res.Iters)
 	res.LatAvgUs = oneWay * 1e6
-	res.LatTypicalUs, res.LatLast2048Us, res.LatMinUs = res.LatAvgUs, res.LatAvgUs, res.LatAvgUs
 	res.BandwidthMBs = float64(res.Size) / oneWay / mb
 	res.MsgRate = 1 / oneWay
 }
@@ -925,8 +926,6 @@ func fillBandwidth(res *perfResult, total time.Duration) {
 	res.BandwidthMBs = float64(res.Size) * float64(res.Iters) / sec / mb
 	res.MsgRate = float64(res.Iters) / sec
 	res.LatAvgUs = sec / float64(res.Iters) * 1e6 // ucx_perftest's "overhead" column
-	res.LatTypicalUs = res.LatAvgUs
-	res.LatMinUs = res.LatAvgUs
 }
 
 // runPerfPeer is the hidden `ucpx perf-peer`: the responder of every test.

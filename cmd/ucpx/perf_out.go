@@ -52,10 +52,7 @@ func (t *textSink) row(rep *perfReport, r perfResult) {
 	t.parts = t.parts || r.Partitions > 0
 	us := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 	p50, p90, p99, mx, avg, mn, last := us(r.LatP50Us), us(r.LatP90Us), us(r.LatP99Us), us(r.LatMaxUs), us(r.LatAvgUs), us(r.LatMinUs), us(r.LatLast2048Us)
-	switch {
-	case r.MeanOnly:
-		p50, p90, p99, mx, mn, last = "-", "-", "-", "-", "-", "-"
-	case r.Test != testTagLat && r.Test != testPartLat:
+	if !r.latMeasured() {
 		p50, p90, p99, mx, mn, last = "-", "-", "-", "-", "-", "-"
 	}
 	line := fmt.Sprintf(textRow, name, fmtSize(r.Size), strconv.Itoa(r.Iters), p50, p90, p99, mx, avg, mn, last,
@@ -85,6 +82,49 @@ func (t *textSink) end(rep *perfReport) {
 	if rep.Stopped != "" {
 		fmt.Fprintf(t.w, "STOPPED after %d rows: %s\n", len(rep.Results), rep.Stopped)
 	}
+}
+
+// latMeasured: the row's latency distribution (typical, last2048, percentiles, min,
+// max) was measured: a ping-pong timed per iteration. The stream modes know only their
+// mean, the bandwidth tests their time per message (lat_avg_us).
+func (r perfResult) latMeasured() bool {
+	return !r.MeanOnly && (r.Test == testTagLat || r.Test == testPartLat)
+}
+
+// perfResultJSON is perfResult as JSON, its unmeasured latency fields null; its fields
+// follow perfResult's, in the same order (keep them in step).
+type perfResultJSON struct {
+	Test          string   `json:"test"`
+	Mode          string   `json:"mode,omitempty"`
+	Size          int      `json:"size"`
+	Partitions    int      `json:"partitions,omitempty"`
+	Iters         int      `json:"iters"`
+	Warmup        int      `json:"warmup"`
+	LatTypicalUs  *float64 `json:"lat_typical_us"`
+	LatLast2048Us *float64 `json:"lat_last2048_us"`
+	LatP50Us      *float64 `json:"lat_p50_us"`
+	LatP90Us      *float64 `json:"lat_p90_us"`
+	LatP99Us      *float64 `json:"lat_p99_us"`
+	LatMaxUs      *float64 `json:"lat_max_us"`
+	LatAvgUs      float64  `json:"lat_avg_us"`
+	LatMinUs      *float64 `json:"lat_min_us"`
+	MeanOnly      bool     `json:"mean_only,omitempty"`
+	BandwidthMBs  float64  `json:"bandwidth_mbs"`
+	MsgRate       float64  `json:"msg_rate"`
+	ElapsedS      float64  `json:"elapsed_s"`
+	Wrong         *int64   `json:"wrong,omitempty"`
+}
+
+// MarshalJSON writes null for the latency fields a row did not measure (reading it
+// back, a null leaves the field zero).
+func (r perfResult) MarshalJSON() ([]byte, error) {
+	j := perfResultJSON{Test: r.Test, Mode: r.Mode, Size: r.Size, Partitions: r.Partitions, Iters: r.Iters, Warmup: r.Warmup,
+		LatAvgUs: r.LatAvgUs, MeanOnly: r.MeanOnly, BandwidthMBs: r.BandwidthMBs, MsgRate: r.MsgRate, ElapsedS: r.ElapsedS, Wrong: r.Wrong}
+	if r.latMeasured() {
+		j.LatTypicalUs, j.LatLast2048Us, j.LatP50Us, j.LatP90Us = &r.LatTypicalUs, &r.LatLast2048Us, &r.LatP50Us, &r.LatP90Us
+		j.LatP99Us, j.LatMaxUs, j.LatMinUs = &r.LatP99Us, &r.LatMaxUs, &r.LatMinUs
+	}
+	return json.Marshal(j)
 }
 
 // rowName is a row's test with its mode and partitions: tag_lat/stream, part_lat x8.
@@ -118,12 +158,19 @@ func (c *csvSink) begin(*perfReport) {
 
 func (c *csvSink) row(_ *perfReport, r perfResult) {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	measured := r.latMeasured()
+	lat := func(v float64) string { // empty where not measured, as the table's "-"
+		if !measured {
+			return ""
+		}
+		return f(v)
+	}
 	wrong := ""
 	if r.Wrong != nil {
 		wrong = strconv.FormatInt(*r.Wrong, 10)
 	}
 	_ = c.cw.Write([]string{r.Test, r.Mode, strconv.Itoa(r.Size), strconv.Itoa(r.Partitions), strconv.Itoa(r.Iters), strconv.Itoa(r.Warmup),
-		f(r.LatP50Us), f(r.LatP90Us), f(r.LatP99Us), f(r.LatMaxUs), f(r.LatAvgUs), f(r.LatMinUs), f(r.LatLast2048Us), strconv.FormatBool(r.MeanOnly),
+		lat(r.LatP50Us), lat(r.LatP90Us), lat(r.LatP99Us), lat(r.LatMaxUs), f(r.LatAvgUs), lat(r.LatMinUs), lat(r.LatLast2048Us), strconv.FormatBool(r.MeanOnly),
 		f(r.BandwidthMBs), f(r.MsgRate), f(r.ElapsedS), wrong})
 	c.cw.Flush()
 }
