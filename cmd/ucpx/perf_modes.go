@@ -117,6 +117,9 @@ func (s *perfSide) checkPongs(rp *ucp.RequestParam, rbuf []byte) {
 // --tests, only tag_lat runs; --tests naming another test with a stream mode, or a
 // --backend without one, is refused rather than ignored.
 func (o *perfOptions) fitModes(testsSet, backendSet bool) error {
+	if _, err := stream.ParseSelection(o.backend); err != nil { // a usage error (status 2)
+		return fmt.Errorf("--backend %q: want auto, host or cuda", o.backend)
+	}
 	var stream []string
 	for _, m := range o.modes {
 		if m != modePlain {
