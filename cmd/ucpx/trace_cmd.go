@@ -13,7 +13,8 @@ import (
 // go" without a browser.
 func runTrace(args []string, stdout, stderr io.Writer) int {
 	const usage = "usage: ucpx trace summarize FILE\n\nFILE is Chrome trace JSON written with UCPX_TRACE=FILE (or ucp.Worker.Trace);\nopen it in ui.perfetto.dev or chrome://tracing for the timeline. Percentiles are\nby nearest rank: the smallest duration with at least that share at or below it.\n"
-	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+	isHelp := func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
+	if (len(args) == 1 && isHelp(args[0])) || (len(args) == 2 && args[0] == "summarize" && isHelp(args[1])) {
 		fmt.Fprint(stdout, usage) // asked for: not a usage error
 		return 0
 	}

@@ -14,3 +14,13 @@ func TestPerfUnknownBackendIsUsageError(t *testing.T) {
 	assert.Contains(t, errs, `--backend "foo": want auto, host or cuda`)
 	assert.NotContains(t, errs, "[perf-peer]")
 }
+
+// `ucpx trace summarize -h` shows the usage and succeeds (it tried to open a file
+// named -h).
+func TestTraceSummarizeHelp(t *testing.T) {
+	for _, h := range []string{"-h", "-help", "--help"} {
+		st, out, errs := run(t, "trace", "summarize", h)
+		assert.Zero(t, st, "stderr:\n%s", errs)
+		assert.Contains(t, out, "usage: ucpx trace summarize FILE")
+	}
+}
