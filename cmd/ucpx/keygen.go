@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 
@@ -10,9 +9,8 @@ import (
 
 // runKeygen writes a new auth key file (hex, mode 0600) for UCPX_AUTH_KEY_FILE.
 func runKeygen(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("keygen", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("o", "ucpx.key", "key file to create (refuses to overwrite)")
+	fs := newFlagSet("keygen", "[-o FILE]", stderr)
+	out := fs.String("o", "ucpx.key", "key `file` to create (refuses to overwrite)")
 	if st, ok := parseFlags(fs, args); !ok {
 		return st // a stray argument (a path without -o) must not leave the key elsewhere
 	}

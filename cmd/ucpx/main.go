@@ -85,15 +85,25 @@ func usage(w io.Writer) {
 		}
 	}
 	sort.Slice(visible, func(i, j int) bool { return visible[i].name < visible[j].name })
+	width := len("help")
 	for _, c := range visible {
-		fmt.Fprintf(w, "  %-6s %s\n", c.name, c.summary)
+		width = max(width, len(c.name))
 	}
-	fmt.Fprintf(w, "  %-6s %s\n", "help", "show usage of a command: ucpx help <command>")
+	for _, c := range visible {
+		fmt.Fprintf(w, "  %-*s %s\n", width, c.name, c.summary)
+	}
+	fmt.Fprintf(w, "  %-*s %s\n", width, "help", helpSummary)
 }
+
+const helpSummary = "show usage of a command: ucpx help <command>"
 
 func runHelp(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stdout)
+		return 0
+	}
+	if args[0] == "help" {
+		fmt.Fprintf(stdout, "usage: ucpx help [command]\n\n%s; without one, list the commands.\n", helpSummary)
 		return 0
 	}
 	for _, c := range commands {

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // An unknown --backend is a usage error (status 2) like every other bad flag value,
@@ -23,4 +25,36 @@ func TestTraceSummarizeHelp(t *testing.T) {
 		assert.Zero(t, st, "stderr:\n%s", errs)
 		assert.Contains(t, out, "usage: ucpx trace summarize FILE")
 	}
+}
+
+// `ucpx help` aligns every summary (demo-ring pushed its own out of line), `ucpx help
+// help` describes help instead of calling it an unknown command, and keygen's usage
+// reads like every other command's.
+func TestHelpOutput(t *testing.T) {
+	st, out, _ := run(t, "help")
+	require.Zero(t, st)
+	col := -1
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(l, "  ") {
+			continue
+		}
+		name := strings.Fields(l)[0]
+		at := strings.Index(l[2+len(name):], strings.Fields(l[2+len(name):])[0]) + 2 + len(name)
+		if col < 0 {
+			col = at
+		}
+		assert.Equal(t, col, at, "summary of %s starts at column %d, not %d:\n%s", name, at, col, out)
+	}
+	assert.Positive(t, col)
+
+	st, out, errs := run(t, "help", "help")
+	assert.Zero(t, st, "stderr:\n%s", errs)
+	assert.Contains(t, out, "usage: ucpx help [command]")
+
+	st, out, _ = run(t, "help", "keygen")
+	assert.Zero(t, st)
+	assert.Contains(t, out, "usage: ucpx keygen [-o FILE]")
+	st, _, errs = run(t, "keygen", "-x")
+	assert.Equal(t, 2, st)
+	assert.Contains(t, errs, "usage: ucpx keygen [-o FILE]")
 }
