@@ -153,7 +153,12 @@ type Condition struct {
 	// none (graphChain.Run; set and cleared under mu): Destroy refuses meanwhile, as
 	// while a launch runs them node by node, the engine leaves a trigger stored
 	// meanwhile for after it, and a Cancel of an operation reaches the chain.
-	chainRun    atomic.Pointer[graphChain]
+	chainRun atomic.Pointer[graphChain]
+	// owed: no launch waits for a Graph condition's completion word: a host graph's
+	// launch failed with the operation in flight and left (Engine.OweCompletion), and
+	// no launch took the completion since. A completion stored meanwhile does not
+	// hold Destroy back (launchRunningLocked): only a later launch would read it.
+	owed        atomic.Bool
 	drivers     []streamcore.Driver
 	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
 	node        Node                              // Graph category: the start node
@@ -733,8 +738,22 @@ func (ds drivers) Release() {
 	}
 }
 
+// OweCompletion tells each engine (Engine.OweCompletion).
+func (ds drivers) OweCompletion(done *streamcore.Word, owed bool) bool {
+	found := false
+	for _, d := range ds {
+		if e, ok := d.(*Engine); ok && e.OweCompletion(done, owed) {
+			found = true
+		}
+	}
+	return found
+}
+
 // Destroy releases the condition. With operations still pending it returns an error
-// matching ErrBusy and changes nothing. A second Destroy returns ErrDestroyed. Its
+// matching ErrBusy and changes nothing: for a Graph condition, while a launch runs its
+// operations, until that launch took their completion. A completion no launch waits for
+// (a host graph's launch failed and left the operations in flight) does not hold
+// Destroy back once the operations completed. A second Destroy returns ErrDestroyed. Its
 // words are freed once every stream that waits on them (its own, and those given a
 // wait by WaitOnStream) has passed its waits: on host streams in stream order, without
 // blocking; on CUDA streams Destroy synchronizes them, as cudaFree does.
@@ -828,7 +847,20 @@ func (c *Condition) launchRunningLocked() bool {
 			return true
 		}
 	}
-	return c.trigger.Load() != 0 || c.done.Load() != 0
+	return c.wordsShowLaunch()
+}
+
+// wordsShowLaunch reports whether a Graph condition's words show a launch: a trigger
+// stored and not taken, or a completion stored that the launch waiting for it has not
+// taken. A completion no launch waits for (owed) shows none: the launch that stored the
+// trigger failed and left, and a later one takes that completion before it stores a
+// trigger of its own.
+func (c *Condition) wordsShowLaunch() bool {
+	if c.trigger.Load() != 0 {
+		return true
+	}
+	d := c.done.Load()
+	return d != 0 && (d != 1 || !c.owed.Load())
 }
 
 func giveBackAll(gives []func()) {

@@ -1029,16 +1029,39 @@ func (e *Engine) persistentRoundLocked(ch *channel) bool {
 	return true
 }
 
-// launchRunning reports whether c's trigger or completion word shows a launch, or the
-// engine runs c's operations for one (Condition.launchRunningLocked). Under mu, which
-// the round holds from taking the trigger to storing the completion word.
+// launchRunning reports whether c's trigger or completion word shows a launch
+// (wordsShowLaunch), or the engine runs c's operations for one
+// (Condition.launchRunningLocked). Under mu, which the round holds from taking the
+// trigger to storing the completion word.
 func (e *Engine) launchRunning(c *Condition) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if ch := e.active[c]; ch != nil && ch.running > 0 {
 		return true
 	}
-	return c.trigger.Load() != 0 || c.done.Load() != 0
+	return c.wordsShowLaunch()
+}
+
+// OweCompletion tells the engine whether a launch waits for the completion word done
+// of one of its Graph conditions: owed true when a host graph's launch failed with the
+// operation in flight and left (the completion, once stored, is owed to the graph's
+// next launch, which takes it first), false once a launch took it. While owed, a
+// stored completion does not keep Condition.Destroy refusing: before, Destroy refused
+// until a relaunch took it. It reports whether done is the completion word of one of
+// the engine's Graph conditions.
+func (e *Engine) OweCompletion(done *streamcore.Word, owed bool) bool {
+	if done == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ch := range e.byTrigger {
+		if ch.cond.done == done {
+			ch.cond.owed.Store(owed)
+			return true
+		}
+	}
+	return false
 }
 
 // launchDoneLocked fires ch's launch if all its operations completed, and reports

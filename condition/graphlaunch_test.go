@@ -174,3 +174,40 @@ func TestGraphLaunchFailedByClosingTransportFailsForGood(t *testing.T) {
 		})
 	}
 }
+
+// A completion no launch waits for (Engine.OweCompletion: a host graph's launch failed
+// with the operation in flight and left) does not keep Destroy refusing once the
+// operation completed; while the operation runs Destroy still refuses, and once a
+// launch took the completion (owed false) a stored completion is the waiting launch's
+// again. Before, Destroy refused until a relaunch took the completion.
+func TestGraphDestroyOwedCompletion(t *testing.T) {
+	e, _, c, op, o := heldLaunch(t)
+	require.False(t, e.OweCompletion(c.trigger, true), "not a completion word")
+
+	// A failed launch left; a later one took the completion and waits for its own.
+	launchHeld(t, e, c, op)
+	require.True(t, e.OweCompletion(c.done, true))
+	op.finish(nil)
+	driveUntil(t, e, "completion", func() bool { return c.done.Load() == 1 })
+	c.done.Store(0) // the next launch takes it first
+	require.True(t, e.OweCompletion(c.done, false))
+	launchHeld(t, e, c, op)
+	op.finish(nil)
+	driveUntil(t, e, "completion", func() bool { return c.done.Load() == 1 })
+	require.ErrorIs(t, c.Destroy(), ErrBusy, "Destroy before the waiting launch took the completion")
+	c.done.Store(0)
+
+	// A launch fails and leaves: Destroy refuses while the operation runs, and
+	// succeeds once it completed, with nothing taking the completion.
+	launchHeld(t, e, c, op)
+	require.True(t, e.OweCompletion(c.done, true))
+	require.ErrorIs(t, c.Destroy(), ErrBusy, "Destroy with the operation in flight")
+	op.finish(nil)
+	driveUntil(t, e, "completion", func() bool { return c.done.Load() == 1 })
+	require.NoError(t, c.Destroy(), "Destroy once the owed operation completed")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, o.Wait(ctx), "the operation ends with its condition")
+	driveUntil(t, e, "words freed", func() bool { return c.words.Closed() })
+	require.False(t, e.OweCompletion(c.done, false), "the condition left the engine")
+}

@@ -6,6 +6,7 @@ package graph_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,4 +183,71 @@ func TestCondfixFakeCaptureRefusedCall(t *testing.T) {
 		require.FailNow(t, "the captured graph's launch hung")
 	}
 	require.NoError(t, c.Destroy())
+}
+
+// A host-graph launch that fails while its receive is in flight (a task's error, or
+// its stream's Close giving up on it) leaves the receive running: Destroy refuses
+// (ErrBusy) until it completed, and succeeds then, without a relaunch; the message is
+// in the buffer and the receive's dependent task did not run. Before, the completion
+// word stayed stored with no launch to take it, and Destroy refused for good (only a
+// relaunch, or closing the worker, let it go). A later launch fails with ErrClosed.
+func TestCondfixDestroyAfterFailedLaunchCompleted(t *testing.T) {
+	for _, cause := range []string{"task", "stream-close"} {
+		t.Run(cause, func(t *testing.T) {
+			l := newLink(t)
+			const tag = 145
+			g, recv, in, saw := inFlightRecv(t, l, tag)
+			boom := errors.New("boom")
+			release := make(chan struct{})
+			if cause == "task" {
+				_, err := g.AddTask(nil, func() error { <-release; return boom })
+				require.NoError(t, err)
+			}
+			x, err := g.Instantiate()
+			require.NoError(t, err)
+			backend := stream.NewHostBackend(stream.WithCloseGrace(50 * time.Millisecond))
+			defer backend.Close()
+			s, err := backend.NewStream()
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+
+			require.NoError(t, x.Launch(s))
+			awaitMarker(t, ctx, l, tag)
+			if cause == "task" {
+				close(release)
+				require.ErrorIs(t, syncErr(t, ctx, s), boom)
+			} else {
+				require.ErrorIs(t, s.Close(), stream.ErrAbandoned)
+			}
+			require.Zero(t, x.InFlight())
+			require.ErrorIs(t, recv.Destroy(), condition.ErrBusy, "Destroy with the failed launch's receive in flight")
+
+			sr, err := l.ab.TagSendNbx([]byte("late...."), tag, nil)
+			require.NoError(t, err)
+			require.NoError(t, sr.Wait(ctx))
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				err := recv.Destroy()
+				if err == nil {
+					break
+				}
+				require.ErrorIs(t, err, condition.ErrBusy)
+				require.True(t, time.Now().Before(deadline), "Destroy still refused 20 s after the message was sent: %v", err)
+				time.Sleep(time.Millisecond)
+			}
+			require.True(t, recv.Destroyed())
+			require.Equal(t, "late....", string(in), "the receive's message")
+			require.Nil(t, saw.Load(), "the dependent task of the failed launch ran")
+
+			s2, err := l.backend.NewStream()
+			require.NoError(t, err)
+			defer s2.Close()
+			require.NoError(t, x.Launch(s2))
+			err = syncErr(t, ctx, s2)
+			require.ErrorIs(t, err, graph.ErrClosed, "a launch after the condition was destroyed")
+			require.NotErrorIs(t, err, graph.ErrInFlight)
+			require.NoError(t, x.Close())
+		})
+	}
 }

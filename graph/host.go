@@ -220,7 +220,9 @@ type nodeWords struct {
 	runSem chan struct{}
 	// owed: completion words of communication nodes a failed launch left in flight.
 	// Their operations still complete and store 1, which a later launch would take
-	// for its own; settleOwed consumes them first (owing: owed is not empty).
+	// for its own; settleOwed consumes them first (owing: owed is not empty). Their
+	// engines know (completionOwer): no launch waits for them, so Condition.Destroy
+	// need not wait for a relaunch.
 	owedMu sync.Mutex
 	owed   map[*stream.Word]bool
 	owing  atomic.Bool
@@ -777,14 +779,37 @@ func (x *HostExec) oweInFlight(waits []int, chained []bool) {
 		x.words.owed = map[*stream.Word]bool{}
 	}
 	for _, i := range waits {
-		x.words.owed[x.waitFor[i]] = true
+		x.owe(x.waitFor[i])
 	}
 	for c, armed := range chained {
 		if armed {
-			x.words.owed[x.op[c].done] = true
+			x.owe(x.op[c].done)
 		}
 	}
 	x.words.owing.Store(len(x.words.owed) > 0)
+}
+
+// owe records completion word w as owed, and tells its engine that no launch waits for
+// it (completionOwer). Caller holds owedMu.
+func (x *HostExec) owe(w *stream.Word) {
+	x.words.owed[w] = true
+	oweCompletion(w, true)
+}
+
+// completionOwer is the engine of a communication node's words (condition.Engine): a
+// launch that fails and leaves an operation in flight tells it that no launch waits for
+// the completion, and the launch that takes the completion later tells it that this is
+// over. Condition.Destroy then succeeds once such an operation completed; before, it
+// refused (ErrBusy) until a relaunch took the completion.
+type completionOwer interface {
+	OweCompletion(done *stream.Word, owed bool) bool
+}
+
+// oweCompletion tells the engine of w whether w's completion is owed.
+func oweCompletion(w *stream.Word, owed bool) {
+	if o, ok := w.Block().Driver().(completionOwer); ok {
+		o.OweCompletion(w, owed)
+	}
 }
 
 // settleOwed takes the completions a failed launch left in flight (see owed) before
@@ -799,6 +824,7 @@ func (x *HostExec) settleOwed() error {
 			// Gone, or failed for good: the launch fails at the node itself.
 		case v == 1:
 			w.Store(0)
+			oweCompletion(w, false) // taken: the launches wait for it again
 		default:
 			continue
 		}
