@@ -17,7 +17,7 @@ import (
 
 // TestCaptureUnderFakeDriver runs the stream-capture tests against the fake driver.
 func TestCaptureUnderFakeDriver(t *testing.T) {
-	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverCaptureRefusedRecordsNothing"})
+	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverCaptureRefusedRecordsNothing", "TestFakeDriverFailedGraphConditionDestroyedAfterReset"})
 }
 
 // A conditioned call refused under stream capture (here: a device buffer, which a
@@ -95,4 +95,74 @@ func TestFakeDriverCaptureRefusedRecordsNothing(t *testing.T) {
 	require.NoError(t, accepted.Wait(t.Context()), "a captured operation completes with its condition")
 	// Read once the Op completed: the race detector does not see the driver's ordering.
 	require.Equal(t, want, got)
+}
+
+// A Graph condition whose operation failed for good (its engine closed) is destroyed,
+// and its words freed, also after a CUDA graph's completion node, released by
+// GraphFailed, reset the completion word to 0: here the captured graph of a Stream
+// condition's operation, launched after the engine closed, or in flight when it
+// closed. Before, Destroy read the words: with the trigger the launch stored it refused
+// (ErrBusy) for good, so the Stream condition could not be destroyed either; with
+// both words 0 it succeeded but left the words to an engine that was gone, and they
+// were never freed.
+func TestFakeDriverFailedGraphConditionDestroyedAfterReset(t *testing.T) {
+	for _, when := range []string{"launched-after-close", "in-flight-at-close"} {
+		t.Run(when, func(t *testing.T) {
+			b := streamenv.CUDABackend(t)
+			s, err := b.NewStream()
+			require.NoError(t, err)
+			cs, ok := stream.CUDAStream(s)
+			require.True(t, ok)
+			c, err := Create(Param{Category: Stream, Backend: b, Stream: s})
+			require.NoError(t, err)
+			tr := &heldTransport{}
+			e, err := NewEngine(tr, protocol.Config{}, false)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = e.Close() })
+			op := &heldOp{t: tr, issued: make(chan struct{}, 1)}
+
+			require.NoError(t, cs.BeginCapture(cuda.CaptureRelaxed))
+			var o Op
+			require.NoError(t, e.Submit(&o, c, op, Submission{What: "recv", Transfer: protocol.Transfer{Buf: make([]byte, 8), Dir: protocol.In}}))
+			g, err := cs.EndCapture()
+			require.NoError(t, err)
+			defer g.Close()
+			require.Len(t, c.captured, 1)
+			gc := c.captured[0]
+			x, err := g.Instantiate(0)
+			require.NoError(t, err)
+			defer x.Close()
+
+			if when == "in-flight-at-close" {
+				require.NoError(t, x.Launch(cs))
+				driveUntil(t, e, "issue", func() bool {
+					select {
+					case <-op.issued:
+						return true
+					default:
+						return false
+					}
+				})
+				require.NoError(t, e.Close()) // fails the launch's operation for good
+			} else {
+				require.NoError(t, e.Close())
+				require.Equal(t, GraphFailed, gc.done.Load())
+				require.NoError(t, x.Launch(cs))
+			}
+			done := make(chan error, 1)
+			go func() { done <- s.Synchronize() }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				require.FailNow(t, "the captured graph's launch hung")
+			}
+			require.Zero(t, gc.done.Load(), "the completion node reset GraphFailed")
+			require.ErrorIs(t, o.Wait(t.Context()), ErrClosed)
+
+			require.NoError(t, c.Destroy(), "Destroy of the Stream condition owning the failed graph condition")
+			require.True(t, gc.Destroyed())
+			require.True(t, gc.words.Closed(), "the failed graph condition's words were not freed")
+		})
+	}
 }

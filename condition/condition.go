@@ -183,6 +183,12 @@ type Condition struct {
 	// sequence numbers, at seq % maxFailedKept (under errMu), for StatusAt. Made at the
 	// first failure.
 	failed *[maxFailedKept]failedOp
+	// failedForGood: a Graph condition's operation can run no more (fail: its engine
+	// closed, or a launch failed as the transport closed). Destroy frees the words
+	// then, whatever they read: a CUDA graph's completion node, released by
+	// GraphFailed, stores 0 into the completion word behind it (and its start node 1
+	// into the trigger).
+	failedForGood atomic.Bool
 }
 
 // failedOp is one entry of Condition.failed.
@@ -293,6 +299,7 @@ const GraphFailed = ^uint64(0)
 // fail marks a Graph condition's operation as unable to run again (see GraphFailed).
 func (c *Condition) fail(err error) {
 	c.recordErr(err, "graph operation")
+	c.failedForGood.Store(true)
 	c.done.Store(GraphFailed)
 	c.words.Notify()
 }
@@ -770,7 +777,11 @@ func (c *Condition) Destroy() error {
 		return fmt.Errorf("destroy: %w", err)
 	}
 	if c.category == Graph {
-		if c.done.Load() == GraphFailed { // the engine is gone and read its last word
+		if c.failedForGood.Load() {
+			// The engine is gone and read its last word. Told by the flag, not by
+			// the completion word: a CUDA graph's launch since may have reset its
+			// GraphFailed to 0 (and left the trigger stored), which read as a launch
+			// still running, and the words were never freed.
 			c.destroyed.Store(true)
 			return c.words.Close()
 		}

@@ -1,7 +1,9 @@
 package graph_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv"
 	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/ucp"
 )
 
 // TestCUDAFakeDriver runs the CUDA graph tests against the CPU emulation of the
@@ -17,7 +20,8 @@ func TestCUDAFakeDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a child process against the fake driver")
 	}
-	testenv.RunUnderFakeDriver(t, []string{"TestCUDAAdoptedTwiceSharesTheChain", "TestCUDASignalNodesRefuseBadWords"})
+	testenv.RunUnderFakeDriver(t, []string{"TestCUDAAdoptedTwiceSharesTheChain", "TestCUDASignalNodesRefuseBadWords",
+		"TestCUDAFailedConditionDestroyedAfterLaunch"})
 }
 
 // The completion nodes of one CUgraph form one chain whichever wrapper adds them: two
@@ -135,4 +139,53 @@ func TestCUDASignalNodesRefuseBadWords(t *testing.T) {
 	require.Empty(t, nodes, "a refused call added nodes")
 	_, _, err = g.AddSignalNodes(nil, live.Word(0), live.Word(1), false)
 	require.NoError(t, err)
+}
+
+// A CUDA graph launched after its condition's worker closed is released at once
+// (GraphFailed), and its completion node resets the word to 0 behind it: Destroy of
+// the condition then succeeds, as it does for a condition failed for good. Before, it
+// read the words, found the trigger the launch stored, and refused (ErrBusy) for good.
+func TestCUDAFailedConditionDestroyedAfterLaunch(t *testing.T) {
+	testenv.RequireGPU(t)
+	b, err := stream.Open(stream.CUDA)
+	require.NoError(t, err)
+	defer b.Close()
+	ctx, _, ok := stream.CUDAContext(b)
+	require.True(t, ok)
+	cg, err := ctx.NewGraph()
+	require.NoError(t, err)
+	defer cg.Close()
+	c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: graph.CUDA{Graph: cg}})
+	require.NoError(t, err)
+	uctx, err := ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	defer uctx.Close()
+	w, err := uctx.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	r, err := w.TagRecvNbx(make([]byte, 8), 5, ^uint64(0), &ucp.RequestParam{Condition: c})
+	require.NoError(t, err)
+	x, err := cg.Instantiate(0)
+	require.NoError(t, err)
+	defer x.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	cs, ok := stream.CUDAStream(s)
+	require.True(t, ok)
+
+	require.NoError(t, w.Close())
+	wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.ErrorIs(t, r.Wait(wctx), ucp.ErrClosed, "the graph operation ends with its worker")
+	require.NoError(t, x.Launch(cs))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "a launch after the worker closed is released")
+	case <-wctx.Done():
+		require.FailNow(t, "the graph's launch after the worker closed hung")
+	}
+	require.NoError(t, c.Destroy(), "Destroy of a condition failed for good, after a launch reset its word")
+	require.ErrorIs(t, c.Destroy(), condition.ErrDestroyed)
 }
