@@ -2,6 +2,8 @@ package condition
 
 import (
 	"bytes"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -13,11 +15,13 @@ import (
 	"github.com/ucpx/ucpx/internal/testenv/streamenv"
 	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // TestCaptureUnderFakeDriver runs the stream-capture tests against the fake driver.
 func TestCaptureUnderFakeDriver(t *testing.T) {
-	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverCaptureRefusedRecordsNothing", "TestFakeDriverFailedGraphConditionDestroyedAfterReset"})
+	testenv.RunUnderFakeDriver(t, []string{"TestFakeDriverCaptureRefusedRecordsNothing", "TestFakeDriverFailedGraphConditionDestroyedAfterReset",
+		"TestFakeDriverCapturePartlyRefusedLeavesNothingToRun"})
 }
 
 // A conditioned call refused under stream capture (here: a device buffer, which a
@@ -163,6 +167,142 @@ func TestFakeDriverFailedGraphConditionDestroyedAfterReset(t *testing.T) {
 			require.NoError(t, c.Destroy(), "Destroy of the Stream condition owning the failed graph condition")
 			require.True(t, gc.Destroyed())
 			require.True(t, gc.words.Closed(), "the failed graph condition's words were not freed")
+		})
+	}
+}
+
+// partCapture is a CUDA stream that, while refuse is set, refuses one of a captured
+// operation's signal memops (the completion wait, or the reset of the completion
+// word after it) and records the word the first memop stored into. With invalidates,
+// it plays a driver that invalidates a capture when the capturing stream is queried.
+type partCapture struct {
+	streamcore.Stream
+	refuseReset bool // refuse the reset rather than the wait
+	invalidates bool
+	refuse      atomic.Bool
+	invalidated atomic.Bool
+	stored      atomic.Pointer[streamcore.Word]
+}
+
+var errMemopRefused = errors.New("memop refused")
+
+func (s *partCapture) WriteValue(w *streamcore.Word, v uint64) error {
+	if s.refuse.Load() {
+		if v == 0 && s.refuseReset {
+			return errMemopRefused
+		}
+		if v == 1 {
+			s.stored.Store(w)
+		}
+	}
+	return s.Stream.WriteValue(w, v)
+}
+
+func (s *partCapture) WaitValue(w *streamcore.Word, v uint64, cmp streamcore.Compare) error {
+	if s.refuse.Load() && !s.refuseReset {
+		return errMemopRefused
+	}
+	return s.Stream.WaitValue(w, v, cmp)
+}
+
+func (s *partCapture) Query() (bool, error) {
+	if capturing, _ := s.Stream.Capturing(); capturing && s.invalidates {
+		s.invalidated.Store(true)
+		return false, errors.New("operation not permitted when stream is capturing")
+	}
+	return s.Stream.Query()
+}
+
+func (s *partCapture) Capturing() (bool, error) {
+	capturing, err := s.Stream.Capturing()
+	if capturing && s.invalidated.Load() {
+		return false, errors.New("capture invalidated")
+	}
+	return capturing, err
+}
+
+// A captured operation whose stream takes the first of its signal memops and refuses
+// the next (the completion wait, or the reset after it) leaves the capture nothing to
+// run: the call fails, saying the capture was invalidated (a driver that invalidates a
+// capture whose stream is queried) or that its graph must be discarded; the words the
+// captured nodes name stay allocated, failed for good, until the Stream condition is
+// destroyed; a launch of the captured graph neither waits for good nor writes freed
+// memory. Before, the condition made for the operation was dropped with its words
+// freed under the nodes the capture kept: every launch stored into freed memory, and,
+// with the wait captured, waited on it.
+func TestFakeDriverCapturePartlyRefusedLeavesNothingToRun(t *testing.T) {
+	for _, tc := range []struct {
+		name                     string
+		refuseReset, invalidates bool
+		nodes                    int
+	}{
+		{"wait-refused", false, false, 1},
+		{"reset-refused", true, false, 2},
+		{"wait-refused-invalidating-driver", false, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := streamenv.CUDABackend(t)
+			raw, err := b.NewStream()
+			require.NoError(t, err)
+			cs, ok := stream.CUDAStream(raw)
+			require.True(t, ok)
+			s := &partCapture{Stream: raw, refuseReset: tc.refuseReset, invalidates: tc.invalidates}
+			c, err := Create(Param{Category: Stream, Backend: b, Stream: s})
+			require.NoError(t, err)
+			e, err := NewEngine(idleTransport{}, protocol.Config{}, false)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = e.Close() })
+
+			require.NoError(t, cs.BeginCapture(cuda.CaptureRelaxed))
+			s.refuse.Store(true)
+			var refused Op
+			err = e.Submit(&refused, c, &instant{data: make([]byte, 8)}, Submission{What: "recv",
+				Transfer: protocol.Transfer{Buf: make([]byte, 8), Dir: protocol.In}})
+			s.refuse.Store(false)
+			require.ErrorIs(t, err, errMemopRefused)
+			if tc.invalidates {
+				require.ErrorContains(t, err, "the capture is invalidated")
+				_, cerr := s.Capturing()
+				require.Error(t, cerr, "the capture was not invalidated")
+			} else {
+				require.ErrorContains(t, err, "discard the graph it gives")
+			}
+			require.False(t, refused.Submitted())
+			words := s.stored.Load()
+			require.NotNil(t, words, "the trigger store was not captured")
+			require.False(t, words.Block().Closed(), "the words the captured nodes name were freed")
+
+			g, err := cs.EndCapture()
+			require.NoError(t, err)
+			defer g.Close()
+			nodes, err := g.Nodes()
+			require.NoError(t, err)
+			require.Len(t, nodes, tc.nodes, "the nodes the capture took")
+			x, err := g.Instantiate(0)
+			require.NoError(t, err)
+			defer x.Close()
+			require.NoError(t, x.Launch(cs))
+			done := make(chan error, 1)
+			go func() { done <- raw.Synchronize() }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				require.FailNow(t, "the launch of the partly captured graph hung")
+			}
+			require.False(t, words.Block().Closed())
+
+			// The Stream condition still works, and its Destroy frees the words.
+			var o Op
+			want := []byte("after...")
+			got := make([]byte, len(want))
+			require.NoError(t, e.Submit(&o, c, &instant{data: want}, Submission{What: "recv",
+				Transfer: protocol.Transfer{Buf: got, Dir: protocol.In}}))
+			require.NoError(t, o.Wait(t.Context()))
+			require.NoError(t, raw.Synchronize())
+			require.Equal(t, want, got)
+			require.NoError(t, c.Destroy())
+			require.True(t, words.Block().Closed(), "Destroy did not free the words of the partly captured operation")
 		})
 	}
 }
