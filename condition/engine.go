@@ -154,7 +154,8 @@ type Engine struct {
 
 	// follows: per completion word of a Graph condition, the triggers its next
 	// completion stores (Follow); nfollow counts them, so that rounds skip followMu
-	// when there are none. A launch arms them, the round that fires the word takes them.
+	// when there are none. A launch arms them, the round that fires the word takes them;
+	// those of a condition the engine let go of are dropped (forgetFollows).
 	followMu sync.Mutex
 	follows  map[*streamcore.Word][]*streamcore.Word
 	nfollow  atomic.Int32
@@ -306,10 +307,7 @@ func (e *Engine) removeLocked(ch *channel) {
 	}
 	if ch.cond.category == Graph {
 		delete(e.byTrigger, ch.cond.trigger)
-		e.followMu.Lock()
-		e.nfollow.Add(-int32(len(e.follows[ch.cond.done])))
-		delete(e.follows, ch.cond.done)
-		e.followMu.Unlock()
+		e.forgetFollows(ch.cond)
 	}
 	last := e.order[len(e.order)-1]
 	e.order[ch.pos], last.pos = last, ch.pos
@@ -769,6 +767,9 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 	}
 	for i := range e.fired {
 		e.fired[i].fire(tr, &e.due)
+		if e.fired[i].forGood {
+			e.forgetFollows(e.fired[i].ch.cond) // failed now: Follow refuses its words
+		}
 		e.fired[i] = firedLaunch{}
 	}
 	e.fired = e.fired[:0]
@@ -779,6 +780,11 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 		// drive is released too (unlockDrive).
 		for i, p := range e.retired {
 			p.retire(nil, &e.due)
+			if p.cond.category == Graph {
+				// A destroyed condition's: its words are freed now (Follow refuses
+				// them), and what Follow armed since the channel went is dropped.
+				e.forgetFollows(p.cond)
+			}
 			if c := p.cond; c.backend.Kind() == streamcore.KindHost && (i+1 == len(e.retired) || e.retired[i+1].cond != c) {
 				// Host executors waiting on the completion word park on its block.
 				c.words.Notify()
@@ -880,12 +886,24 @@ func (e *Engine) awaitExitOrCallback() {
 // conditions: a host graph's launch calls it, before it stores the trigger of the
 // operation whose completion word is done, for each node whose only dependency is
 // that operation; the round that fires done stores their triggers and issues them.
+//
+// It refuses (false) a completion word that will not fire again: freed (its condition
+// destroyed), failed for good (GraphFailed), or the engine closed. An entry made as
+// that condition goes (between the launch's look at its words and this call) is
+// dropped once its words are freed or failed (forgetFollows), so the engine keeps no
+// entry for a word that never fires. A destroyed follower's trigger is armed: the
+// round that fires done skips it (the launch then fails at the node, ErrClosed).
 func (e *Engine) Follow(done, trigger *streamcore.Word) bool {
 	if done == nil || trigger == nil || done == trigger {
 		return false
 	}
 	e.followMu.Lock()
 	defer e.followMu.Unlock()
+	// Under followMu: forgetFollows, which comes after the words are freed or failed,
+	// then drops what was armed before this look.
+	if e.incoming.Load() == closedIncoming || done.Block().Closed() || done.Load() == GraphFailed {
+		return false
+	}
 	if e.follows == nil {
 		e.follows = map[*streamcore.Word][]*streamcore.Word{}
 	}
@@ -896,6 +914,30 @@ func (e *Engine) Follow(done, trigger *streamcore.Word) bool {
 	e.follows[done] = append(list, trigger)
 	e.nfollow.Add(1)
 	return true
+}
+
+// forgetFollows drops what Follow armed for c: the triggers to store when c's
+// completion word fires, and c's trigger in the lists of other completion words. The
+// engine calls it when it lets go of c (removeLocked), and again once c's words are
+// freed or failed for good, after which Follow refuses them: a Follow between the two
+// would otherwise leave an entry that no round ever takes (nfollow stayed above 0, and
+// every round that fired a launch took followMu). Takes followMu.
+func (e *Engine) forgetFollows(c *Condition) {
+	e.followMu.Lock()
+	defer e.followMu.Unlock()
+	if len(e.follows) == 0 {
+		return
+	}
+	dropped := len(e.follows[c.done])
+	delete(e.follows, c.done)
+	if int(e.nfollow.Load()) > dropped { // others are armed (nfollow changes under followMu)
+		for done, list := range e.follows {
+			kept := slices.DeleteFunc(list, func(t *streamcore.Word) bool { return t == c.trigger })
+			dropped += len(list) - len(kept)
+			e.follows[done] = kept
+		}
+	}
+	e.nfollow.Add(-int32(dropped))
 }
 
 // startFollowersLocked stores the triggers armed to follow done's completion and

@@ -211,3 +211,84 @@ func TestGraphDestroyOwedCompletion(t *testing.T) {
 	driveUntil(t, e, "words freed", func() bool { return c.words.Closed() })
 	require.False(t, e.OweCompletion(c.done, false), "the condition left the engine")
 }
+
+// heldOn makes a Graph condition carrying one heldOp on e.
+func heldOn(t *testing.T, e *Engine, tr *heldTransport) (*Condition, *heldOp) {
+	t.Helper()
+	c, err := Create(Param{Category: Graph, Backend: backend(t), Graph: wordsOnly{}})
+	require.NoError(t, err)
+	op := &heldOp{t: tr, issued: make(chan struct{}, 1)}
+	var o Op
+	require.NoError(t, e.Submit(&o, c, op, Submission{What: "recv", Transfer: protocol.Transfer{Buf: make([]byte, 8), Dir: protocol.In}}))
+	return c, op
+}
+
+// follows is the number of followers e holds armed, checked against its entries.
+func follows(t *testing.T, e *Engine) int {
+	t.Helper()
+	e.followMu.Lock()
+	defer e.followMu.Unlock()
+	n := 0
+	for _, list := range e.follows {
+		n += len(list)
+	}
+	require.EqualValues(t, n, e.nfollow.Load(), "nfollow")
+	return n
+}
+
+// The engine keeps no follower armed on a completion word that never fires again, nor
+// one whose condition it let go of: Follow refuses the completion word of a condition
+// destroyed (and freed), failed for good, or of a closed engine, and a condition's
+// leaving drops the followers armed on it and its own trigger from the lists of
+// others. Before, Follow took them all: a launch that armed a node as its condition
+// was destroyed left an entry no round ever took, and every round that fired a launch
+// took the follow lock for good.
+func TestEngineForgetsFollowsOfConditionsItLetGo(t *testing.T) {
+	tr := &heldTransport{}
+	e, err := NewEngine(tr, protocol.Config{}, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	leader, _ := heldOn(t, e, tr)
+	follower, _ := heldOn(t, e, tr)
+	other, _ := heldOn(t, e, tr)
+	driveUntil(t, e, "channels", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return len(e.byTrigger) == 3
+	})
+
+	// A follower destroyed: the engine drops it from the leader's list.
+	require.True(t, e.Follow(leader.done, follower.trigger))
+	require.True(t, e.Follow(other.done, follower.trigger))
+	require.Equal(t, 2, follows(t, e))
+	require.NoError(t, follower.Destroy())
+	driveUntil(t, e, "follower freed", func() bool { return follower.words.Closed() })
+	require.Zero(t, follows(t, e), "the destroyed follower is still armed")
+
+	// A leader destroyed: its completion word never fires.
+	require.True(t, e.Follow(leader.done, other.trigger))
+	require.NoError(t, leader.Destroy())
+	driveUntil(t, e, "leader freed", func() bool { return leader.words.Closed() })
+	require.Zero(t, follows(t, e))
+	require.False(t, e.Follow(leader.done, other.trigger), "armed on a freed completion word")
+	require.Zero(t, follows(t, e))
+
+	// A leader failed for good as its transport closes.
+	opErr := fmt.Errorf("receive: %w", ErrCanceled)
+	c, op := heldOn(t, e, tr)
+	launchHeld(t, e, c, op)
+	tr.closing.Store(true)
+	op.finish(opErr)
+	driveUntil(t, e, "failed for good", func() bool { return c.done.Load() == GraphFailed })
+	require.False(t, e.Follow(c.done, other.trigger), "armed on a completion word failed for good")
+	require.Zero(t, follows(t, e))
+	require.NoError(t, c.Destroy())
+
+	// A closed engine.
+	require.NoError(t, e.Close())
+	fresh, err := Create(Param{Category: Graph, Backend: backend(t), Graph: wordsOnly{}})
+	require.NoError(t, err)
+	require.False(t, e.Follow(fresh.done, other.trigger), "armed on a closed engine")
+	require.Zero(t, follows(t, e))
+	require.NoError(t, fresh.Destroy())
+}

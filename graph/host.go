@@ -844,8 +844,10 @@ func (x *HostExec) settleOwed() error {
 // newest node is armed (and issued) first, the order in which a round issues triggers
 // that a launch stored together. Nothing is armed on a node whose condition was
 // destroyed (its operation never completes, and its engine already dropped what was
-// armed on it): a destroyed follower is armed, the engine skips it, and the launch
-// fails there (ErrClosed), but its own followers are not.
+// armed on it; the engine refuses such a node's completion word, also where the
+// condition goes as it is armed, and forgets what it took then): a destroyed follower
+// is armed, the engine skips it, and the launch fails there (ErrClosed), but its own
+// followers are not.
 func (x *HostExec) armFollowers(i int, chained []bool) {
 	if x.trigger[i].Block().Closed() || x.waitFor[i].Block().Closed() {
 		return
