@@ -251,3 +251,102 @@ func TestCondfixDestroyAfterFailedLaunchCompleted(t *testing.T) {
 		})
 	}
 }
+
+// A launch of a Split communication node that fails between its start node and its
+// wait node (the compute between them fails) leaves the receive in flight with no
+// wait node to take its completion: the completion is owed, as a waiting node's is.
+// The next launch fails with ErrInFlight while the receive runs, and once it
+// completed a launch takes it and then completes with its own message; or Destroy
+// succeeds once it completed. Before, the next launch's wait node took the failed
+// launch's completion for its own (its dependent read the old message, and its own
+// receive stayed posted with no launch waiting), and Destroy refused for good.
+func TestCondfixSplitLaunchFailedBeforeItsWaitOwesTheCompletion(t *testing.T) {
+	for _, then := range []string{"relaunch", "destroy"} {
+		t.Run(then, func(t *testing.T) {
+			l := newLink(t)
+			const tag = 147
+			g := graph.NewHost()
+			c := graphCondition(t, l, g, nil, true)
+			in := []byte("--------")
+			_, err := l.b.TagRecvNbx(in, tag, ^uint64(0), &ucp.RequestParam{Condition: c})
+			require.NoError(t, err)
+			_, err = l.ba.TagSendNbx([]byte("marker.."), tag+1, &ucp.RequestParam{Condition: c}) // issued after the receive
+			require.NoError(t, err)
+			boom := errors.New("boom")
+			var fail atomic.Bool
+			mid, err := g.AddTask([]condition.Node{c.Node()}, func() error {
+				if fail.Load() {
+					return boom
+				}
+				return nil
+			})
+			require.NoError(t, err)
+			require.NoError(t, g.AddDependencies(mid, c.WaitNode()))
+			saw := new(atomic.Value)
+			_, err = g.AddTask([]condition.Node{c.WaitNode()}, func() error { saw.Store(string(in)); return nil })
+			require.NoError(t, err)
+			x, err := g.Instantiate()
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			send := func(msg string) {
+				sr, err := l.ab.TagSendNbx([]byte(msg), tag, nil)
+				require.NoError(t, err)
+				require.NoError(t, sr.Wait(ctx))
+			}
+
+			fail.Store(true)
+			s, err := l.backend.NewStream()
+			require.NoError(t, err)
+			require.NoError(t, x.Launch(s))
+			awaitMarker(t, ctx, l, tag)
+			require.ErrorIs(t, syncErr(t, ctx, s), boom)
+			fail.Store(false)
+			require.ErrorIs(t, c.Destroy(), condition.ErrBusy, "Destroy with the failed launch's receive in flight")
+			s, err = l.backend.NewStream()
+			require.NoError(t, err)
+			require.NoError(t, x.Launch(s))
+			require.ErrorIs(t, syncErr(t, ctx, s), graph.ErrInFlight, "a launch with the failed launch's receive in flight")
+			require.Nil(t, saw.Load())
+
+			send("first...")
+			if then == "destroy" {
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					err := c.Destroy()
+					if err == nil {
+						break
+					}
+					require.ErrorIs(t, err, condition.ErrBusy)
+					require.True(t, time.Now().Before(deadline), "Destroy still refused 20 s after the message was sent: %v", err)
+					time.Sleep(time.Millisecond)
+				}
+				require.Equal(t, "first...", string(in))
+				require.Nil(t, saw.Load())
+				require.NoError(t, x.Close())
+				return
+			}
+			for {
+				s, err := l.backend.NewStream()
+				require.NoError(t, err)
+				require.NoError(t, x.Launch(s))
+				send("second..")
+				err = syncErr(t, ctx, s)
+				if !errors.Is(err, graph.ErrInFlight) {
+					require.NoError(t, err)
+					break
+				}
+				// The old receive's completion was not stored yet when the launch
+				// began: it posted no receive, so take the message back.
+				r, err := l.b.TagRecvNbx(make([]byte, 8), tag, ^uint64(0), nil)
+				require.NoError(t, err)
+				require.NoError(t, r.Wait(ctx))
+				time.Sleep(time.Millisecond)
+			}
+			awaitMarker(t, ctx, l, tag)
+			require.Equal(t, "second..", saw.Load(), "the launch's dependent read another launch's message")
+			require.NoError(t, x.Close())
+			require.NoError(t, c.Destroy())
+		})
+	}
+}

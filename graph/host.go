@@ -182,6 +182,10 @@ type HostExec struct {
 	// (stream.Follower) to store their triggers itself when the node's operation
 	// completes, in the round that completes it, and then skips their tasks.
 	follow [][]int
+	// splitStart: for the wait node of a Split communication operation, its start
+	// node (-1 for other nodes). A launch that fails after a start node stored its
+	// trigger and before the wait node took the completion owes that completion.
+	splitStart []int
 	// waitBlocks: the blocks of the communication nodes' completion words, each once.
 	waitBlocks []*stream.WordBlock
 	deps       [][]int   // node -> its dependencies
@@ -240,7 +244,7 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	}
 	n := len(g.nodes)
 	x := &HostExec{tasks: make([]func() error, n), inline: make([]bool, n), waitFor: make([]*stream.Word, n),
-		trigger: make([]*stream.Word, n), op: make([]opWords, n), follow: make([][]int, n),
+		trigger: make([]*stream.Word, n), op: make([]opWords, n), follow: make([][]int, n), splitStart: make([]int, n),
 		deps: make([][]int, n), children: make([][]int, n)}
 	x.leave = func() { x.inFlight.Add(-1) }
 	indegree := make([]int, n)
@@ -266,6 +270,18 @@ func (g *Host) Instantiate() (*HostExec, error) {
 	for i := range n {
 		if d := x.deps[i]; len(d) == 1 && x.trigger[i] != nil && x.trigger[d[0]] != nil && x.waitFor[d[0]] != nil {
 			x.follow[d[0]] = append(x.follow[d[0]], i)
+		}
+	}
+	starts := map[*stream.Word]int{} // split start nodes by trigger word
+	for i := range n {
+		x.splitStart[i] = -1
+		if x.trigger[i] != nil && x.waitFor[i] == nil {
+			starts[x.trigger[i]] = i
+		}
+	}
+	for i := range n {
+		if s, ok := starts[x.op[i].trigger]; ok && x.waitFor[i] != nil && x.trigger[i] == nil {
+			x.splitStart[i] = s
 		}
 	}
 	// Kahn's algorithm: every node must become ready.
@@ -577,11 +593,12 @@ func (x *HostExec) run(sl *streamLaunches) error {
 	}
 	st, _ := x.states.Get().(*launchState)
 	if st == nil {
-		st = &launchState{left: make([]int, n), chained: make([]bool, n), results: make(chan finished, n)}
+		st = &launchState{left: make([]int, n), chained: make([]bool, n), started: make([]bool, n), results: make(chan finished, n)}
 	}
 	defer x.states.Put(st)
-	left, chained, results, scratch := st.left, st.chained, st.results, &st.scratch
+	left, chained, started, results, scratch := st.left, st.chained, st.started, st.results, &st.scratch
 	clear(chained)
+	clear(started)
 	for i := range x.deps {
 		left[i] = len(x.deps[i])
 	}
@@ -601,6 +618,11 @@ func (x *HostExec) run(sl *streamLaunches) error {
 		}
 	}
 	afterTask := func(i int, err error) {
+		if s := x.splitStart[i]; s >= 0 {
+			// A split wait node: it waits for its completion now (waits), or the
+			// completion will not come.
+			started[s] = false
+		}
 		switch {
 		case err != nil:
 			if firstErr == nil {
@@ -622,6 +644,9 @@ func (x *HostExec) run(sl *streamLaunches) error {
 		case x.waitFor[i] != nil:
 			waits = append(waits, i)
 		default:
+			if x.trigger[i] != nil {
+				started[i] = true // a split start node: its wait node takes the completion
+			}
 			complete(i)
 		}
 	}
@@ -688,7 +713,7 @@ func (x *HostExec) run(sl *streamLaunches) error {
 				scratch.eachDriver(x.waitBlocks, stream.Driver.Release)
 			}
 			if firstErr != nil {
-				x.oweInFlight(waits, chained)
+				x.oweInFlight(waits, chained, started)
 			}
 			clear(waits)
 			st.ready, st.waits, st.kicks = ready[:0], waits[:0], kicks[:0]
@@ -767,9 +792,10 @@ func (x *HostExec) run(sl *streamLaunches) error {
 }
 
 // oweInFlight records the completion words a failed launch leaves behind: those of
-// the communication nodes it was waiting for, and of the followers an engine will
-// start (chained, not reached).
-func (x *HostExec) oweInFlight(waits []int, chained []bool) {
+// the communication nodes it was waiting for, of the followers an engine will start
+// (chained, not reached), and of the Split operations it started whose wait node it
+// did not reach (started).
+func (x *HostExec) oweInFlight(waits []int, chained, started []bool) {
 	if x.words == nil {
 		return // no communication node
 	}
@@ -784,6 +810,11 @@ func (x *HostExec) oweInFlight(waits []int, chained []bool) {
 	for c, armed := range chained {
 		if armed {
 			x.owe(x.op[c].done)
+		}
+	}
+	for i, run := range started {
+		if run {
+			x.owe(x.op[i].done)
 		}
 	}
 	x.words.owing.Store(len(x.words.owed) > 0)
@@ -907,6 +938,7 @@ next:
 type launchState struct {
 	left         []int
 	chained      []bool // nodes whose trigger an engine stores (armFollowers)
+	started      []bool // split start nodes whose wait node has not run (afterTask)
 	results      chan finished
 	ready, waits []int
 	kicks        []*stream.WordBlock
