@@ -199,8 +199,15 @@ func TestCondfixDestroyAfterFailedLaunchCompleted(t *testing.T) {
 			g, recv, in, saw := inFlightRecv(t, l, tag)
 			boom := errors.New("boom")
 			release := make(chan struct{})
+			var failed atomic.Bool // the task fails the first launch only
 			if cause == "task" {
-				_, err := g.AddTask(nil, func() error { <-release; return boom })
+				_, err := g.AddTask(nil, func() error {
+					<-release
+					if failed.CompareAndSwap(false, true) {
+						return boom
+					}
+					return nil
+				})
 				require.NoError(t, err)
 			}
 			x, err := g.Instantiate()
