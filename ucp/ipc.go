@@ -205,10 +205,12 @@ type ipcWait struct {
 	tag    uint64
 	// pullSend: a send whose receiver pulls (ampull.go, tagpull.go), which a flush
 	// does not wait for (UCX's flushes do not wait for message sends either);
-	// tagged, sentTag: a pulled tag send and its tag.
+	// tagged, sentTag, pullSeq: a pulled tag send, its tag and its number among the
+	// sends of that tag to that worker (tagpull.go).
 	pullSend bool
 	tagged   bool
 	sentTag  uint64
+	pullSeq  uint64
 }
 
 // after makes x wait for in, then run done with in's result and finish with it (the

@@ -53,8 +53,10 @@ const (
 	// noticed up to seq included.
 	ctlAck    = 4
 	ctlPulled = 5 // receiver -> sender: a pulled message's data was copied or dropped (ampull.go)
-	// ctlPullTrunc: receiver -> sender: a pulled tag message (the value: its tag) met a
-	// receive too short for its descriptor (tagpull.go).
+	// ctlPullTrunc: receiver -> sender: a pulled tag message (the value: its tag; seq:
+	// its number among the sender's sends of the tag to the receiver's worker; count:
+	// the two workers' source ids) met a receive too short for its descriptor
+	// (tagpull.go).
 	ctlPullTrunc = 6
 	// ctlReplyHello: receiver -> sender of AmReply messages: it forgot the sender of
 	// the endpoint the value names, which sends its hello again (am.go).
@@ -66,8 +68,12 @@ const (
 type control struct {
 	typ   byte
 	value uint64 // the key id; for pulls the op id or tag; for ctlReplyHello the endpoint's token
-	count uint64 // ctlImport, ctlRelease: the keys of the region the importer's context holds
-	seq   uint64 // ctlImport, ctlRelease: the notice's number (stateSeq); ctlAck: the revocation's start
+	// count: ctlImport, ctlRelease: the keys of the region the importer's context
+	// holds; ctlPullTrunc: the two workers' source ids (truncSources).
+	count uint64
+	// seq: ctlImport, ctlRelease: the notice's number (stateSeq); ctlAck: the
+	// revocation's start; ctlPullTrunc: the truncated send's number.
+	seq uint64
 }
 
 // stateSeq numbers this process's import notices and the starts of its revocations:
@@ -300,21 +306,21 @@ func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func(s
 
 // drainedControlLocked handles the control messages that are handled as they are
 // drained, under w.mu: a pull's (ctlPulled, ctlPullTrunc), so that a sender sees its
-// receiver's words in the order they were sent (a truncation answer completes the
-// oldest send of its tag: the acknowledgements sent before it must have completed
-// theirs), and ctlReplyHello, before the sender's next AmReply message goes. It
-// reports whether the message was one. Caller holds w.mu.
+// receiver's words in the order they were sent (a truncation answer must name the
+// oldest send of its tag still waiting: the acknowledgements sent before it must have
+// completed theirs), and ctlReplyHello, before the sender's next AmReply message goes.
+// It reports whether the message was one. Caller holds w.mu.
 func (w *Worker) drainedControlLocked(header []byte) bool {
-	sender, typ, value, err := decodeControl(w.ctx.trust.seal, header)
+	sender, m, err := decodeControlMsg(w.ctx.trust.seal, header)
 	switch {
 	case err != nil:
 		return false
-	case typ == ctlPulled:
-		w.onPulledLocked(sender, value)
-	case typ == ctlPullTrunc:
-		w.onPullTruncLocked(sender, value)
-	case typ == ctlReplyHello:
-		w.helloAgainLocked(sender, value)
+	case m.typ == ctlPulled:
+		w.onPulledLocked(sender, m.value)
+	case m.typ == ctlPullTrunc:
+		w.onPullTruncLocked(sender, m)
+	case m.typ == ctlReplyHello:
+		w.helloAgainLocked(sender, m.value)
 	default:
 		return false
 	}

@@ -1,7 +1,10 @@
 package ucp
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
+	"slices"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -17,18 +20,38 @@ import (
 // engine, into the device memory itself for a staged receive of device memory, and
 // completes only then; the receiver tells the sender (ctlPulled) and the send
 // completes. A receive shorter than the message completes with ErrMessageTruncated
-// and copies nothing. One too short even for the descriptor answers the sender by tag
-// (ctlPullTrunc) once the pulls of that tag it is doing from that sender are done; the
-// sender then completes its oldest send of the tag, which is the truncated one:
-// messages of one tag from one sender match in order. The sender is the one whose
-// source id the tag carries, which nothing in a truncated message proves: with an
-// auth key a peer without it cannot compute another's id (sourceOf); without a key a
-// forged message could complete another sender's send early. Before its first pulled message
-// on an endpoint the sender sends its address (a hello on PullAM): a receiver with no
-// endpoint to it makes one then, so that even an answer by tag has somewhere to go. A
-// send falls back to staging where the descriptor would be longer than the data.
+// and copies nothing. One too short even for the descriptor cannot read the send's id,
+// so a sender numbers its pulled sends of each tag to each worker (1, 2, ...: the
+// descriptor's header) and a receiver accounts for the numbers of each sender's
+// messages of each tag as it reads their descriptors; once the pulls of that tag it
+// is doing from that sender are done (every message that matched before the truncated
+// one was seen by then), the truncated message takes the first number not accounted
+// for (messages of one tag from one sender match in order), and the answer
+// (ctlPullTrunc) names the tag, that number and both workers' source ids. The sender
+// completes the send so numbered only if it is its oldest send of that tag to that
+// worker still waiting (the answers to the older ones came first); any other answer
+// (the same one again: replayed, duplicated, sent on two endpoints; one for another
+// worker; one numbered ahead) completes nothing and is counted (staleControls).
+// Before, an answer completed the oldest waiting send of its tag, so the same answer
+// again completed a newer send while its receiver still pulled (or had not yet
+// received) it, and the sender could reuse the buffer under the copy.
+//
+// What a truncated message does not prove: its sender is the one whose source id the
+// tag carries (with an auth key a peer without it cannot compute another's id,
+// sourceOf; 15 bits, so it can guess one), and nothing dates it: a message with the
+// pull bit sent again that meets a receive too short for it takes the next number of
+// its tag, and its answer completes the sender's next send of the tag, if that is
+// waiting, before it was received. Without an auth key the seal proves nothing (its
+// key is public): anyone can seal an answer naming the oldest waiting send of a tag,
+// and a ctlPulled naming any op id. What holds with or without a key is that a
+// truncation answer sent again, later or to another worker, completes nothing.
+//
+// Before its first pulled message on an endpoint the sender sends its address (a hello
+// on PullAM): a receiver with no endpoint to it makes one then, so that even an answer
+// by tag has somewhere to go. A send falls back to staging where the descriptor would
+// be longer than the data.
 
-const tagPullMagic = "UCT2"
+const tagPullMagic = "UCT3" // 3: the descriptor's header is the send's number
 
 // pullHelloFlag marks a PullAM message that only carries its sender's address.
 const pullHelloFlag = 1 << 31
@@ -63,6 +86,168 @@ type pullIn struct {
 // matched a receive too short for its descriptor.
 type truncAnswer struct{ src, tag uint64 }
 
+// pullSeqKey names the pulled tag messages of one tag from one worker to another:
+// at the sender, the receiving worker's context (peer) and source id (src); at the
+// receiver, which knows a sender of a truncated message by its source id alone, the
+// sender's source id (peer zero).
+type pullSeqKey struct {
+	peer     [idLen]byte
+	src, tag uint64
+}
+
+// pullSeqs are the numbers of pulled tag messages, per key: at a sender the numbers
+// given (Worker.pullsSent), at a receiver those seen (Worker.pullsSeen). Under w.mu.
+type pullSeqs struct {
+	m       map[pullSeqKey]*pullSeq
+	clock   uint64 // stamps uses, for eviction
+	evicted bool   // keys were forgotten: a new one may be one of them
+}
+
+// pullSeq is one key's numbers. At a sender, n is the last one given. At a receiver,
+// every number up to n is accounted for and seen holds the ranges seen beyond it
+// (sorted, apart): a descriptor read says its number, and a truncated message takes
+// the first number not accounted for, once the messages matched before it were seen
+// (the answer waits for them: answerTruncLocked). A receive may be seen before one
+// that matched ahead of it (one completes in its call while the other's completion
+// is still queued), so a truncated message cannot just take the next number. forgot:
+// made after keys were forgotten, so the numbers below the first descriptor seen may
+// be long gone rather than still to come: it counts from that one.
+type pullSeq struct {
+	n, used uint64
+	seen    []seqRange
+	forgot  bool
+}
+
+type seqRange struct{ lo, hi uint64 }
+
+// maxSeqRanges bounds a receiver's ranges per key: past it, the lowest gap is given up
+// (counted as seen).
+const maxSeqRanges = 64
+
+// saw records, at a receiver, a descriptor numbered s.
+func (e *pullSeq) saw(s uint64) {
+	if s <= e.n || e.forgot {
+		// The sender numbers afresh (it forgot the tag: maxPullSeqs), or the same
+		// descriptor came again: count on from it.
+		e.n, e.seen, e.forgot = s, e.seen[:0], false
+		return
+	}
+	i := 0
+	for i < len(e.seen) && e.seen[i].hi+1 < s {
+		i++
+	}
+	switch {
+	case i == len(e.seen) || s+1 < e.seen[i].lo:
+		e.seen = slices.Insert(e.seen, i, seqRange{s, s})
+	case s+1 == e.seen[i].lo:
+		e.seen[i].lo = s
+	case s == e.seen[i].hi+1:
+		e.seen[i].hi = s
+		if i+1 < len(e.seen) && e.seen[i+1].lo == s+1 {
+			e.seen[i].hi = e.seen[i+1].hi
+			e.seen = slices.Delete(e.seen, i+1, i+2)
+		}
+	} // else s is in e.seen[i] already
+	if len(e.seen) > maxSeqRanges {
+		e.n = e.seen[0].hi
+		e.seen = slices.Delete(e.seen, 0, 1)
+	}
+	e.settle()
+}
+
+// unseen takes, at a receiver, the first number not accounted for: a truncated
+// message's.
+func (e *pullSeq) unseen() uint64 {
+	e.n++
+	s := e.n
+	e.settle()
+	return s
+}
+
+func (e *pullSeq) settle() {
+	for len(e.seen) > 0 && e.seen[0].lo <= e.n+1 {
+		e.n = max(e.n, e.seen[0].hi)
+		e.seen = slices.Delete(e.seen, 0, 1)
+	}
+}
+
+// maxPullSeqs bounds each table (tags are the user's: they need not repeat). Past it
+// the least recently used quarter goes, but for the keys of sends still waiting (at a
+// sender) or of answers owed (at a receiver). A forgotten key counts from 0 again (a
+// receiver takes the number of the next descriptor it reads); a truncation answer the
+// two sides number differently meanwhile names no waiting send (or one already
+// pulled), and the truncated send waits until its endpoint fails or closes, never
+// completing another early. A variable: tests lower it.
+var maxPullSeqs = 1 << 14
+
+// get is k's entry, made (with n 0) if there is none; keep (nil: none) spares keys
+// from eviction.
+func (s *pullSeqs) get(k pullSeqKey, keep func() func(pullSeqKey) bool) *pullSeq {
+	e := s.m[k]
+	if e == nil {
+		if len(s.m) >= maxPullSeqs {
+			s.evict(keep)
+		}
+		if s.m == nil {
+			s.m = map[pullSeqKey]*pullSeq{}
+		}
+		e = &pullSeq{forgot: s.evicted}
+		s.m[k] = e
+	}
+	s.clock++
+	e.used = s.clock
+	return e
+}
+
+// evict drops the least recently used quarter of the keys keep does not spare.
+func (s *pullSeqs) evict(keep func() func(pullSeqKey) bool) {
+	var spare func(pullSeqKey) bool
+	if keep != nil {
+		spare = keep()
+	}
+	type aged struct {
+		k    pullSeqKey
+		used uint64
+	}
+	old := make([]aged, 0, len(s.m))
+	for k, e := range s.m {
+		if spare == nil || !spare(k) {
+			old = append(old, aged{k, e.used})
+		}
+	}
+	slices.SortFunc(old, func(a, b aged) int { return cmp.Compare(a.used, b.used) })
+	s.evicted = true
+	for _, a := range old[:min(len(old), max(len(s.m)/4, 1))] {
+		delete(s.m, a.k)
+	}
+}
+
+// waitingPullKeys spares, at a sender, the keys of sends still waiting for their
+// receiver: their numbers must go on. Caller holds w.mu.
+func (w *Worker) waitingPullKeys() func(pullSeqKey) bool {
+	waiting := map[pullSeqKey]bool{}
+	for _, r := range w.pullsOut {
+		if x := r.ipc; x.tagged && x.ep != nil {
+			waiting[pullSeqKey{peer: x.ep.peer.id, src: x.ep.source, tag: x.sentTag}] = true
+		}
+	}
+	return func(k pullSeqKey) bool { return waiting[k] }
+}
+
+// owedPullKeys spares, at a receiver, the keys of truncation answers still owed: they
+// take their numbers when they go. Caller holds w.mu.
+func (w *Worker) owedPullKeys() func(pullSeqKey) bool {
+	owed := map[pullSeqKey]bool{}
+	for _, t := range w.truncOwed {
+		owed[pullSeqKey{src: t.src, tag: t.tag}] = true
+	}
+	return func(k pullSeqKey) bool { return owed[k] }
+}
+
+// truncSources is a truncation answer's count: the source ids of the sender of the
+// message and of the receiver that answers.
+func truncSources(sender, receiver uint64) uint64 { return sender | receiver<<16 }
+
 // tagPullable reports whether a tag send of buf goes by pull: as an active message
 // does, and a conditioned one from tagPullConditioned bytes.
 func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) bool {
@@ -73,12 +258,30 @@ func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) b
 // false (nothing sent) where the message cannot go so: the caller stages it.
 func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) (*Request, bool, error) {
 	w := ep.w
-	d, ok := ep.pullDescriptor(tagPullMagic, buf, 0, ep.pullFlags(), nil)
-	if !ok || len(d.sealed) > len(buf) {
+	// pullDescriptor's parts; the descriptor is sealed under the lock, with the send's
+	// number, which is given in the order UCX sends (the receiver counts them so).
+	ptr := uintptr(bufPtr(buf))
+	e, err := w.ctx.pullKey(ptr)
+	if err != nil {
+		return nil, false, nil
+	}
+	self, err := w.pullAddress()
+	if err != nil {
+		return nil, false, nil
+	}
+	flags := ep.pullFlags()
+	size := sealOverhead + pullFixed + len(e.packed) + len(self) + 8
+	if size > len(buf) {
 		return nil, false, nil // a receive that fits the data must fit the descriptor
 	}
+	d := pullDesc{sealed: make([]byte, size), self: self, op: w.pullSeq.Add(1)}
 	return ep.postPull(op, p, d, func(x *ipcWait) unsafe.Pointer {
 		x.tagged, x.sentTag = true, tag
+		s := w.pullsSent.get(pullSeqKey{peer: ep.peer.id, src: ep.source, tag: tag}, w.waitingPullKeys)
+		s.n++
+		x.pullSeq = s.n
+		copy(d.sealed, w.ctx.trust.seal.seal(tagPullMagic, w.ctx.trust.id,
+			encodePull(0, flags, d.op, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, binary.LittleEndian.AppendUint64(nil, s.n))))
 		if !ep.pullHello {
 			// Once per endpoint, before its first pulled tag message: this worker's
 			// address, so that a receiver with no endpoint to it makes one (a receive
@@ -86,7 +289,11 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 			ep.pullHello = true
 			ep.sendHelloLocked(op, ep.helloMessage(d.self), 0)
 		}
-		return w.raw.TagSend(ep.raw, bufPtr(d.sealed), len(d.sealed), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
+		sent := w.raw.TagSend(ep.raw, bufPtr(d.sealed), len(d.sealed), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
+		if _, st := ucx.PtrStatus(sent); st != ucx.OK && st != ucx.InProgress {
+			s.n-- // not sent (the send fails): the receiver never counts it
+		}
+		return sent
 	})
 }
 
@@ -124,22 +331,30 @@ func (w *Worker) pullAddress() ([]byte, error) {
 	return w.pullAddr, nil
 }
 
-// onPullTruncLocked completes sender's oldest pulled send of tag: its receiver was
-// too short for the descriptor. Caller holds w.mu.
-func (w *Worker) onPullTruncLocked(sender [idLen]byte, tag uint64) {
-	var oldest uint64
-	found := false
-	for id, r := range w.pullsOut {
-		x := r.ipc
-		if x.tagged && x.sentTag == tag && x.ep != nil && x.ep.peer.id == sender && (!found || id < oldest) {
-			oldest, found = id, true
+// onPullTruncLocked takes a truncation answer m from a worker of context sender: it
+// completes the pulled send it names (tag m.value, number m.seq, to the worker whose
+// source id m.count carries, from this one) only if that is the oldest send of the tag
+// to that worker still waiting; anything else (an answer again, one meant for another
+// worker, one numbered ahead) is refused and counted. Caller holds w.mu.
+func (w *Worker) onPullTruncLocked(sender [idLen]byte, m control) {
+	from, to := m.count>>16, m.count&0xffff
+	var oldest *Request
+	var oldestID uint64
+	if to == w.source && m.seq != 0 {
+		for id, r := range w.pullsOut {
+			x := r.ipc
+			if x.tagged && x.sentTag == m.value && x.ep != nil && x.ep.peer.id == sender && x.ep.source == from &&
+				(oldest == nil || x.pullSeq < oldest.ipc.pullSeq) {
+				oldest, oldestID = r, id
+			}
 		}
 	}
-	if found {
-		r := w.pullsOut[oldest]
-		delete(w.pullsOut, oldest)
-		r.ipc.held = false
+	if oldest == nil || oldest.ipc.pullSeq != m.seq {
+		staleControls.Add(1)
+		return
 	}
+	delete(w.pullsOut, oldestID)
+	oldest.ipc.held = false
 }
 
 // recvDest is where a tag receive lands: a pulled message's descriptor, then its data;
@@ -193,11 +408,12 @@ func (w *Worker) pullArrivedLocked(r *Request, st ucx.Status, length int, tag ui
 		r.completeLocked(opErr(r.op, err, "a message marked pulled"), 0, utag)
 		return
 	}
-	_, flags, ref, packed, addr, _, ok := decodePull(plain)
-	if !ok {
+	_, flags, ref, packed, addr, header, ok := decodePull(plain)
+	if !ok || len(header) != 8 || binary.LittleEndian.Uint64(header) == 0 {
 		r.completeLocked(opErr(r.op, ErrInvalidParam, "a pulled message's descriptor is malformed"), 0, utag)
 		return
 	}
+	w.pullsSeen.get(pullSeqKey{src: src, tag: utag}, w.owedPullKeys).saw(binary.LittleEndian.Uint64(header))
 	ref.ep = w.pullSenderLocked(sender, src) // nil: made from addr, outside the lock
 	// The pull is tracked as an IPC request of its own (polled by every progress
 	// call); r, whose waiters know nothing of it, completes when it does.
@@ -422,8 +638,8 @@ func (w *Worker) pullDoneLocked(r *Request, ref *pullRef, direct bool, err error
 }
 
 // owePullTruncLocked queues a truncation answer; it goes once the round's other
-// completions were seen (a pull of the same tag they start comes first). Caller holds
-// w.mu.
+// completions were seen (a pull of the same tag they start comes first), and takes its
+// number then. Caller holds w.mu.
 func (w *Worker) owePullTruncLocked(src, tag uint64) {
 	w.truncOwed = append(w.truncOwed, truncAnswer{src: src, tag: tag})
 	w.deferred = append(w.deferred, func() {
@@ -452,14 +668,20 @@ func (w *Worker) answerTruncLocked() {
 			kept = append(kept, t)
 			continue
 		}
-		sent := false
+		to := func(ep *Endpoint) bool { return ep.peerKnown && ep.source == t.src && ep.usableLocked("") == nil }
+		var seq uint64 // taken once there is an endpoint to answer on
 		for _, ep := range w.eps {
-			if ep.peerKnown && ep.source == t.src && ep.usableLocked("") == nil {
-				ep.sendControlLocked(ctlPullTrunc, t.tag)
-				sent = true
+			if !to(ep) {
+				continue
 			}
+			if seq == 0 {
+				// Every message of the tag from that sender that matched before this
+				// one was seen by now: the first number not accounted for is this one's.
+				seq = w.pullsSeen.get(pullSeqKey{src: t.src, tag: t.tag}, w.owedPullKeys).unseen()
+			}
+			ep.sendControlMsgLocked(control{typ: ctlPullTrunc, value: t.tag, count: truncSources(t.src, w.source), seq: seq})
 		}
-		if !sent {
+		if seq == 0 {
 			// No endpoint to the sender yet: its hello (tagPull) makes one, and the
 			// answer goes then.
 			kept = append(kept, t)

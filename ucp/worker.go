@@ -84,6 +84,10 @@ type Worker struct {
 	pullsIn   []pullIn
 	truncOwed []truncAnswer
 	pullAddr  []byte // this worker's sealed address, for pull descriptors
+	// pullsSent numbers this worker's pulled tag sends per receiving worker and tag;
+	// pullsSeen counts the pulled tag messages received here per sender and tag, so
+	// that a truncation answer names its send (tagpull.go; under mu).
+	pullsSent, pullsSeen pullSeqs
 	// gonePeers: identities whose internal endpoint failed and was closed, for
 	// revocation (tagpull.go; under mu).
 	gonePeers [][idLen]byte
