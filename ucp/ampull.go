@@ -1,6 +1,7 @@
 package ucp
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"unsafe"
 
@@ -229,6 +230,16 @@ func encodePull(id uint, flags AmSendFlags, op, off, length uint64, packed, addr
 	binary.LittleEndian.PutUint32(b[30:], uint32(len(packed)))
 	binary.LittleEndian.PutUint32(b[34:], uint32(len(addr)))
 	return append(append(append(b, packed...), addr...), header...)
+}
+
+// randomPullBase is where a worker's pulled-send numbers start: random, below 2^62 so
+// that they never wrap to 0.
+func randomPullBase() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return binary.LittleEndian.Uint64(b[:]) >> 2
 }
 
 // onPulled completes the send opID of sender's once the receiver pulled its data.

@@ -175,3 +175,20 @@ func TestPullSeqAccounting(t *testing.T) {
 	require.Equal(t, uint64(8), f.unseen())
 	require.Equal(t, uint64(9), f.n)
 }
+
+// The workers of one context number their pulled sends apart: a receiver's "pulled"
+// answer names the number, and one carried to another worker of the context (replayed,
+// or sent on a second endpoint) must not complete that worker's send of the same
+// number. Before, every worker counted from 1.
+func TestPulledSendNumbersDifferAcrossWorkers(t *testing.T) {
+	p := newShmPair(t)
+	defer p.close(t)
+	w2, err := p.ctxA.NewWorker(WorkerParams{})
+	require.NoError(t, err)
+	defer w2.Close()
+	a, b := p.a.pullSeq.Load(), w2.pullSeq.Load()
+	require.NotZero(t, a)
+	require.NotZero(t, b)
+	require.NotEqual(t, a, b, "two workers of one context start their pulled-send numbers at the same base")
+	require.Less(t, a, uint64(1)<<62)
+}

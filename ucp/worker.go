@@ -154,6 +154,10 @@ func (c *Context) NewWorker(p WorkerParams) (*Worker, error) {
 	if w.spinTime == 0 {
 		w.spinTime = DefaultSpinTime
 	}
+	// Pulled sends are numbered from a random base per worker: a receiver's "pulled"
+	// answer names the number, and one carried to another worker of the context
+	// (replayed, or sent on a second endpoint) must not name a send of that worker.
+	w.pullSeq.Store(randomPullBase())
 	wakeup := !p.NoWakeup && c.features&FeatureWakeup != 0
 	err := c.register(func() error {
 		raw, st := c.raw.NewWorker(wakeup)
