@@ -427,6 +427,9 @@ func (s *cudaStream) wrap(op string, err error) error {
 
 // device returns the GPU address of w, refusing words the GPU cannot reach.
 func (s *cudaStream) device(op string, w *Word) (uintptr, error) {
+	if err := s.stuck(); err != nil {
+		return 0, err
+	}
 	if w == nil || w.HostPtr() == 0 || w.Block() == nil {
 		return 0, fmt.Errorf("stream: cuda %s: nil word: %w", op, ErrInvalidArgument)
 	}
@@ -556,12 +559,35 @@ func (s *cudaStream) CopyWord(dst, src *Word) error {
 }
 
 // LaunchHostFunc runs fn on a CUDA driver thread (cuLaunchHostFunc). fn must not
-// call CUDA, a driver rule on top of the Stream contract.
+// call CUDA, a driver rule on top of the Stream contract. A panic in fn is
+// recovered on the driver's thread (a panic escaping there would kill the process)
+// and becomes the stream's sticky error, a *PanicError, as on host streams: Failed,
+// Synchronize, Query and every later enqueue return it. The GPU cannot drop work
+// already queued behind fn, so that work still runs.
 func (s *cudaStream) LaunchHostFunc(fn func()) error {
 	if fn == nil {
 		return fmt.Errorf("stream: cuda LaunchHostFunc: nil func: %w", ErrInvalidArgument)
 	}
-	return s.wrap("LaunchHostFunc", s.s.LaunchHostFunc(fn))
+	if err := s.stuck(); err != nil {
+		return err
+	}
+	return s.wrap("LaunchHostFunc", s.s.LaunchHostFunc(func() {
+		if err := runHostFunc(fn); err != nil {
+			s.failed.CompareAndSwap(nil, &err)
+		}
+	}))
+}
+
+// stuck returns the sticky error a host func's panic (or a dead context found by
+// Failed) left on the stream, or nil; ErrClosed wins once the stream is closed.
+func (s *cudaStream) stuck() error {
+	if s.closed.Load() {
+		return nil // the call reports ErrClosed itself
+	}
+	if e := s.failed.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // Copy uses cuMemcpyAsync, which finds each side's memory by unified addressing.
@@ -575,6 +601,9 @@ func (s *cudaStream) Copy(dst, src uintptr, n int) error {
 		return fmt.Errorf("stream: cuda Copy: range wraps the address space: %w", ErrInvalidArgument)
 	case dst < src+uintptr(n) && src < dst+uintptr(n):
 		return fmt.Errorf("stream: cuda Copy: ranges [%#x,+%d) and [%#x,+%d) overlap: %w", dst, n, src, n, ErrInvalidArgument)
+	}
+	if err := s.stuck(); err != nil {
+		return err
 	}
 	return s.wrap("Copy", s.s.Memcpy(dst, src, n))
 }
@@ -601,6 +630,9 @@ func (s *cudaStream) Record(e Event) error {
 	if err != nil {
 		return err
 	}
+	if err := s.stuck(); err != nil {
+		return err
+	}
 	err = ce.e.Record(s.s)
 	if err != nil && ce.closed.Load() {
 		return ce.wrap("Record", err)
@@ -613,6 +645,9 @@ func (s *cudaStream) WaitEvent(e Event) error {
 	if err != nil {
 		return err
 	}
+	if err := s.stuck(); err != nil {
+		return err
+	}
 	err = s.s.WaitEvent(ce.e)
 	if err != nil && ce.closed.Load() {
 		return ce.wrap("WaitEvent", err)
@@ -620,11 +655,22 @@ func (s *cudaStream) WaitEvent(e Event) error {
 	return s.wrap("WaitEvent", err)
 }
 
-func (s *cudaStream) Synchronize() error { return s.wrap("Synchronize", s.s.Synchronize()) }
+func (s *cudaStream) Synchronize() error {
+	if err := s.wrap("Synchronize", s.s.Synchronize()); err != nil {
+		return err
+	}
+	return s.stuck()
+}
 
 func (s *cudaStream) Query() (bool, error) {
 	done, err := s.s.Query()
-	return done, s.wrap("Query", err)
+	if err = s.wrap("Query", err); err != nil {
+		return done, err
+	}
+	if err := s.stuck(); err != nil {
+		return false, err
+	}
+	return done, nil
 }
 
 func (s *cudaStream) Handle() uintptr { return s.s.Handle() }

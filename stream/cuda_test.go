@@ -511,7 +511,8 @@ func TestCUDACloseBlockedWait(t *testing.T) {
 func TestCUDAFakeDriver(t *testing.T) {
 	testenv.RunUnderFakeDriver(t, []string{"TestCUDABackendBasics", "TestCUDAWaitValueCompare", "TestCUDAWordArguments",
 		"TestCUDAHostFuncOrder", "TestCUDAChannelRoundTrip", "TestCUDACopy", "TestCUDAEvents", "TestCUDACloseSemantics",
-		"TestCUDACloseBlockedWait", "TestWrapCUDAStream", "TestCUDACopyDevice", "TestCUDAHandlesTakeBadArguments"})
+		"TestCUDACloseBlockedWait", "TestWrapCUDAStream", "TestCUDACopyDevice", "TestCUDAHandlesTakeBadArguments",
+		"TestCUDAHostFuncPanic"})
 }
 
 // The CUDA backend's handles answer zero arguments and extreme integers (lengths,
@@ -647,4 +648,21 @@ func TestCUDACopyDevice(t *testing.T) {
 	require.NoError(t, cs.MemcpyDtoH(host.Addr(), dst.Ptr(), 8192))
 	syncSoon(t, s)
 	require.Equal(t, want[:4096], host.Bytes()[16:16+4096], "the graph's copy")
+}
+
+// TestCUDAHostFuncPanic: a panic in a CUDA host func is recovered on the driver's
+// thread (it used to kill the process) and becomes the stream's sticky error, a
+// *PanicError, as on host streams.
+func TestCUDAHostFuncPanic(t *testing.T) {
+	b := newCUDABackend(t)
+	s := newCUDAStream(t, b)
+	require.NoError(t, s.LaunchHostFunc(func() { panic("cuda host func boom") }))
+	err := s.Synchronize()
+	var pe *PanicError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "cuda host func boom", pe.Value)
+	_, qerr := s.Query()
+	require.ErrorAs(t, qerr, &pe)
+	require.ErrorAs(t, s.LaunchHostFunc(func() {}), &pe)
+	require.ErrorAs(t, s.(Failer).Failed(), &pe)
 }

@@ -92,7 +92,10 @@
 //
 // A host func runs on the executor goroutine; it must return, and must not
 // Synchronize or Close its own stream. A panic in it (or runtime.Goexit) becomes the
-// stream's sticky error (*PanicError for a panic).
+// stream's sticky error (*PanicError for a panic). On a CUDA stream too a panic in a
+// host func is recovered on the driver's thread and becomes the stream's sticky
+// *PanicError (Synchronize, Query, Failed and later enqueues return it), though the
+// GPU still runs the work already queued behind it.
 //
 // Close refuses new work, runs what is queued and stops the goroutine. A wait that
 // does not hold when reached gets a grace period (DefaultCloseGrace, WithCloseGrace)

@@ -6,7 +6,10 @@ package cuda
 import "C"
 
 import (
+	"fmt"
+	"os"
 	"runtime/cgo"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -44,6 +47,15 @@ func runHostCall(h uintptr) {
 	if c.once.Load() {
 		cgo.Handle(h).Delete()
 	}
+	// A panic escaping on a driver thread would kill the process: stop it here.
+	// Callers that need the panic (package stream makes it the stream's sticky
+	// error) recover inside fn; this is the last resort, which reports it on
+	// stderr so that it is not lost silently.
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "cuda: host func panicked (recovered on the driver thread): %v\n%s", r, debug.Stack())
+		}
+	}()
 	c.fn()
 }
 

@@ -55,3 +55,15 @@ func TestHostFnSetRefcount(t *testing.T) {
 	_, ok = lookupHostCall(ch)
 	require.False(t, ok, "child callback not released with the last owner")
 }
+
+// TestHostCallPanicRecovered: a panicking callback does not escape runHostCall
+// (on a driver thread that would kill the process).
+func TestHostCallPanicRecovered(t *testing.T) {
+	c := &hostCall{fn: func() { panic("boom") }}
+	c.once.Store(true)
+	h := cgo.NewHandle(c)
+	runHostCall(uintptr(h)) // must not panic
+	if _, ok := lookupHostCall(h); ok {
+		t.Fatal("handle not deleted")
+	}
+}
