@@ -89,7 +89,9 @@ type (
 )
 
 // NewWordBlock wraps n words at hostBase (and devBase, 0 if none), with no doorbell
-// (streamcore.NewWordBlock sets one). Backends call it; free releases the memory once.
+// (streamcore.NewWordBlock sets one). Backends call it; free releases the memory once
+// (nil: nothing to free). n < 0 or a nil hostBase with n > 0 gives a closed block
+// with no words whose Close returns an error wrapping ErrInvalidArgument.
 func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, free func() error) *WordBlock {
 	return streamcore.NewWordBlock(kind, hostBase, devBase, n, free, nil)
 }

@@ -119,3 +119,34 @@ func TestWordBlockRing(t *testing.T) {
 	require.NoError(t, wb.Ring())
 	require.Equal(t, 1, rings, "a freed block rang its doorbell")
 }
+
+// TestWordBlockBadConstruction: a zero WordBlock, a nil free and a negative count
+// give errors, never a panic (they used to nil-deref and makeslice-panic).
+func TestWordBlockBadConstruction(t *testing.T) {
+	var zero WordBlock
+	require.ErrorIs(t, zero.Close(), ErrInvalidArgument)
+
+	var x [4]uint64
+	wb := NewWordBlock(KindHost, unsafe.Pointer(&x[0]), 0, 2, nil)
+	require.Equal(t, 2, wb.Len())
+	require.NoError(t, wb.Close(), "nil free: nothing to free")
+	require.ErrorIs(t, wb.Close(), ErrClosed)
+
+	freed := false
+	neg := NewWordBlock(KindHost, unsafe.Pointer(&x[0]), 0, -1, func() error { freed = true; return nil })
+	require.Equal(t, 0, neg.Len())
+	require.True(t, neg.Closed())
+	require.Nil(t, neg.Word(0))
+	require.ErrorIs(t, neg.Close(), ErrInvalidArgument)
+	require.False(t, freed)
+
+	nilBase := NewWordBlock(KindHost, nil, 0, 1, nil)
+	require.Equal(t, 0, nilBase.Len())
+	require.ErrorIs(t, nilBase.Close(), ErrInvalidArgument)
+
+	b := NewHostBackend()
+	defer b.Close()
+	s, err := b.NewStream()
+	require.NoError(t, err)
+	require.Error(t, s.WriteValue(neg.Word(0), 1))
+}

@@ -139,6 +139,12 @@ type WordBlock struct {
 	changed  chan struct{} // closed by Notify; nil until a waiter asks for it
 
 	doorbell func() error // CUDA: see Ring; nil on host blocks. Set by NewWordBlock only.
+
+	// invalid: the block was not made by NewWordBlock with valid arguments (a zero
+	// WordBlock has made false; NewWordBlock with n < 0 or a nil hostBase sets
+	// invalid): it has no words, and Close reports ErrInvalidArgument.
+	made    bool
+	invalid string
 }
 
 // closedChan is what Changed gives for a nil block.
@@ -284,11 +290,22 @@ func (b *WordBlock) Release() {
 }
 
 // NewWordBlock wraps n words at hostBase (and devBase, 0 if none). Backends call it;
-// free releases the memory once (Close). doorbell is what Ring calls while the block
-// is open (the CUDA backend's doorbell write; nil: Ring does nothing). Both are fixed
-// here: nothing exported can change what a block frees or rings later.
+// free releases the memory once (Close; nil: nothing to free). doorbell is what Ring
+// calls while the block is open (the CUDA backend's doorbell write; nil: Ring does
+// nothing). Both are fixed here: nothing exported can change what a block frees or
+// rings later.
+//
+// Bad arguments (n < 0, or a nil hostBase with n > 0) do not panic: the block
+// returned is already closed and has no words (streams refuse them), and its Close
+// returns an error wrapping ErrInvalidArgument; free is not called.
 func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, free, doorbell func() error) *WordBlock {
-	b := &WordBlock{kind: kind, words: make([]Word, n), free: free, doorbell: doorbell}
+	switch {
+	case n < 0:
+		return newInvalidWordBlock(kind, fmt.Sprintf("%d words", n))
+	case hostBase == nil && n > 0:
+		return newInvalidWordBlock(kind, "nil host address")
+	}
+	b := &WordBlock{kind: kind, words: make([]Word, n), free: free, doorbell: doorbell, made: true}
 	for i := range b.words {
 		b.words[i].host = (*uint64)(unsafe.Add(hostBase, 8*i))
 		if devBase != 0 {
@@ -296,6 +313,12 @@ func NewWordBlock(kind Kind, hostBase unsafe.Pointer, devBase uintptr, n int, fr
 		}
 		b.words[i].block = b
 	}
+	return b
+}
+
+func newInvalidWordBlock(kind Kind, why string) *WordBlock {
+	b := &WordBlock{kind: kind, made: true, invalid: why}
+	b.freed.Store(true)
 	return b
 }
 
@@ -347,13 +370,23 @@ func (b *WordBlock) Has(w *Word, n int) bool {
 // Closed reports whether the block was freed (streams refuse words of a freed block).
 func (b *WordBlock) Closed() bool { return b == nil || b.freed.Load() }
 
-// Close frees the words. Work still enqueued on them must be finished first.
+// Close frees the words. Work still enqueued on them must be finished first. A
+// second Close returns ErrClosed; Close of a nil or zero WordBlock, or of one
+// NewWordBlock refused, returns an error wrapping ErrInvalidArgument.
 func (b *WordBlock) Close() error {
-	if b == nil {
+	switch {
+	case b == nil:
 		return fmt.Errorf("word block: nil block: %w", ErrInvalidArgument)
+	case !b.made:
+		return fmt.Errorf("word block: zero WordBlock (not made by a backend or NewWordBlock): %w", ErrInvalidArgument)
+	case b.invalid != "":
+		return fmt.Errorf("word block: made with %s: %w", b.invalid, ErrInvalidArgument)
 	}
 	if !b.freed.CompareAndSwap(false, true) {
 		return fmt.Errorf("word block: %w", ErrClosed)
+	}
+	if b.free == nil {
+		return nil // nothing to free
 	}
 	return b.free()
 }
