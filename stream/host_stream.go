@@ -495,13 +495,29 @@ func (s *hostStream) execBatch(batch []hostOp) {
 	}
 }
 
-// dropAll runs the dropped funcs of ops the stream will not run.
+// dropAll runs the dropped funcs of ops the stream will not run, each exactly once,
+// in order. A panic or a runtime.Goexit in one must not stop the executor (a Goexit
+// unwinding it in the middle of fail would lose the failure and the drops after it,
+// and rerun the ones before): each runs on a goroutine of its own, which a Goexit
+// ends instead. Drops happen only after a failure, so the goroutine costs nothing on
+// the hot path.
 func dropAll(ops []hostOp) {
 	for i := range ops {
 		if d := ops[i].dropped; d != nil {
-			runHostFunc(d) // a panic in it must not stop the executor
+			ops[i].dropped = nil
+			runDropped(d)
 		}
 	}
+}
+
+// runDropped runs d on a fresh goroutine and waits for it to return, panic or Goexit.
+func runDropped(d func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = runHostFunc(d) // a panic in it is dropped with the op
+	}()
+	<-done
 }
 
 // releaseHeld hands the held block's driver back to its own goroutine.

@@ -568,6 +568,51 @@ func TestHostDroppedBeforeFailureShows(t *testing.T) {
 	}
 }
 
+// TestHostDroppedGoexit: a dropped func that calls runtime.Goexit (or panics) runs
+// exactly once, as does every other dropped func, and the stream still fails,
+// synchronizes and closes. (A Goexit used to unwind the executor in the middle of
+// fail, rerunning the batch's dropped funcs and losing the failure.)
+func TestHostDroppedGoexit(t *testing.T) {
+	for _, bad := range []func(){runtime.Goexit, func() { panic("dropped boom") }} {
+		b := newTestBackend(t)
+		s := newTestStream(t, b)
+		d := s.(HostFuncDropper)
+		gate := make(chan struct{})
+		require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+		require.NoError(t, s.LaunchHostFunc(func() { panic("p") }))
+		var n [4]atomic.Int32
+		for i := range n {
+			if i == 1 {
+				require.NoError(t, d.LaunchHostFuncOrDrop(func() {}, func() { n[i].Add(1); bad() }))
+				continue
+			}
+			require.NoError(t, d.LaunchHostFuncOrDrop(func() {}, func() { n[i].Add(1) }))
+		}
+		close(gate)
+		done := make(chan error, 1)
+		go func() { done <- s.Synchronize() }()
+		select {
+		case err := <-done:
+			var pe *PanicError
+			require.ErrorAs(t, err, &pe)
+			require.Equal(t, "p", pe.Value)
+		case <-time.After(5 * time.Second):
+			require.FailNow(t, "Synchronize hangs after a dropped func's Goexit")
+		}
+		for i := range n {
+			require.Equal(t, int32(1), n[i].Load(), "dropped func %d", i)
+		}
+		cdone := make(chan error, 1)
+		go func() { cdone <- s.Close() }()
+		select {
+		case err := <-cdone:
+			require.Error(t, err)
+		case <-time.After(5 * time.Second):
+			require.FailNow(t, "Close hangs after a dropped func's Goexit")
+		}
+	}
+}
+
 func TestHostCopy(t *testing.T) {
 	const words = 1 << 15 // 256 KiB of C memory: first half source, second destination
 	b := newTestBackend(t)
