@@ -91,7 +91,11 @@
 // until that stream makes progress.
 //
 // A host func runs on the executor goroutine; it must return, and must not
-// Synchronize or Close its own stream. A panic in it (or runtime.Goexit) becomes the
+// Synchronize or Close its own stream, Close its backend or wait on an event recorded
+// on its stream after it (Event.Synchronize): those would wait for the func itself,
+// so host streams refuse them with an error wrapping ErrInvalidArgument. It may
+// enqueue on any host stream, its own included (the work runs after it returns); a
+// CUDA host func must not call CUDA at all, enqueueing included. A panic in it (or runtime.Goexit) becomes the
 // stream's sticky error (*PanicError for a panic). On a CUDA stream too a panic in a
 // host func is recovered on the driver's thread and becomes the stream's sticky
 // *PanicError (Synchronize, Query, Failed and later enqueues return it), though the

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/ucpx/ucpx/internal/goid"
 )
 
 // DefaultCloseGrace is how long a closing host stream lets a blocked wait (WaitValue,
@@ -129,12 +131,25 @@ const maxHostWords = 1 << 30
 
 // Close closes every stream of the backend (each with its close grace, all at once) and
 // refuses new objects. Events and word blocks stay usable. It returns the streams'
-// sticky errors, joined; a second Close returns ErrClosed.
+// sticky errors, joined; a second Close returns ErrClosed. Called from a host func of
+// one of its streams (Close would wait for that func) it refuses with an error
+// wrapping ErrInvalidArgument and closes nothing.
 func (b *hostBackend) Close() error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return fmt.Errorf("stream: host backend: %w", ErrClosed)
+	}
+	if len(b.streams) > 0 {
+		// Close waits for every stream's executor: from a host func of one of them
+		// it would wait for itself forever. Refuse before closing anything.
+		id := goid.Current()
+		for s := range b.streams {
+			if id != 0 && s.executor.Load() == id {
+				b.mu.Unlock()
+				return errOwnExecutor("Backend.Close")
+			}
+		}
 	}
 	b.closed = true
 	streams := make([]*hostStream, 0, len(b.streams))

@@ -50,10 +50,15 @@ func (e *hostEvent) Query() (bool, error) {
 	return ok, nil
 }
 
-// Synchronize waits for the recorded work; see Query for the errors.
+// Synchronize waits for the recorded work; see Query for the errors. Called from a
+// host func of the recording stream, on a record after that func (which it would wait
+// for forever), it returns an error wrapping ErrInvalidArgument.
 func (e *hostEvent) Synchronize() error {
 	s, seq, err := e.snapshot()
 	if err != nil || s == nil {
+		return err
+	}
+	if err := s.selfWait("Event.Synchronize", seq); err != nil {
 		return err
 	}
 	if err := s.awaitSeq(seq, nil, nil); err != nil {

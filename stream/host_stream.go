@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ucpx/ucpx/internal/goid"
 )
 
 // opKind says what a queued host operation does.
@@ -102,6 +104,11 @@ type hostStream struct {
 	_    [40]byte
 
 	wordAccess atomic.Uint64 // odd while the executor is inside a word access bracket
+
+	// executor: the goroutine id of the running executor (run stores it; a Goexit
+	// restarts run on a new goroutine), so that a host func calling Close,
+	// Synchronize or a wait on its own stream is refused instead of deadlocking.
+	executor atomic.Uint64
 
 	// Progress notification for Synchronize, events and other streams' WaitEvent:
 	// a waiter stores the lowest sequence it needs in want and sleeps on progress;
@@ -324,15 +331,41 @@ func (s *hostStream) WaitEvent(e Event) error {
 }
 
 // Synchronize waits for everything enqueued before the call, then returns the sticky
-// error, if any.
+// error, if any. Called from a host func of this stream it returns an error wrapping
+// ErrInvalidArgument instead of deadlocking.
 func (s *hostStream) Synchronize() error {
 	if s.closingFlag.Load() {
 		return errClosedStream()
 	}
-	if err := s.awaitSeq(s.tail.Load(), nil, nil); err != nil {
+	target := s.tail.Load()
+	if err := s.selfWait("Synchronize", target); err != nil {
+		return err
+	}
+	if err := s.awaitSeq(target, nil, nil); err != nil {
 		return err
 	}
 	return s.err()
+}
+
+// onExecutor reports whether the caller is the stream's executor goroutine (a host
+// func of this stream). It costs about a microsecond: call it on blocking paths only.
+func (s *hostStream) onExecutor() bool { return goid.Is(s.executor.Load()) }
+
+// errOwnExecutor is what a call that would wait for the calling host func's own
+// stream returns: the wait could never end.
+func errOwnExecutor(what string) error {
+	return fmt.Errorf("stream: host %s called from a host func of the stream it waits for (it would deadlock): %w",
+		what, ErrInvalidArgument)
+}
+
+// selfWait refuses a wait for position target of s from s's own executor, which
+// would never end; nil if the wait may proceed (target already done, or another
+// goroutine waits).
+func (s *hostStream) selfWait(what string, target uint64) error {
+	if s.completed.Load() >= target || !s.onExecutor() {
+		return nil
+	}
+	return errOwnExecutor(what)
 }
 
 // Failed implements Failer: the sticky error, once the executor stopped on it.
@@ -353,8 +386,13 @@ func (s *hostStream) Query() (bool, error) {
 // work behind it are dropped and Close returns an error wrapping ErrAbandoned. So Close
 // never hangs on a word nobody writes — but a host func that never returns does block
 // it. Close returns the stream's sticky error if it had one; a second Close returns
-// ErrClosed. Synchronize before Close when the queued work must run.
+// ErrClosed. Synchronize before Close when the queued work must run. Called from a
+// host func of this stream (which Close would wait for), Close refuses with an error
+// wrapping ErrInvalidArgument and closes nothing.
 func (s *hostStream) Close() error {
+	if s.onExecutor() {
+		return errOwnExecutor("Close")
+	}
 	if !s.beginClose() {
 		return errClosedStream()
 	}
@@ -391,6 +429,7 @@ func (s *hostStream) beginClose() bool {
 
 // run is the executor goroutine.
 func (s *hostStream) run() {
+	s.executor.Store(goid.Current())
 	returned := false
 	var batch []hostOp
 	defer func() {

@@ -613,6 +613,46 @@ func TestHostDroppedGoexit(t *testing.T) {
 	}
 }
 
+// TestHostSelfWaitRefused: Close, Synchronize, Backend.Close and Event.Synchronize
+// (on a record after the func) called from a host func of the stream they would wait
+// for return an error wrapping ErrInvalidArgument instead of deadlocking; a wait on a
+// record before the func is done and succeeds.
+func TestHostSelfWaitRefused(t *testing.T) {
+	b := newTestBackend(t)
+	s := newTestStream(t, b)
+	before, err := b.NewEvent()
+	require.NoError(t, err)
+	after, err := b.NewEvent()
+	require.NoError(t, err)
+	require.NoError(t, s.Record(before))
+	errs := make(map[string]error)
+	require.NoError(t, s.LaunchHostFunc(func() {
+		errs["Synchronize"] = s.Synchronize()
+		errs["Close"] = s.Close()
+		errs["Backend.Close"] = b.Close()
+		errs["after.Synchronize"] = after.Synchronize()
+		errs["before.Synchronize"] = before.Synchronize()
+	}))
+	require.NoError(t, s.Record(after))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		require.FailNow(t, "a host func waiting on its own stream deadlocked")
+	}
+	for _, what := range []string{"Synchronize", "Close", "Backend.Close", "after.Synchronize"} {
+		require.ErrorIs(t, errs[what], ErrInvalidArgument, what)
+	}
+	require.NoError(t, errs["before.Synchronize"])
+	// Nothing was closed by the refused calls.
+	require.NoError(t, s.LaunchHostFunc(func() {}))
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, s.Close())
+	require.NoError(t, b.Close())
+}
+
 func TestHostCopy(t *testing.T) {
 	const words = 1 << 15 // 256 KiB of C memory: first half source, second destination
 	b := newTestBackend(t)

@@ -140,8 +140,14 @@ type Stream interface {
 	// block the caller until the stream reached it). Both words are of the stream's
 	// backend.
 	CopyWord(dst, src *Word) error
-	// LaunchHostFunc runs fn on a CPU thread in stream order. fn must not enqueue on or
-	// synchronize the stream it was launched on.
+	// LaunchHostFunc runs fn on a CPU thread in stream order. On every backend fn must
+	// return, and must not Synchronize or Close the stream it was launched on, Close
+	// its backend, or wait on an event recorded on that stream after it: those waits
+	// could never end (host streams refuse them with an error wrapping
+	// ErrInvalidArgument). Whether fn may enqueue depends on the backend: a host
+	// stream's fn may enqueue on any stream, its own included (the work runs after fn
+	// returns); a CUDA stream's fn must not call CUDA at all (a driver rule), so it
+	// must not enqueue on any CUDA stream. Portable code does neither.
 	LaunchHostFunc(fn func()) error
 	// Copy copies n bytes from src to dst in stream order. Addresses are raw: C memory,
 	// pinned host memory or device memory, never unpinned Go memory.
