@@ -22,6 +22,7 @@ const (
 	opHostFunc
 	opCopy
 	opWaitEvent
+	opCopyWord
 )
 
 // hostOp is one queued operation, stored by value in the queue so that enqueueing
@@ -29,7 +30,8 @@ const (
 type hostOp struct {
 	kind  opKind
 	cmp   Compare // opWaitValue
-	word  *Word   // opWriteValue, opWaitValue
+	word  *Word   // opWriteValue, opWaitValue; opCopyWord: the destination
+	from  *Word   // opCopyWord: the source
 	value uint64  // opWriteValue, opWaitValue; opWaitEvent: the peer sequence to reach
 	fn    func()  // opHostFunc
 	// dropped runs instead of fn when the stream drops the op (LaunchHostFuncOrDrop).
@@ -219,14 +221,32 @@ func (s *hostStream) WaitValue(w *Word, value uint64, cmp Compare) error {
 // PollValue is WaitValue(w, value, GEQ): the executor polls every wait.
 func (s *hostStream) PollValue(w *Word, value uint64) error { return s.WaitValue(w, value, GEQ) }
 
+// CopyWord checks both words as WriteValue and WaitValue do (a nil or zero word is
+// ErrInvalidArgument, a word of a closed block ErrClosed); if either block is closed
+// by the time the stream gets here, the stream fails with ErrClosed and dst is not
+// touched.
 func (s *hostStream) CopyWord(dst, src *Word) error {
-	if dst == nil || src == nil {
-		return fmt.Errorf("stream: host CopyWord: nil word: %w", ErrInvalidArgument)
+	if err := checkWord("CopyWord", dst); err != nil {
+		return err
 	}
-	return s.LaunchHostFunc(func() {
-		dst.Store(src.Load())
-		dst.Block().Notify()
-	})
+	if err := checkWord("CopyWord", src); err != nil {
+		return err
+	}
+	return s.enqueue(hostOp{kind: opCopyWord, word: dst, from: src})
+}
+
+// execCopyWord copies from into word inside the executor's word access brackets, so a
+// block freed meanwhile fails the stream instead of being read or written.
+func (s *hostStream) execCopyWord(op *hostOp) error {
+	v, ok := s.loadWord(op.from)
+	if !ok {
+		return fmt.Errorf("stream: host CopyWord(%v, %v): source word block: %w", op.word, op.from, ErrClosed)
+	}
+	if !s.storeWord(op.word, v) {
+		return fmt.Errorf("stream: host CopyWord(%v, %v): destination word block: %w", op.word, op.from, ErrClosed)
+	}
+	op.word.Block().Notify()
+	return nil
 }
 
 func (s *hostStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValue uint64, cmp Compare) error {
@@ -585,6 +605,8 @@ func (s *hostStream) exec(op *hostOp) error {
 		cCopy(op.dst, op.src, op.n)
 	case opWaitEvent:
 		return s.execWaitEvent(op)
+	case opCopyWord:
+		return s.execCopyWord(op)
 	}
 	return nil
 }

@@ -653,6 +653,49 @@ func TestHostSelfWaitRefused(t *testing.T) {
 	require.NoError(t, b.Close())
 }
 
+// TestHostCopyWordClosedBlocks: CopyWord refuses a zero word and a word of a closed
+// block at the call, as WriteValue does; a source or destination block closed after
+// the enqueue fails the stream with ErrClosed and leaves dst alone (it used to write
+// 0 into dst).
+func TestHostCopyWordClosedBlocks(t *testing.T) {
+	b := newTestBackend(t)
+	s := newTestStream(t, b)
+	wb := newTestWords(t, b, 2)
+	closed, err := b.AllocWords(1)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	require.ErrorIs(t, s.CopyWord(closed.Word(0), wb.Word(0)), ErrClosed)
+	require.ErrorIs(t, s.CopyWord(wb.Word(0), closed.Word(0)), ErrClosed)
+	require.ErrorIs(t, s.CopyWord(&Word{}, wb.Word(0)), ErrInvalidArgument)
+	require.ErrorIs(t, s.CopyWord(wb.Word(0), &Word{}), ErrInvalidArgument)
+	require.ErrorIs(t, s.CopyWord(nil, wb.Word(0)), ErrInvalidArgument)
+	wb.Word(0).Store(42)
+	require.NoError(t, s.CopyWord(wb.Word(1), wb.Word(0)))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, uint64(42), wb.Word(1).Load())
+
+	for _, closeSrc := range []bool{true, false} {
+		s := newTestStream(t, b)
+		other, err := b.AllocWords(1)
+		require.NoError(t, err)
+		dst, src := wb.Word(0), other.Word(0)
+		if !closeSrc {
+			dst, src = other.Word(0), wb.Word(0)
+		}
+		dst.Store(7)
+		src.Store(42)
+		gate := make(chan struct{})
+		require.NoError(t, s.LaunchHostFunc(func() { <-gate }))
+		require.NoError(t, s.CopyWord(dst, src))
+		require.NoError(t, other.Close())
+		close(gate)
+		require.ErrorIs(t, s.Synchronize(), ErrClosed, "closeSrc=%v", closeSrc)
+		if closeSrc {
+			require.Equal(t, uint64(7), dst.Load(), "dst overwritten from a closed source")
+		}
+	}
+}
+
 func TestHostCopy(t *testing.T) {
 	const words = 1 << 15 // 256 KiB of C memory: first half source, second destination
 	b := newTestBackend(t)
