@@ -96,7 +96,8 @@
 // so host streams refuse them with an error wrapping ErrInvalidArgument. It may
 // enqueue on any host stream, its own included (the work runs after it returns); a
 // CUDA host func must not call CUDA at all, enqueueing included. A panic in it (or runtime.Goexit) becomes the
-// stream's sticky error (*PanicError for a panic). On a CUDA stream too a panic in a
+// stream's sticky error, a *PanicError (its Value is ErrGoexit for a Goexit, so
+// errors.Is(err, ErrGoexit) tells the two apart). On a CUDA stream too a panic in a
 // host func is recovered on the driver's thread and becomes the stream's sticky
 // *PanicError (Synchronize, Query, Failed and later enqueues return it), though the
 // GPU still runs the work already queued behind it.

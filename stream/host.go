@@ -21,8 +21,13 @@ const DefaultCloseGrace = 100 * time.Millisecond
 // Waiting on an event whose stream abandoned work before reaching it reports it as well.
 var ErrAbandoned = fmt.Errorf("%w: pending work abandoned", ErrClosed)
 
+// ErrGoexit is the Value of the *PanicError a host stream fails with when a host func
+// calls runtime.Goexit (t.FailNow in a test callback, for one): errors.Is(err,
+// ErrGoexit) and errors.As(err, **PanicError) both hold for it.
+var ErrGoexit = errors.New("stream: host func called runtime.Goexit")
+
 // PanicError is the sticky error of a host stream whose LaunchHostFunc callback
-// panicked. The stream fails like a CUDA stream after a sticky error: the queued work
+// panicked (or called runtime.Goexit: Value is then ErrGoexit). The stream fails like a CUDA stream after a sticky error: the queued work
 // behind the callback is dropped and every later call returns this error. Error()
 // is one line; the stack is in Stack for whoever wants to log it.
 type PanicError struct {

@@ -263,8 +263,8 @@ func (s *hostStream) WriteThenWait(w *Word, value uint64, waitOn *Word, waitValu
 }
 
 // LaunchHostFunc runs fn on the stream's executor goroutine in stream order. If fn
-// panics (or calls runtime.Goexit) the stream fails with a *PanicError (or a Goexit
-// error) as its sticky error; see hostStream.
+// panics (or calls runtime.Goexit) the stream fails with a *PanicError (whose Value is
+// ErrGoexit for a Goexit) as its sticky error; see hostStream.
 func (s *hostStream) LaunchHostFunc(fn func()) error {
 	if fn == nil {
 		return fmt.Errorf("stream: host LaunchHostFunc: nil func: %w", ErrInvalidArgument)
@@ -461,7 +461,7 @@ func (s *hostStream) run() {
 		// one), which unwinds this goroutine past recover. Fail the stream (the rest
 		// of its batch dropped) and carry on in a fresh goroutine, so Close and
 		// waiters still see a live executor.
-		s.fail(fmt.Errorf("stream: host func called runtime.Goexit"), batch[s.at+1:])
+		s.fail(&PanicError{Value: ErrGoexit, Stack: debug.Stack()}, batch[s.at+1:])
 		go s.run()
 	}()
 	for {

@@ -538,6 +538,9 @@ func TestHostGoexitInCallback(t *testing.T) {
 	err = s.Synchronize()
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "Goexit")
+	require.ErrorIs(t, err, ErrGoexit)
+	var pe *PanicError
+	require.ErrorAs(t, err, &pe)
 	require.Error(t, s.Close())
 	require.NoError(t, b.Close())
 	waitGoroutines(t, base)
