@@ -278,6 +278,9 @@ func (b *cudaBackend) AllocWords(n int) (*WordBlock, error) {
 		return nil, cudaErr("AllocWords", err)
 	}
 	free := func() error {
+		// Host executors accept CUDA words too: as for host blocks, none may sit
+		// between its "block still open?" check and its access when the memory goes.
+		quiesceWordAccess()
 		err := m.Close()
 		return errors.Join(cudaErr("WordBlock.Close", err), b.release())
 	}

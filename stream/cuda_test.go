@@ -512,7 +512,7 @@ func TestCUDAFakeDriver(t *testing.T) {
 	testenv.RunUnderFakeDriver(t, []string{"TestCUDABackendBasics", "TestCUDAWaitValueCompare", "TestCUDAWordArguments",
 		"TestCUDAHostFuncOrder", "TestCUDAChannelRoundTrip", "TestCUDACopy", "TestCUDAEvents", "TestCUDACloseSemantics",
 		"TestCUDACloseBlockedWait", "TestWrapCUDAStream", "TestCUDACopyDevice", "TestCUDAHandlesTakeBadArguments",
-		"TestCUDAHostFuncPanic"})
+		"TestCUDAHostFuncPanic", "TestCUDAWordBlockCloseQuiescesHostExecutors"})
 }
 
 // The CUDA backend's handles answer zero arguments and extreme integers (lengths,
@@ -665,4 +665,36 @@ func TestCUDAHostFuncPanic(t *testing.T) {
 	require.ErrorAs(t, qerr, &pe)
 	require.ErrorAs(t, s.LaunchHostFunc(func() {}), &pe)
 	require.ErrorAs(t, s.(Failer).Failed(), &pe)
+}
+
+// Closing a CUDA word block waits for a host executor inside its access bracket (a
+// host stream may wait on CUDA words), as closing a host block does: the pinned memory
+// is not freed under a load or store it has begun. Before, it was freed at once.
+func TestCUDAWordBlockCloseQuiescesHostExecutors(t *testing.T) {
+	b := newCUDABackend(t)
+	words, err := b.AllocWords(1)
+	require.NoError(t, err)
+	hb := NewHostBackend()
+	t.Cleanup(func() { _ = hb.Close() })
+	hs, err := hb.NewStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hs.Close() })
+	require.NoError(t, hs.Synchronize()) // its executor runs, registered as an accessor
+	s := hs.(*hostStream)
+	s.wordAccess.Add(1) // as if the executor had checked the block open and not yet loaded
+	closed := make(chan error, 1)
+	go func() { closed <- words.Close() }()
+	select {
+	case err := <-closed:
+		s.wordAccess.Add(1)
+		require.FailNow(t, "the block was freed inside an executor's access bracket", "Close: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	s.wordAccess.Add(1) // the access ends
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		require.FailNow(t, "Close still waits after the access ended")
+	}
 }
