@@ -1,10 +1,8 @@
 package condition
 
 import (
-	"errors"
 	"fmt"
 
-	"github.com/ucpx/ucpx/protocol"
 	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
@@ -89,12 +87,7 @@ func (c *Condition) armChunks(streamOrdered bool, work []streamWork, record func
 			return armed, fmt.Errorf("arm part %d: enqueue completion wait: %w", i, err)
 		}
 		if w.after != nil {
-			if err := w.after(c.stream); err != nil {
-				var refused *protocol.GiveBackRefused
-				if errors.As(err, &refused) {
-					// Its copy in is enqueued: given back once the stream passed it.
-					c.held = append(c.held, refused.Give)
-				}
+			if err := c.afterLocked(w.part, w.after); err != nil {
 				return armed, fmt.Errorf("arm part %d: enqueue work after completion: %w", i, err)
 			}
 		}
