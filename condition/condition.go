@@ -361,24 +361,15 @@ type streamWork struct {
 // once the stream has passed the work enqueued on it so far: from a host function, or,
 // where the stream refuses one, later (held). Caller holds mu.
 func (c *Condition) giveBackLocked(give func()) {
-	if give != nil && !launchGiveBack(c.stream, give) {
+	if give != nil && streamcore.LaunchOrDrop(c.stream, give) != nil {
 		c.held = append(c.held, give)
 	}
-}
-
-// launchGiveBack enqueues give on s; a host stream that drops it runs it then (the
-// work before it is dropped too).
-func launchGiveBack(s streamcore.Stream, give func()) bool {
-	if d, ok := s.(streamcore.HostFuncDropper); ok {
-		return d.LaunchHostFuncOrDrop(give, give) == nil
-	}
-	return s.LaunchHostFunc(give) == nil
 }
 
 // retryHeldLocked enqueues the held give-backs again, behind the work enqueued since
 // (a refusal may pass). Caller holds mu.
 func (c *Condition) retryHeldLocked() {
-	for len(c.held) > 0 && launchGiveBack(c.stream, c.held[0]) {
+	for len(c.held) > 0 && streamcore.LaunchOrDrop(c.stream, c.held[0]) == nil {
 		c.held[0] = nil
 		c.held = c.held[1:]
 	}

@@ -72,13 +72,7 @@ func AfterPassed(streams []Stream, fn func(onStream bool)) {
 		}
 	}
 	for _, s := range streams {
-		var err error
-		if d, ok := s.(HostFuncDropper); ok {
-			err = d.LaunchHostFuncOrDrop(passed, passed)
-		} else {
-			err = s.LaunchHostFunc(passed)
-		}
-		if err != nil {
+		if err := LaunchOrDrop(s, passed); err != nil {
 			passed()
 		}
 	}

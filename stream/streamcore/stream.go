@@ -105,6 +105,15 @@ type HostFuncDropper interface {
 	LaunchHostFuncOrDrop(fn, dropped func()) error
 }
 
+// LaunchOrDrop enqueues fn on s, to run in stream order or, where s drops it
+// (HostFuncDropper), when dropped: fn runs once either way unless s refuses it.
+func LaunchOrDrop(s Stream, fn func()) error {
+	if d, ok := s.(HostFuncDropper); ok {
+		return d.LaunchHostFuncOrDrop(fn, fn)
+	}
+	return s.LaunchHostFunc(fn)
+}
+
 // Closing is implemented by streams whose Close abandons a blocked wait after a grace
 // period (host streams): a host func that waits itself (a host graph's launch) gives up
 // when the stream's own waits would, so Close never hangs on it.
