@@ -729,10 +729,10 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 				waitOn = front.inner
 			}
 			for _, p := range ch.ops {
-				if !p.issued {
+				if unawaited || !p.issued {
 					break
 				}
-				unawaited = unawaited || !p.awaited
+				unawaited = !p.awaited
 			}
 		}
 		if len(ch.ops) == 0 {
