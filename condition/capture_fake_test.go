@@ -80,21 +80,7 @@ func TestFakeDriverCaptureRefusedRecordsNothing(t *testing.T) {
 	g2, err := cs.EndCapture()
 	require.NoError(t, err)
 	defer g2.Close()
-	nodes, err = g2.Nodes()
-	require.NoError(t, err)
-	require.Len(t, nodes, 3, "trigger store, completion wait, completion reset")
-	x, err := g2.Instantiate(0)
-	require.NoError(t, err)
-	defer x.Close()
-	require.NoError(t, x.Launch(cs))
-	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		require.FailNow(t, "the captured graph's launch hung")
-	}
+	launchCaptured(t, g2, 3, cs, s, "trigger store, completion wait, completion reset")
 	require.NoError(t, c.Destroy())
 	require.NoError(t, accepted.Wait(t.Context()), "a captured operation completes with its condition")
 	// Read once the Op completed: the race detector does not see the driver's ordering.
@@ -284,21 +270,7 @@ func TestFakeDriverCapturePartlyRefusedLeavesNothingToRun(t *testing.T) {
 			} else {
 				require.NoError(t, err)
 				defer g.Close()
-				nodes, err := g.Nodes()
-				require.NoError(t, err)
-				require.Len(t, nodes, tc.nodes, "the nodes the capture took")
-				x, err := g.Instantiate(0)
-				require.NoError(t, err)
-				defer x.Close()
-				require.NoError(t, x.Launch(cs))
-				done := make(chan error, 1)
-				go func() { done <- raw.Synchronize() }()
-				select {
-				case err := <-done:
-					require.NoError(t, err)
-				case <-time.After(30 * time.Second):
-					require.FailNow(t, "the launch of the partly captured graph hung")
-				}
+				launchCaptured(t, g, tc.nodes, cs, raw, "the nodes the capture took")
 			}
 			require.False(t, words.Block().Closed())
 
@@ -314,5 +286,26 @@ func TestFakeDriverCapturePartlyRefusedLeavesNothingToRun(t *testing.T) {
 			require.NoError(t, c.Destroy())
 			require.True(t, words.Block().Closed(), "Destroy did not free the words of the partly captured operation")
 		})
+	}
+}
+
+// launchCaptured checks that the captured graph g holds n nodes (what they are), then
+// launches it on cs and waits, bounded, for s (cs's stream) to pass the launch.
+func launchCaptured(t *testing.T, g *cuda.Graph, n int, cs *cuda.Stream, s streamcore.Stream, what string) {
+	t.Helper()
+	nodes, err := g.Nodes()
+	require.NoError(t, err)
+	require.Len(t, nodes, n, what)
+	x, err := g.Instantiate(0)
+	require.NoError(t, err)
+	defer x.Close()
+	require.NoError(t, x.Launch(cs))
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		require.FailNow(t, "the launch of the captured graph hung")
 	}
 }
