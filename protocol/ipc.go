@@ -293,7 +293,7 @@ func (e *IPCExporter) Forget(a IPCAllocation) ([]IPCPeer, IPCMessage) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	x := e.byBase[a.Base]
-	if x == nil || keyOf(0, x.alloc) != keyOf(0, a) {
+	if x == nil || !x.alloc.Same(a) {
 		return nil, IPCMessage{}
 	}
 	if x.holds > 0 {

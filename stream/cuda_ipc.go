@@ -80,7 +80,7 @@ func (b *cudaBackend) IPCAllocation(ptr uintptr) (IPCAllocation, error) {
 // already in the address space (two workers of one process), so openOwn returns it.
 //
 // An entry is kept while its allocation may still be opened. It goes when its
-// allocation is seen freed or replaced (another buffer id at its base, as
+// allocation is seen freed or replaced (not IPCAllocation.Same, as
 // protocol.IPCExporter tells them apart): by an export at its base or of its handle,
 // by an open of its handle, or by a sweep of every entry each time their number has
 // doubled since the last (CUDA has no callback for cuMemFree, so nothing else tells);
@@ -108,11 +108,6 @@ type ownExport struct {
 	owners []*cudaBackend
 }
 
-// sameAllocation: b is the allocation a named (CUDA never reuses a buffer id).
-func sameAllocation(a, b IPCAllocation) bool {
-	return a.Base == b.Base && a.Size == b.Size && a.BufferID == b.BufferID
-}
-
 func (b *cudaBackend) IPCGetMemHandle(base uintptr) (IPCHandle, error) {
 	raw, err := b.ctx.IPCMemHandle(base)
 	if err != nil {
@@ -138,7 +133,7 @@ func (b *cudaBackend) rememberExport(h IPCHandle, a IPCAllocation) bool {
 		dropOwnExportLocked(base) // a handle CUDA made again: the old allocation is gone
 	}
 	x := ownExports.byBase[a.Base]
-	if x != nil && !sameAllocation(x.alloc, a) {
+	if x != nil && !x.alloc.Same(a) {
 		dropOwnExportLocked(a.Base) // an allocation freed at this address
 		x = nil
 	}
@@ -172,7 +167,7 @@ func dropOwnExportLocked(base uint64) {
 
 // dropOwnExportIfLocked drops the entry at a's base if it still names a.
 func dropOwnExportIfLocked(a IPCAllocation) {
-	if x := ownExports.byBase[a.Base]; x != nil && sameAllocation(x.alloc, a) {
+	if x := ownExports.byBase[a.Base]; x != nil && x.alloc.Same(a) {
 		dropOwnExportLocked(a.Base)
 	}
 }
@@ -194,7 +189,7 @@ func (b *cudaBackend) sweepOwnExports() {
 	ownExports.Unlock()
 	var gone []IPCAllocation
 	for _, a := range known {
-		if now, err := b.IPCAllocation(uintptr(a.Base)); err != nil || !sameAllocation(now, a) {
+		if now, err := b.IPCAllocation(uintptr(a.Base)); err != nil || !a.Same(now) {
 			gone = append(gone, a)
 		}
 	}
@@ -237,7 +232,7 @@ func (b *cudaBackend) openOwn(h IPCHandle) (uintptr, bool, error) {
 		return 0, false, nil
 	}
 	now, err := b.IPCAllocation(uintptr(a.Base))
-	if err != nil || !sameAllocation(now, a) {
+	if err != nil || !a.Same(now) {
 		ownExports.Lock()
 		dropOwnExportIfLocked(a)
 		ownExports.Unlock()

@@ -78,3 +78,9 @@ type IPCAllocation struct {
 	// LegacyIPC: CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (false for VMM memory).
 	LegacyIPC bool
 }
+
+// Same reports whether b is the allocation a names: same base, size and buffer id
+// (CUDA never reuses a buffer id). LegacyIPC, not on the wire, is not compared.
+func (a IPCAllocation) Same(b IPCAllocation) bool {
+	return a.Base == b.Base && a.Size == b.Size && a.BufferID == b.BufferID
+}
