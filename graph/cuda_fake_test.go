@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv"
@@ -24,6 +25,23 @@ func TestCUDAFakeDriver(t *testing.T) {
 		"TestCUDAFailedConditionDestroyedAfterLaunch"})
 }
 
+// newCUDAGraph opens a CUDA backend and makes a graph on its context, both closed
+// once the test and its defers are done (the graph first). It skips or fails as
+// testenv.RequireGPU does.
+func newCUDAGraph(t *testing.T) (stream.Backend, *cuda.Context, *cuda.Graph) {
+	t.Helper()
+	testenv.RequireGPU(t)
+	b, err := stream.Open(stream.CUDA)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	ctx, _, ok := stream.CUDAContext(b)
+	require.True(t, ok)
+	cg, err := ctx.NewGraph()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cg.Close() })
+	return b, ctx, cg
+}
+
 // The completion nodes of one CUgraph form one chain whichever wrapper adds them: two
 // AdoptCUDA of a graph used in turn, a wrapper closed meanwhile, the graph adopted
 // again once every wrapper closed. Before, the chain was kept per wrapper, so each
@@ -32,15 +50,7 @@ func TestCUDAFakeDriver(t *testing.T) {
 // wrapper answers ErrClosed (its second Close too); a graph of its own has its own
 // chain.
 func TestCUDAAdoptedTwiceSharesTheChain(t *testing.T) {
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	defer b.Close()
-	ctx, _, ok := stream.CUDAContext(b)
-	require.True(t, ok)
-	owner, err := ctx.NewGraph()
-	require.NoError(t, err)
-	defer owner.Close()
+	b, ctx, owner := newCUDAGraph(t)
 	a1, err := graph.AdoptCUDA(owner.Handle(), b)
 	require.NoError(t, err)
 	a2, err := graph.AdoptCUDA(owner.Handle(), b)
@@ -99,27 +109,15 @@ func TestCUDAAdoptedTwiceSharesTheChain(t *testing.T) {
 // host words (ErrInvalidParam), words of a freed block (ErrClosed; before, they were
 // accepted and the graph's memops would write freed memory).
 func TestCUDASignalNodesRefuseBadWords(t *testing.T) {
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	defer b.Close()
-	ctx, _, ok := stream.CUDAContext(b)
-	require.True(t, ok)
-	cg, err := ctx.NewGraph()
-	require.NoError(t, err)
-	defer cg.Close()
+	b, _, cg := newCUDAGraph(t)
 	g := graph.CUDA{Graph: cg}
 	hb := stream.NewHostBackend()
 	defer hb.Close()
 	host, err := hb.AllocWords(2)
 	require.NoError(t, err)
 	defer host.Close()
-	live, err := b.AllocWords(2)
-	require.NoError(t, err)
+	live, freed := liveAndFreedWords(t, b)
 	defer live.Close()
-	freed, err := b.AllocWords(2)
-	require.NoError(t, err)
-	require.NoError(t, freed.Close())
 	for _, tc := range []struct {
 		name          string
 		trigger, done *stream.Word
@@ -146,15 +144,7 @@ func TestCUDASignalNodesRefuseBadWords(t *testing.T) {
 // the condition then succeeds, as it does for a condition failed for good. Before, it
 // read the words, found the trigger the launch stored, and refused (ErrBusy) for good.
 func TestCUDAFailedConditionDestroyedAfterLaunch(t *testing.T) {
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	defer b.Close()
-	ctx, _, ok := stream.CUDAContext(b)
-	require.True(t, ok)
-	cg, err := ctx.NewGraph()
-	require.NoError(t, err)
-	defer cg.Close()
+	b, _, cg := newCUDAGraph(t)
 	c, err := condition.Create(condition.Param{Category: condition.Graph, Backend: b, Graph: graph.CUDA{Graph: cg}})
 	require.NoError(t, err)
 	uctx, err := ucp.NewContext(ucp.ContextParams{})

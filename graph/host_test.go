@@ -271,18 +271,26 @@ func TestZeroHostExec(t *testing.T) {
 	require.ErrorIs(t, err, graph.ErrInvalidParam)
 }
 
+// liveAndFreedWords allocates two word blocks of two words on b: live, for the
+// caller to close, and freed, already closed.
+func liveAndFreedWords(t *testing.T, b stream.Backend) (live, freed *stream.WordBlock) {
+	t.Helper()
+	live, err := b.AllocWords(2)
+	require.NoError(t, err)
+	freed, err = b.AllocWords(2)
+	require.NoError(t, err)
+	require.NoError(t, freed.Close())
+	return live, freed
+}
+
 // AddSignalNodes (condition.GraphBuilder, exported) refuses words no launch could use
 // at the call: nil words and one word as both (ErrInvalidParam), words of a freed
 // block (ErrClosed). They were accepted, and every launch then failed at the node.
 func TestHostAddSignalNodesRefusesBadWords(t *testing.T) {
 	b := stream.NewHostBackend()
 	defer b.Close()
-	live, err := b.AllocWords(2)
-	require.NoError(t, err)
+	live, freed := liveAndFreedWords(t, b)
 	defer live.Close()
-	freed, err := b.AllocWords(2)
-	require.NoError(t, err)
-	require.NoError(t, freed.Close())
 	g := graph.NewHost()
 	for _, split := range []bool{false, true} {
 		for _, tc := range []struct {
