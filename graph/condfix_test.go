@@ -50,6 +50,30 @@ func awaitMarker(t *testing.T, ctx context.Context, l *link, tag uint64) {
 	require.Equal(t, "marker..", string(m))
 }
 
+// sendTag sends msg from a to b on tag and waits for the send to complete.
+func sendTag(t *testing.T, ctx context.Context, l *link, tag uint64, msg string) {
+	t.Helper()
+	sr, err := l.ab.TagSendNbx([]byte(msg), tag, nil)
+	require.NoError(t, err)
+	require.NoError(t, sr.Wait(ctx))
+}
+
+// destroyOnceDone retries c.Destroy while it refuses with ErrBusy (an operation still
+// in flight), and fails the test if it still refuses 20 s later.
+func destroyOnceDone(t *testing.T, c *condition.Condition) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := c.Destroy()
+		if err == nil {
+			return
+		}
+		require.ErrorIs(t, err, condition.ErrBusy)
+		require.True(t, time.Now().Before(deadline), "Destroy still refused 20 s after the message was sent: %v", err)
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // Destroy of a graph condition while a launch node by node waits for its receive in
 // flight refuses (ErrBusy) and changes nothing: the message that comes later completes
 // that launch, and Destroy succeeds once the launch took the completion. Before,
@@ -73,9 +97,7 @@ func TestCondfixDestroyRefusedWhileLaunchWaits(t *testing.T) {
 	require.False(t, recv.Destroyed())
 	require.Nil(t, saw.Load(), "the dependent task ran before the receive completed")
 
-	sr, err := l.ab.TagSendNbx([]byte("goodgood"), tag, nil)
-	require.NoError(t, err)
-	require.NoError(t, sr.Wait(ctx))
+	sendTag(t, ctx, l, tag, "goodgood")
 	require.NoError(t, syncErr(t, ctx, s), "the launch completes with the message")
 	require.Equal(t, "goodgood", saw.Load())
 	require.Equal(t, "goodgood", string(in))
@@ -85,9 +107,7 @@ func TestCondfixDestroyRefusedWhileLaunchWaits(t *testing.T) {
 	require.NoError(t, x.Launch(s))
 	awaitMarker(t, ctx, l, tag)
 	require.ErrorIs(t, recv.Destroy(), condition.ErrBusy)
-	sr, err = l.ab.TagSendNbx([]byte("again..."), tag, nil)
-	require.NoError(t, err)
-	require.NoError(t, sr.Wait(ctx))
+	sendTag(t, ctx, l, tag, "again...")
 	require.NoError(t, syncErr(t, ctx, s))
 	require.Equal(t, "again...", saw.Load())
 	endGraph(t, x, recv)
@@ -230,19 +250,8 @@ func TestCondfixDestroyAfterFailedLaunchCompleted(t *testing.T) {
 			require.Zero(t, x.InFlight())
 			require.ErrorIs(t, recv.Destroy(), condition.ErrBusy, "Destroy with the failed launch's receive in flight")
 
-			sr, err := l.ab.TagSendNbx([]byte("late...."), tag, nil)
-			require.NoError(t, err)
-			require.NoError(t, sr.Wait(ctx))
-			deadline := time.Now().Add(20 * time.Second)
-			for {
-				err := recv.Destroy()
-				if err == nil {
-					break
-				}
-				require.ErrorIs(t, err, condition.ErrBusy)
-				require.True(t, time.Now().Before(deadline), "Destroy still refused 20 s after the message was sent: %v", err)
-				time.Sleep(time.Millisecond)
-			}
+			sendTag(t, ctx, l, tag, "late....")
+			destroyOnceDone(t, recv)
 			require.True(t, recv.Destroyed())
 			require.Equal(t, "late....", string(in), "the receive's message")
 			require.Nil(t, saw.Load(), "the dependent task of the failed launch ran")
@@ -296,11 +305,7 @@ func TestCondfixSplitLaunchFailedBeforeItsWaitOwesTheCompletion(t *testing.T) {
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			send := func(msg string) {
-				sr, err := l.ab.TagSendNbx([]byte(msg), tag, nil)
-				require.NoError(t, err)
-				require.NoError(t, sr.Wait(ctx))
-			}
+			send := func(msg string) { sendTag(t, ctx, l, tag, msg) }
 
 			fail.Store(true)
 			s, err := l.backend.NewStream()
@@ -318,16 +323,7 @@ func TestCondfixSplitLaunchFailedBeforeItsWaitOwesTheCompletion(t *testing.T) {
 
 			send("first...")
 			if then == "destroy" {
-				deadline := time.Now().Add(20 * time.Second)
-				for {
-					err := c.Destroy()
-					if err == nil {
-						break
-					}
-					require.ErrorIs(t, err, condition.ErrBusy)
-					require.True(t, time.Now().Before(deadline), "Destroy still refused 20 s after the message was sent: %v", err)
-					time.Sleep(time.Millisecond)
-				}
+				destroyOnceDone(t, c)
 				require.Equal(t, "first...", string(in))
 				require.Nil(t, saw.Load())
 				require.NoError(t, x.Close())
