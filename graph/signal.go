@@ -26,7 +26,7 @@ func checkSignalWords(op string, trigger, done *stream.Word) error {
 		w    *stream.Word
 	}{{"trigger", trigger}, {"completion", done}} {
 		switch {
-		case w.w == nil || w.w.HostPtr() == 0 || w.w.Block() == nil:
+		case !w.w.Valid():
 			return fmt.Errorf("%s: nil %s word: %w", op, w.name, ErrInvalidParam)
 		case w.w.Block().Closed():
 			return fmt.Errorf("%s: %s word of a freed block: %w", op, w.name, ErrClosed)

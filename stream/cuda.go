@@ -433,7 +433,7 @@ func (s *cudaStream) device(op string, w *Word) (uintptr, error) {
 	if err := s.stuck(); err != nil {
 		return 0, err
 	}
-	if w == nil || w.HostPtr() == 0 || w.Block() == nil {
+	if !w.Valid() {
 		return 0, fmt.Errorf("stream: cuda %s: nil word: %w", op, ErrInvalidArgument)
 	}
 	dev := w.DevicePtr()

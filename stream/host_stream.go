@@ -189,7 +189,7 @@ func (s *hostStream) usable() error {
 }
 
 func checkWord(op string, w *Word) error {
-	if w == nil || w.HostPtr() == 0 || w.Block() == nil {
+	if !w.Valid() {
 		return fmt.Errorf("stream: host %s: nil word: %w", op, ErrInvalidArgument)
 	}
 	if w.HostPtr()%8 != 0 {

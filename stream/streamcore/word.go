@@ -88,6 +88,10 @@ func (w *Word) gone() bool {
 	return w == nil || w.host == nil || (w.block != nil && w.block.freed.Load())
 }
 
+// Valid reports whether w is a word of a block: not nil, nor a zero Word. Streams and
+// graphs refuse any other as a nil word (ErrInvalidArgument); the block may be closed.
+func (w *Word) Valid() bool { return w != nil && w.host != nil && w.block != nil }
+
 // HostPtr is the CPU address of the word.
 func (w *Word) HostPtr() uintptr {
 	if w == nil {
