@@ -11,11 +11,9 @@ import (
 	"math/rand"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
-	"github.com/ucpx/ucpx/trace"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -157,25 +155,12 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	// The trace is written at the end: its file is checked before the demo runs.
-	var err error
-	if *tracePath != "" {
-		if err = checkWritable(expandPID(*tracePath)); err != nil {
-			err = fmt.Errorf("--trace: %w", err)
-		}
-	} else {
-		err = checkTraceEnv()
-	}
-	if err != nil {
+	if err := checkTraceOutput(*tracePath); err != nil {
 		fmt.Fprintf(stderr, "ucpx demo: %v\n", err)
 		return 1
 	}
-	var rec *trace.Recorder
-	if *tracePath != "" {
-		// The engines of the demo record into it; it is written once, at the end.
-		rec = trace.NewRecorder()
-		trace.Use(rec)
-		defer trace.Use(nil)
-	}
+	rec, stopTrace := startTrace(*tracePath)
+	defer stopTrace()
 	progress := stdout
 	if *asJSON {
 		progress = io.Discard
@@ -198,11 +183,6 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return status
-}
-
-// expandPID: "{pid}" in a --trace path stands for the process id, as in UCPX_TRACE.
-func expandPID(path string) string {
-	return strings.ReplaceAll(path, "{pid}", strconv.Itoa(os.Getpid()))
 }
 
 // newDemoContext is the UCX context of either side of the demo: UCX's default

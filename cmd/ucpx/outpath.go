@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/ucpx/ucpx/trace"
 )
@@ -47,4 +49,33 @@ func checkTraceEnv() error {
 		return fmt.Errorf("%s: %w", trace.EnvFile, err)
 	}
 	return nil
+}
+
+// checkTraceOutput checks, before a run, the trace file written at its end: --trace's
+// (flag, "{pid}" expanded) where given, else UCPX_TRACE's.
+func checkTraceOutput(flag string) error {
+	if flag == "" {
+		return checkTraceEnv()
+	}
+	if err := checkWritable(expandPID(flag)); err != nil {
+		return fmt.Errorf("--trace: %w", err)
+	}
+	return nil
+}
+
+// startTrace makes a recorder the process's for --trace (flag not empty): the engines
+// record into it, and the caller writes it once, to expandPID(flag), when it is done.
+// stop ends that; with no flag, rec is nil and stop does nothing.
+func startTrace(flag string) (rec *trace.Recorder, stop func()) {
+	if flag == "" {
+		return nil, func() {}
+	}
+	rec = trace.NewRecorder()
+	trace.Use(rec)
+	return rec, func() { trace.Use(nil) }
+}
+
+// expandPID: "{pid}" in a --trace path stands for the process id, as in UCPX_TRACE.
+func expandPID(path string) string {
+	return strings.ReplaceAll(path, "{pid}", strconv.Itoa(os.Getpid()))
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
-	"github.com/ucpx/ucpx/trace"
 )
 
 // The perf tests, named like ucx_perftest's (-t tag_lat, -t tag_bw, -t ucp_put_bw).
@@ -224,14 +223,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	}
 	// The outputs written at the end are checked before anything runs, as
 	// --cpuprofile is opened: a run must not end with its trace or figure lost.
-	switch {
-	case o.tracePath != "":
-		if err = checkWritable(expandPID(o.tracePath)); err != nil {
-			err = fmt.Errorf("--trace: %w", err)
-		}
-	default:
-		err = checkTraceEnv()
-	}
+	err = checkTraceOutput(o.tracePath)
 	if err == nil && o.plotPath != "" {
 		if err = checkWritable(o.plotPath); err != nil {
 			err = fmt.Errorf("--plot: %w", err)
@@ -249,14 +241,10 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stop()
 	}
-	var rec *trace.Recorder
-	if o.tracePath != "" {
-		// The engines this run starts record into it (as UCPX_TRACE would); it is
-		// written once, when the run is over.
-		rec = trace.NewRecorder()
-		trace.Use(rec)
-		defer trace.Use(nil)
-	}
+	// The engines this run starts record into rec (as UCPX_TRACE would); it is written
+	// once, when the run is over.
+	rec, stopTrace := startTrace(o.tracePath)
+	defer stopTrace()
 
 	// Ctrl-C and SIGTERM stop the run like --timeout: the rows completed so far are printed.
 	ctx, stop := context.WithCancelCause(context.Background())
