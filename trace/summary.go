@@ -47,7 +47,7 @@ func ReadFile(r io.Reader) (File, error) {
 		return f, fmt.Errorf("trace: %w", err)
 	}
 	for i, ev := range f.TraceEvents {
-		if ev.Ph != "X" || !slices.Contains(summaryPhases, ev.Name) {
+		if !isOpSpan(ev.Ph, ev.Name) {
 			continue
 		}
 		if ev.Dur < 0 {
@@ -78,7 +78,7 @@ func atEOF(dec *json.Decoder) error {
 func Summarize(f File) Summary {
 	var a summer
 	for _, ev := range f.TraceEvents {
-		if ev.Ph != "X" {
+		if !isOpSpan(ev.Ph, ev.Name) {
 			continue
 		}
 		seq, ok := uint64(0), false
@@ -104,7 +104,7 @@ func ReadSummary(r io.Reader) (Summary, error) {
 	var a summer
 	dec := json.NewDecoder(bufio.NewReaderSize(r, 64<<10))
 	err := eachEvent(dec, func(ev *spanEvent) error {
-		if ev.Ph != "X" || !slices.Contains(summaryPhases, ev.Name) {
+		if !isOpSpan(ev.Ph, ev.Name) {
 			return nil // metadata, marks, spans of other tools
 		}
 		if ev.Dur < 0 {
@@ -220,11 +220,9 @@ type opKey struct {
 	tid, seq uint64
 }
 
-// add counts one span; seq is its operation's sequence number where hasSeq.
+// add counts one span of an operation's phase (isOpSpan); seq is its operation's
+// sequence number where hasSeq.
 func (a *summer) add(name, cat string, dur float64, pid int64, tid, seq uint64, hasSeq bool) {
-	if !slices.Contains(summaryPhases, name) {
-		return
-	}
 	if a.durs == nil {
 		a.durs, a.ops = map[string][]float64{}, map[opKey]struct{}{}
 	}
@@ -237,6 +235,10 @@ func (a *summer) add(name, cat string, dur float64, pid int64, tid, seq uint64, 
 
 // summaryPhases are the phases a Summary reports, in its order.
 var summaryPhases = []string{PhaseWaitTrigger, PhaseIssue, PhaseInFlight, PhaseStore, PhaseDeviceWait, PhaseDeviceSees}
+
+// isOpSpan: an event is a span of an operation's phase, what a Summary counts (and
+// ReadFile and ReadSummary check), not metadata, a mark or another tool's span.
+func isOpSpan(ph, name string) bool { return ph == "X" && slices.Contains(summaryPhases, name) }
 
 func (a *summer) summary() Summary {
 	s := Summary{Ops: len(a.ops)}
