@@ -193,14 +193,11 @@ func (r *Recorder) Flush() error {
 	// interleave in it.
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
-	r.harvest()
-	r.mu.Lock()
-	gen := r.gen
-	r.mu.Unlock()
-	if r.flushed && gen == r.wrote {
+	snap := r.snapshot()
+	if r.flushed && snap.gen == r.wrote {
 		return nil
 	}
-	if err := r.WriteFile(r.path); err != nil {
+	if err := writeFile(r.path, snap); err != nil {
 		// The engines that flush have no one to tell: say it once, on stderr.
 		if !r.reported {
 			r.reported = true
@@ -208,7 +205,7 @@ func (r *Recorder) Flush() error {
 		}
 		return err
 	}
-	r.flushed, r.wrote = true, gen
+	r.flushed, r.wrote = true, snap.gen
 	return nil
 }
 
@@ -405,19 +402,23 @@ type snapshot struct {
 	names  map[uint64]string
 	marks  []mark
 	device []deviceSpan
+	gen    uint64 // the recorder's gen
 }
 
-// snapshot runs the harvesters, then takes what the recorder holds.
-func (r *Recorder) snapshot() snapshot {
+// snapshot runs the harvesters, then takes what the recorder holds; nil for a nil r.
+func (r *Recorder) snapshot() *snapshot {
+	if r == nil {
+		return nil
+	}
 	r.harvest()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := snapshot{start: r.start, chunks: slices.Clone(r.chunks), words: r.words, marks: r.marks, device: r.device,
-		names: make(map[uint64]string, len(r.names))}
+		names: make(map[uint64]string, len(r.names)), gen: r.gen}
 	for t, n := range r.names {
 		s.names[t] = n
 	}
-	return s
+	return &s
 }
 
 // rawEvent is one trace event before it is written: Events makes it an Event,
@@ -590,18 +591,22 @@ func (r *Recorder) WriteJSON(w io.Writer) error {
 	if w == nil {
 		return fmt.Errorf("trace: nil writer: %w", errs.InvalidParam)
 	}
+	return writeJSON(w, r.snapshot())
+}
+
+// writeJSON writes s (nil: an empty trace) as WriteJSON does.
+func writeJSON(w io.Writer, s *snapshot) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	bw.WriteString(`{"traceEvents":[`)
-	if r != nil {
+	if s != nil {
 		enc := eventEncoder{pid: strconv.Itoa(os.Getpid()), strs: map[string][]byte{}}
-		s := r.snapshot()
 		first := true
 		s.walk(func(ev *rawEvent) {
 			if !first {
 				bw.WriteByte(',')
 			}
 			first = false
-			enc.buf = enc.event(enc.buf[:0], &s, ev)
+			enc.buf = enc.event(enc.buf[:0], s, ev)
 			bw.Write(enc.buf)
 		})
 	}
@@ -705,11 +710,16 @@ func appendFloat(b []byte, f float64) []byte {
 
 // WriteFile writes the trace to path (replacing it).
 func (r *Recorder) WriteFile(path string) error {
+	return writeFile(path, r.snapshot())
+}
+
+// writeFile writes s (nil: an empty trace) to path as WriteFile does.
+func writeFile(path string, s *snapshot) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}
-	if err := r.WriteJSON(f); err != nil {
+	if err := writeJSON(f, s); err != nil {
 		_ = f.Close()
 		return err
 	}
