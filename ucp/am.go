@@ -382,8 +382,7 @@ func (ep *Endpoint) replyHelloMessage() []byte {
 	if err != nil {
 		return nil
 	}
-	t := w.ctx.trust
-	hello := t.seal.seal(pullMagic, t.id, encodePull(0, pullHelloFlag|ep.pullFlags(), replyToken(ep), 0, 0, nil, self, nil))
+	hello := ep.helloMessage(self, replyToken(ep))
 	if m := w.maxAmHeader; m > 0 && len(hello) > m {
 		return nil
 	}

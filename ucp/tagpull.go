@@ -287,7 +287,7 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 			// address, so that a receiver with no endpoint to it makes one (a receive
 			// too short for a descriptor can only be answered on an endpoint it has).
 			ep.pullHello = true
-			ep.sendHelloLocked(op, ep.helloMessage(d.self), 0)
+			ep.sendHelloLocked(op, ep.helloMessage(d.self, 0), 0)
 		}
 		sent := w.raw.TagSend(ep.raw, bufPtr(d.sealed), len(d.sealed), tag|ucx.PullBit, 0, int(MemoryHost), nil, 0)
 		if _, st := ucx.PtrStatus(sent); st != ucx.OK && st != ucx.InProgress {
@@ -298,10 +298,11 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 }
 
 // helloMessage is ep's hello: this worker's sealed address self, alone on PullAM
-// (ahead of a pulled tag message, or of an AmReply message: am.go).
-func (ep *Endpoint) helloMessage(self []byte) []byte {
+// (ahead of a pulled tag message, or of an AmReply message: am.go). token (0: none)
+// names ep in the op field, which a hello does not otherwise use (replyToken).
+func (ep *Endpoint) helloMessage(self []byte, token uint64) []byte {
 	t := ep.w.ctx.trust
-	return t.seal.seal(pullMagic, t.id, encodePull(0, pullHelloFlag|ep.pullFlags(), 0, 0, 0, nil, self, nil))
+	return t.seal.seal(pullMagic, t.id, encodePull(0, pullHelloFlag|ep.pullFlags(), token, 0, 0, nil, self, nil))
 }
 
 // sendHelloLocked posts hello on PullAM, with amFlags, waiting for nothing. Caller
