@@ -177,18 +177,27 @@ type pullDesc struct {
 // buf's allocation cannot be exported (VMM memory): the message is staged.
 func (ep *Endpoint) pullDescriptor(magic string, buf []byte, id uint, flags AmSendFlags, header []byte) (pullDesc, bool) {
 	w := ep.w
-	ptr := uintptr(bufPtr(buf))
-	e, err := w.ctx.pullKey(ptr)
-	if err != nil {
-		return pullDesc{}, false
-	}
-	self, err := w.pullAddress()
-	if err != nil {
+	e, self, ok := w.pullSource(buf)
+	if !ok {
 		return pullDesc{}, false
 	}
 	d := pullDesc{self: self, op: w.pullSeq.Add(1)}
-	d.sealed = w.ctx.trust.seal.seal(magic, w.ctx.trust.id, encodePull(id, flags, d.op, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, header))
+	d.sealed = w.ctx.trust.seal.seal(magic, w.ctx.trust.id, encodePull(id, flags, d.op, uint64(uintptr(bufPtr(buf)))-e.base, uint64(len(buf)), e.packed, self, header))
 	return d, true
+}
+
+// pullSource is what a pulled message's descriptor says of buf's memory: the export
+// of its allocation, and this worker's sealed address. ok is false where either
+// cannot be had (VMM memory cannot be exported): the message is staged.
+func (w *Worker) pullSource(buf []byte) (e *pullExport, self []byte, ok bool) {
+	e, err := w.ctx.pullKey(uintptr(bufPtr(buf)))
+	if err != nil {
+		return nil, nil, false
+	}
+	if self, err = w.pullAddress(); err != nil {
+		return nil, nil, false
+	}
+	return e, self, true
 }
 
 // postPull sends a pulled message's descriptor d (post posts it, under w.mu, after

@@ -258,15 +258,10 @@ func (ep *Endpoint) tagPullable(p *RequestParam, buf []byte, conditioned bool) b
 // false (nothing sent) where the message cannot go so: the caller stages it.
 func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) (*Request, bool, error) {
 	w := ep.w
-	// pullDescriptor's parts; the descriptor is sealed under the lock, with the send's
+	// As pullDescriptor, but the descriptor is sealed under the lock, with the send's
 	// number, which is given in the order UCX sends (the receiver counts them so).
-	ptr := uintptr(bufPtr(buf))
-	e, err := w.ctx.pullKey(ptr)
-	if err != nil {
-		return nil, false, nil
-	}
-	self, err := w.pullAddress()
-	if err != nil {
+	e, self, ok := w.pullSource(buf)
+	if !ok {
 		return nil, false, nil
 	}
 	flags := ep.pullFlags()
@@ -281,7 +276,7 @@ func (ep *Endpoint) tagPull(op string, buf []byte, tag uint64, p *RequestParam) 
 		s.n++
 		x.pullSeq = s.n
 		copy(d.sealed, w.ctx.trust.seal.seal(tagPullMagic, w.ctx.trust.id,
-			encodePull(0, flags, d.op, uint64(ptr)-e.base, uint64(len(buf)), e.packed, self, binary.LittleEndian.AppendUint64(nil, s.n))))
+			encodePull(0, flags, d.op, uint64(uintptr(bufPtr(buf)))-e.base, uint64(len(buf)), e.packed, self, binary.LittleEndian.AppendUint64(nil, s.n))))
 		if !ep.pullHello {
 			// Once per endpoint, before its first pulled tag message: this worker's
 			// address, so that a receiver with no endpoint to it makes one (a receive
