@@ -103,6 +103,16 @@ var heldKeys = struct {
 	m map[heldKey]*held
 }{m: map[heldKey]*held{}}
 
+// heldOf is k's record, made if there is none. Caller holds heldKeys' lock.
+func heldOf(k heldKey) *held {
+	h := heldKeys.m[k]
+	if h == nil {
+		h = &held{rkeys: map[*Rkey]struct{}{}}
+		heldKeys.m[k] = h
+	}
+	return h
+}
+
 // holdLocked records rk, an Rkey of an exporter in another process, and returns the
 // notice of it: the keys of its region c holds now, and the notice's number. Caller
 // holds rk's w.mu, with rk in w.rkeys already: a revocation that starts after the
@@ -111,11 +121,7 @@ func holdLocked(c *Context, rk *Rkey) control {
 	k := heldKey{c, rk.exporter, rk.keyID}
 	heldKeys.Lock()
 	defer heldKeys.Unlock()
-	h := heldKeys.m[k]
-	if h == nil {
-		h = &held{rkeys: map[*Rkey]struct{}{}}
-		heldKeys.m[k] = h
-	}
+	h := heldOf(k)
 	h.rkeys[rk] = struct{}{}
 	return control{typ: ctlImport, value: rk.keyID, count: uint64(len(h.rkeys)), seq: stateSeq.Add(1)}
 }
@@ -263,11 +269,7 @@ func (w *Worker) revokeEveryWorker(exporter [idLen]byte, keyID uint64) {
 func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func(seq uint64)) []*Worker {
 	k := heldKey{c, exporter, keyID}
 	heldKeys.Lock()
-	h := heldKeys.m[k]
-	if h == nil {
-		h = &held{rkeys: map[*Rkey]struct{}{}}
-		heldKeys.m[k] = h
-	}
+	h := heldOf(k)
 	h.revoking++
 	seq := stateSeq.Load() // keys noticed up to here are in their worker's rkeys already
 	heldKeys.Unlock()
