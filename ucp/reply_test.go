@@ -199,21 +199,28 @@ func flood(t *testing.T, b *Worker, flooder *Endpoint, fakes []byte, stop func(n
 	return n
 }
 
+// replyFloodScene makes a receiver b answering pings (had, pongs) from a, whose
+// endpoint epA to b sent a first ping (raw: its sender's entry at b), and a flooder's
+// endpoint epF to b.
+func replyFloodScene(t *testing.T) (a, b *Worker, epA, epF *Endpoint, had <-chan bool, pongs <-chan string, raw unsafe.Pointer) {
+	_, a = replyWorker(t)
+	_, b = replyWorker(t)
+	_, f := replyWorker(t)
+	had, pongs = answerPings(t, b), collectPongs(t, a)
+	epA = replySender(t, a, b)
+	before := replySenders(b)
+	require.True(t, ping(t, epA, b, had, pongs, "first"))
+	raw = senderOf(t, b, before)
+	epF = replySender(t, f, b)
+	return a, b, epA, epF, had, pongs, raw
+}
+
 // A sender the receiver forgot (past maxReplies senders, as a flood of them makes
 // it) is answered again: the receiver tells it, and it sends its address again ahead
 // of its next AmReply message. Before, its messages had no reply endpoint for good
 // (nil, silently), since the address went once per endpoint.
 func TestReplySenderForgottenIsAnsweredAgain(t *testing.T) {
-	_, a := replyWorker(t)
-	_, b := replyWorker(t)
-	_, f := replyWorker(t)
-	had, pongs := answerPings(t, b), collectPongs(t, a)
-	epA := replySender(t, a, b)
-	before := replySenders(b)
-	require.True(t, ping(t, epA, b, had, pongs, "first"))
-	raw := senderOf(t, b, before)
-
-	epF := replySender(t, f, b)
+	a, b, epA, epF, had, pongs, raw := replyFloodScene(t)
 	fakes := make([]byte, 64*maxReplies)
 	n := flood(t, b, epF, fakes, func(int) bool {
 		_, kept := b.replies[raw]
@@ -239,15 +246,7 @@ func TestReplySenderForgottenIsAnsweredAgain(t *testing.T) {
 // The receiver forgets the senders least recently answered: one that keeps sending
 // through a flood of senders is never forgotten (it needs no second hello).
 func TestReplyFloodKeepsActiveSender(t *testing.T) {
-	_, a := replyWorker(t)
-	_, b := replyWorker(t)
-	_, f := replyWorker(t)
-	had, pongs := answerPings(t, b), collectPongs(t, a)
-	epA := replySender(t, a, b)
-	before := replySenders(b)
-	require.True(t, ping(t, epA, b, had, pongs, "first"))
-	raw := senderOf(t, b, before)
-	epF := replySender(t, f, b)
+	_, b, epA, epF, had, pongs, raw := replyFloodScene(t)
 	fakes := make([]byte, 3*maxReplies)
 	used := 0
 	for round := 0; round < 6; round++ {
