@@ -103,6 +103,18 @@ func revokeByMessage(t *testing.T) {
 	t.Cleanup(func() { revokeInProcess = old })
 }
 
+// replayScene logs the control messages B receives, progresses both workers in the
+// background (stopB, stopA end it), and exports a region m of B, packed.
+func replayScene(t *testing.T, p *pair) (at *controlLog, stopB, stopA func(), m *MemH, packed []byte) {
+	at = logControl(p.b)
+	stopB, stopA = background(p.b), background(p.a)
+	m, err := p.ctxB.MemAlloc(4096)
+	require.NoError(t, err)
+	packed, err = m.PackRkey()
+	require.NoError(t, err)
+	return at, stopB, stopA, m, packed
+}
+
 // A release notice sent again (replayed, duplicated) does not count as a second
 // release: the exporter still waits for the importer's other key, which Close
 // revokes. Before, the exporter forgot the importer, MemH.Close freed the memory at
@@ -110,12 +122,7 @@ func revokeByMessage(t *testing.T) {
 func TestRevokeReplayedReleaseKeepsImporter(t *testing.T) {
 	revokeByMessage(t)
 	pairs(t, func(t *testing.T, p *pair) {
-		at := logControl(p.b)
-		stopB, stopA := background(p.b), background(p.a)
-		m, err := p.ctxB.MemAlloc(4096)
-		require.NoError(t, err)
-		packed, err := m.PackRkey()
-		require.NoError(t, err)
+		at, stopB, stopA, m, packed := replayScene(t, p)
 		rk1, err := p.epA.UnpackRkey(packed)
 		require.NoError(t, err)
 		rk2, err := p.epA.UnpackRkey(packed)
@@ -143,13 +150,8 @@ func TestRevokeReplayedReleaseKeepsImporter(t *testing.T) {
 func TestRevokeReplayedImportAfterReleaseIgnored(t *testing.T) {
 	revokeByMessage(t)
 	pairs(t, func(t *testing.T, p *pair) {
-		at := logControl(p.b)
-		stopB, stopA := background(p.b), background(p.a)
-		m, err := p.ctxB.MemAlloc(4096)
-		require.NoError(t, err)
+		at, stopB, stopA, m, packed := replayScene(t, p)
 		p.ctxB.revokeTimeout = 200 * time.Millisecond
-		packed, err := m.PackRkey()
-		require.NoError(t, err)
 		rk, err := p.epA.UnpackRkey(packed)
 		require.NoError(t, err)
 		waitImported(t, m, p.ctxA, 1)
