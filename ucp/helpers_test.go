@@ -219,3 +219,14 @@ func untilClosed(stop <-chan struct{}, f func()) {
 		}
 	}
 }
+
+// encodeControl is a control message of typ and value alone (tests).
+func encodeControl(typ byte, value uint64) []byte {
+	return encodeControlMsg(control{typ: typ, value: value})
+}
+
+// decodeControl opens a control message, its type and value (tests).
+func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, value uint64, err error) {
+	sender, msg, err := decodeControlMsg(s, header)
+	return sender, msg.typ, msg.value, err
+}

@@ -171,10 +171,6 @@ func (i *importer) settled() bool {
 
 func (i *importer) String() string { return "peer " + hex.EncodeToString(i.peer[:8]) }
 
-func encodeControl(typ byte, value uint64) []byte {
-	return encodeControlMsg(control{typ: typ, value: value})
-}
-
 func encodeControlMsg(msg control) []byte {
 	b := make([]byte, ctlLen)
 	b[0] = msg.typ
@@ -184,12 +180,7 @@ func encodeControlMsg(msg control) []byte {
 	return b
 }
 
-// decodeControl opens a control message; anything else is ErrInvalidParam/ErrAuth.
-func decodeControl(s sealer, header []byte) (sender [idLen]byte, typ byte, value uint64, err error) {
-	sender, msg, err := decodeControlMsg(s, header)
-	return sender, msg.typ, msg.value, err
-}
-
+// decodeControlMsg opens a control message; anything else is ErrInvalidParam/ErrAuth.
 func decodeControlMsg(s sealer, header []byte) (sender [idLen]byte, msg control, err error) {
 	sender, plain, err := s.open(controlMagic, header)
 	if err != nil {
