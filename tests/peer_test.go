@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -478,9 +479,38 @@ func spawnRole(t testing.TB, l *ucp.Listener, role string, p *ucp.EndpointParams
 		_ = cmd.Process.Kill()
 		<-done
 	})
+	dumpBeforeDeadline(t, role, cmd.Process, out, done)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ep, err := l.Accept(ctx, p)
 	require.NoError(t, err, "%s output:\n%s", role, out)
 	return ep, out, done
+}
+
+// dumpBeforeDeadline makes a child still running shortly before the test binary's
+// deadline dump its goroutines (SIGQUIT) and prints what it wrote: the binary's own
+// timeout panic shows only this process, and a hang often sits in the peer.
+func dumpBeforeDeadline(t testing.TB, role string, child *os.Process, out *strings.Builder, done chan struct{}) {
+	d, ok := t.(interface{ Deadline() (time.Time, bool) })
+	if !ok {
+		return
+	}
+	deadline, ok := d.Deadline()
+	if !ok {
+		return
+	}
+	wait := time.Until(deadline) - 15*time.Second
+	if wait <= 0 {
+		return
+	}
+	timer := time.AfterFunc(wait, func() {
+		_ = child.Signal(syscall.SIGQUIT)
+		select {
+		case <-done: // the output is complete and no longer written
+			fmt.Fprintf(os.Stderr, "%s child dumped 15 s before the test deadline; its output:\n%s\n", role, out)
+		case <-time.After(5 * time.Second):
+			fmt.Fprintf(os.Stderr, "%s child did not exit on SIGQUIT within 5 s\n", role)
+		}
+	})
+	t.Cleanup(func() { timer.Stop() })
 }
