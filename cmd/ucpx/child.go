@@ -11,8 +11,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/ucpx/ucpx/trace"
 )
 
 // peerProc is a peer process: this binary re-executed with a hidden subcommand.
@@ -34,7 +37,7 @@ func startPeer(args []string, logw io.Writer, prefix string) (*peerProc, error) 
 		return nil, fmt.Errorf("find own executable to start the peer: %w", err)
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), reexecEnv+"=1")
+	cmd.Env = append(peerEnviron(), reexecEnv+"=1")
 	out := &prefixWriter{w: logw, prefix: prefix}
 	cmd.Stdout = out
 	cmd.Stderr = out
@@ -54,6 +57,23 @@ func startPeer(args []string, logw io.Writer, prefix string) (*peerProc, error) 
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// peerEnviron is this process's environment for a peer, less a UCPX_TRACE that names
+// one file for every process (no "{pid}" in it): the peer would write over this
+// process's trace. With "{pid}", each process writes its own file.
+func peerEnviron() []string {
+	env := os.Environ()
+	if path, ok := os.LookupEnv(trace.EnvFile); !ok || strings.Contains(path, "{pid}") {
+		return env
+	}
+	kept := env[:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, trace.EnvFile+"=") {
+			kept = append(kept, kv)
+		}
+	}
+	return kept
 }
 
 // exited reports whether the peer has exited, and how.

@@ -12,11 +12,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/ucpx/ucpx/bootstrap"
+	"github.com/ucpx/ucpx/trace"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -47,6 +49,10 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 	if *n < 1 || *n > 4096 || len(cmdline) == 0 {
 		fmt.Fprintf(stderr, "ucpx launch: need -n between 1 and 4096 and a command after --\n")
 		fs.Usage()
+		return 2
+	}
+	if path, ok := os.LookupEnv(trace.EnvFile); ok && path != "" && *n > 1 && !strings.Contains(path, "{pid}") {
+		fmt.Fprintf(stderr, "ucpx launch: %s=%s names one file for %d ranks, which would write over each other's traces: put {pid} in it\n", trace.EnvFile, path, *n)
 		return 2
 	}
 	if *grace < 0 {

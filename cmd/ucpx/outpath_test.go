@@ -53,3 +53,28 @@ func TestUnwritableOutputsAreRefused(t *testing.T) {
 	b, _ := os.ReadFile(path)
 	assert.Equal(t, "keep", string(b))
 }
+
+// UCPX_TRACE without "{pid}" names one file for every process: a perf or demo peer
+// inherited it and wrote over the parent's trace, and launch's ranks over each other's.
+// Peers now run without it, and launch refuses it for more than one rank.
+func TestTraceEnvIsNotShared(t *testing.T) {
+	t.Setenv("UCPX_TRACE", "/tmp/t.json")
+	for _, kv := range peerEnviron() {
+		assert.False(t, strings.HasPrefix(kv, "UCPX_TRACE="), "a peer inherits %s", kv)
+	}
+	t.Setenv("UCPX_TRACE", "/tmp/t-{pid}.json")
+	assert.Contains(t, peerEnviron(), "UCPX_TRACE=/tmp/t-{pid}.json", "with {pid}, each process writes its own file")
+
+	dir := t.TempDir()
+	one := filepath.Join(dir, "t.json")
+	r := runBounded(t, 60*time.Second, []string{"UCPX_TRACE=" + one}, "launch", "-n", "2", "--", "true")
+	assert.Equal(t, 2, r.status, "stderr:\n%s", r.err)
+	assert.Contains(t, r.err, "put {pid} in it")
+	for _, tc := range []struct {
+		path string
+		n    string
+	}{{filepath.Join(dir, "t-{pid}.json"), "2"}, {one, "1"}} {
+		r := runBounded(t, 60*time.Second, []string{"UCPX_TRACE=" + tc.path}, "launch", "-n", tc.n, "--", "true")
+		assert.Equal(t, 0, r.status, "%s -n %s: stderr:\n%s", tc.path, tc.n, r.err)
+	}
+}
