@@ -291,9 +291,10 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 			o.plan.Unused(0)
 			return err
 		}
-		// The trigger is enqueued (the operation will run) but the completion wait
-		// is not: the caller reports it with the operation.
-		return fmt.Errorf("stream-ordered completion not enqueued: %w", err)
+		// The trigger is enqueued (the operation will run) but what follows it on the
+		// stream (the completion wait, or the work after completion) is not: the
+		// caller reports it with the operation.
+		return fmt.Errorf("operation armed, its stream-ordered follow-up not enqueued: %w", err)
 	}
 	return nil
 }
