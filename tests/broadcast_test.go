@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -89,7 +88,7 @@ func bcastRoot(t *testing.T, kind stream.Kind) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 
-	var outs [2]strings.Builder
+	var outs [2]childOutput
 	children := make([]*exec.Cmd, 2)
 	exits := make([]chan error, 2)
 	for i, role := range []string{"bcast-b", "bcast-c"} {

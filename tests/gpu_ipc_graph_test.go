@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -440,7 +439,7 @@ func (x *ipcSide) rawPingPong(iters int, initiator, withCopy bool) error {
 }
 
 // startIPCPeer starts the child in a scenario and exchanges keys with it.
-func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide, *strings.Builder, chan struct{}) {
+func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide, *childOutput, chan struct{}) {
 	t.Helper()
 	x := &ipcSide{b: g.backend, cctx: g.ctx, size: ipcRegion(scenario, n)}
 	var err error
@@ -457,7 +456,7 @@ func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide
 	l, err := x.w.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
 	_, onGPU := childGPU(t, 1)
-	var out *strings.Builder
+	var out *childOutput
 	var done chan struct{}
 	x.ep, out, done = spawnRole(t, l, "ipc-peer", nil, envIPCScenario+"="+scenario,
 		envIPCIters+"="+strconv.Itoa(iters), envIPCBytes+"="+strconv.Itoa(n), onGPU)
@@ -469,7 +468,7 @@ func startIPCPeer(t testing.TB, g *gpu, scenario string, iters, n int) (*ipcSide
 	return x, out, done
 }
 
-func (x *ipcSide) result(t testing.TB, out *strings.Builder) uint64 {
+func (x *ipcSide) result(t testing.TB, out *childOutput) uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -521,7 +520,7 @@ func TestGPUIPCGraphRelaunch(t *testing.T) {
 
 // runSenderGraph relaunches the sender's graph iters times against the graph
 // scenario's receiver and checks the receiver's running checksum.
-func (x *ipcSide) runSenderGraph(t *testing.T, g *gpu, gr *cuda.Graph, s *cuda.Stream, iters, n int, out *strings.Builder) {
+func (x *ipcSide) runSenderGraph(t *testing.T, g *gpu, gr *cuda.Graph, s *cuda.Stream, iters, n int, out *childOutput) {
 	t.Helper()
 	gx, err := gr.Instantiate(0)
 	require.NoError(t, err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -327,7 +326,7 @@ func TestGPUIPCRingAllgatherRealloc(t *testing.T) {
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	outs := make([]*strings.Builder, ipcRingRanks)
+	outs := make([]*childOutput, ipcRingRanks)
 	var children []*ucp.Endpoint
 	for r := 1; r < ipcRingRanks; r++ {
 		var ep *ucp.Endpoint

@@ -7,7 +7,6 @@ import (
 	"hash/crc32"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -120,7 +119,7 @@ type ipcExporter struct {
 	w     *ucp.Worker
 	ep    *ucp.Endpoint
 	rk    *ucp.Rkey
-	out   *strings.Builder
+	out   *childOutput
 	epErr chan error
 	done  chan struct{}
 	gpu   int // the child's device ordinal

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -208,13 +209,13 @@ type peer struct {
 	// waiting goroutine owns cmd.ProcessState, so nothing else reads it.
 	exited  chan struct{}
 	waitErr error
-	out     *strings.Builder
+	out     *childOutput
 	epErr   chan error
 }
 
 func spawnPeer(t testing.TB, transport string) *peer {
 	t.Helper()
-	p := &peer{t: t, exited: make(chan struct{}), out: &strings.Builder{}, epErr: make(chan error, 1)}
+	p := &peer{t: t, exited: make(chan struct{}), out: &childOutput{}, epErr: make(chan error, 1)}
 	var err error
 	p.ctx, err = ucp.NewContext(ucp.ContextParams{Config: contextConfig(transport)})
 	require.NoError(t, err)
@@ -467,9 +468,9 @@ func TestPeerExitOverSharedMemoryIsBounded(t *testing.T) {
 // connect to l, with env added; it accepts the child's endpoint with p and returns it
 // with the child's output and a channel closed when the child exited. The child is
 // killed when the test ends (cleanups registered before this call run after that).
-func spawnRole(t testing.TB, l *ucp.Listener, role string, p *ucp.EndpointParams, env ...string) (ep *ucp.Endpoint, out *strings.Builder, done chan struct{}) {
+func spawnRole(t testing.TB, l *ucp.Listener, role string, p *ucp.EndpointParams, env ...string) (ep *ucp.Endpoint, out *childOutput, done chan struct{}) {
 	t.Helper()
-	out, done = &strings.Builder{}, make(chan struct{})
+	out, done = &childOutput{}, make(chan struct{})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), envRole+"="+role, envListenAddr+"="+l.Addr()), env...)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -490,7 +491,7 @@ func spawnRole(t testing.TB, l *ucp.Listener, role string, p *ucp.EndpointParams
 // dumpBeforeDeadline makes a child still running shortly before the test binary's
 // deadline dump its goroutines (SIGQUIT) and prints what it wrote: the binary's own
 // timeout panic shows only this process, and a hang often sits in the peer.
-func dumpBeforeDeadline(t testing.TB, role string, child *os.Process, out *strings.Builder, done chan struct{}) {
+func dumpBeforeDeadline(t testing.TB, role string, child *os.Process, out *childOutput, done chan struct{}) {
 	d, ok := t.(interface{ Deadline() (time.Time, bool) })
 	if !ok {
 		return
@@ -513,4 +514,23 @@ func dumpBeforeDeadline(t testing.TB, role string, child *os.Process, out *strin
 		}
 	})
 	t.Cleanup(func() { timer.Stop() })
+}
+
+// childOutput collects a child's stdout and stderr: written by exec's copying
+// goroutine while the test reads it (a failure message, a result line).
+type childOutput struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (o *childOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *childOutput) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -95,7 +94,7 @@ func TestPreparedPeerKilledMidIteration(t *testing.T) {
 	require.NoError(t, err)
 	l, err := w.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
-	out := &strings.Builder{}
+	out := &childOutput{}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"=psend", envListenAddr+"="+l.Addr())
 	cmd.Stdout, cmd.Stderr = out, out
