@@ -116,7 +116,7 @@ func clientHandshake(c net.Conn, key []byte) error {
 	if n, err := io.ReadFull(c, in); err != nil {
 		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
 			// Closed unheard: a rendezvous with too many connections not joined yet.
-			return fmt.Errorf("%w: %v", errNoGreeting, err)
+			return fmt.Errorf("%w: %v", errDropped, err)
 		}
 		return fmt.Errorf("bootstrap: handshake: %v: %w", err, ErrProtocol)
 	}
@@ -141,11 +141,11 @@ func clientHandshake(c net.Conn, key []byte) error {
 		out = append(out, make([]byte, macLen)...)
 	}
 	if _, err := c.Write(out); err != nil {
-		return err
+		return handshakeLost(err)
 	}
 	var st [1]byte
 	if _, err := io.ReadFull(c, st[:]); err != nil {
-		return fmt.Errorf("bootstrap: handshake: %v: %w", err, ErrProtocol)
+		return handshakeLost(err)
 	}
 	if st[0] != 0 {
 		return fmt.Errorf("bootstrap: the rendezvous refused this process's key: %w", ErrAuth)
@@ -153,13 +153,23 @@ func clientHandshake(c net.Conn, key []byte) error {
 	if key != nil {
 		mac := make([]byte, macLen)
 		if _, err := io.ReadFull(c, mac); err != nil {
-			return fmt.Errorf("bootstrap: handshake: %v: %w", err, ErrProtocol)
+			return handshakeLost(err)
 		}
 		if !hmac.Equal(mac, proof(key, "server", cn[:], sn)) {
 			return fmt.Errorf("bootstrap: the rendezvous server does not hold the job's key: %w", ErrAuth)
 		}
 	}
 	return nil
+}
+
+// handshakeLost is the error of a handshake whose connection failed after the
+// greeting: closed by the rendezvous (evicted while joining: errDropped, dial tries
+// again), or anything else (a protocol error).
+func handshakeLost(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("%w: handshake: %v", errDropped, err)
+	}
+	return fmt.Errorf("bootstrap: handshake: %v: %w", err, ErrProtocol)
 }
 
 func boolByte(b bool) byte {

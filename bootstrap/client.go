@@ -40,31 +40,24 @@ func newStore(c net.Conn, size int, onFailed func(int)) *Store {
 	return s
 }
 
-// errNoGreeting marks a connection the rendezvous closed before its greeting: it had
-// too many connections that had not joined yet (maxUnjoined), so dial tries again.
-var errNoGreeting = errors.New("bootstrap: the rendezvous closed the connection before its greeting")
+// errDropped marks a connection the rendezvous closed before this rank joined: before
+// its greeting (too many connections not joined yet, maxUnjoined), during the
+// handshake or before the hello's answer (evicted after evictUnjoinedAfter), so dial
+// tries again.
+var errDropped = errors.New("bootstrap: the rendezvous closed the connection before this rank joined")
 
 // dial connects to the rendezvous, authenticates and joins as rank of size.
 func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed func(int)) (*Store, error) {
-	var d net.Dialer
-	var c net.Conn
 	// Rank 0 may not serve yet, or may be busy with many joining ranks: retry until
 	// ctx ends, as torchrun's agents do, soon at first (ranks start together) and at
 	// most every 200 ms (with jitter, so that a crowd of ranks spreads out).
 	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
-		var err error
-		c, err = d.DialContext(ctx, "tcp", addr)
+		s, retry, err := join(ctx, addr, key, rank, size, onFailed)
 		if err == nil {
-			setKeepAlive(c)
-			stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-			err = clientHandshake(c, rendezvousKey(key))
-			if stopped := stop(); stopped && err == nil {
-				break
-			}
-			_ = c.Close()
-			if ctx.Err() == nil && !errors.Is(err, errNoGreeting) {
-				return nil, err // refused: authentication, not a rendezvous
-			}
+			return s, nil
+		}
+		if ctx.Err() == nil && !retry {
+			return nil, err // refused: authentication, not a rendezvous, the rank taken
 		}
 		jitter := time.Duration(rand.Int64N(int64(wait)/2 + 1))
 		t := time.NewTimer(wait/2 + jitter)
@@ -75,16 +68,39 @@ func dial(ctx context.Context, addr string, key []byte, rank, size int, onFailed
 		case <-t.C:
 		}
 	}
-	s := newStore(c, size, onFailed)
+}
+
+// join is one attempt of dial: connect, authenticate, say hello. retry: the attempt
+// failed for a reason that may pass (no server yet, a connection the rendezvous closed
+// before the rank joined: errDropped).
+func join(ctx context.Context, addr string, key []byte, rank, size int, onFailed func(int)) (s *Store, retry bool, err error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, true, err
+	}
+	setKeepAlive(c)
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	err = clientHandshake(c, rendezvousKey(key))
+	if stopped := stop(); !stopped || err != nil {
+		_ = c.Close()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, errors.Is(err, errDropped), err
+	}
+	s = newStore(c, size, onFailed)
 	v, err := s.call(ctx, &frame{op: opHello, rank: uint32(rank), size: uint32(size)})
 	if err != nil {
 		_ = s.close()
-		return nil, err
+		// No answer (ErrRendezvousLost): the rendezvous dropped the connection before
+		// the hello; a rank it had joined would have its answer.
+		return nil, errors.Is(err, ErrRendezvousLost), err
 	}
 	s.mu.Lock()
 	s.cancels = len(v) > 0 && v[0]&featCancel != 0
 	s.mu.Unlock()
-	return s, nil
+	return s, false, nil
 }
 
 func (s *Store) read() {
@@ -147,9 +163,13 @@ func (s *Store) start(f *frame) (chan frame, error) {
 		s.mu.Unlock()
 		return nil, err
 	}
-	s.next++
-	if s.next == 0 {
-		s.next = 1
+	// Ids wrap after 2^32 requests: skip 0 (unsolicited frames) and any still
+	// awaiting its answer (a Wait pending across the wrap).
+	for {
+		s.next++
+		if _, live := s.reqs[s.next]; s.next != 0 && !live {
+			break
+		}
 	}
 	f.id = s.next
 	s.reqs[f.id] = ch

@@ -46,7 +46,9 @@
 // reading stalls nobody else, its requests are no longer read, and it is cut off (as
 // failed) when nothing could be written to it for 10 s, or its queue's own memory
 // overflows (answers share a stored value: a Set answering many of a rank's Waits
-// does not copy it for each). Past 64
-// connections that have not joined yet, a new one is closed at once; a joining rank
-// tries again until its context ends, so any number of ranks may start together.
+// does not copy it for each). Past 64 connections that have not joined yet, a new one
+// takes the slot of the oldest still silent in its handshake after 1 s, or is closed at
+// once; one past its handshake keeps its slot until its hello (20 s at most). A joining
+// rank whose connection the rendezvous closed before it joined tries again until its
+// context ends, so any number of ranks may start together, also on slow paths.
 package bootstrap

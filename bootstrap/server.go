@@ -73,9 +73,9 @@ var (
 // handshake included).
 var helloTimeout = 2 * handshakeTimeout
 
-// evictUnjoinedAfter: a connection that has not joined this long after its accept gives
-// its slot to a new one when every slot is taken. A rank's handshake and hello take
-// milliseconds.
+// evictUnjoinedAfter: a connection still in its handshake this long after its accept
+// gives its slot to a new one when every slot is taken. A rank's handshake takes a
+// round trip.
 var evictUnjoinedAfter = time.Second
 
 type waiter struct {
@@ -86,6 +86,7 @@ type waiter struct {
 type sconn struct {
 	c        net.Conn
 	accepted time.Time
+	authed   bool // past the handshake (under Server.mu): kept until its hello's deadline
 	rank     uint32
 	joined   bool
 	bye      bool
@@ -238,16 +239,23 @@ func (s *Server) accept() {
 	}
 }
 
-// evictOldestLocked closes the oldest connection that has not joined if it has waited
-// evictUnjoinedAfter, and reports whether it did. Its serve goroutine then drops it.
+// evictOldestLocked closes the oldest connection still in its handshake if it has
+// waited evictUnjoinedAfter, and reports whether it did. Its serve goroutine then drops
+// it. One past its handshake is on its way to its hello (a slow path takes a round
+// trip or two): evicting it would make a crowd of ranks on such a path evict each
+// other for good; its hello's deadline bounds it instead.
 func (s *Server) evictOldestLocked() bool {
-	if len(s.unjoined) == 0 || time.Since(s.unjoined[0].accepted) < evictUnjoinedAfter {
-		return false
+	for _, c := range s.unjoined {
+		if time.Since(c.accepted) < evictUnjoinedAfter {
+			return false // the rest are younger
+		}
+		if !c.authed {
+			s.leaveUnjoinedLocked(c)
+			_ = c.c.Close()
+			return true
+		}
 	}
-	c := s.unjoined[0]
-	s.leaveUnjoinedLocked(c)
-	_ = c.c.Close()
-	return true
+	return false
 }
 
 // leaveUnjoinedLocked takes c out of unjoined, if it is there.
@@ -272,6 +280,9 @@ func (s *Server) serve(c *sconn) {
 	if err := serverHandshake(c.c, s.key); err != nil {
 		return
 	}
+	s.mu.Lock()
+	c.authed = true
+	s.mu.Unlock()
 	_ = c.c.SetReadDeadline(deadline) // until the hello
 	for {
 		if !c.waitRoom() {
