@@ -97,6 +97,7 @@
 	X(cuGraphAddDependencies, cuGraphAddDependencies_v2, (CUgraph hGraph, const CUgraphNode *from, const CUgraphNode *to, const CUgraphEdgeData *edgeData, size_t numDependencies)) \
 	X(cuGraphGetNodes, cuGraphGetNodes, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \
 	X(cuGraphNodeGetType, cuGraphNodeGetType, (CUgraphNode hNode, CUgraphNodeType *type)) \
+	X(cuGraphDestroyNode, cuGraphDestroyNode, (CUgraphNode hNode)) \
 	X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
 	X(cuGraphLaunch, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream)) \
 	X(cuGraphExecBatchMemOpNodeSetParams, cuGraphExecBatchMemOpNodeSetParams, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_BATCH_MEM_OP_NODE_PARAMS *nodeParams)) \

@@ -15,7 +15,7 @@ import (
 // validation of memory kinds.
 var fakeDriverTests = []string{"TestDeviceInfo", "TestPrimaryContext", "TestContextPerCall", "TestStreamLifecycle",
 	"TestMemops64", "TestMemops32", "TestBatchMemOp", "TestStreamWaitEvent", "TestEvents", "TestMemory",
-	"TestLaunchHostFunc", "TestGraphMemops1000", "TestGraphNodeKinds", "TestGraphExecUpdate", "TestStreamCapture",
+	"TestLaunchHostFunc", "TestGraphMemops1000", "TestGraphNodeKinds", "TestGraphDestroyNode", "TestGraphExecUpdate", "TestStreamCapture",
 	"TestModuleKernels", "TestModuleBadImage", "TestKernelEcho", "TestKernelDeviceHandle", "TestGraphKernelNode",
 	"TestAllocationOf", "TestLaunchCopy"}
 

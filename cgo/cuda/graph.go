@@ -380,6 +380,20 @@ func (g *Graph) NodeType(n Node) (NodeType, error) {
 	return NodeType(t), nil
 }
 
+// DestroyNode removes node n of g and its edges (cuGraphDestroyNode). GraphExecs made
+// from g keep it. A host node's Go callback stays alive until g is closed.
+func (g *Graph) DestroyNode(n Node) error {
+	const op = "cuGraphDestroyNode"
+	if n.h == nil {
+		return invalid(op, "nil node")
+	}
+	if err := g.rlock(op); err != nil {
+		return err
+	}
+	defer g.mu.RUnlock()
+	return check(op, C.ucpx_graph_destroy_node(g.ctx.h, n.h))
+}
+
 // InstantiateFlags are cuGraphInstantiateWithFlags flags.
 type InstantiateFlags uint64
 

@@ -209,6 +209,54 @@ func TestGraphExecUpdate(t *testing.T) {
 	require.ErrorIs(t, x.SetBatchMemOpNodeParams(node, two[:1]), cuda.ErrInvalidHandle)
 }
 
+// TestGraphDestroyNode: a node taken out of a graph no longer runs in executables made
+// after, and the graph's other nodes still do; an executable made before keeps it. A
+// nil node is refused (ErrInvalidValue) and a closed graph answers ErrClosed.
+func TestGraphDestroyNode(t *testing.T) {
+	ctx := newContext(t)
+	s := newStream(t, ctx)
+	w := newWords(t, ctx, 3)
+	g, err := ctx.NewGraph()
+	require.NoError(t, err)
+	write := func(deps []cuda.Node, i int, v uint64) cuda.Node {
+		t.Helper()
+		n, err := g.AddBatchMemOpNode(deps, []cuda.MemOp{cuda.WriteValue64Op(w.dev(i), v, cuda.WriteDefault)})
+		require.NoError(t, err)
+		return n
+	}
+	a := write(nil, 0, 1)
+	b := write([]cuda.Node{a}, 1, 2)
+	write([]cuda.Node{b}, 2, 3)
+	before, err := g.Instantiate(0)
+	require.NoError(t, err)
+	defer before.Close()
+
+	require.NoError(t, g.DestroyNode(b))
+	nodes, err := g.Nodes()
+	require.NoError(t, err)
+	require.Len(t, nodes, 2, "nodes after one was destroyed")
+	for _, n := range nodes {
+		require.NotEqual(t, b.Handle(), n.Handle(), "the destroyed node is still listed")
+	}
+	require.ErrorIs(t, g.DestroyNode(cuda.Node{}), cuda.ErrInvalidValue)
+	require.ErrorIs(t, g.DestroyNode(cuda.Node{}), errs.InvalidParam)
+
+	after, err := g.Instantiate(0)
+	require.NoError(t, err)
+	defer after.Close()
+	require.NoError(t, after.Launch(s))
+	syncWithin(t, s, 5*time.Second)
+	require.Equal(t, [3]uint64{1, 0, 3}, [3]uint64{w.load(0), w.load(1), w.load(2)}, "words after a launch without the node")
+	require.NoError(t, before.Launch(s))
+	syncWithin(t, s, 5*time.Second)
+	require.Equal(t, [3]uint64{1, 2, 3}, [3]uint64{w.load(0), w.load(1), w.load(2)}, "words after a launch made before")
+
+	require.NoError(t, g.Close())
+	require.ErrorIs(t, g.DestroyNode(a), errs.Closed)
+	require.ErrorIs(t, g.DestroyNode(a), cuda.ErrInvalidHandle)
+	require.ErrorIs(t, (*cuda.Graph)(nil).DestroyNode(a), errs.Closed)
+}
+
 // TestStreamCapture: memops, a host function and a spliced node captured from a
 // stream into a graph, which then runs repeatedly against the proxy.
 func TestStreamCapture(t *testing.T) {

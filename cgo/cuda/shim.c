@@ -443,6 +443,7 @@ CUresult ucpx_graph_add_dependencies(CUcontext ctx, CUgraph g, const CUgraphNode
 }
 CUresult ucpx_graph_get_nodes(CUcontext ctx, CUgraph g, CUgraphNode *nodes, size_t *n) { UCPX_CALL(ctx, cuGraphGetNodes, g, nodes, n); }
 CUresult ucpx_graph_node_get_type(CUcontext ctx, CUgraphNode node, CUgraphNodeType *t) { UCPX_CALL(ctx, cuGraphNodeGetType, node, t); }
+CUresult ucpx_graph_destroy_node(CUcontext ctx, CUgraphNode node) { UCPX_CALL(ctx, cuGraphDestroyNode, node); }
 CUresult ucpx_graph_instantiate(CUcontext ctx, CUgraphExec *x, CUgraph g, unsigned long long flags) {
 	UCPX_CALL(ctx, cuGraphInstantiateWithFlags, x, g, flags);
 }

@@ -156,6 +156,7 @@ CUresult ucpx_graph_add_child_graph_node(CUcontext ctx, CUgraphNode *node, CUgra
 CUresult ucpx_graph_add_dependencies(CUcontext ctx, CUgraph g, const CUgraphNode *from, const CUgraphNode *to, size_t n);
 CUresult ucpx_graph_get_nodes(CUcontext ctx, CUgraph g, CUgraphNode *nodes, size_t *n);
 CUresult ucpx_graph_node_get_type(CUcontext ctx, CUgraphNode node, CUgraphNodeType *t);
+CUresult ucpx_graph_destroy_node(CUcontext ctx, CUgraphNode node);
 CUresult ucpx_graph_instantiate(CUcontext ctx, CUgraphExec *x, CUgraph g, unsigned long long flags);
 CUresult ucpx_graph_launch(CUcontext ctx, CUgraphExec x, CUstream s);
 CUresult ucpx_graph_exec_batch_memop_node_set_params(CUcontext ctx, CUgraphExec x, CUgraphNode node, const ucpx_memop *ops, unsigned int n);

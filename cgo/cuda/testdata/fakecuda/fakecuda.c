@@ -211,7 +211,7 @@ static void run_op(op *o) {
 
 /* ---- graphs ---- */
 typedef struct node_st { CUgraphNodeType type; int nops; op *ops; } node_st;
-struct CUgraphNode_st { node_st n; };
+struct CUgraphNode_st { node_st n; CUgraph g; /* NULL once destroyed */ };
 struct CUgraph_st { int count, cap; struct CUgraphNode_st **nodes; };
 struct CUgraphExec_st { int count; struct CUgraphNode_st **orig; node_st *nodes; };
 
@@ -226,6 +226,7 @@ static struct CUgraphNode_st *add_node(CUgraph g, CUgraphNodeType type, const op
 		g->nodes = realloc(g->nodes, sizeof *g->nodes * g->cap);
 	}
 	g->nodes[g->count++] = nd;
+	nd->g = g;
 	return nd;
 }
 
@@ -586,9 +587,18 @@ static CUresult check_deps(CUgraph g, const CUgraphNode *deps, size_t n) {
 	}
 	return OK;
 }
+/* FAKECUDA_GRAPH_NODES_MAX=n (read at every call): adding a node to a graph that holds n
+ * nodes already fails with CUDA_ERROR_OUT_OF_MEMORY and adds nothing, as a driver out of
+ * resources does (captures are not limited). */
+static CUresult graph_full(CUgraph g) {
+	const char *v = getenv("FAKECUDA_GRAPH_NODES_MAX");
+	return v && *v && g->count >= atoi(v) ? 2 : OK;
+}
 #define ADD(type, ops, n) \
 	do { \
 		CUresult r_ = check_deps(g, deps, nd); \
+		if (!r_) \
+			r_ = graph_full(g); \
 		if (r_) \
 			return r_; \
 		*node = add_node(g, type, ops, n); \
@@ -676,6 +686,23 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
 	return OK;
 }
 CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *t) { *t = n->n.type; return OK; }
+/* Nodes run in creation order and edges are not kept (see cuGraphAddDependencies_v2), so
+ * taking the node out of its graph's list removes its edges too. Its memory is kept (like
+ * an event's): executables compare their nodes' original handles, which must not be
+ * reused, and a second destroy must find the node gone. */
+CUresult cuGraphDestroyNode(CUgraphNode n) {
+	if (!n || !n->g)
+		return E_INVALID_VALUE;
+	CUgraph g = n->g;
+	for (int i = 0; i < g->count; i++)
+		if (g->nodes[i] == n) {
+			memmove(&g->nodes[i], &g->nodes[i + 1], sizeof *g->nodes * (g->count - i - 1));
+			g->count--;
+			break;
+		}
+	n->g = NULL;
+	return OK;
+}
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *x, CUgraph g, unsigned long long f) {
 	CUgraphExec e = calloc(1, sizeof *e);
 	e->count = g->count;
