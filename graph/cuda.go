@@ -173,6 +173,11 @@ func (c CUDA) AddSignalNodes(deps []condition.Node, trigger, done *stream.Word, 
 	// AND 1: released by 1 (done) and by condition.GraphFailed (all ones).
 	w, err := c.Graph.AddBatchMemOpNode(waitDeps, []cuda.MemOp{cuda.WaitValue64Op(d, 1, cuda.WaitAND), cuda.WriteValue64Op(d, 0, cuda.WriteDefault)})
 	if err != nil {
+		// Leave the graph as it was: a start node without its condition would store
+		// the trigger at every launch, and nothing would ever take it.
+		if derr := c.Graph.DestroyNode(s); derr != nil {
+			return nil, nil, fmt.Errorf("%w (and the start node stays in the graph: %v)", err, derr)
+		}
 		return nil, nil, err
 	}
 	joinLocked(c.Graph, h, w)

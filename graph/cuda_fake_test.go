@@ -2,6 +2,7 @@ package graph_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func TestCUDAFakeDriver(t *testing.T) {
 		t.Skip("runs a child process against the fake driver")
 	}
 	testenv.RunUnderFakeDriver(t, []string{"TestCUDAAdoptedTwiceSharesTheChain", "TestCUDASignalNodesRefuseBadWords",
-		"TestCUDAFailedConditionDestroyedAfterLaunch"})
+		"TestCUDAFailedConditionDestroyedAfterLaunch", "TestCUDASignalNodesRefusedWaitLeavesTheGraph"})
 }
 
 // newCUDAGraph opens a CUDA backend and makes a graph on its context, both closed
@@ -137,6 +138,47 @@ func TestCUDASignalNodesRefuseBadWords(t *testing.T) {
 	require.Empty(t, nodes, "a refused call added nodes")
 	_, _, err = g.AddSignalNodes(nil, live.Word(0), live.Word(1), false)
 	require.NoError(t, err)
+}
+
+// A CUDA.AddSignalNodes whose completion node the driver refuses leaves the graph as it
+// was: no node added, the chain's tail where it was (the fake driver refuses adds past
+// FAKECUDA_GRAPH_NODES_MAX nodes). Before, the start node stayed in the user's graph: each
+// launch stored its trigger, which no condition would ever take.
+func TestCUDASignalNodesRefusedWaitLeavesTheGraph(t *testing.T) {
+	b, _, cg := newCUDAGraph(t)
+	g := graph.CUDA{Graph: cg}
+	words, err := b.AllocWords(4)
+	require.NoError(t, err)
+	defer words.Close()
+	count := func() int {
+		t.Helper()
+		nodes, err := cg.Nodes()
+		require.NoError(t, err)
+		return len(nodes)
+	}
+
+	t.Setenv("FAKECUDA_GRAPH_NODES_MAX", "1") // the start node fits, its completion node does not
+	_, _, err = g.AddSignalNodes(nil, words.Word(0), words.Word(1), false)
+	require.ErrorIs(t, err, cuda.ErrOutOfMemory)
+	require.Zero(t, count(), "nodes left by a refused call")
+	require.Zero(t, graph.CompletionTail(g), "the chain's tail after a refused call")
+
+	require.NoError(t, os.Unsetenv("FAKECUDA_GRAPH_NODES_MAX"))
+	_, w, err := g.AddSignalNodes(nil, words.Word(0), words.Word(1), true)
+	require.NoError(t, err)
+	tail := w.(cuda.Node).Handle()
+	require.Equal(t, 2, count())
+
+	// With a chain to follow: refused again, the tail stays the node before.
+	t.Setenv("FAKECUDA_GRAPH_NODES_MAX", "3")
+	_, _, err = g.AddSignalNodes([]condition.Node{w}, words.Word(2), words.Word(3), false)
+	require.ErrorIs(t, err, cuda.ErrOutOfMemory)
+	require.Equal(t, 2, count(), "nodes after a second refused call")
+	require.Equal(t, tail, graph.CompletionTail(g), "the chain's tail after a second refused call")
+	require.NoError(t, os.Unsetenv("FAKECUDA_GRAPH_NODES_MAX"))
+	_, _, err = g.AddSignalNodes([]condition.Node{w}, words.Word(2), words.Word(3), false)
+	require.NoError(t, err)
+	require.Equal(t, 4, count())
 }
 
 // A CUDA graph launched after its condition's worker closed is released at once
