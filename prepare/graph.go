@@ -23,7 +23,9 @@ import (
 // the partition has moved. g is a *graph.Host (host backends) or a graph.CUDA (CUDA
 // backends). In a CUDA graph nothing of the host runs per launch, so the sender's
 // worker must be progressed by someone else while the graph runs: give it
-// ucp.WorkerParams.ProgressThread.
+// ucp.WorkerParams.ProgressThread. There the gates (the memop waits for the receiver's
+// readiness) of one request wait one after another, in the order PreadyNode added
+// them, and do not wait for deps: what moves p waits for its gate and for deps.
 //
 // On the direct path (a receiver's device buffer that CUDA IPC maps here, direct.go)
 // the nodes are the transfer itself, with no engine and no CPU per launch: a memop
@@ -66,12 +68,13 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 		if err := r.errLocked(); err != nil {
 			return nil, err
 		}
-		n, err := r.directNodeLocked(g, deps, p)
+		gate, n, err := r.directNodeLocked(g, deps, p)
 		if err != nil {
 			return nil, fmt.Errorf("pready node: %w", err)
 		}
 		r.stats.Puts++
 		r.addNodeLocked(g, p)
+		r.addGateLocked(g, gate)
 		return n, nil
 	case r.st != nil:
 		// A staged partition's copy would need a copy node per launch ahead of the
@@ -81,11 +84,11 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 	if err := r.errLocked(); err != nil {
 		return nil, err
 	}
-	gate, err := r.gateNodeLocked(g, deps, p)
+	gate, after, err := r.gateNodeLocked(g, deps, p)
 	if err != nil {
 		return nil, fmt.Errorf("pready node: %w", err)
 	}
-	cond, err := condition.Create(condition.Param{Category: condition.Graph, Backend: r.backend, Graph: g, Deps: []condition.Node{gate}})
+	cond, err := condition.Create(condition.Param{Category: condition.Graph, Backend: r.backend, Graph: g, Deps: after})
 	if err != nil {
 		return nil, fmt.Errorf("pready node: %w", err)
 	}
@@ -95,6 +98,7 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 	}
 	r.graphConds = append(r.graphConds, cond)
 	r.addNodeLocked(g, p)
+	r.addGateLocked(g, gate)
 	return cond.Node(), nil
 }
 
@@ -121,30 +125,70 @@ func (r *Request) addNodeLocked(g condition.GraphBuilder, p int) {
 	r.nodes[graphPart{g, p}] = true
 }
 
+// addGateLocked records gate, the gate node of a PreadyNode added to g, as the one the
+// next gate added to g waits after (CUDA graphs only; see cudaGateLocked).
+func (r *Request) addGateLocked(g condition.GraphBuilder, gate condition.Node) {
+	if _, ok := g.(graph.CUDA); !ok || gate == nil {
+		return
+	}
+	if r.gates == nil {
+		r.gates = map[any]condition.Node{}
+	}
+	r.gates[g] = gate
+}
+
+// cudaGateLocked adds to g a batch-memop node running ops, which begin with a wait for
+// the receiver's ready flag of a partition. The gates of one request in one CUDA graph
+// wait one after another, each after the previous gate and after nothing else: a memop
+// wait holds one of the GPU's hardware work queues while it waits (graph.CUDA says why
+// that matters), and a gate waits from its dependencies until the receiver starts the
+// iteration, so gates after the user's dependencies (one per partition, up to 1024)
+// could hold every queue of the context at once, and other work of the context (the
+// receiver's side of a loopback exchange, which the receiver's Start may wait for) get
+// none. The receiver sets every ready flag of an iteration with one write, so a chain
+// of gates is released at once; the user's dependencies go on the node after the
+// gate, so no partition waits for another's. Caller holds r.mu.
+func (r *Request) cudaGateLocked(g graph.CUDA, ops []cuda.MemOp) (cuda.Node, error) {
+	var prev []cuda.Node
+	if tail, ok := r.gates[g]; ok {
+		prev = []cuda.Node{tail.(cuda.Node)}
+	}
+	return g.Graph.AddBatchMemOpNode(prev, ops)
+}
+
 // gateNodeLocked adds the node that waits for the receiver's ready flag of p and
 // takes it (stores 0), so each launch moves p once per iteration the receiver started.
-func (r *Request) gateNodeLocked(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
+// It returns the gate and the dependencies of the node that moves p: the gate, and in
+// a CUDA graph deps too (there the gate does not wait for them, see cudaGateLocked).
+func (r *Request) gateNodeLocked(g condition.GraphBuilder, deps []condition.Node, p int) (gate condition.Node, after []condition.Node, err error) {
 	flag := r.words.Word(p)
 	switch g := g.(type) {
 	case *graph.Host:
-		return g.AddTask(deps, func() error {
+		gate, err := g.AddTask(deps, func() error {
 			_, err := r.awaitReady(flag, p)
 			return err
 		})
-	case graph.CUDA:
-		nodes, err := graph.CUDANodes(deps...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		return gate, []condition.Node{gate}, nil
+	case graph.CUDA:
+		if _, err := graph.CUDANodes(deps...); err != nil {
+			return nil, nil, err
 		}
 		// GEQ 1: released by the ready flag (the iteration) and by the failure value,
 		// which the write of 0 takes too: a failed request puts it back (holdFailed).
 		r.clearingNodes = true
-		return g.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{
+		gate, err := r.cudaGateLocked(g, []cuda.MemOp{
 			cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ),
 			cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault),
 		})
+		if err != nil {
+			return nil, nil, err
+		}
+		return gate, append([]condition.Node{gate}, deps...), nil
 	}
-	return nil, fmt.Errorf("graph %T: want *graph.Host or graph.CUDA: %w", g, ErrInvalidParam)
+	return nil, nil, fmt.Errorf("graph %T: want *graph.Host or graph.CUDA: %w", g, ErrInvalidParam)
 }
 
 // awaitReady waits for ready flag p of a host graph's launch and takes it, returning
@@ -180,17 +224,18 @@ func (r *Request) copyWordKernelLocked() (*cuda.Function, error) {
 	return stream.CUDACopyWordKernel(r.backend)
 }
 
-// directNodeLocked adds the direct path's nodes of partition p (see PreadyNode).
+// directNodeLocked adds the direct path's nodes of partition p (see PreadyNode),
+// returning the gate of a CUDA graph (nil for a host graph) and the last node.
 // Caller holds r.mu.
-func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.Node, p int) (condition.Node, error) {
+func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.Node, p int) (gate, last condition.Node, err error) {
 	off, size := partRange(len(r.buf), r.parts, p)
 	dst, err := r.remote.bufKey.DeviceAddress(r.remote.bufBase+uint64(off), size)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	arrival, err := r.remote.wordKey.DeviceAddress(r.remote.wordBase+8*uint64(p), 8)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	src, flag := ptrOf(r.buf)+uintptr(off), r.words.Word(p)
 	r.clearingNodes = true
@@ -198,35 +243,42 @@ func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.No
 	case graph.CUDA:
 		nodes, err := graph.CUDANodes(deps...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		// The copy-word kernel is looked up before any node is added.
+		copyWord, err := r.copyWordKernelLocked()
+		if err != nil {
+			return nil, nil, err
 		}
 		// GEQ 1: the iteration, or the failure value (which the request keeps
-		// storing after a failure: the take below clears it at each launch).
-		gate, err := g.Graph.AddBatchMemOpNode(nodes, []cuda.MemOp{cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ)})
+		// storing after a failure: the take below clears it at each launch). The gate
+		// waits after the request's previous gate in g only (cudaGateLocked); the
+		// copy waits for it and for deps.
+		gate, err := r.cudaGateLocked(g, []cuda.MemOp{cuda.WaitValue64Op(flag.DevicePtr(), 1, cuda.WaitGEQ)})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		data, err := g.Graph.AddMemcpyNode([]cuda.Node{gate}, dst, src, size)
+		data, err := g.Graph.AddMemcpyNode(append([]cuda.Node{gate}, nodes...), dst, src, size)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		// The flag and the counter are host memory: a memcpy node between them would
 		// be a host-to-host copy; the copy-word kernel stores it from the GPU.
-		copyWord, err := r.copyWordKernelLocked()
-		if err != nil {
-			return nil, err
-		}
 		signal, err := g.Graph.AddKernelNode([]cuda.Node{data}, copyWord, cuda.Linear(1, 1), flag.DevicePtr(), arrival)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return g.Graph.AddBatchMemOpNode([]cuda.Node{signal}, []cuda.MemOp{cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault)})
+		take, err := g.Graph.AddBatchMemOpNode([]cuda.Node{signal}, []cuda.MemOp{cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault)})
+		if err != nil {
+			return nil, nil, err
+		}
+		return gate, take, nil
 	case *graph.Host:
 		if dev := r.w.Context().Device(); dev == nil || dev.Kind() != stream.KindHost {
-			return nil, fmt.Errorf("a host graph cannot copy device memory: use a graph.CUDA: %w", ErrUnsupported)
+			return nil, nil, fmt.Errorf("a host graph cannot copy device memory: use a graph.CUDA: %w", ErrUnsupported)
 		}
 		// A host device (package fakeipc): its memory is host memory.
-		return g.AddTask(deps, func() error {
+		n, err := g.AddTask(deps, func() error {
 			v, err := r.awaitReady(flag, p)
 			if err != nil {
 				return err
@@ -235,6 +287,7 @@ func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.No
 			atomic.StoreUint64((*uint64)(unsafe.Pointer(&ucp.DeviceBuffer(arrival, 8)[0])), v)
 			return nil
 		})
+		return nil, n, err
 	}
-	return nil, fmt.Errorf("graph %T: want *graph.Host or graph.CUDA: %w", g, ErrInvalidParam)
+	return nil, nil, fmt.Errorf("graph %T: want *graph.Host or graph.CUDA: %w", g, ErrInvalidParam)
 }

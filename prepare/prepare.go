@@ -129,6 +129,9 @@ type Request struct {
 	peerInfo handshake
 	// nodes: the partitions with a PreadyNode, by graph (under mu).
 	nodes map[graphPart]bool
+	// gates: the gate node PreadyNode added last to each CUDA graph (graph.CUDA), which
+	// the next one waits after (under mu; see gateNodeLocked).
+	gates map[any]condition.Node
 	// refusedPeer: r refused the peer's handshake (onHandshake), and answers its
 	// resends with the refusal again.
 	refusedPeer bool

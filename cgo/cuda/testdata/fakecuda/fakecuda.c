@@ -211,7 +211,12 @@ static void run_op(op *o) {
 
 /* ---- graphs ---- */
 typedef struct node_st { CUgraphNodeType type; int nops; op *ops; } node_st;
-struct CUgraphNode_st { node_st n; CUgraph g; /* NULL once destroyed */ };
+struct CUgraphNode_st {
+	node_st n;
+	CUgraph g; /* NULL once destroyed */
+	int ndeps, capdeps;
+	struct CUgraphNode_st **deps; /* the nodes it depends on (edges into it) */
+};
 struct CUgraph_st { int count, cap; struct CUgraphNode_st **nodes; };
 struct CUgraphExec_st { int count; struct CUgraphNode_st **orig; node_st *nodes; };
 
@@ -228,6 +233,13 @@ static struct CUgraphNode_st *add_node(CUgraph g, CUgraphNodeType type, const op
 	g->nodes[g->count++] = nd;
 	nd->g = g;
 	return nd;
+}
+static void add_edge(struct CUgraphNode_st *to, struct CUgraphNode_st *from) {
+	if (to->ndeps == to->capdeps) {
+		to->capdeps = to->capdeps ? 2 * to->capdeps : 4;
+		to->deps = realloc(to->deps, sizeof *to->deps * to->capdeps);
+	}
+	to->deps[to->ndeps++] = from;
 }
 
 /* ---- streams ---- */
@@ -602,6 +614,8 @@ static CUresult graph_full(CUgraph g) {
 		if (r_) \
 			return r_; \
 		*node = add_node(g, type, ops, n); \
+		for (size_t i_ = 0; i_ < nd; i_++) \
+			add_edge(*node, deps[i_]); \
 		return OK; \
 	} while (0)
 CUresult cuGraphAddBatchMemOpNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_BATCH_MEM_OP_NODE_PARAMS *p) {
@@ -676,6 +690,8 @@ CUresult cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode *from, const CUg
 		if (fi < 0 || ti < 0 || fi >= ti)
 			return E_INVALID_VALUE;
 	}
+	for (size_t i = 0; i < n; i++)
+		add_edge(to[i], from[i]);
 	return OK;
 }
 CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
@@ -686,10 +702,10 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
 	return OK;
 }
 CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *t) { *t = n->n.type; return OK; }
-/* Nodes run in creation order and edges are not kept (see cuGraphAddDependencies_v2), so
- * taking the node out of its graph's list removes its edges too. Its memory is kept (like
- * an event's): executables compare their nodes' original handles, which must not be
- * reused, and a second destroy must find the node gone. */
+/* Takes the node out of its graph with its edges: those into it (its own list) and those
+ * out of it (in the lists of the nodes after it). Its memory is kept (like an event's):
+ * executables compare their nodes' original handles, which must not be reused, and a
+ * second destroy must find the node gone. */
 CUresult cuGraphDestroyNode(CUgraphNode n) {
 	if (!n || !n->g)
 		return E_INVALID_VALUE;
@@ -700,10 +716,58 @@ CUresult cuGraphDestroyNode(CUgraphNode n) {
 			g->count--;
 			break;
 		}
+	for (int i = 0; i < g->count; i++) {
+		struct CUgraphNode_st *m = g->nodes[i];
+		int k = 0;
+		for (int j = 0; j < m->ndeps; j++)
+			if (m->deps[j] != n)
+				m->deps[k++] = m->deps[j];
+		m->ndeps = k;
+	}
+	n->ndeps = 0;
 	n->g = NULL;
 	return OK;
 }
+
+/* FAKECUDA_MAX_BLOCKED_WAITS=n (read at every instantiation): refuse (CUDA_ERROR_ILLEGAL_STATE,
+ * with a line on stderr) a graph in which more than n memop waits would wait at once if
+ * none were ever released: each such wait holds one of the GPU's hardware work queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS), and a real GPU whose queues the waits fill runs nothing
+ * else of the context. Nodes are in creation order, which is a topological order. */
+static int is_wait(const struct CUgraphNode_st *nd) {
+	for (int i = 0; i < nd->n.nops; i++)
+		if (nd->n.ops[i].kind == OP_WAIT)
+			return nd->n.type == 12;
+	return 0;
+}
+static int blocked_waits(CUgraph g) {
+	char *done = calloc(g->count + 1, 1);
+	int blocked = 0;
+	for (int i = 0; i < g->count; i++) {
+		struct CUgraphNode_st *nd = g->nodes[i];
+		int ready = 1;
+		for (int j = 0; j < nd->ndeps && ready; j++)
+			for (int k = 0; k < i; k++)
+				if (g->nodes[k] == nd->deps[j]) {
+					ready = done[k];
+					break;
+				}
+		if (ready && is_wait(nd))
+			blocked++;
+		done[i] = ready && !is_wait(nd);
+	}
+	free(done);
+	return blocked;
+}
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *x, CUgraph g, unsigned long long f) {
+	const char *max = getenv("FAKECUDA_MAX_BLOCKED_WAITS");
+	if (max && *max) {
+		int blocked = blocked_waits(g);
+		if (blocked > atoi(max)) {
+			fprintf(stderr, "fakecuda: %d memop waits of the graph would wait at once (FAKECUDA_MAX_BLOCKED_WAITS=%s)\n", blocked, max);
+			return E_ILLEGAL_STATE;
+		}
+	}
 	CUgraphExec e = calloc(1, sizeof *e);
 	e->count = g->count;
 	e->orig = calloc(g->count + 1, sizeof *e->orig);
