@@ -2,11 +2,14 @@ package prepare_test
 
 import (
 	"context"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ucpx/ucpx/cgo/cuda"
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv"
@@ -21,7 +24,7 @@ func TestCUDAFakeDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a child process against the fake driver")
 	}
-	testenv.RunUnderFakeDriver(t, []string{"TestCUDAPreadyNodeGatesWaitInTurn"})
+	testenv.RunUnderFakeDriver(t, []string{"TestCUDAPreadyNodeGatesWaitInTurn", "TestCUDAPreadyNodeRefusedLeavesTheGraph"})
 }
 
 // PreadyNode's gates (the memop waits for the receiver's ready flags) of one request in
@@ -34,43 +37,8 @@ func TestCUDAFakeDriver(t *testing.T) {
 // hardware work queue each until the receiver started, enough to leave the context's
 // other work none. The launches still move every partition.
 func TestCUDAPreadyNodeGatesWaitInTurn(t *testing.T) {
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	defer b.Close()
-	cctx, _, ok := stream.CUDAContext(b)
-	require.True(t, ok)
-
-	// The sender's worker has a progress thread: nothing on the host calls it per launch.
-	l := &link{}
-	l.ctxS, err = ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	defer l.ctxS.Close()
-	l.ctxR, err = ucp.NewContext(ucp.ContextParams{})
-	require.NoError(t, err)
-	defer l.ctxR.Close()
-	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{ProgressThread: true})
-	require.NoError(t, err)
-	l.r, err = l.ctxR.NewWorker(ucp.WorkerParams{})
-	require.NoError(t, err)
-	as, err := l.s.Address()
-	require.NoError(t, err)
-	ar, err := l.r.Address()
-	require.NoError(t, err)
-	l.toR, err = l.s.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-	l.toS, err = l.r.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
-	require.NoError(t, err)
-
 	const parts, size, launches = 8, 256, 3
-	send, recv, sbuf, rbuf := pairWith(t, l, parts*size, parts, parts, 0x6a7e, func(p prepare.Params) prepare.Params {
-		p.Backend = b
-		return p
-	})
-	defer func() {
-		require.NoError(t, send.Free())
-		require.NoError(t, recv.Free())
-	}()
+	b, cctx, send, recv, sbuf, rbuf := cudaPair(t, parts, size)
 	fill(sbuf, 7)
 
 	cg, err := cctx.NewGraph()
@@ -87,7 +55,91 @@ func TestCUDAPreadyNodeGatesWaitInTurn(t *testing.T) {
 	x, err := cg.Instantiate(0)
 	require.NoError(t, err, "more than one memop wait of the graph waits at once")
 	defer x.Close()
+	launchAndReceive(t, b, x, recv, rbuf, 7, launches)
+}
 
+// A PreadyNode that the driver refuses midway (here the condition's nodes: the fake
+// driver refuses adds past FAKECUDA_GRAPH_NODES_MAX nodes) takes the nodes it added back
+// out, so the graph is as it was and PreadyNode of the same partition can be retried.
+// Before, the gate stayed: it took the partition's ready flag at every launch, and
+// the retry's gate then waited for that flag for good (the launch hung).
+func TestCUDAPreadyNodeRefusedLeavesTheGraph(t *testing.T) {
+	const parts, size = 2, 256
+	b, cctx, send, recv, sbuf, rbuf := cudaPair(t, parts, size)
+	fill(sbuf, 3)
+	cg, err := cctx.NewGraph()
+	require.NoError(t, err)
+	defer cg.Close()
+	g := graph.CUDA{Graph: cg}
+	count := func() int {
+		t.Helper()
+		nodes, err := cg.Nodes()
+		require.NoError(t, err)
+		return len(nodes)
+	}
+	_, err = send.PreadyNode(g, nil, 0)
+	require.NoError(t, err)
+	n := count()
+
+	t.Setenv("FAKECUDA_GRAPH_NODES_MAX", strconv.Itoa(n+1)) // the gate fits, the condition's nodes do not
+	_, err = send.PreadyNode(g, nil, 1)
+	require.ErrorIs(t, err, cuda.ErrOutOfMemory)
+	require.Equal(t, n, count(), "nodes after a refused PreadyNode")
+	require.NoError(t, os.Unsetenv("FAKECUDA_GRAPH_NODES_MAX"))
+
+	_, err = send.PreadyNode(g, nil, 1)
+	require.NoError(t, err, "PreadyNode retried")
+	require.Equal(t, 2*n, count())
+	x, err := cg.Instantiate(0)
+	require.NoError(t, err)
+	defer x.Close()
+	launchAndReceive(t, b, x, recv, rbuf, 3, 2)
+}
+
+// cudaPair makes a send and a receive request of parts partitions of size bytes on a
+// CUDA backend (host buffers), prepared together; the sender's worker has a progress
+// thread, as nothing on the host calls it per launch of a CUDA graph. The requests, the
+// workers and the backend are freed once the test is done.
+func cudaPair(t *testing.T, parts, size int) (b stream.Backend, cctx *cuda.Context, send, recv *prepare.Request, sbuf, rbuf []byte) {
+	t.Helper()
+	testenv.RequireGPU(t)
+	b, err := stream.Open(stream.CUDA)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	cctx, _, ok := stream.CUDAContext(b)
+	require.True(t, ok)
+
+	l := &link{}
+	l.ctxS, err = ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.ctxS.Close() })
+	l.ctxR, err = ucp.NewContext(ucp.ContextParams{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.ctxR.Close() })
+	l.s, err = l.ctxS.NewWorker(ucp.WorkerParams{ProgressThread: true})
+	require.NoError(t, err)
+	l.r, err = l.ctxR.NewWorker(ucp.WorkerParams{})
+	require.NoError(t, err)
+	as, err := l.s.Address()
+	require.NoError(t, err)
+	ar, err := l.r.Address()
+	require.NoError(t, err)
+	l.toR, err = l.s.ConnectAddress(ar, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+	l.toS, err = l.r.ConnectAddress(as, &ucp.EndpointParams{NoPeerErrorHandling: true})
+	require.NoError(t, err)
+
+	send, recv, sbuf, rbuf = pairWith(t, l, parts*size, parts, parts, 0x6a7e, func(p prepare.Params) prepare.Params {
+		p.Backend = b
+		return p
+	})
+	return b, cctx, send, recv, sbuf, rbuf
+}
+
+// launchAndReceive launches x launches times, the receiver starting and waiting for
+// each iteration and finding rbuf filled with seed, then waits for the launches.
+func launchAndReceive(t *testing.T, b stream.Backend, x *cuda.GraphExec, recv *prepare.Request, rbuf []byte, seed, launches int) {
+	t.Helper()
 	s, err := b.NewStream()
 	require.NoError(t, err)
 	defer s.Close()
@@ -100,7 +152,7 @@ func TestCUDAPreadyNodeGatesWaitInTurn(t *testing.T) {
 		require.NoError(t, x.Launch(cs))
 		require.NoError(t, recv.Start())
 		require.NoError(t, recv.Wait(ctx), "launch %d", i)
-		require.NoError(t, checkFilled(rbuf, 7), "launch %d", i)
+		require.NoError(t, checkFilled(rbuf, seed), "launch %d", i)
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Synchronize() }()

@@ -90,7 +90,9 @@ func (r *Request) PreadyNode(g condition.GraphBuilder, deps []condition.Node, p 
 	}
 	cond, err := condition.Create(condition.Param{Category: condition.Graph, Backend: r.backend, Graph: g, Deps: after})
 	if err != nil {
-		return nil, fmt.Errorf("pready node: %w", err)
+		// A gate left behind would take p's flag at every launch, and a later
+		// PreadyNode of p would add a second gate waiting for the flag for good.
+		return nil, fmt.Errorf("pready node: %w", dropNodes(g, err, gate))
 	}
 	if _, err := r.putLocked(p, &ucp.RequestParam{Condition: cond}, true); err != nil {
 		_ = cond.Destroy()
@@ -123,6 +125,23 @@ func (r *Request) addNodeLocked(g condition.GraphBuilder, p int) {
 		r.nodes = map[graphPart]bool{}
 	}
 	r.nodes[graphPart{g, p}] = true
+}
+
+// dropNodes takes the nodes a refused PreadyNode added back out of a CUDA graph, so
+// that it leaves the graph as it was; it returns err, noting nodes it could not remove.
+func dropNodes(g condition.GraphBuilder, err error, nodes ...condition.Node) error {
+	cg, ok := g.(graph.CUDA)
+	if !ok {
+		return err
+	}
+	for i := len(nodes) - 1; i >= 0; i-- {
+		if n, ok := nodes[i].(cuda.Node); ok && n.Handle() != 0 {
+			if derr := cg.Graph.DestroyNode(n); derr != nil {
+				return fmt.Errorf("%w (and a node it added stays in the graph: %v)", err, derr)
+			}
+		}
+	}
+	return err
 }
 
 // addGateLocked records gate, the gate node of a PreadyNode added to g, as the one the
@@ -260,17 +279,17 @@ func (r *Request) directNodeLocked(g condition.GraphBuilder, deps []condition.No
 		}
 		data, err := g.Graph.AddMemcpyNode(append([]cuda.Node{gate}, nodes...), dst, src, size)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, dropNodes(g, err, gate)
 		}
 		// The flag and the counter are host memory: a memcpy node between them would
 		// be a host-to-host copy; the copy-word kernel stores it from the GPU.
 		signal, err := g.Graph.AddKernelNode([]cuda.Node{data}, copyWord, cuda.Linear(1, 1), flag.DevicePtr(), arrival)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, dropNodes(g, err, gate, data)
 		}
 		take, err := g.Graph.AddBatchMemOpNode([]cuda.Node{signal}, []cuda.MemOp{cuda.WriteValue64Op(flag.DevicePtr(), 0, cuda.WriteDefault)})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, dropNodes(g, err, gate, data, signal)
 		}
 		return gate, take, nil
 	case *graph.Host:
