@@ -67,7 +67,8 @@
 //
 // A dead peer completes Wait and Parrived with its error (matching ucp.ErrPeerFailed)
 // and releases every stream, graph and kernel waiting on the request; closing the
-// request's worker (or its context) does the same with ErrClosed. The contents of a
+// request's endpoint (Params.Peer), its worker or its context does the same with
+// ErrClosed, and later Starts fail with it at once. The contents of a
 // receive buffer in an iteration that failed are undefined. Requests that cannot be
 // matched — buffers of different lengths, partition counts that do not split the
 // peer's buffer — fail on both sides with ErrInvalidParam: the side that finds out
@@ -75,9 +76,11 @@
 // before they matched fails with ErrCanceled the same way. A partition has at most one
 // PreadyNode in a graph (each takes one readiness per launch).
 //
-// Free refuses an iteration in flight (ErrBusy) until it completes, its peer fails or
-// its worker closes (closing its endpoint alone does not end it): a peer still running
-// it may write into the request's memory. Free looks for a peer failure itself (it
+// Free refuses an iteration in flight (ErrBusy) until it completes, its peer fails, or
+// its endpoint or worker closes: a peer still running it may write into the request's
+// memory (once it ended, the registrations Free closes are revoked at the peer before
+// that memory is released). A live peer that never does its part leaves the iteration
+// in flight; closing the endpoint ends it. Free looks for a peer failure itself (it
 // progresses the worker once), so a request whose peer died is freed by Free alone,
 // retried until UCX noticed.
 //

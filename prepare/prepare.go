@@ -269,6 +269,8 @@ func initRequest(ro role, w *ucp.Worker, buf []byte, p Params) (*Request, error)
 		}
 	}
 	reg.add(r)
+	// The hook also runs when the application closes the endpoint (ErrClosed): nothing
+	// more reaches the peer through it, and the iteration in flight ends.
 	r.dropFailureHook = p.Peer.OnFailure(func(_ *ucp.Endpoint, err error) { r.fail(err) })
 	return r, nil
 }
@@ -460,7 +462,8 @@ func partRange(total, n, p int) (off, size int) {
 // Start begins an iteration (MPI_Start). The first Start runs the prepare phase if
 // PrepareAll did not, and like a receive with no deadline it then waits until the
 // peer's matching request exists (a dead peer ends it with ErrPeerFailed); call
-// PrepareAll with a context first to bound that wait. A receiver's Start tells the
+// PrepareAll with a context first to bound that wait. Once the peer failed or the
+// request's endpoint or worker closed, Start fails at once with that error. A receiver's Start tells the
 // sender, with one RDMA write, that it may move every partition of this iteration.
 // Start while the previous iteration is incomplete (not yet seen done by Wait or
 // Test) fails with ErrInvalidParam.
@@ -1134,8 +1137,9 @@ func (r *Request) signalSentLocked() {
 // freed.
 //
 // An iteration in flight ends when it completes, when the peer fails (it completes
-// with the failure, matching ucp.ErrPeerFailed) or when the worker closes (ErrClosed);
-// closing the endpoint alone does not end it. Memory a peer may still write into is
+// with the failure, matching ucp.ErrPeerFailed) or when the request's endpoint or
+// worker closes (ErrClosed; a live peer that never does its part is left this way).
+// Memory a peer may still write into is
 // never released under it. Before it answers ErrBusy, Free progresses the worker once
 // and looks at the endpoint, as a Wait would: a peer failure UCX noticed ends the
 // iteration there, so a request whose peer died is freed by Free alone (retried until
@@ -1171,7 +1175,7 @@ func (r *Request) Free() error {
 				r.noticeFailure()
 				continue
 			}
-			return fmt.Errorf("free: iteration %d in flight (it ends when it completes, the peer fails or the worker closes): %w", iter, ErrBusy)
+			return fmt.Errorf("free: iteration %d in flight (it ends when it completes, the peer fails, or the endpoint or worker closes): %w", iter, ErrBusy)
 		}
 		c, n := r.pendingCondLocked()
 		if c == nil {

@@ -36,7 +36,8 @@ type Endpoint struct {
 	err    error // the peer failure, once reported
 	closed bool
 	recvs  map[*Request]struct{} // receives with RequestParam.Peer == this endpoint
-	// failureHooks run once the peer fails (OnFailure), in the order they were added.
+	// failureHooks run once the peer fails or the application closes the endpoint
+	// (OnFailure), in the order they were added.
 	failureHooks []*failureHook
 	// peer is who the endpoint reaches, as authenticated by the handshake or the
 	// sealed worker address (peerKnown); UnpackRkey accepts only its keys.
@@ -318,12 +319,16 @@ func (ep *Endpoint) failLocked(st error) {
 // failureHook is one OnFailure function (a pointer, so that its remover finds it).
 type failureHook struct{ fn func(*Endpoint, error) }
 
-// OnFailure adds fn to what runs once the peer fails (besides
-// EndpointParams.ErrorHandler), on the goroutine that drove progress, without worker
-// locks held: layers above ucp (prepared operations) release what waits on the peer.
-// If the peer failed already, fn runs now. remove takes fn back (it does not run
-// later; idempotent): a layer that adds a hook per object removes it when the object
-// goes, or the endpoint keeps every one. A nil endpoint or fn adds nothing.
+// OnFailure adds fn to what runs once the endpoint can no longer reach the peer: the
+// peer fails (besides EndpointParams.ErrorHandler; err is the failure), on the
+// goroutine that drove progress, or the application closes the endpoint (CloseNbx,
+// Close; err matches ErrClosed), on the closing goroutine before the call returns.
+// It runs without worker locks held, once: layers above ucp (prepared operations)
+// release what waits on the peer. If the peer failed or the endpoint was closed
+// already (its worker's Close closes it too), fn runs now. remove takes fn back (it
+// does not run later; idempotent): a layer that adds a hook per object removes it
+// when the object goes, or the endpoint keeps every one. A nil endpoint or fn adds
+// nothing.
 func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) (remove func()) {
 	if ep == nil || fn == nil {
 		return func() {}
@@ -332,6 +337,9 @@ func (ep *Endpoint) OnFailure(fn func(ep *Endpoint, err error)) (remove func()) 
 	h := &failureHook{fn: fn}
 	w.mu.Lock()
 	err := ep.err
+	if err == nil && ep.closed {
+		err = ep.closedErr()
+	}
 	if err == nil {
 		ep.failureHooks = append(ep.failureHooks, h)
 	}
@@ -351,11 +359,13 @@ func (ep *Endpoint) CloseNbx(force bool) (*Request, error) {
 		return nil, opErr("ep_close_nbx", ErrInvalidParam, "nil endpoint")
 	}
 	ep.w.mu.Lock()
-	defer ep.w.mu.Unlock()
-	return ep.closeNbxLocked(force)
+	req, err := ep.closeNbxLocked(force)
+	ep.w.unlockDeferred() // the failure hooks the close queued
+	return req, err
 }
 
-// closeNbxLocked is CloseNbx with w.mu held.
+// closeNbxLocked is CloseNbx with w.mu held. The failure hooks it queues run once the
+// caller let go of w.mu (unlockDeferred).
 func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 	w := ep.w
 	if ep.closed || w.closed.Load() {
@@ -370,6 +380,14 @@ func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 		force = true // UCX requires force mode on a failed endpoint
 	}
 	ep.markClosedLocked()
+	// Nothing more reaches the peer through ep: what waits on the peer (a prepared
+	// operation's iteration) ends, as it would had the peer failed.
+	if err := ep.closedErr(); len(ep.failureHooks) > 0 {
+		for _, h := range ep.failureHooks {
+			w.deferred = append(w.deferred, func() { h.fn(ep, err) })
+		}
+		ep.failureHooks = nil
+	}
 	if ep.rawClosed {
 		return completedRequest, nil
 	}
@@ -380,6 +398,11 @@ func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 		return completedRequest, nil
 	}
 	return w.postLocked("ep_close_nbx", w.raw.Close(ep.raw, force), &defaultParam, nil)
+}
+
+// closedErr is what the failure hooks of an endpoint the application closed get.
+func (ep *Endpoint) closedErr() error {
+	return opErr("ep_close_nbx", ErrClosed, "%s was closed", ep)
 }
 
 func (ep *Endpoint) markClosedLocked() {
