@@ -41,7 +41,7 @@ func (c *conditioned) Issue(p *protocol.Part) (condition.Issued, error) {
 		// neither the inner Request nor the buffer's pin is its.
 		staged := c.param
 		staged.MemoryType, staged.MemH = MemoryHost, nil
-		staged.Request, staged.pinnedBuf, staged.stageRes = nil, false, nil
+		staged.Request, staged.pinnedBuf, staged.stageRes, staged.evRes = nil, false, nil, nil
 		ip = &staged
 	}
 	r, err := c.w.issueLocking(func() (*Request, error) { return c.issue(p.Offset, p.Buf, ip) })
@@ -85,8 +85,17 @@ type condRequest struct {
 	pin runtime.Pinner
 	// res: the staging buffer of an operation the engine issues staged through the
 	// device (devstage.go), reserved at the call for the same life as pin, so the
-	// engine allocates no pinned memory at any issue.
-	res protocol.Reservation
+	// engine allocates no pinned memory at any issue; evRes: the event of the worker's
+	// pool that issue records, reserved with res (also for a CUDA-IPC operation that
+	// is not staged), so the engine makes no event either.
+	res   protocol.Reservation
+	evRes eventReservation
+}
+
+// releaseReservations ends what prepareDevice reserved for c (no-ops if nothing was).
+func (c *condRequest) releaseReservations() {
+	c.res.Release()
+	c.evRes.release()
 }
 
 // engine returns the worker's engine, starting it on first use.
@@ -160,11 +169,17 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		c.operation.param.noPull = p.noPull || p.Staging.Or(w.ctx.protocol.Staging) == protocol.StageAlways
 		c.operation.param.Staging = protocol.StageWhenNeeded
 	} // else the call at the trigger applies it (ipcIssue)
-	// reserves: the engine's issue stages through the device's pool, from c.res.
-	reserves := direct && stageDirect
+	// reserves: the engine's issue runs on the device: it records an event of the
+	// worker's pool, from c.evRes, and if staged stages through the device's pool, from
+	// c.res.
+	reserves := direct
 	if reserves {
-		if err := w.prepareDevice(len(buf), &c.res); err != nil {
-			return nil, opErr(op, err, "staging memory")
+		n := 0
+		if stageDirect {
+			n = len(buf)
+		}
+		if err := w.prepareDevice(n, &c.res, &c.evRes); err != nil {
+			return nil, opErr(op, err, "device resources")
 		}
 	}
 	pinned := false
@@ -195,7 +210,7 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		// Where the plan finds no stream to stage on, the engine issues the call with
 		// no condition at the trigger, which stages through the context's device
 		// (devstage.go); what that needs is made when the plan decides so.
-		sub.Transfer.StageOffStream = func() error { return w.prepareDevice(len(buf), &c.res) }
+		sub.Transfer.StageOffStream = func() error { return w.prepareDevice(len(buf), &c.res, &c.evRes) }
 		reserves = true
 		// A tag receive a pulled message can fill (tagpull.go) is staged at the issue,
 		// where the pull writes the device memory directly.
@@ -203,11 +218,12 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 	}
 	if reserves {
 		c.operation.param.stageRes = &c.res // held only if the plan stages off stream
+		c.operation.param.evRes = &c.evRes
 	}
 	switch cb := p.Callback; {
 	case pinned || reserves:
 		sub.Callback = func() {
-			c.res.Release() // a no-op if none was made
+			c.releaseReservations() // no-ops if none was made
 			if pinned {
 				c.pin.Unpin()
 			}
@@ -227,7 +243,7 @@ func (w *Worker) submitTransfer(op string, p *RequestParam, buf []byte, dir prot
 		if pinned {
 			c.pin.Unpin()
 		}
-		c.res.Release() // the plan may have reserved before the engine refused it
+		c.releaseReservations() // the plan may have reserved before the engine refused it
 		return nil, opErr(op, err, "condition")
 	}
 	return r, nil

@@ -33,25 +33,92 @@ func (w *Worker) devicePool() *protocol.Pool {
 	return w.devPool
 }
 
-// prepareDevice makes what a device operation of n bytes will need (a staging buffer,
-// held in res until the operation ended, the worker's stream, an event) before the
-// engine issues it, so the engine makes no allocating driver call: called at submit,
-// on the caller's goroutine.
-func (w *Worker) prepareDevice(n int, res *protocol.Reservation) error {
+// prepareDevice makes what a device operation of n bytes (0: not staged) will need
+// before the engine issues it, so the engine makes no allocating driver call: a
+// staging buffer held in res and an event of the worker's pool kept for ev, both until
+// the operation ended (its condRequest releases them), and the worker's stream. Called
+// at submit, on the caller's goroutine.
+func (w *Worker) prepareDevice(n int, res *protocol.Reservation, ev *eventReservation) error {
 	if n > 0 {
 		if err := w.devicePool().Hold(res, n); err != nil {
 			return err
 		}
 	}
-	ev, _, err := w.ipcResources()
+	_, err := w.ipcSideStream()
+	if err == nil {
+		err = w.reserveEvent(ev)
+	}
 	if err != nil {
 		res.Release()
 		return err
 	}
-	w.mu.Lock()
-	w.putIPCEvent(ev)
-	w.mu.Unlock()
 	return nil
+}
+
+// eventReservation keeps an event of the worker's pool (ipcEvents) for one operation
+// the engine issues on the device, for as long as the operation lives (a graph's,
+// every launch): each operation the engine may issue at one trigger finds its event in
+// the pool, so the engine makes none (cuEventCreate allocates). The pool keeps
+// Worker.ipcEvKept events for the held reservations whose operation holds none now;
+// other takers take only the rest (takeIPCEventLocked). An issue takes the kept event
+// (using), and its return (putIPCEvent) keeps it for the reservation again.
+type eventReservation struct {
+	w     *Worker
+	held  bool // under w.mu
+	using bool // the operation's issue holds the event (under w.mu)
+}
+
+// reserveEvent makes res hold an event of w's pool, making events as needed, on the
+// caller's goroutine. A reservation held already stays as it is.
+func (w *Worker) reserveEvent(res *eventReservation) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if res.held {
+		return nil
+	}
+	for len(w.ipcEvents) <= w.ipcEvKept {
+		if w.closed.Load() {
+			return ErrClosed // closeIPCLocked released the pool: an event made now would leak
+		}
+		ev, err := w.ctx.ipc.dev.NewEvent()
+		if err != nil {
+			return err
+		}
+		w.ipcEvents = append(w.ipcEvents, ev)
+	}
+	w.ipcEvKept++
+	res.w, res.held, res.using = w, true, false
+	return nil
+}
+
+// release ends the reservation (a no-op on one not held): an event its operation
+// still holds goes back to the pool as anyone's.
+func (res *eventReservation) release() {
+	w := res.w
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !res.held {
+		return
+	}
+	res.held = false
+	if !res.using {
+		w.ipcEvKept--
+	}
+}
+
+// endUseLocked: the event the operation's issue took is back in the pool, kept for
+// res again while it is held. Caller holds w.mu.
+func (res *eventReservation) endUseLocked() {
+	if !res.using {
+		return
+	}
+	res.using = false
+	if res.held {
+		res.w.ipcEvKept++
+	}
 }
 
 // stagedDevice runs issue (the operation with no condition, on host memory) on a
@@ -59,7 +126,7 @@ func (w *Worker) prepareDevice(n int, res *protocol.Reservation) error {
 func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protocol.Direction, issue func(b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
 	ip := *p
 	ip.MemoryType, ip.MemH, ip.Staging = MemoryHost, nil, protocol.StageWhenNeeded
-	ip.Callback, ip.Request, ip.stageRes = nil, nil, nil
+	ip.Callback, ip.Request, ip.stageRes, ip.evRes = nil, nil, nil, nil
 	if len(buf) == 0 {
 		return issue(buf, &ip)
 	}
@@ -69,12 +136,13 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		return nil, opErr(op, err, "staging memory")
 	}
 	staged := mem.Bytes()[:len(buf)]
-	ev, side, err := w.ipcResources()
+	r, x := w.newIPCRequest(op, p)
+	ev, side, err := w.ipcResources(x) // the engine's issue: reserved at the submit
 	if err != nil {
 		release()
+		r.ipc = nil
 		return nil, opErr(op, err, "")
 	}
-	r, x := w.newIPCRequest(op, p)
 	dev := uintptr(bufPtr(buf))
 	fail := func(err error) (*Request, error) {
 		release()
@@ -97,7 +165,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		}
 		x.ev = ev
 		x.then = func(x *ipcWait, err error) (bool, error) {
-			w.putIPCEvent(x.ev)
+			w.putIPCEvent(x, x.ev)
 			x.ev = nil
 			if err != nil {
 				release()
@@ -135,7 +203,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		x.deps = nil
 		if n == 0 || in.pulledDirect() {
 			release()
-			w.putIPCEvent(ev)
+			w.putIPCEvent(x, ev)
 			return true, nil
 		}
 		s := w.ipcStream
@@ -148,7 +216,7 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 			err = s.Record(ev)
 		}
 		if err != nil {
-			w.putIPCEvent(ev)
+			w.putIPCEvent(x, ev)
 			release()
 			return true, err
 		}

@@ -183,6 +183,7 @@ func (w *Worker) newIPCRequest(op string, p *RequestParam) (*Request, *ipcWait) 
 	}
 	r.reset(w, op, p.Callback)
 	r.ipc = x
+	x.evRes = p.evRes
 	return r, x
 }
 
@@ -211,6 +212,10 @@ type ipcWait struct {
 	tagged   bool
 	sentTag  uint64
 	pullSeq  uint64
+	// evRes: the event reserved for the engine's issue of this operation
+	// (RequestParam.evRes), while its event is taken from what the pool keeps for it
+	// (takeIPCEventLocked) or until it takes one; nil otherwise.
+	evRes *eventReservation
 }
 
 // after makes x wait for in, then run done with in's result and finish with it (the
@@ -422,12 +427,12 @@ func (ep *Endpoint) ipcIssueOn(op string, p *RequestParam, buf []byte, s streamc
 		on = side
 	} else if side != nil {
 		// Non-blocking: the copy waits for the stream's point on the worker's stream.
-		ev, err := w.takeIPCEventLocked()
+		ev, err := w.takeIPCEventLocked(nil)
 		if err == nil {
 			if err = s.Record(ev); err == nil {
 				err = side.WaitEvent(ev)
 			}
-			w.putIPCEvent(ev) // a wait holds the record it saw: the event may be recorded again
+			w.putIPCEvent(nil, ev) // a wait holds the record it saw: the event may be recorded again
 		}
 		if err != nil {
 			return fail(opErr(op, err, ""))
@@ -463,12 +468,12 @@ const ipcMarkEvery = 8
 
 // markIPCLocked records an event on q's stream for x (the newest copy of q).
 func (w *Worker) markIPCLocked(q *ipcQueue, x *ipcWait) error {
-	ev, err := w.takeIPCEventLocked()
+	ev, err := w.takeIPCEventLocked(x)
 	if err != nil {
 		return err
 	}
 	if err := q.s.Record(ev); err != nil {
-		w.putIPCEvent(ev)
+		w.putIPCEvent(x, ev)
 		return err
 	}
 	x.ev = ev
@@ -477,9 +482,22 @@ func (w *Worker) markIPCLocked(q *ipcQueue, x *ipcWait) error {
 }
 
 // takeIPCEventLocked takes an event from the pool, or makes one (a driver call that
-// does not wait for any stream).
-func (w *Worker) takeIPCEventLocked() (streamcore.Event, error) {
-	if n := len(w.ipcEvents); n > 0 {
+// does not wait for any stream) where the pool has none beyond those kept for
+// reservations. The event of x (nil for none), an operation whose event was reserved
+// (x.evRes, devstage.go), is one of those kept, taken with no driver call.
+func (w *Worker) takeIPCEventLocked(x *ipcWait) (streamcore.Event, error) {
+	n := len(w.ipcEvents)
+	if x != nil && x.evRes != nil {
+		if res := x.evRes; res.held && !res.using && n > 0 {
+			res.using = true
+			w.ipcEvKept--
+			ev := w.ipcEvents[n-1]
+			w.ipcEvents = w.ipcEvents[:n-1]
+			return ev, nil
+		}
+		x.evRes = nil // not its reserved event: its return credits nothing
+	}
+	if n > w.ipcEvKept {
 		ev := w.ipcEvents[n-1]
 		w.ipcEvents = w.ipcEvents[:n-1]
 		return ev, nil
@@ -552,8 +570,9 @@ func (r *Request) unpinIPC(ev streamcore.Event) {
 		r.pin.Unpin()
 		r.pinned = false
 	}
+	x := r.ipc
 	r.ipc = nil
-	r.w.putIPCEvent(ev)
+	r.w.putIPCEvent(x, ev)
 }
 
 // onIPCDevice reports whether streams of b can run the copies: b is of the kind of
@@ -563,24 +582,32 @@ func (w *Worker) onIPCDevice(b streamcore.Backend) bool {
 	return b != nil && b.Kind() == w.ctx.ipc.dev.Kind()
 }
 
-// ipcResources returns an event (from the worker's pool) and the worker's own stream
-// of the device, made on first use: on the caller's goroutine.
-func (w *Worker) ipcResources() (streamcore.Event, streamcore.Stream, error) {
+// ipcResources returns an event (from the worker's pool; x's reserved one if it has
+// one) and the worker's own stream of the device, made on first use: on the caller's
+// goroutine.
+func (w *Worker) ipcResources(x *ipcWait) (streamcore.Event, streamcore.Stream, error) {
 	side, err := w.ipcSideStream()
 	if err != nil {
 		return nil, nil, err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ev, err := w.takeIPCEventLocked()
+	ev, err := w.takeIPCEventLocked(x)
 	return ev, side, err
 }
 
-func (w *Worker) putIPCEvent(ev streamcore.Event) {
+// putIPCEvent gives ev, taken for x (nil for none), back to the pool; the pool keeps
+// it again for x's reservation if x took its reserved event and the reservation is
+// still held. Caller holds w.mu.
+func (w *Worker) putIPCEvent(x *ipcWait, ev streamcore.Event) {
 	if ev == nil {
 		return
 	}
 	w.ipcEvents = append(w.ipcEvents, ev)
+	if x != nil && x.evRes != nil {
+		x.evRes.endUseLocked()
+		x.evRes = nil
+	}
 }
 
 // ipcQueue is the IPC requests of one stream, in enqueue order: a stream runs its
@@ -754,7 +781,7 @@ func (w *Worker) completeIPCLocked(r *Request, err error) {
 	}
 	ev := x.ev
 	r.completeLocked(err, x.length, x.tag)
-	w.putIPCEvent(ev)
+	w.putIPCEvent(x, ev)
 }
 
 func (x *ipcWait) poll() (bool, error) {

@@ -103,6 +103,8 @@ type RequestParam struct {
 	// stageRes: the staging buffer reserved at the submit of an operation the engine
 	// issues staged through the device (its condRequest's), lent at the issue.
 	stageRes *protocol.Reservation
+	// evRes: the event reserved at the same submit, with the same life (devstage.go).
+	evRes *eventReservation
 }
 
 var defaultParam RequestParam

@@ -133,6 +133,9 @@ type Worker struct {
 	ipcPending []*Request  // flushes and staged operations
 	ipcEvents  []streamcore.Event
 	ipcStream  streamcore.Stream
+	// ipcEvKept: how many of ipcEvents are kept for held event reservations whose
+	// operation holds no event now (devstage.go): others take only the rest.
+	ipcEvKept int
 	// devPool: pinned staging memory of device operations with no stream (devstage.go).
 	devPool *protocol.Pool
 }
