@@ -93,7 +93,16 @@
 // A host func runs on the executor goroutine; it must return, and must not
 // Synchronize or Close its own stream, Close its backend or wait on an event recorded
 // on its stream after it (Event.Synchronize): those would wait for the func itself,
-// so host streams refuse them with an error wrapping ErrInvalidArgument. It may
+// so host streams refuse them with an error wrapping ErrInvalidArgument. The same
+// holds through other host streams: a host func's Synchronize, Event.Synchronize,
+// Close or Backend.Close that waits for a stream which waits (directly, through
+// WaitEvent, a host func's wait of its own, or a chain of such streams) for the
+// func's stream past the func would never end either, and is refused the same way:
+// the host func's wait that closes the cycle (with two host funcs waiting for each
+// other's streams, either one, depending on timing), or, where a WaitEvent closes
+// it, a host func's Synchronize waiting in it. A wait on another stream that forms no cycle
+// blocks as from any goroutine, but holds the func's stream up meanwhile: portable
+// code waits outside host funcs, as CUDA forbids host funcs any CUDA call. It may
 // enqueue on any host stream, its own included (the work runs after it returns); a
 // CUDA host func must not call CUDA at all, enqueueing included. A panic in it (or runtime.Goexit) becomes the
 // stream's sticky error, a *PanicError (its Value is ErrGoexit for a Goexit, so

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/ucpx/ucpx/internal/goid"
 )
 
 // DefaultCloseGrace is how long a closing host stream lets a blocked wait (WaitValue,
@@ -137,30 +135,36 @@ const maxHostWords = 1 << 30
 // Close closes every stream of the backend (each with its close grace, all at once) and
 // refuses new objects. Events and word blocks stay usable. It returns the streams'
 // sticky errors, joined; a second Close returns ErrClosed. Called from a host func of
-// one of its streams (Close would wait for that func) it refuses with an error
+// one of its streams (Close would wait for that func), or of another backend's host
+// stream that one of them waits for past that func, it refuses with an error
 // wrapping ErrInvalidArgument and closes nothing.
 func (b *hostBackend) Close() error {
+	// Close waits for every stream's executor: from a host func of one of them it
+	// would wait for itself forever, and from a host func of another backend's stream
+	// that one of them waits for, for each other. Refuse before closing anything.
+	from := callingExecutor()
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return fmt.Errorf("stream: host backend: %w", ErrClosed)
 	}
-	if len(b.streams) > 0 {
-		// Close waits for every stream's executor: from a host func of one of them
-		// it would wait for itself forever. Refuse before closing anything.
-		id := goid.Current()
-		for s := range b.streams {
-			if id != 0 && s.executor.Load() == id {
-				b.mu.Unlock()
-				return errOwnExecutor("Backend.Close")
-			}
-		}
+	if from != nil && from.backend == b {
+		b.mu.Unlock()
+		return errOwnExecutor("Backend.Close")
 	}
-	b.closed = true
 	streams := make([]*hostStream, 0, len(b.streams))
 	for s := range b.streams {
 		streams = append(streams, s)
 	}
+	if from != nil {
+		for _, s := range streams {
+			if wouldCycle(from, s) {
+				b.mu.Unlock()
+				return errWaitCycle("Backend.Close", from, s)
+			}
+		}
+	}
+	b.closed = true
 	b.mu.Unlock()
 
 	// Start every close before waiting on any, so grace periods run in parallel and a
@@ -172,7 +176,16 @@ func (b *hostBackend) Close() error {
 	}
 	var errs []error
 	for i, s := range streams {
+		var e *waitEdge
+		if from != nil {
+			// Registered for the cycle checks of other waits; a cycle closing on it
+			// now is ended by the close grace, as any wait that does not hold.
+			e, _ = beginWait(from, s, ^uint64(0), false, false)
+		}
 		<-s.done
+		if e != nil {
+			endWait(from, e)
+		}
 		if !mine[i] {
 			continue
 		}

@@ -52,16 +52,18 @@ func (e *hostEvent) Query() (bool, error) {
 
 // Synchronize waits for the recorded work; see Query for the errors. Called from a
 // host func of the recording stream, on a record after that func (which it would wait
-// for forever), it returns an error wrapping ErrInvalidArgument.
+// for forever), or from a host func of another host stream that the recording stream
+// waits for past that func, it returns an error wrapping ErrInvalidArgument.
 func (e *hostEvent) Synchronize() error {
 	s, seq, err := e.snapshot()
 	if err != nil || s == nil {
 		return err
 	}
-	if err := s.selfWait("Event.Synchronize", seq); err != nil {
-		return err
+	refused, err := s.callerWait("Event.Synchronize", seq)
+	if refused != nil {
+		return refused
 	}
-	if err := s.awaitSeq(seq, nil, nil); err != nil {
+	if err != nil {
 		return fmt.Errorf("stream: host event: recorded work will not run: %w", err)
 	}
 	return nil

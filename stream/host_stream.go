@@ -351,41 +351,28 @@ func (s *hostStream) WaitEvent(e Event) error {
 }
 
 // Synchronize waits for everything enqueued before the call, then returns the sticky
-// error, if any. Called from a host func of this stream it returns an error wrapping
-// ErrInvalidArgument instead of deadlocking.
+// error, if any. Called from a host func of this stream, or of another host stream
+// that this one waits for (directly or through others) past that func, it returns an
+// error wrapping ErrInvalidArgument instead of deadlocking (see host_waits.go).
 func (s *hostStream) Synchronize() error {
 	if s.closingFlag.Load() {
 		return errClosedStream()
 	}
-	target := s.tail.Load()
-	if err := s.selfWait("Synchronize", target); err != nil {
-		return err
+	refused, err := s.callerWait("Synchronize", s.tail.Load())
+	if refused != nil {
+		return refused
 	}
-	if err := s.awaitSeq(target, nil, nil); err != nil {
+	if err != nil {
 		return err
 	}
 	return s.err()
 }
-
-// onExecutor reports whether the caller is the stream's executor goroutine (a host
-// func of this stream). It costs about a microsecond: call it on blocking paths only.
-func (s *hostStream) onExecutor() bool { return goid.Is(s.executor.Load()) }
 
 // errOwnExecutor is what a call that would wait for the calling host func's own
 // stream returns: the wait could never end.
 func errOwnExecutor(what string) error {
 	return fmt.Errorf("stream: host %s called from a host func of the stream it waits for (it would deadlock): %w",
 		what, ErrInvalidArgument)
-}
-
-// selfWait refuses a wait for position target of s from s's own executor, which
-// would never end; nil if the wait may proceed (target already done, or another
-// goroutine waits).
-func (s *hostStream) selfWait(what string, target uint64) error {
-	if s.completed.Load() >= target || !s.onExecutor() {
-		return nil
-	}
-	return errOwnExecutor(what)
 }
 
 // Failed implements Failer: the sticky error, once the executor stopped on it.
@@ -407,16 +394,31 @@ func (s *hostStream) Query() (bool, error) {
 // never hangs on a word nobody writes — but a host func that never returns does block
 // it. Close returns the stream's sticky error if it had one; a second Close returns
 // ErrClosed. Synchronize before Close when the queued work must run. Called from a
-// host func of this stream (which Close would wait for), Close refuses with an error
-// wrapping ErrInvalidArgument and closes nothing.
+// host func of this stream (which Close would wait for), or of another host stream
+// that this one waits for past that func, Close refuses with an error wrapping
+// ErrInvalidArgument and closes nothing.
 func (s *hostStream) Close() error {
-	if s.onExecutor() {
+	from := callingExecutor()
+	if from == s {
 		return errOwnExecutor("Close")
 	}
+	var e *waitEdge
+	if from != nil && !s.exited() {
+		var ok bool
+		if e, ok = beginWait(from, s, ^uint64(0), true, false); !ok {
+			return errWaitCycle("Close", from, s)
+		}
+	}
 	if !s.beginClose() {
+		if e != nil {
+			endWait(from, e)
+		}
 		return errClosedStream()
 	}
 	<-s.done
+	if e != nil {
+		endWait(from, e)
+	}
 	s.backend.forget(s)
 	return s.err()
 }
@@ -449,10 +451,13 @@ func (s *hostStream) beginClose() bool {
 
 // run is the executor goroutine.
 func (s *hostStream) run() {
-	s.executor.Store(goid.Current())
+	id := goid.Current()
+	s.executor.Store(id)
+	registerExecutor(id, s)
 	returned := false
 	var batch []hostOp
 	defer func() {
+		unregisterExecutor(id)
 		if returned {
 			s.exit()
 			return
@@ -676,6 +681,13 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 
 // execWaitEvent waits until the peer stream has run op.value operations.
 func (s *hostStream) execWaitEvent(op *hostOp) error {
+	if ok, err := op.peer.reached(op.value); ok && err == nil {
+		return nil
+	}
+	// Registered so that a host func's wait closing a cycle through this one is
+	// refused (host_waits.go); this wait itself is never refused.
+	e, _ := beginWait(s, op.peer, op.value, false, false)
+	defer endWait(s, e)
 	stop := s.closing
 	var grace *time.Timer
 	defer func() {

@@ -629,7 +629,9 @@ func TestHostSelfWaitRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Record(before))
 	errs := make(map[string]error)
+	hold, release := gate() // after is recorded before the func waits on it
 	require.NoError(t, s.LaunchHostFunc(func() {
+		hold()
 		errs["Synchronize"] = s.Synchronize()
 		errs["Close"] = s.Close()
 		errs["Backend.Close"] = b.Close()
@@ -637,6 +639,7 @@ func TestHostSelfWaitRefused(t *testing.T) {
 		errs["before.Synchronize"] = before.Synchronize()
 	}))
 	require.NoError(t, s.Record(after))
+	release()
 	done := make(chan error, 1)
 	go func() { done <- s.Synchronize() }()
 	select {
