@@ -104,12 +104,14 @@
 // blocks as from any goroutine, but holds the func's stream up meanwhile: portable
 // code waits outside host funcs, as CUDA forbids host funcs any CUDA call. It may
 // enqueue on any host stream, its own included (the work runs after it returns); a
-// CUDA host func must not call CUDA at all, enqueueing included. A panic in it (or runtime.Goexit) becomes the
-// stream's sticky error, a *PanicError (its Value is ErrGoexit for a Goexit, so
-// errors.Is(err, ErrGoexit) tells the two apart). On a CUDA stream too a panic in a
-// host func is recovered on the driver's thread and becomes the stream's sticky
-// *PanicError (Synchronize, Query, Failed and later enqueues return it), though the
-// GPU still runs the work already queued behind it.
+// CUDA host func must not call CUDA at all, enqueueing included. A panic in it (or,
+// on a host stream, runtime.Goexit) becomes the stream's sticky error, a *PanicError
+// (its Value is ErrGoexit for a Goexit, so errors.Is(err, ErrGoexit) tells the two
+// apart). On a CUDA stream too a panic in a host func is recovered on the driver's
+// thread and becomes the stream's sticky *PanicError (Synchronize, Query, Failed and
+// later enqueues return it), though the GPU still runs the work already queued behind
+// it. A CUDA host func must not call runtime.Goexit (testing's FailNow and SkipNow do):
+// it runs on the driver's thread, where Go ends the process on a Goexit.
 //
 // Close refuses new work, runs what is queued and stops the goroutine. A wait that
 // does not hold when reached gets a grace period (DefaultCloseGrace, WithCloseGrace)
