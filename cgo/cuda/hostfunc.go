@@ -121,8 +121,10 @@ func (s *hostFnSet) release() {
 }
 
 // LaunchHostFunc enqueues fn to run on a driver thread once all earlier work on
-// s is done; later work waits for fn to return. fn must not call CUDA. While s
-// captures a graph, fn becomes a host node of that graph and runs on every launch.
+// s is done; later work waits for fn to return. fn must not call CUDA, nor
+// runtime.Goexit (testing's FailNow does): Go ends the process on a Goexit on a
+// thread it did not create. While s captures a graph, fn becomes a host node of that
+// graph and runs on every launch.
 func (s *Stream) LaunchHostFunc(fn func()) error {
 	const op = "cuLaunchHostFunc"
 	if fn == nil {
