@@ -145,6 +145,7 @@ func TestCUDASignalNodesRefuseBadWords(t *testing.T) {
 // FAKECUDA_GRAPH_NODES_MAX nodes). Before, the start node stayed in the user's graph: each
 // launch stored its trigger, which no condition would ever take.
 func TestCUDASignalNodesRefusedWaitLeavesTheGraph(t *testing.T) {
+	testenv.RequireFakeDriver(t)
 	b, _, cg := newCUDAGraph(t)
 	g := graph.CUDA{Graph: cg}
 	words, err := b.AllocWords(4)

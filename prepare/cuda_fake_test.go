@@ -64,6 +64,7 @@ func TestCUDAPreadyNodeGatesWaitInTurn(t *testing.T) {
 // Before, the gate stayed: it took the partition's ready flag at every launch, and
 // the retry's gate then waited for that flag for good (the launch hung).
 func TestCUDAPreadyNodeRefusedLeavesTheGraph(t *testing.T) {
+	testenv.RequireFakeDriver(t)
 	const parts, size = 2, 256
 	b, cctx, send, recv, sbuf, rbuf := cudaPair(t, parts, size)
 	fill(sbuf, 3)

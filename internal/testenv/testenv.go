@@ -122,7 +122,7 @@ func RunUnderFakeDriver(t testing.TB, tests []string, env ...string) string {
 	dir := BuildFakeDriver(t, t.TempDir())
 	run := "^(" + strings.Join(tests, "|") + ")$"
 	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir+":"+os.Getenv("LD_LIBRARY_PATH"), EnvRequireGPU+"=1")
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir+":"+os.Getenv("LD_LIBRARY_PATH"), EnvRequireGPU+"=1", envFakeDriver+"=1")
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	text := string(out)
@@ -134,6 +134,18 @@ func RunUnderFakeDriver(t testing.TB, tests []string, env ...string) string {
 	}
 	t.Logf("%d GPU tests passed against the fake driver", strings.Count(text, "--- PASS"))
 	return text
+}
+
+// envFakeDriver marks the child process RunUnderFakeDriver starts.
+const envFakeDriver = "UCPX_TEST_FAKE_DRIVER"
+
+// RequireFakeDriver skips a test that steers the fake driver (its FAKECUDA_* knobs,
+// which a real driver ignores) unless RunUnderFakeDriver runs it.
+func RequireFakeDriver(t testing.TB) {
+	t.Helper()
+	if os.Getenv(envFakeDriver) == "" {
+		t.Skip("steers the fake driver: run by RunUnderFakeDriver")
+	}
 }
 
 // moduleRoot is the directory that holds the fake driver's source: the module root
