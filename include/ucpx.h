@@ -24,6 +24,11 @@
  *    UCPX_ERR_INVALID_HANDLE. Destroying a parent (context, worker) closes its
  *    children in the library; their handles must still be destroyed to be freed
  *    (which then returns UCPX_OK).
+ *  - A destroy call (ucpx_*_destroy, ucpx_mem_unmap, ucpx_request_free, ucpx_pfree)
+ *    that returns UCPX_ERR_BUSY or UCPX_ERR_TIMEOUT released nothing: the handle
+ *    stays valid, and the caller calls it again (it returns UCPX_OK once done). After
+ *    any other result the handle is released (ucpx_condition_destroy names one more
+ *    case where it stays).
  *  - libcuda is opened at run time (dlopen), never linked; host-only programs need
  *    no GPU and no driver. CUDA streams and events are passed as uintptr_t (a
  *    CUstream is a cudaStream_t, a CUevent a cudaEvent_t).
@@ -48,7 +53,8 @@ typedef enum {
 	UCPX_ERR_INVALID_HANDLE = -2, /* 0, unknown, destroyed, or a handle of another kind */
 	UCPX_ERR_UNSUPPORTED = -3,    /* not available here (transport, device, feature) */
 	UCPX_ERR_CLOSED = -4,         /* the object (or its worker, context) was closed */
-	UCPX_ERR_TIMEOUT = -5,        /* the call's timeout passed; the operation goes on */
+	UCPX_ERR_TIMEOUT = -5,        /* the call's timeout passed; the operation goes on (a
+	                               * destroy call's handle stays valid: call it again) */
 	UCPX_ERR_PEER_FAILED = -6,    /* the peer failed or is unreachable */
 	UCPX_ERR_CANCELED = -7,       /* the operation was canceled */
 	UCPX_ERR_TRUNCATED = -8,      /* the received message is longer than the buffer */
@@ -128,7 +134,12 @@ int ucpx_worker_progress(ucpx_handle_t worker, int *count);
  * only tcp), 0 = none (shared memory allowed). */
 int ucpx_ep_create(ucpx_handle_t worker, char *address, int flags, ucpx_handle_t *ep);
 
-/* ucpx_ep_destroy flushes and closes the endpoint (waiting at most 5 s). */
+/* ucpx_ep_destroy flushes and closes the endpoint, waiting at most 5 s for the
+ * flush. UCPX_ERR_TIMEOUT: the flush did not finish (the peer is dead or does not
+ * progress); the endpoint is closed all the same (operations on it fail with
+ * UCPX_ERR_CLOSED) and UCX's close goes on, but the handle stays valid, as for every
+ * destroy call that times out: calling ucpx_ep_destroy again releases it and returns
+ * UCPX_OK at once (it does not wait again). */
 int ucpx_ep_destroy(ucpx_handle_t ep);
 
 /* ---- Memory and remote keys ---------------------------------------------------- */
@@ -137,6 +148,13 @@ int ucpx_ep_destroy(ucpx_handle_t ep);
  * UCPX_MEMORY_* value) for RMA; the memory stays the caller's and must outlive the
  * handle. */
 int ucpx_mem_map(ucpx_handle_t context, void *addr, size_t len, int mem_type, ucpx_handle_t *mem);
+
+/* ucpx_mem_unmap revokes the remote keys packed from mem (peers that unpacked one get
+ * UCPX_ERR_REVOKED from then on) and deregisters the memory once every importer
+ * acknowledged or failed. UCPX_ERR_TIMEOUT: an importer did neither within 2 s (it
+ * does not progress its worker); the memory stays registered (the importer may still
+ * write it), the handle stays valid, and the caller calls ucpx_mem_unmap again
+ * (UCPX_OK once the importers answered) before it reuses or frees the memory. */
 int ucpx_mem_unmap(ucpx_handle_t mem);
 
 /* ucpx_rkey_pack writes the remote key of mem as a NUL-terminated string (hex),
@@ -167,7 +185,9 @@ int ucpx_cuda_condition_create(uintptr_t stream, ucpx_handle_t *condition);
  * condition so far has completed; any stream may then cuStreamWaitEvent on it. */
 int ucpx_condition_record_event(ucpx_handle_t condition, uintptr_t event);
 
-/* ucpx_condition_destroy fails with UCPX_ERR_BUSY while operations are pending. */
+/* ucpx_condition_destroy fails with UCPX_ERR_BUSY while operations are pending. After
+ * BUSY, or another error after which the condition still exists (its stream could not
+ * be synchronized), the handle stays valid for another call. */
 int ucpx_condition_destroy(ucpx_handle_t condition);
 
 /* ---- Operations -------------------------------------------------------------------- */

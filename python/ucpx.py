@@ -221,7 +221,9 @@ class _Handle:
             try:
                 _call(self._destroy, self.handle)
             except Error as e:
-                if e.code != ERR_BUSY:  # BUSY: nothing changed, the handle stays
+                # BUSY, TIMEOUT: nothing released, the handle stays; close again (a
+                # Memory whose importers did not acknowledge in time stays registered).
+                if e.code not in (ERR_BUSY, ERR_TIMEOUT):
                     self.handle = 0
                 raise
             self.handle = 0

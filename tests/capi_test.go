@@ -35,6 +35,9 @@ import (
 //     another of its streams, the peer 200 ms late) against the fake driver;
 //   - nulls: capi/c/nulls.c, every function with handle 0, NULL pointers and bad
 //     sizes answers an error code, never a crash;
+//   - destroy-retry: capi/c/destroy_retry.c, ucpx_mem_unmap and ucpx_ep_destroy
+//     time out while the peer does not progress, keep their handles, and succeed when
+//     called again (about 7 s: the revocation's 2 s and the flush's 5 s);
 //   - python: python/test_ucpx_host.py, the ctypes module's host-memory check (where
 //     python3 exists);
 //   - header: every function include/ucpx.h declares is a symbol libucpx.so exports,
@@ -116,6 +119,14 @@ func TestCAPI(t *testing.T) {
 		out, err = exec.CommandContext(ctx, nexe).CombinedOutput()
 		require.NoError(t, err, "capi/c/nulls.c:\n%s", out)
 		require.Contains(t, string(out), "OK nulls")
+	})
+
+	t.Run("destroy-retry", func(t *testing.T) {
+		dexe := filepath.Join(dir, "destroy_retry")
+		out, err := exec.Command(cc, "-Wall", "-Wextra", "-Werror", "-O1", "-I../include", "-o", dexe,
+			"../capi/c/destroy_retry.c", "-L"+dir, "-lucpx", "-Wl,-rpath,"+dir).CombinedOutput()
+		require.NoError(t, err, "building capi/c/destroy_retry.c:\n%s", out)
+		runRanks(t, dexe, nil, "OK destroy rank")
 	})
 
 	t.Run("python", func(t *testing.T) {

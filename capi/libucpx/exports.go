@@ -79,16 +79,25 @@ func created(o any, err error, out *C.ucpx_handle_t) C.int {
 	return C.UCPX_OK
 }
 
-// destroy removes handle h, which must be a T, and closes its object.
+// destroy removes handle h, which must be a T, and closes its object. A Close that
+// timed out or found the object busy leaves it in place (MemH.Close: the memory stays
+// registered until every importer acknowledged; Endpoint.Close: the flush goes on):
+// the handle is put back, so that the caller can call again, as UCPX_ERR_TIMEOUT and
+// UCPX_ERR_BUSY promise. Before, it was gone, and the retry got
+// UCPX_ERR_INVALID_HANDLE while the memory stayed registered until the context closed.
 func destroy[T interface{ Close() error }](h C.ucpx_handle_t, kind string) C.int {
 	o, err := take[T](h, kind)
 	if err != nil {
 		return status(err)
 	}
-	if err := o.Close(); !errors.Is(err, ucp.ErrClosed) { // closed with its parent: freed, fine
-		return status(err)
+	err = o.Close()
+	switch {
+	case errors.Is(err, ucp.ErrClosed): // closed with its parent, or by an earlier call: freed, fine
+		return C.UCPX_OK
+	case errors.Is(err, ucp.ErrTimedOut), errors.Is(err, ucp.ErrBusy):
+		putBack(h, o)
 	}
-	return C.UCPX_OK
+	return status(err)
 }
 
 // hexOut writes b hex-encoded through putString, or returns err.
@@ -367,10 +376,15 @@ func ucpx_condition_destroy(h C.ucpx_handle_t) C.int {
 		return status(err)
 	}
 	if err := c.c.Destroy(); err != nil {
-		if errors.Is(err, ucp.ErrBusy) {
+		if errors.Is(err, ucp.ErrBusy) || !c.c.Destroyed() {
+			// Still there (operations pending, its stream not synchronized): so is the
+			// handle, for another call.
 			putBack(h, c)
+			return status(err)
 		}
-		return status(err)
+		// Destroyed despite the error: the borrowed stream's wrapper goes too (it
+		// leaked when only BUSY was told apart).
+		return status(errors.Join(err, c.s.Close()))
 	}
 	return status(c.s.Close())
 }

@@ -96,6 +96,8 @@ func drop(h C.ucpx_handle_t, o any, kind string) error {
 	return nil
 }
 
-// putBack restores a handle take removed, when the destroy it was for failed
-// (ErrBusy: the object is still in use).
+// putBack restores a handle take removed, when the destroy it was for left the object
+// in place (ErrBusy: still in use; ErrTimedOut: MemH.Close's revocation or an
+// endpoint's flush did not finish). A worker's or endpoint's record for the blocking
+// calls stays unset: they take the Go path, which finds the object by the handle.
 func putBack(h C.ucpx_handle_t, o any) { handles.Store(uint64(h), o) }
