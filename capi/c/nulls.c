@@ -126,6 +126,34 @@ int main(void) {
 	EXPECT(ucpx_tag_recv_wait(worker, buf, (size_t)-1, 1, ~0ull, 10, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
 	       "a receive length past INT64_MAX");
 	{
+		/* A buffer whose range wraps around the address space is refused: before, it
+		 * was taken for an empty one (tag_send and put returned UCPX_OK, moving 0
+		 * bytes). The blocking calls check in C first (they take the Go path for it). */
+		void *wrap = (void *)(uintptr_t)0xFFFFFFFFFFFFF000ull;
+		size_t wn = 0x2000;
+		req = 12345;
+		EXPECT(ucpx_tag_send(ep, wrap, wn, 1, 0, 0, 0, &req) == UCPX_ERR_INVALID_PARAM && req == 0,
+		       "tag_send of a wrapping buffer");
+		EXPECT(ucpx_tag_recv(worker, wrap, wn, 1, ~0ull, 0, 0, 0, &req) == UCPX_ERR_INVALID_PARAM && req == 0,
+		       "tag_recv into a wrapping buffer");
+		EXPECT(ucpx_put(ep, wrap, wn, u, rkey, 0, 0, 0, &req) == UCPX_ERR_INVALID_PARAM && req == 0,
+		       "put from a wrapping buffer");
+		EXPECT(ucpx_get(ep, wrap, wn, u, rkey, 0, 0, 0, &req) == UCPX_ERR_INVALID_PARAM && req == 0,
+		       "get into a wrapping buffer");
+		h = 12345;
+		EXPECT(ucpx_psend_init(worker, ep, wrap, wn, 4, 9, &h) == UCPX_ERR_INVALID_PARAM && h == 0,
+		       "psend_init of a wrapping buffer");
+		EXPECT(ucpx_precv_init(worker, ep, wrap, wn, 4, 9, &h) == UCPX_ERR_INVALID_PARAM && h == 0,
+		       "precv_init of a wrapping buffer");
+		EXPECT(ucpx_tag_send_wait(ep, wrap, wn, 1, 10) == UCPX_ERR_INVALID_PARAM, "tag_send_wait of a wrapping buffer");
+		EXPECT(ucpx_tag_recv_wait(worker, wrap, wn, 1, ~0ull, 10, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
+		       "tag_recv_wait into a wrapping buffer");
+		EXPECT(ucpx_tag_sendrecv(ep, wrap, wn, 1, buf, 8, 1, ~0ull, 10, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
+		       "tag_sendrecv of a wrapping buffer");
+		EXPECT(ucpx_tag_sendrecv(ep, buf, 8, 1, wrap, wn, 1, ~0ull, 10, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
+		       "tag_sendrecv into a wrapping buffer");
+	}
+	{
 		/* A length past what a size_t - 1 fits in int: the message is copied whole. */
 		static char big[4096];
 		EXPECT(ucpx_last_error(big, (size_t)-1) > 0 && big[0] != 0, "last error with a huge length");

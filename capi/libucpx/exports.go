@@ -50,7 +50,13 @@ func buffer(p unsafe.Pointer, n C.size_t) ([]byte, error) {
 	if p == nil && n > 0 {
 		return nil, invalid("NULL buffer of %d bytes", uint64(n))
 	}
-	return ucp.DeviceBuffer(uintptr(p), int(n)), nil
+	b := ucp.DeviceBuffer(uintptr(p), int(n))
+	if b == nil && n > 0 {
+		// A range that wraps around the address space: DeviceBuffer gives nil, which
+		// the operations took for an empty buffer (a send of 0 bytes, UCPX_OK).
+		return nil, invalid("buffer %p of %d bytes wraps around the address space", p, uint64(n))
+	}
+	return b, nil
 }
 
 // clearHandle sets *out to 0 where out is given: a call that fails returns no handle,

@@ -106,10 +106,12 @@ static inline int quiet(const ucpxu_worker_t *w)
 
 static inline int tag_ok(uint64_t tag) { return (tag & ~UCPXU_TAG_MASK) == 0; }
 
-/* A length past INT64_MAX goes the Go way, which refuses it (UCX took it as given). */
+/* A length past INT64_MAX, or a range that wraps around the address space, goes the
+ * Go way, which refuses it (UCX took it as given). */
 static inline int buf_ok(const void *buf, size_t len)
 {
-    return (buf != NULL || len == 0) && len <= (size_t)INT64_MAX;
+    return (buf != NULL || len == 0) && len <= (size_t)INT64_MAX &&
+           len <= UINTPTR_MAX - (uintptr_t)buf;
 }
 
 int ucpxu_fast_tag_send_recv(ucpxu_fast_t *f, void *sbuf, size_t slen, uint64_t stag,
