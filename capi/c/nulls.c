@@ -154,6 +154,21 @@ int main(void) {
 		       "tag_sendrecv into a wrapping buffer");
 	}
 	{
+		/* An output length past INT64_MAX is a large buffer, not a negative one:
+		 * before, UCPX_ERR_BUFFER_TOO_SMALL. */
+		size_t need = 0;
+		EXPECT(ucpx_worker_address(worker, NULL, 0, &need) == UCPX_ERR_BUFFER_TOO_SMALL, "size query");
+		char *out = malloc(need);
+		EXPECT(ucpx_worker_address(worker, out, (size_t)1 << 63, NULL) == UCPX_OK, "worker address into 2^63 bytes");
+		EXPECT(ucpx_worker_address(worker, out, (size_t)-1, NULL) == UCPX_OK && strlen(out) + 1 == need,
+		       "worker address into SIZE_MAX bytes");
+		free(out);
+		EXPECT(ucpx_rkey_pack(mem, NULL, 0, &need) == UCPX_ERR_BUFFER_TOO_SMALL, "key size query");
+		out = malloc(need);
+		EXPECT(ucpx_rkey_pack(mem, out, (size_t)-1, NULL) == UCPX_OK, "rkey into SIZE_MAX bytes");
+		free(out);
+	}
+	{
 		/* A length past what a size_t - 1 fits in int: the message is copied whole. */
 		static char big[4096];
 		EXPECT(ucpx_last_error(big, (size_t)-1) > 0 && big[0] != 0, "last error with a huge length");

@@ -103,7 +103,7 @@ func putString(s string, buf *C.char, n C.size_t, needed *C.size_t) error {
 	if needed != nil {
 		*needed = C.size_t(len(s) + 1)
 	}
-	if buf == nil || int(n) < len(s)+1 {
+	if buf == nil || uint64(n) < uint64(len(s))+1 { // unsigned: a length past INT64_MAX is large, not negative
 		return errBufferTooSmall
 	}
 	copyString(buf, s)
