@@ -123,7 +123,9 @@ int ucpx_worker_address(ucpx_handle_t worker, char *buf, size_t len, size_t *nee
 
 /* ucpx_worker_progress runs one round of progress; *count (if not NULL) receives the
  * number of completions it made. Waits progress by themselves; a process that is
- * only the target of RMA calls it (or uses UCPX_WORKER_PROGRESS_THREAD). */
+ * only the target of RMA calls it (or uses UCPX_WORKER_PROGRESS_THREAD). A worker
+ * closed with its context gives UCPX_ERR_CLOSED (and *count 0), so a loop
+ * `while (ucpx_worker_progress(w, &n) == UCPX_OK)` ends. */
 int ucpx_worker_progress(ucpx_handle_t worker, int *count);
 
 /* ---- Endpoints --------------------------------------------------------------- */

@@ -90,6 +90,14 @@ func init() {
 	cabi.ResumeTagSend = resumeTagSend
 	cabi.ResumeTagRecv = resumeTagRecv
 	cabi.ResumeTagSendRecv = resumeTagSendRecv
+	cabi.Progress = func(o any) (int, error) {
+		w := o.(*Worker)
+		n := w.Progress()
+		if w.closed.Load() {
+			return n, opErr("worker_progress", ErrClosed, "")
+		}
+		return n, nil
+	}
 }
 
 // shareWithC gives the worker an owner word and a record C callers reach it by.

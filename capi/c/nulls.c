@@ -205,6 +205,10 @@ int main(void) {
 	CHECK(ucpx_context_create(&ctx2));
 	CHECK(ucpx_worker_create(ctx2, 0, &worker2));
 	CHECK(ucpx_context_destroy(ctx2));
+	/* Its worker was closed with it: progress says so (before, UCPX_OK and a count of
+	 * 0 for good, and `while (ucpx_worker_progress(w, &n) == UCPX_OK)` never ended). */
+	i = 7;
+	EXPECT(ucpx_worker_progress(worker2, &i) == UCPX_ERR_CLOSED && i == 0, "progress on a closed worker: count %d", i);
 	CHECK(ucpx_worker_destroy(worker2));
 	FAILS(ucpx_worker_destroy(worker2));
 	free(addr);

@@ -211,11 +211,11 @@ func ucpx_worker_progress(h C.ucpx_handle_t, count *C.int) C.int {
 	if err != nil {
 		return status(err)
 	}
-	n := w.Progress()
+	n, err := cabi.Progress(w)
 	if count != nil {
 		*count = C.int(n)
 	}
-	return C.UCPX_OK
+	return status(err) // UCPX_ERR_CLOSED once the worker (or its context) was destroyed
 }
 
 // ---- Endpoints

@@ -23,4 +23,8 @@ var (
 	ResumeTagSend     func(ctx context.Context, rec, ret unsafe.Pointer, buf []byte, tag uint64) error
 	ResumeTagRecv     func(ctx context.Context, rec, ret unsafe.Pointer, buf []byte, tag, mask uint64) (int, uint64, error)
 	ResumeTagSendRecv func(ctx context.Context, rec, ret unsafe.Pointer, sbuf []byte, stag uint64, rbuf []byte, rtag, rmask uint64) (int, uint64, error)
+	// Progress is w's Progress (w a *ucp.Worker) that also says whether w is closed
+	// (an error matching ucp.ErrClosed): ucpx_worker_progress fails on a closed worker,
+	// where Worker.Progress only returns 0 (a C loop on its result spun for good).
+	Progress func(w any) (int, error)
 )
