@@ -133,7 +133,17 @@ int ucpx_worker_progress(ucpx_handle_t worker, int *count);
 /* ucpx_ep_create connects worker to the peer worker whose address string (from the
  * peer's ucpx_worker_address) is address. flags: 1 = peer error handling (a failed
  * peer fails the endpoint's operations with UCPX_ERR_PEER_FAILED; UCX then selects
- * only tcp), 0 = none (shared memory allowed). */
+ * only tcp), 0 = none (shared memory allowed).
+ *
+ * Memory kept for good: every endpoint and worker handle keeps about 56 bytes until
+ * the process exits, after its destroy too: the 40-byte record the blocking tag calls
+ * reach it by (never freed, so that a call racing with the destroy finds it retired
+ * rather than freed) and its 8-byte slot in the table of records (allocated 8 KiB per
+ * 1024 handles). A program that creates and destroys a million endpoints keeps about
+ * 56 MB; one that keeps its endpoints keeps nothing more. The table has slots for the
+ * first 4,194,303 worker and endpoint handles of the process (counted together; at
+ * most 32 MiB): the blocking calls on later ones always take the library's Go path
+ * (the same results, a little slower), and their records still take 48 bytes each. */
 int ucpx_ep_create(ucpx_handle_t worker, char *address, int flags, ucpx_handle_t *ep);
 
 /* ucpx_ep_destroy flushes and closes the endpoint, waiting at most 5 s for the
