@@ -27,12 +27,24 @@ number, as libucpx.so does when it initializes CUDA itself: PyTorch initializes 
 lazily, so an import before the first CUDA call gives its context the 32 hardware queues
 that staged prepared partitions need (CUDA's default 8 can deadlock them).
 
+Buffers: an integer address (tensor.data_ptr(), ctypes.addressof(buf)), or the buffer
+object itself (a ctypes object, a bytearray, a writable memoryview or numpy array, a
+tensor), which the operation's Request then keeps alive until the operation ended. A
+Request closed, or dropped, while its operation runs: a receive is canceled (nobody can
+read what it would get, and it would take a later message of its tag); other
+operations run on, and their buffer objects stay alive until they end.
+
+Integer arguments out of their C type's range (a tag past 64 bits, a negative length,
+a partition count past int) raise ValueError rather than wrapping.
+
 Errors raise ucpx.Error, whose .code is the ucpx_status value and whose message is
 ucpx_last_error's. Every call is safe from any thread.
 """
 
 import ctypes
+import operator
 import os
+import threading
 
 if not os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"):
     os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
@@ -176,17 +188,47 @@ def _new(name, *args):
     return h.value
 
 
-def _new_request(name, *args):
-    """An operation's Request. A call that enqueued its operation and then failed at a
-    later step returns a handle with its error (ucpx.h): the Error carries it as
-    .request, since the operation still runs and its buffer is in use until it ends."""
+def _new_request(name, *args, keep=(), receive=False):
+    """An operation's Request, keeping the buffer objects in keep alive (receive: a
+    tag receive, canceled when the Request is closed or dropped while it runs). A call
+    that enqueued its operation and then failed at a later step returns a handle with
+    its error (ucpx.h): the Error carries it as .request, since the operation still
+    runs and its buffer is in use until it ends."""
+    _reap()
+    keep = tuple(k for k in keep if k is not None)
     h = _H(0)
     rc = getattr(_lib, name)(*args, ctypes.byref(h))
     if rc != OK:
         err = Error(rc, name, last_error())
-        err.request = Request(h.value) if h.value else None
+        err.request = Request(h.value, keep, receive) if h.value else None
         raise err
-    return Request(h.value)
+    return Request(h.value, keep, receive)
+
+
+# Requests closed or dropped while their operation ran: (handle, buffer objects). Each
+# is freed, and its buffers let go, once a test finds it done (_reap, at the next
+# operation's call); until then the library may still write or read the buffers.
+_running = []
+_running_lock = threading.Lock()
+
+
+def _reap():
+    if not _running:
+        return
+    with _running_lock:  # taken out, so that a close from a __del__ meanwhile appends
+        items = _running[:]
+        _running.clear()
+    left = []
+    for h, keep in items:
+        done = _I(0)
+        rc = _lib.ucpx_request_test(h, ctypes.byref(done))
+        if rc == OK and not done.value:
+            left.append((h, keep))
+        elif rc != ERR_INVALID_HANDLE:
+            _lib.ucpx_request_free(h)
+    if left:
+        with _running_lock:
+            _running.extend(left)
 
 
 def _string(name, handle):
@@ -197,6 +239,80 @@ def _string(name, handle):
     buf = ctypes.create_string_buffer(need.value)
     _call(name, handle, buf, need.value, None)
     return buf.value.decode()
+
+
+def _uint(value, bits, what):
+    """value as an unsigned C integer of bits bits; out of range raises ValueError
+    (ctypes would wrap it: a tag 2**64+7 went out as 7, a length 2**64+4 as 4)."""
+    v = operator.index(value)
+    if not 0 <= v < 1 << bits:
+        raise ValueError(f"{what} {value!r}: want 0 to {(1 << bits) - 1}")
+    return v
+
+
+def _int(value, what):
+    """value as a C int; out of range raises ValueError."""
+    v = operator.index(value)
+    if not -(1 << 31) <= v < 1 << 31:
+        raise ValueError(f"{what} {value!r}: want {-(1 << 31)} to {(1 << 31) - 1}")
+    return v
+
+
+_PTR_BITS = ctypes.sizeof(ctypes.c_void_p) * 8
+_SIZE_BITS = ctypes.sizeof(_SZ) * 8
+
+
+def _u64(value, what):
+    return _uint(value, 64, what)
+
+
+def _size(value, what="nbytes"):
+    return _uint(value, _SIZE_BITS, what)
+
+
+def _buf(buf, nbytes):
+    """(address, object to keep alive, nbytes) of a buffer argument: an integer
+    address, or an object whose memory it is (ctypes object, writable buffer, an
+    object with data_ptr() such as a tensor); nbytes is checked against the object's
+    size where it has one."""
+    n = _size(nbytes)
+    if buf is None:
+        return None, None, n
+    if isinstance(buf, (ctypes.c_void_p, ctypes.c_char_p)):
+        return ctypes.cast(buf, ctypes.c_void_p).value, None, n  # a pointer: its value, as ctypes passes it
+    if isinstance(buf, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure, ctypes.Union)):
+        size = ctypes.sizeof(buf)
+        address = ctypes.addressof(buf)
+    elif hasattr(buf, "data_ptr"):
+        address = buf.data_ptr()
+        size = getattr(buf, "nbytes", None)
+    elif hasattr(buf, "__index__"):
+        return _uint(buf, _PTR_BITS, "address"), None, n
+    else:
+        try:
+            view = memoryview(buf)
+        except TypeError:
+            raise TypeError(f"buffer {type(buf).__name__}: want an address, a ctypes object, a writable buffer or a tensor") from None
+        if view.readonly:
+            raise TypeError(f"buffer {type(buf).__name__} is read-only")
+        if not view.contiguous:
+            raise ValueError("buffer is not contiguous")
+        size = view.nbytes
+        if size == 0:
+            return 0, None, _check_size(n, 0)
+        # Kept instead of buf: it holds the buffer exported, so a bytearray cannot be
+        # resized (moved) while the operation runs.
+        buf = (ctypes.c_char * size).from_buffer(view)
+        address = ctypes.addressof(buf)
+    if size is not None:
+        _check_size(n, size)
+    return address, buf, n
+
+
+def _check_size(n, size):
+    if n > size:
+        raise ValueError(f"nbytes {n}: the buffer has {size}")
+    return n
 
 
 def _ms(timeout):
@@ -248,8 +364,12 @@ class Context(_Handle):
         return Worker(_new("ucpx_worker_create", self.handle, flags))
 
     def mem_map(self, addr, nbytes, mem_type=MEMORY_HOST):
-        """Registers nbytes at addr (host or device) for RMA; returns a Memory."""
-        return Memory(_new("ucpx_mem_map", self.handle, addr, nbytes, mem_type))
+        """Registers nbytes at addr (host or device) for RMA; returns a Memory, which
+        keeps a buffer object given as addr alive until it is closed."""
+        a, keep, n = _buf(addr, nbytes)
+        m = Memory(_new("ucpx_mem_map", self.handle, a, n, _int(mem_type, "mem_type")))
+        m._keep = keep
+        return m
 
 
 def _cond(condition):
@@ -272,13 +392,19 @@ class Worker(_Handle):
         return Endpoint(_new("ucpx_ep_create", self.handle, address.encode(), 1 if peer_error_handling else 0))
 
     def tag_recv(self, addr, nbytes, tag, mask=FULL_MASK, mem_type=MEMORY_HOST, condition=None, flags=0):
-        """Receives into nbytes at addr (tensor.data_ptr()); returns a Request."""
-        return _new_request("ucpx_tag_recv", self.handle, addr, nbytes, tag, mask, mem_type, _cond(condition), flags)
+        """Receives into nbytes at addr (tensor.data_ptr(), or the buffer object);
+        returns a Request. Closing or dropping it before it completed cancels it."""
+        a, keep, n = _buf(addr, nbytes)
+        return _new_request("ucpx_tag_recv", self.handle, a, n, _u64(tag, "tag"), _u64(mask, "mask"),
+                            _int(mem_type, "mem_type"), _cond(condition), _int(flags, "flags"),
+                            keep=(keep,), receive=True)
 
     def tag_recv_wait(self, addr, nbytes, tag, mask=FULL_MASK, timeout=None):
         """Blocking receive into host memory; returns (length, sender_tag)."""
+        a, _, nb = _buf(addr, nbytes)
         n, t = _SZ(0), _U64(0)
-        _call("ucpx_tag_recv_wait", self.handle, addr, nbytes, tag, mask, _ms(timeout), ctypes.byref(n), ctypes.byref(t))
+        _call("ucpx_tag_recv_wait", self.handle, a, nb, _u64(tag, "tag"), _u64(mask, "mask"), _ms(timeout),
+              ctypes.byref(n), ctypes.byref(t))
         return n.value, t.value
 
 
@@ -286,19 +412,27 @@ class Endpoint(_Handle):
     _destroy = "ucpx_ep_destroy"
 
     def tag_send(self, addr, nbytes, tag, mem_type=MEMORY_HOST, condition=None, flags=0):
-        return _new_request("ucpx_tag_send", self.handle, addr, nbytes, tag, mem_type, _cond(condition), flags)
+        a, keep, n = _buf(addr, nbytes)
+        return _new_request("ucpx_tag_send", self.handle, a, n, _u64(tag, "tag"), _int(mem_type, "mem_type"),
+                            _cond(condition), _int(flags, "flags"), keep=(keep,))
 
     def tag_send_wait(self, addr, nbytes, tag, timeout=None):
-        _call("ucpx_tag_send_wait", self.handle, addr, nbytes, tag, _ms(timeout))
+        a, _, n = _buf(addr, nbytes)
+        _call("ucpx_tag_send_wait", self.handle, a, n, _u64(tag, "tag"), _ms(timeout))
 
     def unpack_rkey(self, packed):
         return Rkey(_new("ucpx_rkey_unpack", self.handle, packed.encode()))
 
     def put(self, addr, nbytes, raddr, rkey, mem_type=MEMORY_HOST, condition=None, flags=0):
-        return _new_request("ucpx_put", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags)
+        return self._rma("ucpx_put", addr, nbytes, raddr, rkey, mem_type, condition, flags)
 
     def get(self, addr, nbytes, raddr, rkey, mem_type=MEMORY_HOST, condition=None, flags=0):
-        return _new_request("ucpx_get", self.handle, addr, nbytes, raddr, rkey.handle, mem_type, _cond(condition), flags)
+        return self._rma("ucpx_get", addr, nbytes, raddr, rkey, mem_type, condition, flags)
+
+    def _rma(self, name, addr, nbytes, raddr, rkey, mem_type, condition, flags):
+        a, keep, n = _buf(addr, nbytes)
+        return _new_request(name, self.handle, a, n, _u64(raddr, "raddr"), rkey.handle, _int(mem_type, "mem_type"),
+                            _cond(condition), _int(flags, "flags"), keep=(keep,))
 
     def flush(self):
         return _new_request("ucpx_ep_flush", self.handle)
@@ -329,20 +463,48 @@ class CudaCondition(_Handle):
     _destroy = "ucpx_condition_destroy"
 
     def __init__(self, cuda_stream):
-        super().__init__(_new("ucpx_cuda_condition_create", cuda_stream))
+        super().__init__(_new("ucpx_cuda_condition_create", _uint(cuda_stream, _PTR_BITS, "stream")))
 
     def record_event(self, cuda_event):
         """Records the raw CUevent once every operation armed so far has completed."""
-        _call("ucpx_condition_record_event", self.handle, cuda_event)
+        _call("ucpx_condition_record_event", self.handle, _uint(cuda_event, _PTR_BITS, "event"))
 
 
 class Request(_Handle):
     _destroy = "ucpx_request_free"
 
+    def __init__(self, handle, keep=(), receive=False):
+        super().__init__(handle)
+        self._keep = keep  # the buffer objects the operation uses
+        self._receive = receive
+
+    def close(self):
+        """Frees the request. One still running: a receive is canceled first (before,
+        it stayed posted and took a later message of its tag into a buffer that may
+        be gone); another operation runs on, and the handle and buffer objects are
+        kept until it ended (freed at a later operation's call)."""
+        h = self.handle
+        if not h:
+            return
+        self.handle = 0
+        keep, self._keep = self._keep, ()
+        done = _I(0)
+        rc = _lib.ucpx_request_test(h, ctypes.byref(done))
+        if rc == OK and not done.value and self._receive:
+            _lib.ucpx_request_cancel(h)
+            rc = _lib.ucpx_request_test(h, ctypes.byref(done))
+        if rc == ERR_INVALID_HANDLE:
+            raise Error(rc, "ucpx_request_free", last_error())
+        if rc == OK and not done.value:
+            with _running_lock:
+                _running.append((h, keep))
+            return
+        _lib.ucpx_request_free(h)
+
     def __del__(self):
-        # A request dropped without close is freed with the object (the library's
-        # handle table would keep it for good); its operation still runs to
-        # completion. Only requests: a context or worker closes its children.
+        # A request dropped without close is closed with the object (the library's
+        # handle table would keep it for good). Only requests: a context or worker
+        # closes its children.
         try:
             self.close()
         except Exception:
@@ -379,17 +541,19 @@ class Partitioned(_Handle):
 
     def __init__(self, send, worker, ep, addr, nbytes, partitions, tag):
         name = "ucpx_psend_init" if send else "ucpx_precv_init"
-        super().__init__(_new(name, worker.handle, ep.handle, addr, nbytes, partitions, tag))
+        a, keep, n = _buf(addr, nbytes)
+        super().__init__(_new(name, worker.handle, ep.handle, a, n, _int(partitions, "partitions"), _u64(tag, "tag")))
+        self._keep = keep
 
     def start(self):
         _call("ucpx_pstart", self.handle)
 
     def pready(self, p):
-        _call("ucpx_pready", self.handle, p)
+        _call("ucpx_pready", self.handle, _int(p, "partition"))
 
     def parrived(self, p):
         a = _I(0)
-        _call("ucpx_parrived", self.handle, p, ctypes.byref(a))
+        _call("ucpx_parrived", self.handle, _int(p, "partition"), ctypes.byref(a))
         return bool(a.value)
 
     def wait(self, timeout=None):
