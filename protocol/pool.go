@@ -173,10 +173,11 @@ func (s *Pool) get(c int, r *Reservation) (b *Buffer, own bool, err error) {
 	if l := s.free[c]; len(l) > keep {
 		m := l[len(l)-1]
 		s.free[c] = l[:len(l)-1]
-		m.pooled = false
 		s.lent++
 		s.mu.Unlock()
-		return m, own, nil
+		// A new handle per loan: a stale Put of an earlier loan's handle (pooled for
+		// good) cannot give the memory back under this loan's user.
+		return &Buffer{mem: m.mem}, own, nil
 	}
 	s.lent++
 	s.mu.Unlock()
@@ -204,7 +205,8 @@ func (s *Pool) alloc(c int) (streamcore.Pinned, error) {
 
 // Put returns a lent buffer. Safe from any goroutine (including stream host functions,
 // where it must not call CUDA: it only queues the buffer). A buffer put back twice is
-// taken once: lent twice, two users would share it.
+// taken once, also after its memory was lent again (each loan has its own *Buffer):
+// lent twice, two users would share it.
 func (s *Pool) Put(m *Buffer) {
 	if s == nil || m == nil {
 		return
