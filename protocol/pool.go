@@ -304,11 +304,18 @@ func (s *Pool) Lend(n int, st *Stats) (buf *Buffer, release func(), err error) {
 // Reservations add up: each keeps one cached buffer of its class out of Get's reach
 // while it is not lending it. The zero value holds nothing.
 type Reservation struct {
+	_       noCopy // a copy released beside its original would release twice
 	pool    *Pool
 	class   int
 	held    bool // under pool.mu
 	lending bool // its buffer is lent (LendReserved), under pool.mu
 }
+
+// noCopy makes go vet's copylocks check report copies of the struct holding it.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
 
 // Hold reserves a buffer of at least n bytes for r, allocating it now unless the cache
 // has one to spare. Release ends the reservation.
