@@ -429,6 +429,7 @@ func (ws *Workspace) lendHost(n, k int, dir Direction, st *Stats, idle func() er
 		closed := ws.closed
 		ws.mu.Unlock()
 		if closed {
+			l.free()
 			return nil, nil, fmt.Errorf("workspace: %w", ErrClosed)
 		}
 	}
