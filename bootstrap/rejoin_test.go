@@ -111,3 +111,24 @@ func TestRequestIDsSkipPendingOnes(t *testing.T) {
 	require.NoError(t, s.Set(ctx, "k", []byte("v")))
 	require.NoError(t, <-done, "the Wait pending across the wrap gets its answer")
 }
+
+// A rank repeating the id of one of its pending Waits is cut off: the server kept the
+// first Wait among the key's waiters for good (its record was overwritten).
+func TestDuplicateWaitIDIsRefused(t *testing.T) {
+	srv, _, _ := serveDial(t, 2, nil)
+	c := rawRank(t, srv, 1, 2)
+	defer c.Close()
+	var reqs []byte
+	for range 2 {
+		reqs = (&frame{op: opGet, id: 7, key: "never", wait: true}).encode(reqs)
+	}
+	_, err := c.Write(reqs)
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	f, err := readFrame(c)
+	require.NoError(t, err)
+	require.Equal(t, opErr, f.op)
+	require.Equal(t, uint8(codeInvalid), f.code)
+	require.Contains(t, f.message, "waiting already")
+	eventuallyLocked(t, srv, func() bool { return len(srv.waiters["never"]) == 0 })
+}

@@ -376,6 +376,11 @@ func (s *Server) handle(c *sconn, f *frame) bool {
 		if v, ok := s.kv[f.key]; ok {
 			c.replyLocked(f.id, v)
 		} else if f.wait {
+			if _, dup := c.waits[f.id]; dup {
+				// Its first Wait would stay among the key's waiters for good.
+				c.sendLocked(f.id, codeInvalid, 0, fmt.Sprintf("request id %d is waiting already", f.id))
+				return false
+			}
 			c.pending++
 			c.waits[f.id] = f.key
 			s.waiters[f.key] = append(s.waiters[f.key], waiter{c, f.id})
