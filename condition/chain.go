@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/ucpx/ucpx/internal/errs"
 )
 
 // Chain is the completion condition: the trigger of an operation is the completion of
@@ -25,6 +27,17 @@ import (
 //
 // A Chain is bound to the transport (the ucp.Worker) of its first operation; all its
 // operations must be on it. Methods are safe for concurrent use.
+//
+// A run has not ended until every iteration ran or it stopped, also while it waits
+// for the data of a received message that is pulled from the sender's memory (package
+// ucp: a device buffer's tag message, which the goroutine in Wait or Test pulls): Start,
+// Enqueue and Then give ErrBusy until then.
+//
+// A Chain dropped without Destroy is destroyed when the garbage collector finds it
+// unreachable (package ucp: a cleanup; a run under way is stopped, as by Destroy); if
+// the transport still holds its operations then, they are released when the worker
+// closes. Call Destroy: until the collector runs, the chain keeps its buffers pinned
+// and its operations posted.
 type Chain struct {
 	mu        sync.Mutex
 	repeat    uint64
@@ -69,11 +82,15 @@ type ChainRunner interface {
 	// CancelOp cancels operation i if it is posted and pending: it completes with
 	// ErrCanceled (a run that keeps going goes on).
 	CancelOp(i int)
-	// Running reports whether a run is under way.
+	// Running reports whether a run has not ended (it runs, or waits for the data of
+	// messages it received).
 	Running() bool
 	// IterationTimes are the durations of the last iterations (up to 2048), oldest first.
 	IterationTimes() []time.Duration
-	// Destroy stops a run (its pending operations canceled) and releases the chain.
+	// Destroy stops a run (its pending operations canceled) and releases the chain;
+	// once it returned nil, nothing writes the operations' buffers. ErrBusy (errs.Busy
+	// or ErrBusy): the transport still holds something of the chain, nothing was
+	// released.
 	Destroy() error
 }
 
@@ -175,8 +192,9 @@ func (c *Chain) usable(op string) (ChainRunner, error) {
 	return c.runner, nil
 }
 
-// Start runs the chain: Repeat iterations of its steps. A chain that runs already
-// gives ErrBusy; one that ended may start again (the counters restart).
+// Start runs the chain: Repeat iterations of its steps. A chain whose run has not
+// ended (running, or waiting for pulled data: see Chain) gives ErrBusy; one that
+// ended may start again (the counters restart).
 func (c *Chain) Start() error {
 	r, err := c.usable("start")
 	if err != nil {
@@ -253,8 +271,12 @@ func (c *Chain) IterationTimes() []time.Duration {
 }
 
 // Destroy stops a run (its pending operations are canceled) and releases the chain.
-// A second Destroy returns ErrDestroyed. If the transport still holds operations after
-// canceling them (ErrBusy), nothing is released: Destroy again later.
+// A second Destroy returns ErrDestroyed. Messages the run received whose data was still
+// to be pulled are answered without it (package ucp: their sends complete, as for a
+// receive too short for them), and pulls under way are waited for (bounded): once
+// Destroy returned nil, nothing writes the chain's buffers. If the transport still
+// holds operations after canceling them, or a pull still copies (ErrBusy), nothing is
+// released: Destroy again later.
 func (c *Chain) Destroy() error {
 	if c == nil {
 		return fmt.Errorf("chain destroy: nil chain: %w", ErrInvalidParam)
@@ -267,7 +289,7 @@ func (c *Chain) Destroy() error {
 	c.destroyed = true
 	if c.runner != nil {
 		if err := c.runner.Destroy(); err != nil {
-			if errors.Is(err, ErrBusy) {
+			if errors.Is(err, errs.Busy) { // ErrBusy, or the transport's own
 				c.destroyed = false // operations UCX still holds: Destroy again later
 			}
 			return err

@@ -21,6 +21,14 @@ import (
 // chainRunner is the worker's side of one chain (condition.ChainRunner). Every read or
 // call of raw holds w.mu and checks destroyed: Destroy frees raw under w.mu, and
 // condition.Chain calls the runner without its own lock, so a call may race Destroy.
+//
+// A run has not ended while it runs in C or is paused for pulled messages (owed to
+// their senders, maybe being copied into its buffers): Start, Running (Enqueue's and
+// Then's check) and Destroy go by that (ongoingLocked).
+//
+// A condition.Chain dropped without Destroy is destroyed by a cleanup (dropped): its
+// pins would otherwise outlive it (a runtime.Pinner collected while pinning is a
+// fatal error) and its C side the worker.
 type chainRunner struct {
 	w   *Worker
 	raw *ucx.Chain
@@ -29,6 +37,9 @@ type chainRunner struct {
 	pinned    bool
 	parked    int
 	destroyed bool
+	// destroying: Destroy waits, outside w.mu, for the pulls of a paused run: nothing
+	// starts, resumes or settles it meanwhile.
+	destroying bool
 	// pulling: the pulls of the receives a paused run waits for, by operation
 	// (tagpull.go); the goroutine that waits on the run drives them.
 	pulling map[int]*Request
@@ -56,7 +67,10 @@ func (w *Worker) chainAdd(op string, p *RequestParam, kind int, ep *Endpoint, bu
 		if raw == nil {
 			return nil, opErr(op, ErrNoMemory, "chain")
 		}
-		return &chainRunner{w: w, raw: raw}, nil
+		r := &chainRunner{w: w, raw: raw}
+		// r does not reach the Chain: the cleanup runs once the Chain is dropped.
+		runtime.AddCleanup(p.Chain, (*chainRunner).dropped, r)
+		return r, nil
 	}
 	add := func(cr condition.ChainRunner, step int) error {
 		r := cr.(*chainRunner)
@@ -99,10 +113,12 @@ func (r *chainRunner) Start(repeat uint64, keepGoing bool) error {
 		w.mu.Unlock()
 		return err
 	}
-	if r.raw.Running() {
-		// Checked here, under w.mu, so that of two racing Starts one runs.
+	if r.ongoingLocked() {
+		// Checked here, under w.mu, so that of two racing Starts one runs. A run
+		// paused for pulls has not ended: starting over would drop the messages it
+		// owes their senders.
 		w.mu.Unlock()
-		return opErr("chain_start", condition.ErrBusy, "running")
+		return opErr("chain_start", condition.ErrBusy, "running (or paused for pulled messages)")
 	}
 	for _, ep := range r.eps {
 		// C holds the UCX endpoint: posting on one closed (or being closed) is
@@ -121,17 +137,26 @@ func (r *chainRunner) usableLocked(op string) error {
 	switch {
 	case r.destroyed:
 		return opErr(op, condition.ErrDestroyed, "chain destroyed")
+	case r.destroying:
+		return opErr(op, condition.ErrDestroyed, "chain being destroyed")
 	case r.w.closed.Load() || r.raw.Detached():
 		return opErr(op, ErrClosed, "worker closed")
 	}
 	return nil
 }
 
-// Running reports whether a run is under way.
+// ongoingLocked reports whether the run has not ended: it runs, or it is paused for
+// pulled messages (pulls owed or being copied, or its resume not yet made). Caller
+// holds w.mu; r is not destroyed.
+func (r *chainRunner) ongoingLocked() bool {
+	return r.destroying || r.raw.Running() || r.raw.Paused()
+}
+
+// Running reports whether a run has not ended (running, or paused for pulls).
 func (r *chainRunner) Running() bool {
 	r.w.mu.Lock()
 	defer r.w.mu.Unlock()
-	return !r.destroyed && r.raw.Running()
+	return !r.destroyed && r.ongoingLocked()
 }
 
 // Iterations completed by the current or last run (0 once destroyed, as
@@ -150,7 +175,7 @@ func (r *chainRunner) Iterations() uint64 {
 func (r *chainRunner) Err() error {
 	r.w.mu.Lock()
 	defer r.w.mu.Unlock()
-	if r.destroyed || r.raw.Running() {
+	if r.destroyed || r.ongoingLocked() {
 		return nil
 	}
 	_, st := r.raw.Result()
@@ -206,7 +231,7 @@ func (r *chainRunner) Test() (bool, error) {
 	}
 	running := r.raw.Wait(1)
 	_, st := r.raw.Result()
-	paused := !running && r.raw.Pulls() > 0
+	paused := !running && r.raw.Paused()
 	w.afterCallUnlock()
 	if running {
 		return false, nil
@@ -241,7 +266,7 @@ func (r *chainRunner) Wait(ctx context.Context) error {
 		}
 		running := r.raw.Wait(spinRounds)
 		iters, st := r.raw.Result()
-		paused := !running && r.raw.Pulls() > 0
+		paused := !running && r.raw.Paused()
 		w.afterCallUnlock()
 		if paused {
 			resumed, err := r.settlePulls(ctx)
@@ -297,7 +322,7 @@ func (r *chainRunner) paused() bool {
 	w := r.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !r.destroyed && !r.raw.Detached() && !r.raw.Running() && r.raw.Pulls() > 0
+	return !r.destroyed && !r.destroying && !r.raw.Detached() && !r.raw.Running() && r.raw.Paused()
 }
 
 // settlePulls pulls the data of the messages a paused run's receives got, then
@@ -344,9 +369,9 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 			continue
 		}
 		w.mu.Lock()
-		if r.destroyed {
-			w.mu.Unlock()
-			return false, opErr("chain_wait", condition.ErrDestroyed, "chain destroyed")
+		if err := r.usableLocked("chain_wait"); err != nil {
+			w.mu.Unlock() // Destroy settles it
+			return false, err
 		}
 		st := ucx.OK
 		if q.err != nil {
@@ -367,9 +392,9 @@ func (r *chainRunner) settlePulls(ctx context.Context) (bool, error) {
 		w.mu.Unlock()
 		return false, nil
 	}
-	if r.destroyed {
+	if err := r.usableLocked("chain_wait"); err != nil {
 		w.mu.Unlock()
-		return false, opErr("chain_wait", condition.ErrDestroyed, "chain destroyed")
+		return false, err
 	}
 	resumed := r.raw.Resume()
 	w.afterCallUnlock()
@@ -435,28 +460,48 @@ func (r *chainRunner) IterationTimes() []time.Duration {
 	return out
 }
 
-// chainStopFor bounds how long Destroy progresses a canceled run.
+// chainStopFor bounds how long Destroy progresses a canceled run, and how long it
+// waits for the pulls of a paused one.
 const chainStopFor = 2 * time.Second
 
-// Destroy cancels a run's pending operations, waits (bounded) for UCX to complete them,
-// and frees the chain.
+// Destroy stops a run and frees the chain: a running one's pending operations are
+// canceled and completed (bounded); a paused one's pulled messages not yet pulled
+// are answered as a receive too short for them answers (their sends complete,
+// nothing is copied; the chain's operation fails with ErrCanceled), and the
+// pulls already copying into its buffers are waited for (bounded): C and the copies
+// keep the buffers until then. ErrBusy: something still holds the chain or its
+// buffers, nothing was freed.
 func (r *chainRunner) Destroy() error {
 	w := r.w
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if r.destroyed {
+	if r.destroyed || r.destroying {
+		w.mu.Unlock()
 		return opErr("chain_destroy", ErrClosed, "")
 	}
-	if !w.closed.Load() && !r.raw.Detached() && r.raw.Running() {
+	if w.closed.Load() && !w.rawGone && !r.raw.Detached() {
+		// The worker's Close let go of w.mu to run callbacks: UCX may hold the
+		// chain's operations until the UCX worker goes, which cancels them.
+		w.mu.Unlock()
+		return opErr("chain_destroy", ErrBusy, "its worker is closing")
+	}
+	live := !w.closed.Load() && !r.raw.Detached()
+	if live && (r.raw.Running() || r.raw.Paused()) {
 		deadline := time.Now().Add(chainStopFor)
-		for r.raw.Stop(4096) > 0 {
+		for r.raw.Stop(4096) > 0 { // a paused run is marked stopped: never resumed
 			if time.Now().After(deadline) {
 				w.afterLocked()
+				w.unlockDeferred()
 				// UCX still holds operations pointing at the chain: keep its memory.
 				return opErr("chain_destroy", ErrBusy, "operations did not complete after cancel")
 			}
 		}
 		w.afterLocked()
+		if r.raw.Paused() {
+			if err := r.settleForDestroyLocked(deadline); err != nil {
+				w.unlockDeferred()
+				return err
+			}
+		}
 	}
 	r.destroyed = true
 	r.raw.Free()
@@ -464,5 +509,70 @@ func (r *chainRunner) Destroy() error {
 		r.pin.Unpin()
 		r.pinned = false
 	}
+	w.unlockDeferred()
 	return nil
+}
+
+// settleForDestroyLocked ends a paused run's pulls before Destroy frees it: a
+// message not yet pulled is answered as truncated (its sender's send completes, as
+// for a receive too short for it; nothing is copied), and the pulls under way, whose
+// copies write the chain's buffers and cannot be canceled, are waited for until
+// deadline (outside w.mu: their progress needs it). Caller holds w.mu, held again on return; ErrBusy
+// if a copy did not end.
+func (r *chainRunner) settleForDestroyLocked(deadline time.Time) error {
+	w := r.w
+	for i := 0; i < r.raw.Ops(); i++ {
+		pulled, _, tag, n := r.raw.PullInfo(i)
+		if !pulled || r.pulling[i] != nil {
+			continue
+		}
+		q := &Request{w: w, op: "chain_destroy"}
+		w.pullArrivedLocked(q, ucx.ErrMessageTruncated, n, tag) // owes the truncation answer
+		r.raw.Pulled(i, ucx.ErrCanceled, 0)
+	}
+	if len(r.pulling) == 0 {
+		return nil
+	}
+	pulls := make(map[int]*Request, len(r.pulling))
+	for i, q := range r.pulling {
+		pulls[i] = q
+	}
+	r.destroying = true
+	w.unlockDeferred()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	for _, q := range pulls {
+		_ = q.Wait(ctx)
+	}
+	cancel()
+	w.mu.Lock()
+	r.destroying = false
+	for i, q := range pulls {
+		if !q.Done() {
+			return opErr("chain_destroy", ErrBusy, "a pulled message was still being copied into operation %d's buffer", i)
+		}
+		if r.pulling[i] == q { // not settled by a waiter meanwhile
+			r.raw.Pulled(i, ucx.ErrCanceled, 0)
+			delete(r.pulling, i)
+		}
+	}
+	return nil
+}
+
+// dropped destroys the runner of a condition.Chain collected without Destroy (a
+// cleanup). One that something still holds (ErrBusy) is kept on its worker and
+// released at the worker's Close, after which nothing holds it.
+func (r *chainRunner) dropped() {
+	w := r.w
+	for {
+		if err := r.Destroy(); !errors.Is(err, ErrBusy) {
+			return
+		}
+		w.mu.Lock()
+		if !w.rawGone {
+			w.droppedChains = append(w.droppedChains, r)
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock() // the worker went meanwhile: the chain is detached, Destroy frees it
+	}
 }

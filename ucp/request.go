@@ -67,7 +67,8 @@ type RequestParam struct {
 	// starts when the chain's step before its own completed, posted from the UCX
 	// completion callback in C (see condition.Chain; tag sends and receives only). The
 	// call then returns a nil Request and nil error: the chain reports completion
-	// (Chain.Wait, Chain.Err). Buffers stay pinned until the chain is destroyed.
+	// (Chain.Wait, Chain.Err). Buffers stay pinned until the chain is destroyed (by
+	// Destroy, or by a cleanup once the Chain is dropped undestroyed).
 	// Callback, Condition, Request and Peer cannot go with it.
 	Chain *condition.Chain
 	// Request, if set, is a Request the caller owns and reuses across operations (a

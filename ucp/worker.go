@@ -121,6 +121,9 @@ type Worker struct {
 	orphans map[*Request]bool
 	// rawGone: Close destroyed the UCX worker (under mu); memory UCX owned is gone.
 	rawGone bool
+	// droppedChains: runners of chains collected undestroyed that UCX or a pull
+	// still held (chain.go, dropped); Close frees them once the UCX worker is gone.
+	droppedChains []*chainRunner
 
 	// staging counts what this worker's operations staged (StagingStats); plain is
 	// its staging memory for operations without a condition (ucp/staging.go).
@@ -635,6 +638,8 @@ func (w *Worker) Close() error {
 	cbs := w.takeDeferredLocked()
 	w.rawGone = true
 	w.raw.Destroy()
+	dropped := w.droppedChains
+	w.droppedChains = nil
 	eng := w.eng
 	w.mu.Unlock()
 	w.park.close()
@@ -642,6 +647,9 @@ func (w *Worker) Close() error {
 		_ = eng.Close()
 	}
 	w.plain.close()
+	for _, r := range dropped {
+		_ = r.Destroy() // detached: freed
+	}
 	w.mu.Lock()
 	if w.devPool != nil {
 		_ = w.devPool.Close()

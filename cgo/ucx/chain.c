@@ -183,6 +183,12 @@ static void *post(ucpxu_chain_t *c, ucpxu_chain_op_t *op)
         return ucp_tag_send_nbx((ucp_ep_h)op->ep, (void*)op->buf, op->len,
                                 ucpxu_send_tag(c->w, op->tag), &p);
     }
+    /* Never in place: a receive that matches a message already here (a pulled
+     * message's descriptor among them) must meet chain_recv_cb, which marks a pull
+     * and accounts the message (ucpxu_recv_seen); a NULL return carries no sender
+     * tag. The callback then runs while the step is posted (c->posting). A send's
+     * completion in place needs nothing of the callback. */
+    p.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     p.cb.recv = chain_recv_cb;
     return ucpxu_post_recv(c->w, (void*)op->buf, op->len, op->tag, op->mask, &p);
 }
@@ -245,6 +251,9 @@ static void run(ucpxu_chain_t *c)
     while (c->outstanding == 0) {
         int next;
         if (failed_stop(c) || c->stopping || c->npull > 0) {
+            /* Pulls owed: the run has not ended until Go pulled them (or answered
+             * them, Destroy) and resumed or ended it. */
+            c->paused = c->npull > 0;
             finish(c);
             return;
         }
@@ -265,7 +274,7 @@ ucs_status_t ucpxu_chain_start(uintptr_t cp, uint64_t repeat, int keep_going)
 {
     ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
     int i;
-    if (c->running || c->nsteps == 0 || repeat == 0) {
+    if (c->running || c->paused || c->nsteps == 0 || repeat == 0) {
         return UCS_ERR_INVALID_PARAM;
     }
     if (c->w == NULL) {
@@ -308,10 +317,13 @@ int ucpxu_chain_stop(uintptr_t cp, unsigned rounds)
     ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
     unsigned i;
     int k;
-    if (!c->running || c->w == NULL) {
+    if (c->w == NULL) {
         return 0;
     }
-    c->stopping = 1;
+    c->stopping = 1; /* a paused run is not resumed either */
+    if (!c->running) {
+        return 0;
+    }
     for (k = 0; k < c->nops; k++) {
         if (c->ops[k].req != NULL) {
             ucp_request_cancel(c->w->worker, c->ops[k].req);
@@ -344,8 +356,11 @@ void ucpxu_chain_pulled(uintptr_t cp, int i, int st, size_t len)
 int ucpxu_chain_resume(uintptr_t cp)
 {
     ucpxu_chain_t *c = (ucpxu_chain_t*)cp;
-    if (c->running || c->npull > 0 || failed_stop(c) || c->stopping || c->w == NULL ||
-        c->iters >= c->repeat) {
+    if (c->running || !c->paused || c->npull > 0) {
+        return 0;
+    }
+    c->paused = 0;
+    if (failed_stop(c) || c->stopping || c->w == NULL || c->iters >= c->repeat) {
         return 0;
     }
     __atomic_store_n(&c->running, 1, __ATOMIC_RELEASE);
@@ -419,6 +434,7 @@ void ucpxu_chains_shutdown(ucpxu_worker_t *w)
              * destruction releases them) and stop. */
             c->running = 0;
         }
+        c->paused = 0; /* the worker's close failed the pulls */
         c->w = NULL;
     }
 }

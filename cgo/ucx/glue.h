@@ -363,6 +363,7 @@ struct ucpxu_chain {
     int               posting, stopping, parked;
     int               keep_going; /* errors do not stop the run (ucpxu_chain_start) */
     int               npull;   /* receives that got a pulled message: the run pauses */
+    int               paused;  /* the run stopped for pulls: not ended until resumed */
     volatile int      running;
     uint64_t          tsc0, tsc1, ns0, ns1; /* start and end: clock ticks and ns */
     uint64_t          times[UCPXU_CHAIN_TIMES]; /* tick count at the end of iteration i */
@@ -377,12 +378,14 @@ ucs_status_t ucpxu_chain_start(uintptr_t c, uint64_t repeat, int keep_going);
  * returns 1 while it runs. */
 int          ucpxu_chain_wait(uintptr_t c, unsigned spins);
 /* Cancels a running chain's pending operations and progresses until they completed
- * (bounded by rounds); returns the number still pending. */
+ * (bounded by rounds); returns the number still pending. A paused run is stopped too:
+ * it is not resumed. */
 int          ucpxu_chain_stop(uintptr_t c, unsigned rounds);
 void         ucpxu_chain_free(uintptr_t c);
 /* ucpxu_chain_pulled records Go's pull of operation i's message (st, len); once every
  * pulled receive is recorded, ucpxu_chain_resume goes on with the paused run
- * (returns 1 if it runs). */
+ * (returns 1 if it runs; either way the pause is over). A paused run has not ended:
+ * start refuses it. */
 void         ucpxu_chain_pulled(uintptr_t c, int i, int st, size_t len);
 int          ucpxu_chain_resume(uintptr_t c);
 void         ucpxu_chains_shutdown(ucpxu_worker_t *w);

@@ -802,11 +802,15 @@ func (c *Chain) Wait(spins uint) bool { return C.ucpxu_chain_wait(c.h, C.uint(sp
 // Running reports whether the chain runs, read without a call.
 func (c *Chain) Running() bool { return c.c.running != 0 }
 
+// Paused reports whether the run stopped for pulled messages and was not resumed or
+// ended yet: it has not ended (Start refuses it).
+func (c *Chain) Paused() bool { return c.c.paused != 0 }
+
 // SetParked tells the chain a waiter sleeps on the event fd: its end signals the worker.
 func (c *Chain) SetParked(p bool) { c.c.parked = cbool(p) }
 
 // Stop cancels the pending operations and progresses up to rounds; it returns how many
-// are still pending.
+// are still pending. A paused run is not resumed after it.
 func (c *Chain) Stop(rounds uint) int { return int(C.ucpxu_chain_stop(c.h, C.uint(rounds))) }
 
 // Free releases the chain (not running).
