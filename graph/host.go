@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"runtime"
@@ -384,6 +385,21 @@ type launchChain struct {
 	// skip: launches to go node by node before the engine is asked again for a chain
 	// it could not make (backoff: the last such pause, doubling).
 	skip, backoff int
+	// closing: run's Close refused (ErrBusy: UCX still holds an operation it canceled,
+	// a pull still copies into a buffer); closed again before the next launch, which
+	// fails while it cannot be: node by node, it would post the same buffers again.
+	closing bool
+}
+
+// closeRunLocked closes the prepared run; one that something still holds (ErrBusy) is
+// kept, closing. Caller holds c.mu.
+func (c *launchChain) closeRunLocked() error {
+	if err := c.run.Close(); errors.Is(err, errs.Busy) {
+		c.closing = true
+		return err
+	}
+	c.run, c.closing = nil, false
+	return nil
 }
 
 // release closes the prepared run, if any.
@@ -408,6 +424,11 @@ func (x *HostExec) runChained(abandon context.Context) (bool, error) {
 	c := x.chain
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closing {
+		if err := c.closeRunLocked(); err != nil {
+			return true, fmt.Errorf("launch: the chain of an abandoned launch still holds the nodes' buffers: %w", err)
+		}
+	}
 	for range 2 { // a chain that declines is made again once, for this launch
 		if c.run == nil {
 			if c.skip > 0 {
@@ -434,8 +455,8 @@ func (x *HostExec) runChained(abandon context.Context) (bool, error) {
 			x.chainedLaunches.Add(1)
 			switch {
 			case err != nil && abandon.Err() != nil:
-				_ = c.run.Close() // stopped for good: made again at the next launch
-				c.run = nil
+				// Stopped for good: made again at the next launch, once closed.
+				_ = c.closeRunLocked()
 				return true, errAbandoned
 			case err != nil:
 				return true, fmt.Errorf("%w: %w", ErrOperationFailed, err)
@@ -443,8 +464,9 @@ func (x *HostExec) runChained(abandon context.Context) (bool, error) {
 			return true, nil
 		}
 		// The nodes changed since it was made (or it cannot start now).
-		_ = c.run.Close()
-		c.run = nil
+		if err := c.closeRunLocked(); err != nil {
+			return true, fmt.Errorf("launch: the chain of an earlier launch still holds the nodes' buffers: %w", err)
+		}
 	}
 	return false, nil
 }
