@@ -6,7 +6,9 @@
 // New. Rank 0 serves the rendezvous on that address; every rank connects to it,
 // authenticates with the job's pre-shared key (Options.Key or the file named by
 // UCPX_AUTH_KEY_FILE: a mutual HMAC-SHA256 challenge-response, so neither side sends
-// anything the other could use before both proved they hold the key), publishes its
+// anything the other could use before both proved they hold the key; the key proves
+// who connected, while the frames after the handshake travel unencrypted and without a
+// MAC, as TCPStore's do: run the rendezvous on a network you trust), publishes its
 // ucp worker address in the rendezvous's key-value store and waits in a barrier until
 // all N have joined.
 //
