@@ -3,6 +3,7 @@ package ucp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"unsafe"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -115,10 +116,27 @@ func (w *Worker) tagRecvAfterLocked(ctx context.Context, ptr unsafe.Pointer, buf
 	return 0, 0, opErr(op, Status(st), "len %d tag %#x mask %#x", len(buf), tag, mask)
 }
 
+// ErrSendIncomplete is matched by TagSendRecv's error when the reply was received
+// (the call returns its length and sender tag, and rbuf holds it) but the send did not
+// complete: the error also matches the send's cause (ctx's error while the send is
+// still in flight, or the send's failure).
+var ErrSendIncomplete = errors.New("the reply was received but the send did not complete")
+
 // TagSendRecv sends sbuf with stag, then receives the reply, a message whose tag
 // matches rtag under rmask, into rbuf, and waits for both: a ping-pong's round trip in
-// one call (usually one cgo call). It returns what TagRecv returns. When ctx ends first
-// it cancels the receive and returns ctx's error.
+// one call (usually one cgo call). What it returns:
+//   - both done: the reply's length and sender tag, and a nil error (ErrMessageTruncated
+//     for a longer reply, whose length and tag n and senderTag then tell, as TagRecv);
+//   - the reply received but the send not completed (ctx ended while it was in flight,
+//     or it failed): the reply's length and sender tag, with an error matching
+//     ErrSendIncomplete and the send's cause (and ErrMessageTruncated for a longer
+//     reply). The reply is the caller's: a later receive does not get it again;
+//   - no reply received: 0, 0 and the error, the send's failure when the send failed
+//     (the receive is then canceled), else the receive's (ctx's error when ctx ended
+//     first: the receive is canceled).
+//
+// When ctx ends while the send is still in flight (with or without a reply), sbuf must
+// stay untouched until the endpoint is flushed or closed, as with TagSend.
 func (ep *Endpoint) TagSendRecv(ctx context.Context, sbuf []byte, stag uint64, rbuf []byte, rtag, rmask uint64) (n int, senderTag uint64, err error) {
 	const op = "tag_send_recv"
 	if ep == nil {
@@ -150,51 +168,74 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 	w := ep.w
 	sreq, sst := ucx.PtrStatus(w.raw.SendReq())
 	rreq, rst := ucx.PtrStatus(rptr)
+	var serr error // the send's failure
 	if sst != ucx.OK && sst != ucx.InProgress {
-		serr := opErr(op, Status(sst), "send: len %d tag %#x", len(sbuf), stag)
-		if rst != ucx.InProgress {
-			w.afterCallUnlock() // the receive was not posted, or ended in the call
-			return 0, 0, serr
-		}
-		// The send failed while the receive waits: UCX would fill rbuf after the call
-		// returned, with a message a later receive should have had. Canceled, and
-		// waited for, before the call returns.
-		rr := w.trackPooledLocked(op, rreq, bufPtr(rbuf))
-		rr.setRecvBuf(w.ctx, rbuf, 0)
-		w.raw.Cancel(rreq)
-		w.afterCallUnlock()
-		_, _, _ = w.finishPooled(ctx, rr)
-		return 0, 0, serr
+		serr = opErr(op, Status(sst), "send: len %d tag %#x", len(sbuf), stag)
 	}
+	// A send that failed at once posted no receive (the glue reports it canceled).
+	posted := serr == nil || rst != ucx.ErrCanceled
 	var sr, rr *Request
 	if sst == ucx.InProgress {
 		sr = w.trackPooledLocked(op, sreq, bufPtr(sbuf))
 	}
-	if rst == ucx.InProgress {
+	var rerr error // the receive's failure (truncation included)
+	received := false
+	switch {
+	case rst == ucx.InProgress:
 		rr = w.trackPooledLocked(op, rreq, bufPtr(rbuf))
 		rr.setRecvBuf(w.ctx, rbuf, 0)
-	} else {
+		if serr != nil {
+			// The send failed while the receive waits: UCX would fill rbuf after the call
+			// returned, with a message a later receive should have had. Canceled, and
+			// waited for, before the call returns (a reply that came first is returned).
+			w.raw.Cancel(rreq)
+		}
+	case posted:
 		senderTag, n = w.raw.RecvInfo()
 		if senderTag&ucx.PullBit != 0 {
-			rr, rst = w.pulledNowLocked(op, rbuf, rst, n, senderTag), ucx.InProgress
+			rr = w.pulledNowLocked(op, rbuf, rst, n, senderTag)
+			break
+		}
+		switch rst {
+		case ucx.OK:
+			received = true
+		case ucx.ErrMessageTruncated:
+			received = true
+			rerr = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x: message %d bytes", len(rbuf), rtag, rmask, n)
+		default:
+			rerr = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x", len(rbuf), rtag, rmask)
 		}
 	}
 	w.afterCallUnlock()
-	if rst != ucx.OK && rst != ucx.InProgress {
-		err = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x: message %d bytes", len(rbuf), rtag, rmask, n)
-	}
 	if rr != nil {
-		n, senderTag, err = w.finishPooled(ctx, rr)
+		n, senderTag, rerr = w.finishPooled(ctx, rr)
+		// The reply is in rbuf, or (a longer one) its length and tag are known, as
+		// TagRecv reports them; otherwise nothing was received.
+		received = rerr == nil || errors.Is(rerr, ErrMessageTruncated)
 	}
 	if sr != nil {
-		if _, _, serr := w.finishPooled(ctx, sr); err == nil {
-			err = serr
-		}
+		_, _, serr = w.finishPooled(ctx, sr)
 	}
-	if err != nil && !errors.Is(err, ErrMessageTruncated) {
-		return 0, 0, err
+	switch {
+	case !received && (sr == nil && serr != nil || rerr == nil):
+		return 0, 0, serr // the send failed in the call (the receive was canceled or never posted)
+	case !received:
+		return 0, 0, rerr
+	case serr != nil:
+		return n, senderTag, sendIncomplete(op, serr, rerr, len(sbuf), stag)
 	}
-	return n, senderTag, err
+	return n, senderTag, rerr
+}
+
+// sendIncomplete is TagSendRecv's error when the reply arrived but the send did not
+// complete (serr): it matches ErrSendIncomplete, serr, and rerr, the reply's
+// truncation, if any.
+func sendIncomplete(op string, serr, rerr error, slen int, stag uint64) error {
+	err := fmt.Errorf("%w: %w", ErrSendIncomplete, unwrapOp(serr))
+	if rerr != nil {
+		err = fmt.Errorf("%w; the reply: %w", err, unwrapOp(rerr))
+	}
+	return &OpError{Op: op, Detail: fmt.Sprintf("send: len %d tag %#x", slen, stag), Err: err}
 }
 
 // pulledNowLocked is the Request of a fused receive that completed in the call with a
@@ -258,9 +299,11 @@ func (w *Worker) finishPooled(ctx context.Context, r *Request) (n int, tag uint6
 		if !r.done.Load() {
 			return 0, 0, err
 		}
-		if r.err == nil {
-			err = nil // it completed after all
-		}
+	}
+	// Done: its own result, also when it completed as ctx ended (a receive's message is
+	// the caller's then), except a cancel that ctx's end caused, which reports ctx's error.
+	if err == nil || r.err == nil || !errors.Is(r.err, ErrCanceled) {
+		err = r.err
 	}
 	n, tag = r.length, r.tag
 	w.mu.Lock()

@@ -734,7 +734,9 @@ void *ucpxu_tag_send_recv(uintptr_t wp, uintptr_t ep, uintptr_t sbuf, size_t sle
     sret = tag_send(w, ep, sbuf, slen, stag, flags, UCS_MEMORY_TYPE_HOST, 0);
     w->send_req = sret;
     if (UCS_PTR_IS_ERR(sret)) {
-        return NULL;
+        /* No receive posted: reported canceled, not NULL (a receive that completed in the
+         * call, whose reply Go returns): w->own holds an older call's result. */
+        return UCS_STATUS_PTR(UCS_ERR_CANCELED);
     }
     rret = tag_recv(w, rbuf, rlen, rtag, rmask, flags, UCS_MEMORY_TYPE_HOST, 0);
     sr = is_req(sret) ? sret : NULL;

@@ -282,7 +282,8 @@ void *ucpxu_tag_recv(uintptr_t w, uintptr_t buf, size_t len, uint64_t tag, uint6
                     uint32_t flags, int mem_type, uintptr_t memh, unsigned spins);
 /* Send, then receive the reply (host memory): returns the receive's status pointer
  * (result in w->own once done); the send's is w->send_req (result in w->own2 once
- * done). A send that fails at once posts no receive: send_req is its error. */
+ * done). A send that fails at once posts no receive: send_req is its error and the
+ * receive's is UCS_ERR_CANCELED. */
 void *ucpxu_tag_send_recv(uintptr_t w, uintptr_t ep, uintptr_t sbuf, size_t slen, uint64_t stag,
                          uintptr_t rbuf, size_t rlen, uint64_t rtag, uint64_t rmask,
                          uint32_t flags, unsigned spins);
