@@ -392,7 +392,18 @@ func (p *RequestParam) checkReuse(op string) error {
 		return opErr(op, ErrInvalidParam, "RequestParam.Request: put_signal_nbx issues two operations")
 	case r == completedRequest || r.cop != nil || r.pooled:
 		return opErr(op, ErrInvalidParam, "RequestParam.Request is not the caller's to reuse (%s)", r.op)
-	case r.w != nil && !r.done.Load():
+	}
+	return r.checkReusable(op)
+}
+
+// checkReusable is checkReuse's part that another goroutine can change: checkReuse
+// runs it before the call, and postLocked again under w.mu (two goroutines reusing one
+// Request at once both passed checkReuse, and both posts tracked it). A done Request
+// is told by its atomics alone: the check of one reused at once reads no field that
+// the other call's reset writes.
+func (r *Request) checkReusable(op string) error {
+	switch {
+	case !r.done.Load() && r.w != nil:
 		return opErr(op, ErrInvalidParam, "RequestParam.Request is still pending (%s): wait for it or use another", r.op)
 	case r.cbDue.Load(): // after done: see completeLocked
 		return opErr(op, ErrBusy, "RequestParam.Request is done but its Callback has not returned yet (%s): reuse it after that or use another", r.op)
@@ -415,8 +426,35 @@ func (p *RequestParam) flags() uint32 {
 // objects, and the caller's slice keeps them alive across the call). immediate fills
 // the results of an operation that completed in place; without it such a send returns
 // the shared completed Request (or the caller's, RequestParam.Request).
+//
+// A caller's Request (RequestParam.Request) that another call took since this call's
+// checkReuse (reused by two goroutines at once, which its doc forbids) is left alone:
+// the call fails with checkReuse's error, and an operation UCX holds is tracked by a
+// request of the worker's own and canceled (a receive stops; a send may still go out;
+// one that completed in place stays done).
 func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, immediate func(*Request), pins ...unsafe.Pointer) (*Request, error) {
 	req, st := ucx.PtrStatus(ptr)
+	if p.Request != nil && (st == ucx.OK || st == ucx.InProgress) {
+		if err := p.Request.checkReusable(op); err != nil {
+			err = &OpError{Op: op, Err: unwrapOp(err),
+				Detail: "RequestParam.Request was taken by a concurrent call after this call checked it: one goroutine at a time may reuse it"}
+			if st == ucx.InProgress {
+				orphan := w.pooledLocked(op)
+				orphan.finish = p.staged
+				if p.MemH == nil && !p.pinnedBuf {
+					for _, b := range pins {
+						if b != nil {
+							orphan.pin.Pin(b)
+							orphan.pinned = true
+						}
+					}
+				}
+				w.trackLocked(orphan, req)
+				w.raw.Cancel(req)
+			}
+			return nil, err
+		}
+	}
 	switch st {
 	case ucx.OK:
 		r := p.Request
