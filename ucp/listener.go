@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ucpx/ucpx/cgo/ucx"
 )
 
 // The listener is a Go TCP listener, not UCX's sockaddr listener: a connecting peer
@@ -29,13 +31,30 @@ type ListenerParams struct {
 }
 
 const (
-	// handshakeTimeout bounds a server-side handshake (and a client's without a ctx
-	// deadline): a peer that stalls is dropped.
+	// handshakeTimeout bounds a server-side handshake once the client's hello arrived
+	// (and a client's without a ctx deadline): a peer that stalls is dropped.
 	handshakeTimeout = 10 * time.Second
+	// helloTimeout bounds the wait for the client's hello, which has a fixed size and
+	// which a client sends as soon as it read the server's: a connection that sends
+	// nothing does not hold a handshake slot for long.
+	helloTimeout = time.Second
 	// maxHandshakes bounds the handshakes in progress per listener, and maxBacklog the
-	// authenticated requests waiting for Accept; connections beyond are closed.
+	// authenticated requests waiting for Accept; connections beyond are closed. When
+	// every handshake slot is taken, a new connection evicts the oldest one still
+	// waiting for its hello (idle connections cannot lock the key's holders out); one
+	// past its hello is never evicted (honest clients on a slow path do not evict each
+	// other), and the new connection is closed instead.
 	maxHandshakes = 64
 	maxBacklog    = 128
+	// acceptRetryMin and acceptRetryMax bound the pause after a failed accept(2) (the
+	// process at its descriptor limit: EMFILE, ENFILE; ENOBUFS, ...): doubling, as
+	// net/http's Server does. The clients wait in the kernel's backlog meanwhile.
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
+	// acceptPollMin and acceptPollMax bound the sleeps of an Accept that cannot park
+	// on the worker's event fd (a worker without wakeup): doubling while none comes.
+	acceptPollMin = time.Millisecond
+	acceptPollMax = 16 * time.Millisecond
 )
 
 // Listener accepts authenticated client-server connections on a TCP address.
@@ -45,10 +64,13 @@ type Listener struct {
 	id      uint64
 	port    int
 	handler func(*ConnRequest)
-	slots   chan struct{} // handshakes in progress
-	// conns are the connections in a handshake (under cmu), closed by Close.
+	stop    chan struct{} // closed by Close: ends a pause of serve or Accept
+	// Under cmu: conns are the connections in a handshake or waiting for a decision,
+	// closed by Close; shaking those whose handshake's goroutine runs (at most
+	// maxHandshakes).
 	cmu     sync.Mutex
 	conns   map[net.Conn]struct{}
+	shaking map[*hsConn]struct{}
 	stopped bool // under cmu: Close began, new connections are dropped
 	// nref counts connections dropped before their peer proved the key.
 	nref atomic.Int64
@@ -106,7 +128,7 @@ func (w *Worker) Listen(addr string, p *ListenerParams) (*Listener, error) {
 	w.nextID++
 	l := &Listener{
 		w: w, ln: ln, id: w.nextID, port: ln.Addr().(*net.TCPAddr).Port, handler: p.ConnHandler,
-		slots: make(chan struct{}, maxHandshakes), conns: map[net.Conn]struct{}{},
+		stop: make(chan struct{}), conns: map[net.Conn]struct{}{}, shaking: map[*hsConn]struct{}{},
 	}
 	w.listeners[l.id] = l
 	live.listeners.Add(1)
@@ -140,31 +162,70 @@ func (l *Listener) Refused() int {
 	return int(l.nref.Load())
 }
 
+// hsConn is a connection in its server-side handshake. Until the client's hello has
+// arrived it may be evicted for a newer connection (maxHandshakes).
+type hsConn struct {
+	net.Conn
+	l     *Listener
+	since time.Time // accepted
+	n     int       // bytes read, up to the hello's (the handshake's goroutine only)
+	// Under l.cmu.
+	hello   bool // the client's hello arrived
+	evicted bool
+}
+
+// Read reads from the connection; the read that completes the client's hello makes
+// the connection one that is never evicted, with the whole handshake's deadline.
+func (c *hsConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.n < hsClientHello {
+		c.n += n
+		if c.n >= hsClientHello {
+			c.l.cmu.Lock()
+			c.hello = !c.evicted
+			c.l.cmu.Unlock()
+			_ = c.Conn.SetDeadline(time.Now().Add(handshakeTimeout))
+		}
+	}
+	return n, err
+}
+
 func (l *Listener) serve() {
 	defer l.wg.Done()
+	var pause time.Duration
 	for {
-		c, err := l.ln.Accept()
+		nc, err := l.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) || l.stopping() {
+				return
 			}
-			return // closed
-		}
-		select {
-		case l.slots <- struct{}{}:
-		default:
-			l.nref.Add(1)
-			_ = c.Close()
+			// Anything else passes (EMFILE, ENFILE, ENOBUFS, ...): one failed accept
+			// ended serving for good, and later clients waited for nothing.
+			pause = min(max(2*pause, acceptRetryMin), acceptRetryMax)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-l.stop:
+				t.Stop()
+				return
+			}
 			continue
 		}
+		pause = 0
+		c := &hsConn{Conn: nc, l: l, since: time.Now()}
 		l.cmu.Lock()
 		if l.stopped {
 			l.cmu.Unlock()
-			_ = c.Close()
-			<-l.slots
+			_ = nc.Close()
 			continue
 		}
+		if len(l.shaking) >= maxHandshakes && !l.evictLocked() {
+			l.cmu.Unlock()
+			l.nref.Add(1)
+			_ = nc.Close()
+			continue
+		}
+		l.shaking[c] = struct{}{}
 		l.conns[c] = struct{}{}
 		l.cmu.Unlock()
 		l.wg.Add(1)
@@ -187,6 +248,36 @@ func (l *Listener) serve() {
 	}
 }
 
+// stopping reports whether Close began.
+func (l *Listener) stopping() bool {
+	select {
+	case <-l.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// evictLocked closes the oldest connection still waiting for its client's hello and
+// frees its handshake slot (its goroutine ends on the closed connection, counted in
+// Refused). It reports whether there was one. Caller holds cmu.
+func (l *Listener) evictLocked() bool {
+	var oldest *hsConn
+	for c := range l.shaking {
+		if !c.hello && !c.evicted && (oldest == nil || c.since.Before(oldest.since)) {
+			oldest = c
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	oldest.evicted = true
+	delete(l.shaking, oldest)
+	delete(l.conns, oldest)
+	_ = oldest.Conn.Close()
+	return true
+}
+
 func (l *Listener) forget(c net.Conn) {
 	l.cmu.Lock()
 	delete(l.conns, c)
@@ -195,15 +286,20 @@ func (l *Listener) forget(c net.Conn) {
 
 // handshake authenticates one connection and queues its request, or returns it for
 // the listener's handler.
-func (l *Listener) handshake(c net.Conn) *ConnRequest {
-	defer func() { <-l.slots }()
+func (l *Listener) handshake(c *hsConn) *ConnRequest {
+	defer func() {
+		l.cmu.Lock()
+		delete(l.shaking, c)
+		l.cmu.Unlock()
+	}()
 	self, err := l.w.selfInfo()
 	if err != nil {
 		l.forget(c)
 		_ = c.Close()
 		return nil
 	}
-	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	// Until the hello arrived (hsConn.Read extends it then).
+	_ = c.SetDeadline(c.since.Add(helloTimeout))
 	h := &handshake{t: l.w.ctx.trust, rw: c}
 	peer, err := h.server(&self)
 	if err != nil {
@@ -235,7 +331,9 @@ func (l *Listener) handshake(c net.Conn) *ConnRequest {
 }
 
 // Accept drives the worker's progress until an authenticated connection request
-// arrives (when the listener has no ConnHandler), then accepts it.
+// arrives (when the listener has no ConnHandler), then accepts it. Meanwhile it parks
+// on the worker's event fd as Request.Wait does: a request queued, an event of the
+// worker, ctx's end and the listener's or worker's Close wake it.
 func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, error) {
 	if l == nil {
 		return nil, opErr("listener_accept", ErrInvalidParam, "nil listener")
@@ -244,6 +342,9 @@ func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, er
 		return nil, opErr("listener_accept", ErrInvalidParam, "nil context")
 	}
 	w := l.w
+	bound := parkBound{parkBoundMin}
+	poll := time.Duration(0)
+	busy := 0 // busy arms in a row
 	for {
 		w.mu.Lock()
 		if l.closed || w.closed.Load() {
@@ -256,13 +357,40 @@ func (l *Listener) Accept(ctx context.Context, p *EndpointParams) (*Endpoint, er
 			r = l.backlog[0]
 			l.backlog = l.backlog[1:]
 		}
-		w.unlockDeferred()
 		if r != nil {
+			w.unlockDeferred()
 			return r.Accept(p)
 		}
-		if err := w.WaitForEvents(ctx, time.Millisecond); err != nil {
+		if err := ctx.Err(); err != nil {
+			w.unlockDeferred()
 			return nil, opErr("listener_accept", err, "")
 		}
+		if w.efd >= 0 && busy < parkTries && w.park.canSleep() {
+			if w.armLocked() != ucx.OK {
+				busy++ // events are pending: progress them
+				w.unlockDeferred()
+				continue
+			}
+			busy = 0
+			// The handshake queues a request under w.mu and then wakes the parked
+			// goroutines (Worker.Signal): this sleep begins before either.
+			parked := monotonic()
+			w.sleepUnlock(ctx, w.takeDeferredLocked(), time.Now().Add(bound.d))
+			bound.expired(parked)
+			poll = 0
+			continue
+		}
+		// No event fd to sleep on, or arms that keep finding events: short sleeps.
+		busy = 0
+		w.unlockDeferred()
+		poll = min(max(2*poll, acceptPollMin), acceptPollMax)
+		t := time.NewTimer(poll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		case <-l.stop:
+		}
+		t.Stop()
 	}
 }
 
@@ -341,6 +469,7 @@ func (l *Listener) destroyLocked() {
 		return
 	}
 	l.closed = true
+	close(l.stop)
 	_ = l.ln.Close()
 	for _, r := range l.backlog {
 		if !r.done {
@@ -358,6 +487,7 @@ func (l *Listener) destroyLocked() {
 	l.cmu.Unlock()
 	delete(l.w.listeners, l.id)
 	live.listeners.Add(-1)
+	l.w.wakeParkedLocked() // an Accept parked on the worker finds the listener closed
 }
 
 // Close stops listening; queued requests are dropped (their clients' Connect fails).

@@ -362,6 +362,14 @@ func (pk *parker) enter(efd int) (*follower, bool) {
 	return f, false
 }
 
+// canSleep reports whether a goroutine that parks here sleeps: the parker is open and
+// its fd is in the netpoller (or not tried yet). Otherwise enter returns at once.
+func (pk *parker) canSleep() bool {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	return !pk.closed && (!pk.opened || pk.file != nil)
+}
+
 // leave returns a follower's slot once it woke.
 func (pk *parker) leave(f *follower) {
 	pk.mu.Lock()
