@@ -79,7 +79,8 @@ type RequestParam struct {
 	// Callback has not returned yet (it runs on the goroutine that drove the progress,
 	// which may be another) gives ErrBusy, also from within that Callback: the
 	// Callback sees its own operation's results. Its previous results are gone once it
-	// is reused. One goroutine at a time may reuse it.
+	// is reused. One goroutine at a time may reuse it: of two calls racing on one, the
+	// second to post fails with ErrInvalidParam and touches no other operation.
 	Request *Request
 	// Staging is the operation's workspace policy (protocol.StageAlways,
 	// StageNever, ...); the zero value takes the context's (ContextParams.Protocol).
