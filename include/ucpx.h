@@ -65,6 +65,8 @@ typedef enum {
 	UCPX_ERR_NO_DEVICE = -13,     /* no CUDA driver or device */
 	UCPX_ERR_AUTH = -14,          /* a peer's address or remote key is not sealed under our auth key */
 	UCPX_ERR_REVOKED = -15,       /* the remote key was revoked by its owner (its memory unmapped) */
+	UCPX_ERR_SEND_INCOMPLETE = -16, /* ucpx_tag_sendrecv: the reply was received, the send did not
+	                               * complete (timeout or failure: see ucpx_last_error) */
 	UCPX_ERR_OTHER = -100         /* anything else (see ucpx_last_error) */
 } ucpx_status;
 
@@ -237,7 +239,9 @@ int ucpx_ep_flush(ucpx_handle_t ep, ucpx_handle_t *request);
  * UCPX_ERR_TIMEOUT (a receive is then canceled; a send may still be in flight).
  * length and sender_tag may be NULL; they are set on UCPX_OK and on UCPX_ERR_TRUNCATED
  * (then the message's length). ucpx_tag_sendrecv sends sbuf, then receives the
- * reply into rbuf. A call whose operations complete within its spin (a ping-pong's
+ * reply into rbuf; a reply that arrived while the send did not complete (the timeout
+ * passed, or the send failed) is returned all the same: UCPX_ERR_SEND_INCOMPLETE, with
+ * length and sender_tag set (the send may still be in flight after a timeout). A call whose operations complete within its spin (a ping-pong's
  * round trip usually does) runs in C alone; the worker is then busy for other threads
  * only while the call runs, as for any call on it. */
 int ucpx_tag_send_wait(ucpx_handle_t ep, void *buf, size_t len, uint64_t tag, int timeout_ms);

@@ -222,6 +222,33 @@ static void blocking(char *peer_addr) {
 		}
 	}
 
+	/* A reply that came while the send did not complete (4 MiB, not received before the
+	 * 200 ms timeout): UCPX_ERR_SEND_INCOMPLETE with the reply's length and tag; the
+	 * reply was lost before. The send then completes once the peer receives it. */
+	{
+		enum { HUGE = 4 << 20 };
+		unsigned char *hout = calloc(1, HUGE), *hin = malloc(HUGE), reply[8] = "REPLY-16", r8[8];
+		got = 0;
+		stag = 0;
+		if (rank == 0) {
+			fill(hout, HUGE, 700);
+			int rc = ucpx_tag_sendrecv(ep, hout, HUGE, 0xA300, r8, sizeof r8, 0xA301, ~0ull, 200, &got, &stag);
+			EXPECT(rc == UCPX_ERR_SEND_INCOMPLETE && got == sizeof r8 && stag == 0xA301 && memcmp(r8, reply, 8) == 0,
+			       "a reply while the send was pending: %s, got %zu tag %#llx", ucpx_strerror(rc), got,
+			       (unsigned long long)stag);
+			CHECK(ucpx_tag_recv_wait(worker, r8, sizeof r8, 0xA302, ~0ull, TIMEOUT, NULL, NULL)); /* progresses the send */
+		} else {
+			CHECK(ucpx_tag_send_wait(ep, reply, sizeof reply, 0xA301, TIMEOUT));
+			usleep(500000);
+			CHECK(ucpx_tag_recv_wait(worker, hin, HUGE, 0xA300, ~0ull, TIMEOUT, &got, NULL));
+			EXPECT(got == HUGE, "the pending send: %zu", got);
+			verify(hin, HUGE, 700, "the pending send");
+			CHECK(ucpx_tag_send_wait(ep, reply, sizeof reply, 0xA302, TIMEOUT));
+		}
+		free(hout);
+		free(hin);
+	}
+
 	/* What the blocking calls refuse, with the codes the Go path gives. */
 	EXPECT(ucpx_tag_sendrecv(ep, out, 8, 1ull << 50, in, 8, 2, ~0ull, TIMEOUT, NULL, NULL) == UCPX_ERR_INVALID_PARAM,
 	       "a tag above UCPX_MAX_TAG");

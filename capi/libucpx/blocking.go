@@ -23,7 +23,7 @@ import (
 // length and senderTag (either may be NULL): also for a truncated message, whose
 // length is the message's.
 func recvStatus(n int, tag uint64, err error, length *C.size_t, senderTag *C.uint64_t) C.int {
-	if err != nil && !errors.Is(err, ucp.ErrMessageTruncated) {
+	if err != nil && !errors.Is(err, ucp.ErrMessageTruncated) && !errors.Is(err, ucp.ErrSendIncomplete) {
 		return status(err)
 	}
 	if length != nil {

@@ -57,6 +57,8 @@ func code(err error) C.int {
 		return C.UCPX_ERR_INVALID_HANDLE
 	case errors.Is(err, errBufferTooSmall), errors.Is(err, ucp.ErrBufferTooSmall):
 		return C.UCPX_ERR_BUFFER_TOO_SMALL
+	case errors.Is(err, ucp.ErrSendIncomplete): // before its cause (a timeout, a failure)
+		return C.UCPX_ERR_SEND_INCOMPLETE
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ucp.ErrTimedOut):
 		return C.UCPX_ERR_TIMEOUT
 	case errors.Is(err, ucp.ErrMessageTruncated):

@@ -19,6 +19,7 @@ const char *ucpx_strerror(int code) {
 	case UCPX_ERR_NO_DEVICE: return "UCPX_ERR_NO_DEVICE";
 	case UCPX_ERR_AUTH: return "UCPX_ERR_AUTH";
 	case UCPX_ERR_REVOKED: return "UCPX_ERR_REVOKED";
+	case UCPX_ERR_SEND_INCOMPLETE: return "UCPX_ERR_SEND_INCOMPLETE";
 	case UCPX_ERR_OTHER: return "UCPX_ERR_OTHER";
 	}
 	return "UCPX_ERR_UNKNOWN";
