@@ -121,7 +121,8 @@ type GraphBuilder interface {
 // k into the trigger word when it gets there, the engine issues every operation up to the
 // trigger in order, and stores into the completion word the highest k up to which all
 // operations have completed. Streams wait on the completion word for stream-ordered
-// completion.
+// completion. A condition serves the operations of one worker (its engine): another
+// worker's are refused with ErrInvalidParam.
 type Condition struct {
 	id       uint64                         // its track in traces
 	named    atomic.Pointer[trace.Recorder] // the recorder its track was named in
@@ -158,7 +159,15 @@ type Condition struct {
 	// launch failed with the operation in flight and left (Engine.OweCompletion), and
 	// no launch took the completion since. A completion stored meanwhile does not
 	// hold Destroy back (launchRunningLocked): only a later launch would read it.
-	owed        atomic.Bool
+	owed atomic.Bool
+	// engine is the engine (the worker) whose operations the condition carries: the
+	// first Submit binds it, and another engine's Submit is refused (bindEngine). One
+	// engine retires the condition's operations, in sequence order, and alone stores
+	// its completion word; two engines each retired their own, out of order. Written
+	// under mu.
+	engine atomic.Pointer[Engine]
+	// drivers is the bound engine once an operation is armed (attachDriver): at most
+	// one.
 	drivers     []streamcore.Driver
 	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
 	node        Node                              // Graph category: the start node
@@ -676,28 +685,58 @@ func Test(h DeviceHandle) bool {
 	return !ok || int64(v-h.CompletionValue) >= 0
 }
 
-// attachDriver adds d (once) to the drivers of the condition's words: host executors
-// waiting on the completion word run it, and trigger stores kick it.
-func (c *Condition) attachDriver(d streamcore.Driver) {
-	// The common case, once per operation: the one driver is attached already.
+// bindEngine binds c to e, the engine of the worker whose operation is about to be
+// armed on it: a condition serves the operations of one worker. Its completion word
+// says that every operation up to a sequence number completed, which only the one
+// engine retiring them in order can tell; with a second engine each retired its own
+// (an event recorded after a receive was ready before the receive had its data,
+// StatusAt and Pending were wrong, and Destroy freed the words under an operation in
+// flight or refused for good). So the Submit of another engine is refused
+// (ErrInvalidParam), as a Chain refuses operations of another worker. A condition
+// whose engine closed (its worker closed) with every operation retired is bound to
+// the next engine that submits, unless it is a Graph condition (failed for good
+// then: it can run no more).
+func (c *Condition) bindEngine(e *Engine) error {
+	if c.engine.Load() == e {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch old := c.engine.Load(); {
+	case old == e:
+		return nil
+	case old == nil:
+	case old.closed() && c.category != Graph && c.armed == c.retired.Load():
+		// Its engine let go of it: the new one drives its words from now on.
+		c.drivers = nil
+		c.firstDriver.Store(nil)
+	default:
+		return fmt.Errorf("submit: the %s carries operations of another worker (a condition serves one worker's operations: use a condition per worker): %w",
+			c.category.conditionName(), ErrInvalidParam)
+	}
+	c.engine.Store(e)
+	return nil
+}
+
+// attachDriver makes e, the engine c is bound to (bindEngine), the driver of the
+// condition's words: host executors waiting on the completion word run it, and
+// trigger stores kick it.
+func (c *Condition) attachDriver(e *Engine) {
+	d := streamcore.Driver(e)
+	// The common case, once per operation: the driver is attached already.
 	if p := c.firstDriver.Load(); p != nil && *p == d {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, x := range c.drivers {
-		if x == d {
-			return
-		}
+	if c.engine.Load() != e || len(c.drivers) > 0 {
+		// Bound to another engine since (this one closed), or attached already.
+		return
 	}
 	c.drivers = append(c.drivers, d)
-	if len(c.drivers) == 1 {
-		first := d // a copy, so that d itself does not escape on every call
-		c.firstDriver.Store(&first)
-		c.words.SetDriver(d)
-	} else {
-		c.words.SetDriver(drivers(append([]streamcore.Driver(nil), c.drivers...)))
-	}
+	first := d // a copy, so that d itself does not escape on every call
+	c.firstDriver.Store(&first)
+	c.words.SetDriver(d)
 }
 
 // drivenBy reports whether c's trigger is stored by a host executor that kicks e and
@@ -709,42 +748,6 @@ func (c *Condition) drivenBy(e *Engine) bool {
 	}
 	p := c.firstDriver.Load()
 	return p != nil && *p == streamcore.Driver(e)
-}
-
-// drivers runs several drivers (a condition used by operations of several workers).
-type drivers []streamcore.Driver
-
-func (ds drivers) Drive() bool {
-	progressed := false
-	for _, d := range ds {
-		if d.Drive() {
-			progressed = true
-		}
-	}
-	return progressed
-}
-
-func (ds drivers) Kick() {
-	for _, d := range ds {
-		d.Kick()
-	}
-}
-
-func (ds drivers) Release() {
-	for _, d := range ds {
-		d.Release()
-	}
-}
-
-// OweCompletion tells each engine (Engine.OweCompletion).
-func (ds drivers) OweCompletion(done *streamcore.Word, owed bool) bool {
-	found := false
-	for _, d := range ds {
-		if e, ok := d.(*Engine); ok && e.OweCompletion(done, owed) {
-			found = true
-		}
-	}
-	return found
 }
 
 // Destroy releases the condition. With operations still pending it returns an error

@@ -22,6 +22,12 @@
 //	req, _ := w.TagRecvNbx(buf, tag, mask, &ucp.RequestParam{Condition: c})
 //	s.Record(ev) // ready only once buf holds the message
 //
+// A condition serves the operations of one worker: the engine of the worker whose
+// operation it carried first retires its operations, and an operation of another
+// worker on it is refused (ErrInvalidParam; use a condition per worker). Only once
+// that worker closed, with every operation retired, does another worker's operation
+// bind it again (not a Graph condition's: it can run no more then).
+//
 // Operations armed between BeginGroup and EndGroup share one trigger and one completion
 // wait (like ncclGroupStart/End). An operation enqueued while its stream is being
 // captured into a CUDA graph becomes a persistent graph operation. A Graph condition's

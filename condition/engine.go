@@ -249,6 +249,9 @@ func (e *Engine) add(p *part) error {
 	return nil
 }
 
+// closed reports whether Close began: the engine takes no operation any more.
+func (e *Engine) closed() bool { return e.incoming.Load() == closedIncoming }
+
 func (e *Engine) added() bool {
 	head := e.incoming.Load()
 	return head != nil && head != closedIncoming

@@ -216,7 +216,9 @@ func (p *part) recordTimeline(tr *trace.Recorder) {
 // reserves the operation's sequence number(s) and, for a Stream condition, enqueues the
 // trigger (and, unless NonBlocking, the completion wait) on the stream. The engine
 // calls op.Issue once the trigger has come. o must be a zero Op; it completes when the
-// operation did, with its error.
+// operation did, with its error. A condition serves one engine: the first Submit binds
+// it, and another engine's Submit is refused (ErrInvalidParam) until that engine
+// closed with every operation retired (bindEngine).
 func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	if c == nil || op == nil || o == nil {
 		return fmt.Errorf("submit: nil condition, operation or Op: %w", ErrInvalidParam)
@@ -233,6 +235,9 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 	category := c.category
 	if capturing {
 		category = Graph
+	} else if err := c.bindEngine(e); err != nil {
+		// Before the plan, which may lend staging: nothing to give back.
+		return err
 	}
 	streamOrdered := category == Stream && !s.NonBlocking
 	route := protocol.Route{
@@ -257,6 +262,7 @@ func (e *Engine) Submit(o *Op, c *Condition, op Operation, s Submission) error {
 			return err
 		}
 		c = captured
+		_ = c.bindEngine(e) // a condition of its own: never bound to another
 	}
 	o.eng, o.cond, o.operation, o.what, o.cb = e, c, op, s.What, s.Callback
 	if len(o.plan.Parts) > 1 {
