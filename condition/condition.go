@@ -653,8 +653,10 @@ func (h DeviceHandle) Kernel() device.Handle {
 	return device.Handle{Trigger: uint64(h.Trigger), Value: h.Value, Completion: uint64(h.Completion), CompletionValue: h.CompletionValue}
 }
 
-// Trigger is the host-side trigger function: what a kernel does with ucpx_trigger. A
-// handle whose condition was destroyed gives ErrDestroyed.
+// Trigger is the host-side trigger function: what a kernel does with ucpx_trigger. The
+// trigger word only moves forward: a handle older than one triggered already (two
+// kernels finishing in either order) changes nothing, its operations were started by
+// the newer one. A handle whose condition was destroyed gives ErrDestroyed.
 func Trigger(h DeviceHandle) error {
 	if h.hostTrigger == nil {
 		return fmt.Errorf("trigger: zero handle: %w", ErrInvalidParam)
@@ -662,11 +664,28 @@ func Trigger(h DeviceHandle) error {
 	if h.hostTrigger.Kind() == streamcore.KindHost && h.hostTrigger.HostPtr() != h.Trigger {
 		return fmt.Errorf("trigger: handle was altered: %w", ErrInvalidParam)
 	}
-	if !h.hostTrigger.TryStore(h.Value) {
+	if !advanceTrigger(h.hostTrigger, h.Value) {
 		// Its memory went back with the condition.
 		return fmt.Errorf("trigger: the handle's condition was destroyed: %w", ErrDestroyed)
 	}
 	return nil
+}
+
+// advanceTrigger moves a KernelTriggered condition's trigger word forward to v, never
+// back (wrap-aware, as the engine compares it with sequence numbers): a plain store of
+// an older handle's value after a newer one's took the trigger back, and the newer
+// handle's operations never started. ucpx_trigger does the same on the device. It
+// reports false when the word was freed.
+func advanceTrigger(w *streamcore.Word, v uint64) bool {
+	for {
+		cur, ok := w.TryLoad()
+		if !ok {
+			return false
+		}
+		if int64(cur-v) >= 0 || w.CompareAndSwap(cur, v) {
+			return true
+		}
+	}
 }
 
 // Test reports whether the operations of the handle have completed (ucpx_test). On the

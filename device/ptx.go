@@ -16,8 +16,11 @@ const (
 	KernelEcho     = "ucpx_test_echo"     // (trigger, done *u64, base, n u64, result *u64)
 	KernelHandle   = "ucpx_test_handle"   // (h Handle, result *u64)
 	KernelPingPong = "ucpx_test_pingpong" // (h Handle, n, step u64, result *u64)
-	KernelChecksum = "ucpx_test_checksum" // (buf *u8, n u64, out *u64)
-	KernelFill     = "ucpx_test_fill"     // (buf *u8, n u64, seed u32)
+	// KernelTriggerNewestFirst triggers newer, then older; result = {trigger word after
+	// both, after newer alone}.
+	KernelTriggerNewestFirst = "ucpx_test_trigger_newest_first" // (newer, older Handle, result *u64)
+	KernelChecksum           = "ucpx_test_checksum"             // (buf *u8, n u64, out *u64)
+	KernelFill               = "ucpx_test_fill"                 // (buf *u8, n u64, seed u32)
 	// Prepared partitions: a producer block per partition (fill, ucpx_pready_block) and
 	// a consumer block per partition (ucpx_parrived_wait_block, checksum).
 	KernelPready   = "ucpx_test_pready"   // (h PartitionHandle, buf *u8, seed, reverse u32, failures *u64)

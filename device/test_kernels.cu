@@ -46,6 +46,24 @@ extern "C" __global__ void ucpx_test_handle(ucpx_device_handle h, uint64_t *resu
 }
 
 /*
+ * Two handles of one kernel-triggered condition triggered newest first (two
+ * kernels finishing in either order): ucpx_trigger(newer), then
+ * ucpx_trigger(older). The trigger word must stay at newer.value, so the
+ * newer handle's operations start. result[0] = the trigger word after both,
+ * result[1] = the trigger word after the newer one alone. One thread works.
+ */
+extern "C" __global__ void ucpx_test_trigger_newest_first(ucpx_device_handle newer, ucpx_device_handle older, uint64_t *result)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	ucpx_trigger(newer);
+	result[1] = ucpx_word_load_acquire(newer.trigger);
+	ucpx_trigger(older);
+	result[0] = ucpx_word_load_acquire(newer.trigger);
+	__threadfence_system();
+}
+
+/*
  * Persistent ping-pong through a device handle: for k = 0..n-1, trigger with
  * h.value + k*step and wait until the completion word reaches
  * h.completion_value + k*step. The host arms step operations per iteration
