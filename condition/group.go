@@ -68,7 +68,9 @@ func (c *Condition) inGroup() bool {
 // receives). If the stream refuses the trigger, the operations are started from the
 // host instead, so none is left waiting for a trigger that never comes, and the error
 // is returned (and kept in Err); their staging buffers go back once they completed and
-// the stream passed the copies into them.
+// the stream passed the copies into them. While the stream captures a graph a group
+// with operations is not ended (ErrInvalidParam, as RecordEvent): its trigger would be
+// captured rather than run; it stays open, and EndGroup after EndCapture ends it.
 func (c *Condition) EndGroup() error {
 	if c == nil {
 		return fmt.Errorf("end group: nil condition: %w", ErrInvalidParam)
@@ -90,13 +92,25 @@ func (c *Condition) endGroupLocked() (kick bool, err error) {
 	if g == nil {
 		return false, fmt.Errorf("end group: no group is open: %w", ErrInvalidParam)
 	}
-	c.group = nil
 	if c.destroyed.Load() { // destroyed with the group open and empty
+		c.group = nil
 		return false, fmt.Errorf("end group: %w", ErrDestroyed)
 	}
 	if c.armed == g.last {
+		c.group = nil
 		return false, nil // an empty group enqueues nothing
 	}
+	// Under stream capture the group's trigger and completion wait would go into the
+	// captured graph, not onto the live stream: its operations, armed before the
+	// capture with the condition's sequence numbers, would never be triggered (and a
+	// relaunched graph would store a number that is not its own). As RecordEvent, it
+	// is refused; the group stays open for an EndGroup after EndCapture. A stream that
+	// cannot tell is taken as not capturing: the enqueue below then fails and the
+	// trigger is stored from the host, so the operations still run.
+	if capturing, err := c.stream.Capturing(); err == nil && capturing {
+		return false, fmt.Errorf("end group while the stream captures a graph (its operations were armed on the live stream: end the group after EndCapture): %w", ErrInvalidParam)
+	}
+	c.group = nil
 	// Whatever is left unsettled below (the stream refused the trigger, the wait or
 	// work after it) goes back once the stream passed what was enqueued.
 	defer c.settleGroupLocked(g)

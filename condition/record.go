@@ -72,7 +72,8 @@ func (c *Condition) recordableLocked(ev streamcore.Event) error {
 		return fmt.Errorf("record event on a %v condition (only stream conditions have a stream): %w", c.category, ErrInvalidParam)
 	}
 	// Under stream capture the wait would name a sequence number a relaunched graph
-	// never sees again; captured operations complete inside their graph.
+	// never sees again; captured operations complete inside their graph. EndGroup
+	// refuses under capture for the same reason (group.go).
 	if capturing, err := c.stream.Capturing(); err != nil || capturing {
 		if err != nil {
 			return fmt.Errorf("record event: %w", err)
