@@ -135,6 +135,9 @@ type Engine struct {
 	driven atomic.Bool
 	// inflight: the last full round left operations in flight (Release reads it).
 	inflight atomic.Bool
+	// canceled: a part of a KernelTriggered condition was canceled before its
+	// trigger since the last full round (part.cancel), which retires it.
+	canceled atomic.Bool
 	// sharing: the engine's goroutine sleeps because another goroutine drives (run).
 	sharing atomic.Bool
 	// unawaited: the last full round left in flight an operation that no host
@@ -679,6 +682,19 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 				continue
 			}
 			if int64(trigger-p.seq) < 0 {
+				if p.canceled && cond.category == KernelTriggered {
+					// Canceled before its trigger, every earlier part triggered:
+					// it retires now, in order (after them), rather than when a
+					// trigger that may never come arrives. A later trigger of its
+					// value or below finds nothing to issue; later parts wait for
+					// their own. Not on a Stream condition: its stream stores the
+					// trigger after work on the part's staging buffer, which goes
+					// back only once the stream passed it.
+					p.err = errCanceledBeforeTrigger(p.op.what)
+					p.issued = true
+					progressed = true
+					continue
+				}
 				if stopped == nil {
 					ch.untriggered = true
 					break // later operations wait for a later trigger
@@ -1015,6 +1031,9 @@ func (f *firedLaunch) fire(tr *trace.Recorder, due *dueList) {
 func (e *Engine) quiet() bool {
 	if e.last.changed || len(e.scan) == 0 || e.added() || e.transport.Completions() != e.last.completions {
 		return false
+	}
+	if e.canceled.Load() && e.canceled.Swap(false) {
+		return false // a part was canceled before its trigger: a full round retires it
 	}
 	for _, ch := range e.scan {
 		cond := ch.cond

@@ -586,7 +586,10 @@ func (o *Op) ringOnCompletion() {
 }
 
 // Cancel cancels the operation: before its trigger it will complete with an error
-// matching ErrCanceled without being issued; once issued, the transport cancels it.
+// matching ErrCanceled without being issued (on a KernelTriggered condition at once,
+// in sequence order, after the operations armed before it: its trigger may never
+// come; on a Stream condition when the stream reaches its trigger); once issued, the
+// transport cancels it.
 func (o *Op) Cancel() {
 	if o.done.Load() {
 		return
@@ -604,12 +607,20 @@ func (p *part) cancel() {
 	e := p.op.eng
 	e.mu.Lock()
 	var inner Issued
+	early := false
 	if p.issued {
 		inner = p.inner
 	} else {
 		p.canceled = true
+		// A KernelTriggered part retires without its trigger (roundLocked): the
+		// next full round does it, wherever it runs.
+		early = p.cond.category == KernelTriggered
 	}
 	e.mu.Unlock()
+	if early {
+		e.canceled.Store(true)
+		e.wakeUp()
+	}
 	if inner != nil {
 		inner.Cancel()
 	}
