@@ -37,7 +37,9 @@ func (c *Condition) capturing(streamOrdered bool) (bool, error) {
 
 // capture returns a new Graph condition whose nodes were just captured on c's stream
 // (capturing reported true), for the one operation about to be enqueued. c owns it:
-// c.Destroy destroys it. The nodes stay in the capture: call it only once the
+// c.Destroy destroys it, and nothing earlier does (ucpx is not told when the captured
+// graph and its executable graphs are destroyed, and their nodes name its words), so
+// it lives as long as c. The nodes stay in the capture: call it only once the
 // operation was accepted (planned), so that a refused call records nothing. Where the
 // stream takes some of the nodes and refuses the next, the capture cannot be used
 // (abandonCaptureLocked).

@@ -776,7 +776,10 @@ func (c *Condition) drivenBy(e *Engine) bool {
 // Destroy back once the operations completed. A second Destroy returns ErrDestroyed. Its
 // words are freed once every stream that waits on them (its own, and those given a
 // wait by WaitOnStream) has passed its waits: on host streams in stream order, without
-// blocking; on CUDA streams Destroy synchronizes them, as cudaFree does.
+// blocking; on CUDA streams Destroy synchronizes them, as cudaFree does. A Stream
+// condition's Destroy also destroys the Graph conditions of the operations enqueued
+// under stream capture, which live until then (nothing tells ucpx when a captured
+// graph is destroyed): ErrBusy while a launch of one runs.
 func (c *Condition) Destroy() error {
 	if c == nil {
 		return fmt.Errorf("destroy: nil condition: %w", ErrInvalidParam)

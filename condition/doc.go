@@ -30,7 +30,11 @@
 //
 // Operations armed between BeginGroup and EndGroup share one trigger and one completion
 // wait (like ncclGroupStart/End). An operation enqueued while its stream is being
-// captured into a CUDA graph becomes a persistent graph operation. A Graph condition's
+// captured into a CUDA graph becomes a persistent graph operation, on a Graph
+// condition of its own that lives until the Stream condition is destroyed (ucpx is
+// not told when the captured graph goes): a long-lived Stream condition grows by one
+// per captured operation, so use a Stream condition per capture where captures
+// repeat. A Graph condition's
 // node may carry several operations; every launch runs them all.
 //
 // The engine's side: a transport (package ucp) implements Operation and Transport and
