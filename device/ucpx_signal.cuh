@@ -10,7 +10,7 @@
  * Include this header in your .cu files; it has no other dependency.
  * Compile for sm_70 or newer to get release/acquire instructions; older
  * targets fall back to volatile accesses with system fences. ucpx_trigger
- * needs sm_60 or newer (a system-scope compare-and-swap).
+ * needs sm_60 or newer (a system-scope atomic max).
  *
  * Call the functions from ONE thread (for example threadIdx.x == 0 of one
  * block), except the *_block functions of prepared partitions (below), which
@@ -105,40 +105,30 @@ static __device__ __forceinline__ void ucpx_word_wait_geq(const uint64_t *p, uin
 	}
 }
 
-/* Move *p forward to v with release semantics at system scope, never back:
- * nothing happens where *p has reached v already (wrap-aware, as
- * ucpx_word_reached). A compare-and-swap loop (system scope, sm_60 and newer)
- * rather than a store, so that of two triggers stored in either order the
- * newer value stays. */
-static __device__ __forceinline__ void ucpx_word_advance_release(uint64_t *p, uint64_t v)
+/* Move *p forward to v at system scope, never back, so that of two triggers
+ * stored in either order the newer value stays: an atomic max, relaxed (the caller
+ * fences first, as ucpx_trigger does). A reduction: the thread does not wait for
+ * its result, where a compare-and-swap waits a bus round trip for each read and
+ * swap. Trigger values are sequence numbers from 1 that never wrap. */
+static __device__ __forceinline__ void ucpx_word_advance(uint64_t *p, uint64_t v)
 {
-	uint64_t cur = ucpx_word_load_acquire(p);
-	while (!ucpx_word_reached(cur, v)) {
-		uint64_t old;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-		asm volatile("atom.release.sys.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(p), "l"(cur), "l"(v) : "memory");
+	asm volatile("red.relaxed.sys.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #else
-		__threadfence_system();
-		asm volatile("atom.sys.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(p), "l"(cur), "l"(v) : "memory");
+	asm volatile("red.sys.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #endif
-		if (old == cur)
-			return;
-		cur = old;
-	}
 }
 
 /* Start the operation: make this thread's earlier writes (the data to send)
- * visible system-wide, then move the trigger word forward to h.value. The
- * fence is what orders the data before the flag on pre-sm_70 targets; on
- * newer ones the release orders it too and the fence costs little next to the
- * bus. The trigger word only moves forward: a handle older than one triggered
+ * visible system-wide (the fence orders them before the trigger's relaxed
+ * atomic), then move the trigger word forward to h.value. It only moves forward: a handle older than one triggered
  * already (two kernels finishing in either order) changes nothing, where a
  * plain store took the trigger back and the newer handle's operations never
  * started. condition.Trigger is the host twin. */
 static __device__ __forceinline__ void ucpx_trigger(ucpx_device_handle h)
 {
 	__threadfence_system();
-	ucpx_word_advance_release(h.trigger, h.value);
+	ucpx_word_advance(h.trigger, h.value);
 }
 
 /* Has the operation completed? Non-blocking; true when there is no
