@@ -514,6 +514,58 @@ func TestIPCRkeyCloseWaitsForQueuedCopies(t *testing.T) {
 	})
 }
 
+// The importer closes its endpoint with a copy still queued, then the exporter
+// revokes the region: a closed endpoint is no proof that nothing is in flight
+// (CloseNbx does not wait for IPC copies), so the importer keeps the mapping, and the
+// exporter's Close does not return, until the copy ran. Before, the revocation
+// unmapped and acknowledged at once, and (in-process) MemH.Close returned nil while
+// the copy was still to write into the memory it let the caller free.
+func TestIPCRevokeAfterEndpointCloseWaitsForQueuedCopies(t *testing.T) {
+	inRevokeModes(t, func(t *testing.T) {
+		p, _ := ipcPair(t)
+		const n = 4096
+		alloc, m, rk, open := heldImport(t, p, n)
+		defer alloc.Free()
+		r, err := p.epA.PutNbx(pattern(n, 7), rk.Base(), rk, nil)
+		require.NoError(t, err)
+		cr, err := p.epA.CloseNbx(false)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, cr.Wait(ctx))
+		require.False(t, r.Done(), "the copy is held on the stream")
+		t.Cleanup(background(p.a))
+		closed := make(chan error, 1)
+		go func() { closed <- m.Close() }()
+		time.Sleep(300 * time.Millisecond)
+		mapped := fakeipc.Mapped(alloc.Ptr())
+		select {
+		case err := <-closed:
+			open()
+			_ = r.Wait(ctx) // before the memory is freed
+			t.Fatalf("the exporter's Close returned (%v) with a copy into its memory still queued", err)
+		default:
+		}
+		require.Equal(t, 1, mapped, "unmapped with a copy through the mapping still queued")
+		open()
+		err = <-closed
+		done := r.Done()
+		require.NoError(t, r.Wait(ctx))
+		require.Equal(t, pattern(n, 7), alloc.Bytes())
+		if revokeInProcess {
+			require.NoError(t, err)
+		} else if err != nil {
+			// The acknowledgement has no endpoint to go on: the memory stays
+			// registered, which is safe.
+			t.Logf("exporter's Close: %v", err)
+		}
+		if err == nil {
+			require.True(t, done, "the exporter's Close returned with a copy into its memory still queued")
+			require.Zero(t, fakeipc.Mapped(alloc.Ptr()))
+		}
+	})
+}
+
 // A key closed with a copy queued is unmapped, and its exporter told, once the copy
 // completed: the exporter's Close then has nobody to wait for.
 func TestIPCRkeyCloseReleasesAfterCopies(t *testing.T) {

@@ -508,9 +508,21 @@ func (w *Worker) revokeImported(exporter [idLen]byte, keyID uint64, ack func()) 
 		return
 	}
 	for _, ep := range eps {
-		r, err := ep.FlushNbx(&RequestParam{Callback: func(*Request) { done() }})
-		if err != nil || r.Done() {
-			done() // failed or closed endpoint: nothing can be in flight on it
+		epDone := sync.OnceFunc(done) // the callback and an immediate completion may both see it done
+		cb := &RequestParam{Callback: func(*Request) { epDone() }}
+		r, err := ep.FlushNbx(cb)
+		if err != nil {
+			// A closed or failed endpoint is no proof that nothing is in flight on it:
+			// CloseNbx does not wait for the CUDA IPC copies issued on it, and a failed
+			// peer's copies still run on this worker's streams into the local mappings
+			// this revocation unmaps (and, once acknowledged, into memory the exporter
+			// frees). Wait for those copies, whatever became of the endpoint.
+			w.mu.Lock()
+			r = w.flushIPCLocked("rkey_revoke", completedRequest, ep, cb)
+			w.mu.Unlock()
+		}
+		if r.Done() {
+			epDone()
 		}
 	}
 }
