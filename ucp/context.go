@@ -126,6 +126,12 @@ type Context struct {
 	trust       *trust
 	// revokeTimeout is ContextParams.RevokeTimeout, resolved.
 	revokeTimeout time.Duration
+	// limbo holds, by imported key, the mappings a closed worker keeps because copies
+	// through them were abandoned still queued (Worker.Close, abandonIPCLocked): each
+	// channel is closed once they are released. A revocation of the key acknowledges
+	// only after that.
+	limboMu sync.Mutex
+	limbo   map[heldKeyID][]chan struct{}
 }
 
 // NewContext creates a UCX context; UCX reads its UCX_* environment variables here.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
@@ -1027,4 +1028,122 @@ func (w *Worker) eventAfterLocked(r *Request) (streamcore.Event, error) {
 		return nil, err
 	}
 	return newest.ev, nil
+}
+
+// heldKeyID names an imported key: its exporter and the key id sealed into it.
+type heldKeyID struct {
+	exporter [idLen]byte
+	keyID    uint64
+}
+
+// abandonIPCLocked is Worker.Close's part for the IPC copies still pending past its
+// bound, called before it fails them: nothing says they will not still run, so the
+// mappings they may write into (those of every mapped key of the worker, closed or
+// not) are taken from their release here, and released only once the copies' events
+// say they ran, by a goroutine that polls them (cuEventQuery does not wait). Where a
+// pending copy has no event, nothing can say so: the mappings stay (leaked). Until
+// the release, the keys stay counted at their exporters (Close tells no release of
+// them), and a revocation of one acknowledges only after it (Context.limbo): the
+// exporter does not free memory a queued copy still writes into. It returns the keys
+// whose release it took over.
+func (w *Worker) abandonIPCLocked() map[*Rkey]bool {
+	if !w.ipcBusyLocked() {
+		return nil
+	}
+	var evs []streamcore.Event
+	sure := true
+	for _, q := range w.ipcQueues {
+		if k := len(q.reqs); k > 0 { // a stream's copies run in order: its newest ends last
+			if ev := q.reqs[k-1].ipc.ev; ev != nil {
+				evs = append(evs, ev) // pending requests have events of their own
+			} else {
+				sure = false
+			}
+		}
+	}
+	for _, r := range w.ipcPending {
+		switch x := r.ipc; {
+		case x.ev != nil:
+			evs = append(evs, x.ev)
+		case x.held && !x.pullSend: // a step being started: it may have enqueued a copy
+			sure = false
+		}
+	}
+	type kept struct {
+		rk *Rkey
+		xs []*rkeyIPC
+	}
+	var keys []kept
+	out := make(map[*Rkey]bool)
+	for rk := range w.rkeys {
+		if xs := rk.takeMappingsLocked(); len(xs) > 0 {
+			keys = append(keys, kept{rk, xs})
+			out[rk] = true
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	c := w.ctx
+	gone := make(chan struct{})
+	c.limboMu.Lock()
+	if c.limbo == nil {
+		c.limbo = make(map[heldKeyID][]chan struct{})
+	}
+	for _, k := range keys {
+		id := heldKeyID{k.rk.exporter, k.rk.keyID}
+		c.limbo[id] = append(c.limbo[id], gone)
+	}
+	c.limboMu.Unlock()
+	if !sure {
+		return out // leaked: the mappings stay, and so does the exporters' count of them
+	}
+	go func() {
+		for _, ev := range evs {
+			for {
+				// An error (a failed device): the copy will not run either.
+				if done, err := ev.Query(); done || err != nil {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		for _, ev := range evs {
+			_ = ev.Close()
+		}
+		for _, k := range keys {
+			for _, x := range k.xs {
+				x.release(c)
+			}
+		}
+		c.limboMu.Lock()
+		for _, k := range keys {
+			id := heldKeyID{k.rk.exporter, k.rk.keyID}
+			l := slices.DeleteFunc(c.limbo[id], func(g chan struct{}) bool { return g == gone })
+			if len(l) == 0 {
+				delete(c.limbo, id)
+			} else {
+				c.limbo[id] = l
+			}
+		}
+		c.limboMu.Unlock()
+		close(gone)
+		// Now the keys are released: tell an exporter in this process (one elsewhere
+		// is told nothing, the worker's endpoints are gone: it revokes, and this
+		// context acknowledges).
+		me := c.trust.id
+		var notes []func()
+		w.mu.Lock()
+		for _, k := range keys {
+			rk := k.rk
+			if _, elsewhere := unholdLocked(c, rk); !rk.revoked && !elsewhere {
+				if ec := localContext(rk.exporter); ec != nil {
+					notes = append(notes, func() { ec.noteRelease(me, rk.keyID) })
+				}
+			}
+		}
+		w.mu.Unlock()
+		runDeferred(notes)
+	}()
+	return out
 }

@@ -566,6 +566,53 @@ func TestIPCRevokeAfterEndpointCloseWaitsForQueuedCopies(t *testing.T) {
 	})
 }
 
+// Worker.Close fails a copy still held on its stream past Close's bound (ErrCanceled),
+// but the copy may still run: the key's mapping stays, and the exporter's revocation
+// waits, until it ran. Before, Close unmapped with the copy still queued and told the
+// exporter the key was released: the exporter's MemH.Close returned nil at once and
+// the copy then wrote into the memory it let the caller free.
+func TestIPCWorkerCloseKeepsMappingsOfAbandonedCopies(t *testing.T) {
+	// In-process revocation: by messages, the exporter sees the importer's endpoints
+	// fail with its worker and takes it for dead (nothing there tells a closed worker
+	// from a dead process).
+	old := revokeInProcess
+	revokeInProcess = true
+	defer func() { revokeInProcess = old }()
+	p, _ := ipcPair(t)
+	const n = 4096
+	alloc, m, rk, open := heldImport(t, p, n)
+	defer alloc.Free()
+	r, err := p.epA.PutNbx(pattern(n, 9), rk.Base(), rk, nil)
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() { closed <- p.a.Close() }() // (the fake's stream close waits for the held work)
+	require.Eventually(t, r.Done, 10*time.Second, time.Millisecond, "Close fails the copy past its bound")
+	require.ErrorIs(t, r.Err(), ErrCanceled)
+	time.Sleep(50 * time.Millisecond)
+	mapped := fakeipc.Mapped(alloc.Ptr())
+	mclosed := make(chan error, 1)
+	go func() { mclosed <- m.Close() }()
+	var early error
+	returned := false
+	select {
+	case early = <-mclosed:
+		returned = true
+	case <-time.After(300 * time.Millisecond):
+	}
+	copied := string(alloc.Bytes()) == string(pattern(n, 9))
+	open()
+	require.NoError(t, <-closed)
+	require.Equal(t, 1, mapped, "unmapped with an abandoned copy through the mapping still queued")
+	require.False(t, returned && early == nil && !copied, "the exporter's Close returned with a copy into its memory still queued")
+	merr := early
+	if !returned {
+		merr = <-mclosed
+	}
+	require.Equal(t, pattern(n, 9), alloc.Bytes(), "the abandoned copy ran")
+	require.NoError(t, merr, "acknowledged once the copy ran and the mapping was released")
+	require.Eventually(t, func() bool { return fakeipc.Mapped(alloc.Ptr()) == 0 }, 5*time.Second, time.Millisecond)
+}
+
 // A key closed with a copy queued is unmapped, and its exporter told, once the copy
 // completed: the exporter's Close then has nobody to wait for.
 func TestIPCRkeyCloseReleasesAfterCopies(t *testing.T) {

@@ -264,7 +264,7 @@ func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func(s
 	h.revoking++
 	seq := stateSeq.Load() // keys noticed up to here are in their worker's rkeys already
 	heldKeys.Unlock()
-	finish := func() {
+	finishNow := func() {
 		heldKeys.Lock()
 		h.acks = append(h.acks, func() { acked(seq) })
 		h.revoking--
@@ -278,6 +278,22 @@ func (c *Context) revokeWorkers(exporter [idLen]byte, keyID uint64, acked func(s
 		heldKeys.Unlock()
 		for _, f := range due {
 			f()
+		}
+	}
+	finish := finishNow
+	c.limboMu.Lock()
+	limbo := append([]chan struct{}(nil), c.limbo[heldKeyID{exporter, keyID}]...)
+	c.limboMu.Unlock()
+	if len(limbo) > 0 {
+		// A closed worker keeps mappings of the key with abandoned copies still
+		// queued into them: acknowledge once they were released.
+		finish = func() {
+			go func() {
+				for _, g := range limbo {
+					<-g
+				}
+				finishNow()
+			}()
 		}
 	}
 	ws := c.workerList()

@@ -606,8 +606,11 @@ func (w *Worker) Close() error {
 			w.mu.Lock()
 		}
 	}
+	// The mappings those copies may write into are not released with their keys
+	// below: abandonIPCLocked releases them once the copies ran.
+	kept := w.abandonIPCLocked()
 	w.eachIPCLocked(func(r *Request) {
-		r.ipc.ev = nil // may still be in use: not reused, not closed
+		r.ipc.ev = nil // may still be in use: not reused, not closed (abandonIPCLocked closes them)
 		r.completeLocked(opErr("worker_destroy", ErrCanceled, "worker closed with a CUDA IPC copy in flight"), 0, 0)
 	})
 	w.ipcQueues, w.ipcPending = nil, nil
@@ -620,7 +623,9 @@ func (w *Worker) Close() error {
 	ipcClose := w.closeIPCLocked()
 	for rk := range w.rkeys {
 		rk.destroyLocked()
-		rk.releasedLocked()
+		if !kept[rk] { // a kept key's exporter is told once its mapping is released
+			rk.releasedLocked()
+		}
 	}
 	for id, h := range w.am {
 		h.arg.Free()
