@@ -238,7 +238,7 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 	}
 	check := func() error { return rkey.liveLocked(op) }
 	if len(buf) == 0 && p.Condition == nil {
-		return completedRequest, nil
+		return ep.ipcEmpty(op, p, check)
 	}
 	declared := declaredDevice(p)
 	enqueue := func(s streamcore.Stream, stage uintptr, uncaptured bool) error {
@@ -255,6 +255,34 @@ func (ep *Endpoint) rmaIPC(op string, buf []byte, raddr uint64, rkey *Rkey, p *R
 		return ep.rma(op, b, raddr+uint64(off), rkey, ip, put)
 	}
 	return ep.ipcIssue(op, p, buf, check, enqueue, reissue)
+}
+
+// ipcEmpty is a zero-length IPC operation without a Condition: nothing to copy, but
+// the checks of one that copies (a closed or revoked key, an endpoint not usable)
+// fail it as they would, and its Request is made as the UCX path's: the caller's
+// RequestParam.Request, done at once, or under NoImmediateCompletion a pending one
+// that the next progress completes, running its Callback.
+func (ep *Endpoint) ipcEmpty(op string, p *RequestParam, check func() error) (*Request, error) {
+	w := ep.w
+	w.lockIssue()
+	defer w.mu.Unlock()
+	if err := ep.usableLocked(op); err != nil {
+		return nil, err
+	}
+	if err := check(); err != nil {
+		return nil, err
+	}
+	if p.Flags&NoImmediateCompletion == 0 {
+		return w.postLocked(op, nil, p, nil)
+	}
+	if p.Request != nil {
+		if err := p.Request.checkReusable(op); err != nil {
+			return nil, err
+		}
+	}
+	r, _ := w.newIPCRequest(op, p) // no event, no deps: the next poll completes it
+	w.trackIPCLocked(r)
+	return r, nil
 }
 
 // ipcCopy copies n bytes from src to dst in stream order: a declared device buffer

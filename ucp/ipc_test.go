@@ -613,6 +613,63 @@ func TestIPCWorkerCloseKeepsMappingsOfAbandonedCopies(t *testing.T) {
 	require.Eventually(t, func() bool { return fakeipc.Mapped(alloc.Ptr()) == 0 }, 5*time.Second, time.Millisecond)
 }
 
+// A zero-length put or get on a device region's key is checked as any other: on a
+// closed key it fails with ErrClosed (before, it succeeded), and on a closed endpoint
+// with ErrClosed.
+func TestIPCZeroLengthChecksKeyAndEndpoint(t *testing.T) {
+	p, _ := ipcPair(t)
+	_, _, rk := mappedRegion(t, p, 4096)
+	_, _, rk2 := mappedRegion(t, p, 4096)
+	r, err := p.epA.PutNbx(nil, rk.Base(), rk, nil)
+	require.NoError(t, err)
+	require.True(t, r.Done())
+	require.NoError(t, rk.Close())
+	_, err = p.epA.PutNbx(nil, rk.Base(), rk, nil)
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = p.epA.GetNbx(nil, rk.Base(), rk, nil)
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = p.epA.CloseNbx(false)
+	require.NoError(t, err)
+	_, err = p.epA.PutNbx(nil, rk2.Base(), rk2, nil)
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+// A zero-length put or get on a device region's key honours NoImmediateCompletion (a
+// pending Request whose Callback runs; before, a done one whose Callback never ran)
+// and a caller's RequestParam.Request.
+func TestIPCZeroLengthRequestAndCallback(t *testing.T) {
+	p, _ := ipcPair(t)
+	_, _, rk := mappedRegion(t, p, 4096)
+	called := make(chan *Request, 2)
+	cb := func(r *Request) { called <- r }
+	r, err := p.epA.PutNbx(nil, rk.Base(), rk, &RequestParam{Flags: NoImmediateCompletion, Callback: cb})
+	require.NoError(t, err)
+	require.False(t, r.Done(), "NoImmediateCompletion: a pending Request")
+	progressAll(t, 5*time.Second, r.Done, p.a)
+	require.NoError(t, r.Err())
+	select {
+	case got := <-called:
+		require.Same(t, r, got)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Callback of a zero-length IPC put never ran")
+	}
+	mine := new(Request)
+	r, err = p.epA.GetNbx(nil, rk.Base(), rk, &RequestParam{Request: mine})
+	require.NoError(t, err)
+	require.Same(t, mine, r)
+	require.True(t, r.Done())
+	r, err = p.epA.GetNbx(nil, rk.Base(), rk, &RequestParam{Request: mine, Flags: NoImmediateCompletion, Callback: cb})
+	require.NoError(t, err)
+	require.Same(t, mine, r)
+	progressAll(t, 5*time.Second, r.Done, p.a)
+	select {
+	case got := <-called:
+		require.Same(t, mine, got)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Callback of a zero-length IPC get never ran")
+	}
+}
+
 // A key closed with a copy queued is unmapped, and its exporter told, once the copy
 // completed: the exporter's Close then has nobody to wait for.
 func TestIPCRkeyCloseReleasesAfterCopies(t *testing.T) {
