@@ -128,6 +128,8 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 	ip.MemoryType, ip.MemH, ip.Staging = MemoryHost, nil, protocol.StageWhenNeeded
 	ip.Callback, ip.Request, ip.stageRes, ip.evRes = nil, nil, nil, nil
 	if len(buf) == 0 {
+		// Nothing to stage: the operation is the caller's as it is.
+		ip.Callback, ip.Request = p.Callback, p.Request
 		return issue(buf, &ip)
 	}
 	// The engine's issue takes the buffer reserved at the submit (no allocation there).

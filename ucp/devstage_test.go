@@ -152,3 +152,29 @@ func TestDeviceStagedReceiveCancel(t *testing.T) {
 	r.Cancel()
 	require.ErrorIs(t, r.Wait(ctx), ErrCanceled)
 }
+
+// A zero-length operation declared on device memory (staged: UCX here cannot move
+// device memory) is the caller's as it is: its Callback runs and a caller-owned
+// Request tracks it. Before, both were dropped with the staging.
+func TestDeviceStagedZeroLengthKeepsCallbackAndRequest(t *testing.T) {
+	p, _ := ipcPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rb, err := p.b.TagRecvNbx(make([]byte, 8), 9, MaxTag, nil)
+	require.NoError(t, err)
+	called := make(chan error, 1)
+	var own Request
+	r, err := p.epA.TagSendNbx(nil, 9, &RequestParam{MemoryType: MemoryCUDA, Flags: NoImmediateCompletion,
+		Request: &own, Callback: func(r *Request) { called <- r.Err() }})
+	require.NoError(t, err)
+	require.Same(t, &own, r, "the caller's Request")
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, rb.Wait(ctx))
+	require.Zero(t, rb.Length())
+	select {
+	case err := <-called:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		require.FailNow(t, "the Callback of a zero-length staged send never ran")
+	}
+}
