@@ -440,17 +440,7 @@ func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, imme
 			err = &OpError{Op: op, Err: unwrapOp(err),
 				Detail: "RequestParam.Request was taken by a concurrent call after this call checked it: one goroutine at a time may reuse it"}
 			if st == ucx.InProgress {
-				orphan := w.pooledLocked(op)
-				orphan.finish = p.staged
-				if p.MemH == nil && !p.pinnedBuf {
-					for _, b := range pins {
-						if b != nil {
-							orphan.pin.Pin(b)
-							orphan.pinned = true
-						}
-					}
-				}
-				w.trackLocked(orphan, req)
+				w.holdLocked(w.pooledLocked(op), req, p, pins)
 				w.raw.Cancel(req)
 			}
 			return nil, err
@@ -479,20 +469,25 @@ func (w *Worker) postLocked(op string, ptr unsafe.Pointer, p *RequestParam, imme
 		} else {
 			r.reset(w, op, p.Callback)
 		}
-		if p.staged != nil {
-			r.finish = p.staged
-		}
-		if p.MemH == nil && !p.pinnedBuf { // a registration keeps its memory in place already
-			for _, b := range pins {
-				if b != nil {
-					r.pin.Pin(b)
-					r.pinned = true
-				}
-			}
-		}
-		w.trackLocked(r, req)
+		w.holdLocked(r, req, p, pins)
 		return r, nil
 	default:
 		return nil, &OpError{Op: op, Err: Status(st)}
 	}
+}
+
+// holdLocked makes r (reset: no finish, nothing pinned) track UCX's pending operation
+// req of a call with p: p's staging finish, and pins pinned while UCX holds them.
+// Caller holds w.mu.
+func (w *Worker) holdLocked(r *Request, req unsafe.Pointer, p *RequestParam, pins []unsafe.Pointer) {
+	r.finish = p.staged
+	if p.MemH == nil && !p.pinnedBuf { // a registration keeps its memory in place already
+		for _, b := range pins {
+			if b != nil {
+				r.pin.Pin(b)
+				r.pinned = true
+			}
+		}
+	}
+	w.trackLocked(r, req)
 }
