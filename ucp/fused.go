@@ -179,7 +179,6 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 		sr = w.trackPooledLocked(op, sreq, bufPtr(sbuf))
 	}
 	var rerr error // the receive's failure (truncation included)
-	received := false
 	switch {
 	case rst == ucx.InProgress:
 		rr = w.trackPooledLocked(op, rreq, bufPtr(rbuf))
@@ -197,10 +196,8 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 			break
 		}
 		switch rst {
-		case ucx.OK:
-			received = true
+		case ucx.OK: // received
 		case ucx.ErrMessageTruncated:
-			received = true
 			rerr = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x: message %d bytes", len(rbuf), rtag, rmask, n)
 		default:
 			rerr = opErr(op, Status(rst), "receive: len %d tag %#x mask %#x", len(rbuf), rtag, rmask)
@@ -209,15 +206,15 @@ func (ep *Endpoint) tagSendRecvAfterLocked(ctx context.Context, rptr unsafe.Poin
 	w.afterCallUnlock()
 	if rr != nil {
 		n, senderTag, rerr = w.finishPooled(ctx, rr)
-		// The reply is in rbuf, or (a longer one) its length and tag are known, as
-		// TagRecv reports them; otherwise nothing was received.
-		received = rerr == nil || errors.Is(rerr, ErrMessageTruncated)
 	}
 	if sr != nil {
 		_, _, serr = w.finishPooled(ctx, sr)
 	}
+	// The reply is in rbuf, or (a longer one) its length and tag are known, as TagRecv
+	// reports them; otherwise nothing was received.
+	received := posted && (rerr == nil || errors.Is(rerr, ErrMessageTruncated))
 	switch {
-	case !received && (sr == nil && serr != nil || rerr == nil):
+	case !received && sr == nil && serr != nil:
 		return 0, 0, serr // the send failed in the call (the receive was canceled or never posted)
 	case !received:
 		return 0, 0, rerr
@@ -302,7 +299,7 @@ func (w *Worker) finishPooled(ctx context.Context, r *Request) (n int, tag uint6
 	}
 	// Done: its own result, also when it completed as ctx ended (a receive's message is
 	// the caller's then), except a cancel that ctx's end caused, which reports ctx's error.
-	if err == nil || r.err == nil || !errors.Is(r.err, ErrCanceled) {
+	if err == nil || !errors.Is(r.err, ErrCanceled) {
 		err = r.err
 	}
 	n, tag = r.length, r.tag
