@@ -484,8 +484,7 @@ func (r *chainRunner) Destroy() error {
 		w.mu.Unlock()
 		return opErr("chain_destroy", ErrBusy, "its worker is closing")
 	}
-	live := !w.closed.Load() && !r.raw.Detached()
-	if live && (r.raw.Running() || r.raw.Paused()) {
+	if !w.closed.Load() && !r.raw.Detached() && r.ongoingLocked() { // not destroying: checked above
 		deadline := time.Now().Add(chainStopFor)
 		for r.raw.Stop(4096) > 0 { // a paused run is marked stopped: never resumed
 			if time.Now().After(deadline) {
