@@ -264,7 +264,7 @@ func (l *Listener) stopping() bool {
 func (l *Listener) evictLocked() bool {
 	var oldest *hsConn
 	for c := range l.shaking {
-		if !c.hello && !c.evicted && (oldest == nil || c.since.Before(oldest.since)) {
+		if !c.hello && (oldest == nil || c.since.Before(oldest.since)) {
 			oldest = c
 		}
 	}
