@@ -107,11 +107,6 @@ type hostStream struct {
 
 	wordAccess atomic.Uint64 // odd while the executor is inside a word access bracket
 
-	// executor: the goroutine id of the running executor (run stores it; a Goexit
-	// restarts run on a new goroutine), so that a host func calling Close,
-	// Synchronize or a wait on its own stream is refused instead of deadlocking.
-	executor atomic.Uint64
-
 	// Progress notification for Synchronize, events and other streams' WaitEvent:
 	// a waiter stores the lowest sequence it needs in want and sleeps on progress;
 	// the executor closes progress (and makes a new one) once completed reaches want,
@@ -452,7 +447,6 @@ func (s *hostStream) beginClose() bool {
 // run is the executor goroutine.
 func (s *hostStream) run() {
 	id := goid.Current()
-	s.executor.Store(id)
 	registerExecutor(id, s)
 	returned := false
 	var batch []hostOp
