@@ -28,10 +28,13 @@ import (
 //
 // Only blocking paths come here (the target not reached yet): finding the calling
 // goroutine costs about a microsecond.
-var hostWaits struct {
+var hostWaits = struct {
 	mu        sync.Mutex
 	executors map[uint64]*hostStream // executor goroutine id -> its stream
 	blocked   map[*hostStream]*waitEdge
+}{
+	executors: make(map[uint64]*hostStream),
+	blocked:   make(map[*hostStream]*waitEdge),
 }
 
 // waitEdge is one executor's wait for position target of on (^uint64(0): for on's
@@ -48,10 +51,6 @@ type waitEdge struct {
 // registerExecutor records goroutine id as s's executor; unregisterExecutor forgets it.
 func registerExecutor(id uint64, s *hostStream) {
 	hostWaits.mu.Lock()
-	if hostWaits.executors == nil {
-		hostWaits.executors = make(map[uint64]*hostStream)
-		hostWaits.blocked = make(map[*hostStream]*waitEdge)
-	}
 	hostWaits.executors[id] = s
 	hostWaits.mu.Unlock()
 }
@@ -99,9 +98,6 @@ func beginWait(from, on *hostStream, target uint64, refuse, interruptible bool) 
 				break
 			}
 		}
-	}
-	if hostWaits.blocked == nil {
-		hostWaits.blocked = make(map[*hostStream]*waitEdge)
 	}
 	hostWaits.blocked[from] = e
 	return e, true
