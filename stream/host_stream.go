@@ -56,7 +56,7 @@ const maxRetainedBatch = 1 << 14
 // parking on its progress channel.
 const awaitSpinFor = 10 * time.Microsecond
 
-// errStopped is internal: awaitSeq was told to stop waiting.
+// errStopped is internal: parkSeq was told to stop waiting.
 var errStopped = errors.New("stream: wait stopped")
 
 // hostStream is a serial CPU execution context: producers append operations to a
@@ -675,7 +675,7 @@ func (s *hostStream) execWaitValue(op *hostOp) error {
 
 // execWaitEvent waits until the peer stream has run op.value operations.
 func (s *hostStream) execWaitEvent(op *hostOp) error {
-	if ok, err := op.peer.reached(op.value); ok && err == nil {
+	if ok, err := op.peer.spinSeq(op.value); ok && err == nil {
 		return nil
 	}
 	// Registered so that a host func's wait closing a cycle through this one is
@@ -694,7 +694,7 @@ func (s *hostStream) execWaitEvent(op *hostOp) error {
 		if grace != nil {
 			timeout = grace.C
 		}
-		err := op.peer.awaitSeq(op.value, stop, timeout)
+		err := op.peer.parkSeq(op.value, stop, timeout)
 		switch {
 		case err == nil:
 			return nil
@@ -745,7 +745,7 @@ func (s *hostStream) exit() {
 	s.notify()
 }
 
-// notify wakes every goroutine sleeping in awaitSeq on this stream.
+// notify wakes every goroutine sleeping in parkSeq on this stream.
 func (s *hostStream) notify() {
 	s.notifyMu.Lock()
 	s.want.Store(0)
@@ -776,22 +776,28 @@ func (s *hostStream) reached(target uint64) (bool, error) {
 	return false, nil
 }
 
-// awaitSeq blocks until position target of s is settled (see reached), or until stop
-// is closed or timeout fires (errStopped).
-func (s *hostStream) awaitSeq(target uint64, stop <-chan struct{}, timeout <-chan time.Time) error {
+// spinSeq polls for position target of s for up to awaitSpinFor: ok once it is
+// settled (see reached), with reached's error. A wait that does not settle then parks
+// (parkSeq).
+func (s *hostStream) spinSeq(target uint64) (ok bool, err error) {
 	start := time.Now()
 	single := singleP(start)
 	for i := 1; ; i++ {
 		if ok, err := s.reached(target); ok {
-			return err
+			return true, err
 		}
 		if single {
 			runtime.Gosched() // let the executor we wait for run
 		}
 		if i%pollClockEvery == 0 && time.Since(start) >= awaitSpinFor {
-			break
+			return false, nil
 		}
 	}
+}
+
+// parkSeq blocks until position target of s is settled (see reached), or until stop
+// is closed or timeout fires (errStopped).
+func (s *hostStream) parkSeq(target uint64, stop <-chan struct{}, timeout <-chan time.Time) error {
 	for {
 		// Publish the wish before rereading progress: the executor advances
 		// completed before reading want, so one of the two sides sees the other.

@@ -26,8 +26,9 @@ import (
 // stream is already closing): Close's grace then abandons the WaitEvent, as it does
 // any wait that does not hold.
 //
-// Only blocking paths come here (the target not reached yet): finding the calling
-// goroutine costs about a microsecond.
+// Only waits that would park come here (the target not reached within awaitSpinFor's
+// spin): finding the calling goroutine costs about a microsecond, and registering an
+// edge takes the global mutex.
 var hostWaits = struct {
 	mu        sync.Mutex
 	executors map[uint64]*hostStream // executor goroutine id -> its stream
@@ -156,16 +157,18 @@ func (s *hostStream) exited() bool {
 }
 
 // callerWait waits for position target of s for a call from outside the stream's
-// own ops (Synchronize, Event.Synchronize): awaitSeq's result is err. Called from a
-// host func, it refuses (refused, err nil) a wait that could never end: on the
-// func's own stream, or one closing a cycle of host streams waiting for each other.
+// own ops (Synchronize, Event.Synchronize): the wait's result (see reached) is err.
+// Called from a host func, it refuses (refused, err nil) a wait that could never end:
+// on the func's own stream, or one closing a cycle of host streams waiting for each
+// other. Such a wait cannot settle while it spins, so the caller is looked up only
+// when the spin did not settle it, before parking.
 func (s *hostStream) callerWait(what string, target uint64) (refused, err error) {
-	if ok, err := s.reached(target); ok {
+	if ok, err := s.spinSeq(target); ok {
 		return nil, err
 	}
 	from := callingExecutor()
 	if from == nil {
-		return nil, s.awaitSeq(target, nil, nil)
+		return nil, s.parkSeq(target, nil, nil)
 	}
 	if from == s {
 		return errOwnExecutor(what), nil
@@ -174,7 +177,7 @@ func (s *hostStream) callerWait(what string, target uint64) (refused, err error)
 	if !ok {
 		return errWaitCycle(what, from, s), nil
 	}
-	err = s.awaitSeq(target, e.stop, nil)
+	err = s.parkSeq(target, e.stop, nil)
 	if endWait(from, e) && errors.Is(err, errStopped) {
 		return errWaitCycle(what, from, s), nil
 	}
