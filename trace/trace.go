@@ -145,7 +145,7 @@ func FromEnv() *Recorder {
 		env.read = true
 		if path := os.Getenv(EnvFile); path != "" {
 			env.r = NewRecorder()
-			env.r.path = expandPID(path)
+			env.r.path = ExpandPID(path)
 		}
 	}
 	return env.r
@@ -161,7 +161,7 @@ func UseFile(path string) *Recorder {
 	env.r = nil
 	if path != "" {
 		env.r = NewRecorder()
-		env.r.path = expandPID(path)
+		env.r.path = ExpandPID(path)
 	}
 	return env.r
 }
@@ -176,9 +176,11 @@ func Use(r *Recorder) {
 	env.r = r
 }
 
-// expandPID replaces "{pid}" in path with the process id, so that processes sharing
-// the environment (a command and the peer it starts) write files of their own.
-func expandPID(path string) string {
+// ExpandPID replaces "{pid}" in path with the process id, so that processes sharing
+// the environment (a command and the peer it starts) write files of their own. FromEnv
+// and UseFile expand their paths with it; a caller writing a Use recorder's file
+// (WriteFile) expands its own path the same way.
+func ExpandPID(path string) string {
 	return strings.ReplaceAll(path, "{pid}", strconv.Itoa(os.Getpid()))
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/trace"
 	"github.com/ucpx/ucpx/ucp"
 )
 
@@ -177,7 +178,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		status = 1
 	}
 	if rec != nil {
-		if werr := rec.WriteFile(expandPID(*tracePath)); werr != nil {
+		if werr := rec.WriteFile(trace.ExpandPID(*tracePath)); werr != nil {
 			fmt.Fprintf(stderr, "ucpx demo: --trace: %v\n", werr)
 			status = 1
 		}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strconv"
-	"strings"
 
 	"github.com/ucpx/ucpx/trace"
 )
@@ -57,14 +55,14 @@ func checkTraceOutput(flag string) error {
 	if flag == "" {
 		return checkTraceEnv()
 	}
-	if err := checkWritable(expandPID(flag)); err != nil {
+	if err := checkWritable(trace.ExpandPID(flag)); err != nil {
 		return fmt.Errorf("--trace: %w", err)
 	}
 	return nil
 }
 
 // startTrace makes a recorder the process's for --trace (flag not empty): the engines
-// record into it, and the caller writes it once, to expandPID(flag), when it is done.
+// record into it, and the caller writes it once, to trace.ExpandPID(flag), when it is done.
 // stop ends that; with no flag, rec is nil and stop does nothing.
 func startTrace(flag string) (rec *trace.Recorder, stop func()) {
 	if flag == "" {
@@ -73,9 +71,4 @@ func startTrace(flag string) (rec *trace.Recorder, stop func()) {
 	rec = trace.NewRecorder()
 	trace.Use(rec)
 	return rec, func() { trace.Use(nil) }
-}
-
-// expandPID: "{pid}" in a --trace path stands for the process id, as in UCPX_TRACE.
-func expandPID(path string) string {
-	return strings.ReplaceAll(path, "{pid}", strconv.Itoa(os.Getpid()))
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ucpx/ucpx/cgo/ucx"
+	"github.com/ucpx/ucpx/trace"
 )
 
 // The perf tests, named like ucx_perftest's (-t tag_lat, -t tag_bw, -t ucp_put_bw).
@@ -288,7 +289,7 @@ func runPerf(args []string, stdout, stderr io.Writer) int {
 	rep.Comparisons = compareModes(rep.Results)
 	sink.end(rep)
 	if rec != nil {
-		if ferr := rec.WriteFile(expandPID(o.tracePath)); ferr != nil {
+		if ferr := rec.WriteFile(trace.ExpandPID(o.tracePath)); ferr != nil {
 			fmt.Fprintf(stderr, "ucpx perf: --trace: %v\n", ferr)
 			status = 1
 		} else if rec.Len() == 0 {
