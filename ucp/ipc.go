@@ -1156,18 +1156,14 @@ func (w *Worker) abandonIPCLocked() map[*Rkey]bool {
 		}
 		c.limboMu.Unlock()
 		close(gone)
-		// Now the keys are released: tell an exporter in this process (one elsewhere
-		// is told nothing, the worker's endpoints are gone: it revokes, and this
-		// context acknowledges).
-		me := c.trust.id
+		// Now the keys are released: tell their exporters as Close would have (one
+		// elsewhere is told nothing, the worker's endpoints are gone: it revokes, and
+		// this context acknowledges).
 		var notes []func()
 		w.mu.Lock()
 		for _, k := range keys {
-			rk := k.rk
-			if _, elsewhere := unholdLocked(c, rk); !rk.revoked && !elsewhere {
-				if ec := localContext(rk.exporter); ec != nil {
-					notes = append(notes, func() { ec.noteRelease(me, rk.keyID) })
-				}
+			if note := k.rk.releaseNoteLocked(); note != nil {
+				notes = append(notes, note)
 			}
 		}
 		w.mu.Unlock()

@@ -747,20 +747,29 @@ func (ep *Endpoint) addRkeyUnlock(rk *Rkey) (*Rkey, error) {
 // releasedLocked tells the exporter that an Rkey of its key was closed (destroyed).
 // Every destruction of a key comes here, so its record (heldKeys) goes.
 func (r *Rkey) releasedLocked() {
+	if note := r.releaseNoteLocked(); note != nil {
+		// Not under w.mu: the exporter takes its own locks.
+		r.ep.w.deferred = append(r.ep.w.deferred, note)
+	}
+}
+
+// releaseNoteLocked is releasedLocked but for telling an exporter in this process,
+// which it returns (nil if none) for the caller to run without w.mu.
+func (r *Rkey) releaseNoteLocked() func() {
 	w := r.ep.w
 	msg, elsewhere := unholdLocked(w.ctx, r)
 	if r.revoked {
-		return
+		return nil
 	}
 	if elsewhere {
 		r.ep.sendControlMsgLocked(msg)
-		return
+		return nil
 	}
 	if c := localContext(r.exporter); c != nil {
 		me := w.ctx.trust.id
-		// Not under w.mu: the exporter takes its own locks.
-		w.deferred = append(w.deferred, func() { c.noteRelease(me, r.keyID) })
+		return func() { c.noteRelease(me, r.keyID) }
 	}
+	return nil
 }
 
 // countdown returns a function that reports whether it has been called n times (or
