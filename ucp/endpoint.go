@@ -310,8 +310,14 @@ func (ep *Endpoint) failLocked(st error) {
 	if h := ep.params.ErrorHandler; h != nil {
 		ep.w.deferred = append(ep.w.deferred, func() { h(ep, st) })
 	}
+	ep.queueFailureHooksLocked(st)
+}
+
+// queueFailureHooksLocked queues the OnFailure hooks to run with err once w.mu is let
+// go (unlockDeferred), and drops them: each runs once. Caller holds w.mu.
+func (ep *Endpoint) queueFailureHooksLocked(err error) {
 	for _, h := range ep.failureHooks {
-		ep.w.deferred = append(ep.w.deferred, func() { h.fn(ep, st) })
+		ep.w.deferred = append(ep.w.deferred, func() { h.fn(ep, err) })
 	}
 	ep.failureHooks = nil
 }
@@ -382,11 +388,8 @@ func (ep *Endpoint) closeNbxLocked(force bool) (*Request, error) {
 	ep.markClosedLocked()
 	// Nothing more reaches the peer through ep: what waits on the peer (a prepared
 	// operation's iteration) ends, as it would had the peer failed.
-	if err := ep.closedErr(); len(ep.failureHooks) > 0 {
-		for _, h := range ep.failureHooks {
-			w.deferred = append(w.deferred, func() { h.fn(ep, err) })
-		}
-		ep.failureHooks = nil
+	if len(ep.failureHooks) > 0 {
+		ep.queueFailureHooksLocked(ep.closedErr())
 	}
 	if ep.rawClosed {
 		return completedRequest, nil
