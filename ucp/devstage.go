@@ -138,13 +138,16 @@ func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protoc
 		return nil, opErr(op, err, "staging memory")
 	}
 	staged := mem.Bytes()[:len(buf)]
-	r, x := w.newIPCRequest(op, p)
-	ev, side, err := w.ipcResources(x) // the engine's issue: reserved at the submit
+	// The event first (the engine's issue: the one reserved at the submit, p.evRes),
+	// so that a failure leaves the caller's Request (RequestParam.Request) untouched.
+	pre := ipcWait{evRes: p.evRes}
+	ev, side, err := w.ipcResources(&pre)
 	if err != nil {
 		release()
-		r.ipc = nil
 		return nil, opErr(op, err, "")
 	}
+	r, x := w.newIPCRequest(op, p)
+	x.evRes = pre.evRes // nil unless ev is the reserved event (takeIPCEventLocked)
 	dev := uintptr(bufPtr(buf))
 	fail := func(err error) (*Request, error) {
 		release()

@@ -2,13 +2,16 @@ package ucp
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ucpx/ucpx/internal/testenv/fakeipc"
+	"github.com/ucpx/ucpx/stream/streamcore"
 )
 
 // Device buffers with no stream: staged through the context's device (here the fake
@@ -177,4 +180,48 @@ func TestDeviceStagedZeroLengthKeepsCallbackAndRequest(t *testing.T) {
 	case <-ctx.Done():
 		require.FailNow(t, "the Callback of a zero-length staged send never ran")
 	}
+}
+
+// eventFailing is the fake device whose event creation fails while fail is set.
+type eventFailing struct {
+	*fakeipc.Device
+	fail atomic.Bool
+}
+
+var errNoEvent = errors.New("test: no event")
+
+func (d *eventFailing) NewEvent() (streamcore.Event, error) {
+	if d.fail.Load() {
+		return nil, errNoEvent
+	}
+	return d.Device.NewEvent()
+}
+
+// A staged device receive that fails for want of an event leaves the caller's
+// Request as it was: reusable at once, not pending.
+func TestDeviceStagedFailureLeavesCallersRequest(t *testing.T) {
+	dev := &eventFailing{Device: fakeipc.New(hostBackend(t), fakeUUID)}
+	p, l, err := listenPair(t, ContextParams{Device: dev}, ContextParams{Device: dev})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	t.Cleanup(background(p.b))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const n = 4096
+	mem := fakeipc.Malloc(n)
+	defer mem.Free()
+	var own Request
+	dev.fail.Store(true)
+	_, err = p.a.TagRecvNbx(DeviceBuffer(mem.Ptr(), n), 9, MaxTag, &RequestParam{MemoryType: MemoryCUDA, Request: &own})
+	require.ErrorIs(t, err, errNoEvent)
+	dev.fail.Store(false)
+
+	r, err := p.a.TagRecvNbx(DeviceBuffer(mem.Ptr(), n), 9, MaxTag, &RequestParam{MemoryType: MemoryCUDA, Request: &own})
+	require.NoError(t, err, "the failed call left the caller's Request pending")
+	require.Same(t, &own, r)
+	sb, err := p.epB.TagSendNbx(pattern(n, 4), 9, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Wait(ctx))
+	require.NoError(t, sb.Wait(ctx))
+	require.Equal(t, pattern(n, 4), mem.Bytes())
 }
