@@ -126,12 +126,12 @@ func (res *eventReservation) endUseLocked() {
 func (w *Worker) stagedDevice(op string, p *RequestParam, buf []byte, dir protocol.Direction, issue func(b []byte, ip *RequestParam) (*Request, error)) (*Request, error) {
 	ip := *p
 	ip.MemoryType, ip.MemH, ip.Staging = MemoryHost, nil, protocol.StageWhenNeeded
-	ip.Callback, ip.Request, ip.stageRes, ip.evRes = nil, nil, nil, nil
+	ip.stageRes, ip.evRes = nil, nil
 	if len(buf) == 0 {
 		// Nothing to stage: the operation is the caller's as it is.
-		ip.Callback, ip.Request = p.Callback, p.Request
 		return issue(buf, &ip)
 	}
+	ip.Callback, ip.Request = nil, nil
 	// The engine's issue takes the buffer reserved at the submit (no allocation there).
 	mem, release, err := w.devicePool().LendReserved(p.stageRes, len(buf), &w.staging)
 	if err != nil {
