@@ -166,17 +166,16 @@ type Condition struct {
 	// its completion word; two engines each retired their own, out of order. Written
 	// under mu.
 	engine atomic.Pointer[Engine]
-	// drivers is the bound engine once an operation is armed (attachDriver): at most
-	// one.
-	drivers     []streamcore.Driver
-	firstDriver atomic.Pointer[streamcore.Driver] // drivers[0], read without mu
-	node        Node                              // Graph category: the start node
-	waitNode    Node                              // Graph category: the completion node
-	captured    []*Condition                      // Stream category: operations enqueued under stream capture
-	group       *group                            // Stream category: the open BeginGroup, if any
-	foreign     streamcore.StreamSet              // other streams given a wait on done (waitOnStream)
-	stamps      *deviceStamps                     // Stream category, traced: device stamps of polls
-	groupBuf    group                             // what group points to: one group at a time, reused
+	// driver is the bound engine once an operation is armed (attachDriver): the one
+	// driver of the words, read without mu (set and cleared under mu).
+	driver   atomic.Pointer[streamcore.Driver]
+	node     Node                 // Graph category: the start node
+	waitNode Node                 // Graph category: the completion node
+	captured []*Condition         // Stream category: operations enqueued under stream capture
+	group    *group               // Stream category: the open BeginGroup, if any
+	foreign  streamcore.StreamSet // other streams given a wait on done (waitOnStream)
+	stamps   *deviceStamps        // Stream category, traced: device stamps of polls
+	groupBuf group                // what group points to: one group at a time, reused
 	// held: give-backs of staging buffers that must wait until the stream has passed
 	// work enqueued on them (copies) and that the stream refused as a host function:
 	// retried behind the next operation armed, run by Destroy once the stream passed.
@@ -727,8 +726,7 @@ func (c *Condition) bindEngine(e *Engine) error {
 	case old == nil:
 	case old.closed() && c.category != Graph && c.armed == c.retired.Load():
 		// Its engine let go of it: the new one drives its words from now on.
-		c.drivers = nil
-		c.firstDriver.Store(nil)
+		c.driver.Store(nil)
 	default:
 		return fmt.Errorf("submit: the %s carries operations of another worker (a condition serves one worker's operations: use a condition per worker): %w",
 			c.category.conditionName(), ErrInvalidParam)
@@ -743,19 +741,24 @@ func (c *Condition) bindEngine(e *Engine) error {
 func (c *Condition) attachDriver(e *Engine) {
 	d := streamcore.Driver(e)
 	// The common case, once per operation: the driver is attached already.
-	if p := c.firstDriver.Load(); p != nil && *p == d {
+	if c.drivenByEngine(e) {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.engine.Load() != e || len(c.drivers) > 0 {
+	if c.engine.Load() != e || c.driver.Load() != nil {
 		// Bound to another engine since (this one closed), or attached already.
 		return
 	}
-	c.drivers = append(c.drivers, d)
 	first := d // a copy, so that d itself does not escape on every call
-	c.firstDriver.Store(&first)
+	c.driver.Store(&first)
 	c.words.SetDriver(d)
+}
+
+// drivenByEngine reports whether e is attached as the driver of c's words.
+func (c *Condition) drivenByEngine(e *Engine) bool {
+	p := c.driver.Load()
+	return p != nil && *p == streamcore.Driver(e)
 }
 
 // drivenBy reports whether c's trigger is stored by a host executor that kicks e and
@@ -765,8 +768,7 @@ func (c *Condition) drivenBy(e *Engine) bool {
 	if c.category != Stream || c.polledTrigger() {
 		return false
 	}
-	p := c.firstDriver.Load()
-	return p != nil && *p == streamcore.Driver(e)
+	return c.drivenByEngine(e)
 }
 
 // Destroy releases the condition. With operations still pending it returns an error
@@ -864,13 +866,13 @@ func (c *Condition) Destroy() error {
 // launchRunningLocked reports whether a launch runs a Graph condition's operations: it
 // stored the trigger and no engine took it yet, an engine runs them (it took the
 // trigger, which then reads 0, and the completion word reads 0 too), or the completion
-// is stored and the launch has not taken it. Each engine of the condition answers
-// under its lock, in which its round takes the trigger, issues the operations and,
-// once they completed, stores the completion word, so no state between those is seen.
-// Caller holds mu.
+// is stored and the launch has not taken it. The condition's engine answers under its
+// lock, in which its round takes the trigger, issues the operations and, once they
+// completed, stores the completion word, so no state between those is seen. Caller
+// holds mu.
 func (c *Condition) launchRunningLocked() bool {
-	for _, d := range c.drivers {
-		if e, ok := d.(*Engine); ok && e.launchRunning(c) {
+	if p := c.driver.Load(); p != nil {
+		if e, ok := (*p).(*Engine); ok && e.launchRunning(c) {
 			return true
 		}
 	}

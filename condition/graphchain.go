@@ -113,7 +113,7 @@ func (g *graphChain) Run(ctx context.Context) (bool, error) {
 		// launch node by node: one of them at a time runs a condition's operations.
 		c.mu.Lock()
 		usable := !c.destroyed.Load() && c.armed == g.armed[i] && c.trigger.Load() == 0 && c.done.Load() == 0 &&
-			c.chainRun.Load() == nil && len(c.drivers) == 1 && c.drivers[0] == streamcore.Driver(e)
+			c.chainRun.Load() == nil && c.drivenByEngine(e)
 		if usable {
 			c.chainRun.Store(g)
 		}
