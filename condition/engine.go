@@ -799,14 +799,18 @@ func (e *Engine) roundLocked(own bool) (progressed, active bool) {
 		// drive is released too (unlockDrive).
 		for i, p := range e.retired {
 			p.retire(nil, &e.due)
-			if p.cond.category == Graph {
-				// A destroyed condition's: its words are freed now (Follow refuses
-				// them), and what Follow armed since the channel went is dropped.
-				e.forgetFollows(p.cond)
-			}
-			if c := p.cond; c.backend.Kind() == streamcore.KindHost && (i+1 == len(e.retired) || e.retired[i+1].cond != c) {
-				// Host executors waiting on the completion word park on its block.
-				c.words.Notify()
+			// A condition's parts retire together: once after its last one.
+			if c := p.cond; i+1 == len(e.retired) || e.retired[i+1].cond != c {
+				if c.category == Graph {
+					// A destroyed condition's: its words are freed now (Follow
+					// refuses them), and what Follow armed since the channel went
+					// is dropped.
+					e.forgetFollows(c)
+				}
+				if c.backend.Kind() == streamcore.KindHost {
+					// Host executors waiting on the completion word park on its block.
+					c.words.Notify()
+				}
 			}
 			if p.tl != nil && tr != nil {
 				p.tl.Store = tr.Now()
