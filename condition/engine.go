@@ -924,7 +924,7 @@ func (e *Engine) Follow(done, trigger *streamcore.Word) bool {
 	defer e.followMu.Unlock()
 	// Under followMu: forgetFollows, which comes after the words are freed or failed,
 	// then drops what was armed before this look.
-	if e.incoming.Load() == closedIncoming || done.Block().Closed() || done.Load() == GraphFailed {
+	if e.closed() || done.Block().Closed() || done.Load() == GraphFailed {
 		return false
 	}
 	if e.follows == nil {

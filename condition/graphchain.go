@@ -105,7 +105,7 @@ func (g *graphChain) enqueueLocked(layers [][]*streamcore.Word) error {
 // Run implements streamcore.ChainedLaunch.
 func (g *graphChain) Run(ctx context.Context) (bool, error) {
 	e := g.e
-	if e.trace.Load() != nil || e.incoming.Load() == closedIncoming {
+	if e.trace.Load() != nil || e.closed() {
 		return false, nil
 	}
 	for i, c := range g.conds {
