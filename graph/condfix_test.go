@@ -17,6 +17,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/internal/testenv/streamenv"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -160,10 +161,7 @@ func TestCondfixCaptureUnderFakeDriver(t *testing.T) {
 // graph condition's trigger store, completion wait and reset in the capture, and
 // every launch of the graph waited for good.
 func TestCondfixFakeCaptureRefusedCall(t *testing.T) {
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
+	b := streamenv.CUDABackend(t)
 	ctx, _, ok := stream.CUDAContext(b)
 	require.True(t, ok)
 	s, err := b.NewStream()

@@ -12,6 +12,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/internal/testenv/streamenv"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
 )
@@ -31,10 +32,7 @@ func TestCUDAFakeDriver(t *testing.T) {
 // testenv.RequireGPU does.
 func newCUDAGraph(t *testing.T) (stream.Backend, *cuda.Context, *cuda.Graph) {
 	t.Helper()
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
+	b := streamenv.CUDABackend(t)
 	ctx, _, ok := stream.CUDAContext(b)
 	require.True(t, ok)
 	cg, err := ctx.NewGraph()

@@ -13,6 +13,7 @@ import (
 	"github.com/ucpx/ucpx/condition"
 	"github.com/ucpx/ucpx/graph"
 	"github.com/ucpx/ucpx/internal/testenv"
+	"github.com/ucpx/ucpx/internal/testenv/streamenv"
 	"github.com/ucpx/ucpx/prepare"
 	"github.com/ucpx/ucpx/stream"
 	"github.com/ucpx/ucpx/ucp"
@@ -103,14 +104,12 @@ func TestCUDAPreadyNodeRefusedLeavesTheGraph(t *testing.T) {
 // workers and the backend are freed once the test is done.
 func cudaPair(t *testing.T, parts, size int) (b stream.Backend, cctx *cuda.Context, send, recv *prepare.Request, sbuf, rbuf []byte) {
 	t.Helper()
-	testenv.RequireGPU(t)
-	b, err := stream.Open(stream.CUDA)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
+	b = streamenv.CUDABackend(t)
 	cctx, _, ok := stream.CUDAContext(b)
 	require.True(t, ok)
 
 	l := &link{}
+	var err error
 	l.ctxS, err = ucp.NewContext(ucp.ContextParams{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.ctxS.Close() })
