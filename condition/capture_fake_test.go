@@ -125,28 +125,14 @@ func TestFakeDriverFailedGraphConditionDestroyedAfterReset(t *testing.T) {
 
 			if when == "in-flight-at-close" {
 				require.NoError(t, x.Launch(cs))
-				driveUntil(t, e, "issue", func() bool {
-					select {
-					case <-op.issued:
-						return true
-					default:
-						return false
-					}
-				})
+				awaitIssued(t, e, op)
 				require.NoError(t, e.Close()) // fails the launch's operation for good
 			} else {
 				require.NoError(t, e.Close())
 				require.Equal(t, GraphFailed, gc.done.Load())
 				require.NoError(t, x.Launch(cs))
 			}
-			done := make(chan error, 1)
-			go func() { done <- s.Synchronize() }()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				require.FailNow(t, "the captured graph's launch hung")
-			}
+			syncWithin(t, s, 30*time.Second) // the captured graph's launch
 			require.Zero(t, gc.done.Load(), "the completion node reset GraphFailed")
 			require.ErrorIs(t, o.Wait(t.Context()), ErrClosed)
 
@@ -300,12 +286,5 @@ func launchCaptured(t *testing.T, g *cuda.Graph, n int, cs *cuda.Stream, s strea
 	require.NoError(t, err)
 	defer x.Close()
 	require.NoError(t, x.Launch(cs))
-	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		require.FailNow(t, "the launch of the captured graph hung")
-	}
+	syncWithin(t, s, 30*time.Second)
 }

@@ -100,6 +100,12 @@ func driveUntil(t *testing.T, e *Engine, what string, cond func() bool) {
 func launchHeld(t *testing.T, e *Engine, c *Condition, op *heldOp) {
 	t.Helper()
 	c.trigger.Store(1)
+	awaitIssued(t, e, op)
+}
+
+// awaitIssued drives e until it issued op.
+func awaitIssued(t *testing.T, e *Engine, op *heldOp) {
+	t.Helper()
 	driveUntil(t, e, "issue", func() bool {
 		select {
 		case <-op.issued:
