@@ -192,14 +192,9 @@ func TestCondfixFakeCaptureRefusedCall(t *testing.T) {
 	require.NoError(t, err)
 	defer x.Close()
 	require.NoError(t, x.Launch(cs))
-	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		require.FailNow(t, "the captured graph's launch hung")
-	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, syncErr(t, sctx, s)) // the captured graph's launch
 	require.NoError(t, c.Destroy())
 }
 
