@@ -930,8 +930,9 @@ func (x *HostExec) disarmFollowers(i int, chained []bool) {
 
 // eachDriver calls f once for each driver of blocks: a kick or release of an engine
 // concerns all its conditions, so a launch of N communication nodes of one engine makes
-// one call, not N. Drivers of a type that cannot be compared (a condition of several
-// engines) get a call per block.
+// one call, not N. Drivers of a type that cannot be compared get a call per block
+// (ucpx's own are comparable since a condition has one engine; the check guards
+// another stream.Driver).
 func (p *parking) eachDriver(blocks []*stream.WordBlock, f func(stream.Driver)) {
 	seen := p.drivers[:0]
 next:
