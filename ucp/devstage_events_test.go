@@ -2,7 +2,6 @@ package ucp
 
 import (
 	"context"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,23 +16,16 @@ import (
 )
 
 // eventCounting is pinnedCounting that also counts the events made (cuEventCreate on
-// CUDA), and keeps the stack of one made while armed is set.
+// CUDA), and those made while its late counter is armed.
 type eventCounting struct {
 	*pinnedCounting
-	events  atomic.Int64
-	evArmed atomic.Bool
-	evLate  atomic.Int64
-	evStack atomic.Pointer[string]
+	events   atomic.Int64
+	lateEvts lateCounter
 }
 
 func (d *eventCounting) NewEvent() (streamcore.Event, error) {
 	d.events.Add(1)
-	if d.evArmed.Load() {
-		d.evLate.Add(1)
-		buf := make([]byte, 8192)
-		s := string(buf[:runtime.Stack(buf, false)])
-		d.evStack.Store(&s)
-	}
+	d.lateEvts.note()
 	return d.pinnedCounting.NewEvent()
 }
 
@@ -41,13 +33,7 @@ func (d *eventCounting) NewEvent() (streamcore.Event, error) {
 // meanwhile: by the engine, at a trigger.
 func (d *eventCounting) noEventLate(t *testing.T, f func()) {
 	t.Helper()
-	d.evArmed.Store(true)
-	f()
-	d.evArmed.Store(false)
-	if s := d.evStack.Load(); s != nil {
-		t.Logf("event made after the trigger:\n%s", *s)
-	}
-	require.Zero(t, d.evLate.Load(), "events made after the trigger (by the engine)")
+	d.lateEvts.none(t, "events made", f)
 }
 
 // Several device operations the engine issues at one trigger (staged receives with no

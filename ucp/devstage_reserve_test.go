@@ -19,13 +19,42 @@ import (
 )
 
 // pinnedCounting is the fake device with HostStaging (as the CUDA backend has): it
-// counts pinned allocations, and keeps the stack of one made while armed is set.
+// counts pinned allocations, and those made while its late counter is armed.
 type pinnedCounting struct {
 	*fakeipc.Device
 	allocs atomic.Int64
-	armed  atomic.Bool
-	late   atomic.Int64
-	stack  atomic.Pointer[string]
+	late   lateCounter
+}
+
+// lateCounter counts the calls made while armed (by the engine, at a trigger) and
+// keeps the stack of one.
+type lateCounter struct {
+	armed atomic.Bool
+	n     atomic.Int64
+	stack atomic.Pointer[string]
+}
+
+// note records a call.
+func (l *lateCounter) note() {
+	if l.armed.Load() {
+		l.n.Add(1)
+		buf := make([]byte, 8192)
+		s := string(buf[:runtime.Stack(buf, false)])
+		l.stack.Store(&s)
+	}
+}
+
+// none runs f (which triggers operations) armed and fails if a call (what) was made
+// meanwhile.
+func (l *lateCounter) none(t *testing.T, what string, f func()) {
+	t.Helper()
+	l.armed.Store(true)
+	f()
+	l.armed.Store(false)
+	if s := l.stack.Load(); s != nil {
+		t.Logf("%s after the trigger:\n%s", what, *s)
+	}
+	require.Zero(t, l.n.Load(), "%s after the trigger (by the engine)", what)
 }
 
 type mmapPinned struct{ b []byte }
@@ -42,12 +71,7 @@ func (d *pinnedCounting) Locate(addr uintptr) (bool, bool, error) {
 
 func (d *pinnedCounting) AllocPinned(n int) (streamcore.Pinned, error) {
 	d.allocs.Add(1)
-	if d.armed.Load() {
-		d.late.Add(1)
-		buf := make([]byte, 8192)
-		s := string(buf[:runtime.Stack(buf, false)])
-		d.stack.Store(&s)
-	}
+	d.late.note()
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, err
@@ -59,13 +83,7 @@ func (d *pinnedCounting) AllocPinned(n int) (streamcore.Pinned, error) {
 // meanwhile: by the engine, at a trigger.
 func (d *pinnedCounting) noneLate(t *testing.T, f func()) {
 	t.Helper()
-	d.armed.Store(true)
-	f()
-	d.armed.Store(false)
-	if s := d.stack.Load(); s != nil {
-		t.Logf("allocation after the trigger:\n%s", *s)
-	}
-	require.Zero(t, d.late.Load(), "pinned memory allocated after the trigger (by the engine)")
+	d.late.none(t, "pinned memory allocated", f)
 }
 
 // Device operations the engine issues with no stream to stage on (here kernel-triggered
